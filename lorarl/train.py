@@ -152,7 +152,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
                                                   "trainable_fraction")}, tags=policy.mlflow_tags())
     tracker.finish()
-    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash,
+    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
