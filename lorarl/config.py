@@ -117,6 +117,7 @@ class TrainConfig(Strict):
     dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
+    stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.flags); saves compute
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":

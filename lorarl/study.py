@@ -59,6 +59,7 @@ class Study(BaseModel):
     axes: dict[str, Axis] = Field(default_factory=dict)  # ordered: id fragments follow this order
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
     seed_axis: str = "seed"  # which axis aggregates average over (mean ± sd)
+    baseline: dict[str, Any] | None = None  # axis -> label of the row every other row is compared to (stats)
     _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
     _source: str = PrivateAttr(default="<study>")  # the file, named in errors
 
@@ -114,6 +115,14 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
                     f"invalid study {source}: exclude[{i}].{ax}={lab!r} is not a value of that axis; "
                     f"allowed: {', '.join(labels)}"
                 )
+    for ax, lab in (study.baseline or {}).items():
+        if ax not in study.axes or ax == study.seed_axis:
+            allowed = ", ".join(a for a in study.axes if a != study.seed_axis)
+            raise StudyError(f"invalid study {source}: baseline names axis {ax!r}; allowed: {allowed}")
+        labels = [label_of(v) for v in study.axes[ax].values]
+        if label_of(lab) not in labels:
+            raise StudyError(f"invalid study {source}: baseline.{ax}={lab!r} is not a value of that axis; "
+                             f"allowed: {', '.join(labels)}")
     _check_writers(study, source)
     study._source = source
     return study

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lorarl import flags as flagmod
 from lorarl import paths
 from lorarl.config import CellConfig
 from lorarl.study import Cell
@@ -121,10 +122,11 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots], results_dir=str(results_dir),
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse], results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
@@ -138,6 +140,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     recorder.flush()
+    if collapse.stopped_at is not None:
+        snapshots.fill_after_stop(trainer.model)
     policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
     if cfg.adapter.method == "full":
         tok.save_pretrained(work / "adapter")
@@ -154,10 +158,14 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         "mean_step_time_s": sum(r["step_time_s"] for r in recorder.rows) / max(1, len(recorder.rows)),
         **counts, **ckpt.summary(),
         "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
+        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.flags)
     }
+    if collapse.stopped_at is not None:
+        summary["stopped_on_collapse"] = collapse.stopped_at
     tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
                                                   "trainable_fraction")},
-                        tags={**policy.mlflow_tags(), "lorarl.state": divergence.state})
+                        tags={**policy.mlflow_tags(), "lorarl.state": divergence.state,
+                              **flagmod.mlflow_tags(summary["flags"])})
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
