@@ -1,4 +1,4 @@
-"""`lorarl` command line: cells | run | launch | aggregate | base | rescore | status.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -59,8 +59,23 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         aggregate_toy(study, args.results)
     else:
         from lorarl.aggregate import aggregate
+        from lorarl.report import build
 
         aggregate(study, args.results)
+        build(args.study, args.results)  # stats tables, the papers' figures, report.html
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Tables with intervals, the papers' figures and report.html, for a study at any stage."""
+    from lorarl.report import build
+
+    study = load_study(args.study)
+    if study.kind != "grpo":
+        print(f"error: study kind {study.kind!r} has no report; allowed: grpo", file=sys.stderr)
+        return 2
+    out = build(args.study, args.results)
+    print(out["report"])
     return 0
 
 
@@ -134,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("study")
     a.add_argument("--results", default="results")
     a.set_defaults(fn=cmd_aggregate)
+
+    rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
+    rp.add_argument("study")
+    rp.add_argument("--results", default="results")
+    rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")
     rs.add_argument("target", help="a study YAML, or one <benchmark>[@step].jsonl file")

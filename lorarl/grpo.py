@@ -35,6 +35,7 @@ from trl import GRPOTrainer
 
 from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
+from lorarl.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
@@ -205,6 +206,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
         dep = self.regime.deposits(rollouts)
+        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.divergence)
+            nan_reward_fault(dep, int(self.state.global_step) + 1)
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None

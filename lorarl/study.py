@@ -78,6 +78,7 @@ class Study(BaseModel):
     axes: dict[str, Axis] = Field(default_factory=dict)  # ordered: id fragments follow this order
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
     seed_axis: str = "seed"  # which axis aggregates average over (mean ± sd)
+    baseline: dict[str, Any] | None = None  # axis -> label of the row every other row is compared to (stats)
 
     @field_validator("name")
     @classmethod
@@ -170,6 +171,14 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
                     f"invalid study {source}: exclude[{i}].{ax}={lab!r} is not a value of that axis; "
                     f"allowed: {', '.join(labels)}"
                 )
+    for ax, lab in (study.baseline or {}).items():
+        if ax not in study.axes or ax == study.seed_axis:
+            allowed = ", ".join(a for a in study.axes if a != study.seed_axis)
+            raise StudyError(f"invalid study {source}: baseline names axis {ax!r}; allowed: {allowed}")
+        labels = [label_of(v) for v in study.axes[ax].values]
+        if label_of(lab) not in labels:
+            raise StudyError(f"invalid study {source}: baseline.{ax}={lab!r} is not a value of that axis; "
+                             f"allowed: {', '.join(labels)}")
     return study
 
 

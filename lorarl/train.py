@@ -7,12 +7,14 @@ recorder, and writes the cell's outputs atomically (a crash never leaves a file 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from lorarl import flags as flagmod
 from lorarl import paths
 from lorarl.config import CellConfig
 from lorarl.study import Cell
@@ -51,6 +53,7 @@ def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision:
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=t.log_every,
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.divergence stops the cell)
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
@@ -113,6 +116,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     from lorarl.adapters import build_adapter
     from lorarl.callbacks import MetricsRecorder
     from lorarl.checkpoint import CellCheckpoints
+    from lorarl.divergence import Divergence
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.evaluate.snapshots import SnapshotSaver
     from lorarl.grpo import build_trainer, frozen_reference, needs_reference
@@ -148,12 +152,15 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots], results_dir=str(results_dir),
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse], results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
+    divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
+    trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
@@ -163,15 +170,18 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     recorder.flush()
+    if collapse.stopped_at is not None:
+        snapshots.fill_after_stop(trainer.model)
     policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
     if cfg.adapter.method == "full":
         tok.save_pretrained(work / "adapter")
     shutil.rmtree(work / "trainer", ignore_errors=True)
 
-    rewards = [r["reward"] for r in recorder.rows if "reward" in r]
+    rewards = [r["reward"] for r in recorder.rows if "reward" in r and math.isfinite(r["reward"])]
     tail = rewards[-max(1, len(rewards) // 10):]
     summary = {
         "study": study, "cell": cell.id, "config_hash": cell.hash, "mlflow_run_id": run_id,
+        **divergence.summary(),  # "state": "done" | "diverged" (+ diverged_at_step, diverged_reason)
         "steps": len(recorder.rows), "final_train_reward": sum(tail) / len(tail) if tail else float("nan"),
         "first_train_reward": rewards[0] if rewards else float("nan"),
         "wall_time_s": round(time.time() - t_start + ckpt.elapsed_before, 2),  # all attempts
@@ -179,9 +189,14 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         **counts, **ckpt.summary(), **data_facts,
         "precision": precision, "trainable_dtypes": trainable_dtypes(trainer.model),
         "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
+        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.flags)
     }
+    if collapse.stopped_at is not None:
+        summary["stopped_on_collapse"] = collapse.stopped_at
     tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
-                                                  "trainable_fraction")}, tags=policy.mlflow_tags())
+                                                  "trainable_fraction")},
+                        tags={**policy.mlflow_tags(), "lorarl.state": divergence.state,
+                              **flagmod.mlflow_tags(summary["flags"])})
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
