@@ -84,7 +84,7 @@ def apply_lora_init(pm: Any, init: str, ctx: BuildContext, dora: bool = False) -
         orig = _original_name(name)
         try:
             spec = ctx.spectrum(orig, W, r) if init in SVD_INITS else None
-            B0, A0 = lora_init(init, m, n, r, spectrum=spec, gen=seeded_generator(ctx.seed, orig))
+            B0, A0 = lora_init(init, m, n, r, spectrum=spec, gen=seeded_generator(ctx.seed, orig), scale=s)
         except ValueError as err:
             raise ValueError(f"adapter.init={init!r} on {orig} ({m}x{n}, rank {r}): {err}") from None
         A, B = mod.lora_A[ADAPTER].weight, mod.lora_B[ADAPTER].weight
