@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
 trap 'bash tests/slurm/cluster.sh down || true' EXIT
 python -m pytest tests "$@"
