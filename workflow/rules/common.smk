@@ -1,6 +1,7 @@
 # Load the studies through lorarl.study (the one source of cell ids) and expose input functions.
 import json
 import re
+import sys
 
 from snakemake.utils import validate
 
@@ -161,3 +162,15 @@ def all_targets():
         out += [paths.pattern("table_md", results=RESULTS, study=s)]
         out += [str(p) for p in study_outputs(s)]
     return out
+
+
+def print_failures():
+    """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
+    from lorarl.watch import failure_lines
+
+    for name, (f, s) in STUDIES.items():
+        if s.kind != "grpo":
+            continue
+        for line in failure_lines(f, RESULTS):
+            print(f"[lorarl] {name}: {line}", file=sys.stderr)
+        print(f"[lorarl] {name}: details with `lorarl status {f}`", file=sys.stderr)
