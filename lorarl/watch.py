@@ -58,11 +58,11 @@ def _flag_summary(rows) -> list[str]:
 def snapshot(study_path: str, results: str | Path = "results") -> dict:
     """Counts, running cells with their step, failures, flags and the ETA, from `lorarl.status`."""
     from lorarl.status import study_status
-    from lorarl.study import expand, load_study
+    from lorarl.study import load_study, study_cells
 
     study = load_study(study_path)
     results = Path(results)
-    steps = {c.id: c.config.train.steps for c in expand(study)}
+    steps = {c.id: c.config.train.steps for c in study_cells(study)}
     rows = [r for r in study_status(study_path, results) if r.kind == "cell"]
     counts: dict[str, int] = {}
     for r in rows:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lorarl import flags
-from lorarl.study import expand, parse_study
+from lorarl.study import parse_study, study_cells
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_stop_on_collapse_in_a_real_run(tmp_path):
     build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
     # the tiny untrained-for-RL model never stops within a 12-token budget: every completion is
     # truncated, so truncation_saturation fires after TRUNC_RUN steps, and the cell must stop right there
-    cell = expand(parse_study(STUDY))[0]
+    cell = study_cells(parse_study(STUDY))[0]
     summary = train_cell("fl", cell, tmp_path, threads=1)
     d = tmp_path / "fl" / cell.id
     rows = pd.read_csv(d / "metrics.csv")

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from lorarl import checkpoint, provenance
-from lorarl.study import expand, load_study
+from lorarl.study import load_study, study_cells
 from lorarl.watch import render, snapshot, watch
 
 
@@ -44,7 +44,7 @@ def test_watch_counts_steps_failures_and_eta(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "git_info", lambda: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
     sp = _study(tmp_path, 12)
     res = tmp_path / "results"
-    cells = expand(load_study(sp))
+    cells = study_cells(load_study(sp))
     for c in cells[:4]:
         _done(res, c, 0.5, {"reward_collapse": 9} if c.id == "s2" else None)
     _running(res, "s4", 10, os.getpid())  # this process is "the job": 10/20 steps
@@ -72,7 +72,7 @@ def test_watch_counts_steps_failures_and_eta(tmp_path, monkeypatch):
 def test_watch_stays_compact_at_1000_cells(tmp_path):
     sp = _study(tmp_path, 1000)
     res = tmp_path / "results"
-    for i, c in enumerate(expand(load_study(sp))):
+    for i, c in enumerate(study_cells(load_study(sp))):
         if i % 3 == 0:
             _done(res, c, 0.2, {"adv_std_spike": 10 + i % 7})
     text = render(snapshot(str(sp), res))
