@@ -162,11 +162,11 @@ def sync_base(tracker: Tracker, study: Any, base: Any, results_dir: str | Path) 
 
 
 def sync_study(study_path: str | Path, results_dir: str | Path = "results") -> list[dict]:
-    from lorarl.study import base_cells, expand, load_study
+    from lorarl.study import base_cells, load_study, study_cells
 
     study = load_study(study_path)
     tracker = Tracker(results_dir, study.name)
-    out = [sync_cell(tracker, study, c, results_dir) for c in expand(study)]
+    out = [sync_cell(tracker, study, c, results_dir) for c in study_cells(study)]
     if study.kind != "kl_bound_toy":
         out += [sync_base(tracker, study, b, results_dir) for b in base_cells(study)]
     return [r for r in out if r is not None]

@@ -112,13 +112,13 @@ def test_sqlite_lock_held_beyond_timeout(tmp_path: Path, monkeypatch):
 
 
 def _synthetic_study(tmp_path: Path) -> tuple[Path, Path]:
-    from lorarl.study import expand, load_study
+    from lorarl.study import load_study, study_cells
 
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump({"name": "sy", "defaults": {"model": "local:tiny-test"},
                                      "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}))
     res = tmp_path / "results"
-    for cell in expand(load_study(study)):
+    for cell in study_cells(load_study(study)):
         d = res / "sy" / cell.id
         (d / "eval").mkdir(parents=True)
         (d / "metrics.csv").write_text("step,loss,reward\n1,0.5,0.1\n2,0.4,\n3,0.3,0.3\n")
@@ -132,11 +132,11 @@ def _synthetic_study(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_sync_mlflow_replays_files_into_a_new_or_repaired_store_exactly_once(tmp_path: Path, monkeypatch, capsys):
-    from lorarl.study import expand, load_study
+    from lorarl.study import load_study, study_cells
 
     monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
     study, res = _synthetic_study(tmp_path)
-    last = expand(load_study(study))[0].config.train.steps  # the final evaluation sits at the last step
+    last = study_cells(load_study(study))[0].config.train.steps  # the final evaluation sits at the last step
     # s0 ran while the store was reachable for one step only: its run holds loss@1
     t = Tracker(res, "sy")
     s0_run = t.start("s0", "s0", tags={}, params={})
