@@ -41,7 +41,7 @@ def overhead(results: Path, uri: str, steps: int) -> dict[str, list[float]]:
         row = {"step": step, **{f"m{i}": step * 0.1 + i for i in range(10)}}
         for name, t in (("sqlite", a), ("server", b)) if step % 2 else (("server", b), ("sqlite", a)):
             t0 = time.perf_counter()
-            t.log_metrics([row])
+            t.log_metrics([row], wait=False)
             times[name].append(time.perf_counter() - t0)
     for t in (a, b):
         t.finish()

@@ -13,7 +13,8 @@ The store (`tracking:` in the profile, `$LORARL_TRACKING` in a job; lorarl.track
   MLflow's basic-auth app from a file only the user can read (lorarl.tracking_server.load_credentials).
 Every write is retried with exponential backoff on transient errors (connection refused, timeouts, 5xx,
 a locked store) for at most $LORARL_TRACKING_RETRY_S (default 120 s), then raises TrackingUnavailable.
-Per-step metrics are the exception: while the store is unreachable they stay pending in this process
+The trainer's per-step metrics (log_metrics(wait=False)) are the exception: while the store is
+unreachable they stay pending in this process
 (metrics.csv has them anyway), training goes on, and each later flush sends what is pending, the same
 Metric objects with the same timestamps, so a batch the store committed before its reply was lost is
 recognised by MLflow's primary key (key, timestamp, step, value) instead of being stored twice.
@@ -258,10 +259,11 @@ class Tracker:
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     # ---- metrics ------------------------------------------------------------------------------------
-    def log_metrics(self, rows: list[dict[str, float]], budget_s: float | None = None) -> bool:
+    def log_metrics(self, rows: list[dict[str, float]], wait: bool = True) -> bool:
         """rows: [{"step": s, name: value, ...}]; a metric's steps <= its high-water mark are dropped.
-        Returns False when the store is unreachable: the rows stay pending (training goes on) and the
-        next call sends them. Once behind, a flush tries once (no backoff) until the store answers."""
+        wait=True (evaluation, sync): retried for the full budget, then TrackingUnavailable. wait=False
+        (the trainer's per-step flushes): returns False when the store is unreachable; the rows stay
+        pending (training goes on) and the next call sends them; once behind, a flush tries once."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
@@ -273,10 +275,11 @@ class Tracker:
                     continue
                 self.pending.append(Metric(k, float(v), ts, step))
                 queued.add((k, step))
-        if budget_s is None:
-            budget_s = 0.0 if self.behind_since is not None else min(self.retry_s, 10.0)
+        if wait:
+            self.catch_up()
+            return True
         try:
-            self._flush(budget_s)
+            self._flush(0.0 if self.behind_since is not None else min(self.retry_s, 10.0))
         except TrackingUnavailable as err:
             if self.behind_since is None:
                 self.behind_since = time.time()
@@ -301,6 +304,9 @@ class Tracker:
     def catch_up(self) -> None:
         """Send every pending metric value, retrying for the full budget (raises TrackingUnavailable)."""
         self._flush(self.retry_s)
+        if self.behind_since is not None:
+            print(f"[lorarl] MLflow store {self.uri} is back after {time.time() - self.behind_since:.0f} s; "
+                  f"caught up", file=sys.stderr, flush=True)
         self.behind_since = None
 
     def log_summary(self, values: dict[str, float], tags: dict[str, str] | None = None) -> None:

@@ -91,12 +91,14 @@ def test_sqlite_lock_held_beyond_timeout(tmp_path: Path, monkeypatch):
     monkeypatch.setenv(tracking.RETRY_ENV, "1")
     t = Tracker(tmp_path, "st")
     t.start("c", "c", tags={}, params={})
-    assert t.log_metrics([{"step": 1, "reward": 0.1}])
+    assert t.log_metrics([{"step": 1, "reward": 0.1}], wait=False)
     holder = open(tmp_path / ".mlflow.lock", "a+")  # another open file description: a foreign holder
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
-        assert t.log_metrics([{"step": 2, "reward": 0.2}]) is False
-        assert t.log_metrics([{"step": 3, "reward": 0.3}]) is False and len(t.pending) == 2
+        assert t.log_metrics([{"step": 2, "reward": 0.2}], wait=False) is False  # the trainer: train on
+        assert t.log_metrics([{"step": 3, "reward": 0.3}], wait=False) is False and len(t.pending) == 2
+        with pytest.raises(TrackingUnavailable, match="log metrics failed"):  # evaluation: must get through
+            t.log_metrics([{"step": 3, "eval/x": 1.0}])
         with pytest.raises(TrackingUnavailable, match=r"\.mlflow\.lock held for more than 0\.2 s"):
             t.finish()
         with pytest.raises(TrackingUnavailable, match="create the run of cell d failed"):
@@ -105,9 +107,10 @@ def test_sqlite_lock_held_beyond_timeout(tmp_path: Path, monkeypatch):
         fcntl.flock(holder, fcntl.LOCK_UN)
         holder.close()
     t.run_id = t.client.search_runs([t.experiment_id], "tags.`lorarl.cell_id` = 'c'")[0].info.run_id
-    assert t.log_metrics([{"step": 4, "reward": 0.4}])
+    assert t.log_metrics([{"step": 4, "reward": 0.4}], wait=False)
     t.finish()
     assert _history(t, "reward") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    assert _history(t, "eval/x") == [(3, 1.0)]
     assert t.client.get_run(t.run_id).info.status == "FINISHED"
 
 

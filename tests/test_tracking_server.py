@@ -114,6 +114,14 @@ def _progress(res: Path) -> int:
     return max(steps, default=0)
 
 
+def _failure_logs(wd: Path) -> str:
+    out = [(wd / "snakemake.log").read_text()[-3000:]]
+    for f in sorted((wd / "results").glob("srv/*/logs/**/*")):
+        if f.is_file() and f.suffix in (".log", ".err"):
+            out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2500:])
+    return "\n".join(out)
+
+
 def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path: Path):
     wd = tmp_path
     (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
@@ -137,7 +145,7 @@ def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path:
         server.kill()
         time.sleep(5)
         server.start()
-        assert proc.wait(timeout=900) == 0, (wd / "snakemake.log").read_text()[-6000:]
+        assert proc.wait(timeout=900) == 0, _failure_logs(wd)
     finally:
         if proc.poll() is None:
             proc.kill()
