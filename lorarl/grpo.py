@@ -26,6 +26,7 @@ per-group deposit sums gathered across ranks.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Any
 
@@ -36,6 +37,7 @@ from trl import GRPOTrainer
 from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
+from lorarl.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
     "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
@@ -43,6 +45,9 @@ METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metric
     "kl_ref/penalty", "kl_new_old", "kl_new_old/logratio", "dynamic_sampling/frac_groups_dropped",
     "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
     "time/kl_monitor_s", "time/kl_new_old_s",
+    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.rollout.FreshnessGate)
+    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
+    "rollout/is_ratio_max", "rollout/stale_steps",
 )
 
 
@@ -102,7 +107,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
-                 overlong_buffer: int = 0, overlong_factor: float = 1.0, **kwargs):
+                 overlong_buffer: int = 0, overlong_factor: float = 1.0, rollout: Any = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -122,7 +127,17 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError("dynamic_sampling needs steps_per_generation = 1 (the batch shrinks)")
         args = copy.copy(args)
         args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
-        super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
+        with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
+            super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        self.freshness: FreshnessGate | None = None
+        if self.use_vllm:
+            if args.vllm_mode != "colocate":
+                raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
+            # push EFFECTIVE weights (adapter merged, base restored bit for bit) instead of TRL's merge/unmerge
+            self.vllm_generation._iter_named_params = functools.partial(effective_named_params, self.model)
+            self.freshness = FreshnessGate(getattr(rollout, "freshness_threshold", 0.05),
+                                           getattr(rollout, "freshness_patience", 3))
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime
@@ -244,6 +259,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
+        sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+        if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
+            mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
+            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT).items():
+                self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -370,10 +390,15 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     args.num_iterations = t.num_iterations
     args.scale_rewards = t.scale_rewards
     args.use_bias_correction_kl = t.kl_importance_correction
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None:
+        from lorarl.rollout import apply_rollout_args
+
+        apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
     regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
-        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor,
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
