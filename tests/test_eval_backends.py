@@ -176,7 +176,7 @@ def _fake_api():
         def get_tokenizer(self):
             return _tokenizer()
 
-        def generate(self, prompts, params, lora_request=None):
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
             rec.calls.append(("generate", dict(prompts=list(prompts), params=params,
                                                lora_request=lora_request)))
             outs = []
@@ -205,7 +205,7 @@ def test_vllm_lora_request(tiny):
     assert name == "generate" and gen["lora_request"] is backend.lora_request
     assert gen["prompts"] == PROMPTS                         # tokenizer has no chat template
     params = dict(c for c in rec.calls if c[0] == "SamplingParams")["SamplingParams"]
-    assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=-1, max_tokens=100, seed=42)
+    assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=0, max_tokens=100, seed=42)
     assert [len(x) for x in out] == [4, 4, 4]
     assert out[0][1] == Completion("\\boxed{1}", 3, True)
     assert out[0][0] == Completion("\\boxed{0}", 2, False)
@@ -216,7 +216,7 @@ def test_vllm_greedy_params_and_no_adapter(tiny):
     backend = VLLMBackend(tiny["base"], api=api)
     assert "enable_lora" not in dict(rec.calls)["LLM"] and backend.lora_request is None
     backend.generate(PROMPTS[:1], GREEDY, seed=0)
-    assert sampling_kwargs(GREEDY, 0) == dict(n=1, temperature=0.0, top_p=1.0, top_k=-1,
+    assert sampling_kwargs(GREEDY, 0) == dict(n=1, temperature=0.0, top_p=1.0, top_k=0,
                                               max_tokens=12, seed=0)
 
 
