@@ -48,6 +48,8 @@ METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metric
     # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.rollout.FreshnessGate)
     "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
     "rollout/is_ratio_max", "rollout/stale_steps",
+    # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
+    "time/generate_s", "time/score_s", "rollout/tokens",
 )
 
 
@@ -201,7 +203,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return out
 
     def _generate(self, prompts: list):
-        out = super()._generate(prompts)
+        t0 = time.perf_counter()
+        out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
+        mode = "train" if self.model.training else "eval"
+        self._log("time/generate_s", time.perf_counter() - t0, mode)
+        self._log("rollout/tokens", float(sum(len(ids) for ids in out[1])), mode)
         self._prompt_ids_list = out[0]
         return out
 
@@ -257,8 +263,10 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return rewards.unsqueeze(1)  # [B, 1]: one "reward function" whose value is each completion's return
 
     def _generate_and_score_completions(self, inputs):
+        t0 = time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
+        self._log("time/score_s", time.perf_counter() - t0, mode)  # generation + rewards + old-policy forward
         sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
         if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
             mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
