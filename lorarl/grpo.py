@@ -36,6 +36,7 @@ from trl import GRPOTrainer
 
 from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
+from lorarl.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
@@ -123,8 +124,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"scale_rewards {args.scale_rewards!r} is not supported; use 'group' or 'none'")
         if args.loss_type not in klmod.LOSS_TYPES:
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
-        if args.importance_sampling_level != "token":
-            raise ValueError("only token-level importance sampling is supported")
+        if args.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
         if dynamic_sampling and args.steps_per_generation not in (None, 1):
             raise ValueError("dynamic_sampling needs steps_per_generation = 1 (the batch shrinks)")
         args = copy.copy(args)
@@ -226,6 +227,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
         dep = self.regime.deposits(rollouts)
+        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.divergence)
+            nan_reward_fault(dep, int(self.state.global_step) + 1)
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
@@ -322,7 +325,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         old_BT = logp_BT.detach() if old_BT is None else old_BT
         if self.kl_beta > 0:
             ref_BT = inputs["lorarl_ref_logps"]
-            weight_BT = torch.exp(logp_BT - old_BT) if self.kl_importance_correction else None
+            weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, self.importance_sampling_level) \
+                if self.kl_importance_correction else None
             kl_BT = klmod.per_token_kl(self.kl_estimator, logp_BT, ref_BT, weight_BT)
             train = mode == "train"
             term = klmod.aggregate(

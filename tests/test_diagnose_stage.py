@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorarl import paths
-from lorarl.study import expand, parse_study
+from lorarl.study import study_cells, parse_study
 
 
 @pytest.fixture()
@@ -29,7 +29,7 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
     from lorarl.tracking import Tracker
 
     study = parse_study({"name": "diag", "defaults": {"model": str(tiny_base), "adapter": {"rank": 2, "alpha": 4}}})
-    cell = expand(study)[0]
+    cell = study_cells(study)[0]
     results = tmp_path / "results"
     adapter_dir = paths.path("adapter", results=results, study="diag", cell=cell.id)
     torch.manual_seed(0)
@@ -72,7 +72,7 @@ def test_toy_study_cells_runs_and_aggregate(tmp_path):
     })
     rows = run_toy_study(study, tmp_path)
     assert len(rows) == 4 and all(r["kl"] <= r["bound"] for r in rows)
-    for c in expand(study):
+    for c in study_cells(study):
         s = json.loads(paths.path("summary", results=tmp_path, study="toy", cell=c.id).read_text())
         assert s["bound_holds"] and s["rank"] == c.config.rank
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -83,6 +83,31 @@ def test_toy_study_cells_runs_and_aggregate(tmp_path):
     assert list(table["rank"]) == [1, 8] and table["bound_holds"].all()
     assert (table["bound_mean"] > table["kl_mean"]).all()
     assert out["figure"].stat().st_size > 1000
+    verdict = pd.read_csv(out["verdict"])
+    assert list(verdict["setting"]) == ["default"] and verdict["bound_holds_every_seed"].all()
+    assert "KL rises with rank" in out["table_md"].read_text()
+
+
+def test_toy_study_verdict_per_optimizer(tmp_path):
+    """The published toy study's shape: an optimizer axis; the table says per optimizer whether the
+    KL rises with rank (Adam: yes, clipped SGD at the paper's lr: no) and whether the bound holds."""
+    from lorarl.toy.cells import aggregate_toy, run_toy_study
+
+    study = parse_study({
+        "name": "toy2", "kind": "kl_bound_toy", "defaults": {"toy": {"epochs": 3}},
+        "axes": {"optimizer": {"field": "toy.optimizer", "values": ["adam", "sgd"]},
+                 "rank": {"field": "rank", "prefix": "r", "values": [1, 16]},
+                 "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
+    })
+    run_toy_study(study, tmp_path)
+    out = aggregate_toy(study, tmp_path)
+    verdict = pd.read_csv(out["verdict"]).set_index("setting")
+    assert list(verdict.index) == ["adam", "sgd"]
+    assert verdict.loc["adam", "rises"] and not verdict.loc["sgd", "rises"]
+    assert verdict["bound_holds_every_seed"].all() and (verdict["n_cells"] == 4).all()
+    assert verdict.loc["adam", "slope"] > 0.3
+    md = out["table_md"].read_text()
+    assert "| adam | yes |" in md and "| sgd | no |" in md
 
 
 def test_diagnostics_figure_and_tables(tmp_path):
@@ -93,7 +118,7 @@ def test_diagnostics_figure_and_tables(tmp_path):
                                              "seed": {"field": "seed", "values": [0, 1]}}})
     frames = []
     g = torch.Generator().manual_seed(0)
-    for cell in expand(study):
+    for cell in study_cells(study):
         r = cell.config.adapter.rank
         pairs = {}
         for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"):

@@ -195,3 +195,44 @@ def test_config_validation():
         kb.run_many(PAPER, {}, [1, 128], [0])
     assert "Output head" in kb.ASSUMPTIONS and "KL" in kb.ASSUMPTIONS
     assert all(len(line) <= 100 for line in kb.ASSUMPTIONS.splitlines())
+
+
+# ----------------------------------------------------------------------------- optimiser (Fig. 1's direction)
+def _seed_mean_kl(rows, rank):
+    return np.mean([r["kl"] for r in rows if r["rank"] == rank])
+
+
+def test_adam_kl_rises_with_rank_sgd_does_not(base):
+    """The published setting: at the paper's lr 1e-8 / clip 1e-3, Adam's KL rises with rank (Fig. 1)
+    while clipped SGD's does not (every step has length lr·clip whatever the rank); bound holds."""
+    ranks, seeds = (1, 8, 64), range(2)
+    adam = kb.run_many(PAPER.model_copy(update={"optimizer": "adam", "epochs": 5}), base, ranks, seeds)
+    sgd = kb.run_many(PAPER.model_copy(update={"epochs": 5}), base, ranks, seeds)
+    for row in adam + sgd:
+        _assert_chain(row)
+    kl_adam = [_seed_mean_kl(adam, r) for r in ranks]
+    kl_sgd = [_seed_mean_kl(sgd, r) for r in ranks]
+    assert kl_adam[0] < kl_adam[1] < kl_adam[2] and kl_adam[2] > 5 * kl_adam[0]
+    assert not kl_sgd[2] > 2 * kl_sgd[0]
+    assert kl_adam[0] > 1e4 * kl_sgd[0]  # lr 1e-8 only moves the policy visibly under Adam
+
+
+def test_adam_matches_torch():
+    rng = np.random.default_rng(3)
+    shapes = ((3, 5), (7, 3))
+    cfg = PAPER.model_copy(update={"optimizer": "adam"})
+    opt = kb._Adam(cfg, shapes)
+    params = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    ref = torch.optim.Adam(params, lr=1.0, betas=cfg.adam_betas, eps=cfg.adam_eps)
+    mine = [np.zeros(s) for s in shapes]
+    for _ in range(5):
+        grads = [rng.standard_normal(s) * 1e-4 for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = torch.from_numpy(g.copy())
+        ref.step()
+        for m, u in zip(mine, opt.step(grads)):
+            m -= u
+    for m, p in zip(mine, params):
+        np.testing.assert_allclose(m, p.detach().numpy(), rtol=1e-10)
+    with pytest.raises(ValidationError):
+        kb.KLBoundConfig(optimizer="rmsprop")

@@ -19,6 +19,7 @@ import functools
 import math
 import os
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -70,6 +71,9 @@ class KLBoundConfig(BaseModel):
     batch_size: int = Field(64, gt=0)  # SGD mini-batch (paper: 64); last partial batch kept
     lr: float = Field(1e-8, gt=0)  # SGD learning rate η (paper: 1e-8), keeps the first-order regime
     clip: float | None = Field(1e-3, gt=0)  # max global grad norm over (A, B) (paper: 0.001); None = off
+    optimizer: Literal["sgd", "adam"] = "sgd"  # the theorem's SGD, or Adam (torch defaults), see OPTIMIZERS
+    adam_betas: tuple[float, float] = (0.9, 0.999)  # Adam moment decays (torch.optim.Adam defaults)
+    adam_eps: float = Field(1e-8, gt=0)  # Adam denominator epsilon (torch default)
     init_std: float = Field(1.0, gt=0)  # std of A0, B0 entries; Theorem 1 (Assumption 1) needs 1
     subtract_init: bool = False  # freeze W0 − B0A0 so π_θ0 is the pretrained policy (see ASSUMPTIONS)
     ranks: tuple[int, ...] = PAPER_RANKS  # the study's rank grid (r ≤ min(d, k))
@@ -225,6 +229,29 @@ def lora_grads(X_BK, Zw_BD, Y_BD, A_RK, B_DR) -> tuple[np.ndarray, np.ndarray]:
     return (G @ B_DR).T @ X_BK, G.T @ U_BR
 
 
+class _Adam:
+    """torch.optim.Adam's update direction (lr applied by the caller): bias-corrected first moment
+    over the square root of the bias-corrected second moment plus eps, per parameter."""
+
+    def __init__(self, cfg: KLBoundConfig, shapes):
+        self.b1, self.b2 = cfg.adam_betas
+        self.eps, self.t = cfg.adam_eps, 0
+        self.m = [np.zeros(s) for s in shapes]
+        self.v = [np.zeros(s) for s in shapes]
+
+    def step(self, grads):
+        self.t += 1
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
+        out = []
+        for m, v, g in zip(self.m, self.v, grads):
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            out.append((m / c1) / (np.sqrt(v / c2) + self.eps))
+        return out
+
+
 def _check_ranks(cfg: KLBoundConfig, ranks) -> None:
     bad = [r for r in ranks if not 1 <= r <= min(cfg.d, K_INPUTS)]
     if bad:
@@ -247,6 +274,7 @@ def _run(cfg: KLBoundConfig, p: dict, rank: int, seed: int, return_state: bool) 
         Zw = Zw - (X @ A0.T) @ B0.T
         Zwe = Zwe - (Xe @ A0.T) @ B0.T
     dA, dB = np.zeros_like(A0), np.zeros_like(B0)
+    adam = _Adam(cfg, (A0.shape, B0.shape)) if cfg.optimizer == "adam" else None
     order = np.random.default_rng([seed, 2])
     n, steps, clipped = len(X), 0, 0
     for _ in range(cfg.epochs):
@@ -254,14 +282,17 @@ def _run(cfg: KLBoundConfig, p: dict, rank: int, seed: int, return_state: bool) 
         for s in range(0, n, cfg.batch_size):
             idx = perm[s:s + cfg.batch_size]
             gA, gB = lora_grads(X[idx], Zw[idx], Y[idx], A0 + dA, B0 + dB)
-            scale = cfg.lr
+            scale = 1.0
             if cfg.clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics
                 norm = math.sqrt(float(np.vdot(gA, gA) + np.vdot(gB, gB)))
                 if norm > cfg.clip:
-                    scale *= cfg.clip / (norm + 1e-6)
+                    scale = cfg.clip / (norm + 1e-6)
                     clipped += 1
-            dA -= scale * gA  # accumulate ΔA, ΔB apart from A0, B0: no rounding against O(1)
-            dB -= scale * gB
+            if adam is not None:
+                gA, gB = adam.step((scale * gA, scale * gB))
+                scale = 1.0
+            dA -= cfg.lr * scale * gA  # accumulate ΔA, ΔB apart from A0, B0: no rounding against O(1)
+            dB -= cfg.lr * scale * gB
             steps += 1
     U0e, dUe = Xe @ A0.T, Xe @ dA.T
     z0 = Zwe + U0e @ B0.T                                  # z_0(x_e) = (W0 + B0A0) x_e
