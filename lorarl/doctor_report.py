@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from lorarl.doctor import MEASURED, REQUEST
-from lorarl.study import StudyError, base_cells, expand, find_cell, load_study
+from lorarl.study import StudyError, base_cells, find_cell, load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
     from lorarl.evaluate.plan import eval_targets
 
     split, evals = m["split"], m.get("evaluation", {})
-    cells, bases = expand(study), base_cells(study)
+    cells, bases = study_cells(study), base_cells(study)
     counts, notes = _problem_counts(chosen.config, evals)
     ref = _budget(chosen.config)
     load_s = m.get("model_load_s", 0.0)
@@ -179,7 +179,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     study = load_study(study_path)
     if study.kind != "grpo":
         raise StudyError(f"lorarl doctor runs GRPO studies; {study.name} is kind {study.kind!r} (allowed: grpo)")
-    cells = expand(study)
+    cells = study_cells(study)
     cell = find_cell(study, cell_id) if cell_id else cells[0]
     prof = read_profile(profile)
     out_dir = Path(results_dir) / study.name / "doctor"

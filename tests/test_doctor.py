@@ -12,7 +12,7 @@ import yaml
 from lorarl.cli import main
 from lorarl.doctor import step_split
 from lorarl.doctor_report import project, smoke_study
-from lorarl.study import expand, load_study
+from lorarl.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "experiments" / "demo.yaml")
@@ -40,10 +40,10 @@ def results(tmp_path_factory):
 
 def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(tmp_path):
     study = load_study(DEMO)
-    cell = expand(study)[3]
+    cell = study_cells(study)[3]
     raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(tmp_path))
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    (only,) = expand(load_study(tmp_path / "s.yaml"))
+    (only,) = study_cells(load_study(tmp_path / "s.yaml"))
     assert only.id == cell.id and only.config.train.steps == 2 and only.config.train.checkpoint_every == 0
     assert only.config.eval.benchmarks["synthetic"].limit == 4
     assert only.config.model == str((tmp_path / "models" / "tiny-arith").resolve())
@@ -62,7 +62,7 @@ def test_step_split_and_projection_arithmetic(tmp_path):
     assert sp["policy_forward_backward_s"] == pytest.approx(0.5) and sp["kl_monitor_per_run_s"] == pytest.approx(0.5)
     assert sp["rollout_tokens_per_s"] == pytest.approx(100.0)
     study = load_study(DEMO)
-    cells = expand(study)
+    cells = study_cells(study)
     m = {"split": sp, "model_load_s": 1.0, "diagnose_s": 3.0, "device": {"kind": "cuda"},
          "evaluation": {"synthetic": {"seconds_per_problem": 0.5, "problems": 4}}}
     prof = {"name": "slurm", "launcher": "slurm", "jobs": 4, "slurm": {"train": {"gpus_per_node": 2}}}
