@@ -11,7 +11,7 @@ import pandas as pd
 from lorarl import paths
 from lorarl.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
-from lorarl.study import Study, base_cells, expand
+from lorarl.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
     "final_train_reward": "final train reward",
@@ -60,7 +60,7 @@ def primary_columns(df: pd.DataFrame) -> list[str]:
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     """One row per cell: axis labels + train summary + every benchmark's final evaluation."""
     rows = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         kw = dict(results=results, study=study.name, cell=cell.id)
         s = _read_json(paths.path("summary", **kw))
         rows.append({
@@ -90,7 +90,7 @@ def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
     """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
     one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
     rows = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         steps = snapshot_steps(cell.config)
         if not steps:
             continue
@@ -164,7 +164,7 @@ def diverged_notes(cells: pd.DataFrame) -> list[str]:
 
 def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
     frames = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         df = pd.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
         frames.append(df.assign(cell=cell.id, **cell.axes))
     return pd.concat(frames, ignore_index=True)
@@ -210,7 +210,7 @@ def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
 def diagnostics_table(study: Study, results: str | Path) -> pd.DataFrame:
     """All cells' diagnostics.parquet (long format) with the cell's axis labels attached."""
     frames = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists():
             frames.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))

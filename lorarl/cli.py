@@ -9,16 +9,17 @@ import argparse
 import json
 import sys
 
-from lorarl.study import StudyError, base_cells, expand, load_study
+from lorarl.study import StudyError, cell_table, load_study
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
     study = load_study(args.study)
-    cells = expand(study)
+    table = cell_table(study)
+    cells = table.cells
     axes = list(study.axes)
     if args.json:
-        print(json.dumps([{"id": c.id, "hash": c.hash, "axes": c.axes, "aliases": list(c.aliases)}
-                          for c in cells], indent=2))
+        print(json.dumps([{"id": c.id, "hash": c.hash, "eval_hash": c.eval_hash, "axes": c.axes,
+                           "aliases": list(c.aliases)} for c in cells], indent=2))
         return 0
     if args.ids:
         print("\n".join(c.id for c in cells))
@@ -27,10 +28,11 @@ def cmd_cells(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-    merged = sum(len(c.aliases) for c in cells)
-    note = f" ({merged} identical cells merged)" if merged else ""
+    for line in table.notes:  # "init does not apply to full: 2 cells merged into rfull-kl0-s0"
+        print(line)
+    note = f" ({table.merged} identical cells merged)" if table.merged else ""
     print(f"{len(cells)} cells in study {study.name!r}{note}; base pseudo-cells: "
-          f"{', '.join(b.id for b in base_cells(study))}")
+          f"{', '.join(table.base_ids) or 'none'}")
     return 0
 
 
@@ -82,18 +84,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_rescore(args: argparse.Namespace) -> int:
     """Grade stored evaluation samples again (no generation) and rewrite their summaries."""
     from lorarl.evaluation import rescore_cell, rescore_file
-    from lorarl.study import find_cell
 
     if args.target.endswith(".jsonl"):
         results = [rescore_file(args.target, timeout_s=args.timeout, write=not args.dry_run)]
     else:
         study = load_study(args.target)
-        bases = {b.id for b in base_cells(study)}
-        ids = args.cells or [c.id for c in expand(study)] + sorted(bases)
+        table = cell_table(study)
+        ids = args.cells or table.ids + sorted(table.base_ids)
         results = []
         for cid in ids:
-            cell = find_cell(study, cid)
-            results += rescore_cell(study.name, cell, args.results, cell.id in bases,
+            cell = table.cell(cid)
+            results += rescore_cell(study.name, cell, args.results, table.is_base(cell.id),
                                     timeout_s=args.timeout, write=not args.dry_run)
     changed = 0
     for r in results:

@@ -107,8 +107,8 @@ class TrainConfig(Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)  # linear warm-up fraction of the schedule
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"  # schedule shape
     log_every: int = Field(1, gt=0)  # metrics logging period in steps
-    checkpoint_every: int = Field(10, ge=0)  # steps between resumable checkpoints: a kill loses at most this (0 = none)
-    keep_checkpoint: bool = False  # keep the last checkpoint after the cell completes (else it is deleted)
+    checkpoint_every: int = Field(10, ge=0, json_schema_extra={"runtime": True})  # steps between resumable checkpoints: a kill loses at most this (0 = none)
+    keep_checkpoint: bool = Field(False, json_schema_extra={"runtime": True})  # keep the last checkpoint after the cell completes (else it is deleted)
     kl_estimator: Literal["k1", "k3", "one_sided"] = "k3"  # per-token estimator of the beta penalty (k3 = TRL's)
     kl_importance_correction: bool = True  # multiply the KL term by pi/pi_old, as TRL's use_bias_correction_kl
     kl_monitor_every: int = Field(10, ge=0)  # measure KL to the base and KL(new||old) every N steps (0 = never)
@@ -137,12 +137,12 @@ class RewardConfig(Strict):
     prm_good_token: str = "+"  # hf PRM: label token whose probability is the step's score
     prm_bad_token: str = "-"  # hf PRM: the competing label token
     prm_device: str | None = None  # hf PRM: device (None = the policy's)
-    prm_batch_size: int = Field(8, gt=0)  # hf PRM: sequences per forward (memory, not results)
+    prm_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # hf PRM: sequences per forward (memory, not results)
     prm_max_length: int | None = Field(None, gt=0)  # hf PRM: input truncation (steps past it score 0, counted)
     teacher: str | None = None  # distillation: `local:<recipe>`, HF id or path; must share the student's tokenizer
     teacher_device: str | None = None  # distillation: e.g. "cuda:1" (None = the policy's)
     teacher_dtype: str = "auto"  # distillation: dtype of the teacher's weights
-    teacher_batch_size: int = Field(8, gt=0)  # distillation: sequences per teacher forward (memory, not results)
+    teacher_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # distillation: sequences per teacher forward (memory, not results)
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
@@ -179,7 +179,7 @@ class BenchmarkEval(Strict):
 
 class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # budget for every benchmark (null: each protocol's; synthetic 48)
-    batch_size: int = Field(64, gt=0)  # generation batch size (memory, not results)
+    batch_size: int = Field(64, gt=0, json_schema_extra={"runtime": True})  # generation batch size (memory, not results)
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)

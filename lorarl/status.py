@@ -131,11 +131,11 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
 
 
 def study_status(study_path: str, results_dir: str | Path = "results") -> list[CellStatus]:
-    from lorarl.study import base_cells, expand, load_study
+    from lorarl.study import base_cells, study_cells, load_study
 
     study = load_study(study_path)
     results_dir = Path(results_dir)
-    cells = [(c, "cell") for c in expand(study)] + [(b, "base") for b in base_cells(study)]
+    cells = [(c, "cell") for c in study_cells(study)] + [(b, "base") for b in base_cells(study)]
     all_ids: list[str] = []
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"

@@ -185,7 +185,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
                         tags={**policy.mlflow_tags(), "lorarl.state": divergence.state,
                               **flagmod.mlflow_tags(summary["flags"])})
     tracker.finish()
-    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash,
+    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from lorarl.study import expand, load_study
+from lorarl.study import study_cells, load_study
 
 STEPS = 40
 N_PROBLEMS = 100
@@ -72,7 +72,7 @@ def make_study(tmp: Path, done: set[str] | None = None, study: dict | None = Non
     sp.write_text(yaml.safe_dump(spec, sort_keys=False))
     res = tmp / "results"
     st = load_study(sp)
-    for k, cell in enumerate(expand(st)):
+    for k, cell in enumerate(study_cells(st)):
         if done is not None and cell.id not in done:
             continue
         collapsing = cell.axes["regime"] == "process"

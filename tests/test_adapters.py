@@ -28,7 +28,7 @@ from lorarl.adapters.fingerprint import observe
 from lorarl.adapters.names import ORTHONORMAL_INITS, RESIDUAL_INITS
 from lorarl.adapters.registry import REGISTRY, Method, check_config, get_method, register
 from lorarl.config import AdapterConfig, CellConfig, TrainConfig
-from lorarl.study import StudyError, expand, load_study, parse_study
+from lorarl.study import StudyError, study_cells, load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[1]
 LORA_FAMILY = ("lora", "dora", "rslora", "lora_plus", "lora_fa")
@@ -165,7 +165,7 @@ def test_study_error_names_field_and_allowed_values():
     raw = {"name": "t", "defaults": {"adapter": {"method": "lora", "init": "pissa"}},
            "axes": {"m": {"field": "adapter.method", "values": ["lora", "ia3"]}}}
     with pytest.raises(StudyError) as e:
-        expand(parse_study(raw))
+        study_cells(parse_study(raw))
     msg = str(e.value)
     assert "adapter.init='pissa' does not apply to method 'ia3'" in msg and "Fields that apply to ia3" in msg
 
@@ -508,7 +508,7 @@ GEOMETRY_INITS = ["gaussian", "pissa", "milora", "olora", "olora_tail", "rlpo", 
 
 @pytest.mark.parametrize("name", ["peft_zoo", "peft_zoo_cpu"])
 def test_peft_zoo_studies_have_the_13_rows(name):
-    cells = expand(load_study(REPO / "experiments" / f"{name}.yaml"))
+    cells = study_cells(load_study(REPO / "experiments" / f"{name}.yaml"))
     assert [c.axes["method"] for c in cells if c.axes.get("seed", "0") == "0"] == PEFT_ROWS
     by = {c.axes["method"]: c.config for c in cells}
     assert by["pissa"].adapter.init == "pissa" and by["pissa"].adapter.method == "lora"
@@ -525,7 +525,7 @@ def test_peft_zoo_studies_have_the_13_rows(name):
 
 @pytest.mark.parametrize("name", ["init_geometry", "init_geometry_cpu"])
 def test_init_geometry_studies_cross_nine_inits_with_two_schedules(name):
-    cells = expand(load_study(REPO / "experiments" / f"{name}.yaml"))
+    cells = study_cells(load_study(REPO / "experiments" / f"{name}.yaml"))
     assert len(cells) == 18
     assert list(dict.fromkeys(c.axes["init"] for c in cells)) == GEOMETRY_INITS
     assert {c.config.train.lr_scheduler for c in cells} == {"constant", "cosine"}

@@ -23,9 +23,9 @@ from lorarl.tracking import Tracker
 
 
 def _cell():
-    from lorarl.study import expand, parse_study
+    from lorarl.study import study_cells, parse_study
 
-    return expand(parse_study({"name": "ck", "defaults": {"model": "local:tiny-test",
+    return study_cells(parse_study({"name": "ck", "defaults": {"model": "local:tiny-test",
                                                            "train": {"checkpoint_every": 2}}}))[0]
 
 

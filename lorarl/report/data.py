@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from lorarl import paths
-from lorarl.study import Study, base_cells, expand
+from lorarl.study import Study, base_cells, study_cells
 
 
 @dataclass
@@ -72,7 +72,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
 
     results = Path(results)
     rows, frames, summaries = [], [], {}
-    for cell in expand(study):
+    for cell in study_cells(study):
         kw = dict(results=results, study=study.name, cell=cell.id)
         s = _read_json(paths.path("summary", **kw))
         if s is None:
@@ -99,7 +99,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             continue
     diag = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists() and cell.id in summaries:
             diag.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))
