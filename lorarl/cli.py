@@ -113,6 +113,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
     from lorarl.status import as_json, format_table, study_status
 
+    if args.watch:
+        from lorarl.watch import watch
+
+        load_study(args.study)  # a bad study: exit 2 before the first redraw
+        return watch(args.study, args.results, args.interval, args.max_updates)
     rows = study_status(args.study, args.results)
     print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows))
     return 0
@@ -169,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("study")
     st.add_argument("--results", default="results")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", action="store_true", help="compact view (counts, running steps, ETA), redrawn "
+                    "until the study ends")
+    st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
+    st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ Every field carries a one-line comment saying *why* it exists. Unknown fields ar
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,6 +41,23 @@ class TaskConfig(Strict):
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path is required when task.name is 'dataset'")
         return self
+
+
+class PromptConfig(Strict):
+    """How a problem becomes the model's input, identically in the train and evaluate stages
+    (lorarl.tasks.prompt). A study sets it once; a base model is then told what the reward pays."""
+
+    template: str | None = None  # user message with {question}; null = by source: synthetic "{question}", else math + \\boxed{} instruction
+    system: str | None = None  # system prompt (a system message with the chat template, else text + blank line)
+    chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
+    think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
+
+    @field_validator("template")
+    @classmethod
+    def _has_question(cls, v: str | None) -> str | None:
+        if v is not None and "{question}" not in v:
+            raise ValueError("prompt.template must contain the placeholder {question}")
+        return v
 
 
 class AdapterConfig(Strict):
@@ -117,13 +134,29 @@ class TrainConfig(Strict):
     dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
+    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (refill not wired yet)
+    precision: Literal["bf16-mixed", "fp32", "bf16-pure"] | None = None  # null = bf16-mixed on GPU, fp32 on CPU (resolved value logged)
+    importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
+    dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
+    mini_batch_prompts: int | None = Field(None, gt=0)  # PPO mini-batch in prompts: prompts_per_step/this updates per rollout (003: 32 of 128)
+    max_prompt_length: int | None = Field(None, gt=0)  # drop training prompts longer than this many tokens (paper 002: 512)
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.flags); saves compute
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":
         if self.overlong_buffer >= self.max_completion_length:
             raise ValueError("overlong_buffer must be smaller than max_completion_length")
+        if self.mini_batch_prompts is not None and self.prompts_per_step % self.mini_batch_prompts:
+            raise ValueError(f"train.mini_batch_prompts ({self.mini_batch_prompts}) must divide "
+                             f"train.prompts_per_step ({self.prompts_per_step})")
+        if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):
+            raise ValueError(f"train.dual_clip must exceed 1 + the upper clip ({1 + (self.epsilon_high or self.epsilon)})")
         return self
+
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimiser steps taken on one rollout batch (TRL's steps_per_generation)."""
+        return self.prompts_per_step // (self.mini_batch_prompts or self.prompts_per_step)
 
 
 class RewardConfig(Strict):
@@ -184,7 +217,6 @@ class EvalConfig(Strict):
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
-    chat_template: bool | None = None  # wrap prompts in the tokenizer's chat template (null = if it has one)
 
     @field_validator("benchmarks", mode="before")
     @classmethod
@@ -208,7 +240,26 @@ class CellConfig(Strict):
     model: str = "local:tiny-arith"  # `local:<recipe>` = built by the base rule; else an HF id or path
     seed: int = 0  # training seed (sampling, adapter init, data order)
     task: TaskConfig = TaskConfig()  # where prompts and gold answers come from
+    prompt: PromptConfig = PromptConfig()  # how a problem is put to the model, in training and evaluation alike
     adapter: AdapterConfig = AdapterConfig()  # what is trained
     train: TrainConfig = TrainConfig()  # how it is trained (GRPO hyper-parameters)
     reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_chat_template(cls, data: Any) -> Any:
+        """Studies written before the prompt section: `eval.chat_template: true|false|null` moves to
+        `prompt.chat_template: on|off|auto` (one setting now serves training and evaluation)."""
+        if not isinstance(data, dict) or not isinstance(data.get("eval"), dict) or "chat_template" not in data["eval"]:
+            return data
+        data = {**data, "eval": dict(data["eval"])}
+        old = data["eval"].pop("chat_template")
+        new = {True: "on", False: "off", None: "auto"}.get(old, old)
+        prompt = dict(data.get("prompt") or {})
+        if prompt.get("chat_template", new) != new:
+            raise ValueError(f"eval.chat_template={old!r} contradicts prompt.chat_template="
+                             f"{prompt['chat_template']!r}; set prompt.chat_template only (auto, on, off)")
+        prompt["chat_template"] = new
+        data["prompt"] = prompt
+        return data

@@ -117,8 +117,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"scale_rewards {args.scale_rewards!r} is not supported; use 'group' or 'none'")
         if args.loss_type not in klmod.LOSS_TYPES:
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
-        if args.importance_sampling_level != "token":
-            raise ValueError("only token-level importance sampling is supported")
+        if args.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
         if dynamic_sampling and args.steps_per_generation not in (None, 1):
             raise ValueError("dynamic_sampling needs steps_per_generation = 1 (the batch shrinks)")
         args = copy.copy(args)
@@ -297,7 +297,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         old_BT = logp_BT.detach() if old_BT is None else old_BT
         if self.kl_beta > 0:
             ref_BT = inputs["lorarl_ref_logps"]
-            weight_BT = torch.exp(logp_BT - old_BT) if self.kl_importance_correction else None
+            weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, self.importance_sampling_level) \
+                if self.kl_importance_correction else None
             kl_BT = klmod.per_token_kl(self.kl_estimator, logp_BT, ref_BT, weight_BT)
             train = mode == "train"
             term = klmod.aggregate(

@@ -206,10 +206,6 @@ class CellTable:
     def is_base(self, cell_id: str) -> bool:
         return cell_id in self._base_set
 
-    def base_of(self, cell: Cell) -> Cell:
-        """The base pseudo-cell of a matrix cell's model."""
-        return next(b for b in self.bases if b.config.model == cell.config.model)
-
     def eval_signature(self, cell_id: str, benchmark: str, step: int | None = None) -> str:
         """Rerun trigger of one evaluation (lorarl.evaluate.plan.eval_signature), memoised."""
         key = (cell_id, benchmark, step)

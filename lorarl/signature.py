@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
@@ -45,11 +45,34 @@ def runtime_fields(cls: type[BaseModel]) -> frozenset[str]:
     return frozenset(n for n, info in cls.model_fields.items() if is_runtime(info))
 
 
+def models_in(tp: Any) -> list[type[BaseModel]]:
+    """The pydantic model classes named anywhere in a type annotation (``dict[str, X] | None`` -> [X])."""
+    out = [tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+    for arg in get_args(tp):
+        out += models_in(arg)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _descend(cls: type[BaseModel]) -> frozenset[str]:
+    """Fields of ``cls`` whose value may hold a model with runtime fields somewhere inside."""
+    return frozenset(n for n, info in cls.model_fields.items()
+                     if any(_has_runtime(m) for m in models_in(info.annotation) if m is not cls))
+
+
+@lru_cache(maxsize=None)
+def _has_runtime(cls: type[BaseModel]) -> bool:
+    return bool(runtime_fields(cls)) or bool(_descend(cls))
+
+
 def _strip(value: Any, dumped: Any) -> Any:
     """``dumped`` (the JSON dump of ``value``) without the runtime fields of any model inside."""
     if isinstance(value, BaseModel):
-        drop = runtime_fields(type(value))
-        return {k: _strip(getattr(value, k), v) for k, v in dumped.items() if k not in drop}
+        cls = type(value)
+        if not _has_runtime(cls):
+            return dumped
+        drop, down = runtime_fields(cls), _descend(cls)
+        return {k: (_strip(getattr(value, k), v) if k in down else v) for k, v in dumped.items() if k not in drop}
     if isinstance(value, dict) and isinstance(dumped, dict):
         return {k: _strip(value.get(k), v) for k, v in dumped.items()}
     if isinstance(value, (list, tuple)) and isinstance(dumped, list):

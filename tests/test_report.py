@@ -155,3 +155,27 @@ def test_partial_study_report_shows_what_is_done(tmp_path):
     t = pd.read_csv(out["stats_csv"])
     assert set(t["rank"].astype(str)) == {"1"} and "diff" not in t  # no baseline row finished yet
     assert out["adv_std_peak"].exists()
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    """Debian's chromium (scripts/chromium.sh installs it) loads report.html from disk: every figure
+    decoded (naturalWidth > 0), no console error, nothing requested but the file itself."""
+    from lorarl.report import build
+    from tests.cdp import chromium, load_page
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium not installed (scripts/chromium.sh installs it; scripts/test.sh runs that)")
+    sp, res = make_study(tmp_path)
+    out = build(sp, res)
+    seen = load_page(out["report"], binary)
+    n_png = len(list((res / "rep" / "figures").glob("*.png")))
+    assert len(seen["images"]) == n_png >= 7
+    assert all(i["complete"] and i["naturalWidth"] > 0 for i in seen["images"]), seen["images"]
+    assert seen["errors"] == []
+    assert all(u.startswith(("file://", "data:")) for u in seen["requests"]), seen["requests"]
+    # a broken figure is caught: the same check fails on a page with a corrupt image
+    bad = tmp_path / "bad.html"
+    bad.write_text(out["report"].read_text().replace("base64,iVBOR", "base64,AAAA", 1))
+    seen = load_page(bad, binary)
+    assert sum(i["naturalWidth"] == 0 for i in seen["images"]) == 1

@@ -171,13 +171,16 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     """Hash of what one evaluation depends on: the weights (training signature, or the model for
     the base), the benchmark's source and resolved protocol, decoding backend and sampling seed.
     ``eval.batch_size`` is left out (memory only)."""
+    from lorarl.tasks.prompt import template_of
+
     spec = benchmark_specs(cfg)[benchmark]
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
         "spec": signature.signature_dump(spec),
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
-        "backend": cfg.eval.backend, "chat_template": cfg.eval.chat_template,
+        "backend": cfg.eval.backend, "prompt": cfg.prompt.model_dump(mode="json"),
+        "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from lorarl import stats
 from lorarl.report.data import StudyData, scores_matrix
+from lorarl.study import label_of
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -39,7 +40,7 @@ def baseline_key(data: StudyData, labels: dict) -> tuple | None:
     b = data.study.baseline
     if not b:
         return None
-    return tuple(str(b[k]) if k in b else labels[k] for k in data.keys)
+    return tuple(label_of(b[k]) if k in b else labels[k] for k in data.keys)
 
 
 def baseline_label(data: StudyData) -> str:
