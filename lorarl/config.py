@@ -131,10 +131,10 @@ class TrainConfig(Strict):
     kl_monitor_every: int = Field(10, ge=0)  # measure KL to the base and KL(new||old) every N steps (0 = never)
     scale_rewards: Literal["group", "none"] = "group"  # divide group-centred deposits by their std (Dr. GRPO: none)
     num_iterations: int = Field(1, gt=0)  # optimisation passes per generation batch (PPO epochs, mu)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
+    dynamic_sampling: bool = False  # DAPO: replace groups whose deposits are all equal by freshly sampled groups
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
-    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (refill not wired yet)
+    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (then degenerate groups fill)
     precision: Literal["bf16-mixed", "fp32", "bf16-pure"] | None = None  # null = bf16-mixed on GPU, fp32 on CPU (resolved value logged)
     importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
     dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
