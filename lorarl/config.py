@@ -197,6 +197,15 @@ class ProtocolOverride(Strict):
     ks: list[int] | None = None  # k values of the unbiased pass@k columns (each in [1, n])
 
 
+class GradingOverride(Strict):
+    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
+
+    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
+    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
+    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
+    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
+
+
 class BenchmarkEval(Strict):
     """Where one benchmark's problems come from and how it is decoded (null = the registry's)."""
 
@@ -208,6 +217,7 @@ class BenchmarkEval(Strict):
     split: str | None = None  # evaluate another split than the registry's
     limit: int | None = Field(None, gt=0)  # first N problems only (smoke runs; recorded in the summary)
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
+    grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
 
 
 class EvalConfig(Strict):
