@@ -131,10 +131,10 @@ class TrainConfig(Strict):
     kl_monitor_every: int = Field(10, ge=0)  # measure KL to the base and KL(new||old) every N steps (0 = never)
     scale_rewards: Literal["group", "none"] = "group"  # divide group-centred deposits by their std (Dr. GRPO: none)
     num_iterations: int = Field(1, gt=0)  # optimisation passes per generation batch (PPO epochs, mu)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
+    dynamic_sampling: bool = False  # DAPO: replace groups whose deposits are all equal by freshly sampled groups
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
-    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (refill not wired yet)
+    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (then degenerate groups fill)
     precision: Literal["bf16-mixed", "fp32", "bf16-pure"] | None = None  # null = bf16-mixed on GPU, fp32 on CPU (resolved value logged)
     importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
     dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
@@ -197,6 +197,15 @@ class ProtocolOverride(Strict):
     ks: list[int] | None = None  # k values of the unbiased pass@k columns (each in [1, n])
 
 
+class GradingOverride(Strict):
+    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
+
+    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
+    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
+    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
+    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
+
+
 class BenchmarkEval(Strict):
     """Where one benchmark's problems come from and how it is decoded (null = the registry's)."""
 
@@ -208,6 +217,7 @@ class BenchmarkEval(Strict):
     split: str | None = None  # evaluate another split than the registry's
     limit: int | None = Field(None, gt=0)  # first N problems only (smoke runs; recorded in the summary)
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
+    grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
 
 
 class EvalConfig(Strict):

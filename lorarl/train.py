@@ -156,6 +156,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, tok = load_policy(cfg, results_dir, "cpu" if use_cpu else "cuda", precision)
     # KL reference = the ORIGINAL base, copied before any adapter (or residual init) touches the weights
     ref_model = frozen_reference(model) if needs_reference(cfg.train.beta, cfg.train.kl_monitor_every) else None
+    if ref_model is not None and precision != "fp32":  # frozen: bf16 suffices (halves it under full-FT mixed)
+        ref_model.to(torch.bfloat16)
     dataset, data_facts = training_dataset(cfg, tok)
 
     tracker = Tracker(results_dir, study)
