@@ -38,15 +38,15 @@ def results(tmp_path_factory):
     return res
 
 
-def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(tmp_path):
+def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(results, tmp_path):
     study = load_study(DEMO)
     cell = study_cells(study)[3]
-    raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(tmp_path))
+    raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(results))
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     (only,) = study_cells(load_study(tmp_path / "s.yaml"))
     assert only.id == cell.id and only.config.train.steps == 2 and only.config.train.checkpoint_every == 0
     assert only.config.eval.benchmarks["synthetic"].limit == 4
-    assert only.config.model == str((tmp_path / "models" / "tiny-arith").resolve())
+    assert only.config.model == str((results / "models" / "tiny-arith").resolve())
     assert only.config.adapter == cell.config.adapter and only.config.train.beta == cell.config.train.beta
 
 
