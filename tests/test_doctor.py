@@ -129,3 +129,13 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
     assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
     assert not (results / "demo" / "r8-kl0.05-s1").exists()  # the real study's cells are untouched
+
+
+def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
+    from lorarl.doctor_report import read_profile
+
+    local = read_profile(None)
+    assert local["launcher"] == "local" and local["jobs"] == 2
+    slurm = read_profile("slurm")
+    want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]
+    assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["train"] and slurm["jobs"] == 32
