@@ -79,7 +79,7 @@ def lorarl_side(study_name: str, cell, results: str) -> list[float]:
 def main() -> None:
     import torch
 
-    from lorarl.study import get_cell, load_study
+    from lorarl.study import cell_table, load_study
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="experiments/demo.yaml")
@@ -91,7 +91,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     study = load_study(a.study)
-    cell = get_cell(study, a.cell)
+    cell = cell_table(study).cell(a.cell)
     cell = type(cell)(cell.id, cell.axes, cell.config.model_copy(
         update={"train": cell.config.train.model_copy(update={"steps": a.steps})}), cell.hash)
     ours, bare = [], []

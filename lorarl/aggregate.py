@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from lorarl import paths
+from lorarl.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
-from lorarl.study import Study, base_cells, expand
+from lorarl.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
     "final_train_reward": "final train reward",
@@ -59,11 +60,12 @@ def primary_columns(df: pd.DataFrame) -> list[str]:
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     """One row per cell: axis labels + train summary + every benchmark's final evaluation."""
     rows = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         kw = dict(results=results, study=study.name, cell=cell.id)
         s = _read_json(paths.path("summary", **kw))
         rows.append({
             "cell": cell.id, **cell.axes,
+            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.divergence
             **{k: s.get(k) for k in ("final_train_reward", "wall_time_s", "mean_step_time_s",
                                      "trainable_fraction")},
             **eval_columns(results, study.name, cell.id, cell.config),
@@ -88,7 +90,7 @@ def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
     """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
     one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
     rows = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         steps = snapshot_steps(cell.config)
         if not steps:
             continue
@@ -118,12 +120,16 @@ def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
     order = {k: {lab: i for i, lab in enumerate(dict.fromkeys(cells[k]))} for k in keys}
     g = cells.groupby(keys, sort=False)[metrics]
     out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))
+    if "state" in cells:  # diverged cells are counted (their metrics up to the divergence stay in the means)
+        out = out.join(cells.assign(_div=cells["state"].eq(DIVERGED)).groupby(keys, sort=False)["_div"].sum()
+                       .rename("n_diverged"))
     out = out.reset_index()
     out = out.sort_values(keys, key=lambda col: col.map(order[col.name])).reset_index(drop=True)
     return out.drop(columns=["_all"], errors="ignore")
 
 
-def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None) -> str:
+def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None,
+             cells: pd.DataFrame | None = None) -> str:
     keys = [k for k in group_axes(study) if k in table]
     metrics = [m for m in _metric_order(table.rename(columns=lambda c: str(c).removesuffix("_mean")))
                if f"{m}_mean" in table]
@@ -140,14 +146,25 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
             mu, sd = r[f"{m}_mean"], r[f"{m}_sd"]
             fmt = "{:.3g}" if m == "trainable_fraction" else ("{:.1f}" if "time" in m else "{:.3f}")
             vals.append(fmt.format(mu) + ("" if pd.isna(sd) else " ± " + fmt.format(sd)))
-        vals.append(str(int(r["n_seeds"])))
+        n_div = int(r.get("n_diverged", 0) or 0)
+        vals.append(str(int(r["n_seeds"])) + (f" ({n_div} diverged)" if n_div else ""))
         lines.append("| " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    notes = diverged_notes(cells) if cells is not None else []
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def diverged_notes(cells: pd.DataFrame) -> list[str]:
+    """One line per diverged cell (lorarl.divergence): where it stopped."""
+    if "state" not in cells:
+        return []
+    rows = cells[cells["state"] == DIVERGED]
+    return [f"- `{r['cell']}` diverged at step {int(r['diverged_at_step'])} (NaN/inf): metrics up to there, "
+            f"adapter = last finite weights" for _, r in rows.iterrows()]
 
 
 def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
     frames = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         df = pd.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
         frames.append(df.assign(cell=cell.id, **cell.axes))
     return pd.concat(frames, ignore_index=True)
@@ -171,7 +188,7 @@ def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
     cells.to_csv(out["cells_csv"], index=False)
     table.to_csv(out["table_csv"], index=False)
     base.to_csv(tdir / "base.csv", index=False)
-    out["table_md"].write_text(markdown(study, table, base))
+    out["table_md"].write_text(markdown(study, table, base, cells))
     curves = metric_curves(study, results)
     out.update(plots.study_figures(study, cells, curves, fdir, base=base))
     evcurves = eval_curve_table(study, results)
@@ -193,7 +210,7 @@ def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
 def diagnostics_table(study: Study, results: str | Path) -> pd.DataFrame:
     """All cells' diagnostics.parquet (long format) with the cell's axis labels attached."""
     frames = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists():
             frames.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))

@@ -38,7 +38,9 @@ class MetricsRecorder(TrainerCallback):
         if not logs or "loss" not in logs and not any(k.startswith("reward") for k in logs):
             return
         row = {"step": state.global_step}
-        row.update({k: float(v) for k, v in logs.items() if k not in SKIP and isinstance(v, (int, float))})
+        # TRL logs a metric whose every value was NaN as None: kept as NaN (a diverged step stays visible)
+        row.update({k: float("nan") if v is None else float(v) for k, v in logs.items()
+                    if k not in SKIP and (v is None or isinstance(v, (int, float)))})
         row["step_time_s"] = self._step_time
         self.rows.append(row)
         self._pending.append(row)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from lorarl import paths
+from lorarl import integrity, paths
 
 MARKER = "lorarl.json"
 COMPLETE = "complete.json"
@@ -134,6 +134,7 @@ class CellCheckpoints:
         self.stopped_for_preemption = False
         self.elapsed_before = 0.0
         self.resumes: list[int] = []
+        self.problems: list[str] = []  # checkpoints found unusable (lorarl.integrity), for summary.json
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
@@ -151,20 +152,28 @@ class CellCheckpoints:
 
     # ---- before training -------------------------------------------------------------------------
     def resume_run(self, tracker: Any) -> str | None:
-        """Reopen the MLflow run of the latest complete checkpoint of this config; None = start fresh
-        (then every stale checkpoint, of an older config or a finished cell, is deleted)."""
-        done = self.root / COMPLETE
-        ckpts = [] if done.exists() else [c for c in complete_checkpoints(self.root)
-                                          if c.meta.get("config_hash") == self.config_hash]
-        latest = ckpts[-1] if ckpts else None
-        if latest is not None and not _run_alive(tracker, latest.run_id):
-            print(f"[lorarl] checkpoint {latest.path.name}: MLflow run {latest.run_id} is gone or deleted; "
-                  f"starting afresh", file=sys.stderr, flush=True)
-            latest = None
+        """Reopen the MLflow run of the newest sound complete checkpoint of this config; None = start
+        fresh (then every stale checkpoint, of an older config or a finished cell, is deleted). A
+        checkpoint of another config, with a truncated/missing/altered file, a gone MLflow run or a
+        crash loop behind it (lorarl.integrity) is reported, deleted, and the previous one tried."""
+        latest = None
+        if not (self.root / COMPLETE).exists():
+            for c in reversed(complete_checkpoints(self.root)):
+                why = integrity.problem(c.path, c.meta, self.config_hash)
+                if why is None and not _run_alive(tracker, c.run_id):
+                    why = f"its MLflow run {c.run_id} is gone or deleted"
+                if why is None:
+                    latest = c
+                    break
+                self._reject(c.path, why)
+            for d in sorted(self.root.glob("checkpoint-*")):
+                if d.is_dir() and not (d / MARKER).exists():
+                    self._reject(d, f"no {MARKER} mark (a save cut short by a kill)")
         if latest is None:
             self._clear()
             return None
         self.resumed = latest
+        integrity.start_resume(latest.path)  # cleared by the first step that completes after loading it
         self.run_id = tracker.resume(latest.run_id)
         self.elapsed_before = float(latest.meta.get("elapsed_s", 0.0))
         self.resumes = list(latest.meta.get("resumes", [])) + [latest.step]
@@ -249,7 +258,8 @@ class CellCheckpoints:
         return self.elapsed_before + (time.time() - self._t0)
 
     def summary(self) -> dict:
-        return {"resumed_from_steps": self.resumes, "checkpoint_every": self.every}
+        return {"resumed_from_steps": self.resumes, "checkpoint_every": self.every,
+                "checkpoint_problems": self.problems}
 
     def finish(self) -> None:
         """The cell's outputs are in place: remove the checkpoints, or keep the last one (marked done)."""
@@ -283,8 +293,16 @@ class CellCheckpoints:
             if d.name != ".lock":
                 shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
 
+    def _reject(self, folder: Path, why: str) -> None:
+        msg = f"{folder.name} not used: {why}"
+        self.problems.append(msg)
+        print(f"[lorarl] checkpoint problem ({self.root}): {msg}; deleting it", file=sys.stderr, flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
     def _on_step_end(self, state: Any, control: Any) -> None:
         step = int(state.global_step)
+        if self.resumed is not None:  # a step completed after loading it: that checkpoint is readable
+            integrity.resume_worked(self.resumed.path)
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
@@ -307,7 +325,7 @@ class CellCheckpoints:
         meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
-                "saved_at": time.time()}
+                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.integrity)
         _write_json(folder / MARKER, meta)
         for c in complete_checkpoints(self.root):  # keep only the newest complete checkpoint
             if c.step != step:

@@ -1,4 +1,4 @@
-"""`lorarl` command line: cells | run | launch | aggregate | base | rescore | status.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -9,16 +9,17 @@ import argparse
 import json
 import sys
 
-from lorarl.study import StudyError, base_cells, expand, load_study
+from lorarl.study import StudyError, cell_table, load_study
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
     study = load_study(args.study)
-    cells = expand(study)
+    table = cell_table(study)
+    cells = table.cells
     axes = list(study.axes)
     if args.json:
-        print(json.dumps([{"id": c.id, "hash": c.hash, "axes": c.axes, "aliases": list(c.aliases)}
-                          for c in cells], indent=2))
+        print(json.dumps([{"id": c.id, "hash": c.hash, "eval_hash": c.eval_hash, "axes": c.axes,
+                           "aliases": list(c.aliases)} for c in cells], indent=2))
         return 0
     if args.ids:
         print("\n".join(c.id for c in cells))
@@ -27,10 +28,11 @@ def cmd_cells(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
-    merged = sum(len(c.aliases) for c in cells)
-    note = f" ({merged} identical cells merged)" if merged else ""
+    for line in table.notes:  # "init does not apply to full: 2 cells merged into rfull-kl0-s0"
+        print(line)
+    note = f" ({table.merged} identical cells merged)" if table.merged else ""
     print(f"{len(cells)} cells in study {study.name!r}{note}; base pseudo-cells: "
-          f"{', '.join(b.id for b in base_cells(study))}")
+          f"{', '.join(table.base_ids) or 'none'}")
     return 0
 
 
@@ -59,26 +61,40 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         aggregate_toy(study, args.results)
     else:
         from lorarl.aggregate import aggregate
+        from lorarl.report import build
 
         aggregate(study, args.results)
+        build(args.study, args.results)  # stats tables, the papers' figures, report.html
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Tables with intervals, the papers' figures and report.html, for a study at any stage."""
+    from lorarl.report import build
+
+    study = load_study(args.study)
+    if study.kind != "grpo":
+        print(f"error: study kind {study.kind!r} has no report; allowed: grpo", file=sys.stderr)
+        return 2
+    out = build(args.study, args.results)
+    print(out["report"])
     return 0
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
     """Grade stored evaluation samples again (no generation) and rewrite their summaries."""
     from lorarl.evaluation import rescore_cell, rescore_file
-    from lorarl.study import find_cell
 
     if args.target.endswith(".jsonl"):
         results = [rescore_file(args.target, timeout_s=args.timeout, write=not args.dry_run)]
     else:
         study = load_study(args.target)
-        bases = {b.id for b in base_cells(study)}
-        ids = args.cells or [c.id for c in expand(study)] + sorted(bases)
+        table = cell_table(study)
+        ids = args.cells or table.ids + sorted(table.base_ids)
         results = []
         for cid in ids:
-            cell = find_cell(study, cid)
-            results += rescore_cell(study.name, cell, args.results, cell.id in bases,
+            cell = table.cell(cid)
+            results += rescore_cell(study.name, cell, args.results, table.is_base(cell.id),
                                     timeout_s=args.timeout, write=not args.dry_run)
     changed = 0
     for r in results:
@@ -97,6 +113,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
     from lorarl.status import as_json, format_table, study_status
 
+    if args.watch:
+        from lorarl.watch import watch
+
+        load_study(args.study)  # a bad study: exit 2 before the first redraw
+        return watch(args.study, args.results, args.interval, args.max_updates)
     rows = study_status(args.study, args.results)
     print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows))
     return 0
@@ -135,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--results", default="results")
     a.set_defaults(fn=cmd_aggregate)
 
+    rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
+    rp.add_argument("study")
+    rp.add_argument("--results", default="results")
+    rp.set_defaults(fn=cmd_report)
+
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")
     rs.add_argument("target", help="a study YAML, or one <benchmark>[@step].jsonl file")
     rs.add_argument("cells", nargs="*", help="cell ids (default: every cell and base pseudo-cell)")
@@ -148,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("study")
     st.add_argument("--results", default="results")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", action="store_true", help="compact view (counts, running steps, ETA), redrawn "
+                    "until the study ends")
+    st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
+    st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ Every field carries a one-line comment saying *why* it exists. Unknown fields ar
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,6 +41,23 @@ class TaskConfig(Strict):
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path is required when task.name is 'dataset'")
         return self
+
+
+class PromptConfig(Strict):
+    """How a problem becomes the model's input, identically in the train and evaluate stages
+    (lorarl.tasks.prompt). A study sets it once; a base model is then told what the reward pays."""
+
+    template: str | None = None  # user message with {question}; null = by source: synthetic "{question}", else math + \\boxed{} instruction
+    system: str | None = None  # system prompt (a system message with the chat template, else text + blank line)
+    chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
+    think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
+
+    @field_validator("template")
+    @classmethod
+    def _has_question(cls, v: str | None) -> str | None:
+        if v is not None and "{question}" not in v:
+            raise ValueError("prompt.template must contain the placeholder {question}")
+        return v
 
 
 class AdapterConfig(Strict):
@@ -107,22 +124,39 @@ class TrainConfig(Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)  # linear warm-up fraction of the schedule
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"  # schedule shape
     log_every: int = Field(1, gt=0)  # metrics logging period in steps
-    checkpoint_every: int = Field(10, ge=0)  # steps between resumable checkpoints: a kill loses at most this (0 = none)
-    keep_checkpoint: bool = False  # keep the last checkpoint after the cell completes (else it is deleted)
+    checkpoint_every: int = Field(10, ge=0, json_schema_extra={"runtime": True})  # steps between resumable checkpoints: a kill loses at most this (0 = none)
+    keep_checkpoint: bool = Field(False, json_schema_extra={"runtime": True})  # keep the last checkpoint after the cell completes (else it is deleted)
     kl_estimator: Literal["k1", "k3", "one_sided"] = "k3"  # per-token estimator of the beta penalty (k3 = TRL's)
     kl_importance_correction: bool = True  # multiply the KL term by pi/pi_old, as TRL's use_bias_correction_kl
     kl_monitor_every: int = Field(10, ge=0)  # measure KL to the base and KL(new||old) every N steps (0 = never)
     scale_rewards: Literal["group", "none"] = "group"  # divide group-centred deposits by their std (Dr. GRPO: none)
     num_iterations: int = Field(1, gt=0)  # optimisation passes per generation batch (PPO epochs, mu)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
+    dynamic_sampling: bool = False  # DAPO: replace groups whose deposits are all equal by freshly sampled groups
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
+    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (then degenerate groups fill)
+    precision: Literal["bf16-mixed", "fp32", "bf16-pure"] | None = None  # null = bf16-mixed on GPU, fp32 on CPU (resolved value logged)
+    importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
+    dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
+    mini_batch_prompts: int | None = Field(None, gt=0)  # PPO mini-batch in prompts: prompts_per_step/this updates per rollout (003: 32 of 128)
+    max_prompt_length: int | None = Field(None, gt=0)  # drop training prompts longer than this many tokens (paper 002: 512)
+    stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.flags); saves compute
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":
         if self.overlong_buffer >= self.max_completion_length:
             raise ValueError("overlong_buffer must be smaller than max_completion_length")
+        if self.mini_batch_prompts is not None and self.prompts_per_step % self.mini_batch_prompts:
+            raise ValueError(f"train.mini_batch_prompts ({self.mini_batch_prompts}) must divide "
+                             f"train.prompts_per_step ({self.prompts_per_step})")
+        if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):
+            raise ValueError(f"train.dual_clip must exceed 1 + the upper clip ({1 + (self.epsilon_high or self.epsilon)})")
         return self
+
+    @property
+    def updates_per_generation(self) -> int:
+        """Optimiser steps taken on one rollout batch (TRL's steps_per_generation)."""
+        return self.prompts_per_step // (self.mini_batch_prompts or self.prompts_per_step)
 
 
 class RewardConfig(Strict):
@@ -136,12 +170,12 @@ class RewardConfig(Strict):
     prm_good_token: str = "+"  # hf PRM: label token whose probability is the step's score
     prm_bad_token: str = "-"  # hf PRM: the competing label token
     prm_device: str | None = None  # hf PRM: device (None = the policy's)
-    prm_batch_size: int = Field(8, gt=0)  # hf PRM: sequences per forward (memory, not results)
+    prm_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # hf PRM: sequences per forward (memory, not results)
     prm_max_length: int | None = Field(None, gt=0)  # hf PRM: input truncation (steps past it score 0, counted)
     teacher: str | None = None  # distillation: `local:<recipe>`, HF id or path; must share the student's tokenizer
     teacher_device: str | None = None  # distillation: e.g. "cuda:1" (None = the policy's)
     teacher_dtype: str = "auto"  # distillation: dtype of the teacher's weights
-    teacher_batch_size: int = Field(8, gt=0)  # distillation: sequences per teacher forward (memory, not results)
+    teacher_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # distillation: sequences per teacher forward (memory, not results)
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
@@ -178,12 +212,11 @@ class BenchmarkEval(Strict):
 
 class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # budget for every benchmark (null: each protocol's; synthetic 48)
-    batch_size: int = Field(64, gt=0)  # generation batch size (memory, not results)
+    batch_size: int = Field(64, gt=0, json_schema_extra={"runtime": True})  # generation batch size (memory, not results)
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
-    chat_template: bool | None = None  # wrap prompts in the tokenizer's chat template (null = if it has one)
 
     @field_validator("benchmarks", mode="before")
     @classmethod
@@ -207,7 +240,26 @@ class CellConfig(Strict):
     model: str = "local:tiny-arith"  # `local:<recipe>` = built by the base rule; else an HF id or path
     seed: int = 0  # training seed (sampling, adapter init, data order)
     task: TaskConfig = TaskConfig()  # where prompts and gold answers come from
+    prompt: PromptConfig = PromptConfig()  # how a problem is put to the model, in training and evaluation alike
     adapter: AdapterConfig = AdapterConfig()  # what is trained
     train: TrainConfig = TrainConfig()  # how it is trained (GRPO hyper-parameters)
     reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_chat_template(cls, data: Any) -> Any:
+        """Studies written before the prompt section: `eval.chat_template: true|false|null` moves to
+        `prompt.chat_template: on|off|auto` (one setting now serves training and evaluation)."""
+        if not isinstance(data, dict) or not isinstance(data.get("eval"), dict) or "chat_template" not in data["eval"]:
+            return data
+        data = {**data, "eval": dict(data["eval"])}
+        old = data["eval"].pop("chat_template")
+        new = {True: "on", False: "off", None: "auto"}.get(old, old)
+        prompt = dict(data.get("prompt") or {})
+        if prompt.get("chat_template", new) != new:
+            raise ValueError(f"eval.chat_template={old!r} contradicts prompt.chat_template="
+                             f"{prompt['chat_template']!r}; set prompt.chat_template only (auto, on, off)")
+        prompt["chat_template"] = new
+        data["prompt"] = prompt
+        return data

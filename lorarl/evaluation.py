@@ -46,8 +46,13 @@ def requested_targets(cfg: Any, is_base: bool, targets: Iterable[str] | None = N
 
 def load_problems(name: str, cfg: Any) -> list:
     """A benchmark's problems as the cell's ``eval.benchmarks.<name>`` says: local file, hub
-    (id/subset/revision/split) or, for ``synthetic``, the held-out split of the cell's task."""
+    (id/subset/revision/split) or, for ``synthetic``, the held-out split of the cell's task.
+
+    Each problem's ``prompt`` is the cell's user message (:mod:`lorarl.tasks.prompt`, the one the
+    train stage uses): math benchmarks put their question into ``prompt.template``; multiple-choice
+    benchmarks keep their registry template (it lays out the choices), plus the think instruction."""
     from lorarl.evaluate.benchmarks import get_benchmark
+    from lorarl.tasks.prompt import user_message
 
     spec = benchmark_specs(cfg)[name]
     bench = get_benchmark(name)
@@ -55,13 +60,18 @@ def load_problems(name: str, cfg: Any) -> list:
         bench = dataclasses.replace(bench, hub_id=spec.hub_id or bench.hub_id,
                                     config=spec.subset or bench.config)
     fmap = dict(spec.field_map) or None
+    own = bench.grader == "choice"  # its template carries the choices: keep it
+    tpl = None if own else "{question}"
     if name == SYNTHETIC and spec.path is None:
         from lorarl.tasks import task_records
 
         _, rows = task_records(cfg.task)
-        return bench.load(rows=rows, field_map=fmap, limit=spec.limit)
-    return bench.load(spec.path, field_map=fmap, split=spec.split, revision=spec.revision,
-                      limit=spec.limit)
+        probs = bench.load(rows=rows, field_map=fmap, limit=spec.limit, template=tpl)
+    else:
+        probs = bench.load(spec.path, field_map=fmap, split=spec.split, revision=spec.revision,
+                           limit=spec.limit, template=tpl)
+    return [dataclasses.replace(p, prompt=user_message(cfg, p.prompt, rendered=own, synthetic=name == SYNTHETIC))
+            for p in probs]
 
 
 def weights_for(cfg: Any, results_dir: str | Path, study: str, cell_id: str, is_base: bool,
@@ -90,11 +100,11 @@ def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_d
         from lorarl.evaluate.vllm_backend import VLLMBackend
 
         return VLLMBackend(model_path, adapter, merge_dir=merge_dir, seed=cfg.seed,
-                           use_chat_template=ev.chat_template)
+                           prompt_config=cfg.prompt)
     from lorarl.evaluate.backends import HFBackend
 
     return HFBackend(model_path, adapter, merge=True, batch_size=ev.batch_size,
-                     use_chat_template=ev.chat_template)
+                     prompt_config=cfg.prompt)
 
 
 def metric_values(summary: dict) -> dict[str, float]:

@@ -1,15 +1,27 @@
 """Answer grading shared by the RL reward and by evaluation.
 
-* :func:`extract_boxed` pulls the content of the last balanced ``\\boxed{...}``.
-* :func:`score_math` / :func:`score_math_batch` compare a completion's boxed answer with a gold
-  answer using math-verify (gold parsed first, prediction second: ``verify`` is not symmetric).
-  Every comparison runs in a persistent worker process under a hard time limit, so a pathological
-  answer costs at most ``timeout_s`` (plus a small margin) and scores ``correct=False,
-  timed_out=True``; exceptions and worker crashes score ``correct=False`` and never propagate.
+* :func:`score_math` / :func:`score_math_batch` grade a completion's final boxed answer against a
+  gold answer with math-verify (gold parsed first, prediction second: ``verify`` is not symmetric).
+  *What* is graded (several boxes, golds with several boxes, digit separators) is decided in
+  :mod:`lorarl.answers`; *how* values compare is math-verify's ``verify`` under
+  :class:`GradingSettings` (float rounding, numeric precision, strict mode, set/relation comparison;
+  the defaults are math-verify's).
 * :func:`score_choice` grades multiple-choice answers by letter extraction (no math-verify).
 
+Every comparison runs in a persistent worker process under a hard time limit, so a pathological
+answer costs at most ``timeout_s`` (plus a small margin) and scores ``correct=False,
+timed_out=True``; exceptions and worker crashes score ``correct=False`` and never propagate.
 Model output is only ever parsed as text: nothing is evaluated as code.  Importing this module is
 cheap (no torch / transformers / sympy); math-verify is imported inside the worker processes.
+
+**Determinism.**  A verdict is a pure function of (gold, completion, settings): sympy's answer for
+degenerate expressions (gold ``0`` against ``\\boxed{4 0/0}``) depends on three kinds of process
+state, all pinned here.  (1) ``sympy.core.random._assumptions_rng``, an unseeded RNG that shuffles the
+order in which assumption facts are inferred and advances with every query: re-seeded before each
+comparison.  (2) Objects shared through sympy's ``cacheit`` cache (``Mul(4, 0, evaluate=False)`` is one
+object) and math-verify's ``lru_cache``s, whose lazily computed assumptions (``is_zero``...) steer
+``simplify`` later: all cleared before each comparison.  (3) String hashing (set iteration order of
+assumption names and symbols): workers run with ``PYTHONHASHSEED=0``.
 
 Timeouts are enforced twice: inside the worker a ``SIGALRM`` interval timer interrupts the
 comparison at ``timeout_s`` (the worker lives on), and the parent kills and replaces a worker that
@@ -21,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import multiprocessing as mp
 import os
 import re
@@ -28,10 +41,13 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Score", "extract_boxed", "score_math", "score_math_batch", "score_choice",
-           "shutdown_pool"]
+from lorarl.answers import (answer_text, extract_boxed, final_boxed, gold_boxes,
+                            normalize_separators, prepare_completion)
+
+__all__ = ["Score", "GradingSettings", "extract_boxed", "score_math", "score_math_batch",
+           "score_choice", "shutdown_pool"]
 
 _GRACE_S = 0.5          # parent-side margin on top of the in-worker timer
 _STARTUP_S = 120.0      # how long to wait for a fresh worker to import math-verify
@@ -46,35 +62,40 @@ class Score:
     timed_out: bool = False
 
 
-# ----------------------------------------------------------------------------- extraction
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)   # escaped pairs (\{, \\, \b...) or braces
+@dataclass(frozen=True)
+class GradingSettings:
+    """How math-verify compares values (``verify``'s keyword arguments; defaults are its own)."""
+
+    float_rounding: int = 6  # decimal places floats are rounded to before comparing
+    numeric_precision: int = 15  # significant digits of the numeric (evalf) comparison
+    strict: bool = True  # False: variables match by position (f(x) = f(y)) and sets compare with tuples
+    allow_set_relation_comp: bool = False  # True: a gold set equals a relation (1 < x < 2 vs (1, 2))
+
+    def __post_init__(self) -> None:
+        for name in ("float_rounding", "numeric_precision"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "float_rounding" else 1):
+                raise ValueError(f"grading.{name} must be an integer >= "
+                                 f"{0 if name == 'float_rounding' else 1}, got {v!r}")
+        for name in ("strict", "allow_set_relation_comp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"grading.{name} must be true or false, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "GradingSettings":
+        """Settings from a summary's ``grading`` dict (missing keys: defaults; unknown: error)."""
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown grading setting(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
-def extract_boxed(text: str | None) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) whose braces balance.
-
-    "Last" means the latest opening among the complete ones, so a trailing, unterminated
-    ``\\boxed{`` (a truncated completion) is skipped in favour of the last complete one, and
-    ``\\boxed{\\boxed{8}}`` gives ``8``.  Escaped braces (``\\{``) do not count.  One linear pass, so
-    degenerate outputs (thousands of ``\\boxed{``) cost milliseconds.  ``None`` when there is none.
-    """
-    if not text:
-        return None
-    openers = {m.end() - 1 for m in _BOXED_RE.finditer(text)}
-    if not openers:
-        return None
-    stack: list[int] = []
-    best: tuple[int, int] | None = None
-    for m in _BRACE_TOKENS.finditer(text):
-        tok = m.group()
-        if tok == "{":
-            stack.append(m.start())
-        elif tok == "}" and stack:
-            start = stack.pop()
-            if start in openers and (best is None or start > best[0]):
-                best = (start, m.start())
-    return text[best[0] + 1:best[1]].strip() if best else None
+DEFAULT_SETTINGS = GradingSettings()
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -82,8 +103,51 @@ class _Deadline(BaseException):
     """Raised by the in-worker alarm; a BaseException so ``except Exception`` cannot swallow it."""
 
 
-def _math_task(gold: str, pred: str, timeout_s: float) -> tuple[bool, bool]:
-    """Runs in a worker: ``(correct, timed_out)`` of math-verify on gold vs boxed prediction."""
+def _fresh_state() -> None:
+    """Forget everything earlier comparisons left in sympy and math-verify (see the module doc)."""
+    from math_verify import parser
+    from sympy.core.cache import clear_cache
+    from sympy.core.random import seed
+
+    clear_cache()
+    for cached in (parser.parse_latex_cached, parser.parse_expr_cached, parser.extract_latex):
+        cached.cache_clear()
+    seed(0)   # sympy's assumption-order RNG (and its public one)
+
+
+def _boxed_answer(text: str) -> tuple[list[Any], str | None]:
+    """math-verify's prediction list for ``text`` from its boxed patterns only (``[parsed, first
+    matched string]`` like ``math_verify.parse`` with ``fallback_mode="first_match"``, or ``[]``)
+    and the graded box contents as written."""
+    from math_verify.parser import LatexExtractionConfig, extract_latex, lazy_latex_regex
+
+    cfg = LatexExtractionConfig()
+    patterns = [p for p, prio in lazy_latex_regex(cfg) if prio == cfg.boxed_match_priority]
+    matches = sorted(((m.end(), -m.start(), k, m) for k, p in enumerate(patterns)
+                      for m in p.finditer(text)), key=lambda t: t[:3], reverse=True)
+    first: str | None = None
+    for *_, m in matches:
+        parsed, as_text = extract_latex(m, cfg)
+        first = as_text if first is None and as_text else first
+        if parsed is not None:
+            return [parsed] + ([first] if first else []), _raw_boxes(m)
+    return ([first] if first else []), None
+
+
+def _raw_boxes(m: Any) -> str | None:
+    """The box contents a match graded, as written: all boxes of a math-environment match, the
+    :func:`~lorarl.answers.final_boxed` run of a plain one."""
+    plain = any(k.endswith("latexBoxed") and v for k, v in m.groupdict().items())
+    return answer_text(final_boxed(m.group(0)) if plain else gold_boxes(m.group(0)))
+
+
+def _math_task(gold: str, pred: str, timeout_s: float,
+               settings: GradingSettings = DEFAULT_SETTINGS) -> tuple[bool, bool, str | None]:
+    """Runs in a worker: ``(correct, timed_out, graded text)`` of math-verify on gold vs completion.
+
+    ``gold`` is a plain answer or a solution with boxes; ``pred`` the completion prepared by
+    :func:`lorarl.answers.prepare_completion`.
+    """
     import signal
 
     from math_verify import parse, verify
@@ -91,30 +155,35 @@ def _math_task(gold: str, pred: str, timeout_s: float) -> tuple[bool, bool]:
     def on_alarm(signum: int, frame: Any) -> None:
         raise _Deadline()
 
+    _fresh_state()
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(timeout_s, 1e-3))
+    graded: str | None = None
     try:
-        g = parse(_as_boxed(gold), parsing_timeout=None)
-        p = parse("\\boxed{" + pred + "}", parsing_timeout=None)
+        g = parse(_gold_latex(gold), parsing_timeout=None)
+        p, graded = _boxed_answer(pred)
         if not g or not p:
-            return False, False
-        return bool(verify(g, p, timeout_seconds=None)), False
+            return False, False, graded
+        return bool(verify(g, p, float_rounding=settings.float_rounding,
+                           numeric_precision=settings.numeric_precision, strict=settings.strict,
+                           allow_set_relation_comp=settings.allow_set_relation_comp,
+                           timeout_seconds=None)), False, graded
     except _Deadline:
-        return False, True
+        return False, True, graded
     except Exception:  # noqa: BLE001 - any grading failure is simply "not correct"
-        return False, False
+        return False, False, graded
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 
 
-def _as_boxed(gold: str) -> str:
-    """Wrap a plain gold answer (``42``, ``\\frac{1}{2}``, ``$x=3$``) so math-verify parses all of it."""
+def _gold_latex(gold: str) -> str:
+    """The gold as one box: a plain answer (``42``, ``$x=3$``) wrapped whole; a solution with boxes
+    gives all of them (:func:`lorarl.answers.gold_boxes`); digit separators normalised."""
     g = gold.strip()
-    if "\\boxed" in g or "\\fbox" in g:
-        return g
-    g = g.strip("$").strip()
-    return "\\boxed{" + g + "}"
+    boxes = gold_boxes(g) if ("\\boxed" in g or "\\fbox" in g) else []
+    body = answer_text(boxes) if boxes else g.strip("$").strip()
+    return "\\boxed{" + normalize_separators(body) + "}"
 
 
 def _worker_main(conn: Connection) -> None:
@@ -126,7 +195,7 @@ def _worker_main(conn: Connection) -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     import math_verify  # noqa: F401 - pay the import before announcing readiness
 
-    conn.send(("ready", None))
+    conn.send(("ready", os.environ.get("PYTHONHASHSEED")))
     while True:
         try:
             fn, args = conn.recv()
@@ -139,6 +208,10 @@ def _worker_main(conn: Connection) -> None:
 
 
 # ----------------------------------------------------------------------------- parent side
+WORKER_HASH_SEED = "0"   # string hashing in the workers (set iteration order inside sympy)
+_env_lock = threading.Lock()
+
+
 class _Worker:
     """One persistent worker process and its pipe."""
 
@@ -146,9 +219,19 @@ class _Worker:
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True,
                                 name="lorarl-grader")
-        self.proc.start()
+        with _env_lock:   # a spawned interpreter reads its hash seed from the environment
+            old = os.environ.get("PYTHONHASHSEED")
+            os.environ["PYTHONHASHSEED"] = WORKER_HASH_SEED
+            try:
+                self.proc.start()
+            finally:
+                if old is None:
+                    os.environ.pop("PYTHONHASHSEED", None)
+                else:
+                    os.environ["PYTHONHASHSEED"] = old
         child.close()
         self.ready = False
+        self.hash_seed: str | None = None   # PYTHONHASHSEED the worker reported at start
         self.started = time.monotonic()
 
     def kill(self) -> None:
@@ -207,6 +290,7 @@ class _Pool:
                             continue
                         if status == "ready":
                             self._workers[k].ready = True
+                            self._workers[k].hash_seed = value
                         elif k in running:
                             results[running.pop(k)[0]] = (status, value)
                     now = time.monotonic()
@@ -259,34 +343,40 @@ atexit.register(shutdown_pool)
 
 
 # ----------------------------------------------------------------------------- public scoring
-def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s: float = 5.0
-                     ) -> list[Score]:
+def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s: float = 5.0,
+                     settings: GradingSettings | None = None) -> list[Score]:
     """Grade ``completions[i]`` against ``golds[i]`` in parallel; see :func:`score_math`."""
     if len(golds) != len(completions):
         raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
-    extracted = [extract_boxed(c) for c in completions]
-    todo = [i for i, e in enumerate(extracted) if e is not None]
+    settings = settings or DEFAULT_SETTINGS
+    prepared = [prepare_completion(c) for c in completions]
+    todo = [i for i, p in enumerate(prepared) if p is not None]
     scores = [Score(False, None, False)] * len(completions)
     if not todo:
         return scores
-    outcomes = _get_pool().run(_math_task, [(str(golds[i]), extracted[i], timeout_s)
+    outcomes = _get_pool().run(_math_task, [(str(golds[i]), prepared[i], timeout_s, settings)
                                             for i in todo], timeout_s)
     for i, (status, value) in zip(todo, outcomes):
+        # what was graded: the matched boxes as written (else the plain-box rule of the raw text)
+        fallback = answer_text(final_boxed(completions[i]))
         if status == "ok":
-            scores[i] = Score(bool(value[0]), extracted[i], bool(value[1]))
+            scores[i] = Score(bool(value[0]), value[2] or fallback, bool(value[1]))
         else:
-            scores[i] = Score(False, extracted[i], status == "timeout")
+            scores[i] = Score(False, fallback, status == "timeout")
     return scores
 
 
-def score_math(gold: str, completion: str, timeout_s: float = 5.0) -> Score:
-    """Grade one completion: its last ``\\boxed{}`` content against ``gold`` with math-verify.
+def score_math(gold: str, completion: str, timeout_s: float = 5.0,
+               settings: GradingSettings | None = None) -> Score:
+    """Grade one completion: its final boxed answer (:func:`lorarl.answers.final_boxed`; several
+    adjacent boxes are one answer, graded as a set) against ``gold`` with math-verify.
 
-    No boxed answer gives ``Score(False, None, False)`` (math-verify never sees the free text).
-    Returns within about ``timeout_s`` + 0.5 s once the worker pool is up (the first call also
-    pays the worker start-up, about a second).
+    ``extracted`` is the graded text (box contents joined with ``,``).  No boxed answer gives
+    ``Score(False, None, False)`` (math-verify never sees the free text).  Returns within about
+    ``timeout_s`` + 0.5 s once the worker pool is up (the first call also pays the worker
+    start-up, about a second).
     """
-    return score_math_batch([gold], [completion], timeout_s)[0]
+    return score_math_batch([gold], [completion], timeout_s, settings)[0]
 
 
 # Each piece is one character class with one quantifier: linear time on any input.

@@ -6,7 +6,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   deposits (plus DAPO's soft overlong penalty on the last token); TRL still sees one scalar per
   completion (the sum of its deposits) for its own reward metrics.
 * ``_generate_and_score_completions``: replaces TRL's ``[B]`` advantages by the ``[B, T]`` advantages of
-  :func:`lorarl.advantages.advantages_from_deposits`, drops degenerate groups (DAPO dynamic sampling),
+  :func:`lorarl.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
+  ones (DAPO dynamic sampling, :mod:`lorarl.dynamic_sampling`),
   and runs the reference forward, only when ``beta > 0``.
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
@@ -35,12 +36,14 @@ from trl import GRPOTrainer
 
 from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
+from lorarl.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
     "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
     "adv/std", "adv/std_peak", "adv/abs_max", "kl", "kl_ref/k1", "kl_ref/k3", "kl_ref/one_sided",
     "kl_ref/penalty", "kl_new_old", "kl_new_old/logratio", "dynamic_sampling/frac_groups_dropped",
+    "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
     "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
     "time/kl_monitor_s", "time/kl_new_old_s",
 )
@@ -102,7 +105,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
-                 overlong_buffer: int = 0, overlong_factor: float = 1.0, **kwargs):
+                 overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
+                 **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -116,10 +120,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"scale_rewards {args.scale_rewards!r} is not supported; use 'group' or 'none'")
         if args.loss_type not in klmod.LOSS_TYPES:
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
-        if args.importance_sampling_level != "token":
-            raise ValueError("only token-level importance sampling is supported")
-        if dynamic_sampling and args.steps_per_generation not in (None, 1):
-            raise ValueError("dynamic_sampling needs steps_per_generation = 1 (the batch shrinks)")
+        if args.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
         args = copy.copy(args)
         args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
         super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
@@ -131,6 +133,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self.kl_importance_correction = bool(args.use_bias_correction_kl)
         self.kl_monitor_every = int(kl_monitor_every)
         self.dynamic_sampling = dynamic_sampling
+        self.dynamic_sampling_max_batches = int(dynamic_sampling_max_batches)
+        if dynamic_sampling:
+            from lorarl.dynamic_sampling import PromptSampler
+
+            self._prompt_sampler = PromptSampler(self.train_dataset, args.seed)
         self.overlong_buffer, self.overlong_factor = int(overlong_buffer), float(overlong_factor)
         self.reference_model = ref_model
         if ref_model is not None:
@@ -205,6 +212,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
         dep = self.regime.deposits(rollouts)
+        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.divergence)
+            nan_reward_fault(dep, int(self.state.global_step) + 1)
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
@@ -242,8 +251,20 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return rewards.unsqueeze(1)  # [B, 1]: one "reward function" whose value is each completion's return
 
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
+        out, degenerate_P = self._score_round(inputs, mode)
+        if self.dynamic_sampling and mode == "train":
+            out = self._refill(out, degenerate_P)
+        if self.kl_beta > 0:
+            t0 = time.perf_counter()
+            out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
+            self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
+        return out
+
+    def _score_round(self, inputs, mode: str):
+        """TRL's generation + scoring of one batch, with lorarl's ``[B, T]`` advantages; returns the
+        batch and which prompt groups are degenerate (all deposits equal)."""
+        out = super()._generate_and_score_completions(inputs)
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -260,23 +281,31 @@ class LorarlGRPOTrainer(GRPOTrainer):
             self._log("adv/std_peak", self._adv_std_peak, mode)
             self._log("adv/abs_max", vals.abs().max().item(), mode)
         out["advantages"] = adv_BT
+        return out, adv.stats.degenerate_P.tolist()
 
-        if self.dynamic_sampling and mode == "train":
-            drop_P = adv.stats.degenerate_P
-            self._log("dynamic_sampling/frac_groups_dropped", drop_P.float().mean().item(), mode)
-            if drop_P.any() and not drop_P.all():  # all degenerate: keep the batch, its advantages are all 0
-                keep_B = ~drop_P.repeat_interleave(group)
-                out = {k: (v[keep_B] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.size(0) == B else
-                           [x for x, k_ in zip(v, keep_B.tolist()) if k_] if isinstance(v, list) and len(v) == B
-                           else v) for k, v in out.items()}
-                loss_mask = out["completion_mask"] * out.get("tool_mask", 1)
-                out["num_items_in_batch"] = loss_mask.sum()
+    def _refill(self, first: dict, degenerate: list[bool]) -> dict:
+        """DAPO dynamic sampling (lorarl.dynamic_sampling): sample more prompt groups until the batch
+        holds as many groups with signal as it has slots, at most ``dynamic_sampling_max_batches``
+        rounds; degenerate groups fill what is left."""
+        from lorarl.dynamic_sampling import concat_batches, plan_refill, take_groups
 
-        if self.kl_beta > 0:
-            t0 = time.perf_counter()
-            out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
-            self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
-        return out
+        G, P = self.num_generations, len(degenerate)
+        self._log("dynamic_sampling/frac_groups_dropped", sum(degenerate) / P)
+        rounds = [first]
+        kept = [(0, g) for g in range(P) if not degenerate[g]]
+        degen = [(0, g) for g in range(P) if degenerate[g]]
+        while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
+            out, deg = self._score_round(self._prompt_sampler.draw(P, G), "train")
+            r = len(rounds)
+            rounds.append(out)
+            kept += [(r, g) for g in range(len(deg)) if not deg[g]]
+            degen += [(r, g) for g in range(len(deg)) if deg[g]]
+        chosen = plan_refill(kept, degen, P)
+        parts = [take_groups(o, [g for rr, g in chosen if rr == r], G) for r, o in enumerate(rounds)
+                 if any(rr == r for rr, _ in chosen)]
+        self._log("dynamic_sampling/rounds", len(rounds))
+        self._log("dynamic_sampling/frac_groups_degenerate", max(P - len(kept), 0) / P)
+        return concat_batches(parts, self._tokenizer.pad_token_id)
 
     def _compute_loss(self, model, inputs):
         self._captured = []
@@ -294,7 +323,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         old_BT = logp_BT.detach() if old_BT is None else old_BT
         if self.kl_beta > 0:
             ref_BT = inputs["lorarl_ref_logps"]
-            weight_BT = torch.exp(logp_BT - old_BT) if self.kl_importance_correction else None
+            weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, self.importance_sampling_level) \
+                if self.kl_importance_correction else None
             kl_BT = klmod.per_token_kl(self.kl_estimator, logp_BT, ref_BT, weight_BT)
             train = mode == "train"
             term = klmod.aggregate(
@@ -375,5 +405,6 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
+        dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

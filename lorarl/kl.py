@@ -54,6 +54,19 @@ def per_token_kl(name: str, logp_BT: torch.Tensor, ref_BT: torch.Tensor,
     return out_BT if importance_weight_BT is None else out_BT * importance_weight_BT
 
 
+def importance_weight(logp_BT: torch.Tensor, old_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      level: str = "token") -> torch.Tensor:
+    """``pi / pi_old`` as TRL's loss uses it: per token ``[B, T]``, or per sequence ``[B, 1]`` (the
+    exponential of the mean log-ratio over the completion's tokens, TRL's ``"sequence"`` level)."""
+    log_ratio_BT = logp_BT - old_BT
+    if level == "token":
+        return torch.exp(log_ratio_BT)
+    if level == "sequence":
+        m = mask_BT.to(log_ratio_BT.dtype)
+        return torch.exp((log_ratio_BT * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0))
+    raise ValueError(f"importance sampling level {level!r}; allowed: token, sequence")
+
+
 def masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """Mean over the masked (response) tokens of the whole batch."""
     m = mask_BT.to(x_BT.dtype)

@@ -51,14 +51,15 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
         from lorarl.models import build_base, resolve_model
 
         return build_base(cell_id, resolve_model(f"local:{cell_id}", results_dir), threads=threads)
-    from lorarl.study import base_cells, find_cell, load_study
+    from lorarl.study import cell_table, load_study
 
     study = load_study(study_path)
+    table = cell_table(study)
     if stage == "toy":  # every cell of a toy study in this one job (cell_id "all" or a comma list)
         from lorarl.toy.cells import run_toy_study
 
         return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
-    cell = find_cell(study, cell_id)
+    cell = table.cell(cell_id)
     if stage == "train":
         from lorarl.train import train_cell
 
@@ -66,7 +67,7 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
     if stage == "evaluate":
         from lorarl.evaluation import evaluate_cell
 
-        is_base = cell.id in {b.id for b in base_cells(study)}
+        is_base = table.is_base(cell.id)
         return evaluate_cell(study.name, cell, results_dir, is_base=is_base, threads=threads)
     if stage == "diagnose":
         from lorarl.diagnose import diagnose_cell
@@ -248,12 +249,12 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_name = None
         folder = Path(results_dir) / "models" / ".logs" / cell_id
     else:
-        from lorarl.study import find_cell, load_study
+        from lorarl.study import cell_table, load_study
 
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
         study_name = study.name
-        config_hash = find_cell(study, cell_id).hash if stage != "toy" else None
+        config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
     _clear_stale_results(folder)

@@ -1,6 +1,6 @@
 """`lorarl status <study>`: where every cell of a study stands, from the files and squeue/sacct.
 
-Per cell and stage (train, evaluate): `done` | `running` (job id, step x/N) | `queued` (pending or
+Per cell and stage (train, evaluate): `done` | `diverged` (finished early on a NaN/inf) | `running` (job id, step x/N) | `queued` (pending or
 requeued) | `failed` (Slurm state + reason, and the step a rerun resumes from) | `interrupted`
 (no job alive, a checkpoint to resume from) | `not started` | `stale` (done, but for another config).
 Nothing here decides what runs; Snakemake does that from the files.
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import checkpoint, paths, provenance
+from lorarl.divergence import DIVERGED, cell_state
 
 FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                  "DEADLINE", "REVOKED"}
@@ -36,6 +37,7 @@ class CellStatus:
     kind: str  # "cell" or "base"
     train: StageStatus = field(default_factory=StageStatus)
     evaluate: StageStatus = field(default_factory=StageStatus)
+    flags: dict = field(default_factory=dict)  # collapse flag -> step (summary.json, lorarl.flags)
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -130,11 +132,11 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
 
 
 def study_status(study_path: str, results_dir: str | Path = "results") -> list[CellStatus]:
-    from lorarl.study import base_cells, expand, load_study
+    from lorarl.study import base_cells, study_cells, load_study
 
     study = load_study(study_path)
     results_dir = Path(results_dir)
-    cells = [(c, "cell") for c in expand(study)] + [(b, "base") for b in base_cells(study)]
+    cells = [(c, "cell") for c in study_cells(study)] + [(b, "base") for b in base_cells(study)]
     all_ids: list[str] = []
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"
@@ -153,11 +155,16 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
                               ckpt_root)
             if done:
                 try:
-                    h = json.loads(summary.read_text()).get("config_hash")
+                    doc = json.loads(summary.read_text())
                 except json.JSONDecodeError:
-                    h = None
+                    doc = {}
+                h = doc.get("config_hash")
+                st.flags = dict(doc.get("flags") or {})
                 if h and h != c.hash:
                     st.train = StageStatus("stale", st.train.job, "", f"trained with config {h}, now {c.hash}")
+                elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.divergence)
+                    st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.steps}",
+                                           doc.get("diverged_reason", ""))
         else:
             st.train = StageStatus("-", "", "", "")
         evals = sorted((cdir / "eval").glob("*.json")) if (cdir / "eval").is_dir() else []
@@ -182,8 +189,9 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
 def format_table(rows: list[CellStatus]) -> str:
     table = [["cell", "train", "job", "step", "evaluate", "detail"]]
     for r in rows:
-        detail = "; ".join(d for d in (r.train.detail, ("eval: " + r.evaluate.detail) if r.evaluate.detail else "")
-                           if d)
+        flags = "flags: " + ", ".join(f"{k}@{v}" for k, v in r.flags.items()) if r.flags else ""
+        detail = "; ".join(d for d in (r.train.detail, ("eval: " + r.evaluate.detail) if r.evaluate.detail else "",
+                                       flags) if d)
         table.append([r.cell, r.train.state, r.train.job or r.evaluate.job, r.train.step, r.evaluate.state, detail])
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row[:5], widths)) + "  " + row[5] for row in table]

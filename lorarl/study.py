@@ -1,4 +1,4 @@
-"""A study = defaults + ordered axes → a matrix of cells (id, resolved config, hash).
+"""A study = defaults + ordered axes → a table of cells (id, resolved config, signature).
 
 YAML shape (see experiments/demo.yaml):
 
@@ -12,62 +12,43 @@ YAML shape (see experiments/demo.yaml):
     exclude:
       - {rank: full, kl: 0.05}    # drop cells matching all listed axis labels
 
-A bundle value (`{label, set}`) sets several fields at once, so "ranks plus full fine-tuning" is
-one axis without nonsense cells. Cells whose resolved configs are identical are merged.
+A bundle value (`{label, set}`) sets several fields at once. A field may be written by one axis only.
+A field an axis sets that does not apply to the cell's method (``adapter.rank`` on ``full``) is
+dropped for that cell (the axis leaves the cell's id, its label becomes ``n/a``); cells whose resolved
+configs are identical merge (the first id wins, the others stay valid aliases).
+
+How to use it (every lookup is a dictionary access; the table is built once per study per process):
+
+    from lorarl.study import cell_table, load_study
+    study = load_study("experiments/demo.yaml")   # validated (cached per file in this process)
+    table = cell_table(study)                      # the same object on every call for this study
+    table.cells                                    # matrix cells in axis order (`Cell`)
+    table.bases                                    # base pseudo-cells: the untrained model(s)
+    table.cell("r8-kl0.05-s1")                     # a matrix cell, an alias, or a base pseudo-cell
+    table.is_base("base"), table.ids, table.base_ids, table.notes (merges, for `lorarl cells`)
+    table.eval_signature(cell_id, benchmark, step) # rerun trigger of one evaluation (memoised)
+
+A cell's config is resolved before it is signed: the adapter method's registry defaults
+(lorarl.adapters) are filled in, so cell.json, MLflow params and `Cell.hash` show what trains.
+`Cell.hash` is the training signature (lorarl.signature).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from lorarl.config import CellConfig
+from lorarl.matrix import (KINDS, Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
+                           label_of)
 
-_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+__all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
+           "find_cell", "flatten", "label_of", "load_study", "parse_study", "study_cells"]
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-
-
-class StudyError(ValueError):
-    """A study YAML is invalid; the message names the field and the allowed values."""
-
-
-class Bundle(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    label: str  # how this value appears in cell ids, tags and tables
-    set: dict[str, Any] = Field(min_length=1)  # dotted path -> value, applied together
-
-
-class Axis(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    field: str | None = None  # dotted path set by scalar values (bundles name their own)
-    prefix: str = ""  # id fragment before each label, e.g. "r" -> r16
-    values: list[Any] = Field(min_length=1)  # scalars or bundles, in display order
-
-    @model_validator(mode="after")
-    def _check(self) -> "Axis":
-        for i, v in enumerate(self.values):
-            if isinstance(v, dict):
-                self.values[i] = Bundle.model_validate(v)
-            elif self.field is None:
-                raise ValueError(f"values[{i}]={v!r} is a scalar but the axis has no `field`")
-        return self
-
-
-def _toy_config():
-    from lorarl.toy.cells import ToyCellConfig
-
-    return ToyCellConfig
-
-
-# Study kinds: which cell config class the defaults and axes resolve into.
-KINDS = {"grpo": lambda: CellConfig, "kl_bound_toy": _toy_config}
 
 
 class Study(BaseModel):
@@ -78,6 +59,9 @@ class Study(BaseModel):
     axes: dict[str, Axis] = Field(default_factory=dict)  # ordered: id fragments follow this order
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
     seed_axis: str = "seed"  # which axis aggregates average over (mean ± sd)
+    baseline: dict[str, Any] | None = None  # axis -> label of the row every other row is compared to (stats)
+    _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
+    _source: str = PrivateAttr(default="<study>")  # the file, named in errors
 
     @field_validator("name")
     @classmethod
@@ -87,73 +71,34 @@ class Study(BaseModel):
         return v
 
 
-@dataclass(frozen=True)
-class Cell:
-    id: str  # readable, deterministic, filesystem-safe, e.g. r16-kl0.05-s1
-    axes: dict[str, str]  # axis name -> label of the value this cell takes
-    config: Any  # the fully resolved config (CellConfig, or ToyCellConfig for toy studies)
-    hash: str  # short hash of the resolved config: change a setting, the cell reruns
-    aliases: tuple[str, ...] = field(default=())  # ids of identical cells merged into this one
-
-    def flat_config(self) -> dict[str, Any]:
-        return flatten(self.config.model_dump(mode="json"))
+# ---------------------------------------------------------------------------------------------
+# Parsing and loading
+# ---------------------------------------------------------------------------------------------
 
 
-def label_of(value: Any) -> str:
-    if isinstance(value, Bundle):
-        return value.label
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(value) if value != 0 else "0"
-    return str(value)
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def config_hash(cfg: BaseModel) -> str:
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def _set_path(d: dict[str, Any], path: str, value: Any) -> None:
-    keys = path.split(".")
-    node = d
-    for k in keys[:-1]:
-        if not isinstance(node.get(k), dict):
-            raise StudyError(f"axis sets `{path}`, but `{k}` is not a config section")
-        node = node[k]
-    if keys[-1] not in node:
-        allowed = ", ".join(sorted(node))
-        raise StudyError(f"axis sets unknown field `{path}`; allowed here: {allowed}")
-    node[keys[-1]] = value
-
-
-def _format_validation(err: ValidationError, where: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "literal_error":
-            msg = f"{msg} (got {e['input']!r})"
-        lines.append(f"  {where}{loc}: {msg}")
-    return "\n".join(lines)
+def _check_writers(study: Study, source: str) -> None:
+    """A field may be written by one axis only (else the later axis would silently win)."""
+    seen: list[tuple[str, str]] = []  # (path, axis)
+    for name, ax in study.axes.items():
+        paths = list(dict.fromkeys(p for sets in ax.writes() for p, _ in sets))
+        for p in paths:
+            for q, other in seen:
+                if other != name and _overlap(p, q):
+                    raise StudyError(f"invalid study {source}: axes {other!r} and {name!r} both set `{q}`"
+                                     f"{'' if p == q else f' / `{p}`'}; one field can be set by one axis only "
+                                     f"(use one axis of bundles instead)")
+        seen += [(p, name) for p in paths]
 
 
 def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:
-        raise StudyError(f"invalid study {source}:\n{_format_validation(err, '')}") from None
+        raise StudyError(f"invalid study {source}:\n{format_validation(err, '')}") from None
     for name, ax in study.axes.items():
         if not _NAME.match(name):
             raise StudyError(f"invalid study {source}: axis name {name!r} must be letters/digits/_/-")
@@ -170,13 +115,31 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
                     f"invalid study {source}: exclude[{i}].{ax}={lab!r} is not a value of that axis; "
                     f"allowed: {', '.join(labels)}"
                 )
+    for ax, lab in (study.baseline or {}).items():
+        if ax not in study.axes or ax == study.seed_axis:
+            allowed = ", ".join(a for a in study.axes if a != study.seed_axis)
+            raise StudyError(f"invalid study {source}: baseline names axis {ax!r}; allowed: {allowed}")
+        labels = [label_of(v) for v in study.axes[ax].values]
+        if label_of(lab) not in labels:
+            raise StudyError(f"invalid study {source}: baseline.{ax}={lab!r} is not a value of that axis; "
+                             f"allowed: {', '.join(labels)}")
+    _check_writers(study, source)
+    study._source = source
     return study
 
 
+_LOADED: dict[tuple[str, int, int], Study] = {}  # (path, mtime_ns, size) -> Study: one table per file
+
+
 def load_study(path: str | Path) -> Study:
+    """Parse, validate and build the cell table of a study file (cached per file in this process)."""
     path = Path(path)
     if not path.exists():
         raise StudyError(f"study file not found: {path}")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key in _LOADED:
+        return _LOADED[key]
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -184,83 +147,29 @@ def load_study(path: str | Path) -> Study:
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: a study must be a mapping with name/defaults/axes")
     study = parse_study(raw, str(path))
-    expand(study, source=str(path))  # validates every resolved cell now, before anything runs
+    cell_table(study)  # validates every resolved cell now, before anything runs
+    _LOADED[key] = study
     return study
 
 
-def expand(study: Study, source: str = "<study>") -> list[Cell]:
-    """All cells of the matrix, in axis order, excluded combos dropped, duplicates merged."""
-    cls = KINDS[study.kind]()
-    try:
-        base = cls.model_validate(study.defaults).model_dump(mode="json")
-    except ValidationError as err:
-        raise StudyError(f"invalid study {source}:\n{_format_validation(err, 'defaults.')}") from None
-    combos: list[list[tuple[str, Any]]] = [[]]
-    for name, ax in study.axes.items():
-        combos = [c + [(name, v)] for c in combos for v in ax.values]
-    cells: dict[str, Cell] = {}
-    by_hash: dict[str, str] = {}
-    for combo in combos:
-        labels = {name: label_of(v) for name, v in combo}
-        if any(all(labels[a] == str(lab) for a, lab in rule.items()) for rule in study.exclude):
-            continue
-        raw = json.loads(json.dumps(base))
-        for name, v in combo:
-            updates = v.set.items() if isinstance(v, Bundle) else [(study.axes[name].field, v)]
-            for path, val in updates:
-                _set_path(raw, path, val)
-        try:
-            cfg = cls.model_validate(raw)
-        except ValidationError as err:
-            raise StudyError(
-                f"invalid study {source}: cell {labels} resolves to a bad config:\n"
-                f"{_format_validation(err, 'defaults.')}"
-            ) from None
-        cid = "-".join(_SAFE.sub("_", f"{study.axes[n].prefix}{labels[n]}").strip("_.") for n, _ in combo) or "cell"
-        h = config_hash(cfg)
-        if h in by_hash:  # identical resolved config: keep the first id, remember the alias
-            first = cells[by_hash[h]]
-            cells[first.id] = Cell(first.id, first.axes, first.config, h, first.aliases + (cid,))
-            continue
-        if cid in cells:
-            raise StudyError(f"invalid study {source}: two cells share the id {cid!r}; use distinct labels")
-        by_hash[h] = cid
-        cells[cid] = Cell(cid, labels, cfg, h)
-    if not cells:
-        raise StudyError(f"invalid study {source}: every cell is excluded")
-    return list(cells.values())
+def cell_table(study: Study) -> "CellTable":
+    """The study's cell table, built on first use and kept on the study object."""
+    if study._table is None:
+        study._table = build_table(study, study._source)
+    return study._table
 
 
-def get_cell(study: Study, cell_id: str) -> Cell:
-    cells = expand(study)
-    for c in cells:
-        if c.id == cell_id or cell_id in c.aliases:
-            return c
-    raise StudyError(f"no cell {cell_id!r} in study {study.name}; cells: {', '.join(c.id for c in cells)}")
+# Shorthands kept for callers that hold a Study (each a dictionary access after the first build).
+def find_cell(study: Study, cell_id: str) -> Cell:
+    """A matrix cell (or an alias of one) or a base pseudo-cell by id."""
+    return cell_table(study).cell(cell_id)
 
 
 def base_cells(study: Study) -> list[Cell]:
     """The `base` pseudo-cells: the untrained model (the lr = 0 anchor), one per distinct model."""
-    if study.kind != "grpo":
-        return []  # toy studies have no language model to anchor
-    cells = expand(study)
-    models = list(dict.fromkeys(c.config.model for c in cells))
-    out = []
-    for m in models:
-        first = next(c for c in cells if c.config.model == m)
-        short = _SAFE.sub("_", m.rstrip("/").split("/")[-1].split(":")[-1])
-        cid = "base" if len(models) == 1 else f"base-{short}"
-        out.append(Cell(cid, {"model": m}, first.config, config_hash(first.config)))
-    return out
+    return cell_table(study).bases
 
 
-def base_of(study: Study, cell: Cell) -> Cell:
-    return next(b for b in base_cells(study) if b.config.model == cell.config.model)
-
-
-def find_cell(study: Study, cell_id: str) -> Cell:
-    """A matrix cell or a base pseudo-cell by id."""
-    for b in base_cells(study):
-        if b.id == cell_id:
-            return b
-    return get_cell(study, cell_id)
+def study_cells(study: Study) -> list[Cell]:
+    """The matrix cells in axis order, excluded combos dropped, identical cells merged."""
+    return cell_table(study).cells

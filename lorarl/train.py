@@ -7,29 +7,38 @@ recorder, and writes the cell's outputs atomically (a crash never leaves a file 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from lorarl import flags as flagmod
 from lorarl import paths
 from lorarl.config import CellConfig
 from lorarl.study import Cell
 
 
-def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool) -> Any:
-    """GRPOConfig from the cell config: one generation batch = P prompts x G completions per step."""
+def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
+    """GRPOConfig from the cell config: one generation batch = P prompts x G completions, split into
+    ``train.updates_per_generation`` PPO mini-batches (one optimiser step each; ``train.steps`` counts
+    optimiser steps)."""
     from trl import GRPOConfig
 
+    from lorarl.precision import autocast_bf16, resolve_precision
+
     t = cfg.train
+    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=t.lr,
         max_steps=t.steps,
-        per_device_train_batch_size=t.prompts_per_step * t.generations,
+        per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
         gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        steps_per_generation=t.updates_per_generation,
+        importance_sampling_level=t.importance_sampling_level,
+        delta=t.dual_clip,
         num_generations=t.generations,
         max_completion_length=t.max_completion_length,
         temperature=t.temperature,
@@ -44,23 +53,48 @@ def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool) -> Any:
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=t.log_every,
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.divergence stops the cell)
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
-        bf16=not use_cpu,
+        bf16=autocast_bf16(precision),
         disable_tqdm=False,
         dataloader_num_workers=0,
     )
 
 
-def load_policy(cfg: CellConfig, results_dir: str | Path, device: str) -> tuple[Any, Any]:
+def load_policy(cfg: CellConfig, results_dir: str | Path, device: str, precision: str | None = None
+                ) -> tuple[Any, Any]:
+    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.precision)."""
     import torch
 
     from lorarl.models import load_model_and_tokenizer, resolve_model
+    from lorarl.precision import load_dtype, resolve_precision
 
     torch.manual_seed(cfg.seed)
-    dtype = "float32" if device == "cpu" else "bfloat16"
+    precision = precision or resolve_precision(cfg.train.precision, device)
+    dtype = load_dtype(precision, cfg.adapter.method)
     return load_model_and_tokenizer(resolve_model(cfg.model, results_dir), dtype=dtype, device=device)
+
+
+def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
+    """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
+    one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
+    dropped. Returns (dataset, facts for the summary)."""
+    import datasets
+
+    from lorarl.tasks import task_records
+    from lorarl.tasks.prompt import training_prompts, uses_chat_template, within_length
+
+    rows, _ = task_records(cfg.task)
+    prompts = training_prompts(cfg, [r["prompt"] for r in rows], tokenizer)
+    keep = within_length(cfg, prompts, tokenizer)
+    data = [{"prompt": p, "answer": r["answer"]} for p, r, k in zip(prompts, rows, keep) if k]
+    if not data:
+        raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
+    facts = {"prompts_dropped_too_long": len(rows) - len(data),
+             "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
+    return datasets.Dataset.from_list(data), facts
 
 
 def count_params(model: Any) -> dict[str, float]:
@@ -77,16 +111,16 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last)."""
-    import datasets
     import torch
 
     from lorarl.adapters import build_adapter
     from lorarl.callbacks import MetricsRecorder
     from lorarl.checkpoint import CellCheckpoints
+    from lorarl.divergence import Divergence
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.evaluate.snapshots import SnapshotSaver
     from lorarl.grpo import build_trainer, frozen_reference, needs_reference
-    from lorarl.tasks import task_records
+    from lorarl.precision import resolve_precision, trainable_dtypes
     from lorarl.tracking import Tracker
 
     if threads:
@@ -100,30 +134,33 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     work.mkdir(parents=True)
 
     use_cpu = not torch.cuda.is_available()
-    model, tok = load_policy(cfg, results_dir, "cpu" if use_cpu else "cuda")
+    precision = resolve_precision(cfg.train.precision, "cpu" if use_cpu else "cuda")  # logged as resolved
+    model, tok = load_policy(cfg, results_dir, "cpu" if use_cpu else "cuda", precision)
     # KL reference = the ORIGINAL base, copied before any adapter (or residual init) touches the weights
     ref_model = frozen_reference(model) if needs_reference(cfg.train.beta, cfg.train.kl_monitor_every) else None
-    train_rows, _ = task_records(cfg.task)
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in train_rows])
+    dataset, data_facts = training_dataset(cfg, tok)
 
     tracker = Tracker(results_dir, study)
     flat = cell.flat_config()
     run_id = ckpt.resume_run(tracker) or tracker.start(  # a requeued/killed cell reopens its own run
         cell.id, run_name=cell.id,
         tags={"lorarl.config_hash": cell.hash, **{f"axis.{k}": v for k, v in cell.axes.items()}},
-        params=flat,
+        params={**flat, "train.precision_resolved": precision},
     )
     recorder = MetricsRecorder(work / "metrics.csv", tracker)
     ckpt.restore(recorder, run_id)  # rows trained before a resume; MLflow gets any it missed
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
-    policy = build_adapter(model, cfg, results_dir=results_dir)
+    policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
-        cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots], results_dir=str(results_dir),
+        cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse], results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
+    divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
+    trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
@@ -133,26 +170,35 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     recorder.flush()
+    if collapse.stopped_at is not None:
+        snapshots.fill_after_stop(trainer.model)
     policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
     if cfg.adapter.method == "full":
         tok.save_pretrained(work / "adapter")
     shutil.rmtree(work / "trainer", ignore_errors=True)
 
-    rewards = [r["reward"] for r in recorder.rows if "reward" in r]
+    rewards = [r["reward"] for r in recorder.rows if "reward" in r and math.isfinite(r["reward"])]
     tail = rewards[-max(1, len(rewards) // 10):]
     summary = {
         "study": study, "cell": cell.id, "config_hash": cell.hash, "mlflow_run_id": run_id,
+        **divergence.summary(),  # "state": "done" | "diverged" (+ diverged_at_step, diverged_reason)
         "steps": len(recorder.rows), "final_train_reward": sum(tail) / len(tail) if tail else float("nan"),
         "first_train_reward": rewards[0] if rewards else float("nan"),
         "wall_time_s": round(time.time() - t_start + ckpt.elapsed_before, 2),  # all attempts
         "mean_step_time_s": sum(r["step_time_s"] for r in recorder.rows) / max(1, len(recorder.rows)),
-        **counts, **ckpt.summary(),
+        **counts, **ckpt.summary(), **data_facts,
+        "precision": precision, "trainable_dtypes": trainable_dtypes(trainer.model),
         "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
+        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.flags)
     }
+    if collapse.stopped_at is not None:
+        summary["stopped_on_collapse"] = collapse.stopped_at
     tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
-                                                  "trainable_fraction")}, tags=policy.mlflow_tags())
+                                                  "trainable_fraction")},
+                        tags={**policy.mlflow_tags(), "lorarl.state": divergence.state,
+                              **flagmod.mlflow_tags(summary["flags"])})
     tracker.finish()
-    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash,
+    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark

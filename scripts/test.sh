@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
 bash tests/slurm/cluster.sh up
 trap 'bash tests/slurm/cluster.sh down || true' EXIT

@@ -28,7 +28,7 @@ from lorarl.adapters.fingerprint import observe
 from lorarl.adapters.names import ORTHONORMAL_INITS, RESIDUAL_INITS
 from lorarl.adapters.registry import REGISTRY, Method, check_config, get_method, register
 from lorarl.config import AdapterConfig, CellConfig, TrainConfig
-from lorarl.study import StudyError, expand, load_study, parse_study
+from lorarl.study import StudyError, study_cells, load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[1]
 LORA_FAMILY = ("lora", "dora", "rslora", "lora_plus", "lora_fa")
@@ -165,7 +165,7 @@ def test_study_error_names_field_and_allowed_values():
     raw = {"name": "t", "defaults": {"adapter": {"method": "lora", "init": "pissa"}},
            "axes": {"m": {"field": "adapter.method", "values": ["lora", "ia3"]}}}
     with pytest.raises(StudyError) as e:
-        expand(parse_study(raw))
+        study_cells(parse_study(raw))
     msg = str(e.value)
     assert "adapter.init='pissa' does not apply to method 'ia3'" in msg and "Fields that apply to ia3" in msg
 
@@ -189,7 +189,7 @@ def test_init_definitions(init, m, n):
     r, s = 6, 2.0
     U, S, Vh = torch.linalg.svd(W0.double(), full_matrices=False)
     spec = I.spectrum_of(W0, keep=64)
-    B0, A0 = I.lora_init(init, m, n, r, spectrum=spec, gen=I.seeded_generator(0, "w"))
+    B0, A0 = I.lora_init(init, m, n, r, spectrum=spec, gen=I.seeded_generator(0, "w"), scale=s)
     assert B0.shape == (m, r) and A0.shape == (r, n)
     eye = torch.eye(r)
     top = slice(0, r)
@@ -201,11 +201,12 @@ def test_init_definitions(init, m, n):
         Wres = I.residual(W0, B0, A0, s)
         assert torch.allclose(Wres + s * B0 @ A0, W0, atol=1e-5)  # residual + s B0 A0 = W0
         sl = top if init in ("pissa", "olora") else bot
-        if init in ("pissa", "milora"):  # B0 = U Σ^½, A0 = Σ^½ Vᵀ
+        if init in ("pissa", "milora"):  # B0 = U (Σ/s)^½, A0 = (Σ/s)^½ Vᵀ: s·B0A0 = U Σ Vᵀ (papers 002, 003)
             recon = (U[:, sl] * S[sl]) @ Vh[sl]
-            assert torch.allclose((B0 @ A0).double(), recon, atol=1e-4)
-            assert torch.allclose((B0.T @ B0).double(), torch.diag(S[sl]), atol=1e-4)
-            assert torch.allclose((A0 @ A0.T).double(), torch.diag(S[sl]), atol=1e-4)
+            assert torch.allclose(s * (B0 @ A0).double(), recon, atol=1e-4)
+            assert torch.allclose(I.residual(W0, B0, A0, s).double(), W0.double() - recon, atol=1e-4)
+            assert torch.allclose((B0.T @ B0).double(), torch.diag(S[sl] / s), atol=1e-4)
+            assert torch.allclose((A0 @ A0.T).double(), torch.diag(S[sl] / s), atol=1e-4)
         else:  # B0 = U_r, A0 = V_rᵀ (products are sign-invariant)
             assert torch.allclose((B0 @ A0).double(), U[:, sl] @ Vh[sl], atol=1e-5)
             assert torch.allclose(B0.T @ B0, eye, atol=1e-5) and torch.allclose(A0 @ A0.T, eye, atol=1e-5)
@@ -233,27 +234,35 @@ def test_haar_is_orthogonal_for_any_length_and_wavelet_follows_the_definition():
     assert not torch.allclose(A, I.wavelet_rows(5, 13, I.seeded_generator(1, "a")))
 
 
-def test_pissa_matches_peft_only_at_unit_scale():
-    """peft divides Σ by s = alpha/r: its factors equal the definition only for alpha = r."""
+@pytest.mark.parametrize("alpha", [6, 12, 3])
+def test_pissa_equals_peft_pissa_up_to_sign(base, alpha):
+    """lorarl's `pissa` and peft's `init_lora_weights="pissa"` build the same adapter and residual at
+    every scale s = alpha/r (same SVD; each singular pair may flip sign)."""
     from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
 
-    class One(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(40, 24, bias=False)
-
-    torch.manual_seed(0)
-    mod = One()
-    W0 = mod.fc.weight.detach().clone()
-    B0, A0 = I.lora_init("pissa", 24, 40, 6, spectrum=I.spectrum_of(W0, 64))
-    for alpha, same in ((6, True), (12, False)):
-        pm = get_peft_model(copy.deepcopy(mod), LoraConfig(r=6, lora_alpha=alpha, target_modules=["fc"],
-                                                         init_lora_weights="pissa"))
-        layer = pm.base_model.model.fc
-        s = layer.scaling["default"]
-        BA = layer.lora_B["default"].weight @ layer.lora_A["default"].weight
-        assert torch.allclose(BA * s, B0 @ A0, atol=1e-5)  # both put the principal part in the adapter ...
-        assert torch.allclose(BA, B0 @ A0, atol=1e-5) == same  # ... but peft's factors shrink by 1/sqrt(s)
+    r = 6
+    ours = build_adapter(copy.deepcopy(base), cell("lora", init="pissa", rank=r, alpha=alpha)).model
+    peft = get_peft_model(copy.deepcopy(base), LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear",
+                                                         init_lora_weights="pissa", task_type="CAUSAL_LM"))
+    layers = {n: m for n, m in peft.named_modules() if isinstance(m, LoraLayer)}
+    W0s = dict(base.named_parameters())
+    checked = 0
+    for name, lo in ours.named_modules():
+        if not isinstance(lo, LoraLayer):
+            continue
+        lp = layers[name]
+        assert lo.scaling["default"] == lp.scaling["default"] == alpha / r
+        Bo, Ao = lo.lora_B["default"].weight.detach(), lo.lora_A["default"].weight.detach()
+        Bp, Ap = lp.lora_B["default"].weight.detach(), lp.lora_A["default"].weight.detach()
+        sign = torch.sign((Bo * Bp).sum(0))  # per singular pair
+        assert torch.allclose(Bo * sign, Bp, atol=1e-5) and torch.allclose(Ao * sign[:, None], Ap, atol=1e-5)
+        assert torch.allclose(lo.get_base_layer().weight, lp.get_base_layer().weight, atol=1e-5)
+        W0 = W0s[name.removeprefix("base_model.model.") + ".weight"].detach()
+        U, S, Vh = torch.linalg.svd(W0, full_matrices=False)  # the adapter starts as W0's top-r part
+        assert torch.allclose(lo.scaling["default"] * Bo @ Ao, (U[:, :r] * S[:r]) @ Vh[:r], atol=1e-5)
+        checked += 1
+    assert checked == len(layers) > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,7 +517,7 @@ GEOMETRY_INITS = ["gaussian", "pissa", "milora", "olora", "olora_tail", "rlpo", 
 
 @pytest.mark.parametrize("name", ["peft_zoo", "peft_zoo_cpu"])
 def test_peft_zoo_studies_have_the_13_rows(name):
-    cells = expand(load_study(REPO / "experiments" / f"{name}.yaml"))
+    cells = study_cells(load_study(REPO / "experiments" / f"{name}.yaml"))
     assert [c.axes["method"] for c in cells if c.axes.get("seed", "0") == "0"] == PEFT_ROWS
     by = {c.axes["method"]: c.config for c in cells}
     assert by["pissa"].adapter.init == "pissa" and by["pissa"].adapter.method == "lora"
@@ -525,7 +534,7 @@ def test_peft_zoo_studies_have_the_13_rows(name):
 
 @pytest.mark.parametrize("name", ["init_geometry", "init_geometry_cpu"])
 def test_init_geometry_studies_cross_nine_inits_with_two_schedules(name):
-    cells = expand(load_study(REPO / "experiments" / f"{name}.yaml"))
+    cells = study_cells(load_study(REPO / "experiments" / f"{name}.yaml"))
     assert len(cells) == 18
     assert list(dict.fromkeys(c.axes["init"] for c in cells)) == GEOMETRY_INITS
     assert {c.config.train.lr_scheduler for c in cells} == {"constant", "cosine"}

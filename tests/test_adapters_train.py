@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.study import expand, parse_study
+from lorarl.study import study_cells, parse_study
 
 warnings.filterwarnings("ignore")
 
@@ -71,7 +71,7 @@ def trained(results):
     study = parse_study(STUDY)
     out = {}
     try:
-        for cell in expand(study):
+        for cell in study_cells(study):
             summary = train_cell(study.name, cell, results, threads=1)
             out[cell.id] = (cell, summary, *seen[-1])
     finally:

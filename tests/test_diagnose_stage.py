@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorarl import paths
-from lorarl.study import expand, parse_study
+from lorarl.study import study_cells, parse_study
 
 
 @pytest.fixture()
@@ -29,7 +29,7 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
     from lorarl.tracking import Tracker
 
     study = parse_study({"name": "diag", "defaults": {"model": str(tiny_base), "adapter": {"rank": 2, "alpha": 4}}})
-    cell = expand(study)[0]
+    cell = study_cells(study)[0]
     results = tmp_path / "results"
     adapter_dir = paths.path("adapter", results=results, study="diag", cell=cell.id)
     torch.manual_seed(0)
@@ -72,7 +72,7 @@ def test_toy_study_cells_runs_and_aggregate(tmp_path):
     })
     rows = run_toy_study(study, tmp_path)
     assert len(rows) == 4 and all(r["kl"] <= r["bound"] for r in rows)
-    for c in expand(study):
+    for c in study_cells(study):
         s = json.loads(paths.path("summary", results=tmp_path, study="toy", cell=c.id).read_text())
         assert s["bound_holds"] and s["rank"] == c.config.rank
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -118,7 +118,7 @@ def test_diagnostics_figure_and_tables(tmp_path):
                                              "seed": {"field": "seed", "values": [0, 1]}}})
     frames = []
     g = torch.Generator().manual_seed(0)
-    for cell in expand(study):
+    for cell in study_cells(study):
         r = cell.config.adapter.rank
         pairs = {}
         for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"):

@@ -203,7 +203,8 @@ def test_vllm_lora_request(tiny):
     out = backend.generate(PROMPTS, Protocol.sampling(4, max_new_tokens=100), seed=42)
     name, gen = rec.calls[-1]
     assert name == "generate" and gen["lora_request"] is backend.lora_request
-    assert gen["prompts"] == PROMPTS                         # tokenizer has no chat template
+    tok = _tokenizer()  # no chat template: the plain text's ids, exactly as the train stage makes them
+    assert gen["prompts"] == [{"prompt_token_ids": tok(text=[p])["input_ids"][0]} for p in PROMPTS]
     params = dict(c for c in rec.calls if c[0] == "SamplingParams")["SamplingParams"]
     assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=-1, max_tokens=100, seed=42)
     assert [len(x) for x in out] == [4, 4, 4]

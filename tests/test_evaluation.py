@@ -15,7 +15,7 @@ from lorarl.config import CellConfig, EvalConfig
 from lorarl.evaluate import plan
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.protocols import Protocol
-from lorarl.study import StudyError, base_cells, expand, load_study
+from lorarl.study import StudyError, base_cells, study_cells, load_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
               for i in (1, 2, 3, 600)]
@@ -202,12 +202,12 @@ def study(tmp_path, monkeypatch):
     res = tmp_path / "results"
     golds: dict[str, str] = {}
     for name in ("synthetic", "gsm8k"):
-        golds.update({p.prompt: p.gold for p in ev.load_problems(name, expand(s)[0].config)})
+        golds.update({p.prompt: p.gold for p in ev.load_problems(name, study_cells(s)[0].config)})
     backend = OracleBackend(golds)
     monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir: backend)
     monkeypatch.delenv(plan.TARGET_ENV, raising=False)
     tracker = Tracker(res, s.name)
-    for cell in expand(s):
+    for cell in study_cells(s):
         d = res / s.name / cell.id
         for sub in ("adapter", "snapshots/step-5"):
             (d / sub).mkdir(parents=True)
@@ -228,7 +228,7 @@ def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study):
 
     from lorarl.evaluation import evaluate_cell
 
-    cell = expand(study.study)[0]
+    cell = study_cells(study.study)[0]
     out = evaluate_cell(study.study.name, cell, study.results)
     assert sorted(out) == ["gsm8k", "synthetic", "synthetic@5"]
     assert out["synthetic"]["pass@1"] == pytest.approx(0.5)         # every second problem right
@@ -276,7 +276,7 @@ def test_missing_snapshot_is_a_clear_error(study, monkeypatch):
 
     from lorarl.evaluation import evaluate_cell
 
-    cell = expand(study.study)[1]
+    cell = study_cells(study.study)[1]
     shutil.rmtree(study.results / "evs" / cell.id / "snapshots")
     monkeypatch.setenv(plan.TARGET_ENV, "synthetic@5")
     with pytest.raises(FileNotFoundError, match="snapshot of step 5 missing"):
@@ -286,7 +286,7 @@ def test_missing_snapshot_is_a_clear_error(study, monkeypatch):
 def test_full_model_snapshot_is_loaded_as_a_model(study):
     from lorarl.evaluation import weights_for
 
-    cell = expand(study.study)[0]
+    cell = study_cells(study.study)[0]
     d = study.results / "evs" / cell.id / "snapshots" / "step-5"
     assert weights_for(cell.config, study.results, "evs", cell.id, False, 5) == ("/nonexistent/tiny", d)
     (d / "adapter_config.json").unlink()
@@ -299,7 +299,7 @@ def test_aggregate_benchmark_columns_base_rows_and_curve(study):
     from lorarl.aggregate import aggregate
     from lorarl.evaluation import evaluate_cell
 
-    for cell in expand(study.study):
+    for cell in study_cells(study.study):
         evaluate_cell("evs", cell, study.results)
     evaluate_cell("evs", base_cells(study.study)[0], study.results, is_base=True)
     # make the two seeds of rank 1 differ on gsm8k so the sd is not zero

@@ -78,12 +78,12 @@ def test_only_checkpoints_with_their_mark_count(tmp_path: Path):
 
 
 def test_one_trainer_per_cell(tmp_path: Path):
-    from lorarl.study import expand, parse_study
+    from lorarl.study import study_cells, parse_study
 
-    cell = expand(parse_study({"name": "lk", "defaults": {"model": "local:tiny-test"}}))[0]
+    cell = study_cells(parse_study({"name": "lk", "defaults": {"model": "local:tiny-test"}}))[0]
     first = checkpoint.CellCheckpoints(tmp_path, "lk", cell)
-    code = ("import sys; from lorarl import checkpoint; from lorarl.study import expand, parse_study;"
-            "c = expand(parse_study({'name': 'lk', 'defaults': {'model': 'local:tiny-test'}}))[0];"
+    code = ("import sys; from lorarl import checkpoint; from lorarl.study import study_cells, parse_study;"
+            "c = study_cells(parse_study({'name': 'lk', 'defaults': {'model': 'local:tiny-test'}}))[0];"
             f"checkpoint.CellCheckpoints({str(tmp_path)!r}, 'lk', c)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode != 0 and "being trained by another process" in proc.stderr

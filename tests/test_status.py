@@ -15,7 +15,7 @@ import yaml
 from lorarl import checkpoint, provenance
 from lorarl.launch import coerce, error_summary, slurm_parameters
 from lorarl.status import format_table, study_status
-from lorarl.study import expand, load_study
+from lorarl.study import study_cells, load_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_status_of_each_kind_of_cell(tmp_path: Path, monkeypatch):
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     study = load_study(tmp_path / "study.yaml")
     res = tmp_path / "results"
-    cells = {c.id: c for c in expand(study)}
+    cells = {c.id: c for c in study_cells(study)}
     # s0 done; s1 running (this process is "the job"); s2 failed with a checkpoint; s3 stale; s4 nothing
     (res / "st" / "s0").mkdir(parents=True)
     (res / "st" / "s0" / "summary.json").write_text(json.dumps({"config_hash": cells["s0"].hash}))
@@ -126,7 +126,8 @@ def _dry_run(profile: str, wd: Path) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     # cwd = the repo root, where the user types it; the outputs of this dry run would go to wd. A
     # `--config studies=...` must not lose the profile's launcher (it would run everything locally).
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "all", "--profile", profile,
+    # `--quiet host`: the default profile is quiet about rules (issue 13); this test reads the commands
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--quiet", "host", "all", "--profile", profile,
                            "--directory", str(wd), "--config", f"studies={json.dumps([str(wd / 'study.yaml')])}",
                            "results=results"], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.study import StudyError, base_cells, expand, load_study, parse_study
+from lorarl.study import StudyError, base_cells, study_cells, load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,14 +30,14 @@ def study(**over):
 
 def test_demo_study_loads_with_eight_cells():
     s = load_study(REPO / "experiments" / "demo.yaml")
-    cells = expand(s)
+    cells = study_cells(s)
     assert len(cells) == 8
     assert [c.id for c in cells][:2] == ["r1-kl0-s0", "r1-kl0-s1"]
     assert [b.id for b in base_cells(s)] == ["base"]
 
 
 def test_counts_ids_and_resolved_values():
-    cells = expand(parse_study(study()))
+    cells = study_cells(parse_study(study()))
     assert len(cells) == 18
     c = next(c for c in cells if c.id == "r16-kl0.05-s1")
     assert c.config.adapter.rank == 16 and c.config.train.beta == 0.05 and c.config.seed == 1
@@ -46,24 +46,24 @@ def test_counts_ids_and_resolved_values():
 
 
 def test_ids_and_hashes_are_stable_and_distinct():
-    a, b = expand(parse_study(study())), expand(parse_study(study()))
+    a, b = study_cells(parse_study(study())), study_cells(parse_study(study()))
     assert [(c.id, c.hash) for c in a] == [(c.id, c.hash) for c in b]
     assert len({c.hash for c in a}) == len(a)
     assert all(len(c.hash) == 10 for c in a)
 
 
 def test_hash_changes_only_for_affected_cells():
-    base = {c.id: c.hash for c in expand(parse_study(study()))}
+    base = {c.id: c.hash for c in study_cells(parse_study(study()))}
     raw = study()
     raw["axes"]["rank"]["values"] = [1, 4, 32]
-    new = {c.id: c.hash for c in expand(parse_study(raw))}
+    new = {c.id: c.hash for c in study_cells(parse_study(raw))}
     assert all(new[k] == base[k] for k in new if not k.startswith("r32"))
 
 
 def test_bundle_axis_expresses_ranks_plus_full_finetuning():
     raw = study()
     raw["axes"]["rank"]["values"] = [1, 4, {"label": "full", "set": {"adapter.method": "full", "train.lr": 1e-5}}]
-    cells = expand(parse_study(raw))
+    cells = study_cells(parse_study(raw))
     full = [c for c in cells if c.axes["rank"] == "full"]
     assert len(cells) == 18 and len(full) == 6
     assert all(c.config.adapter.method == "full" and c.config.train.lr == 1e-5 for c in full)
@@ -72,7 +72,7 @@ def test_bundle_axis_expresses_ranks_plus_full_finetuning():
 
 def test_exclude_rules_drop_cells():
     raw = study(exclude=[{"rank": 16, "kl": 0.05}])
-    cells = expand(parse_study(raw))
+    cells = study_cells(parse_study(raw))
     assert len(cells) == 15
     assert not any(c.axes["rank"] == "16" and c.axes["kl"] == "0.05" for c in cells)
 
@@ -81,7 +81,7 @@ def test_identical_resolved_cells_are_merged():
     raw = study()
     # rank 8 twice under different labels: the second resolves identically and merges
     raw["axes"]["rank"]["values"] = [8, {"label": "eight", "set": {"adapter.rank": 8}}]
-    cells = expand(parse_study(raw))
+    cells = study_cells(parse_study(raw))
     assert len(cells) == 6
     assert cells[0].aliases == ("reight-kl0-s0",)
 
@@ -106,7 +106,7 @@ def test_bad_input_names_the_field(mutate, needle):
     raw = study()
     mutate(raw)
     with pytest.raises(StudyError) as err:
-        expand(parse_study(raw))
+        study_cells(parse_study(raw))
     assert needle in str(err.value)
 
 

@@ -84,7 +84,7 @@ def apply_lora_init(pm: Any, init: str, ctx: BuildContext, dora: bool = False) -
         orig = _original_name(name)
         try:
             spec = ctx.spectrum(orig, W, r) if init in SVD_INITS else None
-            B0, A0 = lora_init(init, m, n, r, spectrum=spec, gen=seeded_generator(ctx.seed, orig))
+            B0, A0 = lora_init(init, m, n, r, spectrum=spec, gen=seeded_generator(ctx.seed, orig), scale=s)
         except ValueError as err:
             raise ValueError(f"adapter.init={init!r} on {orig} ({m}x{n}, rank {r}): {err}") from None
         A, B = mod.lora_A[ADAPTER].weight, mod.lora_B[ADAPTER].weight
@@ -337,9 +337,12 @@ def _save_residual_converted(model: Any, init_factors: dict, path: Path) -> None
 
 
 def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path | None = None,
-                  svd_root: str | Path | None = None, keep_reference: bool = False) -> AdaptedPolicy:
+                  svd_root: str | Path | None = None, keep_reference: bool = False,
+                  precision: str | None = None) -> AdaptedPolicy:
     """Apply `cfg.adapter` (a CellConfig) to `model` in place and return the AdaptedPolicy.
 
+    `precision` (a resolved `train.precision`, lorarl.precision): the trainable tensors are cast to
+    their master dtype before the optimiser is built (None: left as built).
     The SVD cache lives in `svd_root`, default `<results_dir>/svd_cache`, in memory if neither is given.
     Raises AdapterMismatch if the built model does not match the requested method/init.
     """
@@ -356,6 +359,10 @@ def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path |
     if applied.get("init") in SVD_INITS or applied.get("mask") not in (None, "low_magnitude"):
         ctx.prepare_svd(model)
     built = method.build(model, applied, ctx)
+    if precision is not None:
+        from lorarl.precision import cast_trainable
+
+        cast_trainable(built, precision)
     optimizer = method.make_optimizer(built, applied, ctx)
     callbacks = method.make_callbacks(built, applied, ctx)
     obs = observe(built, ctx.masks or None)

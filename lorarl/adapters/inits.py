@@ -1,24 +1,31 @@
-"""Initialisations of a LoRA pair (B0, A0) for one weight W0 ∈ R^{m×n} (out × in), exactly as defined
-in the init-geometry study (paper 003 §3.1, §4.1, §5.2, §6):
+"""Initialisations of a LoRA pair (B0, A0) for one weight W0 ∈ R^{m×n} (out × in), as the init-geometry
+study defines them (paper 003 §3.1, §4.1, §5.2, §6) with LoRA's scale s (α/r, or α/√r for rsLoRA):
 
     W0 = U Σ Vᵀ (thin SVD, M = min(m, n) modes, σ descending); U_r/V_r: first r columns, U_-r/V_-r: last r.
     kaiming     B0 = 0, A0 ~ kaiming-uniform(a=√5) = U(−1/√n, 1/√n)           (peft's default LoRA init)
     gaussian    B0 = 0, A0 ~ N(0, 1/n)                                          (standard LoRA, paper 003 eq. 2)
-    pissa       B0 = U_r Σ_r^½,  A0 = Σ_r^½ V_rᵀ,  residual W0 − s·B0A0 frozen
-    milora      B0 = U_-r Σ_-r^½, A0 = Σ_-r^½ V_-rᵀ, residual
-    olora       B0 = U_r,  A0 = V_rᵀ,  residual
-    olora_tail  B0 = U_-r, A0 = V_-rᵀ, residual
+    pissa       B0 = U_r (Σ_r/s)^½,  A0 = (Σ_r/s)^½ V_rᵀ,  residual W0 − s·B0A0 = W0 − U_rΣ_rV_rᵀ frozen
+    milora      B0 = U_-r (Σ_-r/s)^½, A0 = (Σ_-r/s)^½ V_-rᵀ, residual W0 − U_-rΣ_-rV_-rᵀ
+    olora       B0 = U_r,  A0 = V_rᵀ,  residual W0 − s·B0A0
+    olora_tail  B0 = U_-r, A0 = V_-rᵀ, residual W0 − s·B0A0
     rlpo        B0 = 0, A0 = V_rᵀ
     rlmo        B0 = 0, A0 = V_-rᵀ
     dct         B0 = 0, A0 = first r rows of the orthonormal DCT-II matrix D ∈ R^{n×n}
     wavelet     B0 = 0, A0 = Qᵀ with QR = H(G)ᵀ, G ∈ R^{r×n} Gaussian, H the row-wise Haar transform
 
-s is the adapter's scale (α/r, or α/√r for rsLoRA): the adapted layer computes (W_res + s·BA)x, so
-the residual must subtract s·B0A0 for the step-0 weight to be W0 exactly.
+The adapted layer computes (W_res + s·BA)x, so the residual subtracts s·B0A0 and the step-0 weight
+is W0 exactly for every init.
 
-Differences from peft 0.21.2 (checked in its source, tests/test_adapters.py pins them):
-- peft `init_lora_weights="pissa"` divides Σ_r by s before the square root (A0 = (Σ_r/s)^½ V_rᵀ):
-  its factors equal these only when s = 1 (α = r). Here B0, A0 follow the definition for any s.
+PiSSA / MiLoRA scaling (papers 002 Table 1, 003 eqs. 3–4): W = (W0 − B0A0) + BA with B0A0 the
+top-r (bottom-r) part U_rΣ_rV_rᵀ of W0 itself. With LoRA's scale that is s·B0A0 = U_rΣ_rV_rᵀ:
+the adapter starts as exactly that part of W0, whatever α is — peft's convention
+(`init_lora_weights="pissa"` divides Σ_r by s; tests/test_adapters.py checks the two agree up to
+sign). At s = 1 the factors are eq. 3's U_rΣ_r^½, Σ_r^½V_rᵀ. (Before this, B0 = U_rΣ_r^½ for any
+s: the adapter started at s·U_rΣ_rV_rᵀ and its updates were √s larger; not kept.)
+OLoRA / OLoRA-tail / RLPO / RLMO keep orthonormal factors (eq. 7 and §6 define the factors, and
+their orthonormality is the point); the residual makes step 0 exact.
+
+Differences from peft 0.21.2:
 - peft `init_lora_weights="olora"` uses a QR of W0 (B0 = Q_r, A0 = R_r), not the SVD factors above.
 - peft has no milora / olora_tail / rlpo / rlmo / dct / wavelet.
 
@@ -139,8 +146,11 @@ def kaiming_rows(r: int, n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def lora_init(init: str, m: int, n: int, r: int, *, spectrum: Spectrum | None = None,
-              gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B0 ∈ R^{m×r}, A0 ∈ R^{r×n}) in float32 for init `init` (module docstring)."""
+              gen: torch.Generator | None = None, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B0 ∈ R^{m×r}, A0 ∈ R^{r×n}) in float32 for init `init` (module docstring); `scale` is the
+    adapter's s (pissa / milora: s·B0A0 = U Σ Vᵀ of the chosen singular triplets)."""
+    if scale <= 0:
+        raise ValueError(f"adapter scale must be > 0, got {scale}")
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; allowed: {', '.join(INITS)}")
     if init in SVD_INITS and spectrum is None:
@@ -164,7 +174,7 @@ def lora_init(init: str, m: int, n: int, r: int, *, spectrum: Spectrum | None = 
         return zeros_B, Vh.clone()
     if init in ("olora", "olora_tail"):
         return U.clone(), Vh.clone()
-    root = S.clamp_min(0).sqrt()  # pissa / milora
+    root = (S.clamp_min(0) / scale).sqrt()  # pissa / milora: s·B0A0 = U_r Σ_r V_rᵀ (peft's convention)
     return U * root[None, :], root[:, None] * Vh
 
 

@@ -20,7 +20,7 @@ METHODS = (
 INITS = (
     "kaiming",  # peft's default LoRA init: A ~ kaiming-uniform(a=sqrt 5) = U(-1/sqrt n, 1/sqrt n), B = 0
     "gaussian",  # standard LoRA as in the init study: A ~ N(0, 1/n), B = 0
-    "pissa",  # B = U_r S_r^1/2, A = S_r^1/2 V_r^T, residual W0 - s B A frozen
+    "pissa",  # B = U_r (S_r/s)^1/2, A = (S_r/s)^1/2 V_r^T: s B A = U_r S_r V_r^T (peft's), residual W0 - s B A frozen
     "milora",  # same with the bottom-r singular triplets
     "olora",  # B = U_r, A = V_r^T, residual
     "olora_tail",  # B = U_-r, A = V_-r^T, residual

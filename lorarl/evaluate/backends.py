@@ -64,6 +64,13 @@ def format_prompt(tokenizer: Any, prompt: str, use_chat_template: bool | None) -
     return prompt, False
 
 
+def plain_prompt_config(use_chat_template: bool | None = None) -> Any:
+    """A PromptConfig with no system prompt and the old ``use_chat_template`` switch (None = auto)."""
+    from lorarl.config import PromptConfig
+
+    return PromptConfig(chat_template={True: "on", False: "off", None: "auto"}[use_chat_template])
+
+
 def merge_adapter(base_path: str | Path, adapter_path: str | Path, out_dir: str | Path,
                   dtype: str = "auto") -> Path:
     """Merge a peft adapter into its base model and save model + tokenizer to ``out_dir`` (on CPU).
@@ -99,7 +106,8 @@ class HFBackend:
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
                  merge: bool = False, device: str | None = None, dtype: str = "auto",
-                 batch_size: int = 16, use_chat_template: bool | None = None) -> None:
+                 batch_size: int = 16, use_chat_template: bool | None = None,
+                 prompt_config: Any = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -127,7 +135,7 @@ class HFBackend:
                 model = model.merge_and_unload()
         self.model = model.to(self.device).eval()
         self.batch_size = batch_size
-        self.use_chat_template = use_chat_template
+        self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def _generation_config(self, protocol: Protocol) -> Any:
@@ -141,27 +149,35 @@ class HFBackend:
                                 top_p=protocol.top_p, top_k=0, min_p=None, typical_p=1.0,
                                 repetition_penalty=1.0, **common)
 
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Input ids of each user message: the cell's prompt (system, chat template) exactly as the
+        train stage tokenises it (:func:`lorarl.tasks.prompt.prompt_ids`)."""
+        from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+        return [prompt_ids(self.tokenizer, build_prompt(self.prompt_config, p, self.tokenizer)) for p in prompts]
+
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:
-        """``protocol.n`` completions for each prompt, in prompt order."""
+        """``protocol.n`` completions for each prompt (a user message), in prompt order."""
         import torch
 
         gen_cfg = self._generation_config(protocol)
-        texts = [format_prompt(self.tokenizer, p, self.use_chat_template) for p in prompts]
+        ids = self.encode(prompts)
         # one job per (prompt, sample); longest prompts first so batches pad little
         jobs = sorted(((i, s) for i in range(len(prompts)) for s in range(protocol.n)),
-                      key=lambda j: (-len(texts[j[0]][0]), j))
+                      key=lambda j: (-len(ids[j[0]]), j))
         results: dict[tuple[int, int], Completion] = {}
         torch.manual_seed(seed)
+        pad = self.tokenizer.pad_token_id
         for start in range(0, len(jobs), self.batch_size):
             chunk = jobs[start:start + self.batch_size]
-            batch_texts = [texts[i][0] for i, _ in chunk]
-            special = texts[chunk[0][0]][1]
-            enc = self.tokenizer(batch_texts, return_tensors="pt", padding=True,
-                                 add_special_tokens=not special).to(self.device)
+            rows = [ids[i] for i, _ in chunk]
+            width = max(len(r) for r in rows)  # left padding, as the tokenizer pads for generation
+            input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+            attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
             with torch.inference_mode():
-                out = self.model.generate(**enc, generation_config=gen_cfg)
-            new = out[:, enc["input_ids"].shape[1]:].tolist()
+                out = self.model.generate(input_ids=input_ids, attention_mask=attn, generation_config=gen_cfg)
+            new = out[:, width:].tolist()
             comps = completions_from_ids(new, self.tokenizer, self.eos_ids)
             results.update(zip(chunk, comps))
         return [[results[(i, s)] for s in range(protocol.n)] for i in range(len(prompts))]

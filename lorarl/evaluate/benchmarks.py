@@ -220,7 +220,9 @@ def _math500(row: Mapping[str, Any], i: int) -> Problem:
                    "solution": "The remainder is $\\boxed{24}$.", "url": "https://aops/2024-I-1"},
           example_gold="24")
 def _aime24(row: Mapping[str, Any], i: int) -> Problem:
-    # math-ai/aime24 has no answer column: the gold is the boxed value of the solution
+    # math-ai/aime24 has no answer column: the gold is the last boxed value of the solution (an
+    # AIME answer is one integer, so earlier boxes are intermediate results; other golds with
+    # several boxes keep all of them, see lorarl.answers.gold_boxes)
     sol = str(row["solution"])
     return Problem(_row_id(row, "id", "", i), str(row["problem"]), extract_boxed(sol) or sol.strip())
 

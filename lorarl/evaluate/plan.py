@@ -16,6 +16,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from lorarl import signature
 from lorarl.evaluate.benchmarks import BENCHMARKS, get_benchmark
 from lorarl.evaluate.protocols import Protocol
 
@@ -160,10 +161,9 @@ def _hash(obj: Any) -> str:
 
 def train_signature(cfg: "CellConfig") -> str:
     """Hash of what training depends on: the config without evaluation-only settings (only
-    ``eval_every`` changes what training writes)."""
-    d = cfg.model_dump(mode="json")
-    d["eval"] = {"eval_every": cfg.eval.eval_every}
-    return _hash(d)
+    ``eval_every`` changes what training writes) and without runtime fields (lorarl.signature;
+    it is `Cell.hash`)."""
+    return signature.train_signature(cfg)
 
 
 def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
@@ -171,13 +171,16 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     """Hash of what one evaluation depends on: the weights (training signature, or the model for
     the base), the benchmark's source and resolved protocol, decoding backend and sampling seed.
     ``eval.batch_size`` is left out (memory only)."""
+    from lorarl.tasks.prompt import template_of
+
     spec = benchmark_specs(cfg)[benchmark]
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
-        "spec": spec.model_dump(mode="json"),
+        "spec": signature.signature_dump(spec),
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
-        "backend": cfg.eval.backend, "chat_template": cfg.eval.chat_template,
+        "backend": cfg.eval.backend, "prompt": cfg.prompt.model_dump(mode="json"),
+        "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")

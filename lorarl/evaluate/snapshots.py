@@ -32,6 +32,17 @@ class SnapshotSaver(TrainerCallback):
         step = int(state.global_step)
         if step not in self.steps or not state.is_world_process_zero or model is None:
             return
+        self.save_step(step, model)
+
+    def fill_after_stop(self, model: Any) -> list[int]:
+        """Training ended early (train.stop_on_collapse): the policy stays as it is, so the planned
+        snapshots it never reached are that final policy (the evaluations expect every step)."""
+        missing = sorted(s for s in self.steps if s not in self.saved and not (self.root / f"step-{s}").exists())
+        for step in missing:
+            self.save_step(step, model)
+        return missing
+
+    def save_step(self, step: int, model: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         dst = self.root / f"step-{step}"
         tmp = self.root / f".step-{step}.tmp"

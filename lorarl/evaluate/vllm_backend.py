@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from lorarl.evaluate.backends import Completion, format_prompt
+from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.protocols import Protocol
 
 __all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "VLLM_LORA_RANKS"]
@@ -64,10 +64,12 @@ class VLLMBackend:
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
                  merge: bool = False, merge_dir: str | Path | None = None,
                  max_lora_rank: int | None = None, dtype: str = "auto", seed: int = 0,
-                 use_chat_template: bool | None = None, api: Any = None,
+                 use_chat_template: bool | None = None, prompt_config: Any = None, api: Any = None,
                  **llm_kwargs: Any) -> None:
         self.api = api if api is not None else _vllm_api()
-        self.use_chat_template = use_chat_template
+        from lorarl.evaluate.backends import plain_prompt_config
+
+        self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
         self.lora_request = None
         self.merged_from: str | None = None
         llm_args: dict[str, Any] = dict(model=str(model_path), dtype=dtype, seed=seed, **llm_kwargs)
@@ -94,10 +96,12 @@ class VLLMBackend:
                  ) -> list[list[Completion]]:
         """``protocol.n`` completions for each prompt, in prompt order."""
         params = self.api.SamplingParams(**sampling_kwargs(protocol, seed))
-        tokenizer = self.llm.get_tokenizer() if self.use_chat_template is not False else None
-        texts = [format_prompt(tokenizer, p, self.use_chat_template)[0] if tokenizer is not None
-                 else p for p in prompts]
-        outputs = self.llm.generate(texts, params, lora_request=self.lora_request)
+        from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+        tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
+        inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer))}
+                  for p in prompts]
+        outputs = self.llm.generate(inputs, params, lora_request=self.lora_request)
         result = []
         for req in outputs:
             result.append([Completion(o.text, len(o.token_ids), o.finish_reason == "length")

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from lorarl.grading import extract_boxed, score_math_batch
+from lorarl.answers import answer_text, gold_boxes
+from lorarl.grading import score_math_batch
 from lorarl.rewards import Deposits, Rollouts
 
 
 def gold_answer(raw: str) -> str:
-    """The gold answer of a dataset row: GSM8K's ``#### x`` → x; a MATH solution → its last boxed."""
+    """The gold answer of a dataset row: GSM8K's ``#### x`` → x; a MATH solution → all its boxed
+    answers (distinct, in order, joined with ``,``: a multi-answer solution boxes each answer)."""
     raw = str(raw)
     if "####" in raw:
         return raw.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".")
-    boxed = extract_boxed(raw) if "boxed" in raw or "fbox" in raw else None
+    boxed = answer_text(gold_boxes(raw)) if "boxed" in raw or "fbox" in raw else None
     return boxed if boxed is not None else raw.strip()
 
 

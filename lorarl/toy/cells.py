@@ -18,7 +18,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from lorarl import paths
-from lorarl.study import Study, expand
+from lorarl.study import Study, study_cells
 from lorarl.toy.kl_bound import KLBoundConfig, _pretrain_fields, load_base, pretrain, run_one, save_base
 
 
@@ -42,7 +42,7 @@ def run_toy_study(study: Study, results: str | Path = "results", cells: list[str
 
     from lorarl.tracking import Tracker
 
-    todo = [c for c in expand(study) if cells is None or c.id in cells]
+    todo = [c for c in study_cells(study) if cells is None or c.id in cells]
     tracker = Tracker(results, study.name)
     bases: dict[str, dict] = {}
     out = []
@@ -93,7 +93,7 @@ def aggregate_toy(study: Study, results: str | Path = "results") -> dict[str, Pa
     import matplotlib.pyplot as plt
 
     rows = []
-    for cell in expand(study):
+    for cell in study_cells(study):
         s = json.loads(paths.path("summary", results=results, study=study.name, cell=cell.id).read_text())
         rows.append({"cell": cell.id, **cell.axes, **s})
     cells = pd.DataFrame(rows)

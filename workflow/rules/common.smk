@@ -1,12 +1,15 @@
 # Load the studies through lorarl.study (the one source of cell ids) and expose input functions.
+# Each study's cell table is built ONCE here (lorarl.study.cell_table); every input function and
+# param below is a dictionary access into it, so planning stays linear in the number of cells.
 import json
 import re
+import sys
 
 from snakemake.utils import validate
 
 from lorarl import paths
 from lorarl.models import recipe_hash, recipe_name
-from lorarl.study import StudyError, base_cells, expand, find_cell, load_study
+from lorarl.study import StudyError, cell_table, load_study
 from lorarl.evaluate import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
@@ -33,6 +36,7 @@ def _load_studies(files):
 
 
 STUDIES = _load_studies(config["studies"])
+TABLES = {name: cell_table(s) for name, (_, s) in STUDIES.items()}  # study name -> its CellTable
 
 
 def _alternation(kind):
@@ -50,13 +54,13 @@ def study_file(wildcards):
 
 
 def study_cell(wildcards):
-    return find_cell(STUDIES[wildcards.study][1], wildcards.cell)
+    return TABLES[wildcards.study].cell(wildcards.cell)
 
 
 def cell_hash(wildcards):
-    """Rerun trigger of train/diagnose: the resolved config without evaluation-only settings, so
-    adding a benchmark or changing a protocol reruns evaluations only (lorarl.evaluate.plan)."""
-    return eval_plan.train_signature(study_cell(wildcards).config)
+    """Rerun trigger of train/diagnose: the cell's training signature (no evaluation-only settings,
+    no runtime fields), so adding a benchmark or changing a protocol reruns evaluations only."""
+    return study_cell(wildcards).hash
 
 
 def base_model_input(wildcards):
@@ -92,20 +96,20 @@ def launch_target(wildcards):
 def eval_inputs(wildcards):
     """A trained cell needs its adapter (its snapshots are written by the same training job); a base
     pseudo-cell needs only the base model."""
-    if wildcards.cell in base_ids(wildcards.study):
+    if _is_base(wildcards):
         return base_model_input(wildcards)
     kw = dict(results=RESULTS, study=wildcards.study, cell=wildcards.cell)
     return [paths.path("summary", **kw), paths.path("adapter", **kw)]
 
 
 def _is_base(wildcards):
-    return wildcards.cell in base_ids(wildcards.study)
+    return TABLES[wildcards.study].is_base(wildcards.cell)
 
 
 def eval_hash(wildcards):
     """Rerun trigger of one evaluation: weights, benchmark source, resolved protocol, backend."""
     step = int(wildcards.step) if "step" in wildcards.keys() else None
-    return eval_plan.eval_signature(study_cell(wildcards).config, wildcards.benchmark, step, _is_base(wildcards))
+    return TABLES[wildcards.study].eval_signature(wildcards.cell, wildcards.benchmark, step)
 
 
 def eval_target(wildcards):
@@ -116,7 +120,7 @@ def eval_target(wildcards):
 
 def eval_outputs(s, cell, is_base):
     """Summary files of every evaluation of a cell: each benchmark, and each snapshot step."""
-    cfg = find_cell(STUDIES[s][1], cell).config
+    cfg = TABLES[s].cell(cell).config
     try:
         targets = eval_plan.eval_targets(cfg, is_base)
     except eval_plan.EvalPlanError as err:
@@ -130,8 +134,17 @@ def aggregate_inputs(wildcards):
     return study_outputs(wildcards.study)
 
 
+_OUTPUTS = {}  # study name -> its per-cell files (computed once)
+
+
 def study_outputs(s):
     """Per-cell files of a study that the aggregate reads."""
+    if s not in _OUTPUTS:
+        _OUTPUTS[s] = _study_outputs(s)
+    return _OUTPUTS[s]
+
+
+def _study_outputs(s):
     if s in TOY_STUDIES:
         return [paths.path("summary", results=RESULTS, study=s, cell=c) for c in cell_ids(s)]
     diags = [paths.path("diagnostics", results=RESULTS, study=s, cell=c) for c in cell_ids(s)]
@@ -147,11 +160,11 @@ def _eval_and_train_outputs(s):
 
 
 def cell_ids(study):
-    return [c.id for c in expand(STUDIES[study][1])]
+    return TABLES[study].ids
 
 
 def base_ids(study):
-    return [b.id for b in base_cells(STUDIES[study][1])]
+    return TABLES[study].base_ids
 
 
 def all_targets():
@@ -161,3 +174,15 @@ def all_targets():
         out += [paths.pattern("table_md", results=RESULTS, study=s)]
         out += [str(p) for p in study_outputs(s)]
     return out
+
+
+def print_failures():
+    """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
+    from lorarl.watch import failure_lines
+
+    for name, (f, s) in STUDIES.items():
+        if s.kind != "grpo":
+            continue
+        for line in failure_lines(f, RESULTS):
+            print(f"[lorarl] {name}: {line}", file=sys.stderr)
+        print(f"[lorarl] {name}: details with `lorarl status {f}`", file=sys.stderr)

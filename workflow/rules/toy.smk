@@ -12,7 +12,7 @@ for _toy in TOY_STUDIES:
             stage="toy",
             study=STUDIES[_toy][0],
             target="all",
-            hashes=",".join(c.hash for c in expand(STUDIES[_toy][1])),
+            hashes=",".join(c.hash for c in TABLES[_toy].cells),
             results=RESULTS,
             launcher=config["launcher"],
             slurm=slurm_json("toy"),

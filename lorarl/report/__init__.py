@@ -1,0 +1,56 @@
+"""The study report: the papers' headline figures (a registry, `lorarl.report.registry`), tables with
+their uncertainty (`lorarl.report.tables`, `lorarl.stats`) and `results/<study>/report.html`.
+
+`build` works on partial studies (what is done is shown; the rest appears in the status table) and
+is called by the aggregate stage and by `lorarl report <study>`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["build"]
+
+
+def build(study_path: str | Path, results: str | Path = "results") -> dict[str, Path]:
+    from lorarl import paths, status, tracking
+    from lorarl.evaluate.records import atomic_write_text
+    from lorarl.report import html, tables
+    from lorarl.report.data import load
+    from lorarl.report.registry import REGISTRY, draw_all
+    from lorarl.study import load_study
+
+    study = load_study(study_path)
+    results = Path(results)
+    data = load(study, results)
+    tdir = paths.path("table_csv", results=results, study=study.name).parent
+    fdir = paths.path("figures", results=results, study=study.name)
+    tdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    st = tables.stats_table(data)
+    md = tables.stats_markdown(data, st)
+    out["stats_csv"], out["stats_md"] = tdir / "stats.csv", tdir / "stats.md"
+    st.to_csv(out["stats_csv"], index=False)
+    atomic_write_text(out["stats_md"], md)
+    extra = {"runtime (paper 000 Table 2: step time × steps, KL monitors excluded)": ("runtime", tables.runtime_table),
+             "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
+             "Avg over benchmarks (paper 002)": ("avg", tables.avg_columns)}
+    shown = {}
+    for title, (name, fn) in extra.items():
+        df = fn(data)
+        if not df.empty:
+            out[name] = tdir / f"{name}.csv"
+            df.to_csv(out[name], index=False)
+            shown[title] = df
+    drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
+    out.update(drawn)
+    captions = {name: f"[{s.paper}] {s.caption}" for name, s in REGISTRY.items()}
+    pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
+    figs = [(p, captions.get(p.stem, "")) for p in pngs]
+    rows = status.study_status(str(study_path), results)
+    prov = {**tracking.git_state(), **tracking.package_versions(), "study file": str(study_path),
+            "results": str(results.resolve()), "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}
+    page = html.page(study, results, rows, data.summaries, md, shown, figs, skipped, prov)
+    out["report"] = results / study.name / "report.html"
+    atomic_write_text(out["report"], page)
+    return out

@@ -1,0 +1,112 @@
+"""Everything the figures, tables and the report page read, from the per-cell files only.
+
+Tolerant of partial studies: a cell without `summary.json` (not done) is left out of the tables and
+figures, a missing evaluation file leaves its columns empty. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lorarl import paths
+from lorarl.study import Study, base_cells, study_cells
+
+
+@dataclass
+class StudyData:
+    study: Study
+    results: Path
+    cells: pd.DataFrame  # one row per finished cell: axes, summary fields, eval columns, flags
+    curves: pd.DataFrame  # metrics.csv of every finished cell, axis labels attached
+    base: pd.DataFrame  # base pseudo-cells' eval columns
+    diag: pd.DataFrame  # diagnostics.parquet rows (long), axis labels attached
+    evcurves: pd.DataFrame  # held-out metric vs step (eval_every snapshots)
+    summaries: dict[str, dict] = field(default_factory=dict)  # cell id -> summary.json
+
+    @property
+    def keys(self) -> list[str]:
+        """The non-seed axes (a table row / figure series each)."""
+        return [a for a in self.study.axes if a != self.study.seed_axis]
+
+    def axis_by_field(self, fld: str) -> str | None:
+        return next((n for n, a in self.study.axes.items() if a.field == fld), None)
+
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(p.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def problem_scores(results: Path, study: str, cell: str, benchmark: str) -> pd.Series | None:
+    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation."""
+    p = paths.path("eval_samples", results=results, study=study, cell=cell, benchmark=benchmark)
+    if not p.exists():
+        return None
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    df = pd.DataFrame(rows, columns=["problem_id", "correct"])
+    return df.groupby(df["problem_id"].astype(str))["correct"].mean().sort_index()
+
+
+def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str) -> tuple[np.ndarray, list[str]] | None:
+    """[S, P] per-problem scores of some cells on the problems they all have, or None."""
+    series = [problem_scores(data.results, data.study.name, c, benchmark) for c in cell_ids]
+    if not series or any(s is None for s in series):
+        return None
+    common = sorted(set.intersection(*(set(s.index) for s in series)))
+    if not common:
+        return None
+    return np.stack([s.loc[common].to_numpy(dtype=float) for s in series]), common
+
+
+def load(study: Study, results: str | Path = "results") -> StudyData:
+    from lorarl.aggregate import eval_columns, eval_curve_table
+
+    results = Path(results)
+    rows, frames, summaries = [], [], {}
+    for cell in study_cells(study):
+        kw = dict(results=results, study=study.name, cell=cell.id)
+        s = _read_json(paths.path("summary", **kw))
+        if s is None:
+            continue
+        summaries[cell.id] = s
+        row = {"cell": cell.id, **cell.axes, "state": s.get("state", "done"),
+               **{k: s.get(k) for k in ("final_train_reward", "wall_time_s", "mean_step_time_s",
+                                        "trainable_fraction", "params_trainable", "params_total")}}
+        for name, step in (s.get("flags") or {}).items():
+            row[f"flag/{name}"] = step
+        try:
+            row.update(eval_columns(results, study.name, cell.id, cell.config))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass  # evaluation not finished yet: its columns stay empty
+        rows.append(row)
+        m = paths.path("metrics", **kw)
+        if m.exists():
+            frames.append(pd.read_csv(m).assign(cell=cell.id, **cell.axes))
+    base_rows = []
+    for b in base_cells(study):
+        try:
+            base_rows.append({"cell": b.id, "model": b.config.model,
+                              **eval_columns(results, study.name, b.id, b.config, is_base=True)})
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            continue
+    diag = []
+    for cell in study_cells(study):
+        p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
+        if p.exists() and cell.id in summaries:
+            diag.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))
+    try:
+        evc = eval_curve_table(study, results)
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        evc = pd.DataFrame()
+    return StudyData(study, results, pd.DataFrame(rows), pd.concat(frames, ignore_index=True) if frames
+                     else pd.DataFrame(), pd.DataFrame(base_rows),
+                     pd.concat(diag, ignore_index=True) if diag else pd.DataFrame(), evc, summaries)

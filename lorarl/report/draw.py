@@ -1,0 +1,72 @@
+"""Small drawing helpers shared by the figure families (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lorarl.report.data import StudyData
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    pyplot.rcParams.update({
+        "figure.dpi": 110, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+        "grid.alpha": 0.3, "font.size": 9, "legend.frameon": False,
+    })
+    return pyplot
+
+
+def series_label(row: pd.Series | dict, keys: list[str]) -> str:
+    return ", ".join(f"{k}={row[k]}" for k in keys) or "all"
+
+
+def colors(n: int):
+    cmap = plt().get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def save(fig, out: Path, table: pd.DataFrame) -> Path:
+    """The PNG and, beside it, the CSV of exactly what it draws."""
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt().close(fig)
+    return out
+
+
+def rank_order(data: StudyData, rank_axis: str) -> list[str]:
+    """The rank axis labels in study order (bundles such as `full` where the study put them)."""
+    from lorarl.study import label_of
+
+    return [label_of(v) for v in data.study.axes[rank_axis].values]
+
+
+def full_label(data: StudyData, rank_axis: str) -> str | None:
+    """The rank-axis label whose bundle sets adapter.method: full (the full fine-tuning row)."""
+    from lorarl.study import Bundle
+
+    for v in data.study.axes[rank_axis].values:
+        if isinstance(v, Bundle) and v.set.get("adapter.method") == "full":
+            return v.label
+    return None
+
+
+def per_cell(data: StudyData, metric: str, how: str) -> pd.DataFrame:
+    """One value per cell from a training curve (`how`: mean, max, last), axis labels attached."""
+    c = data.curves.dropna(subset=[metric])
+    v = c.groupby("cell", sort=False)[metric].agg(how).rename("value")
+    return data.cells.set_index("cell")[[*data.study.axes]].join(v, how="inner").reset_index()
+
+
+def over_seeds(df: pd.DataFrame, keys: list[str], value: str = "value") -> pd.DataFrame:
+    if not keys:
+        df = df.assign(_all="all")
+        keys = ["_all"]
+    g = df.groupby(keys, sort=False)[value].agg(["mean", "std", "count"]).reset_index()
+    return g.drop(columns=["_all"], errors="ignore")

@@ -1,0 +1,50 @@
+"""Paper 003 Figs. 2, 5, 6: training dynamics per setting: training reward, the Frobenius norm of the
+gradient over trainable parameters (TRL/transformers' `grad_norm`, before clipping), KL to the base
+(`kl_ref/k3`, Figs. 2, 6) and KL(π_new‖π_old) between the rollout policy and the updated policy
+(`kl_new_old`, Fig. 5; measured every `train.kl_monitor_every` steps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lorarl.report import draw
+from lorarl.report.data import StudyData
+from lorarl.report.registry import register
+
+PANELS = (("reward", "training reward"), ("grad_norm", "gradient norm ‖g‖_F"),
+          ("kl_ref/k3", "KL(π‖π_base), k3"), ("kl_new_old", "KL(π_new‖π_old)"))
+
+
+@register("training_dynamics", "003 Figs. 2, 5, 6", ("curve:reward", "curve:grad_norm|curve:kl_new_old|curve:kl_ref/k3"),
+          "Per setting, mean over seeds (band ± sd): training reward, gradient norm, KL to the base, and "
+          "KL(π_new‖π_old). Paper 003: PiSSA/MiLoRA collapse with larger gradient norm and KL.")
+def training_dynamics(data: StudyData, out: Path) -> Path | None:
+    keys = data.keys
+    panels = [(m, t) for m, t in PANELS if m in data.curves and data.curves[m].notna().any()]
+    frames = []
+    for m, _ in panels:
+        c = data.curves.dropna(subset=[m]).assign(_all="all")
+        g = c.groupby([*(keys or ["_all"]), "step"], sort=False)[m].agg(["mean", "std"]).reset_index()
+        frames.append(g.drop(columns=["_all"], errors="ignore").assign(metric=m))
+    table = pd.concat(frames, ignore_index=True)
+    plt = draw.plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 1.5, 3.6), squeeze=False)
+    series = list(dict.fromkeys(map(tuple, table[keys].astype(str).values))) if keys else [()]
+    for ax, (m, title) in zip(axes[0], panels):
+        sub = table[table["metric"] == m]
+        for color, grp in zip(draw.colors(len(series)), series):
+            sel = (sub[keys].astype(str).apply(tuple, axis=1) == grp) if keys else pd.Series(True, index=sub.index)
+            g = sub[sel].sort_values("step")
+            lab = ", ".join(f"{k}={v}" for k, v in zip(keys, grp)) or "all"
+            ax.plot(g["step"], g["mean"], color=color, lw=1.3, label=lab)
+            ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),
+                            color=color, alpha=0.12, lw=0)
+        ax.set_title(title)
+        ax.set_xlabel("training step")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+    fig.subplots_adjust(right=0.8)
+    fig.suptitle(f"{data.study.name}: training dynamics")
+    return draw.save(fig, out, table)

@@ -1,0 +1,117 @@
+"""`results/<study>/report.html`: one self-contained page (figures as data URIs, inline CSS, no
+script, nothing fetched): status matrix, tables with intervals, every figure, flags, MLflow links,
+provenance."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import os
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+
+CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
+th{background:#f3f3f3}.done{background:#e3f6e3}.failed{background:#fbe0e0}.running{background:#e3ecfb}
+.diverged{background:#fdf0d5}.queued,.interrupted,.not-started{background:#f5f5f5}
+figure{display:inline-block;margin:0 1em 1.5em 0;max-width:100%}figure img{max-width:100%}
+figcaption{font-size:12px;max-width:900px}code{font-size:12px}"""
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None or (isinstance(x, float) and x != x) else str(x))
+
+
+def mlflow_experiment_id(results: Path, study: str) -> str | None:
+    db = results / "mlflow.db"
+    if not db.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+            row = con.execute("select experiment_id from experiments where name = ?", (study,)).fetchone()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def run_link(exp: str | None, run_id: str | None) -> str:
+    if not run_id:
+        return ""
+    base = os.environ.get("LORARL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
+    url = f"{base}/#/experiments/{exp or '0'}/runs/{run_id}"
+    return f'<a href="{_e(url)}">{_e(run_id[:8])}</a>'
+
+
+def _table(df: pd.DataFrame) -> str:
+    if df is None or df.empty:
+        return "<p><i>nothing yet</i></p>"
+    return df.to_html(index=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0, escape=True)
+
+
+def status_section(status_rows, summaries: dict, exp: str | None) -> str:
+    counts: dict[str, int] = {}
+    out = ["<table><tr><th>cell</th><th>state</th><th>step</th><th>evaluate</th><th>flags</th>"
+           "<th>MLflow</th><th>detail</th></tr>"]
+    for r in status_rows:
+        if r.kind != "cell":
+            continue
+        s = summaries.get(r.cell, {})
+        state = s.get("state", r.train.state) if r.train.state == "done" else r.train.state
+        counts[state] = counts.get(state, 0) + 1
+        detail = "; ".join(x for x in (r.train.detail, s.get("diverged_reason") or s.get("reason") or "",
+                                       ("eval: " + r.evaluate.detail) if r.evaluate.detail else "") if x)
+        flags = ", ".join(f"{k}@{v}" for k, v in (s.get("flags") or {}).items())
+        if s.get("stopped_on_collapse"):
+            flags += f" (stopped at {s['stopped_on_collapse']})"
+        out.append(f'<tr class="{_e(state.replace(" ", "-"))}"><td>{_e(r.cell)}</td><td>{_e(state)}</td>'
+                   f"<td>{_e(r.train.step)}</td><td>{_e(r.evaluate.state)}</td><td>{_e(flags)}</td>"
+                   f"<td>{run_link(exp, s.get('mlflow_run_id'))}</td><td>{_e(detail)}</td></tr>")
+    out.append("</table>")
+    head = "<p>" + ", ".join(f"<b>{n}</b> {_e(k)}" for k, n in sorted(counts.items())) + "</p>"
+    return head + "".join(out)
+
+
+def figure_html(png: Path, caption: str) -> str:
+    b64 = base64.b64encode(png.read_bytes()).decode()
+    return (f'<figure><img alt="{_e(png.stem)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption><b>{_e(png.stem)}</b>: {_e(caption)} (data: <code>{_e(png.with_suffix('.csv').name)}"
+            "</code>)</figcaption></figure>")
+
+
+def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tables: dict[str, pd.DataFrame],
+         figures: list[tuple[Path, str]], skipped: dict[str, list[str]], provenance: dict[str, str]) -> str:
+    exp = mlflow_experiment_id(results, study.name)
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(study.name)} report</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{_e(study.name)}</h1><p>generated {now}; axes: "
+             + ", ".join(f"{_e(a)} ({len(ax.values)})" for a, ax in study.axes.items())
+             + (f"; baseline: {_e(study.baseline)}" if study.baseline else "") + "</p>",
+             "<h2>Cells</h2>", status_section(status_rows, summaries, exp),
+             "<h2>Headline metrics with uncertainty</h2>", _md_table(stats_md)]
+    for name, df in tables.items():
+        parts += [f"<h3>{_e(name)}</h3>", _table(df)]
+    parts.append("<h2>Figures</h2>")
+    parts += [figure_html(p, c) for p, c in figures] or ["<p><i>no figure yet</i></p>"]
+    if skipped:
+        parts.append("<p>Not drawn (the study lacks what they need): " + "; ".join(
+            f"{_e(k)} ({_e(', '.join(v))})" for k, v in skipped.items()) + "</p>")
+    parts += ["<h2>Provenance</h2><table>"] + [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
+                                              for k, v in provenance.items()] + ["</table></body></html>"]
+    return "\n".join(parts)
+
+
+def _md_table(md: str) -> str:
+    """The stats markdown (caption paragraph + pipe table) as HTML."""
+    lines = [ln for ln in md.splitlines() if ln.strip()]
+    caption = [ln for ln in lines if not ln.startswith("|") and not ln.startswith("#")]
+    rows = [ln.strip("|").split("|") for ln in lines if ln.startswith("|") and not ln.startswith("|---")]
+    out = [f"<p>{_e(c)}</p>" for c in caption]
+    if rows:
+        out.append("<table><tr>" + "".join(f"<th>{_e(c.strip())}</th>" for c in rows[0]) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{_e(c.strip())}</td>" for c in r) + "</tr>" for r in rows[1:]]
+        out.append("</table>")
+    return "".join(out)

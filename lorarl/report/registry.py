@@ -1,0 +1,99 @@
+"""The figure registry: each figure family declares what it needs and draws only when the study has it.
+
+A need is a string checked against the study's data (`has`):
+
+* ``axis:<field>``: an axis sets that config field (e.g. ``axis:adapter.rank``);
+* ``curve:<metric>``: a per-step training metric with at least one value (metrics.csv);
+* ``cell:<column>``: a per-cell value (summary.json or an evaluation column, e.g. ``cell:trainable_fraction``);
+* ``eval``: at least one held-out benchmark column; ``evcurve``: held-out metric at snapshots;
+* ``diag:<metric>``: a weight-space diagnostic (diagnostics.parquet);
+* ``a|b``: any of the alternatives.
+
+Every drawn PNG gets the CSV of exactly what it draws beside it (same stem).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from lorarl.report.data import StudyData
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str  # file stem under results/<study>/figures/
+    paper: str  # which headline figure it reproduces, e.g. "001 Fig. 4"
+    needs: tuple[str, ...]  # requirements (see module doc)
+    caption: str  # shown under the figure in the report
+    draw: Callable[[StudyData, Path], Path | None]  # (data, png path) -> the png, or None if nothing to draw
+
+
+REGISTRY: dict[str, FigureSpec] = {}
+
+
+def register(name: str, paper: str, needs: tuple[str, ...], caption: str):
+    def deco(fn: Callable[[StudyData, Path], Path | None]):
+        if name in REGISTRY:
+            raise ValueError(f"figure {name!r} registered twice")
+        REGISTRY[name] = FigureSpec(name, paper, needs, caption, fn)
+        return fn
+    return deco
+
+
+def _has_one(data: StudyData, need: str) -> bool:
+    kind, _, arg = need.partition(":")
+    if kind == "axis":
+        return data.axis_by_field(arg) is not None
+    if kind == "curve":
+        return not data.curves.empty and arg in data.curves and data.curves[arg].notna().any()
+    if kind == "cell":
+        return not data.cells.empty and arg in data.cells and data.cells[arg].notna().any()
+    if kind == "eval":
+        from lorarl.report.tables import primary_metrics
+
+        return bool(primary_metrics(data))
+    if kind == "evcurve":
+        return not data.evcurves.empty
+    if kind == "diag":
+        return not data.diag.empty and (data.diag["metric"] == arg).any()
+    raise ValueError(f"unknown figure need {need!r}; allowed kinds: axis, curve, cell, eval, evcurve, diag")
+
+
+def has(data: StudyData, need: str) -> bool:
+    return any(_has_one(data, alt) for alt in need.split("|"))
+
+
+def missing(spec: FigureSpec, data: StudyData) -> list[str]:
+    return [n for n in spec.needs if not has(data, n)]
+
+
+def load_all() -> dict[str, FigureSpec]:
+    """Import every figure family (registration happens at import, inside the package only)."""
+    from lorarl.report import fig_dynamics, fig_params, fig_rank, fig_regimes, fig_weights  # noqa: F401
+
+    return REGISTRY
+
+
+def draw_all(data: StudyData, fdir: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+    """Draw every registered figure the study can have; returns (drawn, skipped: name -> missing needs)."""
+    fdir.mkdir(parents=True, exist_ok=True)
+    drawn, skipped = {}, {}
+    for name, spec in load_all().items():
+        miss = missing(spec, data)
+        if miss:
+            skipped[name] = miss
+            continue
+        try:
+            out = spec.draw(data, fdir / f"{name}.png")
+        except Exception as err:  # one broken figure never costs the tables, the page or the others
+            print(f"[lorarl report] figure {name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+            skipped[name] = [f"error: {type(err).__name__}: {err}"]
+            continue
+        if out is not None:
+            drawn[name] = out
+        else:
+            skipped[name] = ["nothing to draw"]
+    return drawn, skipped

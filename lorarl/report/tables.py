@@ -1,0 +1,189 @@
+"""The study's tables with their uncertainty (lorarl.stats) and the papers' headline tables.
+
+* `stats_table`: one row per group (non-seed axes), each headline column as mean ± sd [95%] and,
+  when the study declares `baseline:`, the difference to the baseline row of the same group
+  (the baseline axes replaced by their baseline labels), resolvable or not, with its MDE.
+* `runtime_table` (paper 000, Table 2): step time × steps without the KL monitors, like with like.
+* `peak_final_table` (paper 001, Table 3): held-out primary metric at its peak snapshot and at the end.
+* `avg_columns` (paper 002, Tables 3/5/6): the mean of the benchmarks' headline metrics per cell.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from lorarl import stats
+from lorarl.report.data import StudyData, scores_matrix
+from lorarl.study import label_of
+
+NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
+
+
+def _groups(data: StudyData) -> list[tuple[dict, list[str]]]:
+    keys = data.keys
+    if data.cells.empty:
+        return []
+    if not keys:
+        return [({}, list(data.cells["cell"]))]
+    out = []
+    for labels, g in data.cells.groupby(keys, sort=False):
+        labels = labels if isinstance(labels, tuple) else (labels,)
+        out.append((dict(zip(keys, map(str, labels))), list(g["cell"])))
+    return out
+
+
+def baseline_key(data: StudyData, labels: dict) -> tuple | None:
+    """The labels of a row's baseline row (None without a study baseline)."""
+    b = data.study.baseline
+    if not b:
+        return None
+    return tuple(label_of(b[k]) if k in b else labels[k] for k in data.keys)
+
+
+def baseline_label(data: StudyData) -> str:
+    return ", ".join(f"{v}" for v in (data.study.baseline or {}).values())
+
+
+def primary_metrics(data: StudyData) -> list[str]:
+    from lorarl.aggregate import primary_columns
+
+    return primary_columns(data.cells) if not data.cells.empty else []
+
+
+def stats_table(data: StudyData) -> pd.DataFrame:
+    """Long table: one row per (group, metric) with mean, sd, lo, hi, n_seeds, n_problems, method and,
+    against the baseline, diff, diff_lo, diff_hi, mde, resolvable and the formatted `text`."""
+    groups = _groups(data)
+    rows: list[dict] = []
+    estimates: dict[tuple, dict[str, stats.Estimate]] = {}
+    for col in primary_metrics(data):
+        bench = col.split("/")[0]
+        finished = [c for c in data.cells["cell"] if pd.notna(data.cells.set_index("cell").at[c, col])]
+        common = scores_matrix(data, finished, bench)
+        draws = stats.problem_draws(len(common[1])) if common else None
+        for labels, ids in groups:
+            ids = [c for c in ids if c in finished]
+            if not ids:
+                continue
+            m = scores_matrix(data, ids, bench) if draws is not None else None
+            if m is not None and m[1] == common[1]:
+                est = stats.bootstrap(m[0], draws)
+                method = "bootstrap seeds x problems"
+            else:
+                est = stats.t_interval(data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy())
+                method = "t over seeds"
+            estimates.setdefault(tuple(labels.values()), {})[col] = est
+            rows.append({**labels, "metric": col, "method": method, "est": est})
+    for col in NON_EVAL:
+        if col not in data.cells:
+            continue
+        for labels, ids in groups:
+            vals = data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy()
+            est = stats.t_interval(vals)
+            estimates.setdefault(tuple(labels.values()), {})[col] = est
+            rows.append({**labels, "metric": col, "method": "t over seeds", "est": est})
+    out = []
+    for r in rows:
+        est: stats.Estimate = r.pop("est")
+        labels = {k: r[k] for k in data.keys}
+        row = {**r, "mean": est.mean, "sd": est.sd, "ci_low": est.lo, "ci_high": est.hi,
+               "n_seeds": est.n_seeds, "n_problems": est.n_problems}
+        text = stats.fmt_estimate(est, 1 if "time" in r["metric"] else 3)
+        bkey = baseline_key(data, labels)
+        if bkey is not None and bkey != tuple(labels.values()) and r["metric"] in estimates.get(bkey, {}):
+            cmp = stats.compare(est, estimates[bkey][r["metric"]])
+            row.update(diff=cmp.diff, diff_low=cmp.lo, diff_high=cmp.hi, mde=cmp.mde,
+                       resolvable=cmp.resolvable if not math.isnan(cmp.mde) else None)
+            text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 1 if "time" in r["metric"] else 3)
+        elif bkey is not None and bkey == tuple(labels.values()):
+            text += "  (baseline)"
+        row["text"] = text
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def stats_markdown(data: StudyData, table: pd.DataFrame) -> str:
+    """One column per metric, one row per group; the method in the caption."""
+    keys = data.keys
+    lines = [f"# {data.study.name}: headline metrics with uncertainty", "",
+             f"Caption: {stats.METHOD}." + (f" Baseline: {data.study.baseline}." if data.study.baseline else ""), ""]
+    if table.empty:
+        return "\n".join(lines + ["(no finished cells yet)"]) + "\n"
+    metrics = list(dict.fromkeys(table["metric"]))
+    head = (keys or ["cells"]) + [NON_EVAL.get(m, m.replace("/", " ")) for m in metrics]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups = table.groupby(keys, sort=False) if keys else [((), table)]
+    for labels, g in groups:
+        labels = labels if isinstance(labels, tuple) else (labels,)
+        by = dict(zip(g["metric"], g["text"]))
+        head_vals = [str(v) for v in labels] or ["all"]
+        lines.append("| " + " | ".join([*head_vals, *(by.get(m, "–") for m in metrics)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def runtime_table(data: StudyData) -> pd.DataFrame:
+    """Paper 000 Table 2's runtime column, like with like: mean step time (the trainer's `time/step_s`,
+    which excludes the KL monitors, else the recorder's `step_time_s`) × steps, per cell; then mean ± sd
+    over seeds per group, and the monitors' own time separately."""
+    c = data.curves
+    if c.empty:
+        return pd.DataFrame()
+    step_col = "time/step_s" if "time/step_s" in c else "step_time_s"
+    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s") if m in c]
+    per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
+                                            **{m.split("/")[-1]: (m, "sum") for m in mon})
+    per["train_min"] = per["step_s"] * per["steps"] / 60.0
+    per = per.join(data.cells.set_index("cell")[data.keys]) if data.keys else per
+    keys = data.keys
+    if not keys:
+        per = per.assign(_all="all")
+        keys = ["_all"]
+    g = per.groupby(keys, sort=False)
+    agg = g[["step_s", "train_min"]].agg(["mean", "std"])
+    agg.columns = [f"{a}_{b.replace('std', 'sd')}" for a, b in agg.columns]
+    for m in mon:
+        agg[m.split("/")[-1] + "_total_s"] = g[m.split("/")[-1]].mean()
+    agg["n_seeds"] = g.size()
+    return agg.reset_index().drop(columns=["_all"], errors="ignore")
+
+
+def peak_final_table(data: StudyData) -> pd.DataFrame:
+    """Paper 001 Table 3: per group and curve benchmark, the primary metric at its peak step (per cell,
+    then mean ± sd over seeds) and at the final step, with the peak step; needs eval_every snapshots."""
+    ev = data.evcurves
+    if ev.empty:
+        return pd.DataFrame()
+    rows = []
+    for (cell, bench), g in ev.groupby(["cell", "benchmark"], sort=False):
+        g = g.sort_values("step")
+        i = int(np.argmax(g["value"].to_numpy()))
+        rows.append({"cell": cell, "benchmark": bench, **{k: g[k].iloc[0] for k in data.keys},
+                     "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]), "final": g["value"].iloc[-1]})
+    df = pd.DataFrame(rows)
+    keys = data.keys + ["benchmark"]
+    g = df.groupby(keys, sort=False)
+    out = g[["peak", "final", "peak_step"]].agg(["mean", "std"])
+    out.columns = [f"{a}_{b.replace('std', 'sd')}" for a, b in out.columns]
+    out["drop"] = out["peak_mean"] - out["final_mean"]
+    out["n_seeds"] = g.size()
+    return out.reset_index()
+
+
+def avg_columns(data: StudyData) -> pd.DataFrame:
+    """Paper 002's Avg column: per cell the mean of every benchmark's headline metric (only when a
+    study has two or more benchmarks), then mean ± sd over seeds per group, with trainable params."""
+    cols = primary_metrics(data)
+    if len(cols) < 2:
+        return pd.DataFrame()
+    cells = data.cells.assign(avg=data.cells[cols].mean(axis=1, skipna=False))
+    keys = data.keys or []
+    if not keys:
+        cells = cells.assign(_all="all")
+        keys = ["_all"]
+    vals = [*cols, "avg"] + [c for c in ("params_trainable", "trainable_fraction") if c in cells]
+    g = cells.groupby(keys, sort=False)[vals]
+    out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))
+    return out.reset_index().drop(columns=["_all"], errors="ignore")

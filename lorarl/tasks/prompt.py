@@ -1,0 +1,109 @@
+"""The one prompt of a cell: how a problem's question becomes the model's input token ids, the same way
+in the train stage (TRL's GRPOTrainer) and the evaluate stage (lorarl.evaluate backends).
+
+A cell's ``prompt:`` section (:class:`lorarl.config.PromptConfig`) gives
+
+* ``template``: the user message, with ``{question}``, for every question source (null = by source:
+  ``"{question}"`` for synthetic questions, which already are the tiny models' SFT format
+  ``Q: 2+3=?\\nA: ``; :data:`MATH_TEMPLATE` with the ``\\boxed{}`` instruction for any other task
+  or benchmark, the instruction evaluation always used);
+* ``think``: the ``<think>`` instruction (paper 002's format) appended to the user message;
+* ``system``: a system prompt;
+* ``chat_template``: ``on`` / ``off`` / ``auto`` (auto = on when the tokenizer has a chat template).
+
+With the chat template, the input is a conversation (a list of messages): TRL tokenises it with
+``apply_chat_template(add_generation_prompt=True)`` and so does :func:`prompt_ids`. Without it the
+input is the plain text, tokenised as TRL tokenises a string prompt (``tokenizer(text)``, special
+tokens added as the tokenizer's defaults say). :func:`prompt_ids` is what the evaluate backends feed
+to ``generate``, so both stages see byte-identical ids (tests/test_prompt.py checks it against TRL).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
+                 "\\boxed{}.")  # the text of the evaluation registry's math template (lorarl.evaluate.benchmarks)
+THINK_INSTRUCTION = ("First think through the problem inside <think> </think> tags, then give the final "
+                     "answer within \\boxed{}.")  # paper 002 asks for <think>...</think> then \boxed{}
+
+Prompt = "str | list[dict[str, str]]"  # plain text, or a conversation for the chat template
+
+
+def default_template(synthetic: bool) -> str:
+    """The template of a null ``prompt.template``: a synthetic question already is the whole prompt
+    the tiny models were SFT'd on; any other question gets the math instruction."""
+    return "{question}" if synthetic else MATH_TEMPLATE
+
+
+def template_of(cfg: Any, synthetic: bool | None = None) -> str:
+    """The resolved user-message template of a cell config for a question source (default: the
+    cell's training task; evaluation passes whether the benchmark is the synthetic one)."""
+    if cfg.prompt.template is not None:
+        return cfg.prompt.template
+    return default_template(cfg.task.name == "synthetic" if synthetic is None else synthetic)
+
+
+def user_message(cfg: Any, question: str, *, rendered: bool = False, synthetic: bool | None = None) -> str:
+    """The user message of ``question``: the cell's template with ``{question}`` replaced (plain text
+    replacement: other braces, e.g. ``\\boxed{}``, are literal), plus the think instruction.
+    ``rendered=True``: ``question`` already is a whole message (a multiple-choice benchmark's own
+    template, which needs its choices); only the think instruction is added. ``synthetic``: see
+    :func:`template_of`."""
+    text = question if rendered else template_of(cfg, synthetic).replace("{question}", question)
+    if cfg.prompt.think:
+        text = f"{text}\n\n{THINK_INSTRUCTION}"
+    return text
+
+
+def uses_chat_template(setting: str, tokenizer: Any | None) -> bool:
+    """Resolve ``prompt.chat_template`` for a tokenizer (``auto``: does it have one?)."""
+    has = bool(getattr(tokenizer, "chat_template", None)) if tokenizer is not None else False
+    if setting == "on":
+        if tokenizer is not None and not has:
+            raise ValueError("prompt.chat_template is 'on' but the tokenizer has no chat template; "
+                             "allowed: auto, on, off")
+        return True
+    if setting == "off":
+        return False
+    if setting != "auto":
+        raise ValueError(f"prompt.chat_template {setting!r}; allowed: auto, on, off")
+    return has
+
+
+def build_prompt(pc: Any, user: str, tokenizer: Any) -> "Prompt":
+    """What TRL's dataset ``prompt`` column holds (and evaluation tokenises): messages or text.
+    ``pc``: the cell's PromptConfig."""
+    system = pc.system
+    if uses_chat_template(pc.chat_template, tokenizer):
+        msgs = [{"role": "system", "content": system}] if system else []
+        return msgs + [{"role": "user", "content": user}]
+    return f"{system}\n\n{user}" if system else user
+
+
+def prompt_ids(tokenizer: Any, prompt: "Prompt") -> list[int]:
+    """Token ids of one prompt exactly as TRL 1.16's ``GRPOTrainer._tokenize_prompts`` makes them."""
+    if isinstance(prompt, list):
+        out = tokenizer.apply_chat_template(conversation=[prompt], add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)
+        return [int(t) for t in out["input_ids"][0]]
+    return [int(t) for t in tokenizer(text=[prompt])["input_ids"][0]]
+
+
+def prompt_text(tokenizer: Any, prompt: "Prompt") -> str:
+    """A readable form of the prompt (what is stored with evaluation samples)."""
+    if isinstance(prompt, list):
+        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return prompt
+
+
+def training_prompts(cfg: Any, questions: Sequence[str], tokenizer: Any) -> list["Prompt"]:
+    return [build_prompt(cfg.prompt, user_message(cfg, q), tokenizer) for q in questions]
+
+
+def within_length(cfg: Any, prompts: Sequence["Prompt"], tokenizer: Any) -> list[bool]:
+    """Which prompts fit ``train.max_prompt_length`` tokens (all when it is null)."""
+    limit = cfg.train.max_prompt_length
+    if limit is None:
+        return [True] * len(prompts)
+    return [len(prompt_ids(tokenizer, p)) <= limit for p in prompts]

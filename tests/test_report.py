@@ -1,0 +1,181 @@
+"""Collapse flags, honest statistics, the figure registry and report.html on a synthetic study."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from lorarl import flags, stats
+from lorarl.study import StudyError, load_study
+from tests.report_fixture import STUDY, make_study, trace
+
+
+# ----------------------------------------------------------------------------- flags
+def test_flags_fire_on_a_collapsing_trace_and_not_on_a_stable_one():
+    bad = flags.detect(trace(True, 0).to_dict("records"))
+    assert bad == {"adv_std_spike": 15, "truncation_saturation": 19, "reward_collapse": bad["reward_collapse"]}
+    assert 22 <= bad["reward_collapse"] <= 30  # after the peak at step ~20, before the floor
+    assert bad["adv_std_spike"] < bad["reward_collapse"]  # the spike comes first (paper 001)
+    for seed in range(5):
+        assert flags.detect(trace(False, seed).to_dict("records")) == {}
+
+
+def test_flags_need_history_and_a_real_rise():
+    rows = [{"step": i, "adv/std": 5.0, "reward": 0.5} for i in range(1, 30)]  # high from the start: no spike
+    assert flags.detect(rows) == {}
+    flat_then_dip = [{"step": i, "reward": 0.5 if i < 15 else 0.45} for i in range(1, 30)]
+    assert "reward_collapse" not in flags.detect(flat_then_dip)  # never climbed: not a collapse
+    assert flags.mlflow_tags({"adv_std_spike": 7}) == {"flag.adv_std_spike": "7", "lorarl.flags": "adv_std_spike"}
+
+
+def test_collapse_monitor_stops_training_at_the_first_flag():
+    class Rec:
+        rows: list = []
+
+    class Ctl:
+        should_training_stop = False
+
+    class State:
+        global_step = 0
+
+    rec, ctl, state = Rec(), Ctl(), State()
+    mon = flags.monitor(rec, stop=True)
+    for row in trace(True, 0).to_dict("records"):
+        rec.rows.append(row)
+        state.global_step = int(row["step"])
+        mon.on_log(None, state, ctl, logs={"loss": 0.0})
+        if ctl.should_training_stop:
+            break
+    assert mon.stopped_at == 15 and mon.flags == {"adv_std_spike": 15}
+
+
+# ----------------------------------------------------------------------------- statistics
+def test_bootstrap_interval_accounts_for_problems_and_seeds():
+    rng = np.random.default_rng(0)
+    small = (rng.random((3, 50)) < 0.5).astype(float)
+    large = (rng.random((3, 2000)) < 0.5).astype(float)
+    e_small = stats.bootstrap(small, stats.problem_draws(50))
+    e_large = stats.bootstrap(large, stats.problem_draws(2000))
+    assert e_small.lo < e_small.mean < e_small.hi
+    assert (e_small.hi - e_small.lo) > 2.5 * (e_large.hi - e_large.lo)  # ~sqrt(40) narrower
+    # same problems, seeds that disagree a lot: the interval widens with the seed spread
+    spread = np.stack([(rng.random(2000) < p).astype(float) for p in (0.2, 0.5, 0.8)])
+    e_spread = stats.bootstrap(spread, stats.problem_draws(2000))
+    assert (e_spread.hi - e_spread.lo) > 3 * (e_large.hi - e_large.lo)
+
+
+def test_comparison_resolvable_and_mde():
+    rng = np.random.default_rng(1)
+    draws = stats.problem_draws(100)
+    base = stats.bootstrap((rng.random((3, 100)) < 0.5).astype(float), draws)
+    same = stats.bootstrap((rng.random((3, 100)) < 0.5).astype(float), draws)
+    far = stats.bootstrap((rng.random((3, 100)) < 0.9).astype(float), draws)
+    c_same, c_far = stats.compare(same, base), stats.compare(far, base)
+    assert not c_same.resolvable and c_far.resolvable
+    assert 0.05 < c_same.mde < 0.4  # 100 problems x 3 seeds: ~0.1-0.2 (paper 001's ±0.05 at 100 prompts is sd)
+    txt = stats.fmt_comparison(c_same, "full")
+    assert re.fullmatch(r"vs full: [+−]0\.\d{3}, not resolvable \(MDE 0\.\d\d\)", txt), txt
+
+
+def test_stats_table_rows_read_like_the_issue(tmp_path):
+    from lorarl.report.data import load
+    from lorarl.report.tables import stats_markdown, stats_table
+
+    sp, res = make_study(tmp_path)
+    data = load(load_study(sp), res)
+    t = stats_table(data)
+    row = t[(t["regime"] == "outcome") & (t["rank"] == "1") & (t["metric"] == "synthetic/pass@1")].iloc[0]
+    assert re.fullmatch(r"0\.\d{3} ± 0\.\d{3} \[0\.\d\d, 0\.\d\d\]  vs full: [+−]0\.\d{3}, "
+                        r"(not )?resolvable \(MDE 0\.\d\d\)", row["text"]), row["text"]
+    assert row["ci_low"] < row["mean"] < row["ci_high"] and row["n_problems"] == 100 and row["n_seeds"] == 3
+    assert row["method"] == "bootstrap seeds x problems"
+    full = t[(t["rank"] == "full") & (t["metric"] == "synthetic/pass@1")]
+    assert full["text"].str.endswith("(baseline)").all()
+    # process (pass@1 ≈ 0.05) vs outcome (≈ 0.55) is not a declared comparison: rows compare within a regime
+    assert set(t.dropna(subset=["diff"])["rank"]) == {"1", "16"}
+    md = stats_markdown(data, t)
+    assert "bootstrap over seeds and evaluation problems" in md and "| regime | rank |" in md
+    # train reward: t interval over seeds
+    tr = t[t["metric"] == "final_train_reward"].iloc[0]
+    assert tr["method"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]
+
+
+def test_study_baseline_is_validated(tmp_path):
+    for bad, msg in (({"rnk": "full"}, "baseline names axis 'rnk'; allowed: regime, rank"),
+                     ({"rank": "huge"}, "baseline.rank='huge' is not a value of that axis; allowed: 1, 16, full")):
+        p = tmp_path / "bad.yaml"
+        p.write_text(yaml.safe_dump({**STUDY, "baseline": bad}, sort_keys=False))
+        with pytest.raises(StudyError, match=re.escape(msg)):
+            load_study(p)
+        proc = subprocess.run([sys.executable, "-m", "lorarl.cli", "report", str(p), "--results",
+                               str(tmp_path / "r")], capture_output=True, text=True)
+        assert proc.returncode == 2 and "baseline" in proc.stderr
+        assert not (tmp_path / "r").exists()  # nothing written
+
+
+# ----------------------------------------------------------------------------- figures + page
+def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
+    from lorarl.report import build
+    from lorarl.report.registry import REGISTRY
+
+    sp, res = make_study(tmp_path)
+    out = build(sp, res)
+    assert set(REGISTRY) == {"kl_vs_rank", "pass1_vs_rank_fullft", "collapse_truncation", "adv_std_peak",
+                             "accuracy_vs_params", "training_dynamics", "update_sparsity"}
+    for name in REGISTRY:
+        assert out[name].stat().st_size > 5000, name
+        assert not pd.read_csv(out[name].with_suffix(".csv")).empty, name
+    peak = pd.read_csv(out["adv_std_peak"].with_suffix(".csv")).set_index("regime")
+    assert peak.loc["process", "mean"] > 8 and peak.loc["outcome", "mean"] < 1.2  # paper 001 Fig. 4's shape
+    pf = pd.read_csv(out["peak_final"])
+    proc = pf[(pf["regime"] == "process")]
+    assert (proc["peak_step_mean"] <= 20).all() and (proc["drop"] > 0.2).all()  # Table 3: peak ≠ final
+    rt = pd.read_csv(out["runtime"])
+    assert {"step_s_mean", "train_min_mean", "kl_monitor_s_total_s"} <= set(rt.columns)
+    page = out["report"].read_text()
+    assert page.count("data:image/png;base64,") == len(list((res / "rep" / "figures").glob("*.png")))
+    assert not re.search(r"""(src|href)=["']?(https?:)?//(?!127\.0\.0\.1)""", page)  # nothing fetched
+    assert "adv_std_spike@15" in page and "run0000a" in page and "git.sha" in page
+
+
+def test_partial_study_report_shows_what_is_done(tmp_path):
+    from lorarl.report import build
+
+    sp, res = make_study(tmp_path, done={"outcome-r1-s0", "outcome-r1-s1", "process-r1-s0"})
+    out = build(sp, res)
+    page = out["report"].read_text()
+    assert "cells finished</th><td>3 / 18" in page
+    assert "<b>15</b> not started" in page
+    t = pd.read_csv(out["stats_csv"])
+    assert set(t["rank"].astype(str)) == {"1"} and "diff" not in t  # no baseline row finished yet
+    assert out["adv_std_peak"].exists()
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    """Debian's chromium (scripts/chromium.sh installs it) loads report.html from disk: every figure
+    decoded (naturalWidth > 0), no console error, nothing requested but the file itself."""
+    from lorarl.report import build
+    from tests.cdp import chromium, load_page
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium not installed (scripts/chromium.sh installs it; scripts/test.sh runs that)")
+    sp, res = make_study(tmp_path)
+    out = build(sp, res)
+    seen = load_page(out["report"], binary)
+    n_png = len(list((res / "rep" / "figures").glob("*.png")))
+    assert len(seen["images"]) == n_png >= 7
+    assert all(i["complete"] and i["naturalWidth"] > 0 for i in seen["images"]), seen["images"]
+    assert seen["errors"] == []
+    assert all(u.startswith(("file://", "data:")) for u in seen["requests"]), seen["requests"]
+    # a broken figure is caught: the same check fails on a page with a corrupt image
+    bad = tmp_path / "bad.html"
+    bad.write_text(out["report"].read_text().replace("base64,iVBOR", "base64,AAAA", 1))
+    seen = load_page(bad, binary)
+    assert sum(i["naturalWidth"] == 0 for i in seen["images"]) == 1
