@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.study import expand, load_study
+from lorarl.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PUBLISHED = sorted(p for p in EXPERIMENTS.glob("*.yaml")
@@ -62,7 +62,7 @@ def test_published_study_has_fidelity_table_and_expands(path):
     for name, cells in rows.items():
         assert len(cells) == 3 and all(cells), f"{path.name}: row {name!r} needs paper | this file | note"
     assert re.search(r"paper 00[0-4]", path.read_text()[:600]), f"{path.name}: name its paper (paper 00N)"
-    cells = expand(load_study(path))
+    cells = study_cells(load_study(path))
     assert cells and len({c.id for c in cells}) == len(cells)
 
 
