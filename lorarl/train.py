@@ -141,6 +141,9 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
+    from lorarl.rollout import check_engine
+
+    check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
     final = paths.cell_dir(results_dir, study, cell.id)
     ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
