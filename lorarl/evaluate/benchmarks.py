@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from lorarl.evaluate.protocols import Protocol
-from lorarl.grading import Score, extract_boxed, score_choice, score_math_batch
+from lorarl.grading import GradingSettings, Score, extract_boxed, score_choice, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
            "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE"]
@@ -66,6 +66,7 @@ class Benchmark:
     template: str = MATH_TEMPLATE  # prompt template, {question} (and {choices}, {letters})
     grader: Grader = "math"  # math-verify on \boxed answers, or letter extraction
     protocol: Protocol = field(default_factory=Protocol.greedy)  # default decoding and metrics
+    grading: GradingSettings = GradingSettings()  # math-verify comparison settings (math grader)
     example: Mapping[str, Any] = field(default_factory=dict)  # one row in the real schema
     example_gold: str = ""  # the gold the converter must produce from ``example``
     row_filter: Callable[[Mapping[str, Any]], bool] | None = None  # keep only matching rows (a year of a pool)
@@ -116,17 +117,18 @@ class Benchmark:
         return self.problems(data, template=template, limit=limit)
 
     def grade(self, problems: Sequence[Problem], completions: Sequence[str],
-              timeout_s: float = 5.0) -> list[Score]:
-        """Grade ``completions[i]`` against ``problems[i]``."""
+              timeout_s: float = 5.0, settings: GradingSettings | None = None) -> list[Score]:
+        """Grade ``completions[i]`` against ``problems[i]`` (``settings``: default the registry's)."""
         letters = LETTERS[: max((len(p.choices or ()) for p in problems), default=4)]
-        return grade(self.grader, [p.gold for p in problems], completions, timeout_s, letters)
+        return grade(self.grader, [p.gold for p in problems], completions, timeout_s, letters,
+                     settings or self.grading)
 
 
 def grade(grader: Grader, golds: Sequence[str], completions: Sequence[str], timeout_s: float = 5.0,
-          letters: str = "ABCD") -> list[Score]:
+          letters: str = "ABCD", settings: GradingSettings | None = None) -> list[Score]:
     """Grade completions against golds with the named grader (used again by ``rescore``)."""
     if grader == "math":
-        return score_math_batch(list(golds), list(completions), timeout_s)
+        return score_math_batch(list(golds), list(completions), timeout_s, settings)
     if grader == "choice":
         return [score_choice(g, c, letters) for g, c in zip(golds, completions, strict=True)]
     raise ValueError(f"unknown grader {grader!r}")
