@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -179,3 +180,12 @@ def test_report_renders_in_headless_chromium(tmp_path):
     bad.write_text(out["report"].read_text().replace("base64,iVBOR", "base64,AAAA", 1))
     seen = load_page(bad, binary)
     assert sum(i["naturalWidth"] == 0 for i in seen["images"]) == 1
+
+
+def test_seed_only_columns_compare_with_welch():
+    a = stats.t_interval([0.50, 0.52, 0.51])
+    b = stats.t_interval([0.40, 0.41, 0.42])
+    c = stats.compare(a, b)
+    assert c.resolvable and c.lo < c.diff < c.hi and c.diff == pytest.approx(0.1) and c.mde > 0
+    assert not stats.compare(stats.t_interval([0.5, 0.6, 0.4]), stats.t_interval([0.45, 0.55, 0.5])).resolvable
+    assert math.isnan(stats.compare(stats.t_interval([0.5]), b).mde)  # one seed: no interval, no claim
