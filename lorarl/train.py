@@ -109,6 +109,21 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
+    """After waiting for another job's lock on this cell: its summary, if that job finished it."""
+    if not ckpt.waited_for_lock:
+        return None
+    try:
+        summary = json.loads((final / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("config_hash") != cell.hash:
+        return None
+    print(f"[lorarl] cell {cell.id} was trained by the job this one waited for; nothing to do", flush=True)
+    ckpt.release()
+    return summary
+
+
 def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last)."""
     import torch
@@ -126,9 +141,15 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
+    from lorarl.rollout import check_engine
+
+    check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
     final = paths.cell_dir(results_dir, study, cell.id)
     ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
+    done = _finished_meanwhile(ckpt, final, cell)
+    if done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
+        return done
     work = final / ".train.tmp"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
