@@ -323,8 +323,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         kept = [(0, g) for g in range(P) if not degenerate[g]]
         degen = [(0, g) for g in range(P) if degenerate[g]]
         while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
-            out, deg = self._score_round(self._prompt_sampler.draw(P, G), "train")
             r = len(rounds)
+            out, deg = self._score_round(self._prompt_sampler.draw(P, G, self.state.global_step, r), "train")
             rounds.append(out)
             kept += [(r, g) for g in range(len(deg)) if not deg[g]]
             degen += [(r, g) for g in range(len(deg)) if deg[g]]
