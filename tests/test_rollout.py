@@ -206,3 +206,15 @@ def test_memory_settings_are_not_in_the_training_signature_sampling_settings_are
     for changes in ({"engine": "vllm"}, {"max_model_length": 4096}, {"enforce_eager": True},
                     {"freshness_threshold": 0.1}):
         assert train_signature(with_rollout(**changes)) != sig, changes
+
+
+def test_vllm_cell_without_gpu_exits_2_before_writing(tmp_path, capsys, tiny_dir):
+    import yaml
+
+    from lorarl.cli import main
+
+    study = {"name": "v", "defaults": {"model": tiny_dir, "train": {"steps": 2}, "rollout": {"engine": "vllm"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
+    assert rc == 2 and "rollout.engine: 'vllm' needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.json"))
