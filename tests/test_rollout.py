@@ -218,3 +218,9 @@ def test_vllm_cell_without_gpu_exits_2_before_writing(tmp_path, capsys, tiny_dir
     rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
     assert rc == 2 and "rollout.engine: 'vllm' needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.json"))
+
+
+def test_vllm_temperature_range_is_checked_at_load():
+    with pytest.raises(ValueError, match="train.temperature"):
+        CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"temperature": 2.5}})
+    CellConfig.model_validate({"train": {"temperature": 2.5}})  # hf has no such limit
