@@ -52,6 +52,11 @@ class PromptConfig(Strict):
     chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
     think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
 
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_bool(cls, v: Any) -> Any:  # YAML reads a bare `on`/`off` as true/false
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("template")
     @classmethod
     def _has_question(cls, v: str | None) -> str | None:
