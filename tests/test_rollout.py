@@ -190,3 +190,19 @@ def test_stale_engine_trips_the_gate(tiny_dir, tmp_path, monkeypatch):
         trainer.train()
     diffs = _metric(trainer, "rollout/logp_diff_mean")
     assert diffs[0] < 1e-3 and diffs[-1] > 0.02 and trainer.state.global_step < 12
+
+
+def test_memory_settings_are_not_in_the_training_signature_sampling_settings_are():
+    from lorarl.signature import train_signature
+
+    base = CellConfig()
+    sig = train_signature(base)
+
+    def with_rollout(**kw):
+        return base.model_copy(update={"rollout": base.rollout.model_copy(update=kw)})
+
+    assert train_signature(with_rollout(gpu_memory_utilization=0.6)) == sig
+    assert train_signature(with_rollout(sleep_mode=True)) == sig
+    for changes in ({"engine": "vllm"}, {"max_model_length": 4096}, {"enforce_eager": True},
+                    {"freshness_threshold": 0.1}):
+        assert train_signature(with_rollout(**changes)) != sig, changes
