@@ -1,5 +1,5 @@
-"""`lorarl` command line: cells | run | launch | aggregate | report | rescore | status | tracking serve |
-sync-mlflow.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor |
+tracking serve | sync-mlflow.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -114,17 +114,26 @@ def cmd_rescore(args: argparse.Namespace) -> int:
             cell = table.cell(cid)
             results += rescore_cell(study.name, cell, args.results, table.is_base(cell.id),
                                     timeout_s=args.timeout, write=not args.dry_run)
-    changed = 0
+    changed = flipped = 0
     for r in results:
         new, old = r["new"]["metrics"], r["old"]["metrics"]
         nums = ", ".join(f"{k} {old[k]['value']:.4f}" + (f" -> {new[k]['value']:.4f}" if k in r["metrics_changed"]
                                                           else "") for k in old if k in new)
-        state = "identical" if r["identical"] else ("CHANGED" if r["metrics_changed"] else "same metrics")
+        flips = r["verdicts_changed"]
+        state = ("identical" if r["identical"] and not flips
+                 else "CHANGED" if r["metrics_changed"] else "same metrics")
         changed += bool(r["metrics_changed"])
-        print(f"{r['file']}: {state}: {nums}")
+        flipped += len(flips)
+        print(f"{r['file']}: {state}: {nums}" + (f"; {len(flips)} verdict(s) changed" if flips else ""))
+        for f in flips[:args.show]:
+            print(f"  {f['problem_id']}#{f['sample']}: {'right' if f['correct_before'] else 'wrong'} -> "
+                  f"{'right' if f['correct_after'] else 'wrong'}  gold {f['gold']!r}  graded "
+                  f"{f['extracted_before']!r} -> {f['extracted_after']!r}")
+        if len(flips) > args.show:
+            print(f"  ... {len(flips) - args.show} more" + ("" if args.dry_run else " (all in eval/rescore/)"))
     verb = "would change" if args.dry_run else "changed"
-    print(f"{len(results)} evaluation(s) re-scored; {changed} {verb}")
-    return 1 if args.check and changed else 0
+    print(f"{len(results)} evaluation(s) re-scored; {changed} {verb}; {flipped} sample verdict(s) {verb}")
+    return 1 if args.check and (changed or flipped) else 0
 
 
 def cmd_tracking_serve(args: argparse.Namespace) -> int:
@@ -171,6 +180,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = study_status(args.study, args.results)
     print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows))
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
+    from lorarl.doctor_report import run_doctor
+
+    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
 
 
 def _tracking_args(p: argparse.ArgumentParser) -> None:
@@ -224,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("--results", default="results")
     rs.add_argument("--timeout", type=float, default=None, help="math-verify seconds per sample (default: stored)")
     rs.add_argument("--dry-run", action="store_true", help="report only; write nothing")
-    rs.add_argument("--check", action="store_true", help="exit 1 if any metric changed")
+    rs.add_argument("--check", action="store_true", help="exit 1 if any metric or verdict changed")
+    rs.add_argument("--show", type=int, default=20, help="changed verdicts printed per file (all are "
+                    "recorded in <cell>/eval/rescore/<target>.jsonl)")
     rs.set_defaults(fn=cmd_rescore)
 
     st = sub.add_parser("status", help="where each cell stands: done/running/queued/failed (files + squeue/sacct)")
@@ -256,6 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     sy.add_argument("--results", default="results")
     _tracking_args(sy)
     sy.set_defaults(fn=cmd_sync_mlflow)
+
+    dr = sub.add_parser("doctor", help="smoke-test one cell where the study runs; project its time and GPU-hours")
+    dr.add_argument("study")
+    dr.add_argument("--cell", default=None, help="cell id (default: the first cell)")
+    dr.add_argument("--steps", type=int, default=3, help="optimiser steps of the smoke run (the first is warm-up)")
+    dr.add_argument("--profile", default=None, help="Snakemake profile the study runs with: default, slurm or a folder")
+    dr.add_argument("--results", default="results")
+    dr.add_argument("--eval-limit", type=int, default=8, help="problems per benchmark in the smoke evaluation")
+    dr.add_argument("--threads", type=int, default=1, help="CPU threads of a local job (Slurm: the profile's)")
+    dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
     from lorarl.tracking import TrackingError, TrackingUnavailable

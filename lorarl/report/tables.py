@@ -91,13 +91,13 @@ def stats_table(data: StudyData) -> pd.DataFrame:
         labels = {k: r[k] for k in data.keys}
         row = {**r, "mean": est.mean, "sd": est.sd, "ci_low": est.lo, "ci_high": est.hi,
                "n_seeds": est.n_seeds, "n_problems": est.n_problems}
-        text = stats.fmt_estimate(est, 1 if "time" in r["metric"] else 3)
+        text = stats.fmt_estimate(est, 3)
         bkey = baseline_key(data, labels)
         if bkey is not None and bkey != tuple(labels.values()) and r["metric"] in estimates.get(bkey, {}):
             cmp = stats.compare(est, estimates[bkey][r["metric"]])
             row.update(diff=cmp.diff, diff_low=cmp.lo, diff_high=cmp.hi, mde=cmp.mde,
                        resolvable=cmp.resolvable if not math.isnan(cmp.mde) else None)
-            text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 1 if "time" in r["metric"] else 3)
+            text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 3)
         elif bkey is not None and bkey == tuple(labels.values()):
             text += "  (baseline)"
         row["text"] = text
