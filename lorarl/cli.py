@@ -1,4 +1,4 @@
-"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -132,6 +132,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
+    from lorarl.doctor_report import run_doctor
+
+    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lorarl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -190,6 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
+
+    dr = sub.add_parser("doctor", help="smoke-test one cell where the study runs; project its time and GPU-hours")
+    dr.add_argument("study")
+    dr.add_argument("--cell", default=None, help="cell id (default: the first cell)")
+    dr.add_argument("--steps", type=int, default=3, help="optimiser steps of the smoke run (the first is warm-up)")
+    dr.add_argument("--profile", default=None, help="Snakemake profile the study runs with: default, slurm or a folder")
+    dr.add_argument("--results", default="results")
+    dr.add_argument("--eval-limit", type=int, default=8, help="problems per benchmark in the smoke evaluation")
+    dr.add_argument("--threads", type=int, default=1, help="CPU threads of a local job (Slurm: the profile's)")
+    dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
     try:

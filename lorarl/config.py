@@ -52,6 +52,11 @@ class PromptConfig(Strict):
     chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
     think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
 
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_bool(cls, v: Any) -> Any:  # YAML reads a bare `on`/`off` as true/false
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("template")
     @classmethod
     def _has_question(cls, v: str | None) -> str | None:
@@ -186,6 +191,21 @@ class RewardConfig(Strict):
         return self
 
 
+class RolloutConfig(Strict):
+    """How rollouts are sampled during training (lorarl.rollout; engine vllm = TRL's colocated vLLM)."""
+
+    engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (GPU only)
+    gpu_memory_utilization: float = Field(  # vllm: share of GPU memory vLLM may take (memory, not results)
+        0.3, gt=0, le=1, json_schema_extra={"runtime": True})
+    tensor_parallel_size: Literal[1] = 1  # vllm: one GPU per cell (a prompt group must live on one rank)
+    sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
+        False, json_schema_extra={"runtime": True})
+    max_model_length: int | None = Field(None, gt=0)  # vllm: context length (prompt + completion); null = model's
+    enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
+    freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
+    freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
+
+
 class ProtocolOverride(Strict):
     """A study's changes to a benchmark's registry protocol (null = keep the registry's value)."""
 
@@ -254,6 +274,7 @@ class CellConfig(Strict):
     adapter: AdapterConfig = AdapterConfig()  # what is trained
     train: TrainConfig = TrainConfig()  # how it is trained (GRPO hyper-parameters)
     reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
+    rollout: RolloutConfig = RolloutConfig()  # which engine samples the training rollouts (hf | vllm)
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
 
     @model_validator(mode="before")
@@ -273,3 +294,10 @@ class CellConfig(Strict):
         prompt["chat_template"] = new
         data["prompt"] = prompt
         return data
+
+    @model_validator(mode="after")
+    def _vllm_sampling(self) -> "CellConfig":
+        if self.rollout.engine == "vllm" and self.train.temperature > 2.0:  # vLLM SamplingParams: [0, 2]
+            raise ValueError(f"train.temperature {self.train.temperature} with rollout.engine vllm: vLLM accepts "
+                             "temperatures in [0, 2]")
+        return self

@@ -77,16 +77,17 @@ def concat_batches(parts: Sequence[dict[str, Any]], pad_token_id: int) -> dict[s
 
 class PromptSampler:
     """Seeded draws of extra prompt groups from the training set (rows repeated G times, contiguous,
-    as TRL's sampler lays out a generation batch)."""
+    as TRL's sampler lays out a generation batch). A draw depends only on (seed, step, round), so a
+    resumed run refills exactly as an uninterrupted one."""
 
     def __init__(self, dataset: Any, seed: int):
         self.dataset = dataset
-        self.rng = random.Random(seed)
+        self.seed = seed
 
-    def draw(self, n_prompts: int, group_size: int) -> list[dict]:
+    def draw(self, n_prompts: int, group_size: int, step: int = 0, round_: int = 1) -> list[dict]:
+        rng = random.Random(f"{self.seed}:{step}:{round_}")
         n = len(self.dataset)
-        picks = self.rng.sample(range(n), min(n_prompts, n)) if n >= n_prompts else \
-            [self.rng.randrange(n) for _ in range(n_prompts)]
+        picks = rng.sample(range(n), n_prompts) if n >= n_prompts else [rng.randrange(n) for _ in range(n_prompts)]
         return [dict(self.dataset[i]) for i in picks for _ in range(group_size)]
 
 

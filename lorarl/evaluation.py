@@ -202,6 +202,9 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     cdir = paths.cell_dir(results_dir, study, cell.id)
     out_dir = cdir / "eval"
     specs = benchmark_specs(cfg)
+    from lorarl.evaluate.vllm_backend import warn_sampled_on_hf
+
+    warn_sampled_on_hf(cfg)  # AIME-style n x 32k sampling with HF generate on a GPU is almost surely a mistake
     problems: dict[str, list] = {}
     summaries: list[dict] = []
     for step in dict.fromkeys(s for _, s in wanted):  # one model load per set of weights

@@ -27,6 +27,7 @@ per-group deposit sums gathered across ranks.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Any
 
@@ -38,6 +39,7 @@ from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
 from lorarl.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
+from lorarl.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
     "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
@@ -46,6 +48,11 @@ METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metric
     "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
     "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
     "time/kl_monitor_s", "time/kl_new_old_s",
+    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.rollout.FreshnessGate)
+    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
+    "rollout/is_ratio_max", "rollout/stale_steps",
+    # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
+    "time/generate_s", "time/score_s", "rollout/tokens",
 )
 
 
@@ -106,7 +113,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
     def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
-                 **kwargs):
+                 rollout: Any = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -124,7 +131,17 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
         args = copy.copy(args)
         args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
-        super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
+        with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
+            super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        self.freshness: FreshnessGate | None = None
+        if self.use_vllm:
+            if args.vllm_mode != "colocate":
+                raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
+            # push EFFECTIVE weights (adapter merged, base restored bit for bit) instead of TRL's merge/unmerge
+            self.vllm_generation._iter_named_params = functools.partial(effective_named_params, self.model)
+            self.freshness = FreshnessGate(getattr(rollout, "freshness_threshold", 0.05),
+                                           getattr(rollout, "freshness_patience", 3))
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime
@@ -193,7 +210,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return out
 
     def _generate(self, prompts: list):
-        out = super()._generate(prompts)
+        t0 = time.perf_counter()
+        out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
+        mode = "train" if self.model.training else "eval"
+        self._log("time/generate_s", time.perf_counter() - t0, mode)
+        self._log("rollout/tokens", float(sum(len(ids) for ids in out[1])), mode)
         self._prompt_ids_list = out[0]
         return out
 
@@ -264,7 +285,14 @@ class LorarlGRPOTrainer(GRPOTrainer):
     def _score_round(self, inputs, mode: str):
         """TRL's generation + scoring of one batch, with lorarl's ``[B, T]`` advantages; returns the
         batch and which prompt groups are degenerate (all deposits equal)."""
+        t0 = time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
+        self._log("time/score_s", time.perf_counter() - t0, mode)  # generation + rewards + old-policy forward
+        sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+        if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
+            mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
+            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT).items():
+                self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -295,8 +323,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
         kept = [(0, g) for g in range(P) if not degenerate[g]]
         degen = [(0, g) for g in range(P) if degenerate[g]]
         while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
-            out, deg = self._score_round(self._prompt_sampler.draw(P, G), "train")
             r = len(rounds)
+            out, deg = self._score_round(self._prompt_sampler.draw(P, G, self.state.global_step, r), "train")
             rounds.append(out)
             kept += [(r, g) for g in range(len(deg)) if not deg[g]]
             degen += [(r, g) for g in range(len(deg)) if deg[g]]
@@ -400,11 +428,16 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     args.num_iterations = t.num_iterations
     args.scale_rewards = t.scale_rewards
     args.use_bias_correction_kl = t.kl_importance_correction
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None:
+        from lorarl.rollout import apply_rollout_args
+
+        apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
     regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
-        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor,
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

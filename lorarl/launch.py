@@ -32,7 +32,7 @@ import submitit
 
 from lorarl import inflight, paths, provenance
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy")
+STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
 # submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
 GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
            "stderr_to_stdout"}
@@ -86,6 +86,10 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
         from lorarl.diagnose import diagnose_cell
 
         return diagnose_cell(study.name, cell, results_dir, threads=threads)
+    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.doctor)
+        from lorarl.doctor import doctor_job
+
+        return doctor_job(study_path, cell.id, results_dir, threads=threads)
     raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
 
 

@@ -142,6 +142,9 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
+    from lorarl.rollout import check_engine
+
+    check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
     final = paths.cell_dir(results_dir, study, cell.id)
     ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
@@ -177,7 +180,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse], results_dir=str(results_dir),
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
+        results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"

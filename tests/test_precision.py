@@ -107,3 +107,20 @@ def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
     summary = train_cell(study.name, study_cells(study)[0], tmp_path, threads=1)
     assert summary["precision"] == "bf16-mixed" and set(summary["trainable_dtypes"]) == {"float32"}
     assert summary["steps"] == 2 and math.isfinite(summary["final_train_reward"])
+
+
+@pytest.mark.parametrize("method", ["lora", "dora", "rslora", "adalora", "miss", "vera", "ia3", "ln_tuning",
+                                    "lora_plus", "lora_fa"])
+def test_every_peft_method_trains_fp32_tensors_on_a_bf16_base_under_mixed(tiny, method):
+    from lorarl.adapters import build_adapter
+
+    adapter = {"method": method, **({"rank": 8} if method in ("miss", "vera") else {})}
+    for precision, want in (("bf16-mixed", torch.float32), ("bf16-pure", torch.bfloat16)):
+        model = copy.deepcopy(tiny).to(getattr(torch, load_dtype(precision, method)))
+        policy = build_adapter(model, CellConfig(adapter=adapter), precision=precision)
+        dtypes = {p.dtype for p in policy.model.parameters() if p.requires_grad}
+        frozen = {p.dtype for n, p in policy.model.named_parameters() if not p.requires_grad and "lora_" not in n}
+        assert dtypes == {want} and frozen == {torch.bfloat16}, (precision, dtypes, frozen)  # (LoRA-FA's A: frozen)
+        if policy.optimizer is not None:  # the method's own optimiser holds the cast tensors
+            held = {p.dtype for g in policy.optimizer.param_groups for p in g["params"] if p.requires_grad}
+            assert held == {want}
