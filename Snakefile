@@ -20,3 +20,7 @@ rule all:
     input:
         all_targets(),
     default_target: True
+
+
+onerror:
+    print_failures()

@@ -53,6 +53,7 @@ MARKER = "lorarl.json"
 COMPLETE = "complete.json"
 PROGRESS = "progress.json"
 FAULT_ENV = "LORARL_FAULT"
+LOCK_WAIT_ENV = "LORARL_LOCK_WAIT_S"  # how long a second job of a cell waits for the first (default 600 s)
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -138,13 +139,23 @@ class CellCheckpoints:
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip()
-            raise RuntimeError(f"cell {cell.id} is being trained by another process ({holder or 'unknown'}); "
-                               f"its checkpoints are in {self.root}") from None
+        self.waited_for_lock = False  # another job trained this cell meanwhile: train_cell checks its outputs
+        deadline = time.time() + float(os.environ.get(LOCK_WAIT_ENV, "600"))
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                self._lock.seek(0)
+                holder = self._lock.read().strip()
+                if time.time() >= deadline:
+                    raise RuntimeError(f"cell {cell.id} is being trained by another process ({holder or 'unknown'}); "
+                                       f"its checkpoints are in {self.root}") from None
+                if not self.waited_for_lock:
+                    print(f"[lorarl] cell {cell.id} is being trained by another process ({holder or 'unknown'}): "
+                          f"waiting for it (at most ${LOCK_WAIT_ENV} s)", file=sys.stderr, flush=True)
+                self.waited_for_lock = True
+                time.sleep(2.0)
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}\n")

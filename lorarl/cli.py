@@ -1,4 +1,5 @@
-"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor |
+tracking serve | sync-mlflow.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -36,10 +37,26 @@ def cmd_cells(args: argparse.Namespace) -> int:
     return 0
 
 
+def use_tracking(args: argparse.Namespace) -> None:
+    """`--tracking` / `--tracking-credentials` (from the profile) into this process's environment, where
+    lorarl.tracking and every job started from here read them; a bad value exits 2 before anything runs."""
+    import os
+
+    from lorarl.tracking import TRACKING_ENV, resolve_tracking
+    from lorarl.tracking_server import CREDENTIALS_ENV
+
+    if getattr(args, "tracking", None):
+        resolve_tracking(args.tracking, getattr(args, "results", "results"))  # TrackingError: exit 2
+        os.environ[TRACKING_ENV] = args.tracking
+    if getattr(args, "tracking_credentials", None):
+        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
     from lorarl.launch import run_stage
 
+    use_tracking(args)
     for stage in args.stages.split(","):
         out = run_stage(stage, args.study, args.cell, args.results, args.threads)
         print(json.dumps(out, indent=2, default=str))
@@ -50,6 +67,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from lorarl.launch import launch
 
     slurm = json.loads(args.slurm) if args.slurm else None
+    use_tracking(args)
     return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm)
 
 
@@ -96,26 +114,84 @@ def cmd_rescore(args: argparse.Namespace) -> int:
             cell = table.cell(cid)
             results += rescore_cell(study.name, cell, args.results, table.is_base(cell.id),
                                     timeout_s=args.timeout, write=not args.dry_run)
-    changed = 0
+    changed = flipped = 0
     for r in results:
         new, old = r["new"]["metrics"], r["old"]["metrics"]
         nums = ", ".join(f"{k} {old[k]['value']:.4f}" + (f" -> {new[k]['value']:.4f}" if k in r["metrics_changed"]
                                                           else "") for k in old if k in new)
-        state = "identical" if r["identical"] else ("CHANGED" if r["metrics_changed"] else "same metrics")
+        flips = r["verdicts_changed"]
+        state = ("identical" if r["identical"] and not flips
+                 else "CHANGED" if r["metrics_changed"] else "same metrics")
         changed += bool(r["metrics_changed"])
-        print(f"{r['file']}: {state}: {nums}")
+        flipped += len(flips)
+        print(f"{r['file']}: {state}: {nums}" + (f"; {len(flips)} verdict(s) changed" if flips else ""))
+        for f in flips[:args.show]:
+            print(f"  {f['problem_id']}#{f['sample']}: {'right' if f['correct_before'] else 'wrong'} -> "
+                  f"{'right' if f['correct_after'] else 'wrong'}  gold {f['gold']!r}  graded "
+                  f"{f['extracted_before']!r} -> {f['extracted_after']!r}")
+        if len(flips) > args.show:
+            print(f"  ... {len(flips) - args.show} more" + ("" if args.dry_run else " (all in eval/rescore/)"))
     verb = "would change" if args.dry_run else "changed"
-    print(f"{len(results)} evaluation(s) re-scored; {changed} {verb}")
-    return 1 if args.check and changed else 0
+    print(f"{len(results)} evaluation(s) re-scored; {changed} {verb}; {flipped} sample verdict(s) {verb}")
+    return 1 if args.check and (changed or flipped) else 0
+
+
+def cmd_tracking_serve(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from lorarl.tracking_server import profile_tracking, serve
+
+    host, port = args.host, args.port
+    if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
+        uri = profile_tracking(args.profile)
+        if not uri or not str(uri).startswith(("http://", "https://")):
+            print(f"error: profile {args.profile}: `tracking:` is {uri!r}, not an http(s):// server URI",
+                  file=sys.stderr)
+            return 2
+        u = urlparse(uri)
+        host = host or u.hostname
+        port = port if port is not None else (u.port or 5000)
+    return serve(host=host or "127.0.0.1", port=5000 if port is None else port, state=args.state,
+                 artifacts=args.artifacts, backend=args.backend_store_uri, workers=args.workers,
+                 credentials=args.credentials, force_auth=args.auth)
+
+
+def cmd_sync_mlflow(args: argparse.Namespace) -> int:
+    from lorarl.tracking_sync import sync_study
+
+    use_tracking(args)
+    report = sync_study(args.study, args.results)
+    for row in report:
+        print(f"{row['cell']}: run {row['run_id']} ({row['run']}); {row['logged']} value(s) logged, "
+              f"{row['present']} already there")
+    print(f"{len(report)} cell(s) synced into {report[0]['uri'] if report else 'the store'}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
     from lorarl.status import as_json, format_table, study_status
 
+    if args.watch:
+        from lorarl.watch import watch
+
+        load_study(args.study)  # a bad study: exit 2 before the first redraw
+        return watch(args.study, args.results, args.interval, args.max_updates)
     rows = study_status(args.study, args.results)
     print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows))
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
+    from lorarl.doctor_report import run_doctor
+
+    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
+
+
+def _tracking_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking", default=None, help="MLflow store: sqlite | http(s)://host:port (the profile's)")
+    p.add_argument("--tracking-credentials", default=None, help="credentials file of a server with auth (a path)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--stages", default="train,evaluate", help="comma list of train,evaluate")
     r.add_argument("--results", default="results")
     r.add_argument("--threads", type=int, default=None)
+    _tracking_args(r)
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
@@ -144,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--executor", default="local", choices=["debug", "local", "slurm"])
     la.add_argument("--threads", type=int, default=1)
     la.add_argument("--slurm", default=None, help="JSON of submitit Slurm parameters (from the profile)")
+    _tracking_args(la)
     la.set_defaults(fn=cmd_launch)
 
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
@@ -162,18 +240,62 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("--results", default="results")
     rs.add_argument("--timeout", type=float, default=None, help="math-verify seconds per sample (default: stored)")
     rs.add_argument("--dry-run", action="store_true", help="report only; write nothing")
-    rs.add_argument("--check", action="store_true", help="exit 1 if any metric changed")
+    rs.add_argument("--check", action="store_true", help="exit 1 if any metric or verdict changed")
+    rs.add_argument("--show", type=int, default=20, help="changed verdicts printed per file (all are "
+                    "recorded in <cell>/eval/rescore/<target>.jsonl)")
     rs.set_defaults(fn=cmd_rescore)
 
     st = sub.add_parser("status", help="where each cell stands: done/running/queued/failed (files + squeue/sacct)")
     st.add_argument("study")
     st.add_argument("--results", default="results")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", action="store_true", help="compact view (counts, running steps, ETA), redrawn "
+                    "until the study ends")
+    st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
+    st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
+    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking_server.py)")
+    trs = tr.add_subparsers(dest="tracking_cmd", required=True)
+    sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
+    sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
+    sv.add_argument("--port", type=int, default=None, help="default 5000; 0 = any free port")
+    sv.add_argument("--profile", default=None, help="bind where this profile's `tracking:` URI says")
+    sv.add_argument("--state", default="results/.tracking", help="PostgreSQL data, logs, server.json")
+    sv.add_argument("--artifacts", default="results/mlartifacts", help="artifact root (shared filesystem)")
+    sv.add_argument("--backend-store-uri", default=None, help="an existing database instead of our own PostgreSQL")
+    sv.add_argument("--workers", type=int, default=2, help="MLflow server worker processes")
+    sv.add_argument("--credentials", default=None, help="credentials file (default ~/.config/lorarl/...)")
+    sv.add_argument("--auth", action="store_true", help="basic auth on loopback too (a shared submit host)")
+    sv.set_defaults(fn=cmd_tracking_serve)
+
+    sy = sub.add_parser("sync-mlflow", help="replay a study's files into the (new or repaired) MLflow store")
+    sy.add_argument("study")
+    sy.add_argument("--results", default="results")
+    _tracking_args(sy)
+    sy.set_defaults(fn=cmd_sync_mlflow)
+
+    dr = sub.add_parser("doctor", help="smoke-test one cell where the study runs; project its time and GPU-hours")
+    dr.add_argument("study")
+    dr.add_argument("--cell", default=None, help="cell id (default: the first cell)")
+    dr.add_argument("--steps", type=int, default=3, help="optimiser steps of the smoke run (the first is warm-up)")
+    dr.add_argument("--profile", default=None, help="Snakemake profile the study runs with: default, slurm or a folder")
+    dr.add_argument("--results", default="results")
+    dr.add_argument("--eval-limit", type=int, default=8, help="problems per benchmark in the smoke evaluation")
+    dr.add_argument("--threads", type=int, default=1, help="CPU threads of a local job (Slurm: the profile's)")
+    dr.set_defaults(fn=cmd_doctor)
+
     args = p.parse_args(argv)
+    from lorarl.tracking import TrackingError, TrackingUnavailable
+
     try:
         return args.fn(args)
+    except TrackingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except TrackingUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except StudyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -52,6 +52,11 @@ class PromptConfig(Strict):
     chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
     think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
 
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_bool(cls, v: Any) -> Any:  # YAML reads a bare `on`/`off` as true/false
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("template")
     @classmethod
     def _has_question(cls, v: str | None) -> str | None:
@@ -131,10 +136,10 @@ class TrainConfig(Strict):
     kl_monitor_every: int = Field(10, ge=0)  # measure KL to the base and KL(new||old) every N steps (0 = never)
     scale_rewards: Literal["group", "none"] = "group"  # divide group-centred deposits by their std (Dr. GRPO: none)
     num_iterations: int = Field(1, gt=0)  # optimisation passes per generation batch (PPO epochs, mu)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose deposits are all equal from the loss
+    dynamic_sampling: bool = False  # DAPO: replace groups whose deposits are all equal by freshly sampled groups
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong penalty: ramp length in tokens (0 = off)
     overlong_factor: float = Field(1.0, ge=0)  # DAPO soft overlong penalty at the length limit
-    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (refill not wired yet)
+    dynamic_sampling_max_batches: int = Field(3, gt=0)  # DAPO refill: most generation rounds per step (then degenerate groups fill)
     precision: Literal["bf16-mixed", "fp32", "bf16-pure"] | None = None  # null = bf16-mixed on GPU, fp32 on CPU (resolved value logged)
     importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
     dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
@@ -186,6 +191,21 @@ class RewardConfig(Strict):
         return self
 
 
+class RolloutConfig(Strict):
+    """How rollouts are sampled during training (lorarl.rollout; engine vllm = TRL's colocated vLLM)."""
+
+    engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (GPU only)
+    gpu_memory_utilization: float = Field(  # vllm: share of GPU memory vLLM may take (memory, not results)
+        0.3, gt=0, le=1, json_schema_extra={"runtime": True})
+    tensor_parallel_size: Literal[1] = 1  # vllm: one GPU per cell (a prompt group must live on one rank)
+    sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
+        False, json_schema_extra={"runtime": True})
+    max_model_length: int | None = Field(None, gt=0)  # vllm: context length (prompt + completion); null = model's
+    enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
+    freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
+    freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
+
+
 class ProtocolOverride(Strict):
     """A study's changes to a benchmark's registry protocol (null = keep the registry's value)."""
 
@@ -195,6 +215,15 @@ class ProtocolOverride(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # completion budget (longer = truncated, graded as is)
     n: int | None = Field(None, ge=1)  # samples per problem (avg@n); pass@n unless ks is given
     ks: list[int] | None = None  # k values of the unbiased pass@k columns (each in [1, n])
+
+
+class GradingOverride(Strict):
+    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
+
+    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
+    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
+    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
+    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
 
 
 class BenchmarkEval(Strict):
@@ -208,6 +237,7 @@ class BenchmarkEval(Strict):
     split: str | None = None  # evaluate another split than the registry's
     limit: int | None = Field(None, gt=0)  # first N problems only (smoke runs; recorded in the summary)
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
+    grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
 
 
 class EvalConfig(Strict):
@@ -244,6 +274,7 @@ class CellConfig(Strict):
     adapter: AdapterConfig = AdapterConfig()  # what is trained
     train: TrainConfig = TrainConfig()  # how it is trained (GRPO hyper-parameters)
     reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
+    rollout: RolloutConfig = RolloutConfig()  # which engine samples the training rollouts (hf | vllm)
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
 
     @model_validator(mode="before")
@@ -263,3 +294,10 @@ class CellConfig(Strict):
         prompt["chat_template"] = new
         data["prompt"] = prompt
         return data
+
+    @model_validator(mode="after")
+    def _vllm_sampling(self) -> "CellConfig":
+        if self.rollout.engine == "vllm" and self.train.temperature > 2.0:  # vLLM SamplingParams: [0, 2]
+            raise ValueError(f"train.temperature {self.train.temperature} with rollout.engine vllm: vLLM accepts "
+                             "temperatures in [0, 2]")
+        return self

@@ -19,7 +19,8 @@ from typing import Any, Iterable, Sequence
 
 from lorarl import paths
 from lorarl.evaluate.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
-                                  eval_targets, format_target, parse_target, protocol_for)
+                                  eval_targets, format_target, grading_for, parse_target,
+                                  protocol_for)
 from lorarl.study import Cell
 
 BENCHMARK = SYNTHETIC  # the default benchmark of CPU studies
@@ -201,6 +202,9 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     cdir = paths.cell_dir(results_dir, study, cell.id)
     out_dir = cdir / "eval"
     specs = benchmark_specs(cfg)
+    from lorarl.evaluate.vllm_backend import warn_sampled_on_hf
+
+    warn_sampled_on_hf(cfg)  # AIME-style n x 32k sampling with HF generate on a GPU is almost surely a mistake
     problems: dict[str, list] = {}
     summaries: list[dict] = []
     for step in dict.fromkeys(s for _, s in wanted):  # one model load per set of weights
@@ -215,11 +219,11 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             spec = specs[name]
             meta = {"study": study, "cell": cell.id, "model": cfg.model, "is_base": is_base,
                     "target": format_target(name, step), "config_hash": cell.hash,
-                    "source": spec.model_dump(mode="json", exclude={"protocol"}),
+                    "source": spec.model_dump(mode="json", exclude={"protocol", "grading"}),
                     "backend": cfg.eval.backend}
             summaries.append(run_benchmark(backend, get_benchmark(name), problems[name], out_dir,
                                            protocol=protocol_for(name, spec, cfg.eval), seed=cfg.seed,
-                                           step=step, meta=meta))
+                                           step=step, meta=meta, grading=grading_for(name, spec)))
         del backend
     log_to_mlflow(study, cell, results_dir, is_base, summaries)
     return {format_target(s["benchmark"], s["step"]): {k: m["value"] for k, m in s["metrics"].items()}
@@ -227,25 +231,47 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
 
 
 # ----------------------------------------------------------------------------- rescore
-def rescore_file(jsonl: str | Path, *, timeout_s: float | None = None, write: bool = True) -> dict:
-    """Grade one stored jsonl again (no generation); with ``write`` replace samples and summary."""
-    from lorarl.evaluate.records import rescore
+RESCORE_DIR = "rescore"  # <cell>/eval/rescore/<target>.jsonl: the samples a re-score flipped
+
+
+def rescore_file(jsonl: str | Path, *, timeout_s: float | None = None, write: bool = True,
+                 grading: Any = None) -> dict:
+    """Grade one stored jsonl again (no generation); with ``write`` replace samples and summary,
+    and record the samples whose verdict changed in ``eval/rescore/<target>.jsonl``.
+
+    ``grading``: the settings to grade under (default: those stored in the summary).
+    """
+    from lorarl.evaluate.records import (jsonl_text, atomic_write_text, changed_verdicts,
+                                         rescore_samples, write_rescored)
 
     jsonl = Path(jsonl)
     old = json.loads(jsonl.with_suffix(".json").read_text(encoding="utf-8"))
-    new = rescore(jsonl, timeout_s=timeout_s, write=write)
+    samples, new_samples, new = rescore_samples(jsonl, timeout_s=timeout_s, grading=grading)
+    flipped = changed_verdicts(samples, new_samples)
+    if write:
+        write_rescored(jsonl, samples, new_samples, new, old)
+        if flipped:
+            log = jsonl.parent / RESCORE_DIR / jsonl.name
+            atomic_write_text(log, jsonl_text(flipped))
+    new = json.loads(json.dumps(new))
     changed = sorted(k for k in set(old["metrics"]) | set(new["metrics"])
                      if old["metrics"].get(k) != new["metrics"].get(k))
     return {"file": str(jsonl), "old": old, "new": new, "identical": old == new,
-            "metrics_changed": changed}
+            "metrics_changed": changed, "verdicts_changed": flipped}
 
 
 def rescore_cell(study: str, cell: Cell, results_dir: str | Path = "results", is_base: bool = False,
                  *, timeout_s: float | None = None, write: bool = True, log: bool = True) -> list[dict]:
-    """Re-score every stored evaluation of a cell; changed numbers are logged to its MLflow run."""
+    """Re-score every stored evaluation of a cell under the study's grading settings; changed
+    numbers are logged to its MLflow run."""
     out_dir = paths.cell_dir(results_dir, study, cell.id) / "eval"
     files = sorted(p for p in out_dir.glob("*.jsonl") if p.with_suffix(".json").exists())
-    results = [rescore_file(p, timeout_s=timeout_s, write=write) for p in files]
+    specs = benchmark_specs(cell.config)
+    results = []
+    for p in files:   # the study's current grading settings (a benchmark no longer listed: stored)
+        name = json.loads(p.with_suffix(".json").read_text(encoding="utf-8"))["benchmark"]
+        grading = grading_for(name, specs[name]) if name in specs else None
+        results.append(rescore_file(p, timeout_s=timeout_s, write=write, grading=grading))
     changed = [r["new"] for r in results if r["metrics_changed"]]
     if write and log and changed:
         log_to_mlflow(study, cell, results_dir, is_base, changed, create=False)

@@ -6,7 +6,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   deposits (plus DAPO's soft overlong penalty on the last token); TRL still sees one scalar per
   completion (the sum of its deposits) for its own reward metrics.
 * ``_generate_and_score_completions``: replaces TRL's ``[B]`` advantages by the ``[B, T]`` advantages of
-  :func:`lorarl.advantages.advantages_from_deposits`, drops degenerate groups (DAPO dynamic sampling),
+  :func:`lorarl.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
+  ones (DAPO dynamic sampling, :mod:`lorarl.dynamic_sampling`),
   and runs the reference forward, only when ``beta > 0``.
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
@@ -26,6 +27,7 @@ per-group deposit sums gathered across ranks.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Any
 
@@ -37,13 +39,20 @@ from lorarl import kl as klmod
 from lorarl.advantages import advantages_from_deposits
 from lorarl.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
+from lorarl.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
     "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
     "adv/std", "adv/std_peak", "adv/abs_max", "kl", "kl_ref/k1", "kl_ref/k3", "kl_ref/one_sided",
     "kl_ref/penalty", "kl_new_old", "kl_new_old/logratio", "dynamic_sampling/frac_groups_dropped",
+    "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
     "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
     "time/kl_monitor_s", "time/kl_new_old_s",
+    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.rollout.FreshnessGate)
+    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
+    "rollout/is_ratio_max", "rollout/stale_steps",
+    # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
+    "time/generate_s", "time/score_s", "rollout/tokens",
 )
 
 
@@ -103,7 +112,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
-                 overlong_buffer: int = 0, overlong_factor: float = 1.0, **kwargs):
+                 overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
+                 rollout: Any = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -119,11 +129,19 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
-        if dynamic_sampling and args.steps_per_generation not in (None, 1):
-            raise ValueError("dynamic_sampling needs steps_per_generation = 1 (the batch shrinks)")
         args = copy.copy(args)
         args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
-        super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
+        with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
+            super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        self.freshness: FreshnessGate | None = None
+        if self.use_vllm:
+            if args.vllm_mode != "colocate":
+                raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
+            # push EFFECTIVE weights (adapter merged, base restored bit for bit) instead of TRL's merge/unmerge
+            self.vllm_generation._iter_named_params = functools.partial(effective_named_params, self.model)
+            self.freshness = FreshnessGate(getattr(rollout, "freshness_threshold", 0.05),
+                                           getattr(rollout, "freshness_patience", 3))
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime
@@ -132,6 +150,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self.kl_importance_correction = bool(args.use_bias_correction_kl)
         self.kl_monitor_every = int(kl_monitor_every)
         self.dynamic_sampling = dynamic_sampling
+        self.dynamic_sampling_max_batches = int(dynamic_sampling_max_batches)
+        if dynamic_sampling:
+            from lorarl.dynamic_sampling import PromptSampler
+
+            self._prompt_sampler = PromptSampler(self.train_dataset, args.seed)
         self.overlong_buffer, self.overlong_factor = int(overlong_buffer), float(overlong_factor)
         self.reference_model = ref_model
         if ref_model is not None:
@@ -187,7 +210,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return out
 
     def _generate(self, prompts: list):
-        out = super()._generate(prompts)
+        t0 = time.perf_counter()
+        out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
+        mode = "train" if self.model.training else "eval"
+        self._log("time/generate_s", time.perf_counter() - t0, mode)
+        self._log("rollout/tokens", float(sum(len(ids) for ids in out[1])), mode)
         self._prompt_ids_list = out[0]
         return out
 
@@ -245,8 +272,27 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return rewards.unsqueeze(1)  # [B, 1]: one "reward function" whose value is each completion's return
 
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
+        out, degenerate_P = self._score_round(inputs, mode)
+        if self.dynamic_sampling and mode == "train":
+            out = self._refill(out, degenerate_P)
+        if self.kl_beta > 0:
+            t0 = time.perf_counter()
+            out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
+            self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
+        return out
+
+    def _score_round(self, inputs, mode: str):
+        """TRL's generation + scoring of one batch, with lorarl's ``[B, T]`` advantages; returns the
+        batch and which prompt groups are degenerate (all deposits equal)."""
+        t0 = time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        self._log("time/score_s", time.perf_counter() - t0, mode)  # generation + rewards + old-policy forward
+        sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+        if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
+            mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
+            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT).items():
+                self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -263,23 +309,31 @@ class LorarlGRPOTrainer(GRPOTrainer):
             self._log("adv/std_peak", self._adv_std_peak, mode)
             self._log("adv/abs_max", vals.abs().max().item(), mode)
         out["advantages"] = adv_BT
+        return out, adv.stats.degenerate_P.tolist()
 
-        if self.dynamic_sampling and mode == "train":
-            drop_P = adv.stats.degenerate_P
-            self._log("dynamic_sampling/frac_groups_dropped", drop_P.float().mean().item(), mode)
-            if drop_P.any() and not drop_P.all():  # all degenerate: keep the batch, its advantages are all 0
-                keep_B = ~drop_P.repeat_interleave(group)
-                out = {k: (v[keep_B] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.size(0) == B else
-                           [x for x, k_ in zip(v, keep_B.tolist()) if k_] if isinstance(v, list) and len(v) == B
-                           else v) for k, v in out.items()}
-                loss_mask = out["completion_mask"] * out.get("tool_mask", 1)
-                out["num_items_in_batch"] = loss_mask.sum()
+    def _refill(self, first: dict, degenerate: list[bool]) -> dict:
+        """DAPO dynamic sampling (lorarl.dynamic_sampling): sample more prompt groups until the batch
+        holds as many groups with signal as it has slots, at most ``dynamic_sampling_max_batches``
+        rounds; degenerate groups fill what is left."""
+        from lorarl.dynamic_sampling import concat_batches, plan_refill, take_groups
 
-        if self.kl_beta > 0:
-            t0 = time.perf_counter()
-            out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
-            self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
-        return out
+        G, P = self.num_generations, len(degenerate)
+        self._log("dynamic_sampling/frac_groups_dropped", sum(degenerate) / P)
+        rounds = [first]
+        kept = [(0, g) for g in range(P) if not degenerate[g]]
+        degen = [(0, g) for g in range(P) if degenerate[g]]
+        while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
+            r = len(rounds)
+            out, deg = self._score_round(self._prompt_sampler.draw(P, G, self.state.global_step, r), "train")
+            rounds.append(out)
+            kept += [(r, g) for g in range(len(deg)) if not deg[g]]
+            degen += [(r, g) for g in range(len(deg)) if deg[g]]
+        chosen = plan_refill(kept, degen, P)
+        parts = [take_groups(o, [g for rr, g in chosen if rr == r], G) for r, o in enumerate(rounds)
+                 if any(rr == r for rr, _ in chosen)]
+        self._log("dynamic_sampling/rounds", len(rounds))
+        self._log("dynamic_sampling/frac_groups_degenerate", max(P - len(kept), 0) / P)
+        return concat_batches(parts, self._tokenizer.pad_token_id)
 
     def _compute_loss(self, model, inputs):
         self._captured = []
@@ -374,10 +428,16 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     args.num_iterations = t.num_iterations
     args.scale_rewards = t.scale_rewards
     args.use_bias_correction_kl = t.kl_importance_correction
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None:
+        from lorarl.rollout import apply_rollout_args
+
+        apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
     regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
-        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor,
+        dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

@@ -30,9 +30,9 @@ from typing import Any
 
 import submitit
 
-from lorarl import paths, provenance
+from lorarl import inflight, paths, provenance
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy")
+STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
 # submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
 GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
            "stderr_to_stdout"}
@@ -44,6 +44,19 @@ EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which bench
 
 
 def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+    """What a job executes; out of disk space becomes one clear error (lorarl.diskfull)."""
+    try:
+        return _run_stage(stage, study_path, cell_id, results_dir, threads)
+    except Exception as err:
+        from lorarl.diskfull import disk_full_error, free_partial_outputs, is_disk_full
+
+        if is_disk_full(err):
+            free_partial_outputs(stage, study_path, cell_id, results_dir)
+            raise disk_full_error(err, stage, cell_id, results_dir) from err
+        raise
+
+
+def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
     """What a job executes. Imports the heavy stack lazily so the launcher itself stays light."""
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -73,6 +86,10 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
         from lorarl.diagnose import diagnose_cell
 
         return diagnose_cell(study.name, cell, results_dir, threads=threads)
+    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.doctor)
+        from lorarl.doctor import doctor_job
+
+        return doctor_job(study_path, cell.id, results_dir, threads=threads)
     raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
 
 
@@ -85,8 +102,11 @@ class StageJob(submitit.helpers.Checkpointable):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
+        # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
 
     def __call__(self) -> dict:
+        os.environ.update(getattr(self, "env", {}))
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
@@ -257,7 +277,6 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
-    _clear_stale_results(folder)
     if executor == "slurm":  # the job's CPU threads are what Slurm grants, not the local Snakemake count
         slurm = coerce(slurm or {})
         threads = int(slurm.get("cpus_per_task", threads or 1))
@@ -266,13 +285,25 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     prov = provenance.provenance_path(results_dir, study_name, cell_id if stage != "toy" else ".toy", stage)
     if key != stage:
         prov = prov.with_name(f"{key}.json")
+    t0 = time.time()
+    found = inflight.find_job(executor, folder, name, prov)  # a lost launcher's job still running?
+    if found is not None:
+        print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
+              f"instead of submitting a duplicate", flush=True)
+        return _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash)
+    _clear_stale_results(folder)
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
                                          config_hash=config_hash, executor=executor, slurm=slurm)
     ex = make_executor(executor, folder, threads, slurm, name=name)
-    t0 = time.time()
     job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index))
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
+    return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
+
+
+def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
+            cell_id: str, config_hash: str | None, prov: Path, t0: float) -> int:
+    """Wait for our own job; success = the job succeeded AND its outputs are there."""
 
     def on_signal(signum: int, frame: Any) -> None:  # Snakemake interrupted: don't leave an orphan job
         print(f"[lorarl] {signal.Signals(signum).name}: cancelling job {job.job_id}", file=sys.stderr, flush=True)
@@ -285,9 +316,12 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    if error is None:
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    if error is None and not missing:
         print(f"[lorarl] {key} {cell_id}: done in {time.time() - t0:.1f}s (job {job.job_id})", flush=True)
         return 0
+    if error is None:  # the scheduler said success (or could not say): the outputs decide
+        error = RuntimeError(f"job {job.job_id} ended as a success but its outputs are missing: {', '.join(missing)}")
     info = final_state(job, executor)
     state = info.get("State", "UNKNOWN")
     detail = ", ".join(f"{k.lower()} {info[k]}" for k in ("ExitCode", "Reason", "Elapsed", "NodeList")
@@ -333,3 +367,24 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
     except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...
         return err
     return None
+
+
+def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: str, results_dir: str,
+                    study_name: str | None, cell_id: str, config_hash: str | None) -> int:
+    """Wait on a job submitted by an earlier (lost) launcher; its outputs decide the result."""
+    if executor == "slurm":
+        job = submitit.SlurmJob(folder, job_id)
+        _wait(job, executor, key, cell_id)
+        info = final_state(job, executor)
+    else:
+        inflight.wait_local(job_id)
+        info = {"State": "EXITED"}
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    if not missing:
+        print(f"[lorarl] {key} {cell_id}: adopted job {job_id} finished; outputs in place", flush=True)
+        return 0
+    print(f"[lorarl] error: adopted job {job_id} ended ({info.get('State', 'UNKNOWN')}) without its outputs: "
+          f"{', '.join(missing)}; a rerun resumes it", file=sys.stderr)
+    print(f"[lorarl] {key} {cell_id} FAILED: job {job_id} state {info.get('State', 'UNKNOWN')}", file=sys.stderr,
+          flush=True)
+    return 1

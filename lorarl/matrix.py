@@ -17,6 +17,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
+import typing
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -47,9 +48,14 @@ class Axis(BaseModel):
     def _check(self) -> "Axis":
         for i, v in enumerate(self.values):
             if isinstance(v, dict):
-                self.values[i] = Bundle.model_validate(v)
+                try:
+                    self.values[i] = Bundle.model_validate(v)
+                except ValidationError as err:  # name the value: `values[1]: label: Field required`
+                    why = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in err.errors())
+                    raise ValueError(f"values[{i}] is not a bundle {{label, set}}: {why}") from None
             elif self.field is None:
-                raise ValueError(f"values[{i}]={v!r} is a scalar but the axis has no `field`")
+                raise ValueError(f"values[{i}]={v!r} is a scalar but the axis has no `field`; allowed: a `field` "
+                                 f"for scalar values, or bundles {{label, set}}")
         return self
 
     def writes(self) -> list[list[tuple[str, Any]]]:
@@ -277,7 +283,7 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
     try:
         base = cls.model_validate(study.defaults).model_dump(mode="json")
     except ValidationError as err:
-        raise StudyError(f"invalid study {source}:\n{format_validation(err, 'defaults.')}") from None
+        raise StudyError(f"invalid study {source}:\n{format_validation(err, 'defaults.', cls)}") from None
     names = list(study.axes)
     writes = {n: study.axes[n].writes() for n in names}
     for n in names:
@@ -329,7 +335,8 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
         if dropped:
             drops[cid] = {"fields": [p.split(".")[-1] for p in dropped], "method": method, "n": 1}
     if not cells:
-        raise StudyError(f"invalid study {source}: every cell is excluded")
+        raise StudyError(f"invalid study {source}: every cell is excluded; allowed: exclude rules that "
+                         f"leave at least one cell")
     out = list(cells.values())
     notes = []
     for cid, d in drops.items():
@@ -339,14 +346,30 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
     return CellTable(study, out, _bases(kind, out), notes, merged)
 
 
-def format_validation(err: ValidationError, where: str) -> str:
-    """One line per pydantic error: `<where><field>: <message>`."""
+def _fields_at(model: Any, loc: tuple) -> list[str]:
+    """The field names a pydantic model accepts at `loc` (nested models followed; [] if unknown)."""
+    parts = list(loc)
+    while parts:
+        f = getattr(model, "model_fields", {}).get(parts.pop(0))
+        ann = getattr(f, "annotation", None)
+        if typing.get_origin(ann) is dict and parts:  # dict[str, Model]: skip the key (e.g. an axis name)
+            ann = typing.get_args(ann)[1]
+            parts.pop(0)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(getattr(model, "model_fields", {}))
+
+
+def format_validation(err: ValidationError, where: str, model: Any = None) -> str:
+    """One line per pydantic error: `<where><field>: <message>` (unknown fields: + the allowed ones)."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            allowed = _fields_at(model, tuple(e["loc"][:-1])) if model is not None else []
+            msg = "unknown field" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e['input']!r})"
         lines.append(f"  {where}{loc}: {msg}")

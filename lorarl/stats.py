@@ -11,7 +11,8 @@ per-problem score (a problem's score is its mean correctness over its samples: p
 The 95% interval is the 2.5/97.5 percentile of the replicates. A difference is *resolvable* when its
 95% interval excludes 0; the MDE is (z_0.975 + z_0.8) × the bootstrap sd of the difference: the
 smallest true difference this design detects with 80% power at the 5% level.
-Columns without per-problem samples (train reward, times) get a t interval over seeds.
+Columns without per-problem samples (train reward, times) get a t interval over seeds, and their
+differences Welch's t interval (MDE = 2.80 × its standard error).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import numpy as np
 
 METHOD = ("mean ± sd over seeds [95% interval: bootstrap over seeds and evaluation problems, 2000 "
           "replicates, problems paired across rows]; vs baseline: difference of means, resolvable if its "
-          "95% bootstrap interval excludes 0; MDE = 2.80 × bootstrap sd of the difference (80% power, α 0.05)")
+          "95% bootstrap interval excludes 0; MDE = 2.80 × bootstrap sd of the difference (80% power, α 0.05). "
+          "Columns without per-problem samples (train reward, step time): t interval over seeds, Welch's t for "
+          "the difference")
 N_BOOT = 2000  # replicates: percentile ends stable to ~0.005 at 2000
 Z_MDE = 1.959964 + 0.841621  # z_{0.975} + z_{0.80}
 
@@ -96,10 +99,26 @@ def compare(row: Estimate, base: Estimate) -> Comparison:
     """row − base with a 95% bootstrap interval and the minimum detectable effect."""
     diff = row.mean - base.mean
     if row.boot is None or base.boot is None:
-        return Comparison(diff, float("nan"), float("nan"), float("nan"))
+        return _welch(row, base)
     d_B = row.boot - base.boot
     lo, hi = np.percentile(d_B, [2.5, 97.5])
     return Comparison(diff, float(lo), float(hi), float(Z_MDE * d_B.std(ddof=1)))
+
+
+def _welch(row: Estimate, base: Estimate) -> Comparison:
+    """No per-problem samples: Welch's t interval of the difference over seeds, MDE from its se."""
+    from scipy import stats
+
+    diff = row.mean - base.mean
+    if min(row.n_seeds, base.n_seeds) < 2 or math.isnan(row.sd) or math.isnan(base.sd):
+        return Comparison(diff, float("nan"), float("nan"), float("nan"))
+    v1, v2 = row.sd ** 2 / row.n_seeds, base.sd ** 2 / base.n_seeds
+    se = math.sqrt(v1 + v2)
+    if se == 0:
+        return Comparison(diff, diff, diff, 0.0)
+    df = (v1 + v2) ** 2 / (v1 ** 2 / (row.n_seeds - 1) + v2 ** 2 / (base.n_seeds - 1))
+    half = float(stats.t.ppf(0.975, df)) * se
+    return Comparison(diff, diff - half, diff + half, Z_MDE * se)
 
 
 def fmt_estimate(e: Estimate, digits: int = 3) -> str:

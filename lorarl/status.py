@@ -37,6 +37,7 @@ class CellStatus:
     kind: str  # "cell" or "base"
     train: StageStatus = field(default_factory=StageStatus)
     evaluate: StageStatus = field(default_factory=StageStatus)
+    flags: dict = field(default_factory=dict)  # collapse flag -> step (summary.json, lorarl.flags)
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -158,6 +159,7 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
                 except json.JSONDecodeError:
                     doc = {}
                 h = doc.get("config_hash")
+                st.flags = dict(doc.get("flags") or {})
                 if h and h != c.hash:
                     st.train = StageStatus("stale", st.train.job, "", f"trained with config {h}, now {c.hash}")
                 elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.divergence)
@@ -187,8 +189,9 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
 def format_table(rows: list[CellStatus]) -> str:
     table = [["cell", "train", "job", "step", "evaluate", "detail"]]
     for r in rows:
-        detail = "; ".join(d for d in (r.train.detail, ("eval: " + r.evaluate.detail) if r.evaluate.detail else "")
-                           if d)
+        flags = "flags: " + ", ".join(f"{k}@{v}" for k, v in r.flags.items()) if r.flags else ""
+        detail = "; ".join(d for d in (r.train.detail, ("eval: " + r.evaluate.detail) if r.evaluate.detail else "",
+                                       flags) if d)
         table.append([r.cell, r.train.state, r.train.job or r.evaluate.job, r.train.step, r.evaluate.state, detail])
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row[:5], widths)) + "  " + row[5] for row in table]

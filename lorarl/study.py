@@ -39,11 +39,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from lorarl import yamlpos
 from lorarl.matrix import (KINDS, Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
+from lorarl.preflight import check_references
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "parse_study", "study_cells"]
@@ -98,7 +99,7 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
     try:
         study = Study.model_validate(raw)
     except ValidationError as err:
-        raise StudyError(f"invalid study {source}:\n{format_validation(err, '')}") from None
+        raise StudyError(f"invalid study {source}:\n{format_validation(err, '', Study)}") from None
     for name, ax in study.axes.items():
         if not _NAME.match(name):
             raise StudyError(f"invalid study {source}: axis name {name!r} must be letters/digits/_/-")
@@ -135,19 +136,23 @@ def load_study(path: str | Path) -> Study:
     """Parse, validate and build the cell table of a study file (cached per file in this process)."""
     path = Path(path)
     if not path.exists():
-        raise StudyError(f"study file not found: {path}")
+        raise StudyError(f"no such study file: {path}; allowed: a path to an existing study YAML "
+                         f"(e.g. experiments/demo.yaml)")
     st = path.stat()
     key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     if key in _LOADED:
         return _LOADED[key]
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise StudyError(f"{path}: not valid YAML: {err}") from None
+    text = path.read_text()
+    raw = yamlpos.load(text, str(path))  # duplicate keys refused; YAML errors name the line
     if not isinstance(raw, dict):
-        raise StudyError(f"{path}: a study must be a mapping with name/defaults/axes")
-    study = parse_study(raw, str(path))
-    cell_table(study)  # validates every resolved cell now, before anything runs
+        raise StudyError(f"{path}: a study must be a mapping with name/defaults/axes; allowed top-level keys: "
+                         f"{', '.join(Study.model_fields)}")
+    try:
+        study = parse_study(raw, str(path))
+        table = cell_table(study)  # validates every resolved cell now, before anything runs
+        check_references(study, table.cells, str(path))  # local recipes, model/teacher/data paths exist
+    except StudyError as err:
+        raise StudyError(yamlpos.annotate(str(err), text)) from None  # + (line N) of the field named
     _LOADED[key] = study
     return study
 

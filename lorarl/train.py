@@ -109,6 +109,21 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
+    """After waiting for another job's lock on this cell: its summary, if that job finished it."""
+    if not ckpt.waited_for_lock:
+        return None
+    try:
+        summary = json.loads((final / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("config_hash") != cell.hash:
+        return None
+    print(f"[lorarl] cell {cell.id} was trained by the job this one waited for; nothing to do", flush=True)
+    ckpt.release()
+    return summary
+
+
 def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last)."""
     import torch
@@ -117,6 +132,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     from lorarl.callbacks import MetricsRecorder
     from lorarl.checkpoint import CellCheckpoints
     from lorarl.divergence import Divergence
+    from lorarl.diskfull import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.evaluate.snapshots import SnapshotSaver
     from lorarl.grpo import build_trainer, frozen_reference, needs_reference
@@ -126,9 +142,15 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
+    from lorarl.rollout import check_engine
+
+    check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
     final = paths.cell_dir(results_dir, study, cell.id)
     ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
+    done = _finished_meanwhile(ckpt, final, cell)
+    if done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
+        return done
     work = final / ".train.tmp"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -138,6 +160,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, tok = load_policy(cfg, results_dir, "cpu" if use_cpu else "cuda", precision)
     # KL reference = the ORIGINAL base, copied before any adapter (or residual init) touches the weights
     ref_model = frozen_reference(model) if needs_reference(cfg.train.beta, cfg.train.kl_monitor_every) else None
+    if ref_model is not None and precision != "fp32":  # frozen: bf16 suffices (halves it under full-FT mixed)
+        ref_model.to(torch.bfloat16)
     dataset, data_facts = training_dataset(cfg, tok)
 
     tracker = Tracker(results_dir, study)
@@ -156,7 +180,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse], results_dir=str(results_dir),
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
+        results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
@@ -200,6 +225,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
+    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.diskfull)
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
         dst = final / name

@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
 # Quick start 1/2: set up, then run the demo study end to end on the CPU
-# (tiny base model built locally -> 8 cells trained and evaluated -> tables and figures).
+# (tiny base model built locally -> 8 cells trained and evaluated -> tables, figures, report.html),
+# one stage at a time, with a progress line after each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
+STUDY=experiments/demo.yaml
+ARGS=("$@")  # extra snakemake arguments, passed to every call
 start=$(date +%s)
-snakemake all "$@"
+stage() {  # run the workflow up to rule(s) "$@" (and what they need), then one progress line
+  local t0 status
+  t0=$(date +%s)
+  snakemake all --until "$@" ${ARGS[@]+"${ARGS[@]}"}
+  status=$(lorarl status "$STUDY" --watch --max-updates 1 | head -1 || true)
+  echo "[demo] stage ${*} finished in $(( $(date +%s) - t0 ))s | ${status#* }"
+}
+stage base_model
+stage train
+stage evaluate evaluate_step
+t0=$(date +%s)
+snakemake all ${ARGS[@]+"${ARGS[@]}"}
+echo "[demo] stage aggregate finished in $(( $(date +%s) - t0 ))s | tables, figures, report.html"
 echo "[demo] finished in $(( $(date +%s) - start ))s"
-echo "[demo] table:   results/demo/tables/summary.md"
+echo "[demo] table:   results/demo/tables/summary.md (with intervals: results/demo/tables/stats.md)"
 echo "[demo] figures: results/demo/figures/"
+echo "[demo] report:  results/demo/report.html (one self-contained page; open it in a browser)"
 echo "[demo] browse:  mlflow ui --backend-store-uri sqlite:///results/mlflow.db"
-cat results/demo/tables/summary.md
+cat results/demo/tables/stats.md

@@ -92,6 +92,7 @@ def test_every_cell_records_the_method_it_trained(trained, results):
         fp = summary["adapter"]
         assert fp["method"] == cell.config.adapter.method and fp["optimizer"]["class"] == want[cid]
         assert summary["steps"] == 2 and summary["params_trainable"] == fp["params_trainable"]
+        assert summary["precision"] == "fp32" and set(summary["trainable_dtypes"]) == {"float32"}  # CPU default
         on_disk = json.loads((results / "adapters_e2e" / cid / "summary.json").read_text())
         assert on_disk["adapter"]["init_checksum"] == fp["init_checksum"]
     lp = trained["lora_plus"][1]["adapter"]["optimizer"]["group_lrs"]

@@ -189,3 +189,22 @@ def test_errors():
         bm.load_rows("data.csv")
     with pytest.raises(ValueError):
         bm.register("gsm8k", hub_id=None, split="x")(lambda r, i: None)
+
+
+def test_aime22_and_aime23_are_the_years_of_the_pool():
+    """Paper 003's separate AIME22 / AIME23 columns: one year each of AI-MO/aimo-validation-aime."""
+    pool = [dict(BENCHMARKS["aime22_24"].example, id=i, answer=str(i),
+                 url=f"https://artofproblemsolving.com/wiki/index.php/{y}_AIME_{part}_Problems/Problem_{i}")
+            for i, (y, part) in enumerate([(2022, "I"), (2023, "II"), (2024, "I"), (2022, "II"), (2023, "I")])]
+    assert [p.gold for p in get_benchmark("aime22").load(rows=pool)] == ["0", "3"]
+    assert [p.gold for p in get_benchmark("aime23").load(rows=pool)] == ["1", "4"]
+    assert len(get_benchmark("aime22_24").load(rows=pool)) == 5
+    assert get_benchmark("aime23").load(rows=pool, limit=1)[0].gold == "1"  # limit counts kept rows
+    assert get_benchmark("aime22").protocol == BENCHMARKS["aime22_24"].protocol
+
+
+def test_math500_envelope_is_paper_001_table_2():
+    p = BENCHMARKS["math500_envelope"].protocol
+    assert (p.n, p.ks, p.max_new_tokens) == (8, (1, 4, 8), 4096)
+    assert p.metric_names == ["avg@8", "pass@1", "pass@4", "pass@8"]
+    assert BENCHMARKS["math500_envelope"].hub_id == BENCHMARKS["math500"].hub_id

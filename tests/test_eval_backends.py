@@ -176,7 +176,7 @@ def _fake_api():
         def get_tokenizer(self):
             return _tokenizer()
 
-        def generate(self, prompts, params, lora_request=None):
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
             rec.calls.append(("generate", dict(prompts=list(prompts), params=params,
                                                lora_request=lora_request)))
             outs = []
@@ -206,7 +206,7 @@ def test_vllm_lora_request(tiny):
     tok = _tokenizer()  # no chat template: the plain text's ids, exactly as the train stage makes them
     assert gen["prompts"] == [{"prompt_token_ids": tok(text=[p])["input_ids"][0]} for p in PROMPTS]
     params = dict(c for c in rec.calls if c[0] == "SamplingParams")["SamplingParams"]
-    assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=-1, max_tokens=100, seed=42)
+    assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=0, max_tokens=100, seed=42)
     assert [len(x) for x in out] == [4, 4, 4]
     assert out[0][1] == Completion("\\boxed{1}", 3, True)
     assert out[0][0] == Completion("\\boxed{0}", 2, False)
@@ -217,7 +217,7 @@ def test_vllm_greedy_params_and_no_adapter(tiny):
     backend = VLLMBackend(tiny["base"], api=api)
     assert "enable_lora" not in dict(rec.calls)["LLM"] and backend.lora_request is None
     backend.generate(PROMPTS[:1], GREEDY, seed=0)
-    assert sampling_kwargs(GREEDY, 0) == dict(n=1, temperature=0.0, top_p=1.0, top_k=-1,
+    assert sampling_kwargs(GREEDY, 0) == dict(n=1, temperature=0.0, top_p=1.0, top_k=0,
                                               max_tokens=12, seed=0)
 
 

@@ -192,8 +192,10 @@ def study(tmp_path, monkeypatch):
     """A study file, fake trained cells (adapter + snapshot folders, summary with an MLflow run), and
     `make_backend` replaced by the oracle: evaluate_cell runs without any model."""
     import lorarl.evaluation as ev
+    from lorarl.preflight import SKIP_ENV
     from lorarl.tracking import Tracker
 
+    monkeypatch.setenv(SKIP_ENV, "1")  # the model path is never loaded here (the oracle backend)
     raw = json.loads(json.dumps(STUDY))
     raw["defaults"]["eval"]["benchmarks"]["gsm8k"]["path"] = write_gsm8k(tmp_path / "gsm8k.jsonl")
     f = tmp_path / "study.yaml"

@@ -275,23 +275,57 @@ def test_beta_needs_a_reference_for_prewrapped_models(tiny_dir, tmp_path):
                           args=args(tmp_path, beta=0.05), train_dataset=dataset(), processing_class=tok)
 
 
-def test_dynamic_sampling_drops_degenerate_groups(tiny_dir, tmp_path):
+def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_path):
+    """DAPO: a degenerate group is replaced by a freshly sampled group with signal; the batch keeps
+    its P groups (it never shrinks), and after max rounds degenerate groups fill the rest."""
     model, tok = load(tiny_dir)
+    rounds = iter([[1.0, 1.0, 0.0, 1.0],  # round 1: group 0 all equal, group 1 not
+                   [0.0, 0.0, 1.0, 0.0]])  # round 2 (P new prompts): group 1 has signal
 
-    def half_degenerate(completions, answers):
-        return [1.0, 1.0, 0.0, 1.0]  # group 0 all equal, group 1 not
+    def scores(completions, answers):
+        return next(rounds)
 
-    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=half_degenerate),
+    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=scores),
                                 args=args(tmp_path, loss_type="dapo"), train_dataset=dataset(),
                                 processing_class=tok, peft_config=lora(), dynamic_sampling=True)
     trainer.model.train()
     out = trainer._generate_and_score_completions(raw_batch(dataset()))
-    assert out["completion_ids"].size(0) == G and out["advantages"].size(0) == G
+    assert out["completion_ids"].size(0) == P * G and out["advantages"].size(0) == P * G
+    adv = out["advantages"].sum(-1)  # per completion: +-1 normalised in both kept groups, never 0
+    assert (adv.abs() > 0).all() and adv.view(P, G).sum(-1).abs().max() < 1e-4
     assert int(out["num_items_in_batch"]) == int(out["completion_mask"].sum())
-    assert trainer._metrics["train"]["dynamic_sampling/frac_groups_dropped"] == [0.5]
+    m = trainer._metrics["train"]
+    assert m["dynamic_sampling/frac_groups_dropped"] == [0.5] and m["dynamic_sampling/rounds"] == [2]
+    assert m["dynamic_sampling/frac_groups_degenerate"] == [0.0]
     trainer.current_gradient_accumulation_steps = 1
-    loss = trainer.compute_loss(trainer.model, out)
-    assert torch.isfinite(loss)
+    assert torch.isfinite(trainer.compute_loss(trainer.model, out))
+
+    trainer.regime = OutcomeDeposits(score_fn=lambda c, a: [1.0] * len(c))  # nothing ever has signal
+    out = trainer._generate_and_score_completions(raw_batch(dataset()))
+    assert out["completion_ids"].size(0) == P * G and (out["advantages"] == 0).all()
+    assert m["dynamic_sampling/rounds"][-1] == 3 and m["dynamic_sampling/frac_groups_degenerate"][-1] == 1.0
+    from lorarl.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
+
+    s1, s2 = PromptSampler(dataset(), 0), PromptSampler(dataset(), 0)
+    assert s1.draw(2, G, step=5, round_=1) == s2.draw(2, G, step=5, round_=1) != s1.draw(2, G, step=6, round_=1)
+
+
+def test_concat_batches_pads_prompts_left_and_completions_right():
+    from lorarl.dynamic_sampling import concat_batches, take_groups
+
+    a = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+         "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),
+         "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]), "num_items_in_batch": torch.tensor(4)}
+    b = {"prompt_ids": torch.tensor([[9, 9, 9], [3, 3, 3]]), "prompt_mask": torch.ones(2, 3, dtype=torch.long),
+         "completion_ids": torch.tensor([[2], [2]]), "completion_mask": torch.tensor([[1], [1]]),
+         "num_items_in_batch": torch.tensor(2)}
+    out = concat_batches([take_groups(a, [0], 2), b], pad_token_id=0)
+    assert out["prompt_ids"].tolist() == [[0, 5, 6], [0, 7, 8], [9, 9, 9], [3, 3, 3]]
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]
+    assert out["completion_ids"].tolist() == [[1, 2, 3], [4, 0, 0], [2, 0, 0], [2, 0, 0]]
+    assert out["completion_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0], [1, 0, 0]]
+    assert int(out["num_items_in_batch"]) == 6
+    assert take_groups(a, [0], 1)["completion_ids"].tolist() == [[1, 2, 3]]
 
 
 def test_overlong_penalty_lands_on_the_last_token(tiny_dir, tmp_path):

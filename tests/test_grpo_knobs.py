@@ -127,10 +127,12 @@ def test_advantage_without_std_and_kl_without_the_ratio_weight(tiny_dir, tmp_pat
     assert klmod.importance_weight(logp, old, m, "sequence").tolist()[0] == pytest.approx([math.exp(-0.25)])
 
 
-def test_mini_batches_take_several_optimiser_steps_per_rollout_batch(tiny_dir, tmp_path):
-    """003 Table 2: one rollout batch of P prompts, P / mini_batch optimiser steps on it."""
-    cfg = cfg_with(steps=4, prompts_per_step=2, mini_batch_prompts=1)
-    trainer, _ = build(tiny_dir, tmp_path, cfg)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_mini_batches_take_several_optimiser_steps_per_rollout_batch(tiny_dir, tmp_path, dynamic):
+    """003 Table 2: one rollout batch of P prompts, P / mini_batch optimiser steps on it; with DAPO's
+    refill the rollout batch keeps its P groups, so the mini-batches stay whole."""
+    cfg = cfg_with(steps=4, prompts_per_step=2, mini_batch_prompts=1, dynamic_sampling=dynamic)
+    trainer, _ = build(tiny_dir, tmp_path, cfg, scores=(1.0, 1.0, 0.0, 1.0) if dynamic else (1.0, 0.0, 0.0, 1.0))
     calls = []
     real = trainer._generate_and_score_completions
 
@@ -139,6 +141,16 @@ def test_mini_batches_take_several_optimiser_steps_per_rollout_batch(tiny_dir, t
         return real(inputs)
 
     trainer._generate_and_score_completions = counted
+    scored = []
+    real_round = trainer._score_round
+
+    def round_counted(inputs, mode):
+        scored.append(len(inputs))
+        return real_round(inputs, mode)
+
+    trainer._score_round = round_counted
     trainer.train()
     assert trainer.state.global_step == 4
     assert calls == [2 * G, 2 * G]  # two rollout batches of 2 prompts, each split into 2 mini-batches
+    # group 0 of every round degenerate: one refill round (P new prompts) per rollout batch
+    assert scored == ([2 * G] * 4 if dynamic else [2 * G] * 2)

@@ -96,6 +96,10 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):
     assert int(table["n_seeds"].iloc[0]) == 2
     assert (res / "e2e" / "tables" / "cells.csv").read_text().count("\n") == 3
     assert (res / "e2e" / "figures" / "train_reward.png").stat().st_size > 1000
+    # the aggregate stage writes the report too; the default profile keeps the log short (issue 13)
+    assert "data:image/png;base64," in (res / "e2e" / "report.html").read_text()
+    assert "bootstrap over seeds and evaluation problems" in (res / "e2e" / "tables" / "stats.md").read_text()
+    assert "output:" not in first.stderr and "steps (100%) done" in first.stderr
 
     second = snakemake(workdir, "all")
     assert "Nothing to be done" in second.stderr + second.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -81,3 +82,45 @@ def test_cast_trainable_leaves_frozen_weights_alone(tiny):
     cast_trainable(model, "bf16-mixed")
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
+    """The whole train stage under bf16-mixed (CPU bf16 autocast): fp32 trainable tensors, a bf16
+    reference for the KL monitor, finite rewards; the resolved setting lands in summary.json."""
+    from lorarl.models import RECIPES, build_tiny, build_tokenizer
+    from lorarl.study import parse_study, study_cells
+    from lorarl.tasks.synthetic import make_splits
+    from lorarl.train import train_cell
+
+    recipe = RECIPES["tiny-test"]
+    train, _ = make_splits(recipe.task_seed, 100, 1, max_ops=recipe.max_operands, max_value=recipe.max_value)
+    tok = build_tokenizer([p.prompt + p.solution for p in train] + ["0123456789+-=?\nQA: \\boxed{}"])
+    model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
+    model.save_pretrained(tmp_path / "models" / "tiny-test")
+    tok.save_pretrained(tmp_path / "models" / "tiny-test")
+    study = parse_study({"name": "prec", "defaults": {
+        "model": "local:tiny-test", "task": {"n_train": 16, "n_eval": 4},
+        "adapter": {"method": method, **({"rank": 4} if method == "lora" else {})},
+        "train": {"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 6,
+                  "kl_monitor_every": 1, "beta": 0.01, "precision": "bf16-mixed", "checkpoint_every": 0}}})
+    summary = train_cell(study.name, study_cells(study)[0], tmp_path, threads=1)
+    assert summary["precision"] == "bf16-mixed" and set(summary["trainable_dtypes"]) == {"float32"}
+    assert summary["steps"] == 2 and math.isfinite(summary["final_train_reward"])
+
+
+@pytest.mark.parametrize("method", ["lora", "dora", "rslora", "adalora", "miss", "vera", "ia3", "ln_tuning",
+                                    "lora_plus", "lora_fa"])
+def test_every_peft_method_trains_fp32_tensors_on_a_bf16_base_under_mixed(tiny, method):
+    from lorarl.adapters import build_adapter
+
+    adapter = {"method": method, **({"rank": 8} if method in ("miss", "vera") else {})}
+    for precision, want in (("bf16-mixed", torch.float32), ("bf16-pure", torch.bfloat16)):
+        model = copy.deepcopy(tiny).to(getattr(torch, load_dtype(precision, method)))
+        policy = build_adapter(model, CellConfig(adapter=adapter), precision=precision)
+        dtypes = {p.dtype for p in policy.model.parameters() if p.requires_grad}
+        frozen = {p.dtype for n, p in policy.model.named_parameters() if not p.requires_grad and "lora_" not in n}
+        assert dtypes == {want} and frozen == {torch.bfloat16}, (precision, dtypes, frozen)  # (LoRA-FA's A: frozen)
+        if policy.optimizer is not None:  # the method's own optimiser holds the cast tensors
+            held = {p.dtype for g in policy.optimizer.param_groups for p in g["params"] if p.requires_grad}
+            assert held == {want}

@@ -118,6 +118,10 @@ def test_prompt_config_errors_name_the_field_and_values(tiny_dirs):
         CellConfig(prompt={"template": "no placeholder"})
     with pytest.raises(ValidationError, match="chat_template"):
         CellConfig(prompt={"chat_template": "yes"})
+    import yaml  # a bare `on` / `off` in a study YAML is a boolean to YAML: read as meant
+
+    assert CellConfig(prompt=yaml.safe_load("chat_template: on")).prompt.chat_template == "on"
+    assert CellConfig(prompt=yaml.safe_load("chat_template: off")).prompt.chat_template == "off"
     _, tok = load_model_and_tokenizer(tiny_dirs["plain"])
     with pytest.raises(ValueError, match="prompt.chat_template is 'on'.*allowed: auto, on, off"):
         build_prompt(CellConfig(prompt={"chat_template": "on"}).prompt, "hi", tok)

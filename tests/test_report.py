@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -155,3 +156,57 @@ def test_partial_study_report_shows_what_is_done(tmp_path):
     t = pd.read_csv(out["stats_csv"])
     assert set(t["rank"].astype(str)) == {"1"} and "diff" not in t  # no baseline row finished yet
     assert out["adv_std_peak"].exists()
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    """Debian's chromium (scripts/chromium.sh installs it) loads report.html from disk: every figure
+    decoded (naturalWidth > 0), no console error, nothing requested but the file itself."""
+    from lorarl.report import build
+    from tests.cdp import chromium, load_page
+
+    binary = chromium()
+    if binary is None:
+        pytest.skip("chromium not installed (scripts/chromium.sh installs it; scripts/test.sh runs that)")
+    sp, res = make_study(tmp_path)
+    out = build(sp, res)
+    seen = load_page(out["report"], binary)
+    n_png = len(list((res / "rep" / "figures").glob("*.png")))
+    assert len(seen["images"]) == n_png >= 7
+    assert all(i["complete"] and i["naturalWidth"] > 0 for i in seen["images"]), seen["images"]
+    assert seen["errors"] == []
+    assert all(u.startswith(("file://", "data:")) for u in seen["requests"]), seen["requests"]
+    # a broken figure is caught: the same check fails on a page with a corrupt image
+    bad = tmp_path / "bad.html"
+    bad.write_text(out["report"].read_text().replace("base64,iVBOR", "base64,AAAA", 1))
+    seen = load_page(bad, binary)
+    assert sum(i["naturalWidth"] == 0 for i in seen["images"]) == 1
+
+
+def test_seed_only_columns_compare_with_welch():
+    a = stats.t_interval([0.50, 0.52, 0.51])
+    b = stats.t_interval([0.40, 0.41, 0.42])
+    c = stats.compare(a, b)
+    assert c.resolvable and c.lo < c.diff < c.hi and c.diff == pytest.approx(0.1) and c.mde > 0
+    assert not stats.compare(stats.t_interval([0.5, 0.6, 0.4]), stats.t_interval([0.45, 0.55, 0.5])).resolvable
+    assert math.isnan(stats.compare(stats.t_interval([0.5]), b).mde)  # one seed: no interval, no claim
+
+
+# the training accuracy of a real CPU twin run (reward_density_cpu, process-r1-s0, 20 steps of 8 x 4
+# samples): noisy (per-step sd ≈ 0.09), climbing from 0.36 to ≈ 0.47 and back to 0.31 -- not a collapse
+# the rule may call at this batch size
+TWIN_ACCURACY = [0.375, 0.25, 0.25, 0.46875, 0.46875, 0.53125, 0.40625, 0.5, 0.375, 0.46875, 0.53125, 0.34375,
+                 0.46875, 0.4375, 0.46875, 0.40625, 0.34375, 0.1875, 0.3125, 0.3125]
+
+
+def test_reward_collapse_is_noise_aware():
+    rows = [{"step": i + 1, "accuracy": a} for i, a in enumerate(TWIN_ACCURACY)]
+    assert flags.detect(rows) == {}
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # flat 0.42 at 32 samples per step: binomial noise alone never flags
+        flat = rng.binomial(32, 0.42, size=60) / 32
+        assert flags.detect([{"step": i + 1, "accuracy": a} for i, a in enumerate(flat)]) == {}
+    # a large-batch run (256 samples per step) that climbs 0.375 -> 0.55 then falls to 0: flagged
+    curve = [0.375 + 0.175 * min(i, 20) / 20 - (0.05 * (i - 30) if i > 30 else 0) for i in range(45)]
+    noisy = np.clip(np.array(curve) + rng.normal(0, 0.03, 45), 0, 1)
+    step = flags.detect([{"step": i + 1, "accuracy": a} for i, a in enumerate(noisy)]).get("reward_collapse")
+    assert step is not None and 32 <= step <= 42

@@ -15,7 +15,7 @@ from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.benchmarks import get_benchmark
 from lorarl.evaluate.protocols import Protocol
 
-STUDY = {"name": "rs", "defaults": {"model": "/nonexistent/tiny", "train": {"steps": 6},
+STUDY = {"name": "rs", "defaults": {"model": "test-org/never-loaded", "train": {"steps": 6},
                                     "eval": {"eval_every": 3, "benchmarks": ["math500", "gpqa"]}},
          "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}
 

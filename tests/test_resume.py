@@ -85,9 +85,18 @@ def test_one_trainer_per_cell(tmp_path: Path):
     code = ("import sys; from lorarl import checkpoint; from lorarl.study import study_cells, parse_study;"
             "c = study_cells(parse_study({'name': 'lk', 'defaults': {'model': 'local:tiny-test'}}))[0];"
             f"checkpoint.CellCheckpoints({str(tmp_path)!r}, 'lk', c)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = {**os.environ, checkpoint.LOCK_WAIT_ENV: "0"}  # give up at once (default: wait up to 600 s)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "being trained by another process" in proc.stderr
+    waiter = subprocess.Popen([sys.executable, "-c", code + "; print('got the lock')"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**env, checkpoint.LOCK_WAIT_ENV: "120"})
+    import time
+
+    time.sleep(3)
+    assert waiter.poll() is None  # a second job of the cell waits for the first instead of failing
     first.release()
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0 and "got the lock" in out and "waiting for it" in err
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
 
 

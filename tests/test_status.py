@@ -126,7 +126,8 @@ def _dry_run(profile: str, wd: Path) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     # cwd = the repo root, where the user types it; the outputs of this dry run would go to wd. A
     # `--config studies=...` must not lose the profile's launcher (it would run everything locally).
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "all", "--profile", profile,
+    # `--quiet host`: the default profile is quiet about rules (issue 13); this test reads the commands
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--quiet", "host", "all", "--profile", profile,
                            "--directory", str(wd), "--config", f"studies={json.dumps([str(wd / 'study.yaml')])}",
                            "results=results"], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

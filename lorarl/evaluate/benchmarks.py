@@ -18,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from lorarl.evaluate.protocols import Protocol
-from lorarl.grading import Score, extract_boxed, score_choice, score_math_batch
+from lorarl.grading import GradingSettings, Score, extract_boxed, score_choice, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
            "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE"]
@@ -65,8 +66,10 @@ class Benchmark:
     template: str = MATH_TEMPLATE  # prompt template, {question} (and {choices}, {letters})
     grader: Grader = "math"  # math-verify on \boxed answers, or letter extraction
     protocol: Protocol = field(default_factory=Protocol.greedy)  # default decoding and metrics
+    grading: GradingSettings = GradingSettings()  # math-verify comparison settings (math grader)
     example: Mapping[str, Any] = field(default_factory=dict)  # one row in the real schema
     example_gold: str = ""  # the gold the converter must produce from ``example``
+    row_filter: Callable[[Mapping[str, Any]], bool] | None = None  # keep only matching rows (a year of a pool)
 
     def render(self, p: Problem, template: str | None = None) -> str:
         """The prompt of ``p`` (whose ``prompt`` holds the bare question) under the template."""
@@ -79,6 +82,8 @@ class Benchmark:
                  limit: int | None = None) -> list[Problem]:
         """Convert rows into rendered problems (ids must be unique)."""
         out: list[Problem] = []
+        if self.row_filter is not None:
+            rows = [r for r in rows if self.row_filter(r)]
         for i, row in enumerate(rows):
             if limit is not None and i >= limit:
                 break
@@ -112,17 +117,18 @@ class Benchmark:
         return self.problems(data, template=template, limit=limit)
 
     def grade(self, problems: Sequence[Problem], completions: Sequence[str],
-              timeout_s: float = 5.0) -> list[Score]:
-        """Grade ``completions[i]`` against ``problems[i]``."""
+              timeout_s: float = 5.0, settings: GradingSettings | None = None) -> list[Score]:
+        """Grade ``completions[i]`` against ``problems[i]`` (``settings``: default the registry's)."""
         letters = LETTERS[: max((len(p.choices or ()) for p in problems), default=4)]
-        return grade(self.grader, [p.gold for p in problems], completions, timeout_s, letters)
+        return grade(self.grader, [p.gold for p in problems], completions, timeout_s, letters,
+                     settings or self.grading)
 
 
 def grade(grader: Grader, golds: Sequence[str], completions: Sequence[str], timeout_s: float = 5.0,
-          letters: str = "ABCD") -> list[Score]:
+          letters: str = "ABCD", settings: GradingSettings | None = None) -> list[Score]:
     """Grade completions against golds with the named grader (used again by ``rescore``)."""
     if grader == "math":
-        return score_math_batch(list(golds), list(completions), timeout_s)
+        return score_math_batch(list(golds), list(completions), timeout_s, settings)
     if grader == "choice":
         return [score_choice(g, c, letters) for g, c in zip(golds, completions, strict=True)]
     raise ValueError(f"unknown grader {grader!r}")
@@ -235,6 +241,35 @@ def _aime25(row: Mapping[str, Any], i: int) -> Problem:
                    "answer": "125", "url": "https://aops/2022-I-1"}, example_gold="125")
 def _aime22_24(row: Mapping[str, Any], i: int) -> Problem:
     return Problem(_row_id(row, "id", "", i), str(row["problem"]), _num(row["answer"]))
+
+
+def _aime_year(year: int) -> Callable[[Mapping[str, Any]], bool]:
+    """Rows of AI-MO/aimo-validation-aime from one contest year (its `url` names the year)."""
+    pattern = re.compile(rf"(?<!\d){year}(?!\d)")
+
+    def keep(row: Mapping[str, Any]) -> bool:
+        return bool(pattern.search(str(row.get("url", ""))))
+
+    keep.__name__ = f"aime_{year}"
+    return keep
+
+
+# Paper 003 reports AIME 2022, 2023 and 2024 as separate columns: the 2022 and 2023 thirds of the
+# same pool (2024 is `aime24`, math-ai's copy, or the 2024 third of the pool).
+for _year in (2022, 2023):
+    register(f"aime{_year % 100}", hub_id="AI-MO/aimo-validation-aime", split="train", protocol=SAMPLE(32),
+             row_filter=_aime_year(_year),
+             example={"id": 0, "problem": "Find $5^3$.", "solution": "$\\boxed{125}$", "answer": "125",
+                      "url": f"https://artofproblemsolving.com/wiki/index.php/{_year}_AIME_I_Problems/Problem_1"},
+             example_gold="125")(_aime22_24)
+del _year
+
+
+# Paper 001's Table 2: the pre-training capability envelope, sampled pass@1/4/8 on the full
+# MATH-500 at 4096 tokens (sampling as in its training rollouts: T 0.7, top-p 0.95).
+register("math500_envelope", hub_id="HuggingFaceH4/MATH-500", split="test",
+         protocol=SAMPLE(8, temperature=0.7, top_p=0.95, max_new_tokens=4096, ks=(1, 4, 8)),
+         example=BENCHMARKS["math500"].example, example_gold="\\frac{3}{4}")(_math500)
 
 
 @register("amc23", hub_id="math-ai/amc23", split="test", protocol=SAMPLE(32),

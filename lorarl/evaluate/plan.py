@@ -22,9 +22,10 @@ from lorarl.evaluate.protocols import Protocol
 
 if TYPE_CHECKING:  # only for annotations: lorarl.config imports this module lazily
     from lorarl.config import BenchmarkEval, CellConfig, EvalConfig, ProtocolOverride
+    from lorarl.grading import GradingSettings
 
 __all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
-           "protocol_for", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
+           "protocol_for", "grading_for", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
            "parse_target", "train_signature", "eval_signature", "check_eval_config"]
 
 SYNTHETIC = "synthetic"  # the CPU task's held-out split (rows come from the cell's task)
@@ -119,6 +120,15 @@ def protocol_for(name: str, spec: "BenchmarkEval", ev: "EvalConfig") -> Protocol
     return resolve_protocol(get_benchmark(name).protocol, spec.protocol, budget)
 
 
+def grading_for(name: str, spec: "BenchmarkEval | None" = None) -> "GradingSettings":
+    """Benchmark ``name``'s math-verify settings: the registry's, with the study's overrides."""
+    from lorarl.grading import GradingSettings
+
+    base = get_benchmark(name).grading
+    ov = spec.grading.model_dump(exclude_none=True) if spec is not None else {}
+    return GradingSettings(**{**base.to_dict(), **ov}) if ov else base
+
+
 def benchmark_specs(cfg: "CellConfig") -> dict[str, "BenchmarkEval"]:
     """Benchmark name -> its settings, in the study's order.  ``synthetic`` (the default) needs the
     synthetic task unless it is given a local ``path``."""
@@ -170,18 +180,22 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
                    is_base: bool = False) -> str:
     """Hash of what one evaluation depends on: the weights (training signature, or the model for
     the base), the benchmark's source and resolved protocol, decoding backend and sampling seed.
-    ``eval.batch_size`` is left out (memory only)."""
+    ``eval.batch_size`` is left out (memory only); grading settings count when they are not
+    math-verify's defaults."""
     from lorarl.tasks.prompt import template_of
 
     spec = benchmark_specs(cfg)[benchmark]
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
-        "spec": signature.signature_dump(spec),
+        "spec": {k: v for k, v in signature.signature_dump(spec).items() if k != "grading"},
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
         "backend": cfg.eval.backend, "prompt": cfg.prompt.model_dump(mode="json"),
         "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")
+    grading = grading_for(benchmark, spec)
+    if grading != type(grading)():  # math-verify's defaults leave signatures as they were
+        d["grading"] = grading.to_dict()
     return _hash(d)

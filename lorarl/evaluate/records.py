@@ -6,7 +6,7 @@ For a benchmark (and optionally a checkpoint step) an evaluation writes, atomica
   prompt, gold, completion, extracted answer, correct, timed_out, truncated and token count;
 * ``<dir>/<benchmark>[@<step>].json``: the summary: protocol, grader, metrics (value and 95%
   interval over problems), number of problems/samples, truncation and token statistics, the
-  math-verify version and the caller's ``meta`` (cell, model, seed, ...).
+  math-verify version and grading settings, and the caller's ``meta`` (cell, model, seed, ...).
 
 :func:`rescore` grades the stored completions again (no generation) and recomputes the summary
 with the same code, so on an unchanged grader it reproduces the stored summary exactly.
@@ -27,9 +27,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.benchmarks import Benchmark, Problem, grade
 from lorarl.evaluate.protocols import Protocol, summarize
+from lorarl.grading import GradingSettings
 
 __all__ = ["Sample", "samples_path", "summary_path", "grade_samples", "summarize_samples",
-           "write_records", "read_samples", "rescore", "run_benchmark", "aggregate_seeds",
+           "write_records", "read_samples", "rescore", "rescore_samples", "changed_verdicts",
+           "write_rescored", "jsonl_text", "run_benchmark", "aggregate_seeds",
            "atomic_write_text"]
 
 
@@ -87,13 +89,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def grade_samples(benchmark: Benchmark, problems: Sequence[Problem],
-                  completions: Sequence[Sequence[Completion]], timeout_s: float = 5.0
-                  ) -> list[Sample]:
+                  completions: Sequence[Sequence[Completion]], timeout_s: float = 5.0,
+                  grading: GradingSettings | None = None) -> list[Sample]:
     """Grade every completion (``completions[i]`` are the samples of ``problems[i]``)."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completion lists")
     flat = [(p, j, c) for p, cs in zip(problems, completions) for j, c in enumerate(cs)]
-    scores = benchmark.grade([p for p, _, _ in flat], [c.text for _, _, c in flat], timeout_s)
+    scores = benchmark.grade([p for p, _, _ in flat], [c.text for _, _, c in flat], timeout_s,
+                             grading)
     return [Sample(p.id, j, p.prompt, p.gold, c.text, s.extracted, s.correct, s.timed_out,
                    c.truncated, c.n_tokens) for (p, j, c), s in zip(flat, scores)]
 
@@ -114,9 +117,10 @@ def _math_verify_version() -> str | None:
 
 def summarize_samples(samples: Sequence[Sample], protocol: Protocol, *, benchmark: str,
                       grader: str, letters: str = "ABCD", step: int | None = None,
-                      timeout_s: float = 5.0, meta: Mapping[str, Any] | None = None
-                      ) -> dict[str, Any]:
-    """The summary dict of graded samples (JSON-serialisable, deterministic in its inputs)."""
+                      timeout_s: float = 5.0, meta: Mapping[str, Any] | None = None,
+                      grading: GradingSettings | None = None) -> dict[str, Any]:
+    """The summary dict of graded samples (JSON-serialisable, deterministic in its inputs);
+    ``grading`` (math grader only) is recorded as the settings the samples were graded under."""
     if not samples:
         raise ValueError("no samples")
     metrics = summarize(_matrix(samples), protocol)
@@ -137,21 +141,28 @@ def summarize_samples(samples: Sequence[Sample], protocol: Protocol, *, benchmar
         "mean_tokens": math.fsum(tokens) / len(tokens),
         "max_tokens": max(tokens),
         "math_verify": _math_verify_version(),
+        "grading": (grading or GradingSettings()).to_dict() if grader == "math" else None,
         "meta": dict(meta or {}),
     }
 
 
 def _jsonl(samples: Iterable[Sample]) -> str:
-    return "".join(json.dumps(asdict(s), ensure_ascii=False) + "\n" for s in samples)
+    return jsonl_text(asdict(s) for s in samples)
+
+
+def jsonl_text(rows: Iterable[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows)
 
 
 def write_records(out_dir: str | Path, benchmark: str, samples: Sequence[Sample],
                   protocol: Protocol, *, grader: str, letters: str = "ABCD",
                   step: int | None = None, timeout_s: float = 5.0,
-                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  meta: Mapping[str, Any] | None = None,
+                  grading: GradingSettings | None = None) -> dict[str, Any]:
     """Write the samples jsonl and the summary json (both atomically); return the summary."""
     summary = summarize_samples(samples, protocol, benchmark=benchmark, grader=grader,
-                                letters=letters, step=step, timeout_s=timeout_s, meta=meta)
+                                letters=letters, step=step, timeout_s=timeout_s, meta=meta,
+                                grading=grading)
     atomic_write_text(samples_path(out_dir, benchmark, step), _jsonl(samples))
     atomic_write_text(summary_path(out_dir, benchmark, step), json.dumps(summary, indent=2) + "\n")
     return summary
@@ -163,46 +174,81 @@ def read_samples(jsonl_path: str | Path) -> list[Sample]:
         return [Sample(**json.loads(line)) for line in f if line.strip()]
 
 
-def rescore(jsonl_path: str | Path, *, timeout_s: float | None = None, write: bool = False
-            ) -> dict[str, Any]:
-    """Grade the stored completions again and return the recomputed summary.
+def rescore_samples(jsonl_path: str | Path, *, timeout_s: float | None = None,
+                    grading: GradingSettings | None = None
+                    ) -> tuple[list[Sample], list[Sample], dict[str, Any]]:
+    """Grade the stored completions again: ``(stored samples, re-graded samples, new summary)``.
 
-    Protocol, grader and meta come from the summary json next to the jsonl.  With ``write=True``
-    the jsonl (extracted/correct/timed_out) and the summary are replaced atomically (left untouched
-    when nothing changed, so downstream Snakemake jobs do not rerun).
+    Protocol, grader and meta come from the summary json next to the jsonl; the grading settings
+    too unless ``grading`` is given (summaries without them were graded under the defaults).
     """
     jsonl_path = Path(jsonl_path)
     old = json.loads(_summary_of(jsonl_path).read_text(encoding="utf-8"))
     samples = read_samples(jsonl_path)
     timeout = old.get("timeout_s", 5.0) if timeout_s is None else timeout_s
     letters = old.get("letters", "ABCD")
+    settings = grading or GradingSettings.from_dict(old.get("grading"))
     scores = grade(old["grader"], [s.gold for s in samples], [s.completion for s in samples],
-                   timeout, letters)
+                   timeout, letters, settings)
     new = [Sample(**{**asdict(s), "extracted": sc.extracted, "correct": sc.correct,
                      "timed_out": sc.timed_out}) for s, sc in zip(samples, scores)]
     summary = summarize_samples(new, Protocol.model_validate(old["protocol"]),
                                 benchmark=old["benchmark"], grader=old["grader"], letters=letters,
-                                step=old.get("step"), timeout_s=timeout, meta=old.get("meta"))
-    if write and (new != samples or json.loads(json.dumps(summary)) != old):  # unchanged: keep files (mtimes)
-        atomic_write_text(jsonl_path, _jsonl(new))
-        atomic_write_text(_summary_of(jsonl_path), json.dumps(summary, indent=2) + "\n")
+                                step=old.get("step"), timeout_s=timeout, meta=old.get("meta"),
+                                grading=settings)
+    return samples, new, summary
+
+
+def changed_verdicts(old: Sequence[Sample], new: Sequence[Sample]) -> list[dict[str, Any]]:
+    """The samples whose verdict changed: id, sample index, gold, extracted and correct before/after."""
+    return [{"problem_id": a.problem_id, "sample": a.sample, "gold": a.gold,
+             "extracted_before": a.extracted, "extracted_after": b.extracted,
+             "correct_before": a.correct, "correct_after": b.correct}
+            for a, b in zip(old, new) if a.correct != b.correct]
+
+
+def rescore(jsonl_path: str | Path, *, timeout_s: float | None = None, write: bool = False,
+            grading: GradingSettings | None = None) -> dict[str, Any]:
+    """Grade the stored completions again and return the recomputed summary.
+
+    With ``write=True`` the jsonl (extracted/correct/timed_out) and the summary are replaced
+    atomically (left untouched when nothing changed, so downstream Snakemake jobs do not rerun).
+    """
+    jsonl_path = Path(jsonl_path)
+    samples, new, summary = rescore_samples(jsonl_path, timeout_s=timeout_s, grading=grading)
+    if write:
+        old = json.loads(_summary_of(jsonl_path).read_text(encoding="utf-8"))
+        write_rescored(jsonl_path, samples, new, summary, old)
     return summary
+
+
+def write_rescored(jsonl_path: Path, samples: Sequence[Sample], new: Sequence[Sample],
+                   summary: dict[str, Any], old_summary: dict[str, Any]) -> bool:
+    """Replace jsonl and summary after a re-score, only if anything changed (keeps mtimes)."""
+    if list(new) == list(samples) and json.loads(json.dumps(summary)) == old_summary:
+        return False
+    atomic_write_text(jsonl_path, _jsonl(new))
+    atomic_write_text(_summary_of(jsonl_path), json.dumps(summary, indent=2) + "\n")
+    return True
 
 
 def run_benchmark(backend: Any, benchmark: Benchmark, problems: Sequence[Problem],
                   out_dir: str | Path, *, protocol: Protocol | None = None, seed: int = 0,
                   step: int | None = None, timeout_s: float = 5.0,
-                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Generate, grade and write the records of one benchmark; return the summary."""
+                  meta: Mapping[str, Any] | None = None,
+                  grading: GradingSettings | None = None) -> dict[str, Any]:
+    """Generate, grade and write the records of one benchmark; return the summary (``grading``:
+    default the benchmark's registry settings)."""
     protocol = protocol or benchmark.protocol
+    grading = grading or benchmark.grading
     t0 = time.perf_counter()
     completions = backend.generate([p.prompt for p in problems], protocol, seed)
     generation_s = time.perf_counter() - t0
-    samples = grade_samples(benchmark, problems, completions, timeout_s)
+    samples = grade_samples(benchmark, problems, completions, timeout_s, grading)
     n_choices = max((len(p.choices or ()) for p in problems), default=0)
     letters = "ABCDEFGHIJ"[: n_choices] if n_choices else "ABCD"
     return write_records(out_dir, benchmark.name, samples, protocol, grader=benchmark.grader,
-                         letters=letters, step=step, timeout_s=timeout_s,
+                         letters=letters, step=step, timeout_s=timeout_s, grading=grading,
                          meta={"seed": seed, **dict(meta or {}),
                                "generation_s": round(generation_s, 3),
                                "grading_s": round(time.perf_counter() - t0 - generation_s, 3)})

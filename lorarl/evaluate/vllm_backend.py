@@ -1,4 +1,19 @@
-"""vLLM generation backend (GPU only; untested on CPU machines, where vLLM cannot run).
+"""vLLM generation backend (GPU only; untested on a GPU: no GPU is lent to this project's machines).
+
+Every call is checked against vLLM 0.31.0's source (the pinned ``.[gpu]`` extra) and exercised on the
+CPU with tests/fake_vllm.py, which refuses what vLLM refuses:
+
+* ``vllm.LLM(model, dtype, seed, enable_lora, max_loras, max_lora_rank, **llm_kwargs)``: the LoRA
+  fields are ``EngineArgs`` fields; ``max_lora_rank`` must be one of vllm/config/lora.py's
+  ``MaxLoRARanks`` (1, 8, 16, 32, 64, 128, 256, 320, 512).
+* ``SamplingParams(n, temperature, top_p, top_k, max_tokens, seed)``: ``_verify_args`` refuses a
+  temperature outside [0, 2] and top_p outside (0, 1]; top-k disabled is 0 (-1 only "quietly accepted").
+* ``LoRARequest(lora_name, lora_int_id >= 1, lora_path)``; vllm/lora/peft_helper.py refuses DoRA,
+  adapter bias, ``modules_to_save`` (other than classifier/score) and a rank above ``max_lora_rank``,
+  and reads only ``r``/``lora_alpha``/``use_rslora`` (per-module ``rank_pattern``/``alpha_pattern``
+  would be served with the wrong scale): those adapters are merged first (see :func:`lora_servable`).
+* ``LLM.generate(prompts, params, use_tqdm=False, lora_request=...)`` → ``RequestOutput.outputs`` of
+  ``CompletionOutput(text, token_ids, finish_reason)``.
 
 Same interface as :class:`lorarl.evaluate.backends.HFBackend`.  Plain LoRA adapters (including
 rsLoRA) are served with a ``LoRARequest`` on top of the base model; adapters vLLM cannot apply at
@@ -19,7 +34,8 @@ from lorarl.evaluate.protocols import Protocol
 
 __all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "VLLM_LORA_RANKS"]
 
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM 0.31.0 accepts
+VLLM_MAX_TEMPERATURE = 2.0  # SamplingParams._verify_args: temperature must be in [0, 2]
 
 
 def lora_servable(adapter_path: str | Path, max_rank: int = VLLM_LORA_RANKS[-1]) -> tuple[bool, str]:
@@ -31,17 +47,28 @@ def lora_servable(adapter_path: str | Path, max_rank: int = VLLM_LORA_RANKS[-1])
         return False, "DoRA is not supported by vLLM"
     if cfg.get("modules_to_save"):
         return False, "modules_to_save is not supported by vLLM"
+    if cfg.get("bias", "none") != "none" or cfg.get("lora_bias"):
+        return False, "adapter bias is not supported by vLLM"
+    if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
+        return False, "per-module rank/alpha patterns are ignored by vLLM (it reads r and lora_alpha only)"
+    targets = cfg.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if any(t in ("lm_head", "embed_tokens") for t in targets):
+        return False, "LoRA on the embeddings / lm_head is not served by vLLM's LoRA path"
     if int(cfg.get("r", 0)) > max_rank:
         return False, f"rank {cfg.get('r')} > max_lora_rank {max_rank}"
     return True, ""
 
 
 def sampling_kwargs(protocol: Protocol, seed: int) -> dict[str, Any]:
-    """``SamplingParams`` arguments of a protocol (top-k disabled, per-request seed)."""
+    """``SamplingParams`` arguments of a protocol (top-k disabled = 0, per-request seed)."""
     if protocol.kind == "greedy":
-        return dict(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=protocol.max_new_tokens,
+        return dict(n=1, temperature=0.0, top_p=1.0, top_k=0, max_tokens=protocol.max_new_tokens,
                     seed=seed)
-    return dict(n=protocol.n, temperature=protocol.temperature, top_p=protocol.top_p, top_k=-1,
+    if protocol.temperature > VLLM_MAX_TEMPERATURE:
+        raise ValueError(f"protocol temperature {protocol.temperature}: vLLM accepts temperatures in "
+                         f"[0, {VLLM_MAX_TEMPERATURE}]")
+    return dict(n=protocol.n, temperature=protocol.temperature, top_p=protocol.top_p, top_k=0,
                 max_tokens=protocol.max_new_tokens, seed=seed)
 
 
@@ -101,7 +128,7 @@ class VLLMBackend:
         tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
         inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer))}
                   for p in prompts]
-        outputs = self.llm.generate(inputs, params, lora_request=self.lora_request)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         result = []
         for req in outputs:
             result.append([Completion(o.text, len(o.token_ids), o.finish_reason == "length")
@@ -109,3 +136,43 @@ class VLLMBackend:
         if len(result) != len(prompts) or any(len(r) != protocol.n for r in result):
             raise RuntimeError("vLLM returned an unexpected number of completions")
         return result
+
+
+def sampled_on_hf(cfg: Any) -> list[str]:
+    """One line per benchmark of ``cfg`` whose protocol samples (avg@n / pass@k) under ``eval.backend: hf``."""
+    from lorarl.evaluate.plan import benchmark_specs, protocol_for
+
+    if cfg.eval.backend != "hf":
+        return []
+    lines = []
+    for name, spec in benchmark_specs(cfg).items():
+        p = protocol_for(name, spec, cfg.eval)
+        if p.kind == "sample":
+            lines.append(f"{name}: n={p.n} samples x {p.max_new_tokens} tokens per problem "
+                         f"(up to {p.n * p.max_new_tokens:,} generated tokens each)")
+    return lines
+
+
+def warn_sampled_on_hf(cfg: Any, cuda: bool | None = None, stream: Any = None) -> list[str]:
+    """Warn LOUDLY (stderr banner + a Python warning) when a GPU run evaluates sampled protocols with HF.
+
+    On a GPU, HF ``generate`` of e.g. AIME's 32 samples x 32k tokens per problem takes orders of
+    magnitude longer than vLLM: such a study almost surely meant ``eval.backend: vllm``. Returns the lines.
+    """
+    import sys
+    import warnings
+
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    lines = sampled_on_hf(cfg) if cuda else []
+    if lines:
+        bar = "!" * 78
+        msg = "\n".join([bar, "WARNING: sampled evaluation protocols on a GPU with eval.backend: hf", *lines,
+                         "HF generate is several times slower than vLLM here; set eval.backend: vllm "
+                         "(pip install -e '.[gpu]') unless this is intended.", bar])
+        print(msg, file=stream or sys.stderr, flush=True)
+        warnings.warn("sampled protocols evaluated with eval.backend hf on a GPU: " + "; ".join(lines),
+                      stacklevel=2)
+    return lines

@@ -11,13 +11,30 @@ from pathlib import Path
 
 __all__ = ["build"]
 
+# The aggregate's own figures (lorarl/plots.py), by file-name prefix: their captions on the page.
+AGGREGATE_FIGURES = {
+    "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds.",
+    "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per β; dashed = base model.",
+    "eval_curve_": "Held-out headline metric of one benchmark at the eval_every snapshots, band ± sd over seeds.",
+    "diagnostics": "Weight-space diagnostics per group: spectral drift, largest principal angle, update "
+                   "distribution p_i and its cumulative energy, subspace similarity (papers 003, 004).",
+}
+
+
+def caption(stem: str) -> str:
+    from lorarl.report.registry import REGISTRY
+
+    if stem in REGISTRY:
+        return f"[{REGISTRY[stem].paper}] {REGISTRY[stem].caption}"
+    return next((c for prefix, c in AGGREGATE_FIGURES.items() if stem.startswith(prefix)), "")
+
 
 def build(study_path: str | Path, results: str | Path = "results") -> dict[str, Path]:
     from lorarl import paths, status, tracking
     from lorarl.evaluate.records import atomic_write_text
     from lorarl.report import html, tables
     from lorarl.report.data import load
-    from lorarl.report.registry import REGISTRY, draw_all
+    from lorarl.report.registry import draw_all
     from lorarl.study import load_study
 
     study = load_study(study_path)
@@ -44,9 +61,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             shown[title] = df
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
     out.update(drawn)
-    captions = {name: f"[{s.paper}] {s.caption}" for name, s in REGISTRY.items()}
     pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
-    figs = [(p, captions.get(p.stem, "")) for p in pngs]
+    figs = [(p, caption(p.stem)) for p in pngs]
     rows = status.study_status(str(study_path), results)
     prov = {**tracking.git_state(), **tracking.package_versions(), "study file": str(study_path),
             "results": str(results.resolve()), "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}

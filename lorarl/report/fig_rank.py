@@ -45,7 +45,8 @@ def kl_vs_rank(data: StudyData, out: Path) -> Path | None:
 
 @register("pass1_vs_rank_fullft", "001 Fig. 2", ("axis:adapter.rank", "eval"),
           "Held-out headline metric vs LoRA rank, one line per other setting (e.g. reward regime); "
-          "dashed = full fine-tuning mean of the same setting, band = ± 1 sd over seeds.")
+          "dashed = full fine-tuning mean of the same setting, band = ± 1 sd over seeds. With eval_every "
+          "snapshots, hollow markers = the mean per-cell peak over training (paper 001 shows process at peak).")
 def pass1_vs_rank_fullft(data: StudyData, out: Path) -> Path | None:
     from lorarl.report.tables import primary_metrics
 
@@ -72,9 +73,30 @@ def pass1_vs_rank_fullft(data: StudyData, out: Path) -> Path | None:
             m, s = float(ft["mean"].iloc[0]), float(pd.Series(ft["std"]).fillna(0).iloc[0])
             ax.axhline(m, ls="--", color=color, lw=1.2, label=f"{lab}: full FT")
             ax.axhspan(m - s, m + s, color=color, alpha=0.12, lw=0)
+    peaks = _peaks(data, rank, others, order, col)
+    for color, (_, g) in zip(draw.colors(len(groups)), groups):
+        key = tuple(g.iloc[0][k] for k in others)
+        p = peaks[peaks[others].apply(tuple, axis=1) == key] if others and not peaks.empty else peaks
+        if not p.empty:
+            ax.plot(p["x"], p["peak_mean"], ls="none", marker="o", mfc="none", ms=8, color=color)
+    if not peaks.empty:
+        df = pd.concat([df, peaks.drop(columns="x").rename(columns={"peak_mean": "mean", "peak_sd": "std"})
+                        .assign(metric=col + " (peak over training)")], ignore_index=True)
     ax.set_xticks(range(len(order)), order)
     ax.set_xlabel(f"{rank} (LoRA rank)")
     ax.set_ylabel(f"held-out {col}")
     ax.set_title(f"{data.study.name}: {col} vs rank (dashed: full FT ± 1 sd)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return draw.save(fig, out, df)
+
+
+def _peaks(data: StudyData, rank: str, others: list[str], order: list[str], col: str) -> pd.DataFrame:
+    """Per group: mean over seeds of each cell's peak held-out value (eval_every snapshots of `col`'s
+    benchmark), LoRA ranks only; empty without snapshots."""
+    from lorarl.report.tables import peak_final_table
+
+    pf = peak_final_table(data)
+    if pf.empty:
+        return pd.DataFrame()
+    pf = pf[(pf["benchmark"] == col.split("/")[0]) & pf[rank].astype(str).isin(order)]
+    return pf[[*others, rank, "peak_mean", "peak_sd"]].assign(x=pf[rank].astype(str).map(order.index))

@@ -14,6 +14,7 @@ Every drawn PNG gets the CSV of exactly what it draws beside it (same stem).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -85,7 +86,12 @@ def draw_all(data: StudyData, fdir: Path) -> tuple[dict[str, Path], dict[str, li
         if miss:
             skipped[name] = miss
             continue
-        out = spec.draw(data, fdir / f"{name}.png")
+        try:
+            out = spec.draw(data, fdir / f"{name}.png")
+        except Exception as err:  # one broken figure never costs the tables, the page or the others
+            print(f"[lorarl report] figure {name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+            skipped[name] = [f"error: {type(err).__name__}: {err}"]
+            continue
         if out is not None:
             drawn[name] = out
         else:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from lorarl import stats
 from lorarl.report.data import StudyData, scores_matrix
+from lorarl.study import label_of
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -39,7 +40,7 @@ def baseline_key(data: StudyData, labels: dict) -> tuple | None:
     b = data.study.baseline
     if not b:
         return None
-    return tuple(str(b[k]) if k in b else labels[k] for k in data.keys)
+    return tuple(label_of(b[k]) if k in b else labels[k] for k in data.keys)
 
 
 def baseline_label(data: StudyData) -> str:
@@ -90,13 +91,13 @@ def stats_table(data: StudyData) -> pd.DataFrame:
         labels = {k: r[k] for k in data.keys}
         row = {**r, "mean": est.mean, "sd": est.sd, "ci_low": est.lo, "ci_high": est.hi,
                "n_seeds": est.n_seeds, "n_problems": est.n_problems}
-        text = stats.fmt_estimate(est, 1 if "time" in r["metric"] else 3)
+        text = stats.fmt_estimate(est, 3)
         bkey = baseline_key(data, labels)
         if bkey is not None and bkey != tuple(labels.values()) and r["metric"] in estimates.get(bkey, {}):
             cmp = stats.compare(est, estimates[bkey][r["metric"]])
             row.update(diff=cmp.diff, diff_low=cmp.lo, diff_high=cmp.hi, mde=cmp.mde,
                        resolvable=cmp.resolvable if not math.isnan(cmp.mde) else None)
-            text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 1 if "time" in r["metric"] else 3)
+            text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 3)
         elif bkey is not None and bkey == tuple(labels.values()):
             text += "  (baseline)"
         row["text"] = text

@@ -3,6 +3,7 @@
 # param below is a dictionary access into it, so planning stays linear in the number of cells.
 import json
 import re
+import sys
 
 from snakemake.utils import validate
 
@@ -76,9 +77,12 @@ def slurm_json(stage):
     return json.dumps(config.get("slurm", {}).get(stage, {}))
 
 
+# The MLflow store (`tracking:` of the profile) is read from config inside the command, not passed as a
+# param: switching sqlite <-> server never reruns a cell (params are a rerun trigger, this text is not).
 LAUNCH = (
     "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
-    "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} > {log} 2>&1"
+    "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} "
+    "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
 )
 
 
@@ -173,3 +177,15 @@ def all_targets():
         out += [paths.pattern("table_md", results=RESULTS, study=s)]
         out += [str(p) for p in study_outputs(s)]
     return out
+
+
+def print_failures():
+    """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
+    from lorarl.watch import failure_lines
+
+    for name, (f, s) in STUDIES.items():
+        if s.kind != "grpo":
+            continue
+        for line in failure_lines(f, RESULTS):
+            print(f"[lorarl] {name}: {line}", file=sys.stderr)
+        print(f"[lorarl] {name}: details with `lorarl status {f}`", file=sys.stderr)

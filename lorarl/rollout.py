@@ -1,0 +1,210 @@
+"""Rollout engine of a cell: transformers ``generate`` (``hf``) or vLLM colocated in the trainer (``vllm``).
+
+lorarl does not build its own vLLM integration: ``engine: vllm`` turns on TRL 1.16's (``use_vllm=True``,
+``vllm_mode="colocate"``; trl/generation/vllm_generation.py) and keeps every path it needs — weight sync
+before generation (``sync_weights`` whenever ``global_step`` moved), sleep/wake (``sleep(level=2)`` after
+each generation, ``wake_up(tags=["weights"])`` + a full re-push before the next), and the sampler's
+per-token logprobs (``logprobs=0``, ``logprobs_mode="processed_logprobs"``). This module adds:
+
+* :func:`effective_named_params`: what is pushed to vLLM. TRL merges the adapter in place, reads the
+  weights, then ``unmerge_adapter()``s — in bf16 ``W + dW - dW != W``, so every sync nudges the frozen
+  base. Here each adapted layer is merged, read, and its base weight restored bit for bit from a copy.
+  The pushed weight is the layer's EFFECTIVE weight (base_layer holds PiSSA-style residuals; merge adds
+  the adapter back), and full fine-tuning pushes the trained parameters themselves.
+* :class:`FreshnessGate`: sampler vs trainer logprobs on the same tokens; stops a cell whose rollouts
+  do not come from the trained policy.
+* :func:`check_engine`: ``engine: vllm`` without a CUDA GPU and the vllm package is a clear error.
+
+Untested on a GPU (no GPU is lent to this project's machines): the CPU tests drive TRL's real colocate
+code path with a fake ``vllm.LLM`` (tests/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+
+ENGINES = ("hf", "vllm")
+
+
+class RolloutStaleError(RuntimeError):
+    """The sampler's logprobs disagree with the trained policy's for too many consecutive steps."""
+
+
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = None) -> None:
+    """Refuse ``engine: vllm`` where it cannot run (before anything is written). StudyError → exit 2."""
+    from lorarl.study import StudyError
+
+    if rollout.engine not in ENGINES:
+        raise StudyError(f"rollout.engine: {rollout.engine!r} is not allowed; allowed: {', '.join(ENGINES)}")
+    if rollout.engine != "vllm":
+        return
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    vllm = vllm_importable() if vllm is None else vllm
+    if not cuda:
+        raise StudyError("rollout.engine: 'vllm' needs a CUDA GPU and none is visible here; "
+                         "use rollout.engine: hf on the CPU (allowed: hf, vllm [GPU only])")
+    if not vllm:
+        raise StudyError("rollout.engine: 'vllm' needs the vllm package: pip install -e '.[gpu]' "
+                         "(allowed: hf, vllm [GPU only])")
+
+
+def apply_rollout_args(args: Any, rollout: Any) -> Any:
+    """Set TRL's vLLM fields of a GRPOConfig from the cell's ``rollout`` section (in place)."""
+    if rollout.engine != "vllm":
+        args.use_vllm = False
+        return args
+    args.use_vllm = True
+    args.vllm_mode = "colocate"  # one process per cell: vLLM shares the trainer's GPU
+    args.vllm_gpu_memory_utilization = rollout.gpu_memory_utilization
+    args.vllm_tensor_parallel_size = rollout.tensor_parallel_size
+    args.vllm_enable_sleep_mode = rollout.sleep_mode
+    args.vllm_max_model_length = rollout.max_model_length
+    # the freshness gate needs the trainer's logprobs of the sampled tokens: TRL computes them only then
+    args.vllm_importance_sampling_correction = True
+    return args
+
+
+@contextlib.contextmanager
+def llm_extra_kwargs(**extra: Any) -> Iterator[None]:
+    """Add keyword arguments (e.g. ``enforce_eager``) to the ``vllm.LLM(...)`` that TRL builds.
+
+    TRL's ``VLLMGeneration._init_vllm`` has no parameter for them; its module-level ``LLM`` name is
+    wrapped for the duration of the trainer's construction only.
+    """
+    from trl.generation import vllm_generation as vg
+
+    original = getattr(vg, "LLM", None)
+    if original is None or not extra:
+        yield
+        return
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, **extra})
+
+    vg.LLM = build
+    try:
+        yield
+    finally:
+        vg.LLM = original
+
+
+def _tuner_layers(model: Any) -> list[tuple[str, Any]]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+
+
+def _vllm_name(name: str, prefix: str | None) -> str | None:
+    """HF parameter name vLLM expects, or None for a parameter vLLM does not have (adapter weights)."""
+    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+    if prefix and prefix in name:
+        return None  # lora_A/lora_B/...: merged into the effective weight already
+    if "original_module" in name:
+        return None  # modules_to_save: the trained copy is pushed instead
+    return name.replace("modules_to_save.default.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+@torch.no_grad()
+def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(vLLM name, effective weight) of every parameter; the model is left bit-identical.
+
+    PEFT model: each tuner layer is merged alone, its weights read (copied), then its base weight and
+    bias restored from a saved copy (no ``unmerge``: exact in any dtype). Plain model (full
+    fine-tuning): the parameters themselves. Single process only (no FSDP/ZeRO-3 gathering).
+    """
+    if not hasattr(model, "peft_config"):
+        for name, p in model.named_parameters():
+            yield name.replace("_checkpoint_wrapped_module.", ""), p.detach()
+        return
+    prefix = getattr(model, "prefix", None)
+    merged_names: set[str] = set()
+    for lname, layer in _tuner_layers(model):
+        if not hasattr(layer, "base_layer") or getattr(layer, "merged", False):
+            continue
+        base0 = layer.get_base_layer()
+        saved = {k: v.detach().clone() for k, v in base0.named_parameters(recurse=False)}
+        if not saved:
+            continue
+        layer.merge()
+        try:
+            for k, v in layer.get_base_layer().named_parameters(recurse=False):
+                full = f"{lname}.base_layer.{k}"
+                merged_names.add(full)
+                out = _vllm_name(full, prefix)
+                if out is not None:
+                    yield out, v.detach().clone()
+        finally:
+            if layer.get_base_layer() is base0:  # merged in place (LoRA, DoRA, VeRA, IA3, ...): restore the bits
+                for k, v in base0.named_parameters(recurse=False):
+                    v.data.copy_(saved[k])
+                layer.merged_adapters = []
+            else:  # merged by swapping modules (LayerNorm tuning): unmerge swaps back, exactly
+                layer.unmerge()
+    for name, p in model.named_parameters():
+        if name in merged_names:
+            continue
+        out = _vllm_name(name, prefix)
+        if out is not None:
+            yield out, p.detach()
+
+
+def masked_logp_stats(sampler_BT: torch.Tensor, trainer_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
+    """|logp_sampler - logp_trainer| and importance-ratio statistics over the real (masked, non-NaN) tokens."""
+    diff_BT = (trainer_BT.float() - sampler_BT.float())
+    keep_BT = mask_BT.bool() & ~torch.isnan(diff_BT)
+    d = diff_BT[keep_BT]
+    if d.numel() == 0:
+        return {}
+    ratio = torch.exp(d)
+    return {
+        "rollout/logp_diff_mean": d.abs().mean().item(),
+        "rollout/logp_diff_max": d.abs().max().item(),
+        "rollout/is_ratio_mean": ratio.mean().item(),
+        "rollout/is_ratio_min": ratio.min().item(),
+        "rollout/is_ratio_max": ratio.max().item(),
+    }
+
+
+class FreshnessGate:
+    """Stops training when the sampler is not the trained policy.
+
+    Every generation batch: mean |logp_sampler - logp_trainer| over the sampled tokens. Above
+    ``threshold`` for ``patience`` consecutive batches → :class:`RolloutStaleError`.
+    """
+
+    def __init__(self, threshold: float, patience: int):
+        if not threshold > 0 or math.isnan(threshold):
+            raise ValueError("rollout.freshness_threshold must be > 0")
+        if patience < 1:
+            raise ValueError("rollout.freshness_patience must be >= 1")
+        self.threshold, self.patience = float(threshold), int(patience)
+        self.stale_steps: list[int] = []  # steps of the current run of stale batches
+
+    def update(self, step: int, sampler_BT: torch.Tensor, trainer_BT: torch.Tensor,
+               mask_BT: torch.Tensor) -> dict[str, float]:
+        stats = masked_logp_stats(sampler_BT, trainer_BT, mask_BT)
+        if not stats:
+            return stats
+        if stats["rollout/logp_diff_mean"] > self.threshold:
+            self.stale_steps.append(step)
+        else:
+            self.stale_steps = []
+        stats["rollout/stale_steps"] = float(len(self.stale_steps))
+        if len(self.stale_steps) >= self.patience:
+            raise RolloutStaleError(
+                f"the rollouts are not sampling the trained policy: mean |logp_sampler - logp_policy| = "
+                f"{stats['rollout/logp_diff_mean']:.4f} nats/token > rollout.freshness_threshold "
+                f"{self.threshold} for {len(self.stale_steps)} consecutive steps (steps {self.stale_steps}). "
+                "The engine is generating with stale weights (base model or an old adapter): check the "
+                "weight sync (sync_weights/load_weights), sleep mode, and that the adapter is merged before the push.")
+        return stats

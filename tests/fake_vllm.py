@@ -1,0 +1,303 @@
+"""A CPU stand-in for the parts of vLLM 0.31.0 that TRL 1.16 and lorarl call, refusing what vLLM refuses.
+
+Checked against vLLM 0.31.0's source (the wheel's vllm/entrypoints/llm.py, vllm/sampling_params.py,
+vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vllm/engine/arg_utils.py):
+
+* ``LLM(model, **kw)``: ``kw`` must be one of LLM's named parameters or an ``EngineArgs`` field
+  (else TypeError, as the EngineArgs dataclass raises); ``max_lora_rank`` in vLLM's Literal set;
+  ``logprobs_mode`` in its Literal set; ``gpu_memory_utilization`` in (0, 1].
+* ``LLM.generate(prompts, sampling_params=None, *, use_tqdm, lora_request, ...)``: prompts are strings
+  or ``{"prompt_token_ids": [...]}``; a ``lora_request`` without ``enable_lora`` is refused, as is an
+  adapter whose rank exceeds ``max_lora_rank``. Refused while asleep (weights or KV cache released).
+* ``sleep(level)``: level 1 keeps the weights (offloaded), level 2 DISCARDS them (here: NaN), so
+  generating after ``wake_up`` without re-pushing the weights gives NaN logprobs, as on a GPU.
+* ``llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, tensor)])``: the
+  path TRL's colocate sync uses; an unknown name raises KeyError, a wrong shape raises, like vLLM's loaders.
+* ``SamplingParams``: the fields of vLLM 0.31.0 only (TypeError otherwise) and ``_verify_args``'s checks:
+  temperature in [0, 2], top_p in (0, 1], integer top_k >= -1, min_p in [0, 1], max_tokens >= 1, ...
+* Outputs: ``RequestOutput(prompt_token_ids, outputs=[CompletionOutput(index, text, token_ids,
+  cumulative_logprob, logprobs=[{token_id: Logprob(logprob, rank, decoded_token)}], finish_reason)])``;
+  the sampled token's logprob is "processed" (after temperature, top-k, top-p), as TRL requests with
+  ``logprobs_mode="processed_logprobs"``; EOS is included in ``token_ids`` (finish_reason "stop").
+
+``stale=True`` makes ``load_weights`` accept and drop the update: the engine keeps sampling the
+weights it was built from (the stale-rollout bug the freshness gate exists for).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+LLM_PARAMS = frozenset({  # vllm.LLM.__init__ named parameters (0.31.0)
+    "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
+    "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization",
+    "revision", "tokenizer_revision", "chat_template", "seed", "gpu_memory_utilization", "cpu_offload_gb",
+    "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params", "enforce_eager",
+    "enable_return_routed_experts", "return_sampling_mask", "disable_custom_all_reduce", "hf_token",
+    "hf_overrides", "mm_processor_kwargs", "pooler_config", "structured_outputs_config", "profiler_config",
+    "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
+    "logits_processors", "spec_method", "spec_model", "spec_tokens",
+})
+ENGINE_ARGS = frozenset({  # EngineArgs fields (0.31.0) that TRL 1.16 or lorarl pass through **kwargs
+    "max_model_len", "max_num_seqs", "enable_sleep_mode", "distributed_executor_backend",
+    "max_num_batched_tokens", "logprobs_mode", "model_impl", "enable_lora", "max_loras", "max_lora_rank",
+    "disable_log_stats", "enable_prefix_caching", "max_cpu_loras",
+})
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py MaxLoRARanks
+LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
+SAMPLING_FIELDS = frozenset({  # vllm.SamplingParams public fields (0.31.0)
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking", "top_p",
+    "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens", "logprobs",
+    "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids", "flat_logprobs",
+    "detokenize", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "output_kind", "stream_interval", "skip_clone", "output_text_buffer_length", "structured_outputs",
+    "logit_bias", "allowed_token_ids", "extra_args", "bad_words", "skip_reading_prefix_cache",
+    "thinking_token_budget", "repetition_detection", "routed_experts_prompt_start", "trace_decode_token_ids",
+})
+
+
+class VLLMValidationError(ValueError):
+    pass
+
+
+class SamplingParams:
+    def __init__(self, **kw: Any):
+        unknown = set(kw) - SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument(s) {sorted(unknown)} for SamplingParams")
+        d = dict(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0,
+                 top_p=1.0, top_k=0, min_p=0.0, seed=None, max_tokens=16, min_tokens=0, logprobs=None,
+                 stop_token_ids=None, skip_special_tokens=True)
+        d.update(kw)
+        self.__dict__.update(d)
+        if self.seed == -1:
+            self.seed = None
+        self._verify()
+        if self.temperature < 1e-5:  # greedy
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise VLLMValidationError(f"n must be at least 1, got {self.n}.")
+        if not -2.0 <= self.presence_penalty <= 2.0 or not -2.0 <= self.frequency_penalty <= 2.0:
+            raise VLLMValidationError("presence/frequency penalty must be in [-2, 2]")
+        if not math.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise VLLMValidationError(f"repetition_penalty must be > 0, got {self.repetition_penalty}.")
+        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
+            raise VLLMValidationError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise VLLMValidationError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not isinstance(self.top_k, int):
+            raise VLLMValidationError(f"top_k must be an integer, got {type(self.top_k).__name__}")
+        if self.top_k < -1:
+            raise VLLMValidationError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise VLLMValidationError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise VLLMValidationError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
+            raise VLLMValidationError(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+
+
+class LoRARequest:
+    def __init__(self, lora_name: str, lora_int_id: int, lora_path: str = "", base_model_name: str | None = None,
+                 tensorizer_config_dict: dict | None = None, load_inplace: bool = False,
+                 is_3d_lora_weight: bool = False):
+        if lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {lora_int_id}")
+        assert lora_path, "lora_path cannot be empty"
+        self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+
+class Logprob:
+    def __init__(self, logprob: float, rank: int | None = None, decoded_token: str | None = None):
+        self.logprob, self.rank, self.decoded_token = logprob, rank, decoded_token
+
+
+class CompletionOutput:
+    def __init__(self, index, text, token_ids, cumulative_logprob, logprobs, finish_reason=None, stop_reason=None):
+        self.index, self.text, self.token_ids = index, text, token_ids
+        self.cumulative_logprob, self.logprobs = cumulative_logprob, logprobs
+        self.finish_reason, self.stop_reason = finish_reason, stop_reason
+
+
+class RequestOutput:
+    def __init__(self, request_id, prompt, prompt_token_ids, prompt_logprobs, outputs, finished, **kw):
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
+        self.prompt_logprobs, self.outputs, self.finished = prompt_logprobs, outputs, finished
+
+
+class _Runner:
+    """``model_runner.model``: the engine's weights, loaded by name like vLLM's ``load_weights``."""
+
+    def __init__(self, llm: "LLM"):
+        self.llm = llm
+
+    def load_weights(self, weights) -> set[str]:
+        params = dict(self.llm.hf_model.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(name)  # vLLM: params_dict[name] for a name the model does not have
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
+            self.llm.loaded.append(name)
+            loaded.add(name)
+            if not self.llm.stale:
+                with torch.no_grad():
+                    params[name].copy_(tensor.to(params[name].dtype))
+        self.llm.load_calls += 1
+        return loaded
+
+
+class LLM:
+    instances: list["LLM"] = []
+    stale_default = False  # tests flip it to build engines that ignore weight updates
+
+    def __init__(self, model: str, **kw: Any):
+        unknown = set(kw) - LLM_PARAMS - ENGINE_ARGS
+        if unknown:
+            raise TypeError(f"EngineArgs.__init__() got unexpected keyword argument(s) {sorted(unknown)}")
+        if not 0 < kw.get("gpu_memory_utilization", 0.92) <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if kw.get("tensor_parallel_size", 1) != 1:
+            raise ValueError("fake vLLM runs one rank")
+        if kw.get("enable_lora") and kw.get("max_lora_rank", 16) not in MAX_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {MAX_LORA_RANKS}, got {kw.get('max_lora_rank')}")
+        if kw.get("logprobs_mode", "raw_logprobs") not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.kwargs = dict(model=model, **kw)
+        self.hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.stale = LLM.stale_default
+        self.loaded: list[str] = []
+        self.load_calls = 0
+        self.sleep_level = 0
+        self.asleep: set[str] = set()
+        self.generate_calls = 0
+        self.seed = int(kw.get("seed", 0))
+        max_len = kw.get("max_model_len") or self.hf_model.config.max_position_embeddings
+        self.llm_engine = SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=max_len),
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(
+                model=_Runner(self)))))
+        LLM.instances.append(self)
+
+    # ---------------------------------------------------------------- engine control
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        return True
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        if not self.kwargs.get("enable_sleep_mode"):
+            raise ValueError("Sleep mode is not enabled in the model config")
+        self.sleep_level = level
+        if level >= 1:
+            self.asleep = {"weights", "kv_cache"}
+        if level == 2:  # weights discarded: their memory is garbage until they are loaded again
+            with torch.no_grad():
+                for p in self.hf_model.parameters():
+                    p.fill_(float("nan"))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        bad = set(tags or []) - {"weights", "kv_cache", "scheduling"}
+        if bad:
+            raise ValueError(f"unknown wake_up tags {sorted(bad)}")
+        self.asleep -= set(tags) if tags else set(self.asleep)
+
+    # ---------------------------------------------------------------- generation
+    def _check_lora(self, lora_request) -> None:
+        if lora_request is None:
+            return
+        if not self.kwargs.get("enable_lora"):
+            raise ValueError(f"LoRA request {lora_request.lora_name} but LoRA is not enabled")
+        r = json.loads((Path(lora_request.lora_path) / "adapter_config.json").read_text())["r"]
+        if r > self.kwargs.get("max_lora_rank", 16):
+            raise ValueError(f"LoRA rank {r} is greater than max_lora_rank {self.kwargs.get('max_lora_rank', 16)}")
+
+    def _processed_logprobs(self, logits_V: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+        if sp.temperature < 1e-5:
+            return torch.log_softmax(logits_V.float(), -1)
+        x = logits_V.float() / sp.temperature
+        if sp.top_k and sp.top_k > 0:
+            kth = torch.topk(x, min(sp.top_k, x.numel())).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if sp.top_p < 1.0:
+            probs = torch.softmax(x, -1)
+            sorted_p, idx = probs.sort(descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > sp.top_p
+            x[idx[drop]] = float("-inf")
+        return torch.log_softmax(x, -1)
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+                 tokenization_kwargs=None, mm_processor_kwargs=None):
+        if self.asleep:
+            raise RuntimeError(f"engine is asleep ({sorted(self.asleep)} released): call wake_up() first")
+        self._check_lora(lora_request)
+        prompts = prompts if isinstance(prompts, list) else [prompts]
+        sp = sampling_params or SamplingParams()
+        self.generate_calls += 1
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generate_calls if sp.seed is None else sp.seed)
+        eos = self.hf_model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else self.tokenizer.eos_token_id])
+        eos |= set(sp.stop_token_ids or [])
+        outs = []
+        for i, p in enumerate(prompts):
+            ids = list(p["prompt_token_ids"]) if isinstance(p, dict) else self.tokenizer(p)["input_ids"]
+            comps = [self._sample(ids, sp, gen, eos, j) for j in range(sp.n)]
+            outs.append(RequestOutput(str(i), None if isinstance(p, dict) else p, ids, None, comps, True))
+        return outs
+
+    @torch.no_grad()
+    def _sample(self, prompt_ids: list[int], sp: SamplingParams, gen, eos: set[int], index: int) -> CompletionOutput:
+        ids = torch.tensor([prompt_ids])
+        out = self.hf_model(ids, use_cache=True)
+        past, token_ids, logprobs, finish = out.past_key_values, [], [], "length"
+        logits_V = out.logits[0, -1]
+        for _ in range(sp.max_tokens):
+            lp_V = self._processed_logprobs(logits_V, sp)
+            if sp.temperature < 1e-5:
+                tok = int(lp_V.argmax())
+            else:
+                probs = torch.exp(lp_V)
+                probs = torch.nan_to_num(probs, nan=0.0)
+                tok = int(torch.multinomial(probs, 1, generator=gen)) if probs.sum() > 0 else 0
+            token_ids.append(tok)
+            if sp.logprobs is not None:
+                rank = int((lp_V > lp_V[tok]).sum()) + 1
+                logprobs.append({tok: Logprob(float(lp_V[tok]), rank, self.tokenizer.decode([tok]))})
+            if tok in eos:
+                finish = "stop"
+                break
+            out = self.hf_model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, logits_V = out.past_key_values, out.logits[0, -1]
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens)
+        return CompletionOutput(index, text, token_ids, None, logprobs if sp.logprobs is not None else None, finish)
+
+
+def install(monkeypatch, stale: bool = False) -> type[LLM]:
+    """Route TRL's colocated vLLM generation to this fake (what ``use_vllm=True`` imports on a GPU box)."""
+    from trl.generation import vllm_generation as vg
+
+    LLM.instances = []
+    LLM.stale_default = stale
+    monkeypatch.setattr(vg, "is_vllm_available", lambda *a, **k: True, raising=False)
+    monkeypatch.setattr(vg, "LLM", LLM, raising=False)
+    monkeypatch.setattr(vg, "SamplingParams", SamplingParams, raising=False)
+    monkeypatch.setattr(vg, "RequestOutput", RequestOutput, raising=False)
+    return LLM
+
+
+def api() -> SimpleNamespace:
+    """The namespace lorarl.evaluate.vllm_backend takes in place of ``vllm``."""
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest)

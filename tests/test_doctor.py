@@ -1,0 +1,141 @@
+"""`lorarl doctor`: end to end on the demo study through the local launcher (CPU), a failing check, bad input,
+the step-time split and the projection arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorarl.cli import main
+from lorarl.doctor import step_split
+from lorarl.doctor_report import project, smoke_study
+from lorarl.study import load_study, study_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "experiments" / "demo.yaml")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results folder whose `local:tiny-arith` base is a stand-in (random weights, a local tokenizer) so the
+    test does not spend minutes on the base model's SFT; the doctor finds it and skips the base stage."""
+    import torch
+
+    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
+
+    res = tmp_path_factory.mktemp("res")
+    d = res / "models" / "tiny-arith"
+    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "0123456789+-*=?()\nQA: \\boxed{}"] * 20,
+                          vocab_size=300)
+    torch.manual_seed(0)
+    model = build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64), len(tok),
+                       tok.eos_token_id, tok.pad_token_id)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return res
+
+
+def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(results, tmp_path):
+    study = load_study(DEMO)
+    cell = study_cells(study)[3]
+    raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(results))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    (only,) = study_cells(load_study(tmp_path / "s.yaml"))
+    assert only.id == cell.id and only.config.train.steps == 2 and only.config.train.checkpoint_every == 0
+    assert only.config.eval.benchmarks["synthetic"].limit == 4
+    assert only.config.model == str((results / "models" / "tiny-arith").resolve())
+    assert only.config.adapter == cell.config.adapter and only.config.train.beta == cell.config.train.beta
+
+
+def test_step_split_and_projection_arithmetic(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,time/step_s,time/score_s,time/generate_s,time/reward_s,time/ref_forward_s,"
+                   "time/kl_monitor_s,rollout/tokens\n"
+                   "1,9,9,9,9,9,,9\n"  # warm-up: dropped
+                   "2,2.0,1.2,1.0,0.1,0.3,,100\n3,2.0,1.2,1.0,0.1,0.3,0.5,100\n")
+    sp = step_split(csv)
+    assert sp["step_s"] == pytest.approx(2.0) and sp["rollout_generation_s"] == pytest.approx(1.0)
+    assert sp["old_policy_forward_and_advantages_s"] == pytest.approx(0.1)
+    assert sp["policy_forward_backward_s"] == pytest.approx(0.5) and sp["kl_monitor_per_run_s"] == pytest.approx(0.5)
+    assert sp["rollout_tokens_per_s"] == pytest.approx(100.0)
+    study = load_study(DEMO)
+    cells = study_cells(study)
+    m = {"split": sp, "model_load_s": 1.0, "diagnose_s": 3.0, "device": {"kind": "cuda"},
+         "evaluation": {"synthetic": {"seconds_per_problem": 0.5, "problems": 4}}}
+    prof = {"name": "slurm", "launcher": "slurm", "jobs": 4, "slurm": {"train": {"gpus_per_node": 2}}}
+    p = project(study, cells[0], m, prof)
+    t = cells[0].config.train
+    train_s = 8 * (1.0 + t.steps * 2.0 + (t.steps // t.kl_monitor_every) * 0.5)  # every demo cell: same budget
+    eval_s = 9 * (1.0 + 0.5 * 200)  # 8 cells + 1 base, synthetic n_eval 200
+    assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
+    assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
+    assert p["gpu_hours"] == pytest.approx((2 * train_s + eval_s + 24) / 3600)  # evaluate/diagnose: 1 GPU default
+    assert p["wall_h"] == pytest.approx((train_s + eval_s + 24) / 3600 / 4)
+
+
+@pytest.mark.parametrize("argv,msg", [(["--cell", "nope"], "no cell 'nope'"), (["--steps", "0"], "--steps"),
+                                      (["--profile", "nowhere"], "no such profile")])
+def test_bad_input_exits_2_before_writing(tmp_path, capsys, argv, msg):
+    assert main(["doctor", DEMO, "--results", str(tmp_path), *argv]) == 2
+    assert msg in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_failed_check_stops_before_training(results, tmp_path, capsys):
+    study = {"name": "gpuonly", "defaults": {"model": str(results / "models" / "tiny-arith"),
+                                             "train": {"steps": 5, "max_completion_length": 8},
+                                             "rollout": {"engine": "vllm"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    (prof / "config.yaml").write_text("config: {launcher: debug}\ncores: 1\n")
+    rc = main(["doctor", str(tmp_path / "s.yaml"), "--results", str(tmp_path / "res"), "--profile", str(prof)])
+    assert rc == 1
+    rep = json.loads((tmp_path / "res" / "gpuonly" / "doctor" / "doctor.json").read_text())
+    checks = {c["check"]: c for c in rep["measured"]["checks"]}
+    assert not checks["rollout engine"]["ok"] and "needs a CUDA GPU" in checks["rollout engine"]["detail"]
+    assert checks["model and tokenizer load"]["ok"] and "smoke training" not in checks
+    assert "projection" not in rep and "**NO**" in capsys.readouterr().out
+    assert not list((tmp_path / "res").rglob("metrics.csv"))
+
+
+@pytest.mark.slow
+def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
+    rc = main(["doctor", DEMO, "--steps", "2", "--results", str(results), "--eval-limit", "4", "--cell", "r8-kl0.05-s1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    ddir = results / "demo" / "doctor"
+    rep = json.loads((ddir / "doctor.json").read_text())
+    md = (ddir / "doctor.md").read_text()
+    assert md in out and "Projection of the whole study" in md and "GPU-hours" in md
+    m = rep["measured"]
+    assert rep["ok"] and m["device"]["kind"] == "cpu" and m["dtype"] == "float32" and m["peak_memory_gb"] > 0
+    names = [c["check"] for c in m["checks"]]
+    for want in ("rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
+                 "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
+                 "evaluation: synthetic", "weight diagnostics", "memory headroom"):
+        assert want in names
+    sp = m["split"]
+    parts = sp["rollout_generation_s"] + sp["reward_s"] + sp["old_policy_forward_and_advantages_s"] + \
+        sp["reference_forward_s"] + sp["policy_forward_backward_s"]
+    assert sp["step_s"] > 0 and parts == pytest.approx(sp["step_s"], rel=0.05)
+    assert sp["reference_forward_s"] > 0  # beta 0.05: a reference forward every step
+    assert sp["rollout_tokens_per_s"] > 0 and m["evaluation"]["synthetic"]["problems"] == 4
+    p = rep["projection"]
+    assert p["cells"] == 8 and p["steps"] == 640 and p["eval_jobs"] == 9 and p["gpu_hours"] == 0
+    assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
+    assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
+    assert not (results / "demo" / "r8-kl0.05-s1").exists()  # the real study's cells are untouched
+
+
+def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
+    from lorarl.doctor_report import read_profile
+
+    local = read_profile(None)
+    assert local["launcher"] == "local" and local["jobs"] == 2
+    slurm = read_profile("slurm")
+    want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]
+    assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["train"] and slurm["jobs"] == 32

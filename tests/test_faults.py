@@ -1,0 +1,122 @@
+"""Faults around the launcher (lorarl.inflight) and the fault-injection run (lorarl.faults).
+
+Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
+cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
+launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock failure); and the
+small fault-injection run (a handful of SIGKILLs in train, evaluate, diagnose, aggregate, a launcher
+and the whole submit host, `snakemake all` after each) completes with every metric row exactly once,
+adapters equal to the uninterrupted run and no partial output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorarl import inflight, launch, provenance
+
+STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
+                                                                         "n_eval": 8},
+                                     "adapter": {"rank": 2, "alpha": 4},
+                                     "train": {"steps": 4, "prompts_per_step": 2, "generations": 2,
+                                               "max_completion_length": 16, "lr": 1e-3, "checkpoint_every": 2}},
+         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+
+
+def test_missing_outputs_of_each_stage(tmp_path: Path, monkeypatch):
+    res = str(tmp_path)
+    cell = tmp_path / "st" / "c"
+    assert len(inflight.missing_outputs("train", res, "st", "c", "h1")) == 4
+    cell.mkdir(parents=True)
+    for f in ("metrics.csv", "cell.json"):
+        (cell / f).write_text("x")
+    (cell / "adapter").mkdir()
+    (cell / "summary.json").write_text(json.dumps({"config_hash": "h0"}))
+    assert "expected h1" in inflight.missing_outputs("train", res, "st", "c", "h1")[0]  # another config's
+    assert inflight.missing_outputs("train", res, "st", "c", "h0") == []
+    monkeypatch.setenv("LORARL_EVAL_TARGET", "synthetic@2")
+    assert [Path(p).name for p in inflight.missing_outputs("evaluate", res, "st", "c")] == \
+        ["synthetic@2.json", "synthetic@2.jsonl"]
+    monkeypatch.delenv("LORARL_EVAL_TARGET")
+    assert inflight.missing_outputs("evaluate", res, "st", "c") == []  # all targets: not one file to check
+    assert [Path(p).name for p in inflight.missing_outputs("diagnose", res, "st", "c")] == ["diagnostics.parquet"]
+
+
+def test_a_job_that_succeeds_without_its_outputs_fails_the_cell(tmp_path: Path, monkeypatch, capsys):
+    """Snakemake's own Slurm executor counts an UNKNOWN job as done; here the outputs decide."""
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(STUDY))
+    monkeypatch.setattr(launch, "run_stage", lambda *a, **k: {"ok": True})  # "succeeds", writes nothing
+    assert launch.launch("diagnose", str(study), "s0", str(tmp_path), executor="debug") == 1
+    err = capsys.readouterr().err
+    assert "ended as a success but its outputs are missing" in err and "diagnostics.parquet" in err
+
+
+def test_a_lost_launchers_local_job_is_found_by_its_folder(tmp_path: Path):
+    folder = (tmp_path / "logs" / "train").resolve()
+    folder.mkdir(parents=True)
+    # a stand-in with the command line of a submitit local controller for this folder
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "submitit.local._local",
+                             str(folder)])
+    try:
+        time.sleep(0.5)
+        assert inflight.local_job_in_flight(folder) == str(proc.pid)
+        assert inflight.local_job_in_flight(tmp_path / "logs" / "evaluate") is None
+        assert inflight.find_job("local", folder, "n", tmp_path / "none.json") == (str(proc.pid), "RUNNING")
+        assert inflight.find_job("debug", folder, "n", tmp_path / "none.json") is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not inflight.pid_alive(str(proc.pid)) and inflight.local_job_in_flight(folder) is None
+
+
+# ---- slow ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
+    from lorarl.models import build_base
+
+    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(STUDY))
+    cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study), "s0", "--results", str(tmp_path),
+           "--executor", "local"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    prov = tmp_path / "fl" / "s0" / "provenance" / "train.json"
+    folder = tmp_path / "fl" / "s0" / "logs" / "train"
+    deadline = time.time() + 120
+    while not provenance.job_ids(prov) and time.time() < deadline:
+        time.sleep(0.2)
+    job = provenance.job_ids(prov)[0]
+    first.send_signal(signal.SIGKILL)  # the launcher dies; its job runs on, orphaned
+    first.wait()
+    assert inflight.pid_alive(job)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"job {job} of an earlier launcher is still RUNNING" in second.stdout
+    assert len(provenance.read(prov)["submissions"]) == 1  # no duplicate submitted
+    assert json.loads((tmp_path / "fl" / "s0" / "summary.json").read_text())["steps"] == 4
+    logs = "".join(p.read_text() for p in folder.glob("*.err"))
+    assert "being trained by another process" not in logs
+
+
+@pytest.mark.slow
+def test_fault_injection_small_run(tmp_path: Path):
+    from lorarl import faults
+
+    out = tmp_path / "figures.json"
+    rc = faults.main(["--kills", "1", "--per-pass", "1", "--workdir", str(tmp_path / "runs"), "--json", str(out)])
+    fig = json.loads(out.read_text())
+    assert rc == 0, fig
+    assert fig["completed"] == fig["passes"] == 1
+    assert sum(fig["kills"].values()) >= 5, fig["kills"]  # most planned kills land (a few may be missed)
+    assert fig["lost"] == 0 and fig["duplicated"] == 0 and fig["extra_runs"] == 0 and not fig["bad_outputs"]
+    assert fig["adapters_within_tol"] == fig["cells"] == 2 and fig["eval_equal"] == 2

@@ -1,0 +1,54 @@
+"""Collapse flags on a real (short, CPU) training run: the flags in summary.json are those of
+metrics.csv, they reach MLflow as tags, and `train.stop_on_collapse` ends the cell at the first flag
+(the planned snapshots after it are the stopped policy, so the evaluations still find them)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from lorarl import flags
+from lorarl.study import parse_study, study_cells
+
+pytestmark = pytest.mark.slow
+
+STUDY = {
+    "name": "fl",
+    "defaults": {
+        "model": "local:tiny-test",
+        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
+        "adapter": {"rank": 2, "alpha": 4},
+        "train": {"steps": 10, "prompts_per_step": 2, "generations": 2, "max_completion_length": 12,
+                  "lr": 1e-3, "checkpoint_every": 0, "kl_monitor_every": 0, "stop_on_collapse": True},
+        "eval": {"max_new_tokens": 8, "eval_every": 4},
+    },
+    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
+}
+
+
+def test_stop_on_collapse_in_a_real_run(tmp_path):
+    import mlflow
+
+    from lorarl.models import build_base
+    from lorarl.train import train_cell
+
+    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    # the tiny untrained-for-RL model never stops within a 12-token budget: every completion is
+    # truncated, so truncation_saturation fires after TRUNC_RUN steps, and the cell must stop right there
+    cell = study_cells(parse_study(STUDY))[0]
+    summary = train_cell("fl", cell, tmp_path, threads=1)
+    d = tmp_path / "fl" / cell.id
+    rows = pd.read_csv(d / "metrics.csv")
+    stop = summary["stopped_on_collapse"]
+    assert summary["flags"] == {"truncation_saturation": 1} and stop == flags.TRUNC_RUN
+    assert int(rows["step"].max()) == stop < STUDY["defaults"]["train"]["steps"]
+    records = rows.to_dict("records")
+    assert flags.detect(records) == summary["flags"]  # reproducible from the file
+    assert flags.detect(records[: stop - 1]) == {}  # not detectable one step earlier: stopped at the first flag
+    assert json.loads((d / "summary.json").read_text())["flags"] == summary["flags"]
+    assert (d / "snapshots" / "step-4").exists() and (d / "snapshots" / "step-8").exists()  # after the stop: filled
+    run = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
+    assert run.data.tags["flag.truncation_saturation"] == "1" and run.data.tags["lorarl.flags"] == "truncation_saturation"
+    assert "grad_norm" in rows and rows["grad_norm"].notna().all()  # paper 003's gradient norm is recorded

@@ -1,0 +1,226 @@
+"""Rollout engine: TRL's colocated vLLM path driven through LorarlGRPOTrainer with a faithful fake vLLM,
+the effective-weight sync (adapters merged, base restored bit for bit), the freshness gate, config checks.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fake_vllm
+from lorarl.config import CellConfig, RolloutConfig
+from lorarl.rollout import (FreshnessGate, RolloutStaleError, apply_rollout_args, check_engine,
+                            effective_named_params)
+from lorarl.study import StudyError
+from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
+
+
+def _peft(model, **kw):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    cfg.update(kw)
+    return get_peft_model(model, LoraConfig(**cfg))
+
+
+def _randomize_adapters(model, scale=0.5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+# ------------------------------------------------------------------ effective weights
+def test_lora_push_is_the_merged_model_and_leaves_bf16_base_bit_identical(tiny_dir):
+    model, _ = load(tiny_dir)
+    pm = _peft(model.to(torch.bfloat16))
+    _randomize_adapters(pm)
+    before = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    pushed = dict(effective_named_params(pm))
+    for n, p in pm.named_parameters():  # exact restore: not one bit of the frozen base moved
+        assert torch.equal(p, before[n]), n
+    merged = copy.deepcopy(pm).merge_and_unload()
+    want = dict(merged.named_parameters())
+    assert set(pushed) == set(want), set(pushed) ^ set(want)  # the names vLLM's loader expects, no lora_*
+    for n in want:
+        assert torch.equal(pushed[n], want[n]), n
+    # TRL's own merge_adapter/unmerge_adapter in bf16 is not exact: this is why lorarl replaces it
+    pm.merge_adapter()
+    pm.unmerge_adapter()
+    assert any(not torch.equal(p, before[n]) for n, p in pm.named_parameters() if "base_layer" in n)
+
+
+def test_pissa_push_is_the_effective_weight_not_the_residual(tiny_dir):
+    model, _ = load(tiny_dir)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pm = _peft(model, init_lora_weights="pissa")  # base_layer now holds W - BA (the residual)
+    residual = dict(pm.named_parameters())
+    q = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
+    assert not torch.allclose(residual[q], original["model.layers.0.self_attn.q_proj.weight"], atol=1e-3)
+    pushed = dict(effective_named_params(pm))
+    assert set(pushed) == set(original)
+    for n, w in original.items():  # at init the effective weight is the original W
+        assert torch.allclose(pushed[n], w, atol=1e-5), n
+
+
+def test_full_finetuning_pushes_the_trained_parameters(tiny_dir):
+    model, _ = load(tiny_dir)
+    pushed = dict(effective_named_params(model))
+    assert set(pushed) == {n for n, _ in model.named_parameters()}
+    assert all(pushed[n] is p.detach() or torch.equal(pushed[n], p) for n, p in model.named_parameters())
+
+
+def test_layernorm_tuning_push_swaps_back(tiny_dir):
+    from peft import LNTuningConfig, get_peft_model
+
+    model, _ = load(tiny_dir)
+    pm = get_peft_model(model, LNTuningConfig(target_modules=["input_layernorm"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "ln_tuning_layers" in n:
+                p.add_(1.0)
+    pushed = dict(effective_named_params(pm))
+    assert torch.allclose(pushed["model.layers.0.input_layernorm.weight"],
+                          model.model.layers[0].input_layernorm.ln_tuning_layers["default"].weight)
+    assert not any(getattr(m, "merged", False) for m in pm.modules())
+
+
+# ------------------------------------------------------------------ gate
+def test_gate_needs_consecutive_stale_steps_and_ignores_nan_and_padding():
+    gate = FreshnessGate(threshold=0.1, patience=2)
+    mask = torch.tensor([[1, 1, 0]])
+    live = torch.tensor([[-1.0, -2.0, 0.0]])
+    stale = torch.tensor([[-1.5, -2.5, 99.0]])  # padding position differs wildly: must not count
+    s = gate.update(1, stale, live, mask)
+    assert s["rollout/logp_diff_mean"] == pytest.approx(0.5) and s["rollout/logp_diff_max"] == pytest.approx(0.5)
+    assert s["rollout/is_ratio_mean"] == pytest.approx(torch.exp(torch.tensor(0.5)).item())
+    gate.update(2, live, live, mask)  # a fresh step resets the count
+    gate.update(3, torch.tensor([[float("nan"), -2.5, 0.0]]), live, mask)
+    with pytest.raises(RolloutStaleError, match="not sampling the trained policy"):
+        gate.update(4, stale, live, mask)
+    with pytest.raises(ValueError):
+        FreshnessGate(0.0, 1)
+
+
+# ------------------------------------------------------------------ config / engine checks
+def test_rollout_config_fields():
+    assert CellConfig().rollout.engine == "hf"
+    schema = RolloutConfig.model_json_schema()["properties"]
+    assert schema["gpu_memory_utilization"].get("runtime") is True  # not part of the training signature
+    assert not schema["engine"].get("runtime") and not schema["max_model_length"].get("runtime")
+    for bad in ({"engine": "sglang"}, {"tensor_parallel_size": 2}, {"gpu_memory_utilization": 1.5}):
+        with pytest.raises(ValueError):
+            RolloutConfig(**bad)
+
+
+def test_vllm_engine_without_gpu_is_a_clear_error():
+    with pytest.raises(StudyError, match="rollout.engine: 'vllm' needs a CUDA GPU"):
+        check_engine(RolloutConfig(engine="vllm"), cuda=False, vllm=True)
+    with pytest.raises(StudyError, match=r"pip install -e '\.\[gpu\]'"):
+        check_engine(RolloutConfig(engine="vllm"), cuda=True, vllm=False)
+    check_engine(RolloutConfig(engine="vllm"), cuda=True, vllm=True)
+    check_engine(RolloutConfig(), cuda=False, vllm=False)
+
+
+# ------------------------------------------------------------------ TRL's colocate path with the fake
+def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2):
+    from lorarl.grpo import LorarlGRPOTrainer
+    from lorarl.rewards.outcome import OutcomeDeposits
+
+    fake_vllm.install(monkeypatch, stale=stale)
+    model, tok = load(tiny_dir)
+    if peft:
+        model = _peft(model)
+    rollout = rollout or RolloutConfig(engine="vllm")
+    a = apply_rollout_args(args(tmp_path, max_steps=steps, learning_rate=lr), rollout)
+    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score), args=a, ref_model=None, rollout=rollout,
+                                train_dataset=dataset(16), processing_class=tok)
+    return trainer, fake_vllm.LLM.instances[-1]
+
+
+def _metric(trainer, name):
+    return [row[name] for row in trainer.state.log_history if name in row]
+
+
+@pytest.mark.slow
+def test_live_engine_is_fresh_and_synced_every_step(tiny_dir, tmp_path, monkeypatch):
+    trainer, llm = _trainer(tiny_dir, tmp_path, monkeypatch, rollout=RolloutConfig(engine="vllm", enforce_eager=True))
+    assert llm.kwargs["enforce_eager"] is True and llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert llm.kwargs["gpu_memory_utilization"] == 0.3
+    trainer.train()
+    assert llm.generate_calls == 3 and llm.load_calls > 0
+    assert not any("lora_" in n for n in llm.loaded)
+    diffs = _metric(trainer, "rollout/logp_diff_mean")
+    assert len(diffs) == 3 and max(diffs) < 1e-3, diffs
+    # the engine holds exactly the trained policy's effective weights after the last sync
+    pushed = dict(effective_named_params(trainer.model))
+    engine = dict(llm.hf_model.named_parameters())
+    trained_since = [n for n in pushed if not torch.equal(pushed[n], engine[n])]
+    assert trained_since  # the last optimiser step happened after the last generation
+    assert _metric(trainer, "sampling/sampling_logp_difference/mean")  # TRL's own metric kept
+
+
+@pytest.mark.slow
+def test_sleep_mode_repushes_discarded_weights(tiny_dir, tmp_path, monkeypatch):
+    trainer, llm = _trainer(tiny_dir, tmp_path, monkeypatch, steps=2,
+                            rollout=RolloutConfig(engine="vllm", sleep_mode=True))
+    assert llm.asleep  # TRL puts the engine to sleep (level 2: weights discarded) right after building it
+    trainer.train()
+    assert llm.asleep and llm.sleep_level == 2
+    diffs = _metric(trainer, "rollout/logp_diff_mean")
+    assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
+
+
+@pytest.mark.slow
+def test_full_finetuning_with_vllm_is_fresh(tiny_dir, tmp_path, monkeypatch):
+    trainer, llm = _trainer(tiny_dir, tmp_path, monkeypatch, peft=False, steps=2)
+    trainer.train()
+    assert max(_metric(trainer, "rollout/logp_diff_mean")) < 1e-3
+
+
+@pytest.mark.slow
+def test_stale_engine_trips_the_gate(tiny_dir, tmp_path, monkeypatch):
+    rollout = RolloutConfig(engine="vllm", freshness_threshold=0.02, freshness_patience=2)
+    trainer, llm = _trainer(tiny_dir, tmp_path, monkeypatch, stale=True, peft=False, steps=12, lr=3e-2,
+                            rollout=rollout)
+    with pytest.raises(RolloutStaleError, match="not sampling the trained policy"):
+        trainer.train()
+    diffs = _metric(trainer, "rollout/logp_diff_mean")
+    assert diffs[0] < 1e-3 and diffs[-1] > 0.02 and trainer.state.global_step < 12
+
+
+def test_memory_settings_are_not_in_the_training_signature_sampling_settings_are():
+    from lorarl.signature import train_signature
+
+    base = CellConfig()
+    sig = train_signature(base)
+
+    def with_rollout(**kw):
+        return base.model_copy(update={"rollout": base.rollout.model_copy(update=kw)})
+
+    assert train_signature(with_rollout(gpu_memory_utilization=0.6)) == sig
+    assert train_signature(with_rollout(sleep_mode=True)) == sig
+    for changes in ({"engine": "vllm"}, {"max_model_length": 4096}, {"enforce_eager": True},
+                    {"freshness_threshold": 0.1}):
+        assert train_signature(with_rollout(**changes)) != sig, changes
+
+
+def test_vllm_cell_without_gpu_exits_2_before_writing(tmp_path, capsys, tiny_dir):
+    import yaml
+
+    from lorarl.cli import main
+
+    study = {"name": "v", "defaults": {"model": tiny_dir, "train": {"steps": 2}, "rollout": {"engine": "vllm"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
+    assert rc == 2 and "rollout.engine: 'vllm' needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.json"))
+
+
+def test_vllm_temperature_range_is_checked_at_load():
+    with pytest.raises(ValueError, match="train.temperature"):
+        CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"temperature": 2.5}})
+    CellConfig.model_validate({"train": {"temperature": 2.5}})  # hf has no such limit

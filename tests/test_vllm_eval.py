@@ -1,0 +1,84 @@
+"""The vLLM evaluation backend against tests/fake_vllm.py (vLLM 0.31.0's API surface, strict), and the
+loud warning for sampled protocols evaluated with HF generate on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fake_vllm
+from lorarl.config import CellConfig
+from lorarl.evaluate.backends import HFBackend
+from lorarl.evaluate.protocols import Protocol
+from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
+from test_eval_backends import PROMPTS, tiny  # noqa: F401  (fixture)
+
+GREEDY = Protocol.greedy(max_new_tokens=6)
+
+
+def test_fake_refuses_what_vllm_refuses(tiny):
+    api = fake_vllm.api()
+    with pytest.raises(TypeError):
+        api.LLM(str(tiny["base"]), max_lora_ranks=8)  # typo: not an EngineArgs field
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        api.LLM(str(tiny["base"]), enable_lora=True, max_lora_rank=4)
+    with pytest.raises(ValueError, match="temperature"):
+        api.SamplingParams(temperature=2.5)
+    with pytest.raises(ValueError, match="top_k"):
+        api.SamplingParams(top_k=None)
+    with pytest.raises(TypeError):
+        api.SamplingParams(max_new_tokens=10)  # transformers' name, not vLLM's
+    with pytest.raises(ValueError):
+        api.LoRARequest("a", 0, "x")
+
+
+def test_lora_served_with_a_request_matches_hf(tiny):
+    backend = VLLMBackend(tiny["base"], tiny["lora"], api=fake_vllm.api(), seed=0, max_model_len=256)
+    assert backend.llm.kwargs["max_lora_rank"] == 8 and backend.lora_request.lora_int_id == 1
+    out = backend.generate(PROMPTS, GREEDY)
+    assert [len(x) for x in out] == [1, 1, 1]
+    # the fake applies no adapter: compared with the BASE model's greedy output (the request was accepted)
+    assert [x[0].text for x in out] == [x[0].text for x in HFBackend(tiny["base"]).generate(PROMPTS, GREEDY)]
+    sampled = backend.generate(PROMPTS[:1], Protocol.sampling(3, max_new_tokens=5), seed=7)
+    assert len(sampled[0]) == 3 and all(c.n_tokens <= 5 for c in sampled[0])
+
+
+def test_dora_is_merged_and_served_as_a_plain_model(tiny, tmp_path):
+    backend = VLLMBackend(tiny["base"], tiny["dora"], merge_dir=tmp_path / "m", api=fake_vllm.api())
+    assert backend.lora_request is None and "enable_lora" not in backend.llm.kwargs
+    got = [x[0].text for x in backend.generate(PROMPTS, GREEDY)]
+    assert got == [x[0].text for x in HFBackend(tiny["base"], tiny["dora"]).generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("change,why", [({"bias": "all"}, "bias"), ({"lora_bias": True}, "bias"),
+                                        ({"rank_pattern": {"q_proj": 8}}, "pattern"),
+                                        ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"),
+                                        ({"modules_to_save": ["lm_head"]}, "modules_to_save")])
+def test_adapters_vllm_cannot_serve_are_merged(tiny, tmp_path, change, why):
+    d = tmp_path / "a"
+    d.mkdir()
+    cfg = json.loads((tiny["lora"] / "adapter_config.json").read_text())
+    (d / "adapter_config.json").write_text(json.dumps({**cfg, **change}))
+    ok, reason = lora_servable(d)
+    assert not ok and why in reason
+
+
+def test_sampling_kwargs_are_accepted_by_vllm():
+    for p in (GREEDY, Protocol.sampling(32, max_new_tokens=32768)):
+        fake_vllm.SamplingParams(**sampling_kwargs(p, seed=3))
+    with pytest.raises(ValueError, match=r"\[0, 2\.0\]"):
+        sampling_kwargs(Protocol.sampling(4, temperature=2.5), 0)
+
+
+def test_sampled_protocols_on_hf_warn_loudly_on_a_gpu(capsys):
+    cfg = CellConfig.model_validate({"task": {"name": "dataset", "path": "x.jsonl"},
+                                     "eval": {"benchmarks": {"aime24": {}, "gsm8k": {}}}})
+    lines = sampled_on_hf(cfg)
+    assert len(lines) == 1 and lines[0].startswith("aime24: n=32") and "32768" in lines[0]
+    with pytest.warns(UserWarning, match="aime24"):
+        warn_sampled_on_hf(cfg, cuda=True)
+    assert "eval.backend: vllm" in capsys.readouterr().err
+    assert warn_sampled_on_hf(cfg, cuda=False) == []  # CPU runs: HF is the only engine
+    vcfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"backend": "vllm"})})
+    assert sampled_on_hf(vcfg) == []
