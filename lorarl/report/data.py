@@ -44,11 +44,24 @@ def _read_json(p: Path) -> dict | None:
         return None
 
 
+_SCORES: dict[tuple[str, int, int], pd.Series | None] = {}  # (file, mtime_ns, size) -> its scores
+
+
 def problem_scores(results: Path, study: str, cell: str, benchmark: str) -> pd.Series | None:
-    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation."""
+    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation
+    (each samples file parsed once per process while unchanged: the stats table asks per group)."""
     p = paths.path("eval_samples", results=results, study=study, cell=cell, benchmark=benchmark)
-    if not p.exists():
+    try:
+        st = p.stat()
+    except FileNotFoundError:
         return None
+    key = (str(p), st.st_mtime_ns, st.st_size)
+    if key not in _SCORES:
+        _SCORES[key] = _parse_scores(p)
+    return _SCORES[key]
+
+
+def _parse_scores(p: Path) -> pd.Series | None:
     rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
     if not rows:
         return None
