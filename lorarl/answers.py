@@ -39,6 +39,7 @@ __all__ = ["extract_boxed", "boxed_spans", "final_boxed", "gold_boxes", "answer_
            "normalize_separators", "prepare_completion"]
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_FBOX = re.compile(r"\\fbox(?=\s*\{)")
 _BRACE_TOKENS = re.compile(r"\\.|[{}]", re.DOTALL)   # escaped pairs (\{, \\, \b...) or braces
 _SEPARATOR_WORDS = re.compile(r"\b(and|or)\b|,|;")  # math-verify's VALID_SEPARATOR_PATTERN
 _NEAR = 10   # math-verify: boxes closer than this many characters always join
@@ -153,14 +154,17 @@ def normalize_separators(latex: str) -> str:
 def prepare_completion(text: str | None) -> str | None:
     """The completion as math-verify reads it, or ``None`` when it has no complete box.
 
-    Digit separators are normalised inside every box, and a trailing unclosed ``\\boxed{`` (after
+    ``\\fbox`` becomes ``\\boxed`` (math-verify's boxed patterns match only the latter), digit
+    separators are normalised inside every box, and a trailing unclosed ``\\boxed{`` (after
     the last complete box: a truncated completion) is cut off; the rest of the text is unchanged,
     so math-verify's own box and math-environment matching decides which boxes form the answer.
     """
+    if not text:
+        return None
+    text = _FBOX.sub(r"\\boxed", text)   # math-verify's patterns look for \boxed only
     spans = boxed_spans(text)
     if not spans:
         return None
-    assert text is not None
     last_open = max(m.start() for m in _BOXED_RE.finditer(text))
     if last_open > spans[-1][0]:
         text = text[:last_open]

@@ -294,3 +294,10 @@ class CellConfig(Strict):
         prompt["chat_template"] = new
         data["prompt"] = prompt
         return data
+
+    @model_validator(mode="after")
+    def _vllm_sampling(self) -> "CellConfig":
+        if self.rollout.engine == "vllm" and self.train.temperature > 2.0:  # vLLM SamplingParams: [0, 2]
+            raise ValueError(f"train.temperature {self.train.temperature} with rollout.engine vllm: vLLM accepts "
+                             "temperatures in [0, 2]")
+        return self

@@ -158,6 +158,16 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
         checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds")
         del model
     checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts")
+
+    def eval_backend() -> str:
+        from lorarl.evaluate.vllm_backend import sampled_on_hf
+
+        heavy = sampled_on_hf(cfg) if device == "cuda" else []
+        if heavy:  # not a failure: a loud note in the table (the evaluation jobs print a banner too)
+            return "WARNING sampled protocols with eval.backend hf on a GPU: " + "; ".join(heavy)
+        return f"eval.backend {cfg.eval.backend}"
+
+    checks.run("evaluation backend", eval_backend)
     for name in benchmark_specs(cfg):
         checks.run(f"evaluation data: {name}", lambda name=name: f"{len(load_problems(name, cfg))} problems (smoke limit)")
     if not checks.ok:  # nothing long starts when a check fails

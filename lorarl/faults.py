@@ -9,8 +9,9 @@ died) until the study completes. Kill targets ("stages"):
   aggregate                     `lorarl aggregate`
   launcher                      one `lorarl launch` (its job keeps running, orphaned)
   host                          the submit host dies: Snakemake and every `lorarl launch` at once
-The random point is uniform over [0, the stage's shortest process lifetime in the reference run]; a kill
-whose process ended first is not counted, the monitor waits for the next process of that stage.
+The random point is uniform over [0, the stage's median process lifetime in the reference run]; a kill
+whose process ended first is not counted, the monitor waits for the next process of that stage (kills not placed in one study run move on to
+the next run).
 Every completed pass is checked against the reference: each cell has one current MLflow run whose
 every (metric, step) appears exactly once (lost and duplicated rows are counted, also in
 metrics.csv), the final adapter equals the reference's (bit for bit is reported; the tolerance is
@@ -122,42 +123,48 @@ class Invocation:
     lifetimes: dict[str, list[float]] = field(default_factory=dict)
 
 
-def run_snakemake(workdir: Path, target: str | None, delays: dict[str, float], rng: random.Random,
-                  log: Path, timeout_s: float = 900) -> Invocation:
-    """One `snakemake all`; with a target stage, SIGKILL one of its processes at a random point."""
+def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
+                  log: Path, timeout_s: float = 1800) -> Invocation:
+    """One `snakemake all`; SIGKILL at most one process, at a random point of its life, of a stage that
+    still needs kills (the stage with the most kills left goes first; `host` = Snakemake + launchers)."""
     with open(log, "a") as fh:
         proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
                                 env=_env())
     seen: dict[int, tuple[str, float]] = {}
     life: dict[str, list[float]] = {}
-    plan: dict[int, float] = {}  # pid -> when to kill it
+    plan: dict[int, tuple[str, float]] = {}  # pid -> (stage, when to kill it): one at a time
     killed, t_end = None, time.time() + timeout_s
     while proc.poll() is None and time.time() < t_end:
         now = time.time()
         current = dict(_procs(workdir))
-        for pid, stage in current.items():
-            if pid not in seen:
-                seen[pid] = (stage, now)
-                if target == stage and killed is None:
-                    plan[pid] = now + rng.uniform(0, delays.get(stage, 5.0))
         for pid, (stage, t0) in list(seen.items()):
             if pid not in current and not _alive(pid):
                 life.setdefault(stage, []).append(now - t0)
                 del seen[pid]
-                plan.pop(pid, None)
-        if target == "host" and killed is None and not plan and current:
-            plan[proc.pid] = now + rng.uniform(0, delays.get("host", 30.0))
-        for pid, when in list(plan.items()):
-            if killed is None and now >= when:
-                if target == "host":
-                    _kill(proc.pid)
-                    for p, st in _procs(workdir):
-                        if st in ("launcher", "aggregate"):
-                            _kill(p)
-                    killed = "host"
-                elif _alive(pid) and _kill(pid):
-                    killed = target
-                plan.clear()
+                if pid in plan:
+                    del plan[pid]  # it ended before its kill: missed, wait for another one
+        top = max(remaining.values(), default=0)
+        for pid, stage in current.items():
+            if pid in seen:
+                continue
+            seen[pid] = (stage, now)
+            if killed is None and not plan and top > 0:
+                if remaining.get("host", 0) == top and stage == "launcher":
+                    plan[proc.pid] = ("host", now + rng.uniform(0, delays.get("host", 30.0)))
+                elif remaining.get(stage, 0) == top:
+                    plan[pid] = (stage, now + rng.uniform(0, delays.get(stage, 5.0)))
+        for pid, (stage, when) in list(plan.items()):
+            if now < when:
+                continue
+            if stage == "host":  # the submit host dies: Snakemake and every launcher; jobs run on
+                _kill(proc.pid)
+                for p, st in _procs(workdir):
+                    if st in ("launcher", "aggregate"):
+                        _kill(p)
+                killed = "host"
+            elif _alive(pid) and _kill(pid):
+                killed = stage
+            plan.clear()
         time.sleep(0.1)
     if proc.poll() is None:
         proc.kill()
@@ -238,7 +245,7 @@ def check(results: Path, ref: Path, study: str = "chaos") -> dict:
 
 def prepare(root: Path) -> tuple[Path, Path, dict[str, float]]:
     """A template workdir with the tiny base model built, and the uninterrupted reference run.
-    Returns (template, reference results, shortest process lifetime per stage in the reference)."""
+    Returns (template, reference results, median process lifetime per stage in the reference)."""
     template = root / "template"
     template.mkdir(parents=True, exist_ok=True)
     (template / "study.yaml").write_text(yaml.safe_dump(STUDY))
@@ -247,10 +254,10 @@ def prepare(root: Path) -> tuple[Path, Path, dict[str, float]]:
     subprocess.run(_snakemake_cmd(template, "results/models/tiny-test/config.json"), cwd=template, env=_env(),
                    check=True, capture_output=True)
     ref = clone(template, root / "reference")
-    inv = run_snakemake(ref, None, {}, random.Random(0), ref / "snakemake.log")
+    inv = run_snakemake(ref, {}, {}, random.Random(0), ref / "snakemake.log")
     if inv.rc != 0:
         raise RuntimeError(f"the reference run failed; see {ref / 'snakemake.log'}")
-    delays = {s: min(v) for s, v in inv.lifetimes.items()}
+    delays = {s: sorted(v)[len(v) // 2] for s, v in inv.lifetimes.items()}
     delays["host"] = max(inv.lifetimes.get("train", [30.0]))  # the host dies while cells train
     return template, ref / "results", delays
 
@@ -264,39 +271,30 @@ def clone(template: Path, dest: Path) -> Path:
     return dest
 
 
-def one_pass(template: Path, dest: Path, plan: list[str], delays: dict[str, float], rng: random.Random,
+def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
              max_invocations: int) -> tuple[dict[str, int], int, bool]:
-    """Run a fresh copy to completion while killing `plan` in order. (kills per stage, invocations, done)."""
+    """Run a fresh copy to completion while killing (at most one kill per `snakemake all`); `remaining`
+    is decremented. Returns (kills per stage, invocations, completed)."""
     clone(template, dest)
     log = dest / "snakemake.log"
     kills: dict[str, int] = {}
-    todo = list(plan)
     for n in range(1, max_invocations + 1):
-        target = todo[0] if todo else None
-        inv = run_snakemake(dest, target, delays, rng, log)
+        inv = run_snakemake(dest, remaining, delays, rng, log)
         if inv.killed:
             kills[inv.killed] = kills.get(inv.killed, 0) + 1
-            todo.pop(0)
+            remaining[inv.killed] -= 1
             if inv.killed == "host":  # Snakemake died holding its lock: what a user does after a lost session
                 subprocess.run(_snakemake_cmd(dest, "--unlock"), cwd=dest, env=_env(), capture_output=True)
             continue
         if inv.rc == 0:
             return kills, n, True
-        if target is not None and target not in inv.lifetimes:  # the stage never showed up this time
-            todo.pop(0)
     return kills, max_invocations, False
-
-
-def plans(kills_per_stage: int, per_pass: int, stages: tuple[str, ...]) -> list[list[str]]:
-    """Kill plans: each pass kills `per_pass` times per stage, in pipeline order."""
-    passes = -(-kills_per_stage // per_pass)
-    return [[s for s in stages for _ in range(per_pass)] for _ in range(passes)]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lorarl.faults", description=__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
-    p.add_argument("--per-pass", type=int, default=2, help="kills per stage in one study run (default 2)")
+    p.add_argument("--per-pass", type=int, default=2, help="at most this many kills per stage in one study run")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
@@ -312,16 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="lorarl-faults-")).resolve()
     t0 = time.time()
     template, ref, delays = prepare(root)
-    print(f"reference run done in {time.time() - t0:.0f}s; shortest process lifetimes (s): "
+    print(f"reference run done in {time.time() - t0:.0f}s; median process lifetimes (s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(delays.items())), flush=True)
     rng = random.Random(args.seed)
     totals = {s: 0 for s in stages}
     figures = {"passes": 0, "completed": 0, "invocations": 0, "lost": 0, "duplicated": 0, "extra_runs": 0,
                "cells": 0, "adapters_identical": 0, "adapters_within_tol": 0, "eval_equal": 0, "max_abs_diff": 0.0,
                "bad_outputs": []}
-    for i, plan in enumerate(plans(args.kills, args.per_pass, stages)):
+    remaining = {s: args.kills for s in stages}
+    for i in range(max(3, 3 * args.kills // args.per_pass)):
+        if not any(remaining.values()):
+            break
         dest = root / f"pass-{i}"
-        kills, n_inv, done = one_pass(template, dest, plan, delays, rng, max_invocations=len(plan) + 4)
+        budget = {s: min(n, args.per_pass) for s, n in remaining.items()}
+        kills, n_inv, done = one_pass(template, dest, budget, delays, rng,
+                                      max_invocations=sum(budget.values()) + 4)
+        for s, n in kills.items():
+            remaining[s] -= n
         figures["passes"] += 1
         figures["invocations"] += n_inv
         for s, n in kills.items():
@@ -337,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
               + ("completed" if done else "DID NOT COMPLETE") + (f", {json.dumps(res)}" if res else ""), flush=True)
         if done:
             shutil.rmtree(dest, ignore_errors=True)
+        if not kills and not done:
+            break
     figures["kills"] = totals
     figures["wall_s"] = round(time.time() - t0, 1)
     print(report(figures))

@@ -10,8 +10,10 @@ then fell to 0, ~50 steps after the spike):
 * ``truncation_saturation``: ``frac_truncated`` ≥ ``TRUNC_LEVEL`` for ``TRUNC_RUN`` consecutive logged
   steps (the flag's step is the first of them).
 * ``reward_collapse``: the rolling mean (``WINDOW`` steps) of ``accuracy`` (what the paper's collapse
-  is about; ``reward`` when accuracy is not logged) first climbed by at least ``MIN_RISE`` above its
-  start, then fell back below the midpoint between start and peak.
+  is about; ``reward`` when accuracy is not logged) first climbed above its start, then fell back
+  below the midpoint between start and peak; both the climb and the fall must be at least
+  ``MIN_RISE`` and at least ``NOISE_Z`` sds of a difference of two rolling means (robust per-step sd
+  from successive differences, x sqrt(2 / WINDOW)), so batch-to-batch noise of a small batch is not a collapse.
 
 The same function runs online (`CollapseMonitor`, optionally stopping training with
 ``train.stop_on_collapse``) and offline on metrics.csv, so the flags in summary.json are reproducible
@@ -30,6 +32,7 @@ TRUNC_LEVEL = 0.9  # fraction of completions that hit the token cap
 TRUNC_RUN = 3  # consecutive logged steps at or above TRUNC_LEVEL
 WINDOW = 5  # rolling mean window of the reward collapse rule
 MIN_RISE = 0.1  # the reward must first have climbed this much (absolute) above its start
+NOISE_Z = 5.0  # ... and by this many sds of a difference of two rolling means (and fallen as much)
 FLAGS = ("adv_std_spike", "truncation_saturation", "reward_collapse")
 
 
@@ -73,7 +76,10 @@ def reward_collapse(rows) -> int | None:
     peak = start
     for i in range(WINDOW - 1, len(roll)):
         peak = max(peak, roll[i])
-        if peak - start >= MIN_RISE and roll[i] < (start + peak) / 2:
+        diffs = [abs(b - a) for a, b in zip(vals[: i], vals[1: i + 1])]
+        noise = statistics.median(diffs) / 0.6745 / 2 ** 0.5 / WINDOW ** 0.5  # sd of the rolling mean
+        need = max(MIN_RISE, NOISE_Z * 2 ** 0.5 * noise)  # sd of a difference of two rolling means
+        if peak - start >= need and peak - roll[i] >= need and roll[i] < (start + peak) / 2:
             return s[i][0]
     return None
 

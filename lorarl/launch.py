@@ -44,6 +44,19 @@ EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which bench
 
 
 def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+    """What a job executes; out of disk space becomes one clear error (lorarl.diskfull)."""
+    try:
+        return _run_stage(stage, study_path, cell_id, results_dir, threads)
+    except Exception as err:
+        from lorarl.diskfull import disk_full_error, free_partial_outputs, is_disk_full
+
+        if is_disk_full(err):
+            free_partial_outputs(stage, study_path, cell_id, results_dir)
+            raise disk_full_error(err, stage, cell_id, results_dir) from err
+        raise
+
+
+def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
     """What a job executes. Imports the heavy stack lazily so the launcher itself stays light."""
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -89,8 +102,11 @@ class StageJob(submitit.helpers.Checkpointable):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
+        # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
 
     def __call__(self) -> dict:
+        os.environ.update(getattr(self, "env", {}))
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)

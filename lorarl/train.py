@@ -132,6 +132,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     from lorarl.callbacks import MetricsRecorder
     from lorarl.checkpoint import CellCheckpoints
     from lorarl.divergence import Divergence
+    from lorarl.diskfull import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.evaluate.snapshots import SnapshotSaver
     from lorarl.grpo import build_trainer, frozen_reference, needs_reference
@@ -224,6 +225,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
+    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.diskfull)
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
         dst = final / name

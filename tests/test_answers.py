@@ -69,7 +69,7 @@ def test_normalize_separators(latex, expected):
 
 
 def test_prepare_completion_touches_only_box_contents():
-    text = r"We get 1\,000 apples, so \boxed{1\,000} and \boxed{2{,}5} then \boxed{3"
+    text = r"We get 1\,000 apples, so \boxed{1\,000} and \fbox{2{,}5} then \boxed{3"
     assert prepare_completion(text) == r"We get 1\,000 apples, so \boxed{1000} and \boxed{2.5} then "
     assert prepare_completion("no box") is None
 
@@ -85,6 +85,12 @@ GRADE_TABLE = [
     ("(2,2),(6,2)", r"\boxed{(2,2)}", False, "(2,2)"),                 # half the set is wrong
     ("1", r"\boxed{1} and \boxed{2}", False, "1,2"),                   # extra answers are wrong
     ("1,2", r"$x=\boxed{1}$, $x=\boxed{2}$", True, "1,2"),            # math environments chained
+    ("1,2", r"$\boxed{1}$ or $\boxed{2}$", True, "1,2"),
+    ("1,2", r"\boxed{1} \text{ and } \boxed{2}", True, "1,2"),
+    ("-1,2", r"\boxed{x=-1} \quad \boxed{x=2}", True, "x=-1,x=2"),
+    ("1,2", r"\fbox{1} and \fbox{2}", True, "1,2"),                 # \fbox counts as \boxed
+    ("5", r"\boxed{5}\boxed{5}", True, "5"),                          # a repeated box once
+    ("3", r"\boxed{3} and the truncated \boxed{\frac{1}", True, "3"),
     #    intermediate boxes, then the final answer: only the final answer
     ("7", r"First $a = \boxed{3}$." + LONG + r"Hence the answer is $\boxed{7}$.", True, "7"),
     ("7", r"First a = \boxed{3}." + LONG + r"Hence \boxed{7}.", True, "7"),
@@ -104,6 +110,9 @@ GRADE_TABLE = [
     ("12345.6", r"\boxed{12\,345{,}6}", True, "12345.6"),
     (r"1\,000", r"\boxed{1000}", True, "1000"),                          # gold side too
     ("1,2,3", r"\boxed{1,2,3}", True, "1,2,3"),                          # a list stays a list
+    ("100, 200", r"\boxed{100, 200}", True, "100, 200"),
+    ("0.75", r"\boxed{0{,}75}", True, "0.75"),
+    ("1000", r"\boxed{1\,000 \text{ dollars}}", True, r"1000 \text{ dollars}"),
     ("123", r"\boxed{1,2,3}", False, "1,2,3"),
     ("1000", r"\boxed{1,000}", True, "1,000"),                           # math-verify's own rule
     ("2.5", r"\boxed{2,5}", False, "2,5"),                               # plain comma: a list
@@ -120,3 +129,13 @@ def test_grade_table(gold, completion, correct, graded):
 def test_grade_table_in_one_batch():
     scores = score_math_batch([g for g, *_ in GRADE_TABLE], [c for _, c, *_ in GRADE_TABLE])
     assert [s.correct for s in scores] == [c for _, _, c, _ in GRADE_TABLE]
+
+
+def test_reward_path_grades_multi_answer_solutions_as_sets():
+    """rewards.outcome: a MATH-style solution gold with two boxes rewards the full set only."""
+    from lorarl.rewards.outcome import OutcomeReward
+
+    solution = r"Factor: $(x-1)(x-2)=0$, so $x=\boxed{1}$." + LONG + r"Or $x = \boxed{2}$."
+    completions = [r"\boxed{1} and \boxed{2}", r"\boxed{2}", r"\boxed{1, 2}", r"\boxed{1 000}"]
+    rewards = OutcomeReward()(prompts=[""] * 4, completions=completions, answer=[solution] * 3 + ["1000"])
+    assert rewards == [1.0, 0.0, 1.0, 1.0]

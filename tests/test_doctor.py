@@ -38,15 +38,15 @@ def results(tmp_path_factory):
     return res
 
 
-def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(tmp_path):
+def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(results, tmp_path):
     study = load_study(DEMO)
     cell = study_cells(study)[3]
-    raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(tmp_path))
+    raw = smoke_study(study, cell, steps=2, eval_limit=4, results_dir=str(results))
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     (only,) = study_cells(load_study(tmp_path / "s.yaml"))
     assert only.id == cell.id and only.config.train.steps == 2 and only.config.train.checkpoint_every == 0
     assert only.config.eval.benchmarks["synthetic"].limit == 4
-    assert only.config.model == str((tmp_path / "models" / "tiny-arith").resolve())
+    assert only.config.model == str((results / "models" / "tiny-arith").resolve())
     assert only.config.adapter == cell.config.adapter and only.config.train.beta == cell.config.train.beta
 
 
@@ -129,3 +129,13 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
     assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
     assert not (results / "demo" / "r8-kl0.05-s1").exists()  # the real study's cells are untouched
+
+
+def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
+    from lorarl.doctor_report import read_profile
+
+    local = read_profile(None)
+    assert local["launcher"] == "local" and local["jobs"] == 2
+    slurm = read_profile("slurm")
+    want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]
+    assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["train"] and slurm["jobs"] == 32

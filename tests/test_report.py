@@ -148,6 +148,11 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
 def test_partial_study_report_shows_what_is_done(tmp_path):
     from lorarl.report import build
 
+    (tmp_path / "none").mkdir()
+    sp, res = make_study(tmp_path / "none", done=set())  # nothing finished yet: a page all the same
+    out = build(sp, res)
+    assert "(no finished cells yet)" in out["stats_md"].read_text() and "<b>18</b> not started" in \
+        out["report"].read_text()
     sp, res = make_study(tmp_path, done={"outcome-r1-s0", "outcome-r1-s1", "process-r1-s0"})
     out = build(sp, res)
     page = out["report"].read_text()
@@ -189,3 +194,24 @@ def test_seed_only_columns_compare_with_welch():
     assert c.resolvable and c.lo < c.diff < c.hi and c.diff == pytest.approx(0.1) and c.mde > 0
     assert not stats.compare(stats.t_interval([0.5, 0.6, 0.4]), stats.t_interval([0.45, 0.55, 0.5])).resolvable
     assert math.isnan(stats.compare(stats.t_interval([0.5]), b).mde)  # one seed: no interval, no claim
+
+
+# the training accuracy of a real CPU twin run (reward_density_cpu, process-r1-s0, 20 steps of 8 x 4
+# samples): noisy (per-step sd ≈ 0.09), climbing from 0.36 to ≈ 0.47 and back to 0.31 -- not a collapse
+# the rule may call at this batch size
+TWIN_ACCURACY = [0.375, 0.25, 0.25, 0.46875, 0.46875, 0.53125, 0.40625, 0.5, 0.375, 0.46875, 0.53125, 0.34375,
+                 0.46875, 0.4375, 0.46875, 0.40625, 0.34375, 0.1875, 0.3125, 0.3125]
+
+
+def test_reward_collapse_is_noise_aware():
+    rows = [{"step": i + 1, "accuracy": a} for i, a in enumerate(TWIN_ACCURACY)]
+    assert flags.detect(rows) == {}
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # flat 0.42 at 32 samples per step: binomial noise alone never flags
+        flat = rng.binomial(32, 0.42, size=60) / 32
+        assert flags.detect([{"step": i + 1, "accuracy": a} for i, a in enumerate(flat)]) == {}
+    # a large-batch run (256 samples per step) that climbs 0.375 -> 0.55 then falls to 0: flagged
+    curve = [0.375 + 0.175 * min(i, 20) / 20 - (0.05 * (i - 30) if i > 30 else 0) for i in range(45)]
+    noisy = np.clip(np.array(curve) + rng.normal(0, 0.03, 45), 0, 1)
+    step = flags.detect([{"step": i + 1, "accuracy": a} for i, a in enumerate(noisy)]).get("reward_collapse")
+    assert step is not None and 32 <= step <= 42

@@ -190,3 +190,57 @@ def test_stale_engine_trips_the_gate(tiny_dir, tmp_path, monkeypatch):
         trainer.train()
     diffs = _metric(trainer, "rollout/logp_diff_mean")
     assert diffs[0] < 1e-3 and diffs[-1] > 0.02 and trainer.state.global_step < 12
+
+
+def test_memory_settings_are_not_in_the_training_signature_sampling_settings_are():
+    from lorarl.signature import train_signature
+
+    base = CellConfig()
+    sig = train_signature(base)
+
+    def with_rollout(**kw):
+        return base.model_copy(update={"rollout": base.rollout.model_copy(update=kw)})
+
+    assert train_signature(with_rollout(gpu_memory_utilization=0.6)) == sig
+    assert train_signature(with_rollout(sleep_mode=True)) == sig
+    for changes in ({"engine": "vllm"}, {"max_model_length": 4096}, {"enforce_eager": True},
+                    {"freshness_threshold": 0.1}):
+        assert train_signature(with_rollout(**changes)) != sig, changes
+
+
+def test_vllm_cell_without_gpu_exits_2_before_writing(tmp_path, capsys, tiny_dir):
+    import yaml
+
+    from lorarl.cli import main
+
+    study = {"name": "v", "defaults": {"model": tiny_dir, "train": {"steps": 2}, "rollout": {"engine": "vllm"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
+    assert rc == 2 and "rollout.engine: 'vllm' needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.json"))
+
+
+def test_vllm_temperature_range_is_checked_at_load():
+    with pytest.raises(ValueError, match="train.temperature"):
+        CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"temperature": 2.5}})
+    CellConfig.model_validate({"train": {"temperature": 2.5}})  # hf has no such limit
+
+
+@pytest.mark.parametrize("method,init", [("lora", "pissa"), ("lora", "olora"), ("dora", None), ("vera", None),
+                                         ("ia3", None), ("miss", 4), ("adalora", None), ("ln_tuning", None),
+                                         ("full", None)])
+def test_every_registry_method_pushes_the_step0_policy_and_leaves_the_model_intact(tiny_dir, method, init):
+    """At step 0 each method's policy is the original base (lorarl.adapters guarantees it), so the EFFECTIVE
+    weights pushed to vLLM must be the original weights, whatever the method stores in its base layers."""
+    from lorarl.adapters import build_adapter
+
+    model, _ = load(tiny_dir)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    adapter = {"method": method, **({"rank": init} if isinstance(init, int) else {"init": init} if init else {})}
+    pm = build_adapter(model, CellConfig.model_validate({"adapter": adapter})).model
+    before = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    pushed = dict(effective_named_params(pm))
+    assert set(pushed) == set(original), set(pushed) ^ set(original)
+    for n, w in original.items():
+        assert torch.allclose(pushed[n], w, atol=1e-4), (n, (pushed[n] - w).abs().max())
+    assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())
