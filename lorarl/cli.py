@@ -43,13 +43,16 @@ def use_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking_server import CREDENTIALS_ENV
+    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
 
+    creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
-        resolve_tracking(args.tracking, getattr(args, "results", "results"))  # TrackingError: exit 2
+        uri = resolve_tracking(args.tracking, getattr(args, "results", "results"))  # TrackingError: exit 2
+        if uri.startswith(("http://", "https://")):
+            check_client(uri, creds)  # a readable-by-others or missing credentials file: exit 2, nothing submitted
         os.environ[TRACKING_ENV] = args.tracking
-    if getattr(args, "tracking_credentials", None):
-        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+    if creds:
+        os.environ[CREDENTIALS_ENV] = creds
 
 
 def cmd_run(args: argparse.Namespace) -> int:

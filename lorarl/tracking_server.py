@@ -98,6 +98,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_client(uri: str, path: str | Path | None = None) -> None:
+    """In the launcher, before anything is submitted: a server beyond loopback needs a private credentials file."""
+    if os.environ.get("MLFLOW_TRACKING_TOKEN") or os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        return
+    if load_credentials(path) is None and not is_loopback(urlparse(uri).hostname or ""):
+        raise TrackingError(f"tracking: {uri} is beyond loopback, so it needs the credentials file "
+                            f"{credentials_path(path)} (written by `lorarl tracking serve`; or set ${CREDENTIALS_ENV})")
+
+
 def configure_client(uri: str) -> None:
     """In a job: credentials into this process's environment; MLflow's HTTP retries off (ours back off)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

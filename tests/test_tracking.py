@@ -33,18 +33,29 @@ def test_tracking_setting_values(tmp_path: Path, monkeypatch):
         tracking.resolve_tracking("postgres", tmp_path)
 
 
-def test_bad_tracking_in_launch_exits_2_before_anything_is_written(tmp_path: Path, capsys):
+def test_bad_tracking_in_launch_exits_2_before_anything_is_written(tmp_path: Path, capsys, monkeypatch):
+    for k in (tracking.TRACKING_ENV, tracking_server.CREDENTIALS_ENV, "MLFLOW_TRACKING_USERNAME"):
+        monkeypatch.setenv(k, "")  # recorded, so that whatever the command sets is undone afterwards
+        monkeypatch.delenv(k)
     code = cli.main(["launch", "train", str(tmp_path / "study.yaml"), "c", "--results", str(tmp_path / "res"),
                      "--tracking", "ftp://somewhere"])
     assert code == 2
     err = capsys.readouterr().err
     assert "tracking: 'ftp://somewhere' is not allowed" in err and "http(s)://host:port" in err
     assert not (tmp_path / "res").exists()
+    creds = tmp_path / "creds"
+    creds.write_text("username = u\npassword = p\n")
+    os.chmod(creds, 0o644)  # readable by others: refused before anything is submitted
+    code = cli.main(["launch", "train", str(tmp_path / "study.yaml"), "c", "--results", str(tmp_path / "res"),
+                     "--tracking", "http://127.0.0.1:5000", f"--tracking-credentials={creds}"])
+    assert code == 2 and "chmod 600" in capsys.readouterr().err and not (tmp_path / "res").exists()
 
 
 def test_credentials_file_must_be_private(tmp_path: Path, monkeypatch):
-    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
+    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(k, "")  # recorded, so that configure_client's settings are undone afterwards
+        monkeypatch.delenv(k)
     f = tmp_path / "creds"
     monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(f))
     # beyond loopback without a credentials file: refused, naming the file

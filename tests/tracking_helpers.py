@@ -91,7 +91,8 @@ class ServerProcess:
         self.uri = ""
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(REPO), "LORARL_TRACKING_CREDENTIALS": str(self.creds)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+        return {**env, "PYTHONPATH": str(REPO), "LORARL_TRACKING_CREDENTIALS": str(self.creds)}
 
     def start(self, timeout_s: float = 300) -> str:
         import socket
