@@ -50,7 +50,7 @@ class MetricsRecorder(TrainerCallback):
     def flush(self) -> None:
         self._write_csv()
         if self.tracker is not None and self._pending:
-            self.tracker.log_metrics(self._pending)
+            self.tracker.log_metrics(self._pending, wait=False)  # store away: train on, send later
         self._pending = []
 
     def on_save(self, args, state, control, **kw):

@@ -1,4 +1,5 @@
-"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor.
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor |
+tracking serve | sync-mlflow.
 
 Light at import: heavy libraries load only inside the command that needs them.
 """
@@ -36,10 +37,29 @@ def cmd_cells(args: argparse.Namespace) -> int:
     return 0
 
 
+def use_tracking(args: argparse.Namespace) -> None:
+    """`--tracking` / `--tracking-credentials` (from the profile) into this process's environment, where
+    lorarl.tracking and every job started from here read them; a bad value exits 2 before anything runs."""
+    import os
+
+    from lorarl.tracking import TRACKING_ENV, resolve_tracking
+    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
+
+    creds = getattr(args, "tracking_credentials", None) or None
+    if getattr(args, "tracking", None):
+        uri = resolve_tracking(args.tracking, getattr(args, "results", "results"))  # TrackingError: exit 2
+        if uri.startswith(("http://", "https://")):
+            check_client(uri, creds)  # a readable-by-others or missing credentials file: exit 2, nothing submitted
+        os.environ[TRACKING_ENV] = args.tracking
+    if creds:
+        os.environ[CREDENTIALS_ENV] = creds
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
     from lorarl.launch import run_stage
 
+    use_tracking(args)
     for stage in args.stages.split(","):
         out = run_stage(stage, args.study, args.cell, args.results, args.threads)
         print(json.dumps(out, indent=2, default=str))
@@ -50,6 +70,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from lorarl.launch import launch
 
     slurm = json.loads(args.slurm) if args.slurm else None
+    use_tracking(args)
     return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm)
 
 
@@ -118,6 +139,38 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     return 1 if args.check and (changed or flipped) else 0
 
 
+def cmd_tracking_serve(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from lorarl.tracking_server import profile_tracking, serve
+
+    host, port = args.host, args.port
+    if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
+        uri = profile_tracking(args.profile)
+        if not uri or not str(uri).startswith(("http://", "https://")):
+            print(f"error: profile {args.profile}: `tracking:` is {uri!r}, not an http(s):// server URI",
+                  file=sys.stderr)
+            return 2
+        u = urlparse(uri)
+        host = host or u.hostname
+        port = port if port is not None else (u.port or 5000)
+    return serve(host=host or "127.0.0.1", port=5000 if port is None else port, state=args.state,
+                 artifacts=args.artifacts, backend=args.backend_store_uri, workers=args.workers,
+                 credentials=args.credentials, force_auth=args.auth)
+
+
+def cmd_sync_mlflow(args: argparse.Namespace) -> int:
+    from lorarl.tracking_sync import sync_study
+
+    use_tracking(args)
+    report = sync_study(args.study, args.results)
+    for row in report:
+        print(f"{row['cell']}: run {row['run_id']} ({row['run']}); {row['logged']} value(s) logged, "
+              f"{row['present']} already there")
+    print(f"{len(report)} cell(s) synced into {report[0]['uri'] if report else 'the store'}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
     from lorarl.status import as_json, format_table, study_status
@@ -139,6 +192,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
 
 
+def _tracking_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking", default=None, help="MLflow store: sqlite | http(s)://host:port (the profile's)")
+    p.add_argument("--tracking-credentials", default=None, help="credentials file of a server with auth (a path)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lorarl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -155,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--stages", default="train,evaluate", help="comma list of train,evaluate")
     r.add_argument("--results", default="results")
     r.add_argument("--threads", type=int, default=None)
+    _tracking_args(r)
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
@@ -165,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--executor", default="local", choices=["debug", "local", "slurm"])
     la.add_argument("--threads", type=int, default=1)
     la.add_argument("--slurm", default=None, help="JSON of submitit Slurm parameters (from the profile)")
+    _tracking_args(la)
     la.set_defaults(fn=cmd_launch)
 
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
@@ -198,6 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
+    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking_server.py)")
+    trs = tr.add_subparsers(dest="tracking_cmd", required=True)
+    sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
+    sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
+    sv.add_argument("--port", type=int, default=None, help="default 5000; 0 = any free port")
+    sv.add_argument("--profile", default=None, help="bind where this profile's `tracking:` URI says")
+    sv.add_argument("--state", default="results/.tracking", help="PostgreSQL data, logs, server.json")
+    sv.add_argument("--artifacts", default="results/mlartifacts", help="artifact root (shared filesystem)")
+    sv.add_argument("--backend-store-uri", default=None, help="an existing database instead of our own PostgreSQL")
+    sv.add_argument("--workers", type=int, default=2, help="MLflow server worker processes")
+    sv.add_argument("--credentials", default=None, help="credentials file (default ~/.config/lorarl/...)")
+    sv.add_argument("--auth", action="store_true", help="basic auth on loopback too (a shared submit host)")
+    sv.set_defaults(fn=cmd_tracking_serve)
+
+    sy = sub.add_parser("sync-mlflow", help="replay a study's files into the (new or repaired) MLflow store")
+    sy.add_argument("study")
+    sy.add_argument("--results", default="results")
+    _tracking_args(sy)
+    sy.set_defaults(fn=cmd_sync_mlflow)
+
     dr = sub.add_parser("doctor", help="smoke-test one cell where the study runs; project its time and GPU-hours")
     dr.add_argument("study")
     dr.add_argument("--cell", default=None, help="cell id (default: the first cell)")
@@ -209,8 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
+    from lorarl.tracking import TrackingError, TrackingUnavailable
+
     try:
         return args.fn(args)
+    except TrackingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except TrackingUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except StudyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

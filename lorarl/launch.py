@@ -102,8 +102,11 @@ class StageJob(submitit.helpers.Checkpointable):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
+        # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
 
     def __call__(self) -> dict:
+        os.environ.update(getattr(self, "env", {}))
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)

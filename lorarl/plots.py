@@ -26,6 +26,16 @@ def _group_label(row: pd.Series, keys: list[str]) -> str:
     return ", ".join(f"{k}={row[k]}" for k in keys) or "all"
 
 
+def _group_labels(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """`_group_label` of every row at once (vectorised: no Python call per row)."""
+    if not keys:
+        return pd.Series("all", index=df.index, dtype=object)
+    out = f"{keys[0]}=" + df[keys[0]].astype(str)
+    for k in keys[1:]:
+        out = out + f", {k}=" + df[k].astype(str)
+    return out
+
+
 def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "reward",
                   smooth: int = 5) -> Path | None:
     """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds."""
@@ -107,7 +117,7 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     bench, metric = df["benchmark"].iloc[0], df["metric"].iloc[0]
     stats = df.groupby(keys + ["step"] if keys else ["step"], sort=False)["value"].agg(["mean", "std", "count"])
     stats = stats.reset_index()
-    stats.insert(0, "series", stats.apply(lambda r: _group_label(r, keys), axis=1))
+    stats.insert(0, "series", _group_labels(stats, keys))
     order = {name: i for i, name in enumerate(dict.fromkeys(stats["series"]))}
     stats = stats.sort_values(["series", "step"], key=lambda c: c.map(order) if c.name == "series" else c)
     col = f"{bench}/{metric}"
@@ -152,7 +162,7 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     if diag.empty:
         return None
     keys = [a for a in study.axes if a != study.seed_axis]
-    diag = diag.assign(group=diag.apply(lambda r: _group_label(r, keys), axis=1))
+    diag = diag.assign(group=_group_labels(diag, keys))
     scal = diag[diag["metric"].isin(["spectral_drift", "max_angle_left_deg"])]
     per_matrix = scal.groupby(["group", "matrix", "metric"], sort=False)["value"].mean().unstack("metric")
     per_matrix.to_csv(out.with_name(out.stem + "_per_matrix.csv"))

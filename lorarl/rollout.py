@@ -114,6 +114,15 @@ def _vllm_name(name: str, prefix: str | None) -> str | None:
     return name.replace("modules_to_save.default.", "").replace("_checkpoint_wrapped_module.", "")
 
 
+def _adapter_only(name: str, tuner_names: set[str]) -> bool:
+    """A parameter of a tuner layer outside its base layer (lora_A, AdaLoRA's ranknum, ...): not in vLLM."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        if ".".join(parts[:i]) in tuner_names:
+            return parts[i] != "base_layer"
+    return False
+
+
 @torch.no_grad()
 def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(vLLM name, effective weight) of every parameter; the model is left bit-identical.
@@ -150,8 +159,9 @@ def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 layer.merged_adapters = []
             else:  # merged by swapping modules (LayerNorm tuning): unmerge swaps back, exactly
                 layer.unmerge()
+    tuner_names = {lname for lname, _ in _tuner_layers(model)}
     for name, p in model.named_parameters():
-        if name in merged_names:
+        if name in merged_names or _adapter_only(name, tuner_names):
             continue
         out = _vllm_name(name, prefix)
         if out is not None:

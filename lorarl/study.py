@@ -129,20 +129,20 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
     return study
 
 
-_LOADED: dict[tuple[str, int, int], Study] = {}  # (path, mtime_ns, size) -> Study: one table per file
+_LOADED: dict[tuple[str, str], Study] = {}  # (path, file text) -> Study: one table per file content
 
 
 def load_study(path: str | Path) -> Study:
-    """Parse, validate and build the cell table of a study file (cached per file in this process)."""
+    """Parse, validate and build the cell table of a study file (cached per file content in this process:
+    mtimes are too coarse to tell two quick edits apart)."""
     path = Path(path)
     if not path.exists():
         raise StudyError(f"no such study file: {path}; allowed: a path to an existing study YAML "
                          f"(e.g. experiments/demo.yaml)")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    text = path.read_text()
+    key = (str(path.resolve()), text)
     if key in _LOADED:
         return _LOADED[key]
-    text = path.read_text()
     raw = yamlpos.load(text, str(path))  # duplicate keys refused; YAML errors name the line
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: a study must be a mapping with name/defaults/axes; allowed top-level keys: "

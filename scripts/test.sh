@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
+bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
 trap 'bash tests/slurm/cluster.sh down || true' EXIT
 python -m pytest tests "$@"

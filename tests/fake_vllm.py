@@ -175,7 +175,10 @@ class LLM:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.kwargs = dict(model=model, **kw)
-        self.hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        dtype = kw.get("dtype", "auto")  # vLLM: "auto" = the checkpoint's dtype
+        dtype = dtype if dtype == "auto" else getattr(torch, {"half": "float16", "float": "float32"}.get(dtype, dtype))
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU box runs the sampler in bf16 there
+        self.hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.stale = LLM.stale_default
         self.loaded: list[str] = []
@@ -260,7 +263,7 @@ class LLM:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], sp: SamplingParams, gen, eos: set[int], index: int) -> CompletionOutput:
-        ids = torch.tensor([prompt_ids])
+        ids = torch.tensor([prompt_ids], device=self.device)
         out = self.hf_model(ids, use_cache=True)
         past, token_ids, logprobs, finish = out.past_key_values, [], [], "length"
         logits_V = out.logits[0, -1]
@@ -269,8 +272,7 @@ class LLM:
             if sp.temperature < 1e-5:
                 tok = int(lp_V.argmax())
             else:
-                probs = torch.exp(lp_V)
-                probs = torch.nan_to_num(probs, nan=0.0)
+                probs = torch.nan_to_num(torch.exp(lp_V), nan=0.0).cpu()
                 tok = int(torch.multinomial(probs, 1, generator=gen)) if probs.sum() > 0 else 0
             token_ids.append(tok)
             if sp.logprobs is not None:
@@ -279,7 +281,7 @@ class LLM:
             if tok in eos:
                 finish = "stop"
                 break
-            out = self.hf_model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            out = self.hf_model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
             past, logits_V = out.past_key_values, out.logits[0, -1]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens)
         return CompletionOutput(index, text, token_ids, None, logprobs if sp.logprobs is not None else None, finish)

@@ -100,6 +100,11 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):
     assert "data:image/png;base64," in (res / "e2e" / "report.html").read_text()
     assert "bootstrap over seeds and evaluation problems" in (res / "e2e" / "tables" / "stats.md").read_text()
     assert "output:" not in first.stderr and "steps (100%) done" in first.stderr
+    from tests.cdp import chromium, load_page
+
+    if chromium():  # the page of a real run renders in a browser: every figure decoded, no console error
+        seen = load_page(res / "e2e" / "report.html", chromium())
+        assert seen["images"] and all(i["naturalWidth"] > 0 for i in seen["images"]) and seen["errors"] == []
 
     second = snakemake(workdir, "all")
     assert "Nothing to be done" in second.stderr + second.stdout

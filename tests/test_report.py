@@ -148,6 +148,11 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
 def test_partial_study_report_shows_what_is_done(tmp_path):
     from lorarl.report import build
 
+    (tmp_path / "none").mkdir()
+    sp, res = make_study(tmp_path / "none", done=set())  # nothing finished yet: a page all the same
+    out = build(sp, res)
+    assert "(no finished cells yet)" in out["stats_md"].read_text() and "<b>18</b> not started" in \
+        out["report"].read_text()
     sp, res = make_study(tmp_path, done={"outcome-r1-s0", "outcome-r1-s1", "process-r1-s0"})
     out = build(sp, res)
     page = out["report"].read_text()

@@ -224,3 +224,23 @@ def test_vllm_temperature_range_is_checked_at_load():
     with pytest.raises(ValueError, match="train.temperature"):
         CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"temperature": 2.5}})
     CellConfig.model_validate({"train": {"temperature": 2.5}})  # hf has no such limit
+
+
+@pytest.mark.parametrize("method,init", [("lora", "pissa"), ("lora", "olora"), ("dora", None), ("vera", None),
+                                         ("ia3", None), ("miss", 4), ("adalora", None), ("ln_tuning", None),
+                                         ("full", None)])
+def test_every_registry_method_pushes_the_step0_policy_and_leaves_the_model_intact(tiny_dir, method, init):
+    """At step 0 each method's policy is the original base (lorarl.adapters guarantees it), so the EFFECTIVE
+    weights pushed to vLLM must be the original weights, whatever the method stores in its base layers."""
+    from lorarl.adapters import build_adapter
+
+    model, _ = load(tiny_dir)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    adapter = {"method": method, **({"rank": init} if isinstance(init, int) else {"init": init} if init else {})}
+    pm = build_adapter(model, CellConfig.model_validate({"adapter": adapter})).model
+    before = {n: p.detach().clone() for n, p in pm.named_parameters()}
+    pushed = dict(effective_named_params(pm))
+    assert set(pushed) == set(original), set(pushed) ^ set(original)
+    for n, w in original.items():
+        assert torch.allclose(pushed[n], w, atol=1e-4), (n, (pushed[n] - w).abs().max())
+    assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())

@@ -141,6 +141,7 @@ def test_slurm_profile_resolves_from_the_repo_root(profile: str, tmp_path: Path)
     out = _dry_run(profile, tmp_path)
     train = next(line for line in out.splitlines() if "lorarl launch train" in line)
     assert "--executor slurm --threads 0" in train
+    assert "--tracking http://127.0.0.1:5000 " in train  # the profile's MLflow store reaches every job
     slurm = json.loads(train.split("--slurm '")[1].split("'")[0])
     want = yaml.safe_load((REPO / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]["train"]
     assert slurm == want and slurm["partition"] == "gpu" and slurm["gpus_per_node"] == 1

@@ -6,6 +6,7 @@ figures, a missing evaluation file leaves its columns empty. Nothing here writes
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +45,26 @@ def _read_json(p: Path) -> dict | None:
         return None
 
 
+_SCORES: dict[tuple[str, str], pd.Series | None] = {}  # (file, sha1 of its text) -> its scores
+
+
 def problem_scores(results: Path, study: str, cell: str, benchmark: str) -> pd.Series | None:
-    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation."""
+    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation
+    (each samples file parsed once per process while unchanged: the stats table asks per group)."""
     p = paths.path("eval_samples", results=results, study=study, cell=cell, benchmark=benchmark)
-    if not p.exists():
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
         return None
-    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    key = (str(p), hashlib.sha1(text.encode()).hexdigest())  # content, not mtime: a re-grade can rewrite
+    # a file within one mtime tick
+    if key not in _SCORES:
+        _SCORES[key] = _parse_scores(text)
+    return _SCORES[key]
+
+
+def _parse_scores(text: str) -> pd.Series | None:
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not rows:
         return None
     df = pd.DataFrame(rows, columns=["problem_id", "correct"])

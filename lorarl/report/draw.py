@@ -26,6 +26,24 @@ def series_label(row: pd.Series | dict, keys: list[str]) -> str:
     return ", ".join(f"{k}={row[k]}" for k in keys) or "all"
 
 
+def series_labels(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """`series_label` of every row at once (vectorised: no Python call per row)."""
+    if not keys:
+        return pd.Series("all", index=df.index, dtype=object)
+    out = f"{keys[0]}=" + df[keys[0]].astype(str)
+    for k in keys[1:]:
+        out = out + f", {k}=" + df[k].astype(str)
+    return out
+
+
+def by_series(df: pd.DataFrame, keys: list[str]) -> dict[tuple, pd.DataFrame]:
+    """Rows of `df` per series: the tuple of its key columns as strings -> those rows (one pass)."""
+    if not keys:
+        return {(): df}
+    return {tuple(map(str, k if isinstance(k, tuple) else (k,))): g
+            for k, g in df.groupby([df[k].astype(str) for k in keys], sort=False)}
+
+
 def colors(n: int):
     cmap = plt().get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]

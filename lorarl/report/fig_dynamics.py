@@ -33,10 +33,11 @@ def training_dynamics(data: StudyData, out: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 1.5, 3.6), squeeze=False)
     series = list(dict.fromkeys(map(tuple, table[keys].astype(str).values))) if keys else [()]
     for ax, (m, title) in zip(axes[0], panels):
-        sub = table[table["metric"] == m]
+        parts = draw.by_series(table[table["metric"] == m], keys)
         for color, grp in zip(draw.colors(len(series)), series):
-            sel = (sub[keys].astype(str).apply(tuple, axis=1) == grp) if keys else pd.Series(True, index=sub.index)
-            g = sub[sel].sort_values("step")
+            if grp not in parts:
+                continue
+            g = parts[grp].sort_values("step")
             lab = ", ".join(f"{k}={v}" for k, v in zip(keys, grp)) or "all"
             ax.plot(g["step"], g["mean"], color=color, lw=1.3, label=lab)
             ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),

@@ -49,16 +49,17 @@ def collapse_truncation(data: StudyData, out: Path) -> Path | None:
     ax2 = ax.twinx()
     groups = list(dict.fromkeys(map(tuple, table[keys].astype(str).values))) if keys else [()]
     flag_cols = [c for c in data.cells if str(c).startswith("flag/")]
+    parts, cell_parts = draw.by_series(table, keys), draw.by_series(data.cells, keys)
     for color, grp in zip(draw.colors(len(groups)), groups):
-        sel = (table[keys].astype(str).apply(tuple, axis=1) == grp) if keys else pd.Series(True, index=table.index)
+        part = parts.get(grp, table.iloc[:0])
         lab = ", ".join(f"{k}={v}" for k, v in zip(keys, grp)) or "all"
-        a = table[sel & (table["series"] == "acc")].sort_values("step")
-        t = table[sel & (table["series"] == "frac_truncated")].sort_values("step")
+        a = part[part["series"] == "acc"].sort_values("step")
+        t = part[part["series"] == "frac_truncated"].sort_values("step")
         ax.plot(a["step"], a["mean"], color=color, marker="o", ms=2, label=lab)
         ax.fill_between(a["step"], a["mean"] - a["std"].fillna(0), a["mean"] + a["std"].fillna(0), color=color,
                         alpha=0.15, lw=0)
         ax2.plot(t["step"], t["mean"], color=color, ls=":", lw=1.2)
-        cells = data.cells[(data.cells[keys].astype(str).apply(tuple, axis=1) == grp)] if keys else data.cells
+        cells = cell_parts.get(grp, data.cells.iloc[:0])
         for fc in flag_cols:
             for st in cells[fc].dropna():
                 ax.axvline(float(st), color=color, alpha=0.35, lw=0.8, ymax=0.06)

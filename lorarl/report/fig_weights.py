@@ -19,7 +19,7 @@ OVERLAPS = ("principal", "low_magnitude", "principal_not_low")
 def _scalar(data: StudyData, metrics: list[str]) -> pd.DataFrame:
     """Per group, matrix, metric: the mean over seeds of the scalar diagnostics (index 0)."""
     d = data.diag[data.diag["metric"].isin(metrics) & (data.diag["index"] == 0)]
-    d = d.assign(group=d.apply(lambda r: draw.series_label(r, data.keys), axis=1))
+    d = d.assign(group=draw.series_labels(d, data.keys))
     return d.groupby(["group", "matrix", "metric"], sort=False)["value"].mean().reset_index()
 
 

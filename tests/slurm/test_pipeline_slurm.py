@@ -82,7 +82,7 @@ def snakemake_cmd(workdir: Path) -> list[str]:
     studies = json.dumps([str(workdir / "study.yaml")])
     return [sys.executable, "-m", "snakemake", "all", "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(workdir), "--config", f"studies={studies}", "results=results",
-            "slurm=" + json.dumps(SLURM)]
+            "slurm=" + json.dumps(SLURM), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
 
 
 def env() -> dict[str, str]:

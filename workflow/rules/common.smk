@@ -77,9 +77,12 @@ def slurm_json(stage):
     return json.dumps(config.get("slurm", {}).get(stage, {}))
 
 
+# The MLflow store (`tracking:` of the profile) is read from config inside the command, not passed as a
+# param: switching sqlite <-> server never reruns a cell (params are a rerun trigger, this text is not).
 LAUNCH = (
     "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
-    "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} > {log} 2>&1"
+    "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} "
+    "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
 )
 
 

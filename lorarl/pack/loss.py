@@ -1,0 +1,93 @@
+"""Per-cell GRPO loss of a packed batch: TRL 1.16's clipped surrogate plus lorarl's own KL term.
+
+For one cell's rows this is, term for term, what :class:`lorarl.grpo.LorarlGRPOTrainer` computes in
+``_compute_loss`` for the loss types it supports (TRL's policy loss with TRL's ``beta`` at 0, plus
+``beta * kl.aggregate(estimator)``), so a packed cell's loss and gradients equal the solo trainer's
+(tests/test_pack.py). Each cell is normalised over its OWN rows and tokens: cells never share a
+denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lorarl import kl as klmod
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """One cell's loss settings (the fields of its ``train:`` section that shape the loss)."""
+
+    loss_type: str = "grpo"  # why: TRL's aggregation (grpo | bnpo | dr_grpo | dapo)
+    beta: float = 0.0  # why: KL coefficient against the shared frozen base
+    kl_estimator: str = "k3"  # why: lorarl.kl estimator of the per-token KL term
+    kl_importance_correction: bool = True  # why: TRL's use_bias_correction_kl (KL term times pi/pi_old)
+    epsilon_low: float = 0.2  # why: lower clip of the importance ratio
+    epsilon_high: float = 0.2  # why: upper clip (DAPO's clip-higher when larger)
+    importance_sampling_level: str = "token"  # why: TRL's token- or sequence-level ratio
+    max_completion_length: int = 256  # why: dr_grpo's fixed normaliser
+    delta: float | None = None  # why: TRL's two-sided (dual) clip of the ratio; None = off
+
+    @classmethod
+    def from_train(cls, t) -> "LossSettings":
+        """From a cell's ``train:`` section (:class:`lorarl.config.TrainConfig`)."""
+        return cls(loss_type=t.loss_type, beta=t.beta, kl_estimator=t.kl_estimator,
+                   kl_importance_correction=t.kl_importance_correction, epsilon_low=t.epsilon,
+                   epsilon_high=t.epsilon if t.epsilon_high is None else t.epsilon_high,
+                   importance_sampling_level=t.importance_sampling_level,
+                   max_completion_length=t.max_completion_length, delta=t.dual_clip)
+
+    def check(self) -> None:
+        if self.loss_type not in klmod.LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r}; allowed: {', '.join(klmod.LOSS_TYPES)}")
+        klmod.estimator(self.kl_estimator)
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level {self.importance_sampling_level!r}; allowed: token, sequence")
+
+
+def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    """One cell's loss on its rows: ``batch`` holds ``completion_mask``, ``advantages`` ([B, T] or [B]),
+    optional ``old_per_token_logps``, ``lorarl_ref_logps`` (when beta > 0), ``num_items_in_batch`` (dapo)."""
+    mask_BT = batch["completion_mask"]
+    if "tool_mask" in batch:
+        mask_BT = mask_BT * batch["tool_mask"]
+    adv = batch["advantages"]
+    adv_BT = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    old_BT = batch.get("old_per_token_logps")
+    old_BT = logp_BT.detach() if old_BT is None else old_BT
+    log_ratio_BT = logp_BT - old_BT
+    if s.importance_sampling_level == "token":
+        log_w = log_ratio_BT
+    else:
+        log_w = ((log_ratio_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_w)
+    coef_2 = torch.clamp(coef_1, 1 - s.epsilon_low, 1 + s.epsilon_high)
+    if s.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=s.delta)
+    per_token_BT = -torch.min(coef_1 * adv_BT, coef_2 * adv_BT)
+    n_items = batch.get("num_items_in_batch")
+    if n_items is None:
+        n_items = mask_BT.sum()
+    # TRL's own expressions for the policy term (same operation order as GRPOTrainer._compute_loss)
+    if s.loss_type == "grpo":
+        loss = ((per_token_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)).mean() / 1
+    elif s.loss_type == "bnpo":
+        loss = (per_token_BT * mask_BT).sum() / mask_BT.sum().clamp(min=1.0) / 1
+    elif s.loss_type == "dr_grpo":
+        loss = (per_token_BT * mask_BT).sum() / (per_token_BT.size(0) * s.max_completion_length) / 1
+    else:  # dapo
+        normalizer = torch.as_tensor(n_items).clamp(min=1.0) / 1
+        loss = (per_token_BT * mask_BT).sum() / normalizer
+    stats: dict[str, float] = {}
+    if s.beta > 0:
+        ref_BT = batch["lorarl_ref_logps"]
+        weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, s.importance_sampling_level) \
+            if s.kl_importance_correction else None
+        kl_BT = klmod.per_token_kl(s.kl_estimator, logp_BT, ref_BT, weight_BT)
+        term = klmod.aggregate(kl_BT, mask_BT, s.loss_type, max_completion_length=s.max_completion_length,
+                               num_items_in_batch=n_items)
+        loss = loss + s.beta * term
+        stats["kl"] = klmod.masked_mean(kl_BT.detach(), mask_BT).item()
+    return loss, stats

@@ -1,0 +1,150 @@
+"""The packed trainer's update: K cells, one batched forward, per-cell loss, optimiser and clipping.
+
+    cells = [PackCell("c0", peft_model_0, optimizer_0, LossSettings(...), scheduler_0, max_grad_norm=1.0), ...]
+    pack = PackedTrainer(cells, temperature=1.0)
+    out = pack.step([batch_0, batch_1, ...])     # one TRL-shaped batch per cell (prompt/completion ids+masks,
+                                                 # advantages, old/ref log-probs)
+
+What is per cell: the loss and its normalisation (:mod:`lorarl.pack.loss`), the gradient (cell k's
+adapter only ever sees cell k's rows, so the gradient of the summed loss w.r.t. cell k's parameters is
+the gradient of cell k's loss), gradient clipping, optimiser, scheduler, divergence (a cell whose loss
+or gradient norm is not finite is stopped: its optimiser does not step and it leaves the pack; the
+others go on). What is shared: the frozen base weights and the one forward/backward.
+
+Padding: the cells' batches are padded to common widths (prompts on the left, completions on the
+right). Extra left padding shifts positions; ``position_ids`` put every real token at the position it
+has in the cell's own batch, so a packed row computes what the solo trainer computes.
+
+Not here (yet): rollout generation with per-cell sampling RNG and the regime scoring; the update takes
+batches already scored (what ``LorarlGRPOTrainer._generate_and_score_completions`` returns). One
+micro-batch per generation batch (``gradient_accumulation_steps = steps_per_generation = 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lorarl.pack.loss import LossSettings, cell_loss
+from lorarl.pack.routing import Router
+
+
+@dataclass
+class PackCell:
+    """One cell of a pack: its own PEFT model (adapter), optimiser, scheduler and loss settings."""
+
+    name: str  # why: the cell's id (its results directory)
+    model: Any  # why: the cell's PEFT model; its base weights must equal cell 0's
+    optimizer: torch.optim.Optimizer  # why: per-cell optimiser state (Adam moments never mix)
+    loss: LossSettings = field(default_factory=LossSettings)  # why: per-cell β, loss type, clip range
+    scheduler: Any = None  # why: per-cell learning-rate schedule
+    max_grad_norm: float | None = 1.0  # why: per-cell clipping (a pack-wide norm would couple cells)
+    state: str = "running"  # why: "running", or "diverged" once its loss/gradient is not finite
+    diverged_at: int | None = None  # why: the step whose update was refused
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def _pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (width - x.size(1), 0), value=value)
+
+
+def _pad_right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.size(1)), value=value)
+
+
+class PackedTrainer:
+    """Trains K cells that share one frozen base in one batched forward per step."""
+
+    def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True):
+        for c in cells:
+            c.loss.check()
+        self.cells = cells
+        self.router = Router([c.model for c in cells])
+        self.host = cells[0].model
+        self.pad_token_id = int(pad_token_id)
+        self.fused_lm_head = fused_lm_head  # TRL's log-prob head (trl.trainer.utils.add_fused_lm_head on the host)
+        self.global_step = 0
+
+    def running(self) -> list[int]:
+        return [k for k, c in enumerate(self.cells) if c.state == "running"]
+
+    # ------------------------------------------------------------------ forward
+    def logps(self, batches: list[dict], idx: list[int]) -> list[torch.Tensor]:
+        """Per-token log-probs ``[B_k, T_k]`` of each listed cell's completion tokens, one forward."""
+        P = max(batches[k]["prompt_ids"].size(1) for k in idx)
+        T = max(batches[k]["completion_ids"].size(1) for k in idx)
+        ids, attn, pos = [], [], []
+        for k in idx:
+            b = batches[k]
+            p_k, t_k = b["prompt_ids"].size(1), b["completion_ids"].size(1)
+            ids.append(torch.cat([_pad_left(b["prompt_ids"], P, self.pad_token_id),
+                                  _pad_right(b["completion_ids"], T, self.pad_token_id)], dim=1))
+            attn.append(torch.cat([_pad_left(b["prompt_mask"], P, 0), _pad_right(b["completion_mask"], T, 0)], dim=1))
+            pos_L = torch.arange(P + T, device=b["prompt_ids"].device) - (P - p_k)  # real tokens: own positions
+            pos.append(pos_L.unsqueeze(0).expand(b["prompt_ids"].size(0), -1))
+        input_ids, attention_mask, position_ids = torch.cat(ids), torch.cat(attn), torch.cat(pos)
+        sizes = [0] * len(self.cells)
+        for k in idx:
+            sizes[k] = batches[k]["prompt_ids"].size(0)
+        with self.router.route(sizes):
+            if self.fused_lm_head:
+                labels = input_ids.masked_fill(attention_mask == 0, -100)
+                labels[:, :-T] = -100
+                out = self.host(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                labels=labels, fused_lm_head=True)
+                logp_all = out.log_probs[:, -T:]
+            else:
+                logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids).logits[:, -T - 1:-1].float()
+                logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+        res, start = [], 0
+        for k in idx:
+            n, t_k = sizes[k], batches[k]["completion_ids"].size(1)
+            res.append(logp_all[start:start + n, :t_k])
+            start += n
+        return res
+
+    def losses(self, batches: list[dict]) -> dict[int, tuple[torch.Tensor, dict]]:
+        """Cell index → (loss with grad, stats), for the running cells."""
+        idx = self.running()
+        return {k: cell_loss(self.cells[k].loss, lp, batches[k]) for k, lp in zip(idx, self.logps(batches, idx))}
+
+    # ------------------------------------------------------------------ update
+    def step(self, batches: list[dict]) -> dict[str, dict[str, float]]:
+        """One optimiser step of every running cell on its own batch; returns per-cell metrics."""
+        if len(batches) != len(self.cells):
+            raise ValueError(f"step got {len(batches)} batches for {len(self.cells)} cells")
+        self.global_step += 1
+        for c in self.cells:
+            c.model.train()
+            c.optimizer.zero_grad(set_to_none=True)
+        out = self.losses(batches)
+        if not out:
+            return {}
+        total = sum(loss for loss, _ in out.values())
+        total.backward()
+        metrics: dict[str, dict[str, float]] = {}
+        for k, (loss, stats) in out.items():
+            c = self.cells[k]
+            params = c.params()
+            if c.max_grad_norm:
+                norm = float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+            else:
+                norm = float(torch.linalg.vector_norm(torch.stack(
+                    [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])))
+            lv = float(loss.detach())
+            if not (math.isfinite(lv) and math.isfinite(norm)):
+                c.state, c.diverged_at = "diverged", self.global_step  # stopped; the others go on
+                c.optimizer.zero_grad(set_to_none=True)
+                metrics[c.name] = {"loss": lv, "grad_norm": norm, "diverged": 1.0}
+                continue
+            c.optimizer.step()
+            if c.scheduler is not None:
+                c.scheduler.step()
+            metrics[c.name] = {"loss": lv, "grad_norm": norm, **stats}
+        return metrics

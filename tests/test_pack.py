@@ -1,0 +1,202 @@
+"""Packed cells (lorarl.pack): equivalence with the solo TRL-based trainer, and K-pack vs K=1 runs.
+
+(1) For the same batches, each packed cell's loss and gradients equal LorarlGRPOTrainer's (the solo,
+    TRL-based trainer) to <= 1e-6 in fp32: outcome and process regimes, beta = 0 and beta > 0, LoRA,
+    DoRA and an orthonormal init (DCT rows), cells with different prompts (different padding).
+(2) A pack of K cells trained for N steps equals K packed trainers with K = 1, bit for bit (CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorarl.grpo import LorarlGRPOTrainer
+from lorarl.pack.loss import LossSettings
+from lorarl.pack.trainer import PackCell, PackedTrainer
+from lorarl.rewards.outcome import OutcomeDeposits
+from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
+from tests.test_grpo import G, MAXLEN, P, args, dataset, fake_score, load, tiny_dir  # noqa: F401
+
+K = 3
+
+
+def peft_config(kind):
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM",
+                      use_dora=kind == "dora")
+
+
+def init_adapter(model, kind, seed):
+    """Non-zero B (so the policy differs from the base); for 'dct' A is the orthonormal DCT-II rows."""
+    from peft.tuners.lora import LoraLayer
+
+    from lorarl.adapters.inits import dct_rows
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, m in sorted(model.named_modules(), key=lambda x: x[0]):
+            if isinstance(m, LoraLayer) and "default" in m.lora_A:
+                A = m.lora_A["default"].weight
+                if kind == "dct":
+                    A.copy_(dct_rows(A.size(0), A.size(1)))
+                B = m.lora_B["default"].weight
+                B.copy_(torch.randn(B.shape, generator=g) * 0.3)
+
+
+def regime(name, tok):
+    return OutcomeDeposits(score_fn=fake_score) if name == "outcome" else ProcessDeposits(RuleStepChecker(),
+                                                                                          tokenizer=tok)
+
+
+def solo_cells(tiny_dir, tmp_path, kind, reg, betas):
+    """K solo trainers (own adapters, own prompts), each with one scored batch."""
+    out = []
+    for k, beta in enumerate(betas):
+        m, tok = load(tiny_dir)
+        a = args(tmp_path / str(k), beta=beta, loss_type="grpo", epsilon_high=0.28, bf16=False)  # fp32: no CPU autocast
+        torch.manual_seed(k)
+        t = LorarlGRPOTrainer(model=m, regime=regime(reg, tok), args=a, train_dataset=dataset(),
+                              processing_class=tok, peft_config=peft_config(kind), ref_model="auto")
+        init_adapter(t.model, kind, seed=10 + k)
+        t.current_gradient_accumulation_steps = 1
+        rows = [{"prompt": "Q: " + "1" * (k + 1) + f"{i}+2=?\nA: ", "answer": "3"} for i in range(P)]
+        torch.manual_seed(100 + k)
+        t.model.train()
+        batch = t._generate_and_score_completions([dict(r) for r in rows for _ in range(G)])
+        out.append((t, batch))
+    return out
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@pytest.mark.parametrize("kind,reg", [("lora", "outcome"), ("dora", "outcome"), ("dct", "outcome"),
+                                      ("lora", "process")])
+def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg):
+    betas = [0.0, 0.05, 0.2]  # beta = 0 and beta > 0 inside one pack
+    cells = solo_cells(tiny_dir, tmp_path, kind, reg, betas)
+    widths = {b["prompt_ids"].size(1) for _, b in cells}
+    assert len(widths) > 1  # the cells really are padded to a common width inside the pack
+    solo = []
+    for t, b in cells:
+        t.model.zero_grad()
+        loss = t.compute_loss(t.model, b)
+        loss.backward()
+        solo.append((loss.item(), grads(t.model)))
+    assert any(g.abs().max() > 0 for g in solo[2][1].values())  # beta > 0: the KL term always has a gradient
+    pcs = [PackCell(f"c{k}", t.model, torch.optim.SGD(t.model.parameters(), lr=0.0),
+                    LossSettings(loss_type="grpo", beta=beta, epsilon_high=0.28, max_completion_length=MAXLEN))
+           for k, ((t, _), beta) in enumerate(zip(cells, betas))]
+    pack = PackedTrainer(pcs, pad_token_id=cells[0][0]._tokenizer.pad_token_id)
+    for c in pcs:
+        c.model.zero_grad()
+    losses = pack.losses([b for _, b in cells])
+    sum(loss for loss, _ in losses.values()).backward()
+    for k, (loss_s, grads_s) in enumerate(solo):
+        assert abs(losses[k][0].item() - loss_s) <= 1e-6
+        g = grads(pcs[k].model)
+        assert g.keys() == grads_s.keys() and g
+        worst = max((g[n] - grads_s[n]).abs().max().item() for n in g)
+        assert worst <= 1e-6, (k, worst)
+    pack.router.remove()
+
+
+def make_pack_cells(tiny_dir, n, seeds, kind="lora"):
+    """Cells built from the base with PEFT directly (no trainer): model, AdamW, a linear schedule."""
+    from peft import get_peft_model
+
+    out = []
+    for s in seeds:
+        m, tok = load(tiny_dir)
+        torch.manual_seed(s)  # the cell's own init stream (lora_A)
+        pm = get_peft_model(m, peft_config(kind))
+        init_adapter(pm, kind, seed=s)
+        opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / (n + 1))
+        out.append(PackCell(f"s{s}", pm, opt, LossSettings(beta=0.05 * (s % 2), max_completion_length=MAXLEN),
+                            sched, max_grad_norm=0.5))
+    return out, tok
+
+
+def synthetic_batch(seed, step, ref_model, tok, vocab):
+    """A scored batch as the solo trainer hands it to the loss: ids, masks, [B, T] advantages, ref logps."""
+    g = torch.Generator().manual_seed(1000 * seed + step)
+    B, Pw, T = P * G, 4 + seed % 3, MAXLEN
+    prompt_ids = torch.randint(5, vocab, (B, Pw), generator=g)
+    prompt_mask = torch.ones(B, Pw, dtype=torch.long)
+    prompt_mask[0, :2] = 0
+    prompt_ids[0, :2] = tok.pad_token_id
+    completion_ids = torch.randint(5, vocab, (B, T), generator=g)
+    completion_mask = (torch.arange(T).unsqueeze(0) < torch.randint(2, T + 1, (B, 1), generator=g)).long()
+    adv = torch.randn(B, T, generator=g) * completion_mask
+    b = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+         "completion_mask": completion_mask, "advantages": adv}
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    with torch.no_grad():
+        logits = ref_model(input_ids=ids, attention_mask=torch.cat([prompt_mask, completion_mask], 1)).logits
+        b["lorarl_ref_logps"] = torch.log_softmax(logits[:, -T - 1:-1].float(), -1).gather(
+            -1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    return b
+
+
+def test_pack_of_k_equals_k_packs_of_one_bit_for_bit(tiny_dir):
+    n_steps, seeds = 3, [1, 2, 3, 4]
+    ref, tok = load(tiny_dir)
+    vocab = ref.config.vocab_size
+    batches = [[synthetic_batch(s, i, ref, tok, vocab) for s in seeds] for i in range(n_steps)]
+    cells, _ = make_pack_cells(tiny_dir, n_steps, seeds)
+    start = [{n: p.detach().clone() for n, p in c.model.named_parameters() if p.requires_grad} for c in cells]
+    pack = PackedTrainer(cells, pad_token_id=tok.pad_token_id, fused_lm_head=False)
+    for i in range(n_steps):
+        m = pack.step(batches[i])
+        assert set(m) == {c.name for c in cells}
+    for k, s in enumerate(seeds):
+        (solo,), _ = make_pack_cells(tiny_dir, n_steps, [s])
+        one = PackedTrainer([solo], pad_token_id=tok.pad_token_id, fused_lm_head=False)
+        for i in range(n_steps):
+            one.step([batches[i][k]])
+        mine = dict(cells[k].model.named_parameters())
+        trained = {n: p for n, p in solo.model.named_parameters() if p.requires_grad}
+        assert trained.keys() == start[k].keys()
+        assert all(torch.equal(p, mine[n]) for n, p in trained.items()), s  # bit for bit
+        assert any(not torch.equal(p, start[k][n]) for n, p in trained.items())  # and it did train
+        assert solo.scheduler.get_last_lr() == cells[k].scheduler.get_last_lr()
+
+
+def test_nan_cell_is_stopped_and_the_others_go_on(tiny_dir):
+    seeds = [1, 2, 3]
+    ref, tok = load(tiny_dir)
+    vocab = ref.config.vocab_size
+    cells, _ = make_pack_cells(tiny_dir, 2, seeds)
+    pack = PackedTrainer(cells, pad_token_id=tok.pad_token_id, fused_lm_head=False)
+    b = [synthetic_batch(s, 0, ref, tok, vocab) for s in seeds]
+    b[1]["advantages"] = b[1]["advantages"] * float("nan")
+    before = {n: p.detach().clone() for n, p in cells[1].model.named_parameters() if p.requires_grad}
+    m = pack.step(b)
+    assert m["s2"]["diverged"] == 1.0 and cells[1].state == "diverged" and cells[1].diverged_at == 1
+    assert all(torch.equal(p, before[n]) for n, p in cells[1].model.named_parameters() if p.requires_grad)
+    assert pack.running() == [0, 2]
+    # the healthy cells got exactly the update they get without the NaN cell in the pack
+    alone, _ = make_pack_cells(tiny_dir, 2, [1, 3])
+    PackedTrainer(alone, pad_token_id=tok.pad_token_id, fused_lm_head=False).step([b[0], b[2]])
+    for c, a in zip([cells[0], cells[2]], alone):
+        pa = dict(a.model.named_parameters())
+        assert all(torch.equal(p, pa[n]) for n, p in c.model.named_parameters() if p.requires_grad)
+    m2 = pack.step([synthetic_batch(s, 1, ref, tok, vocab) for s in seeds])
+    assert set(m2) == {"s1", "s3"}
+
+
+def test_router_rejects_cells_with_different_bases(tiny_dir):
+    from peft import get_peft_model
+
+    a, _ = load(tiny_dir)
+    b, _ = load(tiny_dir)
+    with torch.no_grad():
+        next(p for n, p in b.named_parameters() if "q_proj" in n).add_(1.0)
+    from lorarl.pack.routing import Router
+
+    with pytest.raises(ValueError, match="frozen base weight"):
+        Router([get_peft_model(a, peft_config("lora")), get_peft_model(b, peft_config("lora"))])

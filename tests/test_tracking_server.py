@@ -1,0 +1,168 @@
+"""The MLflow tracking server of `lorarl tracking serve` (PostgreSQL backend, basic auth), on 127.0.0.1 only:
+an unauthenticated request is refused; 8 concurrent writer processes (synthetic metrics through lorarl's
+Tracker, not 8 trainings: 2 cores) lose and double nothing; the demo-sized pipeline (2 real cells) runs
+against it while the whole server (MLflow + PostgreSQL) is SIGKILLed mid-training and restarted, and
+finishes with every (metric, step) of metrics.csv in MLflow exactly once."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
+
+from lorarl import tracking, tracking_server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server():
+    root = Path(tempfile.mkdtemp(prefix="lorarl-trk-", dir="/tmp"))
+    os.chmod(root, 0o711)  # as root, PostgreSQL runs as `postgres` and must traverse it
+    srv = ServerProcess(root, auth=True)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def client(server, monkeypatch):
+    import mlflow
+
+    creds = tracking_server.load_credentials(server.creds)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", creds["username"])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", creds["password"])
+    return mlflow.MlflowClient(server.uri)
+
+
+def _get(url: str, auth: tuple[str, str] | None = None) -> int:
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_server_refuses_unauthenticated_requests_and_hides_its_secret(server):
+    assert server.uri.startswith("http://127.0.0.1:")
+    url = f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1"
+    creds = tracking_server.load_credentials(server.creds)
+    assert _get(url) == 401
+    assert _get(url, (creds["username"], "wrong-password")) == 401
+    assert _get(url, (creds["username"], creds["password"])) == 200
+    info = json.loads((server.state / "server.json").read_text())
+    assert info["auth"] is True and info["backend"] == "postgresql (own)"
+    # the password is on no command line (`ps`), in no file but the 0600 credentials file
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        assert creds["password"].encode() not in cmdline
+    assert creds["password"] not in (server.state / "basic_auth.ini").read_text()
+    assert oct((server.state / "basic_auth.ini").stat().st_mode & 0o777) == "0o600"
+
+
+def test_eight_concurrent_writers_server(server, client, tmp_path: Path):
+    env = {**server.env(), tracking.TRACKING_ENV: server.uri}
+    reports = run_writers(8, tmp_path, "conc", steps=12, env=env)
+    assert len(reports) == 8
+    rows = count_rows(client, "conc", 8, 12)
+    assert rows["runs"] == 8 and rows["finished"] == 8 and set(rows["cells"].values()) == {1}
+    assert rows["lost"] == 0 and rows["duplicated"] == 0
+
+
+STUDY = {
+    "name": "srv",
+    "defaults": {
+        "model": "local:tiny-test",
+        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
+        "adapter": {"rank": 2, "alpha": 4},
+        "train": {"steps": 6, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
+                  "checkpoint_every": 2},
+        "eval": {"max_new_tokens": 16},
+    },
+    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
+}
+
+
+def _progress(res: Path) -> int:
+    steps = [json.loads(p.read_text()).get("step", 0) for p in res.glob("srv/.checkpoints/*/progress.json")
+             if p.stat().st_size]
+    return max(steps, default=0)
+
+
+def _failure_logs(wd: Path) -> str:
+    out = [(wd / "snakemake.log").read_text()[-3000:]]
+    for f in sorted((wd / "results").glob("srv/*/logs/**/*")):
+        if f.is_file() and f.suffix in (".log", ".err"):
+            out.append(f"--- {f}\n" + f.read_text(errors="replace")[-2500:])
+    return "\n".join(out)
+
+
+def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path: Path):
+    wd = tmp_path
+    (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    (wd / "config.yaml").write_text(yaml.safe_dump({
+        "studies": [str(wd / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
+        "tracking": server.uri, "tracking_credentials": str(server.creds)}))
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
+           "--configfile", str(wd / "config.yaml"), "--cores", "2"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           tracking.RETRY_ENV: "400"}  # the restart below takes a while on 2 busy cores
+    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", tracking.TRACKING_ENV):
+        env.pop(k, None)
+    log = open(wd / "snakemake.log", "w")
+    proc = subprocess.Popen(cmd, cwd=wd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 900
+        while _progress(wd / "results") < 1:  # a cell is training: the whole server dies
+            assert proc.poll() is None, (wd / "snakemake.log").read_text()[-4000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        server.kill()
+        time.sleep(5)
+        server.start()
+        assert proc.wait(timeout=900) == 0, _failure_logs(wd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = "".join(p.read_text(errors="replace") for p in (wd / "results" / "srv").glob("*/logs/**/*.err"))
+    assert "training goes on" in logs  # the outage was seen during training, not only between jobs
+    for cell in ("s0", "s1"):
+        cdir = wd / "results" / "srv" / cell
+        run_id = json.loads((cdir / "summary.json").read_text())["mlflow_run_id"]
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
+        csv = pd.read_csv(cdir / "metrics.csv")
+        assert list(csv["step"]) == [1, 2, 3, 4, 5, 6]
+        for col in csv.columns.drop("step"):
+            want = [(int(s), float(v)) for s, v in zip(csv["step"], csv[col]) if pd.notna(v)]
+            got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, col))
+            assert [s for s, _ in got] == [s for s, _ in want], col  # every (metric, step) exactly once
+            assert [v for _, v in got] == pytest.approx([v for _, v in want]), col  # the same values
+        assert [m.step for m in client.get_metric_history(run_id, "eval/synthetic/pass_at_1")] == [6]
+        exp = client.get_experiment_by_name("srv")
+        assert len(client.search_runs([exp.experiment_id], f"tags.`lorarl.cell_id` = '{cell}'")) == 1
