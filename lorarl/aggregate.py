@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lorarl import paths
+from lorarl import paths, readcache
 from lorarl.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, base_cells, study_cells
@@ -165,7 +165,7 @@ def diverged_notes(cells: pd.DataFrame) -> list[str]:
 def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
     frames = []
     for cell in study_cells(study):
-        df = pd.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
+        df = readcache.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
         frames.append(df.assign(cell=cell.id, **cell.axes))
     return pd.concat(frames, ignore_index=True)
 
@@ -213,5 +213,5 @@ def diagnostics_table(study: Study, results: str | Path) -> pd.DataFrame:
     for cell in study_cells(study):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists():
-            frames.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))
+            frames.append(readcache.read_parquet(p).assign(cell=cell.id, **cell.axes))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lorarl import paths
+from lorarl import paths, readcache
 from lorarl.study import Study, base_cells, study_cells
 
 
@@ -105,7 +105,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
         rows.append(row)
         m = paths.path("metrics", **kw)
         if m.exists():
-            frames.append(pd.read_csv(m).assign(cell=cell.id, **cell.axes))
+            frames.append(readcache.read_csv(m).assign(cell=cell.id, **cell.axes))
     base_rows = []
     for b in base_cells(study):
         try:
@@ -117,7 +117,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
     for cell in study_cells(study):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists() and cell.id in summaries:
-            diag.append(pd.read_parquet(p).assign(cell=cell.id, **cell.axes))
+            diag.append(readcache.read_parquet(p).assign(cell=cell.id, **cell.axes))
     try:
         evc = eval_curve_table(study, results)
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
