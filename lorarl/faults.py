@@ -82,7 +82,15 @@ def _procs(workdir: Path) -> list[tuple[int, str]]:
             if a.endswith("/lorarl") and argv[i + 1] in ("launch", "aggregate"):
                 out.append((int(d.name), "launcher" if argv[i + 1] == "launch" else "aggregate"))
                 break
-    return out
+    pids = {pid for pid, _ in out}
+    return [(pid, st) for pid, st in out if _ppid(pid) not in pids]  # not a launcher's child between fork and exec
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def _alive(pid: int) -> bool:

@@ -290,7 +290,11 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     if found is not None:
         print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
               f"instead of submitting a duplicate", flush=True)
-        return _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash)
+        if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash) == 0:
+            return 0
+        # it ended without its outputs (failed, or they were written before this Snakemake started and
+        # removed by its cleanup of incomplete outputs): run the stage again (training resumes if it can)
+        print(f"[lorarl] {key} {cell_id}: submitting it again", flush=True)
     _clear_stale_results(folder)
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
                                          config_hash=config_hash, executor=executor, slurm=slurm)
@@ -383,8 +387,6 @@ def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: s
     if not missing:
         print(f"[lorarl] {key} {cell_id}: adopted job {job_id} finished; outputs in place", flush=True)
         return 0
-    print(f"[lorarl] error: adopted job {job_id} ended ({info.get('State', 'UNKNOWN')}) without its outputs: "
-          f"{', '.join(missing)}; a rerun resumes it", file=sys.stderr)
-    print(f"[lorarl] {key} {cell_id} FAILED: job {job_id} state {info.get('State', 'UNKNOWN')}", file=sys.stderr,
-          flush=True)
+    print(f"[lorarl] adopted job {job_id} ended ({info.get('State', 'UNKNOWN')}) without its outputs: "
+          f"{', '.join(missing)}", file=sys.stderr, flush=True)
     return 1

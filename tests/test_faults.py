@@ -3,8 +3,8 @@
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
 launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock failure); and the
-small fault-injection run (a handful of SIGKILLs in train, evaluate, diagnose, aggregate, a launcher
-and the whole submit host, `snakemake all` after each) completes with every metric row exactly once,
+small fault-injection run (SIGKILLs of a training job, a launcher and the whole submit host,
+`snakemake all` after each; `python -m lorarl.faults` runs every stage) completes with every metric row exactly once,
 adapters equal to the uninterrupted run and no partial output.
 """
 
@@ -113,10 +113,11 @@ def test_fault_injection_small_run(tmp_path: Path):
     from lorarl import faults
 
     out = tmp_path / "figures.json"
-    rc = faults.main(["--kills", "1", "--per-pass", "1", "--workdir", str(tmp_path / "runs"), "--json", str(out)])
+    rc = faults.main(["--kills", "1", "--per-pass", "1", "--stages", "train,launcher,host", "--workdir",
+                      str(tmp_path / "runs"), "--json", str(out)])
     fig = json.loads(out.read_text())
     assert rc == 0, fig
-    assert fig["completed"] == fig["passes"] == 1
-    assert sum(fig["kills"].values()) >= 5, fig["kills"]  # most planned kills land (a few may be missed)
+    assert fig["completed"] == fig["passes"] >= 1
+    assert fig["kills"] == {"train": 1, "launcher": 1, "host": 1}, fig["kills"]
     assert fig["lost"] == 0 and fig["duplicated"] == 0 and fig["extra_runs"] == 0 and not fig["bad_outputs"]
     assert fig["adapters_within_tol"] == fig["cells"] == 2 and fig["eval_equal"] == 2
