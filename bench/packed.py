@@ -94,31 +94,28 @@ def _result(p: subprocess.Popen) -> dict:
 
 
 def run(ks: list[int], steps: int) -> None:
-    rows = []
-    for k in ks:
-        t = time.perf_counter()
-        packed = _result(_job(k, steps, 0))
-        packed_wall = time.perf_counter() - t
-        t = time.perf_counter()
-        seq = [_result(_job(1, steps, i)) for i in range(k)]
-        seq_wall = time.perf_counter() - t
-        t = time.perf_counter()
-        par = []
-        for i in range(0, k, 2):
-            jobs = [_job(1, steps, j) for j in range(i, min(i + 2, k))]
-            par += [_result(j) for j in jobs]
-        par_wall = time.perf_counter() - t
-        med = sorted(packed["step_s"])[len(packed["step_s"]) // 2]
-        solo_med = sorted(s for r in seq for s in r["step_s"])[len(seq) * steps // 2]
-        rows.append((k, packed_wall, seq_wall, par_wall, med / k, solo_med, packed["maxrss_mb"],
-                     max(r["maxrss_mb"] for r in seq)))
     print(f"packed cells bench: {steps} update steps per cell, demo shape (P={P} G={G} prompt {PROMPT} + "
           f"completion {COMPLETION} tokens, LoRA r={RANK}); one thread per process")
     print(f"{'K':>2} {'packed s':>9} {'seq s':>7} {'2-at-once s':>11} {'packed/seq':>10} {'packed/2par':>11} "
-          f"{'cell step ms packed':>19} {'solo step ms':>12} {'peak MB packed':>14} {'peak MB solo':>12} {'mem ratio':>9}")
-    for k, pw, sw, qw, cell_ms, solo_ms, pm, sm in rows:
-        print(f"{k:>2} {pw:>9.1f} {sw:>7.1f} {qw:>11.1f} {pw / sw:>10.2f} {pw / qw:>11.2f} {cell_ms * 1e3:>19.1f} "
-              f"{solo_ms * 1e3:>12.1f} {pm:>14.0f} {sm:>12.0f} {pm / sm:>9.2f}")
+          f"{'cell step ms packed':>19} {'solo step ms':>12} {'peak MB packed':>14} {'peak MB solo':>12} "
+          f"{'mem ratio':>9}", flush=True)
+    for k in ks:
+        t = time.perf_counter()
+        packed = _result(_job(k, steps, 0))
+        pw = time.perf_counter() - t
+        t = time.perf_counter()
+        seq = [_result(_job(1, steps, i)) for i in range(k)]
+        sw = time.perf_counter() - t
+        t = time.perf_counter()
+        for i in range(0, k, 2):
+            jobs = [_job(1, steps, j) for j in range(i, min(i + 2, k))]
+            [_result(j) for j in jobs]
+        qw = time.perf_counter() - t
+        cell_ms = sorted(packed["step_s"])[len(packed["step_s"]) // 2] / k * 1e3
+        solo_ms = sorted(s for r in seq for s in r["step_s"])[len(seq) * steps // 2] * 1e3
+        pm, sm = packed["maxrss_mb"], max(r["maxrss_mb"] for r in seq)
+        print(f"{k:>2} {pw:>9.1f} {sw:>7.1f} {qw:>11.1f} {pw / sw:>10.2f} {pw / qw:>11.2f} {cell_ms:>19.1f} "
+              f"{solo_ms:>12.1f} {pm:>14.0f} {sm:>12.0f} {pm / sm:>9.2f}", flush=True)
 
 
 def main() -> None:
