@@ -18,6 +18,22 @@ def cmd_cells(args: argparse.Namespace) -> int:
     table = cell_table(study)
     cells = table.cells
     axes = list(study.axes)
+    if args.packs:
+        from lorarl.pack.plan import plan_packs
+
+        try:
+            packs = plan_packs(cells, args.max_cells)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps([{"pack": i, "cells": p} for i, p in enumerate(packs)], indent=2))
+            return 0
+        for i, p in enumerate(packs):
+            print(f"pack {i}: {' '.join(p)}")
+        print(f"{len(packs)} packs for {len(cells)} cells (pack.max_cells = {args.max_cells}; "
+              f"{sum(len(p) == 1 for p in packs)} solo)")
+        return 0
     if args.json:
         print(json.dumps([{"id": c.id, "hash": c.hash, "eval_hash": c.eval_hash, "axes": c.axes,
                            "aliases": list(c.aliases)} for c in cells], indent=2))
@@ -205,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("study")
     c.add_argument("--ids", action="store_true", help="cell ids only, one per line")
     c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--packs", action="store_true", help="show how the cells group into packs (lorarl.pack)")
+    c.add_argument("--max-cells", type=int, default=4, help="--packs: most cells per pack (1 = no packing)")
     c.set_defaults(fn=cmd_cells)
 
     r = sub.add_parser("run", help="run one cell in this process (debugging)")

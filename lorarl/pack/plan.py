@@ -1,0 +1,60 @@
+"""Which cells may share a pack: the compatibility key, and the grouping of a study's cells.
+
+Packing is a runtime choice, not science: a pack's members must agree on everything that fixes the
+shared frozen base and the shape of the batched forward (model, adapter method, rank, alpha, init,
+target modules, dropout, precision, lengths, task, prompt, rollout engine) and may differ in the rest
+(seed, beta, learning rate, reward regime, ...). Cells that cannot pack (methods outside the LoRA
+family, which have no LoRA layers to route, and adapter dropout > 0, whose masks would come from one
+RNG stream shared by the pack) get a pack of their own.
+
+Choices of this first version (stricter than the issue, so the packed update stays exactly the solo
+one): ``train.temperature`` is in the key (TRL's log-prob head bakes the temperature in), and so are
+``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
+so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) rewrite
+the base; their residual is a deterministic function of (base, init, rank, alpha, targets), all in
+the key, and :class:`lorarl.pack.routing.Router` checks bit for bit that the bases are equal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
+
+_TRAIN_KEYS = ("temperature", "top_p", "max_completion_length", "max_prompt_length", "precision", "steps",
+               "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
+
+
+def pack_key(cfg: Any) -> str | None:
+    """The compatibility key of a cell config (``None``: the cell cannot pack)."""
+    a = cfg.adapter
+    if a.method not in PACKABLE_METHODS or (a.dropout or 0) > 0:
+        return None  # dropout > 0 would draw from one RNG stream shared by the pack: such cells run solo
+    key = {
+        "model": cfg.model,
+        "adapter": a.model_dump(mode="json"),
+        "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS},
+        "task": cfg.task.model_dump(mode="json"),
+        "prompt": cfg.prompt.model_dump(mode="json"),
+        "rollout": cfg.rollout.model_dump(mode="json"),
+    }
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def plan_packs(cells: list[Any], max_cells: int) -> list[list[str]]:
+    """Cell ids grouped into packs of at most ``max_cells``, in study order; ``max_cells = 1``: no packing."""
+    if not isinstance(max_cells, int) or isinstance(max_cells, bool) or max_cells < 1:
+        raise ValueError(f"pack.max_cells must be an integer >= 1; got {max_cells!r}")
+    groups: dict[str, list[str]] = {}
+    packs: list[list[str]] = []
+    for c in cells:
+        key = pack_key(c.config) if max_cells > 1 else None
+        if key is None:
+            packs.append([c.id])
+            continue
+        if key not in groups or len(groups[key]) == max_cells:
+            groups[key] = []
+            packs.append(groups[key])
+        groups[key].append(c.id)
+    return packs
