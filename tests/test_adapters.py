@@ -532,10 +532,11 @@ def test_peft_zoo_studies_have_the_13_rows(name):
             == (32, 64.0, 0.05, 1e-5, 8)
 
 
-@pytest.mark.parametrize("name", ["init_geometry", "init_geometry_cpu"])
-def test_init_geometry_studies_cross_nine_inits_with_two_schedules(name):
+@pytest.mark.parametrize("name, seeds", [("init_geometry", 3), ("init_geometry_cpu", 1)])
+def test_init_geometry_studies_cross_nine_inits_with_two_schedules(name, seeds):
     cells = study_cells(load_study(REPO / "experiments" / f"{name}.yaml"))
-    assert len(cells) == 18
+    assert len(cells) == 18 * seeds  # 9 inits x 2 schedules x seeds (the study has 3, its CPU twin 1)
+    assert len({c.config.seed for c in cells}) == seeds
     assert list(dict.fromkeys(c.axes["init"] for c in cells)) == GEOMETRY_INITS
     assert {c.config.train.lr_scheduler for c in cells} == {"constant", "cosine"}
     assert all(c.config.adapter.method == "lora" for c in cells)
