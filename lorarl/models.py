@@ -39,7 +39,13 @@ class TinyRecipe:
 
 RECIPES: dict[str, TinyRecipe] = {
     "tiny-arith": TinyRecipe(),  # the demo base: weak but non-zero accuracy
-    "tiny-arith-teacher": TinyRecipe(sft_steps=2500, p_unboxed=0.0),  # same tokenizer, longer, always boxes
+    # The "bigger model" of the CPU twins (7B rows, the second model family of paper 004): ~2x the
+    # parameters of tiny-arith (width 192, head size 32 as tiny-arith's), same data, tokenizer and SFT
+    "tiny-arith-wide": TinyRecipe(hidden=192, heads=6, kv_heads=2, intermediate=384),
+    # The distillation teacher of reward_density_cpu (paper 001: a bigger model than the student, Qwen3-8B
+    # vs 1.7B, that always boxes its answer): tiny-arith-wide's shape, SFT'd on boxed solutions only; the
+    # same tokenizer (the corpus does not depend on p_unboxed or the shape), as on-policy distillation needs
+    "tiny-arith-teacher": TinyRecipe(hidden=192, heads=6, kv_heads=2, intermediate=384, p_unboxed=0.0),
     "tiny-test": TinyRecipe(hidden=32, layers=2, intermediate=64, sft_steps=30, sft_batch=16, n_train=500),
 }
 
