@@ -182,7 +182,11 @@ def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> di
     examples = [(p.prompt, p.unboxed_solution if pick.random() < recipe.p_unboxed else p.solution) for p in train]
     out = Path(out_dir)
     if recipe.init_from:  # continue the parent's SFT: its weights and its (identical) tokenizer
-        model, tok = load_model_and_tokenizer(str(out.parent / recipe.init_from))
+        parent = out.parent / recipe.init_from
+        if not (parent / "config.json").exists():
+            raise FileNotFoundError(f"recipe {name!r} continues {recipe.init_from!r}, which is not built at {parent}: "
+                                    f"build it first (the base rule does: snakemake {parent}/config.json)")
+        model, tok = load_model_and_tokenizer(str(parent))
     else:
         model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
     losses = sft(model, tok, examples, recipe)
