@@ -98,6 +98,11 @@ def test_aggregate_shows_a_base_row_per_prompt(tmp_path):
     md = markdown(study, seed_table(study, cells), base)
     assert "| base (local:tiny-arith, prompt=raw) | raw | – | 0.250 | – |" in md   # rank | prompt | reward | pass@1
     assert "| base (local:tiny-arith, prompt=ask) | ask | – | 0.500 | – |" in md
+    from lorarl.report import build  # the report page: its base table, one row per prompt (no cell done yet)
+
+    page = build(study._source, res)["report"].read_text()
+    assert "base model (untrained), one row per model and prompt" in page
+    assert "base (local:tiny-arith, prompt=raw)" in page and "base (local:tiny-arith, prompt=ask)" in page
 
 
 @pytest.mark.slow
