@@ -205,7 +205,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
     from lorarl.doctor_report import run_doctor
 
-    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
+    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads,
+                      args.config)
 
 
 def _tracking_args(p: argparse.ArgumentParser) -> None:
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--results", default="results")
     dr.add_argument("--eval-limit", type=int, default=8, help="problems per benchmark in the smoke evaluation")
     dr.add_argument("--threads", type=int, default=1, help="CPU threads of a local job (Slurm: the profile's)")
+    dr.add_argument("--config", nargs="+", action="extend", default=None, metavar="KEY=VALUE", help="override the profile's "
+                    "launcher/slurm/tracking/tracking_credentials as snakemake --config does (VALUE is YAML)")
     dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
