@@ -387,7 +387,8 @@ def serve(host: str = "127.0.0.1", port: int = 5000, state: str | Path = "result
         uri = public_uri(host, port)
         info = {"uri": uri, "host": socket.gethostname(), "bind": host, "port": port, "pid": os.getpid(),
                 "auth": auth, "backend": "postgresql (own)" if pg else "external", "artifacts": str(artifacts),
-                "credentials": str(credentials_path(credentials)) if auth else None, "started": time.time()}
+                "credentials": str(credentials_path(credentials)) if auth else None, "started": time.time(),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
         tmp = state / "server.json.tmp"
         tmp.write_text(json.dumps(info, indent=1) + "\n")
         os.replace(tmp, state / "server.json")
