@@ -35,11 +35,17 @@ class TinyRecipe:
     p_unboxed: float = 0.5  # share of SFT solutions ending "answer: N" instead of \boxed{N}, like a real
     # base model's format habits: the outcome reward only pays boxed answers, so RL has a habit to fix
     seed: int = 0  # init + data order
+    init_from: str | None = None  # continue SFT from this recipe's built model (its shape and tokenizer)
 
 
 RECIPES: dict[str, TinyRecipe] = {
     "tiny-arith": TinyRecipe(),  # the demo base: weak but non-zero accuracy
-    "tiny-arith-teacher": TinyRecipe(sft_steps=2500, p_unboxed=0.0),  # same tokenizer, longer, always boxes
+    # The CPU twins' second, stronger model: tiny-arith SFT'd 300 more steps on boxed solutions only (the
+    # lr restarts at 1e-3). The distillation teacher of reward_density_cpu (paper 001: an answer-producing
+    # teacher stronger than the student; the paper's is also bigger, which did not fit this box), the
+    # stronger 7B rows (papers 002, 003) and paper 004's second model. Same shape and tokenizer as tiny-arith
+    # (the teacher scores the student's token ids).
+    "tiny-arith-boxed": TinyRecipe(init_from="tiny-arith", sft_steps=300, sft_lr=1e-3, p_unboxed=0.0),
     "tiny-test": TinyRecipe(hidden=32, layers=2, intermediate=64, sft_steps=30, sft_batch=16, n_train=500),
 }
 
@@ -48,7 +54,17 @@ def recipe_hash(name: str) -> str:
     """Changes when a recipe changes, so the Snakemake base rule rebuilds the model."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(asdict(RECIPES[name]), sort_keys=True).encode()).hexdigest()[:10]
+    fields = asdict(RECIPES[name])
+    if fields["init_from"] is None:  # recipes from scratch keep the hash they had before init_from existed
+        del fields["init_from"]
+    else:  # a continued recipe rebuilds when its parent does
+        fields["init_from"] = [fields["init_from"], recipe_hash(fields["init_from"])]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def parent_recipe(name: str) -> str | None:
+    """The recipe whose built model `name` continues from (None: built from scratch)."""
+    return RECIPES[name].init_from
 
 
 def recipe_name(model: str) -> str | None:
@@ -140,27 +156,40 @@ def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progres
     return losses
 
 
+def recipe_data_and_tokenizer(recipe: TinyRecipe):
+    """The recipe's SFT problems and its tokenizer. The tokenizer corpus depends only on the data fields
+    (task_seed, n_train, max_operands, max_value), not on the shape, p_unboxed or sft_steps: recipes that
+    differ only there (the bigger distillation teacher) get the exact same tokenizer, which on-policy
+    distillation requires (the teacher scores the student's token ids)."""
+    from lorarl.tasks.synthetic import make_splits
+
+    train, _ = make_splits(recipe.task_seed, recipe.n_train, 1, max_ops=recipe.max_operands,
+                           max_value=recipe.max_value)
+    corpus = [p.prompt + s for p in train for s in (p.solution, p.unboxed_solution)]
+    return train, build_tokenizer(corpus + ["0123456789+-=?\nQA: \\boxed{}"])
+
+
 def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> dict:
     """Build tokenizer + tiny model for recipe `name`, SFT it, save with save_pretrained."""
     import torch
-
-    from lorarl.tasks.synthetic import make_splits
 
     if threads:
         torch.set_num_threads(threads)
     recipe = RECIPES[name]
     t0 = time.time()
-    train, _ = make_splits(recipe.task_seed, recipe.n_train, 1, max_ops=recipe.max_operands,
-                           max_value=recipe.max_value)
+    train, tok = recipe_data_and_tokenizer(recipe)
     pick = random.Random(recipe.seed + 1)
     examples = [(p.prompt, p.unboxed_solution if pick.random() < recipe.p_unboxed else p.solution) for p in train]
-    # Tokenizer corpus independent of p_unboxed/sft_steps: recipes that differ only there (the distillation
-    # teacher) get the exact same tokenizer, which on-policy distillation requires (teacher scores student ids)
-    corpus = [p.prompt + s for p in train for s in (p.solution, p.unboxed_solution)]
-    tok = build_tokenizer(corpus + ["0123456789+-=?\nQA: \\boxed{}"])
-    model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
-    losses = sft(model, tok, examples, recipe)
     out = Path(out_dir)
+    if recipe.init_from:  # continue the parent's SFT: its weights and its (identical) tokenizer
+        parent = out.parent / recipe.init_from
+        if not (parent / "config.json").exists():
+            raise FileNotFoundError(f"recipe {name!r} continues {recipe.init_from!r}, which is not built at {parent}: "
+                                    f"build it first (the base rule does: snakemake {parent}/config.json)")
+        model, tok = load_model_and_tokenizer(str(parent))
+    else:
+        model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
+    losses = sft(model, tok, examples, recipe)
     tmp = out.with_name(out.name + ".tmp")
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
