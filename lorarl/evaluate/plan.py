@@ -22,7 +22,7 @@ from lorarl.evaluate.protocols import Protocol
 
 if TYPE_CHECKING:  # only for annotations: lorarl.config imports this module lazily
     from lorarl.config import BenchmarkEval, CellConfig, EvalConfig, ProtocolOverride
-    from lorarl.grading import GradingSettings
+    from lorarl.evaluate.grading import GradingSettings
 
 __all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
            "protocol_for", "grading_for", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
@@ -122,7 +122,7 @@ def protocol_for(name: str, spec: "BenchmarkEval", ev: "EvalConfig") -> Protocol
 
 def grading_for(name: str, spec: "BenchmarkEval | None" = None) -> "GradingSettings":
     """Benchmark ``name``'s math-verify settings: the registry's, with the study's overrides."""
-    from lorarl.grading import GradingSettings
+    from lorarl.evaluate.grading import GradingSettings
 
     base = get_benchmark(name).grading
     ov = spec.grading.model_dump(exclude_none=True) if spec is not None else {}

@@ -1,6 +1,6 @@
 """Outcome reward: 1 if math-verify says the boxed answer equals the gold answer, else 0.
 
-Grading runs in lorarl.grading's timed worker pool: a parse error or a pathological answer gives 0,
+Grading runs in lorarl.evaluate.grading's timed worker pool: a parse error or a pathological answer gives 0,
 never a crash and never more than `timeout_s` per completion.
 
 * :class:`OutcomeReward` is a plain TRL reward function (one float per completion).
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from lorarl.answers import answer_text, gold_boxes
-from lorarl.grading import score_math_batch
+from lorarl.evaluate.answers import answer_text, gold_boxes
+from lorarl.evaluate.grading import score_math_batch
 from lorarl.rewards import Deposits, Rollouts
 
 

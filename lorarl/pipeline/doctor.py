@@ -3,7 +3,7 @@
 Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps,
 each benchmark limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``,
 builds a missing ``local:`` base model first, and submits the ``doctor`` stage through
-:func:`lorarl.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
+:func:`lorarl.pipeline.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
 a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
 anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
 checks), evaluation problems; then the smoke training (through the real train stage), the evaluation
@@ -114,13 +114,13 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     """The doctor stage (what the submitted job runs): checks, smoke training, evaluation, diagnostics."""
     import torch
 
-    from lorarl.diagnose import diagnose_cell
+    from lorarl.diagnose.main import diagnose_cell
     from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluation import evaluate_cell, load_problems
+    from lorarl.evaluate.main import evaluate_cell, load_problems
     from lorarl.rewards import build_regime
-    from lorarl.rollout import check_engine
+    from lorarl.train.rollout import check_engine
     from lorarl.tasks import task_records
-    from lorarl.train import load_policy, train_cell
+    from lorarl.train.main import load_policy, train_cell
 
     if threads:
         torch.set_num_threads(threads)

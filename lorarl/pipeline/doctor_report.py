@@ -1,6 +1,6 @@
 """Login side of `lorarl doctor`: smoke study, launch through the profile, projection, JSON + markdown report.
 
-See :mod:`lorarl.doctor` for what the job measures. The projection's assumptions are part of the report.
+See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's assumptions are part of the report.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from lorarl.doctor import MEASURED, REQUEST
+from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.study import StudyError, base_cells, find_cell, load_study, study_cells
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def read_profile(profile: str | None) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir:
 
 def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
     from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluation import load_problems
+    from lorarl.evaluate.main import load_problems
 
     counts, notes = {}, []
     for name in benchmark_specs(cfg):
@@ -171,7 +171,7 @@ def render_markdown(rep: dict) -> str:
 def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, profile: str | None = None,
                results_dir: str = "results", eval_limit: int = 8, threads: int = 1) -> int:
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
-    from lorarl.launch import launch
+    from lorarl.pipeline.launch import launch
     from lorarl.models import recipe_name
 
     if steps < 1 or eval_limit < 1:

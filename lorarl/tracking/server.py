@@ -19,7 +19,7 @@
 
 Jobs: `configure_client` reads the credentials file (refused unless only its owner can read it) into
 the process's environment (MLFLOW_TRACKING_USERNAME/PASSWORD) and turns MLflow's own HTTP retries off:
-lorarl.tracking retries with its own backoff and keeps training while the server is away.
+lorarl.tracking.client retries with its own backoff and keeps training while the server is away.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lorarl.tracking import TrackingError
+from lorarl.tracking.client import TrackingError
 
 CREDENTIALS_ENV = "LORARL_TRACKING_CREDENTIALS"  # path of the credentials file (never the secret itself)
 DEFAULT_CREDENTIALS = "~/.config/lorarl/tracking-credentials"

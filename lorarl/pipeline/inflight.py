@@ -24,7 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from lorarl import paths, provenance
+from lorarl import paths
+from lorarl.pipeline import provenance
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
