@@ -34,6 +34,7 @@ class TaskConfig(Strict):
     revision: str | None = None  # dataset: pin the hub revision for reproducibility
     prompt_field: str = "prompt"  # dataset: column holding the question
     answer_field: str = "answer"  # dataset: column holding the gold answer
+    prompt_rendered: bool = False  # dataset: the prompt column already is prompt.template's text (DAPO-Math's instructed prompt): checked, not wrapped again
 
     @model_validator(mode="after")
     def _check(self) -> "TaskConfig":
@@ -41,6 +42,8 @@ class TaskConfig(Strict):
             raise ValueError("max_operands must be >= min_operands")
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path is required when task.name is 'dataset'")
+        if self.prompt_rendered and self.name != "dataset":
+            raise ValueError("task.prompt_rendered applies to task.name 'dataset' only (synthetic prompts are raw)")
         return self
 
 
@@ -187,6 +190,7 @@ class RewardConfig(Strict):
     grading_timeout_s: float = Field(5.0, gt=0)  # math-verify time limit per completion (outcome, accuracy)
     answer_format: AnswerFormat = "boxed"  # what the prompt asks for and is graded: final \\boxed{} | DAPO's last "Answer:" line (003) | last number; evaluation grades the same way
     grading: GradingOverride = GradingOverride()  # math-verify settings of the training reward (boxed format; null = math-verify's defaults)
+    incorrect_reward: float = Field(0.0, le=0)  # outcome reward of a wrong/missing answer (right = 1); DAPO's rule: -1 (changes the overlong penalty's relative weight)
     step_separator: str = Field("\n", min_length=1)  # process: a step ends at this string (paper 001: newline)
     prm: Literal["rule", "hf"] = "rule"  # process: synthetic-task step checker, or a Math-Shepherd-style HF PRM
     rule_check: Literal["arithmetic", "chain"] = "arithmetic"  # rule PRM: any true equation, or the question's chain
@@ -307,6 +311,12 @@ class CellConfig(Strict):
         prompt["chat_template"] = new
         data["prompt"] = prompt
         return data
+
+    @model_validator(mode="after")
+    def _rendered_template(self) -> "CellConfig":
+        if self.task.prompt_rendered and (self.prompt.template or "{question}").count("{question}") != 1:
+            raise ValueError("task.prompt_rendered needs a prompt.template with exactly one {question}")
+        return self
 
     @model_validator(mode="after")
     def _benchmark_grading(self) -> "CellConfig":

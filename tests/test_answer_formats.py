@@ -132,3 +132,37 @@ def test_benchmark_answer_format_override_and_signatures():
     plain = CellConfig(eval={"benchmarks": {"gsm8k": {}, "math500": {}, "gpqa": {}}})
     for bench, differs in [("math500", True), ("gsm8k", True), ("gpqa", False)]:  # gpqa: letters as before
         assert (eval_signature(cfg, bench, is_base=True) != eval_signature(plain, bench, is_base=True)) is differs
+
+
+def test_incorrect_reward_is_dapos_minus_one_and_accuracy_stays_a_rate():
+    comps = ["Answer: 34", "Answer: 35", "nothing"]
+    r = Rollouts(prompts=["q"] * 3, completions=comps, prompt_ids=[[1]] * 3, completion_ids=[[5, 6]] * 3,
+                 answers=["34"] * 3)
+    cfg = CellConfig(reward={"answer_format": "answer_line", "incorrect_reward": -1.0})
+    regime = build_regime(cfg.reward, None)
+    dep = regime.deposits(r)
+    assert dep.values == [[1.0], [-1.0], [-1.0]] and dep.positions == [[1]] * 3
+    assert regime.last_correct == [1.0, 0.0, 0.0]          # what the trainer logs as accuracy
+    assert train_signature(cfg) != train_signature(CellConfig(reward={"answer_format": "answer_line"}))
+    with pytest.raises(ValidationError, match="incorrect_reward"):
+        CellConfig(reward={"incorrect_reward": 0.5})
+
+
+@pytest.mark.parametrize("name", ["init_geometry", "init_geometry_7b"])
+def test_paper_003_studies_ask_and_grade_as_dapo(name):
+    """Paper 003 trains on DAPO-Math's instructed prompt with verl's DAPO reward (last Answer: line,
+    +1/-1) and scores GSM8K by flexible numerical extraction (App. C.1-C.2)."""
+    from pathlib import Path
+
+    from lorarl.study import cell_table, load_study
+    from lorarl.tasks.prompt import DAPO_TEMPLATE
+
+    table = cell_table(load_study(Path(__file__).parents[1] / "experiments" / f"{name}.yaml"))
+    for cell in table.cells + table.bases:
+        cfg = cell.config
+        assert cfg.prompt.template == DAPO_TEMPLATE and cfg.task.prompt_rendered
+        assert (cfg.reward.answer_format, cfg.reward.incorrect_reward) == ("answer_line", -1.0)
+        formats = {b: cell_grading(cfg, b).answer_format for b in cfg.eval.benchmarks}
+        assert formats == {"gsm8k": "last_number", "math500": "answer_line", "aime22": "answer_line",
+                           "aime23": "answer_line", "aime24": "answer_line"}
+    assert table.base_ids == ["base"]

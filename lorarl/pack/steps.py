@@ -168,7 +168,7 @@ class PackLoop:
         if len(dep) != len(texts):
             raise ValueError(f"regime {m.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         if outcome:
-            accuracy = [v[0] for v in dep.values]
+            accuracy = list(getattr(m.regime, "last_correct", None) or [v[0] for v in dep.values])
         else:
             from lorarl.rewards.outcome import grade
 

@@ -130,7 +130,8 @@ def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path
     if cfg.regime == "outcome":
         from lorarl.rewards.outcome import OutcomeDeposits, settings_of
 
-        return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg))
+        return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg),
+                               incorrect=cfg.incorrect_reward)
     if cfg.regime == "process":
         from lorarl.rewards.process import ProcessDeposits, RuleStepChecker, ShepherdPRM
 

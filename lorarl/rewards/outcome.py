@@ -61,7 +61,8 @@ class OutcomeReward:
 
 
 class OutcomeDeposits:
-    """The ``outcome`` regime: one deposit (the 0/1 grade) on the last completion token.
+    """The ``outcome`` regime: one deposit on the last completion token: 1 for a right answer,
+    ``incorrect`` (``reward.incorrect_reward``: 0, DAPO's -1) for a wrong or missing one.
 
     ``score_fn(completions, answers) -> list[float]`` replaces math-verify grading (tests use it).
     """
@@ -71,10 +72,12 @@ class OutcomeDeposits:
 
     def __init__(self, timeout_s: float = 5.0,
                  score_fn: Callable[[list[str], list[str]], list[float]] | None = None,
-                 settings: GradingSettings | None = None):
+                 settings: GradingSettings | None = None, incorrect: float = 0.0):
         self.timeout_s = timeout_s
         self.score_fn = score_fn
         self.settings = settings  # answer format + math-verify settings (None = boxed, defaults)
+        self.incorrect = float(incorrect)  # reward of a wrong answer (DAPO: -1)
+        self.last_correct: list[float] = []  # 1/0 verdicts of the last batch (the accuracy metric)
 
     def deposits(self, rollouts: Rollouts) -> Deposits:
         if rollouts.answers is None:
@@ -83,6 +86,8 @@ class OutcomeDeposits:
             scores = [float(s) for s in self.score_fn(list(rollouts.completions), list(rollouts.answers))]
         else:
             scores = grade(rollouts.completions, rollouts.answers, self.timeout_s, self.settings)
+        self.last_correct = list(scores)  # the grade (1/0; a score_fn may grade in between)
+        scores = [self.incorrect + (1.0 - self.incorrect) * s for s in scores]  # 1 -> 1, 0 -> incorrect
         # An empty completion still deposits (at position 0, outside its mask) so that, as in TRL, its
         # reward counts in the group statistics while it has no token to train.
         positions = [[max(len(ids) - 1, 0)] for ids in rollouts.completion_ids]

@@ -240,7 +240,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
         if self.regime.name == "outcome":
-            accuracy = [v[0] for v in dep.values]
+            accuracy = list(getattr(self.regime, "last_correct", None) or [v[0] for v in dep.values])
         elif answers is not None:
             from lorarl.rewards.outcome import grade
 
