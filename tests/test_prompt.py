@@ -167,10 +167,10 @@ def test_dapo_instructed_dataset_and_bare_benchmark_ask_alike(tiny_dirs, tmp_pat
     from pydantic import ValidationError
 
     from lorarl.evaluate.backends import HFBackend
-    from lorarl.evaluation import load_problems
+    from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import DAPO_TEMPLATE
-    from lorarl.train import training_dataset
+    from lorarl.train.main import training_dataset
 
     problems = ["What is 3 + 3?", "Find $x$ if $2x = 10$."]
     train, bench = tmp_path / "dapo.jsonl", tmp_path / "m.jsonl"
