@@ -59,6 +59,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.train.trainer import frozen_reference, needs_reference
     from lorarl.train.precision import resolve_precision
     from lorarl.rewards import build_regime
+    from lorarl.rewards.outcome import settings_of
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.main import load_policy, training_dataset
 
@@ -103,7 +104,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
             order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
             steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
-            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor))
+            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=settings_of(cfg.reward)))
         policies.append(policy)
     eos = tok.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())

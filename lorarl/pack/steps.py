@@ -86,6 +86,7 @@ class Member:
     overlong_factor: float = 1.0  # why: DAPO penalty at the length limit
     step: int = 0  # why: optimiser steps this cell has taken (resume: restored)
     adv_std_peak: float = 0.0  # why: running peak of adv/std (the collapse flag reads it)
+    grading: Any = None  # why: answer format + math-verify settings of the accuracy metric (reward.*)
     extra: dict = field(default_factory=dict)  # why: per-cell state the runner keeps (checkpoint, recorder)
 
 
@@ -172,7 +173,7 @@ class PackLoop:
         else:
             from lorarl.rewards.outcome import grade
 
-            accuracy = grade(texts, answers)  # monitoring only
+            accuracy = grade(texts, answers, settings=m.grading)  # monitoring only
         penalized = 0
         for i, ids in enumerate(ro.completion_ids):
             pen = overlong_penalty(len(ids), self.sample.max_new_tokens, m.overlong_buffer, m.overlong_factor)
