@@ -1,6 +1,6 @@
 """Login side of `lorarl doctor`: smoke study, launch through the profile, projection, JSON + markdown report.
 
-See :mod:`lorarl.doctor` for what the job measures. The projection's assumptions are part of the report.
+See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's assumptions are part of the report.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from lorarl.doctor import MEASURED, REQUEST
+from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.study import StudyError, base_cells, find_cell, load_study, study_cells
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials")  # what `--config KEY=VALUE` may set
@@ -65,8 +65,8 @@ def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
     value exits 2 before anything is written. sqlite = the smoke folder's own mlflow.db."""
     import os
 
-    from lorarl.tracking import TRACKING_ENV, is_server, resolve_tracking
-    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.client import TRACKING_ENV, is_server, resolve_tracking
+    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
 
     uri = resolve_tracking(str(prof["tracking"]), results_dir)  # TrackingError: exit 2
     creds = prof.get("tracking_credentials") or None
@@ -82,8 +82,8 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     allocated resources) from sacct, next to what the profile asked for."""
     import time
 
-    from lorarl import provenance
-    from lorarl.launch import ACTIVE, sacct_info
+    from lorarl.pipeline import provenance
+    from lorarl.pipeline.launch import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
@@ -138,7 +138,7 @@ def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir:
 
 def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
     from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluation import load_problems
+    from lorarl.evaluate.main import load_problems
 
     counts, notes = {}, []
     for name in benchmark_specs(cfg):
@@ -253,9 +253,9 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                results_dir: str = "results", eval_limit: int = 8, threads: int = 1,
                overrides: list[str] | None = None) -> int:
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
-    from lorarl.launch import launch
+    from lorarl.pipeline.launch import launch
     from lorarl.models import recipe_name
-    from lorarl.provenance import provenance_path
+    from lorarl.pipeline.provenance import provenance_path
 
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
