@@ -2,10 +2,10 @@
 
     train_pack("demo", [cell_a, cell_b], results_dir="results", pack_id="pack-1a2b3c4d5e")
 
-Per member, exactly what :func:`lorarl.train.train_cell` gives a solo cell: its own MLflow run (the
+Per member, exactly what :func:`lorarl.train.main.train_cell` gives a solo cell: its own MLflow run (the
 cell's params and ``axis.*`` tags, plus ``lorarl.pack``), metrics.csv (the source of truth), snapshots
 (``eval.eval_every``), checkpoints in ``results/<study>/.checkpoints/<cell>/`` under the cell's own lock
-(:class:`lorarl.checkpoint.CellCheckpoints`, format "pack"), divergence (NaN: that cell stops, the others
+(:class:`lorarl.train.checkpoint.CellCheckpoints`, format "pack"), divergence (NaN: that cell stops, the others
 go on) and collapse stops, then ``adapter/``, ``cell.json``, ``metrics.csv`` and ``summary.json``.
 Outputs are STAGED in ``<cell dir>/.packed/`` (Snakemake removes a job's declared outputs before
 it runs, so the pack never writes another job's outputs); the cell's own ``train`` job moves them into
@@ -106,9 +106,9 @@ def _checkpoint(slot: _Slot, cell: Any, member: Any, force: bool) -> bool:
 
 
 def _start(slot: _Slot, study: str, results_dir: str | Path, precision: str, pack_id: str) -> None:
-    from lorarl.callbacks import MetricsRecorder
-    from lorarl.divergence import Divergence
-    from lorarl.tracking import Tracker
+    from lorarl.train.callbacks import MetricsRecorder
+    from lorarl.train.divergence import Divergence
+    from lorarl.tracking.client import Tracker
 
     cell = slot.cell
     slot.tracker = Tracker(results_dir, study)
@@ -124,8 +124,8 @@ def _start(slot: _Slot, study: str, results_dir: str | Path, precision: str, pac
 def _finish(slot: _Slot, study: str, results_dir: str | Path, policy: Any, cell: Any, member: Any, data_facts: dict, precision: str,
             pack_info: dict, t_start: float) -> dict:
     """Save the member's adapter, summary and MLflow summary, stage its outputs, drop its checkpoints."""
-    from lorarl import flags as flagmod
-    from lorarl.precision import trainable_dtypes
+    from lorarl.train import flags as flagmod
+    from lorarl.train.precision import trainable_dtypes
 
     c = slot.cell
     rec = slot.recorder
@@ -162,7 +162,7 @@ def _finish(slot: _Slot, study: str, results_dir: str | Path, policy: Any, cell:
 
 
 def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str) -> tuple[list[_Slot], dict]:
-    from lorarl.checkpoint import CellCheckpoints
+    from lorarl.train.checkpoint import CellCheckpoints
 
     slots, left_out = [], {}
     for c in cells:
@@ -186,9 +186,9 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
     """Train the members of one pack; stage each member's outputs; write the pack's record."""
     import torch
 
-    from lorarl import flags as flagmod
+    from lorarl.train import flags as flagmod
     from lorarl.evaluate.plan import snapshot_steps
-    from lorarl.evaluate.snapshots import SnapshotSaver
+    from lorarl.train.snapshots import SnapshotSaver
     from lorarl.pack.build import build_pack
 
     if threads:
