@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.tracking import TrackingError
-from lorarl.tracking_server import credentials_path, wait_http, write_credentials
+from lorarl.tracking.client import TrackingError
+from lorarl.tracking.server import credentials_path, wait_http, write_credentials
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from lorarl import paths, readcache
+from lorarl import paths
+from lorarl.report import readcache
 from lorarl.bases import base_label
-from lorarl.divergence import DIVERGED, cell_state
+from lorarl.train.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, base_cells, study_cells
 
@@ -66,7 +67,7 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
         s = _read_json(paths.path("summary", **kw))
         rows.append({
             "cell": cell.id, **cell.axes,
-            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.divergence
+            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.train.divergence
             **{k: s.get(k) for k in ("final_train_reward", "wall_time_s", "mean_step_time_s",
                                      "trainable_fraction")},
             **eval_columns(results, study.name, cell.id, cell.config),
@@ -163,7 +164,7 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
 
 
 def diverged_notes(cells: pd.DataFrame) -> list[str]:
-    """One line per diverged cell (lorarl.divergence): where it stopped."""
+    """One line per diverged cell (lorarl.train.divergence): where it stopped."""
     if "state" not in cells:
         return []
     rows = cells[cells["state"] == DIVERGED]
@@ -180,7 +181,7 @@ def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
 
 
 def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
-    from lorarl import plots
+    from lorarl.report import plots
 
     tdir = paths.path("table_csv", results=results, study=study.name).parent
     fdir = paths.path("figures", results=results, study=study.name)

@@ -1,4 +1,4 @@
-"""Fault injection over the whole pipeline: `python -m lorarl.faults --kills 20` prints the figures.
+"""Fault injection over the whole pipeline: `python -m lorarl.pipeline.faults --kills 20` prints the figures.
 
 A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
 evaluation, diagnostics, aggregate) runs once uninterrupted (the reference). Then, pass after pass, a
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
 ATOL = 1e-6  # adapter tolerance after a resume (CPU float32; bit-identical is counted separately)
 STEPS = 4
@@ -300,7 +300,7 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lorarl.faults", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.faults", description=__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
     p.add_argument("--per-pass", type=int, default=2, help="at most this many kills per stage in one study run")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")

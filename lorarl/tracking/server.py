@@ -14,13 +14,13 @@
   server through a 0600 config file, never a command line or an environment that `ps` shows.
 - Prints the URI to put in the profile (`tracking:`) and writes <state>/server.json (no secrets).
   Runs in the foreground until SIGTERM/SIGINT (then stops MLflow and PostgreSQL): on the submit host,
-  or as a small Slurm job (`lorarl tracking serve --slurm`, lorarl.tracking_slurm; the job's node name
+  or as a small Slurm job (`lorarl tracking serve --slurm`, lorarl.tracking.slurm; the job's node name
   is in the printed URI and in server.json on the shared filesystem).
 
 Jobs: `configure_client` reads the credentials file (refused unless only its owner can read it) and
 hands user and password to MLflow's REST client of that server inside the process (not its
 environment: children and `ps e` never see them); it turns MLflow's own HTTP retries off:
-lorarl.tracking retries with its own backoff and keeps training while the server is away.
+lorarl.tracking.client retries with its own backoff and keeps training while the server is away.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lorarl.tracking import TrackingError
+from lorarl.tracking.client import TrackingError
 
 CREDENTIALS_ENV = "LORARL_TRACKING_CREDENTIALS"  # path of the credentials file (never the secret itself)
 DEFAULT_CREDENTIALS = "~/.config/lorarl/tracking-credentials"

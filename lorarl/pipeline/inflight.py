@@ -24,7 +24,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from lorarl import paths, provenance
+from lorarl import paths
+from lorarl.pipeline import provenance
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
@@ -132,6 +133,10 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
             return [paths.path("eval_summary", benchmark=bench, **kw), paths.path("eval_samples", benchmark=bench, **kw)]
         return [paths.path("eval_step_summary", benchmark=bench, step=step, **kw),
                 paths.path("eval_step_samples", benchmark=bench, step=step, **kw)]
+    if stage == "doctor":  # `lorarl doctor`: the job's measurements (written even when a check fails)
+        from lorarl.pipeline.doctor import MEASURED
+
+        return [Path(results_dir) / MEASURED]
     return []  # toy: one job for the whole study, checked by its aggregate
 
 

@@ -2,7 +2,7 @@
 
 W0 is always the ORIGINAL base weight (loaded fresh from the base model, never peft's possibly
 rewritten residual), W+ the effective weight after training (adapter merged, or the fully
-fine-tuned weight). The math lives in lorarl.diagnostics (pure functions).
+fine-tuned weight). The math lives in lorarl.diagnose.weights (pure functions).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tup
 def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     import torch
 
-    from lorarl.diagnostics import diagnose_model, write_parquet
+    from lorarl.diagnose.weights import diagnose_model, write_parquet
     from lorarl.models import resolve_model
-    from lorarl.tracking import Tracker
+    from lorarl.tracking.client import Tracker
 
     if threads:
         torch.set_num_threads(threads)

@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lorarl import checkpoint, paths, provenance
-from lorarl.divergence import DIVERGED, cell_state
+from lorarl.train import checkpoint
+from lorarl import paths
+from lorarl.pipeline import provenance
+from lorarl.train.divergence import DIVERGED, cell_state
 
 FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                  "DEADLINE", "REVOKED"}
@@ -37,7 +39,7 @@ class CellStatus:
     kind: str  # "cell" or "base"
     train: StageStatus = field(default_factory=StageStatus)
     evaluate: StageStatus = field(default_factory=StageStatus)
-    flags: dict = field(default_factory=dict)  # collapse flag -> step (summary.json, lorarl.flags)
+    flags: dict = field(default_factory=dict)  # collapse flag -> step (summary.json, lorarl.train.flags)
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -162,7 +164,7 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
                 st.flags = dict(doc.get("flags") or {})
                 if h and h != c.hash:
                     st.train = StageStatus("stale", st.train.job, "", f"trained with config {h}, now {c.hash}")
-                elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.divergence)
+                elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.train.divergence)
                     st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.steps}",
                                            doc.get("diverged_reason", ""))
         else:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl import flags as flagmod
+from lorarl.train import flags as flagmod
 from lorarl import paths
 from lorarl.config import CellConfig
 from lorarl.study import Cell
@@ -26,7 +26,7 @@ def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision:
     optimiser steps)."""
     from trl import GRPOConfig
 
-    from lorarl.precision import autocast_bf16, resolve_precision
+    from lorarl.train.precision import autocast_bf16, resolve_precision
 
     t = cfg.train
     precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
@@ -53,7 +53,7 @@ def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision:
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=t.log_every,
-        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.divergence stops the cell)
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
@@ -65,11 +65,11 @@ def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision:
 
 def load_policy(cfg: CellConfig, results_dir: str | Path, device: str, precision: str | None = None
                 ) -> tuple[Any, Any]:
-    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.precision)."""
+    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.train.precision)."""
     import torch
 
     from lorarl.models import load_model_and_tokenizer, resolve_model
-    from lorarl.precision import load_dtype, resolve_precision
+    from lorarl.train.precision import load_dtype, resolve_precision
 
     torch.manual_seed(cfg.seed)
     precision = precision or resolve_precision(cfg.train.precision, device)
@@ -129,20 +129,20 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     import torch
 
     from lorarl.adapters import build_adapter
-    from lorarl.callbacks import MetricsRecorder
-    from lorarl.checkpoint import CellCheckpoints
-    from lorarl.divergence import Divergence
-    from lorarl.diskfull import disk_full_hook
+    from lorarl.train.callbacks import MetricsRecorder
+    from lorarl.train.checkpoint import CellCheckpoints
+    from lorarl.train.divergence import Divergence
+    from lorarl.pipeline.diskfull import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
-    from lorarl.evaluate.snapshots import SnapshotSaver
-    from lorarl.grpo import build_trainer, frozen_reference, needs_reference
-    from lorarl.precision import resolve_precision, trainable_dtypes
-    from lorarl.tracking import Tracker
+    from lorarl.train.snapshots import SnapshotSaver
+    from lorarl.train.trainer import build_trainer, frozen_reference, needs_reference
+    from lorarl.train.precision import resolve_precision, trainable_dtypes
+    from lorarl.tracking.client import Tracker
 
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
-    from lorarl.rollout import check_engine
+    from lorarl.train.rollout import check_engine
 
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
@@ -176,9 +176,9 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
-    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.flags)
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.train.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
-    trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.grpo)
+    trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
         train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
         results_dir=str(results_dir),
@@ -214,7 +214,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         **counts, **ckpt.summary(), **data_facts,
         "precision": precision, "trainable_dtypes": trainable_dtypes(trainer.model),
         "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
-        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.flags)
+        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.train.flags)
     }
     if collapse.stopped_at is not None:
         summary["stopped_on_collapse"] = collapse.stopped_at
@@ -225,7 +225,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
-    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.diskfull)
+    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.diskfull)
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
         dst = final / name

@@ -5,7 +5,7 @@ step): for each finished cell (summary.json) it finds the cell's run (summary.js
 active run tagged with the cell id, else a new run with the cell's params and tags), reads which
 (metric, step) pairs the run already holds, and logs only the missing ones from metrics.csv (per-step
 training metrics), summary.json (final reward, wall time, parameter counts at step 0), eval/*.json
-(each at its training step, as lorarl.evaluation logs them) and diagnostics.parquet (diag/* means).
+(each at its training step, as lorarl.evaluate.main logs them) and diagnostics.parquet (diag/* means).
 Base pseudo-cells get their shared run (base/mlflow_run.json) and evaluation numbers the same way.
 A new run id is written back into summary.json with its modification time kept (Snakemake's mtime
 trigger must not rerun anything). Run it again: nothing is logged twice.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import paths
-from lorarl.tracking import CELL_TAG, SUPERSEDED_TAG, Tracker
+from lorarl.tracking.client import CELL_TAG, SUPERSEDED_TAG, Tracker
 
 TRAIN_SUMMARY = ("final_train_reward", "wall_time_s", "params_trainable", "trainable_fraction")
 
@@ -49,7 +49,7 @@ def _csv_rows(path: Path) -> list[dict[str, float]]:
 
 
 def _eval_rows(cfg: Any, cell_dir: Path, is_base: bool) -> list[dict[str, float]]:
-    from lorarl.evaluation import _mlflow_step, metric_values
+    from lorarl.evaluate.main import _mlflow_step, metric_values
 
     by_step: dict[int, dict[str, float]] = {}
     for f in sorted((cell_dir / "eval").glob("*.json")):
@@ -64,7 +64,7 @@ def _diag_row(cell_dir: Path) -> dict[str, float]:
         return {}
     import pandas as pd
 
-    from lorarl.diagnose import SUMMARY_METRICS
+    from lorarl.diagnose.main import SUMMARY_METRICS
 
     df = pd.read_parquet(f)
     means = df[df["metric"].isin(SUMMARY_METRICS)].groupby("metric")["value"].mean()
@@ -147,7 +147,7 @@ def sync_cell(tracker: Tracker, study: Any, cell: Any, results_dir: str | Path) 
 
 
 def sync_base(tracker: Tracker, study: Any, base: Any, results_dir: str | Path) -> dict | None:
-    from lorarl.evaluation import _attach_run
+    from lorarl.evaluate.main import _attach_run
 
     cdir = paths.cell_dir(results_dir, study.name, base.id)
     rows = _eval_rows(base.config, cdir, is_base=True)

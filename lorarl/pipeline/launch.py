@@ -10,8 +10,8 @@ non-zero so Snakemake marks the cell failed. Executors:
 
 `StageJob` is submitit-`Checkpointable`: on Slurm's pre-timeout or preemption signal (USR2) it is
 requeued, and the train stage resumes from its latest checkpoint into the same MLflow run
-(`lorarl.checkpoint`). Every submission and every (re)start of the job is appended to the stage's
-provenance file (`lorarl.provenance`): git SHA + diff, pip freeze, host, GPU, all Slurm job ids.
+(`lorarl.train.checkpoint`). Every submission and every (re)start of the job is appended to the stage's
+provenance file (`lorarl.pipeline.provenance`): git SHA + diff, pip freeze, host, GPU, all Slurm job ids.
 
 Logs: `results/<study>/<cell>/logs/<stage>/<jobid>_0_log.{out,err}` (requeued attempts append to the
 same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
@@ -30,7 +30,8 @@ from typing import Any
 
 import submitit
 
-from lorarl import inflight, paths, provenance
+from lorarl.pipeline import inflight, provenance
+from lorarl import paths
 
 STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
 # submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
@@ -44,11 +45,11 @@ EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which bench
 
 
 def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
-    """What a job executes; out of disk space becomes one clear error (lorarl.diskfull)."""
+    """What a job executes; out of disk space becomes one clear error (lorarl.pipeline.diskfull)."""
     try:
         return _run_stage(stage, study_path, cell_id, results_dir, threads)
     except Exception as err:
-        from lorarl.diskfull import disk_full_error, free_partial_outputs, is_disk_full
+        from lorarl.pipeline.diskfull import disk_full_error, free_partial_outputs, is_disk_full
 
         if is_disk_full(err):
             free_partial_outputs(stage, study_path, cell_id, results_dir)
@@ -74,20 +75,20 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
         return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
     cell = table.cell(cell_id)
     if stage == "train":
-        from lorarl.train import train_cell
+        from lorarl.train.main import train_cell
 
         return train_cell(study.name, cell, results_dir, threads=threads)
     if stage == "evaluate":
-        from lorarl.evaluation import evaluate_cell
+        from lorarl.evaluate.main import evaluate_cell
 
         is_base = table.is_base(cell.id)
         return evaluate_cell(study.name, cell, results_dir, is_base=is_base, threads=threads)
     if stage == "diagnose":
-        from lorarl.diagnose import diagnose_cell
+        from lorarl.diagnose.main import diagnose_cell
 
         return diagnose_cell(study.name, cell, results_dir, threads=threads)
-    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.doctor)
-        from lorarl.doctor import doctor_job
+    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.pipeline.doctor)
+        from lorarl.pipeline.doctor import doctor_job
 
         return doctor_job(study_path, cell.id, results_dir, threads=threads)
     raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
@@ -123,7 +124,7 @@ class StageJob(submitit.helpers.Checkpointable):
         return out
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        # The state that matters lives on disk (lorarl.checkpoint): resubmit the same job.
+        # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
         return submitit.helpers.DelayedSubmission(self)
 
 
@@ -195,9 +196,11 @@ def tail(path: Path, n: int = 40) -> str:
         return f"(no log at {path})"
 
 
-def sacct_info(job_id: str) -> dict[str, str]:
-    """The final accounting record of a Slurm job (State, ExitCode, Reason, Elapsed, NodeList)."""
-    fields = ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"]
+def sacct_info(job_id: str, fields: list[str] | None = None) -> dict[str, str]:
+    """The final accounting record of a Slurm job (default: State, ExitCode, Reason, Elapsed, NodeList)."""
+    fields = list(fields or ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"])
+    if "JobID" not in fields:
+        fields.insert(0, "JobID")
     try:
         out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", ",".join(fields)],
                              capture_output=True, text=True, timeout=60).stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from lorarl.tracking import Tracker
+from lorarl.tracking.client import Tracker
 
 SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
         "train_loss"}
@@ -21,7 +21,7 @@ class MetricsRecorder(TrainerCallback):
         self.csv_path = Path(csv_path)
         self.tracker = tracker
         self.flush_every = flush_every
-        # with checkpoints (lorarl.checkpoint): MLflow gets a step only once a checkpoint covers it
+        # with checkpoints (lorarl.train.checkpoint): MLflow gets a step only once a checkpoint covers it
         self.log_only_saved = False
         self.rows: list[dict[str, float]] = []
         self._pending: list[dict[str, float]] = []

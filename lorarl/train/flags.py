@@ -100,7 +100,7 @@ def detect(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def mlflow_tags(flags: Mapping[str, int]) -> dict[str, str]:
-    return {f"flag.{k}": str(v) for k, v in flags.items()} | {"lorarl.flags": ",".join(sorted(flags)) or "none"}
+    return {f"flag.{k}": str(v) for k, v in flags.items()} | {"lorarl.train.flags": ",".join(sorted(flags)) or "none"}
 
 
 def monitor(recorder: Any, stop: bool) -> Any:

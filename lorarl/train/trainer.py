@@ -6,8 +6,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   deposits (plus DAPO's soft overlong penalty on the last token); TRL still sees one scalar per
   completion (the sum of its deposits) for its own reward metrics.
 * ``_generate_and_score_completions``: replaces TRL's ``[B]`` advantages by the ``[B, T]`` advantages of
-  :func:`lorarl.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
-  ones (DAPO dynamic sampling, :mod:`lorarl.dynamic_sampling`),
+  :func:`lorarl.train.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
+  ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`),
   and runs the reference forward, only when ``beta > 0``.
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
@@ -35,11 +35,11 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from lorarl import kl as klmod
-from lorarl.advantages import advantages_from_deposits
-from lorarl.divergence import nan_reward_fault
+from lorarl.train import kl as klmod
+from lorarl.train.advantages import advantages_from_deposits
+from lorarl.train.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
-from lorarl.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
+from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
 METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
     "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
@@ -48,7 +48,7 @@ METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metric
     "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
     "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
     "time/kl_monitor_s", "time/kl_new_old_s",
-    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.rollout.FreshnessGate)
+    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.train.rollout.FreshnessGate)
     "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
     "rollout/is_ratio_max", "rollout/stale_steps",
     # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
@@ -153,7 +153,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self.dynamic_sampling = dynamic_sampling
         self.dynamic_sampling_max_batches = int(dynamic_sampling_max_batches)
         if dynamic_sampling:
-            from lorarl.dynamic_sampling import PromptSampler
+            from lorarl.train.dynamic_sampling import PromptSampler
 
             self._prompt_sampler = PromptSampler(self.train_dataset, args.seed)
         self.overlong_buffer, self.overlong_factor = int(overlong_buffer), float(overlong_factor)
@@ -234,7 +234,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
         dep = self.regime.deposits(rollouts)
-        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.divergence)
+        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.train.divergence)
             nan_reward_fault(dep, int(self.state.global_step) + 1)
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
@@ -254,7 +254,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self._deposits = dep
         self._lengths = [len(ids) for ids in rollouts.completion_ids]
 
-        from lorarl.grading import extract_boxed
+        from lorarl.evaluate.grading import extract_boxed
 
         eos = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         n = max(len(texts), 1)
@@ -313,10 +313,10 @@ class LorarlGRPOTrainer(GRPOTrainer):
         return out, adv.stats.degenerate_P.tolist()
 
     def _refill(self, first: dict, degenerate: list[bool]) -> dict:
-        """DAPO dynamic sampling (lorarl.dynamic_sampling): sample more prompt groups until the batch
+        """DAPO dynamic sampling (lorarl.train.dynamic_sampling): sample more prompt groups until the batch
         holds as many groups with signal as it has slots, at most ``dynamic_sampling_max_batches``
         rounds; degenerate groups fill what is left."""
-        from lorarl.dynamic_sampling import concat_batches, plan_refill, take_groups
+        from lorarl.train.dynamic_sampling import concat_batches, plan_refill, take_groups
 
         G, P = self.num_generations, len(degenerate)
         self._log("dynamic_sampling/frac_groups_dropped", sum(degenerate) / P)
@@ -431,7 +431,7 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     args.use_bias_correction_kl = t.kl_importance_correction
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None:
-        from lorarl.rollout import apply_rollout_args
+        from lorarl.train.rollout import apply_rollout_args
 
         apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"

@@ -3,7 +3,7 @@
 Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps,
 each benchmark limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``,
 builds a missing ``local:`` base model first, and submits the ``doctor`` stage through
-:func:`lorarl.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
+:func:`lorarl.pipeline.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
 a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
 anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
 checks), evaluation problems; then the smoke training (through the real train stage), the evaluation
@@ -60,6 +60,30 @@ def _peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def job_info() -> dict[str, Any]:
+    """Where this job runs, as the job itself sees it (host; Slurm job id, partition, nodes, GPUs)."""
+    import socket
+
+    from lorarl.pipeline.provenance import slurm_env
+
+    return {"host": socket.gethostname(), **slurm_env()}
+
+
+def tracking_check(results_dir: str) -> str:
+    """The job reaches the profile's MLflow store (a server URI must answer from the compute node)."""
+    from mlflow import MlflowClient
+
+    from lorarl.tracking.client import is_server, resolve_tracking
+
+    uri = resolve_tracking(None, results_dir)
+    if is_server(uri):
+        from lorarl.tracking.server import configure_client
+
+        configure_client(uri)
+    MlflowClient(uri).search_experiments(max_results=1)
+    return uri
+
+
 class _Checks:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -114,13 +138,13 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     """The doctor stage (what the submitted job runs): checks, smoke training, evaluation, diagnostics."""
     import torch
 
-    from lorarl.diagnose import diagnose_cell
+    from lorarl.diagnose.main import diagnose_cell
     from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluation import evaluate_cell, load_problems
+    from lorarl.evaluate.main import evaluate_cell, load_problems
     from lorarl.rewards import build_regime
-    from lorarl.rollout import check_engine
+    from lorarl.train.rollout import check_engine
     from lorarl.tasks import task_records
-    from lorarl.train import load_policy, train_cell
+    from lorarl.train.main import load_policy, train_cell
 
     if threads:
         torch.set_num_threads(threads)
@@ -131,8 +155,9 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     checks = _Checks()
     dev = device_info()
     device = "cuda" if dev["kind"] == "cuda" else "cpu"
-    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps}
+    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info()}
 
+    checks.run("MLflow store", lambda: tracking_check(results_dir))
     checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here")
     loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device))
     if loaded is not None:

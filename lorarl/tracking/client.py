@@ -4,13 +4,13 @@ Files under results/ are the source of truth; MLflow is the browsable view. Reru
 scratch marks its earlier run `lorarl.superseded=true` and soft-deletes it (restorable with
 `mlflow runs restore`), so the default MLflow view shows exactly one run per cell. A resumed cell
 (requeue, kill + rerun) reopens its own run and never logs a metric at or below that metric's
-high-water mark, read back from the run (lorarl.checkpoint keeps MLflow behind the last checkpoint).
+high-water mark, read back from the run (lorarl.train.checkpoint keeps MLflow behind the last checkpoint).
 
-The store (`tracking:` in the profile, `$LORARL_TRACKING` in a job; lorarl.tracking_server serves one):
+The store (`tracking:` in the profile, `$LORARL_TRACKING` in a job; lorarl.tracking.server serves one):
 - `sqlite` (default): results/mlflow.db, every write under an flock on results/.mlflow.lock, waited
   for at most $LORARL_TRACKING_LOCK_S (default 60 s) per attempt;
 - `http(s)://host:port`: an MLflow tracking server (PostgreSQL behind it); no lock, credentials for
-  MLflow's basic-auth app from a file only the user can read (lorarl.tracking_server.load_credentials).
+  MLflow's basic-auth app from a file only the user can read (lorarl.tracking.server.load_credentials).
 Every write is retried with exponential backoff on transient errors (connection refused, timeouts, 5xx,
 a locked store) for at most $LORARL_TRACKING_RETRY_S (default 120 s), then raises TrackingUnavailable.
 The trainer's per-step metrics (log_metrics(wait=False)) are the exception: while the store is
@@ -126,7 +126,7 @@ def transient(err: BaseException) -> bool:
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, str]:
-    repo = str(repo or Path(__file__).resolve().parent.parent)
+    repo = str(repo or Path(__file__).resolve().parents[2])
     try:
         sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
                              check=True).stdout.strip()
@@ -159,7 +159,7 @@ class Tracker:
         self.uri = resolve_tracking(tracking, results_dir)
         self.server = is_server(self.uri)
         if self.server:
-            from lorarl.tracking_server import configure_client
+            from lorarl.tracking.server import configure_client
 
             configure_client(self.uri)  # credentials from the user's 0600 file; our backoff, not MLflow's
         self.retry_s = _env_float(RETRY_ENV, 120.0)

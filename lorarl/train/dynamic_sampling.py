@@ -2,7 +2,7 @@
 groups until it holds ``P`` groups whose rewards are not all equal (Yu et al., DAPO, eq. 11:
 ``0 < |{correct}| < G``), instead of dropping degenerate groups and training on a smaller batch.
 
-The trainer (:mod:`lorarl.grpo`) scores one round of ``P`` prompts x ``G`` completions, keeps the
+The trainer (:mod:`lorarl.train.trainer`) scores one round of ``P`` prompts x ``G`` completions, keeps the
 groups with signal, samples ``P`` more prompts while fewer than ``P`` are kept (at most
 ``train.dynamic_sampling_max_batches`` rounds, as DAPO's ``max_num_gen_batches``), then assembles
 exactly ``P`` groups. When the rounds run out, degenerate groups of the first round fill the rest

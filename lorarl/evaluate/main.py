@@ -170,7 +170,7 @@ def _attach_run(tracker: Any, study: str, cell: Cell, results_dir: str | Path, i
 def log_to_mlflow(study: str, cell: Cell, results_dir: str | Path, is_base: bool,
                   summaries: Sequence[dict], create: bool = True) -> str | None:
     """Log evaluation summaries to the cell's MLflow run (each at its training step)."""
-    from lorarl.tracking import Tracker
+    from lorarl.tracking.client import Tracker
 
     if not summaries:
         return None

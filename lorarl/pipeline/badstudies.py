@@ -1,4 +1,4 @@
-"""Generated malformed studies: `python -m lorarl.badstudies` checks that each one is refused cleanly.
+"""Generated malformed studies: `python -m lorarl.pipeline.badstudies` checks that each one is refused cleanly.
 
 `cases()` derives well over 100 broken studies from one valid study: wrong types (every typed field
 of every config section), unknown fields, bad axis values, conflicting axes, impossible protocols,
@@ -325,7 +325,7 @@ def id_escapes() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m lorarl.badstudies", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.badstudies", description=__doc__.split("\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="print every message")
     args = p.parse_args(argv)
     all_cases = cases()

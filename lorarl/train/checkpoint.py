@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from lorarl import integrity, paths
+from lorarl.train import integrity
+from lorarl import paths
 
 MARKER = "lorarl.json"
 COMPLETE = "complete.json"
@@ -117,7 +118,7 @@ def _is_submitit_handler(h: Any) -> bool:
 
 
 class CellCheckpoints:
-    """The checkpoint folder of one cell, used by `lorarl.train.train_cell`."""
+    """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
 
     def __init__(self, results_dir: str | Path, study: str, cell: Any):
         t = cell.config.train
@@ -135,7 +136,7 @@ class CellCheckpoints:
         self.stopped_for_preemption = False
         self.elapsed_before = 0.0
         self.resumes: list[int] = []
-        self.problems: list[str] = []  # checkpoints found unusable (lorarl.integrity), for summary.json
+        self.problems: list[str] = []  # checkpoints found unusable (lorarl.train.integrity), for summary.json
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
@@ -166,7 +167,7 @@ class CellCheckpoints:
         """Reopen the MLflow run of the newest sound complete checkpoint of this config; None = start
         fresh (then every stale checkpoint, of an older config or a finished cell, is deleted). A
         checkpoint of another config, with a truncated/missing/altered file, a gone MLflow run or a
-        crash loop behind it (lorarl.integrity) is reported, deleted, and the previous one tried."""
+        crash loop behind it (lorarl.train.integrity) is reported, deleted, and the previous one tried."""
         latest = None
         if not (self.root / COMPLETE).exists():
             for c in reversed(complete_checkpoints(self.root)):
@@ -336,7 +337,7 @@ class CellCheckpoints:
         meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
-                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.integrity)
+                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
         _write_json(folder / MARKER, meta)
         for c in complete_checkpoints(self.root):  # keep only the newest complete checkpoint
             if c.step != step:
@@ -349,13 +350,13 @@ class CellCheckpoints:
 
 def _tag_provenance(tracker: Any) -> None:
     """Every job id that worked on this run so far (across requeues and reruns), and the host."""
-    from lorarl import provenance
+    from lorarl.pipeline import provenance
 
     path = os.environ.get(provenance.ENV_PATH)
     if tracker is None or not path:
         return
     ids = provenance.job_ids(path)
-    tags = {"lorarl.provenance": path, "lorarl.host": os.uname().nodename}
+    tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
     if ids:
         tags["lorarl.job_ids"] = ",".join(ids)
     try:

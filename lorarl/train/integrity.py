@@ -1,6 +1,6 @@
 """Is a checkpoint safe to resume from? File manifests, verification, and the crash-loop breaker.
 
-`lorarl.checkpoint` writes a checkpoint's `lorarl.json` mark last; this module adds what the mark
+`lorarl.train.checkpoint` writes a checkpoint's `lorarl.json` mark last; this module adds what the mark
 alone cannot tell:
 * a manifest in the mark: every file of the checkpoint with its size, and its sha256 when it is at
   most `HASH_LIMIT` bytes (an adapter, optimizer and RNG states of a LoRA run; the multi-GB files of
