@@ -95,8 +95,8 @@ def link_tracking(args: argparse.Namespace) -> None:
     (lorarl.report.mlflow_links); nothing is written to the store, so it is not validated here."""
     import os
 
-    from lorarl.tracking import TRACKING_ENV
-    from lorarl.tracking_server import CREDENTIALS_ENV
+    from lorarl.tracking.client import TRACKING_ENV
+    from lorarl.tracking.server import CREDENTIALS_ENV
 
     if getattr(args, "tracking", None):
         os.environ[TRACKING_ENV] = args.tracking

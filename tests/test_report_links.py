@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from lorarl import tracking, tracking_server
+from lorarl.tracking import client as tracking, server as tracking_server
 from lorarl.report import html
 from lorarl.report.mlflow_links import UI_ENV, run_url, ui_target
 
