@@ -59,7 +59,7 @@ def use_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.credentials import CREDENTIALS_ENV, check_client
 
     creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
@@ -96,7 +96,7 @@ def link_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV
-    from lorarl.tracking.server import CREDENTIALS_ENV
+    from lorarl.tracking.credentials import CREDENTIALS_ENV
 
     if getattr(args, "tracking", None):
         os.environ[TRACKING_ENV] = args.tracking
