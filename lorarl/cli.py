@@ -55,11 +55,11 @@ def cmd_cells(args: argparse.Namespace) -> int:
 
 def use_tracking(args: argparse.Namespace) -> None:
     """`--tracking` / `--tracking-credentials` (from the profile) into this process's environment, where
-    lorarl.tracking and every job started from here read them; a bad value exits 2 before anything runs."""
+    lorarl.tracking.client and every job started from here read them; a bad value exits 2 before anything runs."""
     import os
 
-    from lorarl.tracking import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.client import TRACKING_ENV, resolve_tracking
+    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
 
     creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
@@ -73,7 +73,7 @@ def use_tracking(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
-    from lorarl.launch import run_stage
+    from lorarl.pipeline.launch import run_stage
 
     use_tracking(args)
     for stage in args.stages.split(","):
@@ -83,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from lorarl.launch import launch
+    from lorarl.pipeline.launch import launch
 
     slurm = json.loads(args.slurm) if args.slurm else None
     use_tracking(args)
@@ -97,7 +97,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
         aggregate_toy(study, args.results)
     else:
-        from lorarl.aggregate import aggregate
+        from lorarl.report.aggregate import aggregate
         from lorarl.report import build
 
         aggregate(study, args.results)
@@ -120,7 +120,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_rescore(args: argparse.Namespace) -> int:
     """Grade stored evaluation samples again (no generation) and rewrite their summaries."""
-    from lorarl.evaluation import rescore_cell, rescore_file
+    from lorarl.evaluate.main import rescore_cell, rescore_file
 
     if args.target.endswith(".jsonl"):
         results = [rescore_file(args.target, timeout_s=args.timeout, write=not args.dry_run)]
@@ -158,7 +158,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 def cmd_tracking_serve(args: argparse.Namespace) -> int:
     from urllib.parse import urlparse
 
-    from lorarl.tracking_server import profile_tracking, serve
+    from lorarl.tracking.server import profile_tracking, serve
 
     host, port = args.host, args.port
     if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
@@ -171,7 +171,7 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
         host = host or (None if args.slurm else u.hostname)  # a job's node is unknown before it starts
         port = port if port is not None else (u.port or 5000)
     if args.slurm:
-        from lorarl.tracking_slurm import profile_resources, submit
+        from lorarl.tracking.slurm import profile_resources, submit
 
         res = profile_resources(args.profile)
         res.update({k: v for k, v in (("partition", args.partition), ("time", args.time), ("cpus_per_task", args.cpus),
@@ -189,7 +189,7 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    from lorarl.tracking_sync import sync_study
+    from lorarl.tracking.sync import sync_study
 
     use_tracking(args)
     report = sync_study(args.study, args.results)
@@ -202,10 +202,10 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.status import as_json, format_table, study_status
+    from lorarl.pipeline.status import as_json, format_table, study_status
 
     if args.watch:
-        from lorarl.watch import watch
+        from lorarl.pipeline.watch import watch
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
@@ -216,7 +216,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
-    from lorarl.doctor_report import run_doctor
+    from lorarl.pipeline.doctor_report import run_doctor
 
     return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads,
                       args.config)
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
-    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking_server.py)")
+    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking/server.py)")
     trs = tr.add_subparsers(dest="tracking_cmd", required=True)
     sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
     sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
-    from lorarl.tracking import TrackingError, TrackingUnavailable
+    from lorarl.tracking.client import TrackingError, TrackingUnavailable
 
     try:
         return args.fn(args)

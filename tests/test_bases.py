@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import yaml
 
 from lorarl import paths
-from lorarl.aggregate import base_table, markdown, seed_table
+from lorarl.report.aggregate import base_table, markdown, seed_table
 from lorarl.cli import main
-from lorarl.evaluation import requested_targets
+from lorarl.evaluate.main import requested_targets
 from lorarl.study import cell_table, load_study
 from lorarl.signature import short_hash
 
@@ -97,3 +98,30 @@ def test_aggregate_shows_a_base_row_per_prompt(tmp_path):
     md = markdown(study, seed_table(study, cells), base)
     assert "| base (local:tiny-arith, prompt=raw) | raw | – | 0.250 | – |" in md   # rank | prompt | reward | pass@1
     assert "| base (local:tiny-arith, prompt=ask) | ask | – | 0.500 | – |" in md
+    from lorarl.report import build  # the report page: its base table, one row per prompt (no cell done yet)
+
+    page = build(study._source, res)["report"].read_text()
+    assert "base model (untrained), one row per model and prompt" in page
+    assert "base (local:tiny-arith, prompt=raw)" in page and "base (local:tiny-arith, prompt=ask)" in page
+
+
+@pytest.mark.slow
+def test_dry_run_plans_one_base_evaluation_per_prompt(tmp_path):
+    """`snakemake -n all` on a study with a prompt axis: each prompt's base is evaluated, once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).parents[1]
+    study = _study(tmp_path, {"prompt": PROMPT_AXIS, "seed": SEED_AXIS})
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--quiet", "host", "all",
+                           "--directory", str(tmp_path), "--configfile", str(repo / "config" / "config.yaml"), "--config", f"studies={json.dumps([str(study)])}",
+                           "results=results"], cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    for base in ("base-praw", "base-pask"):
+        assert f"results/prompts/{base}/eval/synthetic.json" in out
+        assert len([ln for ln in out.splitlines() if "lorarl launch evaluate" in ln and f" {base}" in ln]) == 1
+    assert "results/prompts/base/" not in out

@@ -1,4 +1,4 @@
-"""lorarl.tracking on the sqlite default: settings, credentials, retries, a lost reply, a lock held too
+"""lorarl.tracking.client on the sqlite default: settings, credentials, retries, a lost reply, a lock held too
 long, sync-mlflow, and (slow) 8 concurrent writer processes. The server: tests/test_tracking_server.py."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import cli, tracking, tracking_server
-from lorarl.tracking import Tracker, TrackingError, TrackingUnavailable
+from lorarl import cli
+from lorarl.tracking import client as tracking, server as tracking_server
+from lorarl.tracking.client import Tracker, TrackingError, TrackingUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracking_helpers import METRICS, count_rows, run_writers  # noqa: E402
@@ -203,7 +204,7 @@ def test_eight_concurrent_writers_sqlite(tmp_path: Path, monkeypatch):
 
 
 def test_profiles_name_their_store():
-    from lorarl.tracking_server import profile_tracking
+    from lorarl.tracking.server import profile_tracking
 
     repo = Path(__file__).resolve().parents[1]
     assert profile_tracking(repo / "profiles" / "slurm") == "http://127.0.0.1:5000"  # the server form

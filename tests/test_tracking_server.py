@@ -25,7 +25,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
 
-from lorarl import tracking, tracking_server  # noqa: E402
+from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
