@@ -59,7 +59,7 @@ def use_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.credentials import CREDENTIALS_ENV, check_client
 
     creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
@@ -90,7 +90,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm)
 
 
+def link_tracking(args: argparse.Namespace) -> None:
+    """aggregate/report: the `tracking:` setting only says where the report's MLflow links point
+    (lorarl.report.mlflow_links); nothing is written to the store, so it is not validated here."""
+    import os
+
+    from lorarl.tracking.client import TRACKING_ENV
+    from lorarl.tracking.credentials import CREDENTIALS_ENV
+
+    if getattr(args, "tracking", None):
+        os.environ[TRACKING_ENV] = args.tracking
+    if getattr(args, "tracking_credentials", None):
+        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+
+
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    link_tracking(args)
     study = load_study(args.study)
     if study.kind == "kl_bound_toy":
         from lorarl.toy.cells import aggregate_toy
@@ -109,6 +124,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Tables with intervals, the papers' figures and report.html, for a study at any stage."""
     from lorarl.report import build
 
+    link_tracking(args)
     study = load_study(args.study)
     if study.kind != "grpo":
         print(f"error: study kind {study.kind!r} has no report; allowed: grpo", file=sys.stderr)
@@ -249,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
-    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy"])
+    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy", "pack"])
     la.add_argument("study", help="study YAML (for `base`: ignored)")
     la.add_argument("cell", help="cell id (for `base`: the local model recipe)")
     la.add_argument("--results", default="results")
@@ -262,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
     a.add_argument("study")
     a.add_argument("--results", default="results")
+    _tracking_args(a)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
+    _tracking_args(rp)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -17,16 +16,10 @@ import numpy as np
 import pandas as pd
 
 from lorarl import paths
+from lorarl.io import write_json as _write_json
 from lorarl.study import Study, study_cells
 from lorarl.toy.config import ToyCellConfig
 from lorarl.toy.kl_bound import _pretrain_fields, load_base, pretrain, run_one, save_base
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def run_toy_study(study: Study, results: str | Path = "results", cells: list[str] | None = None) -> list[dict]:

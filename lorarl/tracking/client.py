@@ -153,7 +153,7 @@ class Tracker:
         self.uri = resolve_tracking(tracking, results_dir)
         self.server = is_server(self.uri)
         if self.server:
-            from lorarl.tracking.server import configure_client
+            from lorarl.tracking.credentials import configure_client
 
             configure_client(self.uri)  # credentials from the user's 0600 file; our backoff, not MLflow's
         self.retry_s = _env_float(RETRY_ENV, 120.0)
@@ -219,6 +219,8 @@ class Tracker:
             return self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
         self.run_id = self._retry(f"create the run of cell {cell_id}", create)
+        # a Tracker reused for the next cell (the toy study's batch): nothing of the last run carries over
+        self.logged, self.high_water, self.pending, self.behind_since = {}, -1, [], None
         self._retry(f"log the params of cell {cell_id}", lambda: self._log_params(params))
         return self.run_id
 

@@ -25,130 +25,126 @@ lorarl.tracking.client retries with its own backoff and keeps training while the
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from lorarl.tracking.errors import TrackingError
-from lorarl.tracking.postgres import Postgres
+from lorarl.tracking.credentials import (CREDENTIALS_ENV, DEFAULT_CREDENTIALS, check_client,  # noqa: F401 - re-exported
+                                         configure_client, credentials_path, is_loopback, load_credentials,
+                                         write_credentials)
 
-CREDENTIALS_ENV = "LORARL_TRACKING_CREDENTIALS"  # path of the credentials file (never the secret itself)
-DEFAULT_CREDENTIALS = "~/.config/lorarl/tracking-credentials"
-
-
-# ---- credentials (jobs and server) --------------------------------------------------------------------
-def credentials_path(path: str | Path | None = None) -> Path:
-    return Path(os.path.expanduser(str(path or os.environ.get(CREDENTIALS_ENV) or DEFAULT_CREDENTIALS)))
+PG_USER, PG_PORT = "lorarl", 5432  # the socket file is <sockdir>/.s.PGSQL.5432; no TCP listener
+DATABASES = ("mlflow", "mlflow_auth")
 
 
-def load_credentials(path: str | Path | None = None) -> dict[str, str] | None:
-    """{'username', 'password'} from `key = value` lines; None if the file does not exist. Refused
-    (TrackingError) when group or others may read it, or another user owns it."""
-    p = credentials_path(path)
-    if not p.exists():
-        return None
-    st = p.stat()
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or st.st_uid != os.getuid():
-        raise TrackingError(f"tracking credentials {p}: must be owned by you and readable only by you "
-                            f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod 600 {p}`")
-    out = {}
-    for line in p.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    if not out.get("username") or not out.get("password"):
-        raise TrackingError(f"tracking credentials {p}: needs `username = ...` and `password = ...` lines")
-    return out
-
-
-def write_credentials(path: str | Path | None = None, username: str = "lorarl") -> dict[str, str]:
-    """Create the credentials file (random password, mode 0600 from the start) unless it exists."""
-    p = credentials_path(path)
-    found = load_credentials(p)
+# ---- PostgreSQL of our own ----------------------------------------------------------------------------
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name)
     if found:
         return found
-    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    creds = {"username": username, "password": secrets.token_urlsafe(24)}
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"# MLflow basic-auth credentials of `lorarl tracking serve` (keep mode 0600)\n"
-                 f"username = {creds['username']}\npassword = {creds['password']}\n")
-    return creds
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if versions:
+        return str(versions[-1])
+    raise TrackingError(f"PostgreSQL's `{name}` was not found: install PostgreSQL (Debian: apt-get install "
+                        f"postgresql; scripts/test.sh does) or give --backend-store-uri")
 
 
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def _pg_user() -> dict[str, Any]:
+    """PostgreSQL refuses to run as root: as root, run it as the `postgres` system user."""
+    return {"user": "postgres", "group": "postgres", "extra_groups": []} if os.geteuid() == 0 else {}
 
 
-def check_client(uri: str, path: str | Path | None = None) -> None:
-    """In the launcher, before anything is submitted: a server beyond loopback needs a private credentials file."""
-    if os.environ.get("MLFLOW_TRACKING_TOKEN") or os.environ.get("MLFLOW_TRACKING_USERNAME"):
+def _own_for_pg(path: Path) -> None:
+    if os.geteuid() != 0:
         return
-    if load_credentials(path) is None and not is_loopback(urlparse(uri).hostname or ""):
-        raise TrackingError(f"tracking: {uri} is beyond loopback, so it needs the credentials file "
-                            f"{credentials_path(path)} (written by `lorarl tracking serve`; or set ${CREDENTIALS_ENV})")
+    pw = pwd.getpwnam("postgres")
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    probe = subprocess.run(["test", "-w", str(path)], capture_output=True, **_pg_user())
+    if probe.returncode != 0:
+        raise TrackingError(f"--state {path.parent}: as root, PostgreSQL runs as user `postgres`, which cannot "
+                            f"reach {path}; choose a state folder whose parents it can traverse")
 
 
-def configure_client(uri: str) -> None:
-    """In a job: the credentials file's user and password go to MLflow's REST client of this server only
-    (a store builder of this process), never into os.environ (children would inherit them, `ps e` would
-    show them); MLflow's HTTP retries off (ours back off). Explicit MLFLOW_TRACKING_* variables win."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    if os.environ.get("MLFLOW_TRACKING_TOKEN") or os.environ.get("MLFLOW_TRACKING_USERNAME"):
-        return
-    creds = load_credentials()
-    if creds:
-        _use_credentials(uri, creds)
-    elif not is_loopback(urlparse(uri).hostname or ""):
-        raise TrackingError(f"tracking: {uri} is beyond loopback, so it needs the credentials file "
-                            f"{credentials_path()} (written by `lorarl tracking serve`; or set ${CREDENTIALS_ENV})")
+class Postgres:
+    """A private PostgreSQL cluster in <root>: data/ and a 0700 socket folder sock/."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.data, self.sock = root / "data", root / "sock"
+        self.proc: subprocess.Popen | None = None
+
+    def uri(self, db: str = "mlflow") -> str:
+        return f"postgresql://{PG_USER}@/{db}?host={self.sock}&port={PG_PORT}"
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for d in (self.data, self.sock):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)
+            _own_for_pg(d)
+        if not (self.data / "PG_VERSION").exists():
+            proc = subprocess.run([_pg_bin("initdb"), "-D", str(self.data), "-U", PG_USER, "-E", "UTF8",
+                                   "--auth-local=trust", "--auth-host=reject"], capture_output=True, text=True,
+                                  cwd=self.root, **_pg_user())
+            if proc.returncode != 0:
+                raise TrackingError(f"initdb {self.data} failed:\n{proc.stderr[-2000:]}")
+        log = open(self.root / "postgres.log", "a")
+        self.proc = subprocess.Popen([_pg_bin("postgres"), "-D", str(self.data), "-k", str(self.sock), "-p",
+                                      str(PG_PORT), "-c", "listen_addresses=", "-c", "max_connections=200"],
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=self.root, **_pg_user())
+        self._wait_ready()
+        for db in DATABASES:
+            self._ensure_db(db)
+
+    def _connect(self, db: str) -> Any:
+        import psycopg2
+
+        return psycopg2.connect(dbname=db, user=PG_USER, host=str(self.sock), port=PG_PORT)
+
+    def _wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise TrackingError(f"PostgreSQL exited ({self.proc.returncode}); see {self.root / 'postgres.log'}")
+            try:
+                self._connect("postgres").close()
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline:
+                    raise TrackingError(f"PostgreSQL not ready after {timeout_s:.0f} s; see "
+                                        f"{self.root / 'postgres.log'}") from None
+                time.sleep(0.2)
+
+    def _ensure_db(self, db: str) -> None:
+        conn = self._connect("postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{db}"')
+        conn.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # "fast" shutdown: roll back open transactions, checkpoint
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
-def _use_credentials(uri: str, creds: dict[str, str]) -> None:
-    """Register http/https store builders whose host credentials carry `creds` for `uri`'s host:port only."""
-    from functools import partial
-
-    from mlflow.store.tracking.rest_store import RestStore
-    from mlflow.tracking._tracking_service import utils as store_utils
-    from mlflow.utils.credentials import get_default_host_creds
-
-    netloc = urlparse(uri).netloc
-
-    def host_creds(store_uri: str) -> Any:
-        found = get_default_host_creds(store_uri)
-        if urlparse(store_uri).netloc == netloc and not found.token:
-            found.username, found.password = creds["username"], creds["password"]
-        return found
-
-    def rest_store(store_uri: str, **_: Any) -> RestStore:
-        return RestStore(partial(host_creds, store_uri))
-
-    registry = store_utils._tracking_store_registry
-    for scheme in ("http", "https"):
-        registry.register(scheme, rest_store)
-    cached = getattr(type(registry), "_get_store_with_resolved_uri", None)
-    if hasattr(cached, "cache_clear"):  # a store built before this call would lack the credentials
-        cached.cache_clear()
-
-
+# ---- the MLflow server --------------------------------------------------------------------------------
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))

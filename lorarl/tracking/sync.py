@@ -135,9 +135,8 @@ def sync_cell(tracker: Tracker, study: Any, cell: Any, results_dir: str | Path) 
     if run_id != summary.get("mlflow_run_id"):
         _rewrite_run_id(summary_path, summary, run_id)
     cdir = summary_path.parent
-    if study.kind == "kl_bound_toy":
-        rows = [{"step": 0, **{k: float(v) for k, v in summary.items()
-                               if isinstance(v, (int, float)) and not isinstance(v, bool)}}]
+    if study.kind == "kl_bound_toy":  # what lorarl.toy.cells logs: every number of its row (bools as 0/1)
+        rows = [{"step": 0, **{k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}}]
     else:
         scalars = {k: float(summary[k]) for k in TRAIN_SUMMARY if isinstance(summary.get(k), (int, float))}
         rows = _csv_rows(paths.path("metrics", **kw)) + [{"step": 0, **scalars, **_diag_row(cdir)}]

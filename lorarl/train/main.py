@@ -16,6 +16,7 @@ from typing import Any
 
 from lorarl.train import flags as flagmod
 from lorarl import paths
+from lorarl.io import write_json as _write_json
 from lorarl.config import CellConfig
 from lorarl.study import Cell
 
@@ -52,12 +53,6 @@ def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
     facts = {"prompts_dropped_too_long": len(rows) - len(data),
              "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
     return datasets.Dataset.from_list(data), facts
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:

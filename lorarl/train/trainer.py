@@ -282,7 +282,10 @@ class LorarlGRPOTrainer(GRPOTrainer):
             self._log("adv/std_peak", self._adv_std_peak, mode)
             self._log("adv/abs_max", vals.abs().max().item(), mode)
         out["advantages"] = adv_BT
-        return out, adv.stats.degenerate_P.tolist()
+        degenerate_P = adv.stats.degenerate_P
+        if mode == "train" and degenerate_P.numel():  # any cell: the doctor projects DAPO refills from it
+            self._log("rollout/degenerate_rate", degenerate_P.float().mean().item(), mode)
+        return out, degenerate_P.tolist()
 
     def _refill(self, first: dict, degenerate: list[bool]) -> dict:
         """DAPO dynamic sampling (lorarl.train.dynamic_sampling): sample more prompt groups until the batch
