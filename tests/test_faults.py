@@ -1,10 +1,10 @@
-"""Faults around the launcher (lorarl.inflight) and the fault-injection run (lorarl.faults).
+"""Faults around the launcher (lorarl.pipeline.inflight) and the fault-injection run (lorarl.pipeline.faults).
 
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
 launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock failure); and the
 small fault-injection run (SIGKILLs of a training job, a launcher and the whole submit host,
-`snakemake all` after each; `python -m lorarl.faults` runs every stage) completes with every metric row exactly once,
+`snakemake all` after each; `python -m lorarl.pipeline.faults` runs every stage) completes with every metric row exactly once,
 adapters equal to the uninterrupted run and no partial output.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import inflight, launch, provenance
+from lorarl.pipeline import inflight, launch, provenance
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},
@@ -110,7 +110,7 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 
 @pytest.mark.slow
 def test_fault_injection_small_run(tmp_path: Path):
-    from lorarl import faults
+    from lorarl.pipeline import faults
 
     out = tmp_path / "figures.json"
     rc = faults.main(["--kills", "1", "--per-pass", "1", "--stages", "train,launcher,host", "--workdir",

@@ -12,7 +12,7 @@ import datasets
 import pytest
 import torch
 
-from lorarl.grpo import LorarlGRPOTrainer, frozen_reference
+from lorarl.train.trainer import LorarlGRPOTrainer, frozen_reference
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
 
@@ -297,6 +297,7 @@ def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_
     m = trainer._metrics["train"]
     assert m["dynamic_sampling/frac_groups_dropped"] == [0.5] and m["dynamic_sampling/rounds"] == [2]
     assert m["dynamic_sampling/frac_groups_degenerate"] == [0.0]
+    assert m["rollout/degenerate_rate"] == [0.5, 0.5]  # every round's share of all-equal groups (lorarl doctor)
     trainer.current_gradient_accumulation_steps = 1
     assert torch.isfinite(trainer.compute_loss(trainer.model, out))
 
@@ -304,14 +305,15 @@ def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_
     out = trainer._generate_and_score_completions(raw_batch(dataset()))
     assert out["completion_ids"].size(0) == P * G and (out["advantages"] == 0).all()
     assert m["dynamic_sampling/rounds"][-1] == 3 and m["dynamic_sampling/frac_groups_degenerate"][-1] == 1.0
-    from lorarl.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
+    assert m["rollout/degenerate_rate"][-3:] == [1.0, 1.0, 1.0]
+    from lorarl.train.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
 
     s1, s2 = PromptSampler(dataset(), 0), PromptSampler(dataset(), 0)
     assert s1.draw(2, G, step=5, round_=1) == s2.draw(2, G, step=5, round_=1) != s1.draw(2, G, step=6, round_=1)
 
 
 def test_concat_batches_pads_prompts_left_and_completions_right():
-    from lorarl.dynamic_sampling import concat_batches, take_groups
+    from lorarl.train.dynamic_sampling import concat_batches, take_groups
 
     a = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
          "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),

@@ -187,7 +187,7 @@ def all_targets():
 
 def print_failures():
     """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
-    from lorarl.watch import failure_lines
+    from lorarl.pipeline.watch import failure_lines
 
     for name, (f, s) in STUDIES.items():
         if s.kind != "grpo":

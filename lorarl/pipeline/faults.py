@@ -1,0 +1,382 @@
+"""Fault injection over the whole pipeline: `python -m lorarl.pipeline.faults --kills 20` prints the figures.
+
+A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
+evaluation, diagnostics, aggregate) runs once uninterrupted (the reference). Then, pass after pass, a
+fresh copy runs under `snakemake all` while a monitor SIGKILLs one process at a random point of its
+life; `snakemake all` is run again after every kill (after `snakemake --unlock` when Snakemake itself
+died) until the study completes. Kill targets ("stages"):
+  train / evaluate / diagnose   the job process of that stage (the submitit job running the work)
+  aggregate                     `lorarl aggregate`
+  launcher                      one `lorarl launch` (its job keeps running, orphaned)
+  host                          the submit host dies: Snakemake and every `lorarl launch` at once
+The random point is uniform over [0, the stage's median process lifetime in the reference run]; a kill
+whose process ended first is not counted, the monitor waits for the next process of that stage (kills not placed in one study run move on to
+the next run).
+Every completed pass is checked against the reference: each cell has one current MLflow run whose
+every (metric, step) appears exactly once (lost and duplicated rows are counted, also in
+metrics.csv), the final adapter equals the reference's (bit for bit is reported; the tolerance is
+`ATOL`), the evaluation numbers are equal, every output parses and no temporary file is left among
+them (no partial file taken as an output).
+
+Only processes of this user whose working directory or arguments lie in this run's directory are
+ever signalled. Timings are wall clock on whatever machine runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
+ATOL = 1e-6  # adapter tolerance after a resume (CPU float32; bit-identical is counted separately)
+STEPS = 4
+STUDY = {
+    "name": "chaos",
+    "defaults": {
+        "model": "local:tiny-test",
+        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
+        "adapter": {"rank": 2, "alpha": 4},
+        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
+                  "lr": 1e-3, "checkpoint_every": 2},
+        "eval": {"max_new_tokens": 8},
+    },
+    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
+}
+
+
+# ---- processes ------------------------------------------------------------------------------------
+
+def _procs(workdir: Path) -> list[tuple[int, str]]:
+    """(pid, stage) of this run's processes that are kill targets (never anyone else's)."""
+    out, me, wd = [], os.getuid(), str(workdir)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if d.stat().st_uid != me:
+                continue
+            argv = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+            cwd = os.readlink(d / "cwd")
+        except OSError:
+            continue
+        if not (cwd.startswith(wd) or any(wd in a for a in argv)):
+            continue
+        if "submitit.core._submit" in argv:  # the worker doing the stage's work (its parent: the controller)
+            key = Path(argv[-1]).name.split("-")[0]
+            if key in ("train", "evaluate", "diagnose"):
+                out.append((int(d.name), key))
+            continue
+        for i, a in enumerate(argv[:-1]):
+            if a.endswith("/lorarl") and argv[i + 1] in ("launch", "aggregate"):
+                out.append((int(d.name), "launcher" if argv[i + 1] == "launch" else "aggregate"))
+                break
+    pids = {pid for pid, _ in out}
+    return [(pid, st) for pid, st in out if _ppid(pid) not in pids]  # not a launcher's child between fork and exec
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+
+
+# ---- snakemake ------------------------------------------------------------------------------------
+
+def _snakemake_cmd(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(workdir / "config.yaml"), "--cores", "2", "--keep-going", "--rerun-incomplete",
+            *args]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LORARL_FAULT"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{REPO}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
+    return env
+
+
+@dataclass
+class Invocation:
+    rc: int
+    killed: str | None  # stage killed in this invocation
+    lifetimes: dict[str, list[float]] = field(default_factory=dict)
+
+
+def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
+                  log: Path, timeout_s: float = 1800) -> Invocation:
+    """One `snakemake all`; SIGKILL at most one process, at a random point of its life, of a stage that
+    still needs kills (the stage with the most kills left goes first; `host` = Snakemake + launchers)."""
+    with open(log, "a") as fh:
+        proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
+                                env=_env())
+    seen: dict[int, tuple[str, float]] = {}
+    life: dict[str, list[float]] = {}
+    plan: dict[int, tuple[str, float]] = {}  # pid -> (stage, when to kill it): one at a time
+    killed, t_end = None, time.time() + timeout_s
+    while proc.poll() is None and time.time() < t_end:
+        now = time.time()
+        current = dict(_procs(workdir))
+        for pid, (stage, t0) in list(seen.items()):
+            if pid not in current and not _alive(pid):
+                life.setdefault(stage, []).append(now - t0)
+                del seen[pid]
+                if pid in plan:
+                    del plan[pid]  # it ended before its kill: missed, wait for another one
+        top = max(remaining.values(), default=0)
+        for pid, stage in current.items():
+            if pid in seen:
+                continue
+            seen[pid] = (stage, now)
+            if killed is None and not plan and top > 0:
+                if remaining.get("host", 0) == top and stage == "launcher":
+                    plan[proc.pid] = ("host", now + rng.uniform(0, delays.get("host", 30.0)))
+                elif remaining.get(stage, 0) == top:
+                    plan[pid] = (stage, now + rng.uniform(0, delays.get(stage, 5.0)))
+        for pid, (stage, when) in list(plan.items()):
+            if now < when:
+                continue
+            if stage == "host":  # the submit host dies: Snakemake and every launcher; jobs run on
+                _kill(proc.pid)
+                for p, st in _procs(workdir):
+                    if st in ("launcher", "aggregate"):
+                        _kill(p)
+                killed = "host"
+            elif _alive(pid) and _kill(pid):
+                killed = stage
+            plan.clear()
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    return Invocation(proc.wait(), killed, life)
+
+
+# ---- checks ---------------------------------------------------------------------------------------
+
+def _mlflow_rows(results: Path, study: str) -> dict[str, dict[str, list[int]]]:
+    """cell -> metric -> steps logged, of each cell's current (not deleted) run."""
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
+    exp = client.get_experiment_by_name(study)
+    out: dict[str, dict[str, list[int]]] = {}
+    for r in client.search_runs([exp.experiment_id]):
+        cell = r.data.tags.get("lorarl.cell_id")
+        if r.data.tags.get("lorarl.base") == "true" or cell is None:
+            continue
+        if cell in out:
+            out[cell]["__runs__"] = out[cell].get("__runs__", [1]) + [1]
+            continue
+        out[cell] = {k: [m.step for m in client.get_metric_history(r.info.run_id, k)] for k in r.data.metrics}
+    return out
+
+
+def check(results: Path, ref: Path, study: str = "chaos") -> dict:
+    """Lost / duplicated metric rows, adapter differences and bad outputs of a finished run."""
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    out = {"lost": 0, "duplicated": 0, "adapters_identical": 0, "adapters_within_tol": 0, "max_abs_diff": 0.0,
+           "eval_equal": 0, "bad_outputs": [], "extra_runs": 0, "cells": 0}
+    rows = _mlflow_rows(results, study)
+    for cell in sorted(p.name for p in (ref / study).iterdir() if (p / "summary.json").exists()):
+        out["cells"] += 1
+        d, r = results / study / cell, ref / study / cell
+        want = list(range(1, STEPS + 1))
+        m = pd.read_csv(d / "metrics.csv")
+        steps = m["step"].tolist()
+        out["lost"] += len(set(want) - set(steps))
+        out["duplicated"] += len(steps) - len(set(steps))
+        hist = rows.get(cell, {})
+        out["extra_runs"] += len(hist.pop("__runs__", [1])) - 1
+        for key in [c for c in m.columns if c != "step"]:
+            got = hist.get(key, [])
+            out["lost"] += len(set(want) - set(got))
+            out["duplicated"] += len(got) - len(set(got))
+        a, b = load_file(str(d / "adapter" / "adapter_model.safetensors")), load_file(
+            str(r / "adapter" / "adapter_model.safetensors"))
+        diff = max(float((a[k] - b[k]).abs().max()) for k in b) if a.keys() == b.keys() else float("inf")
+        out["max_abs_diff"] = max(out["max_abs_diff"], diff)
+        out["adapters_identical"] += diff == 0.0
+        out["adapters_within_tol"] += diff <= ATOL
+        ev, evr = (json.loads((x / "eval" / "synthetic.json").read_text())["metrics"] for x in (d, r))
+        out["eval_equal"] += ev == evr
+    for p in results.joinpath(study).rglob("*"):  # every output parses; no temporary file among them
+        if ".checkpoints" in p.parts or "logs" in p.parts or "provenance" in p.parts or not p.is_file():
+            continue
+        if p.name.endswith(".tmp") or ".train.tmp" in p.parts:
+            out["bad_outputs"].append(f"{p} (temporary)")
+            continue
+        try:
+            if p.suffix == ".json":
+                json.loads(p.read_text())
+            elif p.suffix == ".csv":
+                pd.read_csv(p)
+            elif p.suffix == ".parquet":
+                pd.read_parquet(p)
+            elif p.suffix == ".jsonl":
+                [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        except Exception as err:  # noqa: BLE001 - anything unreadable is a partial output
+            out["bad_outputs"].append(f"{p} ({type(err).__name__})")
+    return out
+
+
+# ---- the experiment -------------------------------------------------------------------------------
+
+def prepare(root: Path) -> tuple[Path, Path, dict[str, float]]:
+    """A template workdir with the tiny base model built, and the uninterrupted reference run.
+    Returns (template, reference results, median process lifetime per stage in the reference)."""
+    template = root / "template"
+    template.mkdir(parents=True, exist_ok=True)
+    (template / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    (template / "config.yaml").write_text(yaml.safe_dump({"studies": [str(template / "study.yaml")],
+                                                          "results": "results", "launcher": "local", "slurm": {}}))
+    subprocess.run(_snakemake_cmd(template, "results/models/tiny-test/config.json"), cwd=template, env=_env(),
+                   check=True, capture_output=True)
+    ref = clone(template, root / "reference")
+    inv = run_snakemake(ref, {}, {}, random.Random(0), ref / "snakemake.log")
+    if inv.rc != 0:
+        raise RuntimeError(f"the reference run failed; see {ref / 'snakemake.log'}")
+    delays = {s: sorted(v)[len(v) // 2] for s, v in inv.lifetimes.items()}
+    delays["host"] = max(inv.lifetimes.get("train", [30.0]))  # the host dies while cells train
+    return template, ref / "results", delays
+
+
+def clone(template: Path, dest: Path) -> Path:
+    """A copy of the template (absolute study path rewritten: every run is self-contained)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(template, dest, symlinks=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump({"studies": [str(dest / "study.yaml")], "results": "results",
+                                                      "launcher": "local", "slurm": {}}))
+    return dest
+
+
+def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
+             max_invocations: int) -> tuple[dict[str, int], int, bool]:
+    """Run a fresh copy to completion while killing (at most one kill per `snakemake all`); `remaining`
+    is decremented. Returns (kills per stage, invocations, completed)."""
+    clone(template, dest)
+    log = dest / "snakemake.log"
+    kills: dict[str, int] = {}
+    for n in range(1, max_invocations + 1):
+        inv = run_snakemake(dest, remaining, delays, rng, log)
+        if inv.killed:
+            kills[inv.killed] = kills.get(inv.killed, 0) + 1
+            remaining[inv.killed] -= 1
+            if inv.killed == "host":  # Snakemake died holding its lock: what a user does after a lost session
+                subprocess.run(_snakemake_cmd(dest, "--unlock"), cwd=dest, env=_env(), capture_output=True)
+            continue
+        if inv.rc == 0:
+            return kills, n, True
+    return kills, max_invocations, False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.faults", description=__doc__.split("\n")[0])
+    p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
+    p.add_argument("--per-pass", type=int, default=2, help="at most this many kills per stage in one study run")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    stages = tuple(s for s in args.stages.split(",") if s)
+    bad = [s for s in stages if s not in STAGES]
+    if bad or args.kills < 1 or args.per_pass < 1:
+        print(f"error: --stages {','.join(bad)}: allowed {', '.join(STAGES)}; --kills/--per-pass >= 1", file=sys.stderr)
+        return 2
+    import tempfile
+
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="lorarl-faults-")).resolve()
+    t0 = time.time()
+    template, ref, delays = prepare(root)
+    print(f"reference run done in {time.time() - t0:.0f}s; median process lifetimes (s): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(delays.items())), flush=True)
+    rng = random.Random(args.seed)
+    totals = {s: 0 for s in stages}
+    figures = {"passes": 0, "completed": 0, "invocations": 0, "lost": 0, "duplicated": 0, "extra_runs": 0,
+               "cells": 0, "adapters_identical": 0, "adapters_within_tol": 0, "eval_equal": 0, "max_abs_diff": 0.0,
+               "bad_outputs": []}
+    remaining = {s: args.kills for s in stages}
+    for i in range(max(3, 3 * args.kills // args.per_pass)):
+        if not any(remaining.values()):
+            break
+        dest = root / f"pass-{i}"
+        budget = {s: min(n, args.per_pass) for s, n in remaining.items()}
+        kills, n_inv, done = one_pass(template, dest, budget, delays, rng,
+                                      max_invocations=sum(budget.values()) + 4)
+        for s, n in kills.items():
+            remaining[s] -= n
+        figures["passes"] += 1
+        figures["invocations"] += n_inv
+        for s, n in kills.items():
+            totals[s] = totals.get(s, 0) + n
+        res = check(dest / "results", ref) if done else {}
+        figures["completed"] += bool(done)
+        for k in ("lost", "duplicated", "extra_runs", "cells", "adapters_identical", "adapters_within_tol",
+                  "eval_equal"):
+            figures[k] += res.get(k, 0)
+        figures["max_abs_diff"] = max(figures["max_abs_diff"], res.get("max_abs_diff", 0.0))
+        figures["bad_outputs"] += res.get("bad_outputs", [])
+        print(f"pass {i}: kills {kills}, {n_inv} snakemake runs, "
+              + ("completed" if done else "DID NOT COMPLETE") + (f", {json.dumps(res)}" if res else ""), flush=True)
+        if done:
+            shutil.rmtree(dest, ignore_errors=True)
+        if not kills and not done:
+            break
+    figures["kills"] = totals
+    figures["wall_s"] = round(time.time() - t0, 1)
+    print(report(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    ok = (figures["completed"] == figures["passes"] and not figures["lost"] and not figures["duplicated"]
+          and not figures["bad_outputs"] and not figures["extra_runs"])
+    return 0 if ok else 1
+
+
+def report(f: dict) -> str:
+    lines = ["", "| stage killed (SIGKILL) | kills |", "|---|---|"]
+    lines += [f"| {s} | {n} |" for s, n in f["kills"].items()]
+    lines += ["", f"study runs completed after the kills: {f['completed']}/{f['passes']} "
+                  f"({f['invocations']} `snakemake all` invocations)",
+              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}; "
+              f"extra live MLflow runs: {f['extra_runs']}",
+              f"final adapters bit-identical to the uninterrupted run: {f['adapters_identical']}/{f['cells']} "
+              f"(within {ATOL}: {f['adapters_within_tol']}, max |diff| {f['max_abs_diff']:.2e}); "
+              f"evaluations equal: {f['eval_equal']}/{f['cells']}",
+              f"partial or temporary files among the outputs: {len(f['bad_outputs'])}"
+              + (": " + "; ".join(f["bad_outputs"][:5]) if f["bad_outputs"] else ""),
+              f"wall time: {f['wall_s']:.0f}s"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
