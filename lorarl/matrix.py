@@ -179,7 +179,7 @@ class CellTable:
     def __init__(self, study: Any, cells: list[Cell], bases: list[Cell], notes: list[str], merged: int = 0):
         self.study = study  # the Study this table expands
         self.cells = cells  # matrix cells in axis order
-        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.bases)
+        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.evaluate.bases)
         self.notes = notes  # human-readable merges/drops, printed by `lorarl cells`
         self.merged = merged  # how many expanded combos merged into an identical earlier cell
         self.ids = [c.id for c in cells]
@@ -264,10 +264,10 @@ def _cell_id(study: Any, labels: dict[str, str], names: list[str]) -> str:
 
 
 def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
-    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.bases."""
+    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.evaluate.bases."""
     if not kind.has_base:
         return []
-    from lorarl.bases import base_cells
+    from lorarl.evaluate.bases import base_cells
 
     return base_cells(study, cells, Cell)
 

@@ -120,6 +120,8 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
         return [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json", "adapter")]
     if stage == "diagnose":
         return [paths.path("diagnostics", **kw)]
+    if stage == "pack":  # cell = the pack id
+        return [paths.path("pack_done", results=results_dir, study=study, pack=cell)]
     if stage == "base":
         return [paths.path("base_model", results=results_dir, name=cell)]
     if stage == "evaluate":

@@ -33,7 +33,7 @@ import submitit
 from lorarl.pipeline import inflight, provenance
 from lorarl import paths
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
+STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor", "pack")
 # submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
 GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
            "stderr_to_stdout"}
@@ -73,6 +73,12 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
         from lorarl.toy.cells import run_toy_study
 
         return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
+    if stage == "pack":  # the members of one pack in this one job (cell_id: a comma list; lorarl.pack.run)
+        from lorarl.pack.plan import pack_id
+        from lorarl.pack.run import train_pack
+
+        ids = cell_id.split(",")
+        return train_pack(study.name, [table.cell(c) for c in ids], results_dir, threads=threads, pack_id=pack_id(ids))
     cell = table.cell(cell_id)
     if stage == "train":
         from lorarl.train.main import train_cell
@@ -277,7 +283,15 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
         study_name = study.name
+        if stage == "pack":
+            return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm)
         config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
+        if stage == "train":
+            from lorarl.pack.publish import wait_and_publish
+
+            if wait_and_publish(results_dir, study.name, cell_id, config_hash):  # a pack trained it
+                print(f"[lorarl] train {cell_id}: trained in its pack; outputs moved into place", flush=True)
+                return 0
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
     if executor == "slurm":  # the job's CPU threads are what Slurm grants, not the local Snakemake count
@@ -306,6 +320,42 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
     return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
+
+
+def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
+                 slurm: dict[str, Any] | None) -> int:
+    """`lorarl launch pack <study> <c1,c2,...>`: claim the members (lorarl.pack.publish), submit ONE job
+    that trains them all (lorarl.pack.run), wait, release the claims. The job's Slurm resources are
+    the train stage's. Its record: results/<study>/.packs/<pack id>.json."""
+    from lorarl.pack import publish
+    from lorarl.pack.plan import pack_id
+    from lorarl.study import cell_table
+
+    ids = members.split(",")
+    table = cell_table(study)
+    for c in ids:
+        table.cell(c)  # unknown ids fail here, before anything is written
+    pid = pack_id(ids)
+    claims = publish.claim(results_dir, study.name, ids, pid)
+    try:
+        folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        if executor == "slurm":
+            slurm = coerce(slurm or {})
+            threads = int(slurm.get("cpus_per_task", threads or 1))
+        threads = max(1, int(threads or 1))
+        prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
+        index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
+                                             executor=executor, slurm=slurm)
+        name = f"lorarl-pack-{study.name}-{pid}"
+        _clear_stale_results(folder)
+        ex = make_executor(executor, folder, threads, slurm, name=name)
+        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
+        provenance.record_job_id(prov, index, job.job_id, name)
+        print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
+        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time())
+    finally:
+        publish.unclaim(claims)
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,

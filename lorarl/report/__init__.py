@@ -61,7 +61,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             out[name] = tdir / f"{name}.csv"
             df.to_csv(out[name], index=False)
             shown[title] = df
-    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.bases)
+    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
         from lorarl.report.aggregate import primary_columns
 
         shown["base model (untrained), one row per model and prompt"] = data.base[

@@ -10,7 +10,7 @@ import pandas as pd
 
 from lorarl import paths
 from lorarl.report import readcache
-from lorarl.bases import base_label
+from lorarl.evaluate.bases import base_label
 from lorarl.train.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, base_cells, study_cells
@@ -77,7 +77,7 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
 
 def base_row(b) -> dict:
     """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
-    prompt (lorarl.bases: one base per model and evaluation setting) and its table label."""
+    prompt (lorarl.evaluate.bases: one base per model and evaluation setting) and its table label."""
     return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
             "base": base_label(b.config.model, b.axes)}
 

@@ -159,7 +159,7 @@ class Tracker:
         self.uri = resolve_tracking(tracking, results_dir)
         self.server = is_server(self.uri)
         if self.server:
-            from lorarl.tracking.server import configure_client
+            from lorarl.tracking.credentials import configure_client
 
             configure_client(self.uri)  # credentials from the user's 0600 file; our backoff, not MLflow's
         self.retry_s = _env_float(RETRY_ENV, 120.0)

@@ -120,8 +120,13 @@ def _is_submitit_handler(h: Any) -> bool:
 class CellCheckpoints:
     """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
 
-    def __init__(self, results_dir: str | Path, study: str, cell: Any):
+    def __init__(self, results_dir: str | Path, study: str, cell: Any, *, lock_wait_s: float | None = None,
+                 holder: str = "", fmt: str = "hf"):
+        """``lock_wait_s``: how long to wait for another job holding the cell (None: $LORARL_LOCK_WAIT_S,
+        600 s; 0: fail at once). ``holder``: written into the lock (e.g. the pack). ``fmt``: which trainer
+        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run); others are rejected."""
         t = cell.config.train
+        self.format = fmt
         self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
         self.config_hash = cell.hash
         self.every = int(getattr(t, "checkpoint_every", 0) or 0)
@@ -141,7 +146,8 @@ class CellCheckpoints:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
         self.waited_for_lock = False  # another job trained this cell meanwhile: train_cell checks its outputs
-        deadline = time.time() + float(os.environ.get(LOCK_WAIT_ENV, "600"))
+        wait = float(os.environ.get(LOCK_WAIT_ENV, "600")) if lock_wait_s is None else float(lock_wait_s)
+        deadline = time.time() + wait
         while True:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -159,7 +165,7 @@ class CellCheckpoints:
                 time.sleep(2.0)
         self._lock.seek(0)
         self._lock.truncate()
-        self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}\n")
+        self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}{' ' + holder if holder else ''}\n")
         self._lock.flush()
 
     # ---- before training -------------------------------------------------------------------------
@@ -172,6 +178,8 @@ class CellCheckpoints:
         if not (self.root / COMPLETE).exists():
             for c in reversed(complete_checkpoints(self.root)):
                 why = integrity.problem(c.path, c.meta, self.config_hash)
+                if why is None and c.meta.get("format", "hf") != self.format:
+                    why = f"written by the {c.meta.get('format', 'hf')} trainer, this one is the {self.format} trainer"
                 if why is None and not _run_alive(tracker, c.run_id):
                     why = f"its MLflow run {c.run_id} is gone or deleted"
                 if why is None:
@@ -334,7 +342,7 @@ class CellCheckpoints:
         if not folder.is_dir():
             return
         rows = [r for r in (self.recorder.rows if self.recorder is not None else []) if int(r["step"]) <= step]
-        meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash,
+        meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash, "format": self.format,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
                 "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
