@@ -238,6 +238,18 @@ class RolloutConfig(Strict):
     enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
     freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
+    vllm_mode: Literal["colocate"] = Field(  # vllm: in the trainer's process on its GPU (where vLLM runs, not what it samples)
+        "colocate", json_schema_extra={"runtime": True})
+
+    @field_validator("vllm_mode", mode="before")
+    @classmethod
+    def _server_refused(cls, v: Any) -> Any:
+        if v == "server":
+            raise ValueError(
+                "'server' (TRL's `trl vllm-serve` on other GPUs) is not supported: lorarl pushes the effective "
+                "weights and checks rollout freshness through TRL's colocated path only (one GPU per cell); "
+                "allowed: colocate")
+        return v
 
 
 class ProtocolOverride(Strict):

@@ -95,7 +95,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
         deadline = time.monotonic() + wait_s  # the result is written before the job ends: wait for its record
         while True:
             info = sacct_info(out["job_id"], fields=SACCT_FIELDS)
-            if info.get("State", "UNKNOWN").split()[0] not in ACTIVE | {"UNKNOWN"} or time.monotonic() > deadline:
+            if not info or info.get("State", "UNKNOWN").split()[0] not in ACTIVE or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         out["sacct"] = info
