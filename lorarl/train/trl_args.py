@@ -21,7 +21,7 @@ def rollout_fields(rollout: "RolloutConfig | None") -> dict[str, Any]:
         return {"use_vllm": False}
     return {
         "use_vllm": True,
-        "vllm_mode": "colocate",  # one process per cell: vLLM shares the trainer's GPU
+        "vllm_mode": rollout.vllm_mode,  # colocate: one process per cell, vLLM shares the trainer's GPU
         "vllm_gpu_memory_utilization": rollout.gpu_memory_utilization,
         "vllm_tensor_parallel_size": rollout.tensor_parallel_size,
         "vllm_enable_sleep_mode": rollout.sleep_mode,
