@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
-    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy"])
+    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy", "pack"])
     la.add_argument("study", help="study YAML (for `base`: ignored)")
     la.add_argument("cell", help="cell id (for `base`: the local model recipe)")
     la.add_argument("--results", default="results")

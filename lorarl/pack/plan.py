@@ -48,6 +48,26 @@ def pack_key(cfg: Any) -> str | None:
     return json.dumps(key, sort_keys=True, default=str)
 
 
+def pack_id(members: list[str]) -> str:
+    """A pack's name: its member ids, hashed (the job's record is results/<study>/.packs/<id>.json)."""
+    import hashlib
+
+    return "pack-" + hashlib.sha1(",".join(members).encode()).hexdigest()[:10]
+
+
+def max_cells(setting: Any) -> int:
+    """The profile's / command line's ``pack`` setting → most cells per pack (1 = no packing).
+    Accepted: absent/null/false/0/1 (off), an integer K, or ``{max_cells: K}``."""
+    value = setting.get("max_cells", 1) if isinstance(setting, dict) else setting
+    if isinstance(setting, dict) and set(setting) - {"max_cells"}:
+        raise ValueError(f"pack: unknown keys {sorted(set(setting) - {'max_cells'})}; allowed: max_cells")
+    if value in (None, False, 0):
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}")
+    return value
+
+
 def plan_packs(cells: list[Any], max_cells: int) -> list[list[str]]:
     """Cell ids grouped into packs of at most ``max_cells``, in study order; ``max_cells = 1``: no packing."""
     if not isinstance(max_cells, int) or isinstance(max_cells, bool) or max_cells < 1:
