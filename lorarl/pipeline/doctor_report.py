@@ -84,7 +84,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     import time
 
     from lorarl.pipeline import provenance
-    from lorarl.pipeline.launch import ACTIVE, sacct_info
+    from lorarl.pipeline.slurm import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
@@ -95,7 +95,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
         deadline = time.monotonic() + wait_s  # the result is written before the job ends: wait for its record
         while True:
             info = sacct_info(out["job_id"], fields=SACCT_FIELDS)
-            if info.get("State", "UNKNOWN").split()[0] not in ACTIVE | {"UNKNOWN"} or time.monotonic() > deadline:
+            if not info or info.get("State", "UNKNOWN").split()[0] not in ACTIVE or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         out["sacct"] = info
