@@ -107,7 +107,7 @@ def _grpo_config() -> type[BaseModel]:
 
 
 def _toy_config() -> type[BaseModel]:
-    from lorarl.toy.cells import ToyCellConfig
+    from lorarl.toy.config import ToyCellConfig
 
     return ToyCellConfig
 
@@ -122,7 +122,7 @@ def _nothing_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[
 
 def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
     """Fill the adapter method's registry defaults (rank, alpha, init, target_modules, ...)."""
-    from lorarl.adapters.registry import FIELDS, check_config
+    from lorarl.adapters.catalog import FIELDS, check_config
 
     values = cfg.adapter.model_dump(mode="json")
     key = json.dumps(values, sort_keys=True)
@@ -135,7 +135,7 @@ def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
 def _grpo_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
     """Null the adapter fields an axis set that the cell's method does not use; returns (method,
     dropped dotted paths). A field the defaults set stays an error (lorarl.adapters names it)."""
-    from lorarl.adapters.registry import FIELDS, AdapterSpecError, get_method
+    from lorarl.adapters.catalog import FIELDS, AdapterSpecError, get_method
 
     ad = raw.get("adapter")
     if not isinstance(ad, dict):

@@ -12,7 +12,8 @@ import datasets
 import pytest
 import torch
 
-from lorarl.train.trainer import LorarlGRPOTrainer, frozen_reference
+from lorarl.train.kl import frozen_reference
+from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
 
@@ -114,8 +115,9 @@ def make_pair(tiny_dir, tmp_path, beta, loss_type, **kw):
     stock = GRPOTrainer(model=m1, reward_funcs=[stock_reward], args=a, train_dataset=dataset(),
                         processing_class=tok, peft_config=lora())
     torch.manual_seed(0)
-    ours = LorarlGRPOTrainer(model=m2, regime=OutcomeDeposits(score_fn=fake_score), args=a, train_dataset=dataset(),
-                             processing_class=tok, peft_config=lora(), ref_model="auto")
+    ours_args = args(tmp_path, loss_type=loss_type, **kw)  # TRL's beta 0: the coefficient is kl_beta
+    ours = LorarlGRPOTrainer(model=m2, regime=OutcomeDeposits(score_fn=fake_score), args=ours_args, kl_beta=beta,
+                             train_dataset=dataset(), processing_class=tok, peft_config=lora(), ref_model="auto")
     for t in (stock, ours):
         perturb_adapters(t.model)
         t.current_gradient_accumulation_steps = 1
@@ -206,7 +208,7 @@ def metric_steps(trainer, name):
 def test_reference_forward_count(tiny_dir, tmp_path, beta, every, expected):
     model, tok = load(tiny_dir)
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score),
-                                args=args(tmp_path, beta=beta, max_steps=4), train_dataset=dataset(),
+                                args=args(tmp_path, max_steps=4), kl_beta=beta, train_dataset=dataset(),
                                 processing_class=tok, peft_config=lora(), kl_monitor_every=every)
     if trainer.reference_model is None:
         assert expected == 0 and every == 0 and beta == 0
@@ -272,7 +274,7 @@ def test_beta_needs_a_reference_for_prewrapped_models(tiny_dir, tmp_path):
     model, tok = load(tiny_dir)
     with pytest.raises(ValueError, match="before an adapter"):
         LorarlGRPOTrainer(model=get_peft_model(model, lora()), regime=OutcomeDeposits(score_fn=fake_score),
-                          args=args(tmp_path, beta=0.05), train_dataset=dataset(), processing_class=tok)
+                          args=args(tmp_path), kl_beta=0.05, train_dataset=dataset(), processing_class=tok)
 
 
 def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_path):
@@ -355,7 +357,7 @@ def test_process_and_distillation_regimes_train(tiny_dir, tmp_path):
             return super().deposits(rollouts)
 
     regime = SpyProcess(RuleStepChecker(), tokenizer=tok)
-    t = LorarlGRPOTrainer(model=model, regime=regime, args=args(tmp_path, beta=0.05, max_steps=1),
+    t = LorarlGRPOTrainer(model=model, regime=regime, args=args(tmp_path, max_steps=1), kl_beta=0.05,
                           train_dataset=dataset(), processing_class=tok, peft_config=lora(),
                           kl_estimator="one_sided")
     t.train()

@@ -55,9 +55,9 @@ def solo_cells(tiny_dir, tmp_path, kind, reg, betas):
     out = []
     for k, beta in enumerate(betas):
         m, tok = load(tiny_dir)
-        a = args(tmp_path / str(k), beta=beta, loss_type="grpo", epsilon_high=0.28, bf16=False)  # fp32: no CPU autocast
+        a = args(tmp_path / str(k), loss_type="grpo", epsilon_high=0.28, bf16=False)  # fp32: no CPU autocast
         torch.manual_seed(k)
-        t = LorarlGRPOTrainer(model=m, regime=regime(reg, tok), args=a, train_dataset=dataset(),
+        t = LorarlGRPOTrainer(model=m, regime=regime(reg, tok), args=a, kl_beta=beta, train_dataset=dataset(),
                               processing_class=tok, peft_config=peft_config(kind), ref_model="auto")
         init_adapter(t.model, kind, seed=10 + k)
         t.current_gradient_accumulation_steps = 1

@@ -11,9 +11,10 @@ import torch
 
 import fake_vllm
 from lorarl.config import CellConfig, RolloutConfig
-from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, apply_rollout_args, check_engine,
+from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, check_engine,
                             effective_named_params)
 from lorarl.study import StudyError
+from lorarl.train.trl_args import rollout_fields
 from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
 
 
@@ -156,7 +157,7 @@ def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout
     if peft:
         model = _peft(model)
     rollout = rollout or RolloutConfig(engine="vllm")
-    a = apply_rollout_args(args(tmp_path, max_steps=steps, learning_rate=lr), rollout)
+    a = args(tmp_path, max_steps=steps, learning_rate=lr, **rollout_fields(rollout))
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score), args=a, ref_model=None, rollout=rollout,
                                 train_dataset=dataset(16), processing_class=tok)
     return trainer, fake_vllm.LLM.instances[-1]

@@ -19,7 +19,6 @@ only while it is below its ``train.steps``), so a resumed pack stays bit-for-bit
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -30,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from lorarl import paths
+from lorarl.io import write_json as _write_json
 from lorarl.pack import publish
 
 STATE_FILE = "pack_state.pt"
@@ -48,12 +48,6 @@ class _Slot:
     divergence: Any = None
     snapshots: Any = None
     collapse_at: int | None = None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def _record(recorder: Any, step: int, row: dict) -> None:

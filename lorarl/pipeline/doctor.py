@@ -172,7 +172,7 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     from lorarl.diagnose.main import diagnose_cell
     from lorarl.evaluate.plan import benchmark_specs
     from lorarl.evaluate.main import evaluate_cell, load_problems
-    from lorarl.rewards import build_regime
+    from lorarl.rewards.registry import build_regime
     from lorarl.train.rollout import check_engine
     from lorarl.tasks import task_records
     from lorarl.train.main import load_policy, train_cell

@@ -84,7 +84,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     import time
 
     from lorarl.pipeline import provenance
-    from lorarl.pipeline.launch import ACTIVE, sacct_info
+    from lorarl.pipeline.slurm import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []

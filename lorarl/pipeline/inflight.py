@@ -20,34 +20,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 from lorarl import paths
 from lorarl.pipeline import provenance
+from lorarl.pipeline.slurm import squeue_rows
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
 
 
-def _squeue(args: list[str]) -> list[tuple[str, str, str]] | None:
-    """(job id, state, name) rows, or None when squeue cannot be asked."""
-    try:
-        proc = subprocess.run(["squeue", "-h", "-o", "%i|%T|%j", *args], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return [tuple((line.split("|") + ["", "", ""])[:3]) for line in proc.stdout.splitlines() if line.strip()]
-
-
 def slurm_job_in_flight(name: str, recorded_id: str | None) -> tuple[str, str] | None:
     """(job id, state) of an unfinished Slurm job of this stage: by name, else by the recorded id."""
-    rows = _squeue(["--name", name]) or []
+    rows = squeue_rows(["--name", name]) or []
     if recorded_id:
-        rows += [r for r in (_squeue(["-j", recorded_id]) or []) if r[2] == name]
+        rows += [r for r in (squeue_rows(["-j", recorded_id]) or []) if r[2] == name]
     for jid, state, _ in rows:
         if state and state.split()[0] not in DONE_STATES:
             return jid.split("_")[0], state

@@ -20,9 +20,7 @@ same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,15 +29,11 @@ from typing import Any
 import submitit
 
 from lorarl.pipeline import inflight, provenance
+from lorarl.pipeline.slurm import ACTIVE, coerce, sacct_info, slurm_parameters, squeue_state
 from lorarl import paths
 
 STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor", "pack")
-# submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
-GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
-           "stderr_to_stdout"}
 TERMINAL_OK = {"COMPLETED"}
-ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING",
-          "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 
@@ -141,43 +135,6 @@ def _safely(fn: Any, *args: Any) -> None:
         print(f"[lorarl] provenance: {type(err).__name__}: {err}", file=sys.stderr)
 
 
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
-
-
-def coerce(value: Any) -> Any:
-    """Snakemake hands a profile's nested `config:` values over as strings ("64", "True"): restore
-    numbers and booleans (submitit computes with mem_gb, timeout_min, ...)."""
-    if isinstance(value, dict):
-        return {k: coerce(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [coerce(v) for v in value]
-    if isinstance(value, str):
-        if _INT.match(value):
-            return int(value)
-        if _FLOAT.match(value):
-            return float(value)
-        if value in ("True", "true", "False", "false"):
-            return value in ("True", "true")
-    return value
-
-
-def slurm_parameters(slurm: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Profile keys → (AutoExecutor constructor kwargs, update_parameters kwargs)."""
-    ctor: dict[str, Any] = {}
-    params: dict[str, Any] = {}
-    for k, v in coerce(slurm or {}).items():
-        if k == "setup" and isinstance(v, list):
-            v = [str(line) for line in v]  # shell lines stay text
-        if k == "max_num_timeout":  # how many time-limit requeues before giving up (submitit: 3)
-            ctor["slurm_max_num_timeout"] = int(v)
-        elif k in GENERIC or k.startswith("slurm_"):
-            params[k] = v
-        else:
-            params[f"slurm_{k}"] = v
-    return ctor, params
-
-
 def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] | None = None,
                   name: str | None = None) -> submitit.AutoExecutor:
     if kind not in ("debug", "local", "slurm"):
@@ -200,30 +157,6 @@ def tail(path: Path, n: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except FileNotFoundError:
         return f"(no log at {path})"
-
-
-def sacct_info(job_id: str, fields: list[str] | None = None) -> dict[str, str]:
-    """The final accounting record of a Slurm job (default: State, ExitCode, Reason, Elapsed, NodeList)."""
-    fields = list(fields or ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"])
-    if "JobID" not in fields:
-        fields.insert(0, "JobID")
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", ",".join(fields)],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    rows = [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("JobID") == str(job_id)] or rows
-    return rows[-1] if rows else {}
-
-
-def squeue_state(job_id: str) -> str | None:
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                             timeout=60).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.splitlines()[0] if out else None
 
 
 def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lorarl.tracking.client import TrackingError
+from lorarl.tracking.errors import TrackingError
 
 CREDENTIALS_ENV = "LORARL_TRACKING_CREDENTIALS"  # path of the credentials file (never the secret itself)
 DEFAULT_CREDENTIALS = "~/.config/lorarl/tracking-credentials"

@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from lorarl.tracking.client import TrackingError
+from lorarl.tracking.errors import TrackingError
 from lorarl.tracking.credentials import (CREDENTIALS_ENV, DEFAULT_CREDENTIALS, check_client,  # noqa: F401 - re-exported
                                          configure_client, credentials_path, is_loopback, load_credentials,
                                          write_credentials)

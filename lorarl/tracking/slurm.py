@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.tracking.client import TrackingError
+from lorarl.tracking.errors import TrackingError
 from lorarl.tracking.credentials import credentials_path, write_credentials
 from lorarl.tracking.server import wait_http
 

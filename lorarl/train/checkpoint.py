@@ -35,7 +35,6 @@ per checkpoint folder.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -49,6 +48,8 @@ from typing import Any, Iterator
 
 from lorarl.train import integrity
 from lorarl import paths
+from lorarl.io import read_json as _read_json
+from lorarl.io import write_json as _write_json
 
 MARKER = "lorarl.json"
 COMPLETE = "complete.json"
@@ -56,19 +57,6 @@ PROGRESS = "progress.json"
 FAULT_ENV = "LORARL_FAULT"
 LOCK_WAIT_ENV = "LORARL_LOCK_WAIT_S"  # how long a second job of a cell waits for the first (default 600 s)
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 @dataclass
