@@ -234,7 +234,8 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
     mfile = smoke_dir / MEASURED
     if not mfile.exists():
-        print(f"error: the doctor job wrote no measurements (exit {rc}); see its log above", file=sys.stderr)
+        print(f"error: the doctor job wrote no measurements (exit {rc}; {_where(where, {})}); see its log above",
+              file=sys.stderr)
         return 1
     measured = json.loads(mfile.read_text())
     measured["split"] = measured.get("split") or None
