@@ -33,7 +33,6 @@ from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import ACTIVE, coerce, sacct_info, slurm_parameters, squeue_state
 from lorarl import paths
 
-TERMINAL_OK = {"COMPLETED"}
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 
