@@ -3,9 +3,10 @@
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
 launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock failure); and the
-small fault-injection run (SIGKILLs of a training job, a launcher and the whole submit host,
-`snakemake all` after each; `python -m lorarl.faults` runs every stage) completes with every metric row exactly once,
-adapters equal to the uninterrupted run and no partial output.
+small fault-injection run (one SIGKILL of each stage: train, evaluate, diagnose and aggregate
+processes, a launcher and the whole submit host; `snakemake all` again after each invocation with a kill)
+completes with every metric row exactly once, adapters equal to the uninterrupted run and no partial
+output. `python -m lorarl.faults --kills 20` prints the full figures.
 """
 
 from __future__ import annotations
@@ -110,15 +111,59 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 
 @pytest.mark.slow
 def test_fault_injection_small_run(tmp_path: Path):
+    """One SIGKILL of each stage (train, evaluate, diagnose, aggregate, a launcher, the submit host) in
+    a 1-cell study, several kills per `snakemake all`; the study completes every time, as the reference."""
     from lorarl import faults
 
     out = tmp_path / "figures.json"
-    rc = faults.main(["--kills", "1", "--per-pass", "1", "--stages", "train,launcher,host", "--workdir",
-                      str(tmp_path / "runs"), "--json", str(out)])
+    rc = faults.main(["--kills", "1", "--per-pass", "1", "--cells", "1", "--workdir", str(tmp_path / "runs"),
+                      "--json", str(out)])
     fig = json.loads(out.read_text())
     assert rc == 0, fig
     assert fig["completed"] == fig["passes"] >= 1
-    assert fig["kills"] == {"train": 1, "launcher": 1, "host": 1}, fig["kills"]
+    assert fig["kills"] == {s: 1 for s in faults.STAGES}, fig["kills"]
     assert fig["lost"] == 0 and fig["duplicated"] == 0 and fig["extra_runs"] == 0 and not fig["bad_outputs"]
-    assert fig["adapters_within_tol"] == fig["cells"] == 2 * fig["passes"]  # 2 cells per completed run
+    assert fig["adapters_within_tol"] == fig["cells"] == fig["passes"]  # 1 cell per completed run
     assert fig["eval_equal"] == fig["cells"]
+
+
+def test_fault_driver_plans(tmp_path: Path):
+    """Kill shares across workers, the kill drawn for a new process, and bad arguments (exit 2)."""
+    from lorarl import faults
+
+    shares = faults._shares(20, ("train", "host"), 3)
+    assert [b["train"] for b in shares] == [7, 7, 6] and sum(b["host"] for b in shares) == 20
+    assert faults._shares(1, ("train",), 4) == [{"train": 1}, {"train": 0}, {"train": 0}, {"train": 0}]
+    import random
+
+    rng = random.Random(0)
+    assert faults._pick("train", {"train": 0, "host": 3}, rng) is None
+    assert faults._pick("launcher", {"launcher": 0, "host": 2}, rng) == "host"
+    picks = [faults._pick("launcher", {"launcher": 1, "host": 1}, rng) for _ in range(200)]
+    assert 50 < picks.count("host") < 150 and set(picks) == {"launcher", "host"}
+    for bad in (["--cells", "0"], ["--stages", "train,nope"], ["--workers", "0"], ["--kills", "0"]):
+        assert faults.main(bad + ["--workdir", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()  # nothing written
+
+
+def test_fault_driver_finds_only_its_own_processes(tmp_path: Path):
+    """A process in `run-1` is not one of `run-10`'s (and vice versa): exact folder matches only."""
+    from lorarl import faults
+
+    a, b = tmp_path / "pass-1", tmp_path / "pass-10"
+    for d in (a, b):
+        d.mkdir()
+        (d / "lorarl").write_text("import time; time.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, str(d / "lorarl"), "aggregate", str(d)], cwd=d) for d in (a, b)]
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and len(faults._procs(tmp_path)) < 2:
+            time.sleep(0.1)
+        assert faults._procs(a) == [(procs[0].pid, "aggregate")]
+        assert faults._procs(b) == [(procs[1].pid, "aggregate")]
+        t0 = faults._started(procs[0].pid, -1.0)
+        assert 0 < faults._now() - t0 < 60
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
