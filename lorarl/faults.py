@@ -43,9 +43,10 @@ from pathlib import Path
 
 import yaml
 
+from lorarl.fault_checks import ATOL, check
+
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
-ATOL = 1e-6  # adapter tolerance after a resume (CPU float32; bit-identical is counted separately)
 STEPS = 4
 KILL_WINDOW = 0.9  # kill points are uniform over [0, this x the stage's shortest reference lifetime]
 POLL_S = 0.05  # how often the monitor looks at /proc
@@ -181,10 +182,10 @@ def _pick(stage: str, remaining: dict[str, int], rng: random.Random) -> str | No
 
 
 def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
-                  log: Path, timeout_s: float = 1800) -> Invocation:
+                  log: Path, timeout_s: float = 1800, stop_at: float = float("inf")) -> Invocation:
     """One `snakemake all`; SIGKILL processes of stages that still need kills (`remaining`, decremented),
     one planned at a time, each at a random point of its life (`host` = Snakemake + every launcher,
-    planned on a launcher's life; it ends the invocation)."""
+    planned on a launcher's life; it ends the invocation). No kill is planned after `stop_at` (time.time())."""
     with open(log, "a") as fh:
         proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
                                 env=_env())
@@ -207,7 +208,7 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
             if pid in seen:
                 continue
             seen[pid] = (stage, _started(pid, now))
-            kill = _pick(stage, remaining, rng) if not plan else None
+            kill = _pick(stage, remaining, rng) if not plan and time.time() < stop_at else None
             if kill is not None:
                 plan[pid] = (kill, seen[pid][1] + rng.uniform(0, KILL_WINDOW * delays.get(kill, 5.0)))
         for pid, (stage, when) in list(plan.items()):
@@ -230,76 +231,6 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
     if proc.poll() is None:
         proc.kill()
     return Invocation(proc.wait(), killed, missed, life)
-
-
-# ---- checks ---------------------------------------------------------------------------------------
-
-def _mlflow_rows(results: Path, study: str) -> dict[str, dict[str, list[int]]]:
-    """cell -> metric -> steps logged, of each cell's current (not deleted) run."""
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
-    exp = client.get_experiment_by_name(study)
-    out: dict[str, dict[str, list[int]]] = {}
-    for r in client.search_runs([exp.experiment_id]):
-        cell = r.data.tags.get("lorarl.cell_id")
-        if r.data.tags.get("lorarl.base") == "true" or cell is None:
-            continue
-        if cell in out:
-            out[cell]["__runs__"] = out[cell].get("__runs__", [1]) + [1]
-            continue
-        out[cell] = {k: [m.step for m in client.get_metric_history(r.info.run_id, k)] for k in r.data.metrics}
-    return out
-
-
-def check(results: Path, ref: Path, study: str = "chaos") -> dict:
-    """Lost / duplicated metric rows, adapter differences and bad outputs of a finished run."""
-    import pandas as pd
-    from safetensors.torch import load_file
-
-    out = {"lost": 0, "duplicated": 0, "adapters_identical": 0, "adapters_within_tol": 0, "max_abs_diff": 0.0,
-           "eval_equal": 0, "bad_outputs": [], "extra_runs": 0, "cells": 0}
-    rows = _mlflow_rows(results, study)
-    for cell in sorted(p.name for p in (ref / study).iterdir() if (p / "summary.json").exists()):
-        out["cells"] += 1
-        d, r = results / study / cell, ref / study / cell
-        want = list(range(1, STEPS + 1))
-        m = pd.read_csv(d / "metrics.csv")
-        steps = m["step"].tolist()
-        out["lost"] += len(set(want) - set(steps))
-        out["duplicated"] += len(steps) - len(set(steps))
-        hist = rows.get(cell, {})
-        out["extra_runs"] += len(hist.pop("__runs__", [1])) - 1
-        for key in [c for c in m.columns if c != "step"]:
-            got = hist.get(key, [])
-            out["lost"] += len(set(want) - set(got))
-            out["duplicated"] += len(got) - len(set(got))
-        a, b = load_file(str(d / "adapter" / "adapter_model.safetensors")), load_file(
-            str(r / "adapter" / "adapter_model.safetensors"))
-        diff = max(float((a[k] - b[k]).abs().max()) for k in b) if a.keys() == b.keys() else float("inf")
-        out["max_abs_diff"] = max(out["max_abs_diff"], diff)
-        out["adapters_identical"] += diff == 0.0
-        out["adapters_within_tol"] += diff <= ATOL
-        ev, evr = (json.loads((x / "eval" / "synthetic.json").read_text())["metrics"] for x in (d, r))
-        out["eval_equal"] += ev == evr
-    for p in results.joinpath(study).rglob("*"):  # every output parses; no temporary file among them
-        if ".checkpoints" in p.parts or "logs" in p.parts or "provenance" in p.parts or not p.is_file():
-            continue
-        if p.name.endswith(".tmp") or ".train.tmp" in p.parts:
-            out["bad_outputs"].append(f"{p} (temporary)")
-            continue
-        try:
-            if p.suffix == ".json":
-                json.loads(p.read_text())
-            elif p.suffix == ".csv":
-                pd.read_csv(p)
-            elif p.suffix == ".parquet":
-                pd.read_parquet(p)
-            elif p.suffix == ".jsonl":
-                [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-        except Exception as err:  # noqa: BLE001 - anything unreadable is a partial output
-            out["bad_outputs"].append(f"{p} ({type(err).__name__})")
-    return out
 
 
 # ---- the experiment -------------------------------------------------------------------------------
@@ -333,7 +264,7 @@ def clone(template: Path, dest: Path) -> Path:
 
 
 def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
-             max_invocations: int) -> tuple[dict[str, int], int, bool, list[str]]:
+             max_invocations: int, stop_at: float = float("inf")) -> tuple[dict[str, int], int, bool, list[str]]:
     """Run a fresh copy to completion while killing (`snakemake all` again after each invocation with a
     kill); `remaining` is decremented. Returns (kills per stage, invocations, completed, missed kills)."""
     clone(template, dest)
@@ -341,7 +272,7 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
     kills: dict[str, int] = {}
     missed: list[str] = []
     for n in range(1, max_invocations + 1):
-        inv = run_snakemake(dest, remaining, delays, rng, log)
+        inv = run_snakemake(dest, remaining, delays, rng, log, stop_at=stop_at)
         missed += inv.missed
         for stage in inv.killed:
             kills[stage] = kills.get(stage, 0) + 1
@@ -359,25 +290,27 @@ SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra_runs"
 
 
 def work(index: int, root: Path, template: Path, ref: Path, delays: dict[str, float], budget: dict[str, int],
-         per_pass: int, seed: int) -> dict:
-    """One kill loop (worker `index`) in its own folder: passes until its `budget` of kills is placed."""
+         per_pass: int, seed: int, stop_at: float = float("inf")) -> dict:
+    """One kill loop (worker `index`) in its own folder: passes until its `budget` of kills is placed
+    (or `stop_at` passed: no new pass, no new kill; the pass under way runs to completion)."""
     rng = random.Random(seed * 1000 + index)
     remaining = dict(budget)
     fig: dict = {k: 0 for k in SUMS} | {"max_abs_diff": 0.0, "bad_outputs": [], "kills": {s: 0 for s in budget},
                                         "missed": {s: 0 for s in budget}}
     most = max(budget.values(), default=0)
     for i in range(max(3, 3 * most // per_pass)):
-        if not any(remaining.values()):
+        if not any(remaining.values()) or time.time() >= stop_at:
             break
         dest = root / f"w{index}" / f"pass-{i}"
         cap = {s: min(n, per_pass) for s, n in remaining.items()}
-        kills, n_inv, done, missed = one_pass(template, dest, cap, delays, rng, max_invocations=sum(cap.values()) + 4)
+        kills, n_inv, done, missed = one_pass(template, dest, cap, delays, rng, max_invocations=sum(cap.values()) + 4,
+                                              stop_at=stop_at)
         for s, n in kills.items():
             remaining[s] -= n
             fig["kills"][s] += n
         for s in missed:
             fig["missed"][s] = fig["missed"].get(s, 0) + 1
-        res = check(dest / "results", ref) if done else {}
+        res = check(dest / "results", ref, steps=STEPS) if done else {}
         fig["passes"] += 1
         fig["invocations"] += n_inv
         fig["completed"] += bool(done)
@@ -415,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")
     p.add_argument("--cells", type=int, default=2, help="cells (seeds) of the study, 1 to 8 (default 2)")
     p.add_argument("--workers", type=int, default=1, help="kill loops run side by side (each its own folder)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which no new kill or pass starts (passes under way finish); default none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -439,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reference run done in {time.time() - t0:.0f}s; shortest process lifetimes (s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(delays.items())), flush=True)
     shares = [b for b in _shares(args.kills, stages, args.workers) if any(b.values())]
-    jobs = [(i, root, template, ref, delays, b, args.per_pass, args.seed) for i, b in enumerate(shares)]
+    stop_at = t0 + args.time_limit if args.time_limit else float("inf")
+    jobs = [(i, root, template, ref, delays, b, args.per_pass, args.seed, stop_at) for i, b in enumerate(shares)]
     if len(jobs) == 1:
         figs = [work(*jobs[0])]
     else:

@@ -13,13 +13,15 @@ the id down still has its job found.
 
 After the job ends, `missing_outputs` checks the stage's declared outputs: a job that Slurm or
 submitit reports as a success (or whose state is UNKNOWN, or unavailable) without its outputs is a
-failure. The outputs decide.
+failure. The outputs decide. When sacct cannot answer (slurmdbd down, accounting storage unreachable:
+every state reads UNKNOWN), `controller_state` asks slurmctld itself whether the job has ended.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -51,6 +53,20 @@ def slurm_job_in_flight(name: str, recorded_id: str | None) -> tuple[str, str] |
         if state and state.split()[0] not in DONE_STATES:
             return jid.split("_")[0], state
     return None
+
+
+def controller_state(job_id: str) -> str | None:
+    """The job's state as slurmctld holds it (`scontrol show job`), e.g. RUNNING or CANCELLED; "GONE" when
+    the controller no longer knows the job (it ended more than MinJobAge ago); None when it cannot be asked."""
+    try:
+        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return "GONE" if "Invalid job id" in proc.stderr + proc.stdout else None
+    m = re.search(r"\bJobState=(\S+)", proc.stdout)
+    return m.group(1) if m else None
 
 
 def local_job_in_flight(folder: Path) -> str | None:
