@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from lorarl import paths, readcache
+from lorarl.bases import base_label
 from lorarl.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, base_cells, study_cells
@@ -73,10 +74,17 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def base_row(b) -> dict:
+    """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
+    prompt (lorarl.bases: one base per model and evaluation setting) and its table label."""
+    return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
+            "base": base_label(b.config.model, b.axes)}
+
+
 def base_table(study: Study, results: str | Path) -> pd.DataFrame:
-    """One row per base pseudo-cell (the untrained model of each distinct `model`)."""
-    rows = [{"cell": b.id, "model": b.config.model,
-             **eval_columns(results, study.name, b.id, b.config, is_base=True)} for b in base_cells(study)]
+    """One row per base pseudo-cell (the untrained model of each model and prompt)."""
+    rows = [{**base_row(b), **eval_columns(results, study.name, b.id, b.config, is_base=True)}
+            for b in base_cells(study)]
     return pd.DataFrame(rows)
 
 
@@ -137,7 +145,8 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
     lines = [f"# {study.name}: mean ± sd over `{study.seed_axis}`", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, b in (base if base is not None else pd.DataFrame()).iterrows():  # the untrained model first
-        vals = [f"base ({b['model']})"] + ["–"] * (max(len(keys), 1) - 1)
+        first = b["base"] if "base" in b and pd.notna(b["base"]) else f"base ({b['model']})"
+        vals = [first] + [str(b[k]) if k in b and pd.notna(b[k]) else "–" for k in keys[1:]]  # its prompt's labels
         vals += [f"{b[m]:.3f}" if m in b and pd.notna(b[m]) else "–" for m in metrics] + ["–"]
         lines.append("| " + " | ".join(vals) + " |")
     for _, r in table.iterrows():

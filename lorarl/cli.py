@@ -168,8 +168,21 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         u = urlparse(uri)
-        host = host or u.hostname
+        host = host or (None if args.slurm else u.hostname)  # a job's node is unknown before it starts
         port = port if port is not None else (u.port or 5000)
+    if args.slurm:
+        from lorarl.tracking_slurm import profile_resources, submit
+
+        res = profile_resources(args.profile)
+        res.update({k: v for k, v in (("partition", args.partition), ("time", args.time), ("cpus_per_task", args.cpus),
+                                      ("mem_gb", args.mem_gb), ("sbatch", args.sbatch)) if v is not None})
+        info = submit(host or "0.0.0.0", 5000 if port is None else port, args.state, args.artifacts, args.workers,
+                      args.credentials, res, timeout_s=args.wait, backend=args.backend_store_uri)
+        print(f"[lorarl] MLflow tracking server ready: {info['uri']} (Slurm job {info['slurm_job_id']} on "
+              f"{info['host']}; stop it with `scancel {info['slurm_job_id']}`)\n"
+              f"[lorarl] put this in the profile:  tracking: {info['uri']}"
+              + (f"\n[lorarl] basic auth on; jobs read {info['credentials']}" if info.get("auth") else ""), flush=True)
+        return 0
     return serve(host=host or "127.0.0.1", port=5000 if port is None else port, state=args.state,
                  artifacts=args.artifacts, backend=args.backend_store_uri, workers=args.workers,
                  credentials=args.credentials, force_auth=args.auth)
@@ -205,7 +218,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
     from lorarl.doctor_report import run_doctor
 
-    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads)
+    return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads,
+                      args.config)
 
 
 def _tracking_args(p: argparse.ArgumentParser) -> None:
@@ -288,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--workers", type=int, default=2, help="MLflow server worker processes")
     sv.add_argument("--credentials", default=None, help="credentials file (default ~/.config/lorarl/...)")
     sv.add_argument("--auth", action="store_true", help="basic auth on loopback too (a shared submit host)")
+    sv.add_argument("--slurm", action="store_true", help="run it as a Slurm job (sbatch; binds 0.0.0.0, auth on); "
+                    "waits until it serves, prints its URI and job id")
+    sv.add_argument("--partition", default=None, help="--slurm: partition (default: the profile's slurm.tracking)")
+    sv.add_argument("--time", default=None, help="--slurm: time limit, e.g. 7-0 (Slurm's syntax)")
+    sv.add_argument("--cpus", type=int, default=None, help="--slurm: CPUs of the job")
+    sv.add_argument("--mem-gb", type=int, default=None, help="--slurm: memory of the job (GB)")
+    sv.add_argument("--sbatch", default=None, help='--slurm: more sbatch options, e.g. "--account=x --qos=y"')
+    sv.add_argument("--wait", type=float, default=600, help="--slurm: seconds to wait for the job to serve")
     sv.set_defaults(fn=cmd_tracking_serve)
 
     sy = sub.add_parser("sync-mlflow", help="replay a study's files into the (new or repaired) MLflow store")
@@ -304,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--results", default="results")
     dr.add_argument("--eval-limit", type=int, default=8, help="problems per benchmark in the smoke evaluation")
     dr.add_argument("--threads", type=int, default=1, help="CPU threads of a local job (Slurm: the profile's)")
+    dr.add_argument("--config", nargs="+", action="extend", default=None, metavar="KEY=VALUE", help="override the profile's "
+                    "launcher/slurm/tracking/tracking_credentials as snakemake --config does (VALUE is YAML)")
     dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)

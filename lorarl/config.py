@@ -14,6 +14,7 @@ from lorarl.adapters.names import METHODS  # adapter methods: a plain tuple; the
 
 TASKS = ("synthetic", "dataset")  # where training prompts come from
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
+AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
 
 
 class Strict(BaseModel):
@@ -33,6 +34,7 @@ class TaskConfig(Strict):
     revision: str | None = None  # dataset: pin the hub revision for reproducibility
     prompt_field: str = "prompt"  # dataset: column holding the question
     answer_field: str = "answer"  # dataset: column holding the gold answer
+    prompt_rendered: bool = False  # dataset: the prompt column already is prompt.template's text (DAPO-Math's instructed prompt): checked, not wrapped again
 
     @model_validator(mode="after")
     def _check(self) -> "TaskConfig":
@@ -40,6 +42,8 @@ class TaskConfig(Strict):
             raise ValueError("max_operands must be >= min_operands")
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path is required when task.name is 'dataset'")
+        if self.prompt_rendered and self.name != "dataset":
+            raise ValueError("task.prompt_rendered applies to task.name 'dataset' only (synthetic prompts are raw)")
         return self
 
 
@@ -164,9 +168,29 @@ class TrainConfig(Strict):
         return self.prompts_per_step // (self.mini_batch_prompts or self.prompts_per_step)
 
 
+class GradingOverride(Strict):
+    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
+
+    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
+    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
+    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
+    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
+
+
+def check_grading(grading: GradingOverride, answer_format: str, where: str) -> None:
+    """math-verify settings apply to the boxed format only (a text rule compares strings)."""
+    set_ = sorted(grading.model_dump(exclude_none=True))
+    if set_ and answer_format != "boxed":
+        raise ValueError(f"{where}.{set_[0]} applies to answer_format boxed only (math-verify); with "
+                         f"answer_format {answer_format!r} leave {where} empty")
+
+
 class RewardConfig(Strict):
     regime: Literal["outcome", "process", "distillation"] = "outcome"  # which reward deposits (density axis)
     grading_timeout_s: float = Field(5.0, gt=0)  # math-verify time limit per completion (outcome, accuracy)
+    answer_format: AnswerFormat = "boxed"  # what the prompt asks for and is graded: final \\boxed{} | DAPO's last "Answer:" line (003) | last number; evaluation grades the same way
+    grading: GradingOverride = GradingOverride()  # math-verify settings of the training reward (boxed format; null = math-verify's defaults)
+    incorrect_reward: float = Field(0.0, le=0)  # outcome reward of a wrong/missing answer (right = 1); DAPO's rule: -1 (changes the overlong penalty's relative weight)
     step_separator: str = Field("\n", min_length=1)  # process: a step ends at this string (paper 001: newline)
     prm: Literal["rule", "hf"] = "rule"  # process: synthetic-task step checker, or a Math-Shepherd-style HF PRM
     rule_check: Literal["arithmetic", "chain"] = "arithmetic"  # rule PRM: any true equation, or the question's chain
@@ -188,6 +212,7 @@ class RewardConfig(Strict):
             raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
         if self.regime == "process" and self.prm == "hf" and not self.prm_model:
             raise ValueError("reward.prm_model is required when reward.prm is 'hf'")
+        check_grading(self.grading, self.answer_format, "reward.grading")
         return self
 
 
@@ -217,15 +242,6 @@ class ProtocolOverride(Strict):
     ks: list[int] | None = None  # k values of the unbiased pass@k columns (each in [1, n])
 
 
-class GradingOverride(Strict):
-    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
-
-    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
-    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
-    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
-    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
-
-
 class BenchmarkEval(Strict):
     """Where one benchmark's problems come from and how it is decoded (null = the registry's)."""
 
@@ -238,6 +254,7 @@ class BenchmarkEval(Strict):
     limit: int | None = Field(None, gt=0)  # first N problems only (smoke runs; recorded in the summary)
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
     grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
+    answer_format: AnswerFormat | None = None  # math benchmarks: null = the study's reward.answer_format (prompt and grading agree); 003 grades GSM8K by its last number
 
 
 class EvalConfig(Strict):
@@ -294,6 +311,19 @@ class CellConfig(Strict):
         prompt["chat_template"] = new
         data["prompt"] = prompt
         return data
+
+    @model_validator(mode="after")
+    def _rendered_template(self) -> "CellConfig":
+        if self.task.prompt_rendered and (self.prompt.template or "{question}").count("{question}") != 1:
+            raise ValueError("task.prompt_rendered needs a prompt.template with exactly one {question}")
+        return self
+
+    @model_validator(mode="after")
+    def _benchmark_grading(self) -> "CellConfig":
+        for name, spec in (self.eval.benchmarks or {}).items():
+            check_grading(spec.grading, spec.answer_format or self.reward.answer_format,
+                          f"eval.benchmarks.{name}.grading")
+        return self
 
     @model_validator(mode="after")
     def _vllm_sampling(self) -> "CellConfig":

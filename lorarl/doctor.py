@@ -60,6 +60,30 @@ def _peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def job_info() -> dict[str, Any]:
+    """Where this job runs, as the job itself sees it (host; Slurm job id, partition, nodes, GPUs)."""
+    import socket
+
+    from lorarl.provenance import slurm_env
+
+    return {"host": socket.gethostname(), **slurm_env()}
+
+
+def tracking_check(results_dir: str) -> str:
+    """The job reaches the profile's MLflow store (a server URI must answer from the compute node)."""
+    from mlflow import MlflowClient
+
+    from lorarl.tracking import is_server, resolve_tracking
+
+    uri = resolve_tracking(None, results_dir)
+    if is_server(uri):
+        from lorarl.tracking_server import configure_client
+
+        configure_client(uri)
+    MlflowClient(uri).search_experiments(max_results=1)
+    return uri
+
+
 class _Checks:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -131,8 +155,9 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     checks = _Checks()
     dev = device_info()
     device = "cuda" if dev["kind"] == "cuda" else "cpu"
-    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps}
+    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info()}
 
+    checks.run("MLflow store", lambda: tracking_check(results_dir))
     checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here")
     loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device))
     if loaded is not None:

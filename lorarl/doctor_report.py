@@ -18,8 +18,31 @@ from lorarl.study import StudyError, base_cells, find_cell, load_study, study_ce
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def read_profile(profile: str | None) -> dict[str, Any]:
-    """launcher, Slurm resources per stage and concurrent jobs of a Snakemake profile (as the study runs)."""
+OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials")  # what `--config KEY=VALUE` may set
+SMOKE_SUFFIX = "-doctor"  # the smoke study's name (and MLflow experiment): never the real study's runs
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`--config KEY=VALUE ...` as Snakemake reads it (VALUE is YAML): the profile's settings, overridden."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or key not in OVERRIDABLE:
+            raise StudyError(f"--config {item!r}: expected KEY=VALUE with KEY one of {', '.join(OVERRIDABLE)}")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as err:
+            raise StudyError(f"--config {key}: {value!r} is not YAML ({err})") from None
+    if "slurm" in out and not isinstance(out["slurm"], dict):
+        raise StudyError(f"--config slurm: must be a mapping of stage -> Slurm parameters, got {out['slurm']!r}")
+    if "launcher" in out and out["launcher"] not in ("debug", "local", "slurm"):
+        raise StudyError(f"--config launcher: {out['launcher']!r}; allowed: debug, local, slurm")
+    return out
+
+
+def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """launcher, Slurm resources per stage, MLflow store and concurrent jobs of a Snakemake profile (as the
+    study runs: config/config.yaml < the profile's `config:` < its configfile < `--config` overrides)."""
     base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text()) or {}
     name = profile or "default"
     pdir = ROOT / "profiles" / name if (ROOT / "profiles" / name).is_dir() else Path(name)
@@ -30,9 +53,57 @@ def read_profile(profile: str | None) -> dict[str, Any]:
     merged = {**base, **(prof.get("config") or {})}
     if prof.get("configfile"):
         merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
+    merged.update(overrides or {})
     jobs = int(prof.get("jobs") or prof.get("cores") or 1)
     return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
-            "jobs": jobs}
+            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite",
+            "tracking_credentials": merged.get("tracking_credentials") or ""}
+
+
+def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
+    """The profile's MLflow store into this process's environment (the submitted job carries it); a bad
+    value exits 2 before anything is written. sqlite = the smoke folder's own mlflow.db."""
+    import os
+
+    from lorarl.tracking import TRACKING_ENV, is_server, resolve_tracking
+    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
+
+    uri = resolve_tracking(str(prof["tracking"]), results_dir)  # TrackingError: exit 2
+    creds = prof.get("tracking_credentials") or None
+    if is_server(uri):
+        check_client(uri, creds)
+    os.environ[TRACKING_ENV] = str(prof["tracking"])
+    if creds:
+        os.environ[CREDENTIALS_ENV] = str(creds)
+
+
+def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: float = 120) -> dict[str, Any]:
+    """The doctor job's id(s), and for Slurm its accounting record (partition, node, state, elapsed,
+    allocated resources) from sacct, next to what the profile asked for."""
+    import time
+
+    from lorarl import provenance
+    from lorarl.launch import ACTIVE, sacct_info
+
+    ids = provenance.job_ids(prov) if prov.exists() else []
+    attempts = provenance.attempts(prov) if prov.exists() else []
+    out: dict[str, Any] = {"executor": executor, "job_ids": ids, "job_id": ids[-1] if ids else None,
+                           "requested_partition": (requested or {}).get("partition"),
+                           "host": attempts[-1].get("host") if attempts else None}
+    if executor == "slurm" and out["job_id"]:
+        deadline = time.monotonic() + wait_s  # the result is written before the job ends: wait for its record
+        while True:
+            info = sacct_info(out["job_id"], fields=SACCT_FIELDS)
+            if info.get("State", "UNKNOWN").split()[0] not in ACTIVE | {"UNKNOWN"} or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        out["sacct"] = info
+        out.update(partition=info.get("Partition"), node=info.get("NodeList"), state=info.get("State"),
+                   elapsed=info.get("Elapsed"), alloc=info.get("AllocTRES"))
+    return out
+
+
+SACCT_FIELDS = ["JobID", "State", "ExitCode", "Partition", "NodeList", "Elapsed", "AllocTRES", "Start", "End"]
 
 
 def _budget(cfg: Any) -> float:
@@ -61,7 +132,7 @@ def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir:
     for b in benches.values():
         b["limit"] = min(b.get("limit") or eval_limit, eval_limit)
     d["eval"]["benchmarks"] = benches
-    return {"name": study.name, "defaults": d,
+    return {"name": study.name + SMOKE_SUFFIX, "defaults": d,
             "axes": {"cell": {"values": [{"label": cell.id, "set": {"seed": d["seed"]}}]}}}
 
 
@@ -133,11 +204,21 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def _where(w: dict, job: dict) -> str:
+    """Where the doctor job ran: Slurm's accounting record, else the executor and host."""
+    if w.get("partition"):
+        return (f"Slurm job {w['job_id']}, partition {w['partition']}, node {w.get('node')}, {w.get('state')} "
+                f"in {w.get('elapsed')} (allocated {w.get('alloc') or '?'}; GPUs visible to the job: "
+                f"{job.get('cuda_visible_devices', 'none')})")
+    return f"{w.get('executor', '?')} job {w.get('job_id')} on {w.get('host') or job.get('host', '?')}"
+
+
 def render_markdown(rep: dict) -> str:
     m, d = rep["measured"], rep["measured"]["device"]
     lines = [f"# lorarl doctor: {rep['study']} / {rep['cell']} ({'OK' if rep['ok'] else 'FAILED'})", "",
              f"profile `{rep['profile']['name']}` (launcher {rep['profile']['launcher']}), {m.get('steps')} smoke steps", "",
              "| item | value |", "|---|---|",
+             f"| ran where | {_where(rep.get('where') or {}, m.get('job') or {})} |",
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA / torch | {d['driver']} / {d['cuda']} / {d['torch']} |",
              f"| dtype used | {m.get('dtype', '?')} |",
@@ -169,10 +250,12 @@ def render_markdown(rep: dict) -> str:
 
 
 def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, profile: str | None = None,
-               results_dir: str = "results", eval_limit: int = 8, threads: int = 1) -> int:
+               results_dir: str = "results", eval_limit: int = 8, threads: int = 1,
+               overrides: list[str] | None = None) -> int:
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
     from lorarl.launch import launch
     from lorarl.models import recipe_name
+    from lorarl.provenance import provenance_path
 
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
@@ -181,14 +264,17 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
         raise StudyError(f"lorarl doctor runs GRPO studies; {study.name} is kind {study.kind!r} (allowed: grpo)")
     cells = study_cells(study)
     cell = find_cell(study, cell_id) if cell_id else cells[0]
-    prof = read_profile(profile)
+    prof = read_profile(profile, parse_overrides(overrides))
     out_dir = Path(results_dir) / study.name / "doctor"
     smoke_dir = out_dir / "run"
+    use_profile_tracking(prof, str(smoke_dir))  # bad store: exit 2, nothing written yet
     out_dir.mkdir(parents=True, exist_ok=True)
+    smoke = smoke_study(study, cell, steps, eval_limit, results_dir)
     smoke_yaml = out_dir / "smoke.yaml"
-    smoke_yaml.write_text(yaml.safe_dump(smoke_study(study, cell, steps, eval_limit, results_dir), sort_keys=False))
-    (out_dir / REQUEST).write_text(json.dumps({"study": str(study_path), "cell": cell.id, "steps": steps,
-                                               "eval_limit": eval_limit, "profile": prof["name"]}) + "\n")
+    smoke_yaml.write_text(yaml.safe_dump(smoke, sort_keys=False))
+    (out_dir / REQUEST).write_text(json.dumps({"study": str(Path(study_path).resolve()), "cell": cell.id,
+                                               "steps": steps, "eval_limit": eval_limit,
+                                               "profile": prof["name"]}) + "\n")
     (smoke_dir / MEASURED).unlink(missing_ok=True)
     slurm = prof["slurm"] or {}
     name = recipe_name(cell.config.model)
@@ -199,15 +285,25 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
             return 1
     rc = launch("doctor", str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
                 slurm.get("train"))
+    prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, "doctor")
+    where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
     mfile = smoke_dir / MEASURED
     if not mfile.exists():
         print(f"error: the doctor job wrote no measurements (exit {rc}); see its log above", file=sys.stderr)
         return 1
     measured = json.loads(mfile.read_text())
     measured["split"] = measured.get("split") or None
-    rep = {"study": study.name, "cell": cell.id, "profile": prof, "ok": bool(measured.get("ok")) and rc == 0,
-           "measured": measured}
-    if rep["ok"] and measured.get("split"):
+    checks = measured.setdefault("checks", [])
+    if where.get("requested_partition") and where.get("partition"):  # Slurm: did it land where the study trains?
+        same = where["partition"] == where["requested_partition"]
+        checks.append({"check": "ran on the study's train partition", "ok": same, "seconds": 0.0,
+                       "detail": f"job {where['job_id']} on partition {where['partition']} (profile: "
+                                 f"{where['requested_partition']}), node {where.get('node')}"})
+    ok = bool(measured.get("ok")) and rc == 0 and all(c["ok"] for c in checks)
+    rep = {"study": study.name, "cell": cell.id, "profile": {k: v for k, v in prof.items()
+                                                              if k != "tracking_credentials"},
+           "ok": ok, "where": where, "measured": measured}
+    if ok and measured.get("split"):
         rep["projection"] = project(study, cell, measured, prof)
     (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     md = render_markdown(rep)

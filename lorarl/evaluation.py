@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from lorarl import paths
 from lorarl.evaluate.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
-                                  eval_targets, format_target, grading_for, parse_target,
+                                  eval_targets, format_target, cell_grading, parse_target,
                                   protocol_for)
 from lorarl.study import Cell
 
@@ -223,7 +223,7 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
                     "backend": cfg.eval.backend}
             summaries.append(run_benchmark(backend, get_benchmark(name), problems[name], out_dir,
                                            protocol=protocol_for(name, spec, cfg.eval), seed=cfg.seed,
-                                           step=step, meta=meta, grading=grading_for(name, spec)))
+                                           step=step, meta=meta, grading=cell_grading(cfg, name)))
         del backend
     log_to_mlflow(study, cell, results_dir, is_base, summaries)
     return {format_target(s["benchmark"], s["step"]): {k: m["value"] for k, m in s["metrics"].items()}
@@ -270,7 +270,7 @@ def rescore_cell(study: str, cell: Cell, results_dir: str | Path = "results", is
     results = []
     for p in files:   # the study's current grading settings (a benchmark no longer listed: stored)
         name = json.loads(p.with_suffix(".json").read_text(encoding="utf-8"))["benchmark"]
-        grading = grading_for(name, specs[name]) if name in specs else None
+        grading = cell_grading(cell.config, name) if name in specs else None
         results.append(rescore_file(p, timeout_s=timeout_s, write=write, grading=grading))
     changed = [r["new"] for r in results if r["metrics_changed"]]
     if write and log and changed:

@@ -5,7 +5,9 @@
   *What* is graded (several boxes, golds with several boxes, digit separators) is decided in
   :mod:`lorarl.answers`; *how* values compare is math-verify's ``verify`` under
   :class:`GradingSettings` (float rounding, numeric precision, strict mode, set/relation comparison;
-  the defaults are math-verify's).
+  the defaults are math-verify's).  ``GradingSettings.answer_format`` other than ``boxed`` grades by
+  a text rule instead (DAPO's last ``Answer:`` line, GSM8K's last number:
+  :mod:`lorarl.rewards.answer_formats`), in this process (pure string code on bounded text).
 * :func:`score_choice` grades multiple-choice answers by letter extraction (no math-verify).
 
 Every comparison runs in a persistent worker process under a hard time limit, so a pathological
@@ -70,8 +72,14 @@ class GradingSettings:
     numeric_precision: int = 15  # significant digits of the numeric (evalf) comparison
     strict: bool = True  # False: variables match by position (f(x) = f(y)) and sets compare with tuples
     allow_set_relation_comp: bool = False  # True: a gold set equals a relation (1 < x < 2 vs (1, 2))
+    answer_format: str = "boxed"  # which text is the answer: boxed (math-verify) or a text rule (lorarl.rewards.answer_formats)
 
     def __post_init__(self) -> None:
+        from lorarl.rewards.answer_formats import ANSWER_FORMATS
+
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"grading.answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
+                             f"got {self.answer_format!r}")
         for name in ("float_rounding", "numeric_precision"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "float_rounding" else 1):
@@ -349,6 +357,10 @@ def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s
     if len(golds) != len(completions):
         raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
     settings = settings or DEFAULT_SETTINGS
+    if settings.answer_format != "boxed":   # DAPO's Answer: line, GSM8K's last number: exact text rules
+        from lorarl.rewards.answer_formats import verdict
+
+        return [Score(*verdict(settings.answer_format, c, g)) for g, c in zip(golds, completions)]
     prepared = [prepare_completion(c) for c in completions]
     todo = [i for i, p in enumerate(prepared) if p is not None]
     scores = [Score(False, None, False)] * len(completions)

@@ -113,7 +113,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
     def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
-                 rollout: Any = None, **kwargs):
+                 rollout: Any = None, grading: Any = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -145,6 +145,7 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime
+        self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.kl_beta = beta
         self.kl_estimator = kl_estimator
         self.kl_importance_correction = bool(args.use_bias_correction_kl)
@@ -239,11 +240,11 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
         if self.regime.name == "outcome":
-            accuracy = [v[0] for v in dep.values]
+            accuracy = list(getattr(self.regime, "last_correct", None) or [v[0] for v in dep.values])
         elif answers is not None:
             from lorarl.rewards.outcome import grade
 
-            accuracy = grade(texts, answers)  # monitoring only: never reaches the loss of this regime
+            accuracy = grade(texts, answers, settings=self.grading)  # monitoring only: never reaches the loss of this regime
         penalized = 0
         for i, ids in enumerate(rollouts.completion_ids):
             pen = overlong_penalty(len(ids), self.max_completion_length, self.overlong_buffer, self.overlong_factor)
@@ -435,9 +436,11 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
     regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
+    from lorarl.rewards.outcome import settings_of
+
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
-        train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+        grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

@@ -148,6 +148,10 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
             return [paths.path("eval_summary", benchmark=bench, **kw), paths.path("eval_samples", benchmark=bench, **kw)]
         return [paths.path("eval_step_summary", benchmark=bench, step=step, **kw),
                 paths.path("eval_step_samples", benchmark=bench, step=step, **kw)]
+    if stage == "doctor":  # `lorarl doctor`: the job's measurements (written even when a check fails)
+        from lorarl.doctor import MEASURED
+
+        return [Path(results_dir) / MEASURED]
     return []  # toy: one job for the whole study, checked by its aggregate
 
 

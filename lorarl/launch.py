@@ -195,9 +195,11 @@ def tail(path: Path, n: int = 40) -> str:
         return f"(no log at {path})"
 
 
-def sacct_info(job_id: str) -> dict[str, str]:
-    """The final accounting record of a Slurm job (State, ExitCode, Reason, Elapsed, NodeList)."""
-    fields = ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"]
+def sacct_info(job_id: str, fields: list[str] | None = None) -> dict[str, str]:
+    """The final accounting record of a Slurm job (default: State, ExitCode, Reason, Elapsed, NodeList)."""
+    fields = list(fields or ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"])
+    if "JobID" not in fields:
+        fields.insert(0, "JobID")
     try:
         out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", ",".join(fields)],
                              capture_output=True, text=True, timeout=60).stdout

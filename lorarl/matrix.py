@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lorarl.signature import short_hash, signatures
+from lorarl.signature import signatures
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 NOT_APPLICABLE = "n/a"  # axis label of a cell whose method the axis does not apply to
@@ -179,7 +179,7 @@ class CellTable:
     def __init__(self, study: Any, cells: list[Cell], bases: list[Cell], notes: list[str], merged: int = 0):
         self.study = study  # the Study this table expands
         self.cells = cells  # matrix cells in axis order
-        self.bases = bases  # base pseudo-cells (the untrained model, one per distinct model)
+        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.bases)
         self.notes = notes  # human-readable merges/drops, printed by `lorarl cells`
         self.merged = merged  # how many expanded combos merged into an identical earlier cell
         self.ids = [c.id for c in cells]
@@ -263,17 +263,13 @@ def _cell_id(study: Any, labels: dict[str, str], names: list[str]) -> str:
     return "-".join(frags) or "cell"
 
 
-def _bases(kind: Kind, cells: list[Cell]) -> list[Cell]:
+def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
+    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.bases."""
     if not kind.has_base:
         return []
-    models = list(dict.fromkeys(c.config.model for c in cells))
-    out = []
-    for m in models:
-        first = next(c for c in cells if c.config.model == m)
-        short = _SAFE.sub("_", m.rstrip("/").split("/")[-1].split(":")[-1])
-        cid = "base" if len(models) == 1 else f"base-{short}"
-        out.append(Cell(cid, {"model": m}, first.config, short_hash({"base_model": m}), (), first.eval_hash))
-    return out
+    from lorarl.bases import base_cells
+
+    return base_cells(study, cells, Cell)
 
 
 def build_table(study: Any, source: str = "<study>") -> CellTable:
@@ -343,7 +339,7 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
         what = ", ".join(d["fields"]) + (" do" if len(d["fields"]) > 1 else " does")
         how = f"{d['n']} cells merged into {cid}" if d["n"] > 1 else f"dropped from {cid}"
         notes.append(f"{what} not apply to {d['method']}: {how}")
-    return CellTable(study, out, _bases(kind, out), notes, merged)
+    return CellTable(study, out, _bases(kind, out, study), notes, merged)
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:

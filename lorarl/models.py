@@ -39,7 +39,12 @@ class TinyRecipe:
 
 RECIPES: dict[str, TinyRecipe] = {
     "tiny-arith": TinyRecipe(),  # the demo base: weak but non-zero accuracy
-    "tiny-arith-teacher": TinyRecipe(sft_steps=2500, p_unboxed=0.0),  # same tokenizer, longer, always boxes
+    # The bigger model of the CPU twins: the distillation teacher of reward_density_cpu (paper 001: a bigger
+    # model than the student, Qwen3-8B vs 1.7B, that boxes its answers), the 7B rows (papers 002, 003) and
+    # paper 004's second model. Width 192 (head size 32 as tiny-arith's), ~2x the parameters, SFT'd on boxed
+    # solutions only; the same data and tokenizer (the corpus depends on neither shape nor p_unboxed), as
+    # on-policy distillation needs (the teacher scores the student's token ids)
+    "tiny-arith-wide": TinyRecipe(hidden=192, heads=6, kv_heads=2, intermediate=384, p_unboxed=0.0),
     "tiny-test": TinyRecipe(hidden=32, layers=2, intermediate=64, sft_steps=30, sft_batch=16, n_train=500),
 }
 
@@ -140,24 +145,30 @@ def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progres
     return losses
 
 
+def recipe_data_and_tokenizer(recipe: TinyRecipe):
+    """The recipe's SFT problems and its tokenizer. The tokenizer corpus depends only on the data fields
+    (task_seed, n_train, max_operands, max_value), not on the shape, p_unboxed or sft_steps: recipes that
+    differ only there (the bigger distillation teacher) get the exact same tokenizer, which on-policy
+    distillation requires (the teacher scores the student's token ids)."""
+    from lorarl.tasks.synthetic import make_splits
+
+    train, _ = make_splits(recipe.task_seed, recipe.n_train, 1, max_ops=recipe.max_operands,
+                           max_value=recipe.max_value)
+    corpus = [p.prompt + s for p in train for s in (p.solution, p.unboxed_solution)]
+    return train, build_tokenizer(corpus + ["0123456789+-=?\nQA: \\boxed{}"])
+
+
 def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> dict:
     """Build tokenizer + tiny model for recipe `name`, SFT it, save with save_pretrained."""
     import torch
-
-    from lorarl.tasks.synthetic import make_splits
 
     if threads:
         torch.set_num_threads(threads)
     recipe = RECIPES[name]
     t0 = time.time()
-    train, _ = make_splits(recipe.task_seed, recipe.n_train, 1, max_ops=recipe.max_operands,
-                           max_value=recipe.max_value)
+    train, tok = recipe_data_and_tokenizer(recipe)
     pick = random.Random(recipe.seed + 1)
     examples = [(p.prompt, p.unboxed_solution if pick.random() < recipe.p_unboxed else p.solution) for p in train]
-    # Tokenizer corpus independent of p_unboxed/sft_steps: recipes that differ only there (the distillation
-    # teacher) get the exact same tokenizer, which on-policy distillation requires (teacher scores student ids)
-    corpus = [p.prompt + s for p in train for s in (p.solution, p.unboxed_solution)]
-    tok = build_tokenizer(corpus + ["0123456789+-=?\nQA: \\boxed{}"])
     model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
     losses = sft(model, tok, examples, recipe)
     out = Path(out_dir)

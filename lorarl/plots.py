@@ -122,8 +122,8 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     stats = stats.sort_values(["series", "step"], key=lambda c: c.map(order) if c.name == "series" else c)
     col = f"{bench}/{metric}"
     lines = [] if base is None or col not in base else [
-        {"series": f"base ({m})" if len(base) > 1 else "base model", "mean": v}
-        for m, v in zip(base["model"], base[col])]
+        {"series": lab if len(base) > 1 else "base model", "mean": v}
+        for lab, v in zip(base["base"] if "base" in base else [f"base ({m})" for m in base["model"]], base[col])]
     drawn = pd.concat([stats, pd.DataFrame(lines)], ignore_index=True)
     drawn.astype({"step": "Int64", "count": "Int64"}).to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = plt.subplots(figsize=(7, 4))

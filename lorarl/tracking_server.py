@@ -11,14 +11,15 @@
 - Binding: loopback (127.0.0.1) unless --host (or the `tracking:` URI of --profile) names another
   interface. Beyond loopback MLflow's basic-auth app is on: the admin user's name and password come
   from the credentials file (created with a random password on first use, mode 0600), handed to the
-  server through its environment and a 0600 config file, never on a command line that `ps` shows.
+  server through a 0600 config file, never a command line or an environment that `ps` shows.
 - Prints the URI to put in the profile (`tracking:`) and writes <state>/server.json (no secrets).
   Runs in the foreground until SIGTERM/SIGINT (then stops MLflow and PostgreSQL): on the submit host,
-  or as a small Slurm job (`sbatch --wrap "lorarl tracking serve --host 0.0.0.0 ..."`; the job's node
-  name is in the printed URI and in server.json on the shared filesystem).
+  or as a small Slurm job (`lorarl tracking serve --slurm`, lorarl.tracking_slurm; the job's node name
+  is in the printed URI and in server.json on the shared filesystem).
 
-Jobs: `configure_client` reads the credentials file (refused unless only its owner can read it) into
-the process's environment (MLFLOW_TRACKING_USERNAME/PASSWORD) and turns MLflow's own HTTP retries off:
+Jobs: `configure_client` reads the credentials file (refused unless only its owner can read it) and
+hands user and password to MLflow's REST client of that server inside the process (not its
+environment: children and `ps e` never see them); it turns MLflow's own HTTP retries off:
 lorarl.tracking retries with its own backoff and keeps training while the server is away.
 """
 
@@ -108,18 +109,46 @@ def check_client(uri: str, path: str | Path | None = None) -> None:
 
 
 def configure_client(uri: str) -> None:
-    """In a job: credentials into this process's environment; MLflow's HTTP retries off (ours back off)."""
+    """In a job: the credentials file's user and password go to MLflow's REST client of this server only
+    (a store builder of this process), never into os.environ (children would inherit them, `ps e` would
+    show them); MLflow's HTTP retries off (ours back off). Explicit MLFLOW_TRACKING_* variables win."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     if os.environ.get("MLFLOW_TRACKING_TOKEN") or os.environ.get("MLFLOW_TRACKING_USERNAME"):
         return
     creds = load_credentials()
     if creds:
-        os.environ["MLFLOW_TRACKING_USERNAME"] = creds["username"]
-        os.environ["MLFLOW_TRACKING_PASSWORD"] = creds["password"]
+        _use_credentials(uri, creds)
     elif not is_loopback(urlparse(uri).hostname or ""):
         raise TrackingError(f"tracking: {uri} is beyond loopback, so it needs the credentials file "
                             f"{credentials_path()} (written by `lorarl tracking serve`; or set ${CREDENTIALS_ENV})")
+
+
+def _use_credentials(uri: str, creds: dict[str, str]) -> None:
+    """Register http/https store builders whose host credentials carry `creds` for `uri`'s host:port only."""
+    from functools import partial
+
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.tracking._tracking_service import utils as store_utils
+    from mlflow.utils.credentials import get_default_host_creds
+
+    netloc = urlparse(uri).netloc
+
+    def host_creds(store_uri: str) -> Any:
+        found = get_default_host_creds(store_uri)
+        if urlparse(store_uri).netloc == netloc and not found.token:
+            found.username, found.password = creds["username"], creds["password"]
+        return found
+
+    def rest_store(store_uri: str, **_: Any) -> RestStore:
+        return RestStore(partial(host_creds, store_uri))
+
+    registry = store_utils._tracking_store_registry
+    for scheme in ("http", "https"):
+        registry.register(scheme, rest_store)
+    cached = getattr(type(registry), "_get_store_with_resolved_uri", None)
+    if hasattr(cached, "cache_clear"):  # a store built before this call would lack the credentials
+        cached.cache_clear()
 
 
 # ---- PostgreSQL of our own ----------------------------------------------------------------------------
@@ -239,14 +268,45 @@ def profile_tracking(profile: str | Path) -> str | None:
     return found
 
 
+def node_name() -> str:
+    """This node's name as other nodes reach it: the FQDN, unless it only resolves to loopback here."""
+    fqdn = socket.getfqdn()
+    return socket.gethostname() if fqdn in ("localhost", "localhost.localdomain") or "." not in fqdn else fqdn
+
+
 def public_uri(host: str, port: int) -> str:
-    name = socket.getfqdn() if host in ("0.0.0.0", "::") else host
+    name = node_name() if host in ("0.0.0.0", "::") else host
     return f"http://{'[' + name + ']' if ':' in name else name}:{port}"
 
 
+def interface_addresses(include_loopback: bool = False) -> list[str]:
+    """This node's IP addresses (`ip -o addr`; else the one the default route leaves from), global first."""
+    found: list[str] = []
+    ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if Path(p).exists()), None)
+    if ip:
+        out = subprocess.run([ip, "-o", "addr", "show"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) > 3 and parts[2] in ("inet", "inet6") and "scope link" not in line:
+                found.append(parts[3].split("/")[0])
+    if not found:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.1", 9))  # no packet is sent: the kernel only picks a source address
+                found.append(s.getsockname()[0])
+        except OSError:
+            pass
+    found = list(dict.fromkeys(found))
+    return found if include_loopback else [a for a in found if not is_loopback(a)]
+
+
 def server_command(backend: str, artifacts: Path, host: str, port: int, workers: int, auth: bool) -> list[str]:
-    allowed = ",".join(dict.fromkeys(["localhost", "127.0.0.1", host, f"{host}:{port}", socket.gethostname(),
-                                      socket.getfqdn(), f"{socket.getfqdn()}:{port}"]))
+    """`mlflow server ...`; allowed Host headers: this node's names and addresses with the port."""
+    names = ["localhost", "127.0.0.1", host, socket.gethostname(), socket.getfqdn(), node_name()]
+    if host in ("0.0.0.0", "::"):
+        names += interface_addresses()
+    named = [f"[{n}]" if ":" in n else n for n in names]
+    allowed = ",".join(dict.fromkeys(named + [f"{n}:{port}" for n in named]))
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
            "--default-artifact-root", str(artifacts), "--no-serve-artifacts", "--host", host, "--port", str(port),
            "--workers", str(workers), "--allowed-hosts", allowed]
@@ -307,14 +367,17 @@ def serve(host: str = "127.0.0.1", port: int = 5000, state: str | Path = "result
             creds = write_credentials(credentials)
             ini = state / "basic_auth.ini"
             auth_db = pg.uri("mlflow_auth") if pg is not None else f"sqlite:///{state / 'basic_auth.db'}"
-            fd = os.open(ini, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:  # no password in here: it comes through the environment
+            ini.unlink(missing_ok=True)  # created 0600 below, never widened by an older file's mode
+            fd = os.open(ini, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:  # the password in a 0600 file, never argv or environment
                 fh.write(f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = {auth_db}\n"
-                         f"admin_username = {creds['username']}\n"
+                         f"admin_username = {creds['username']}\nadmin_password = {creds['password']}\n"
                          f"authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
                          f"auth_cache_ttl_seconds = 60\n")  # PBKDF2 once a minute per user, not per request
-            env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_USERNAME=creds["username"],
-                       MLFLOW_AUTH_ADMIN_PASSWORD=creds["password"],
+            for k in ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD"):  # would override the file
+                env.pop(k, None)
+            # the CSRF key of the UI's forms (not a credential): MLflow reads it from the environment only
+            env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini),
                        MLFLOW_FLASK_SERVER_SECRET_KEY=_secret_key(state / "flask-secret"))
         cmd = server_command(backend, artifacts, host, port, workers, auth)
         log = state / "mlflow-server.log"
@@ -324,7 +387,8 @@ def serve(host: str = "127.0.0.1", port: int = 5000, state: str | Path = "result
         uri = public_uri(host, port)
         info = {"uri": uri, "host": socket.gethostname(), "bind": host, "port": port, "pid": os.getpid(),
                 "auth": auth, "backend": "postgresql (own)" if pg else "external", "artifacts": str(artifacts),
-                "credentials": str(credentials_path(credentials)) if auth else None, "started": time.time()}
+                "credentials": str(credentials_path(credentials)) if auth else None, "started": time.time(),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
         tmp = state / "server.json.tmp"
         tmp.write_text(json.dumps(info, indent=1) + "\n")
         os.replace(tmp, state / "server.json")

@@ -77,7 +77,11 @@ def test_step_split_and_projection_arithmetic(tmp_path):
 
 
 @pytest.mark.parametrize("argv,msg", [(["--cell", "nope"], "no cell 'nope'"), (["--steps", "0"], "--steps"),
-                                      (["--profile", "nowhere"], "no such profile")])
+                                      (["--profile", "nowhere"], "no such profile"),
+                                      (["--config", "partition=gpu"], "KEY one of launcher, slurm, tracking"),
+                                      (["--config", "launcher=pbs"], "allowed: debug, local, slurm"),
+                                      (["--config", "slurm=[1]"], "--config slurm: must be a mapping"),
+                                      (["--config", "tracking=mongo://x"], "tracking: 'mongo://x' is not allowed")])
 def test_bad_input_exits_2_before_writing(tmp_path, capsys, argv, msg):
     assert main(["doctor", DEMO, "--results", str(tmp_path), *argv]) == 2
     assert msg in capsys.readouterr().err
@@ -132,10 +136,15 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
 
 
 def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
-    from lorarl.doctor_report import read_profile
+    from lorarl.doctor_report import parse_overrides, read_profile
 
     local = read_profile(None)
     assert local["launcher"] == "local" and local["jobs"] == 2
     slurm = read_profile("slurm")
-    want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]
-    assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["train"] and slurm["jobs"] == 32
+    want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())
+    assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["slurm"]["train"] and slurm["jobs"] == 32
+    assert slurm["tracking"] == want["tracking"] and want["tracking"].startswith("http")
+    # `--config KEY=VALUE` (YAML values) overrides the profile as `snakemake --config` does
+    over = read_profile("slurm", parse_overrides(["tracking=sqlite", 'slurm={"train": {"partition": "a100"}}']))
+    assert over["tracking"] == "sqlite" and over["slurm"] == {"train": {"partition": "a100"}}
+    assert over["launcher"] == "slurm" and local["tracking"] == "sqlite"

@@ -159,3 +159,43 @@ def test_max_prompt_length_drops_long_training_prompts(tiny_dirs):
     too_short = cfg.train.model_copy(update={"max_prompt_length": 1})
     with pytest.raises(ValueError, match="max_prompt_length=1"):
         training_dataset(cfg.model_copy(update={"train": too_short}), tok)
+
+
+def test_dapo_instructed_dataset_and_bare_benchmark_ask_alike(tiny_dirs, tmp_path):
+    """Paper 003: DAPO-Math's prompt column already holds DAPO's instruction; a benchmark holds the
+    bare problem. With `task.prompt_rendered` and the DAPO template both stages feed the same ids."""
+    from pydantic import ValidationError
+
+    from lorarl.evaluate.backends import HFBackend
+    from lorarl.evaluation import load_problems
+    from lorarl.models import load_model_and_tokenizer
+    from lorarl.tasks.prompt import DAPO_TEMPLATE
+    from lorarl.train import training_dataset
+
+    problems = ["What is 3 + 3?", "Find $x$ if $2x = 10$."]
+    train, bench = tmp_path / "dapo.jsonl", tmp_path / "m.jsonl"
+    train.write_text("".join(json.dumps({"prompt": DAPO_TEMPLATE.replace("{question}", q), "solution": "6"}) + "\n"
+                             for q in problems))
+    bench.write_text("".join(json.dumps({"problem": q, "answer": "6", "unique_id": f"u{i}"}) + "\n"
+                             for i, q in enumerate(problems)))
+
+    def cfg(rendered: bool) -> CellConfig:
+        return CellConfig.model_validate({
+            "model": tiny_dirs["chat"], "prompt": {"template": DAPO_TEMPLATE, "chat_template": "on"},
+            "task": {"name": "dataset", "path": str(train), "answer_field": "solution", "prompt_rendered": rendered},
+            "reward": {"answer_format": "answer_line"}, "eval": {"benchmarks": {"math500": {"path": str(bench)}}}})
+
+    _, tok = load_model_and_tokenizer(tiny_dirs["chat"])
+    eval_ids = HFBackend(tiny_dirs["chat"], prompt_config=cfg(True).prompt).encode(
+        [p.prompt for p in load_problems("math500", cfg(True))])
+    ds, _ = training_dataset(cfg(True), tok)
+    train_ids = [prompt_ids(tok, row["prompt"]) for row in ds]
+    assert train_ids == eval_ids
+    assert tok.decode(train_ids[0]).count("Solve the following math problem") == 1
+    doubled, _ = training_dataset(cfg(False), tok)  # without the flag the instruction is wrapped twice
+    assert tok.decode(prompt_ids(tok, doubled[0]["prompt"])).count("Solve the following math problem") == 2
+    train.write_text(json.dumps({"prompt": "What is 3 + 3?", "solution": "6"}) + "\n")
+    with pytest.raises(ValueError, match="task.prompt_rendered: training prompt 0 is not prompt.template's text"):
+        training_dataset(cfg(True), tok)
+    with pytest.raises(ValidationError, match="task.prompt_rendered applies to task.name 'dataset' only"):
+        CellConfig(task={"prompt_rendered": True})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lorarl.models import RECIPES, recipe_name
 from lorarl.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -82,3 +83,71 @@ def test_cpu_twin_names_its_published_study(path):
     study = EXPERIMENTS / f"{path.stem[:-4]}.yaml"
     assert study.exists(), f"{path.name} has no published study {study.name}"
     assert study.name in path.read_text()[:800]
+
+
+# ---- CPU twins (issue 11): every published study has one, with its axes, on local models only ----
+
+# The published studies with no CPU twin of their own: the toy runs here as it is (a CPU study).
+NO_TWIN = {"kl_bound_toy": "runs on the CPU itself (paper 000 §5.1's toy)"}
+# Axes a twin leaves out, each with the reason its header gives.
+DROPPED_AXES = {"kl_free_cpu": {"model": "one local model stands for the three model families"}}
+
+
+def _axes(path: Path) -> dict[str, int]:
+    """axis name -> number of values, as the study file declares them."""
+    return {name: len(axis.values) for name, axis in load_study(path).axes.items()}
+
+
+def test_every_published_study_has_a_cpu_twin():
+    missing = [p.name for p in PUBLISHED if p.stem not in NO_TWIN
+               and not (EXPERIMENTS / f"{p.stem}_cpu.yaml").exists()]
+    assert not missing, f"published studies without a CPU twin: {missing}"
+
+
+@pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)
+def test_cpu_twin_keeps_its_study_axes_on_local_models(path):
+    study = EXPERIMENTS / f"{path.stem[:-4]}.yaml"
+    published, twin = _axes(study), _axes(path)
+    # The shape: every axis of the study is an axis of the twin (a twin may run fewer seeds)
+    lost = [a for a in published if a not in twin and a not in DROPPED_AXES.get(path.stem, {})]
+    assert not lost, f"{path.name} drops axes {lost} of {study.name}"
+    for name, n in published.items():
+        if name != "seed" and path.stem in NEW_TWINS:
+            assert twin[name] == n, f"{path.name}: axis {name} has {twin[name]} values, {study.name} {n}"
+    # Runnable here: every cell's model (and distillation teacher) is a locally built recipe, no hub data
+    cells = study_cells(load_study(path))
+    assert cells and len({c.id for c in cells}) == len(cells)
+    for c in cells:
+        assert recipe_name(c.config.model) in RECIPES, f"{path.name} {c.id}: model {c.config.model}"
+        if c.config.reward.teacher:
+            assert recipe_name(c.config.reward.teacher) in RECIPES
+        assert c.config.task.name == "synthetic", f"{path.name} {c.id}: task {c.config.task.name}"
+
+
+@pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)
+def test_cpu_twin_header_says_what_was_shrunk(path):
+    head = "\n".join(l for l in path.read_text().splitlines() if l.startswith("#"))
+    assert re.search(r"shrunk|scaled down", head, re.I), f"{path.name}: no fidelity header (what was shrunk)"
+
+
+NEW_TWINS = {"kl_free_gemma_ablation_cpu", "peft_zoo_ablations_cpu", "peft_zoo_7b_cpu", "init_geometry_7b_cpu",
+             "off_principal_masks_cpu", "off_principal_lora_pissa_cpu"}
+
+
+def test_distillation_teacher_is_bigger_and_shares_the_student_tokenizer():
+    """Paper 001's teacher is a bigger model (Qwen3-8B for a 1.7B student) with the student's vocabulary:
+    reward_density_cpu's teacher recipe is wider than the student's and builds the identical tokenizer."""
+    from lorarl.models import build_tiny, recipe_data_and_tokenizer
+    from lorarl.rewards.distillation import check_shared_tokenizer
+
+    cfg = study_cells(load_study(EXPERIMENTS / "reward_density_cpu.yaml"))
+    distill = [c.config for c in cfg if c.config.reward.regime == "distillation"]
+    assert distill
+    student, teacher = RECIPES[recipe_name(distill[0].model)], RECIPES[recipe_name(distill[0].reward.teacher)]
+    _, tok_s = recipe_data_and_tokenizer(student)
+    _, tok_t = recipe_data_and_tokenizer(teacher)
+    check_shared_tokenizer(tok_s, tok_t)           # raises unless same vocabulary and same ids
+    size = {name: sum(p.numel() for p in build_tiny(r, len(tok_s), tok_s.eos_token_id, tok_s.pad_token_id)
+                      .parameters()) for name, r in (("student", student), ("teacher", teacher))}
+    assert size["teacher"] > 1.5 * size["student"], size
+    assert teacher.p_unboxed == 0.0                 # an answer-producing teacher: it always boxes

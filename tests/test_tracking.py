@@ -52,6 +52,10 @@ def test_bad_tracking_in_launch_exits_2_before_anything_is_written(tmp_path: Pat
 
 
 def test_credentials_file_must_be_private(tmp_path: Path, monkeypatch):
+    from mlflow.tracking._tracking_service import utils as store_utils
+
+    registry = store_utils._tracking_store_registry
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # configure_client's builders undone
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
               "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.setenv(k, "")  # recorded, so that configure_client's settings are undone afterwards
@@ -68,8 +72,12 @@ def test_credentials_file_must_be_private(tmp_path: Path, monkeypatch):
         tracking_server.load_credentials(f)
     os.chmod(f, 0o600)
     tracking_server.configure_client("http://10.1.2.3:5000")
-    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "lorarl"
-    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == creds["password"]
+    # the credentials reach MLflow's client of that server only, never the environment (children, `ps e`)
+    assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    host = store_utils._get_store("http://10.1.2.3:5000").get_host_creds()
+    assert (host.username, host.password) == ("lorarl", creds["password"])
+    other = store_utils._get_store("http://10.9.9.9:5000").get_host_creds()
+    assert other.username is None and other.password is None
     assert tracking_server.write_credentials(f) == creds  # never overwritten
     assert tracking_server.is_loopback("127.0.0.1") and tracking_server.is_loopback("::1")
     assert not tracking_server.is_loopback("0.0.0.0") and not tracking_server.is_loopback("node01")

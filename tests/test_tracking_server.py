@@ -74,15 +74,81 @@ def test_server_refuses_unauthenticated_requests_and_hides_its_secret(server):
     assert _get(url, (creds["username"], creds["password"])) == 200
     info = json.loads((server.state / "server.json").read_text())
     assert info["auth"] is True and info["backend"] == "postgresql (own)"
-    # the password is on no command line (`ps`), in no file but the 0600 credentials file
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        assert creds["password"].encode() not in cmdline
-    assert creds["password"] not in (server.state / "basic_auth.ini").read_text()
+    # the password is on no command line and in no environment (`ps`, `ps e`): only in 0600 files
+    assert showing(creds["password"]) == []
     assert oct((server.state / "basic_auth.ini").stat().st_mode & 0o777) == "0o600"
+
+
+def showing(secret: str) -> list[str]:
+    """Processes whose command line or environment (what `ps`/`ps e` show) contain `secret`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        for what in ("cmdline", "environ"):
+            try:
+                if secret.encode() in (proc / what).read_bytes():
+                    found.append(f"{proc.name} {what}: {(proc / 'cmdline').read_bytes()[:200]!r}")
+            except OSError:
+                continue
+    return found
+
+
+def test_beyond_loopback_auth_is_on_and_a_job_authenticates_from_the_file(tmp_path: Path, monkeypatch):
+    """Bound to this machine's non-loopback interface, without --auth: auth is on by itself; a request
+    without (or with wrong) credentials gets 401; a writer process given only the credentials file's
+    path authenticates, its metrics land, and the password is in no process's argv or environment
+    (the writer's, its child's, the server's)."""
+    import mlflow
+
+    addrs = tracking_server.interface_addresses()
+    if not addrs:
+        pytest.skip("this machine has no non-loopback interface address (`ip -o addr`): nothing to bind beyond loopback")
+    addr = sorted(addrs, key=lambda a: ":" in a)[0]  # IPv4 first
+    root = Path(tempfile.mkdtemp(prefix="lorarl-trk-nl-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    srv = ServerProcess(root, auth=False, host=addr)
+    hold = root / "hold"
+    writer = None
+    try:
+        srv.start()
+        host = f"[{addr}]" if ":" in addr else addr
+        assert srv.uri == f"http://{host}:{srv.port}"
+        info = json.loads((srv.state / "server.json").read_text())
+        assert info["auth"] is True and info["bind"] == addr and info["credentials"] == str(srv.creds)
+        assert oct(srv.creds.stat().st_mode & 0o777) == "0o600"
+        url = f"{srv.uri}/api/2.0/mlflow/experiments/search?max_results=1"
+        creds = tracking_server.load_credentials(srv.creds)
+        assert _get(url) == 401
+        assert _get(url, (creds["username"], "not-the-password")) == 401
+        assert _get(url, (creds["username"], creds["password"])) == 200
+        hold.write_text("")
+        env = {**srv.env(), tracking.TRACKING_ENV: srv.uri, "LORARL_TEST_HOLD": str(hold)}
+        assert not any(k.startswith("MLFLOW_TRACKING_") for k in env)  # only the file's path
+        writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "tracking_helpers.py"), str(tmp_path),
+                                   "nonloop", "w0", "5", str(root / "go")], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        (root / "go").write_text("go")
+        deadline = time.monotonic() + 300
+        while not Path(f"{hold}.w0.ready").exists():  # metrics logged; writer and its child alive
+            assert writer.poll() is None, writer.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert showing(creds["password"]) == []
+        hold.unlink()
+        out, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err[-3000:]
+        run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", creds["username"])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", creds["password"])
+        client = mlflow.MlflowClient(srv.uri)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.tags["lorarl.cell_id"] == "w0"
+        assert [m.step for m in client.get_metric_history(run_id, "reward")] == [1, 2, 3, 4, 5]
+    finally:
+        hold.unlink(missing_ok=True)
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_eight_concurrent_writers_server(server, client, tmp_path: Path):

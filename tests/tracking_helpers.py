@@ -39,6 +39,12 @@ def main(results: str, study: str, cell: str, steps: int, go: str) -> None:
         times.append(time.perf_counter() - t0)
     tracker.log_summary({"final_train_reward": 1.0})
     tracker.finish()
+    hold = os.environ.get("LORARL_TEST_HOLD")
+    if hold:  # stay alive, with a child process, until <hold> is deleted: the test reads /proc meanwhile
+        child = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
+                                  "while os.path.exists(sys.argv[1]): time.sleep(0.05)", hold])
+        Path(f"{hold}.{cell}.ready").write_text(str(child.pid))
+        child.wait()
     print(json.dumps({"cell": cell, "run_id": run_id, "step_times": times, "behind": behind, "pid": os.getpid()}))
 
 
@@ -78,13 +84,14 @@ if __name__ == "__main__":
 
 
 class ServerProcess:
-    """`lorarl tracking serve --auth` on a free 127.0.0.1 port in its own process group (MLflow, its
+    """`lorarl tracking serve [--auth]` on a free port of `host` (default 127.0.0.1; another interface:
+    auth comes on by itself) in its own process group (MLflow, its
     workers and PostgreSQL all in it): start, kill -9 the whole group (a dead server node), restart on
     the same port and state (PostgreSQL recovers), stop. State under /tmp (as root, PostgreSQL runs as
     `postgres`, which must traverse it)."""
 
-    def __init__(self, root: Path, auth: bool = True):
-        self.root, self.auth = Path(root), auth
+    def __init__(self, root: Path, auth: bool = True, host: str = "127.0.0.1"):
+        self.root, self.auth, self.host = Path(root), auth, host
         self.state, self.creds = self.root / "state", self.root / "credentials"
         self.port = 0
         self.proc: subprocess.Popen | None = None
@@ -98,12 +105,12 @@ class ServerProcess:
         import socket
 
         if not self.port:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
+            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as s:
+                s.bind((self.host, 0))
                 self.port = s.getsockname()[1]
         info = self.state / "server.json"
         info.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "lorarl.cli", "tracking", "serve", "--host", "127.0.0.1", "--port",
+        cmd = [sys.executable, "-m", "lorarl.cli", "tracking", "serve", "--host", self.host, "--port",
                str(self.port), "--state", str(self.state), "--artifacts", str(self.root / "artifacts"),
                "--credentials", str(self.creds)] + (["--auth"] if self.auth else [])
         log = open(self.root / "serve.log", "a")

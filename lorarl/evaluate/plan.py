@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # only for annotations: lorarl.config imports this module laz
     from lorarl.grading import GradingSettings
 
 __all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
-           "protocol_for", "grading_for", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
+           "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
            "parse_target", "train_signature", "eval_signature", "check_eval_config"]
 
 SYNTHETIC = "synthetic"  # the CPU task's held-out split (rows come from the cell's task)
@@ -120,13 +120,32 @@ def protocol_for(name: str, spec: "BenchmarkEval", ev: "EvalConfig") -> Protocol
     return resolve_protocol(get_benchmark(name).protocol, spec.protocol, budget)
 
 
-def grading_for(name: str, spec: "BenchmarkEval | None" = None) -> "GradingSettings":
-    """Benchmark ``name``'s math-verify settings: the registry's, with the study's overrides."""
+def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: str | None = None,
+                reward_grading: "dict[str, Any] | None" = None) -> "GradingSettings":
+    """Benchmark ``name``'s grading settings, each setting from the first of: the benchmark's own
+    entry in the study (``eval.benchmarks.<name>.grading`` / ``.answer_format``), the cell's training
+    reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
+    the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
+    defaults, boxed).  Multiple-choice benchmarks keep their letter grader."""
     from lorarl.grading import GradingSettings
 
-    base = get_benchmark(name).grading
-    ov = spec.grading.model_dump(exclude_none=True) if spec is not None else {}
+    bench = get_benchmark(name)
+    base = bench.grading
+    ov: dict[str, Any] = {}
+    if bench.grader == "math":
+        ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
+        fmt = (spec.answer_format if spec is not None else None) or answer_format
+        if fmt is not None:
+            ov["answer_format"] = fmt
+    ov.update(spec.grading.model_dump(exclude_none=True) if spec is not None else {})
+    ov = {k: v for k, v in ov.items() if getattr(base, k) != v}
     return GradingSettings(**{**base.to_dict(), **ov}) if ov else base
+
+
+def cell_grading(cfg: "CellConfig", name: str) -> "GradingSettings":
+    """The grading settings of benchmark ``name`` in a cell (see :func:`grading_for`)."""
+    return grading_for(name, benchmark_specs(cfg)[name], cfg.reward.answer_format,
+                       cfg.reward.grading.model_dump(exclude_none=True))
 
 
 def benchmark_specs(cfg: "CellConfig") -> dict[str, "BenchmarkEval"]:
@@ -188,14 +207,14 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
-        "spec": {k: v for k, v in signature.signature_dump(spec).items() if k != "grading"},
+        "spec": {k: v for k, v in signature.signature_dump(spec).items() if k not in ("grading", "answer_format")},
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
         "backend": cfg.eval.backend, "prompt": cfg.prompt.model_dump(mode="json"),
         "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")
-    grading = grading_for(benchmark, spec)
+    grading = cell_grading(cfg, benchmark)
     if grading != type(grading)():  # math-verify's defaults leave signatures as they were
         d["grading"] = grading.to_dict()
     return _hash(d)

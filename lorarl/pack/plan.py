@@ -28,9 +28,15 @@ _TRAIN_KEYS = ("temperature", "top_p", "max_completion_length", "max_prompt_leng
 
 def pack_key(cfg: Any) -> str | None:
     """The compatibility key of a cell config (``None``: the cell cannot pack)."""
-    a = cfg.adapter
+    from lorarl.adapters.names import RESIDUAL_INITS
+
+    a, t = cfg.adapter, cfg.train
     if a.method not in PACKABLE_METHODS or (a.dropout or 0) > 0:
         return None  # dropout > 0 would draw from one RNG stream shared by the pack: such cells run solo
+    if a.init in RESIDUAL_INITS or a.mask is not None:
+        return None  # they rewrite the frozen base in place; the pack shares ONE copy of it
+    if t.num_iterations > 1 or t.updates_per_generation > 1 or t.dynamic_sampling:
+        return None  # the packed step loop takes one update per rollout batch, no refill rounds
     key = {
         "model": cfg.model,
         "adapter": a.model_dump(mode="json"),

@@ -60,7 +60,8 @@ def _pad_right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
 class PackedTrainer:
     """Trains K cells that share one frozen base in one batched forward per step."""
 
-    def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True):
+    def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
+                 temperature: float = 1.0):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -68,7 +69,9 @@ class PackedTrainer:
         self.host = cells[0].model
         self.pad_token_id = int(pad_token_id)
         self.fused_lm_head = fused_lm_head  # TRL's log-prob head (trl.trainer.utils.add_fused_lm_head on the host)
+        self.temperature = float(temperature)  # TRL divides the logits by it (unfused path; fused: baked in)
         self.global_step = 0
+        self.last_logps: dict[int, torch.Tensor] = {}  # cell -> detached log-probs of its last update's forward
 
     def running(self) -> list[int]:
         return [k for k, c in enumerate(self.cells) if c.state == "running"]
@@ -101,6 +104,8 @@ class PackedTrainer:
             else:
                 logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids).logits[:, -T - 1:-1].float()
+                if self.temperature != 1.0:
+                    logits = logits / self.temperature
                 logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
         res, start = [], 0
         for k in idx:
@@ -110,13 +115,18 @@ class PackedTrainer:
         return res
 
     def losses(self, batches: list[dict]) -> dict[int, tuple[torch.Tensor, dict]]:
-        """Cell index → (loss with grad, stats), for the running cells."""
-        idx = self.running()
-        return {k: cell_loss(self.cells[k].loss, lp, batches[k]) for k, lp in zip(idx, self.logps(batches, idx))}
+        """Cell index → (loss with grad, stats), for the running cells that have a batch (None: no step)."""
+        idx = [k for k in self.running() if batches[k] is not None]
+        if not idx:
+            return {}
+        lps = self.logps(batches, idx)
+        self.last_logps = {k: lp.detach() for k, lp in zip(idx, lps)}
+        return {k: cell_loss(self.cells[k].loss, lp, batches[k]) for k, lp in zip(idx, lps)}
 
     # ------------------------------------------------------------------ update
     def step(self, batches: list[dict]) -> dict[str, dict[str, float]]:
-        """One optimiser step of every running cell on its own batch; returns per-cell metrics."""
+        """One optimiser step of every running cell on its own batch (``None``: that cell skips this step);
+        returns per-cell metrics."""
         if len(batches) != len(self.cells):
             raise ValueError(f"step got {len(batches)} batches for {len(self.cells)} cells")
         self.global_step += 1

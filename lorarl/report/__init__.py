@@ -59,7 +59,13 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             out[name] = tdir / f"{name}.csv"
             df.to_csv(out[name], index=False)
             shown[title] = df
+    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.bases)
+        from lorarl.aggregate import primary_columns
+
+        shown["base model (untrained), one row per model and prompt"] = data.base[
+            ["base"] + primary_columns(data.base)]
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
+
     out.update(drawn)
     pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
     figs = [(p, caption(p.stem)) for p in pngs]

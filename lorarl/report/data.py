@@ -83,7 +83,7 @@ def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str) -> tuple
 
 
 def load(study: Study, results: str | Path = "results") -> StudyData:
-    from lorarl.aggregate import eval_columns, eval_curve_table
+    from lorarl.aggregate import base_row, eval_columns, eval_curve_table
 
     results = Path(results)
     rows, frames, summaries = [], [], {}
@@ -109,8 +109,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
     base_rows = []
     for b in base_cells(study):
         try:
-            base_rows.append({"cell": b.id, "model": b.config.model,
-                              **eval_columns(results, study.name, b.id, b.config, is_base=True)})
+            base_rows.append({**base_row(b), **eval_columns(results, study.name, b.id, b.config, is_base=True)})
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             continue
     diag = []

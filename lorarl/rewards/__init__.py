@@ -1,7 +1,8 @@
 """Reward regimes: every regime turns rollouts into reward *deposits* at token positions.
 
 * ``outcome`` (:mod:`lorarl.rewards.outcome`): one deposit on the last completion token, 1 if the
-  boxed answer equals the gold answer (math-verify), else 0.
+  answer equals the gold answer, else 0: the boxed answer under math-verify, or the text rule
+  ``reward.answer_format`` names (:mod:`lorarl.rewards.answer_formats`: DAPO's ``Answer:`` line).
 * ``process`` (:mod:`lorarl.rewards.process`): one deposit on the token that closes each reasoning
   step (steps split on a separator); value = a process reward model's score for that step. The PRM
   never sees the gold answer. Backends: a rule-based step checker for the synthetic task and a
@@ -127,9 +128,10 @@ def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path
                  device: str = "cpu", temperature: float = 1.0) -> Regime:
     """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded here)."""
     if cfg.regime == "outcome":
-        from lorarl.rewards.outcome import OutcomeDeposits
+        from lorarl.rewards.outcome import OutcomeDeposits, settings_of
 
-        return OutcomeDeposits(timeout_s=cfg.grading_timeout_s)
+        return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg),
+                               incorrect=cfg.incorrect_reward)
     if cfg.regime == "process":
         from lorarl.rewards.process import ProcessDeposits, RuleStepChecker, ShepherdPRM
 

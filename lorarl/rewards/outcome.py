@@ -1,4 +1,9 @@
-"""Outcome reward: 1 if math-verify says the boxed answer equals the gold answer, else 0.
+"""Outcome reward: 1 if the completion's answer equals the gold answer, else 0.
+
+The answer is the final boxed answer compared with math-verify (``reward.answer_format: boxed``,
+under the ``reward.grading`` settings), or a text rule (DAPO's last ``Answer:`` line, the last
+number: :mod:`lorarl.rewards.answer_formats`); evaluation grades with the same
+:func:`lorarl.grading.score_math_batch` and settings, so a completion gets one verdict in both stages.
 
 Grading runs in lorarl.grading's timed worker pool: a parse error or a pathological answer gives 0,
 never a crash and never more than `timeout_s` per completion.
@@ -11,10 +16,10 @@ never a crash and never more than `timeout_s` per completion.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from lorarl.answers import answer_text, gold_boxes
-from lorarl.grading import score_math_batch
+from lorarl.grading import GradingSettings, score_math_batch
 from lorarl.rewards import Deposits, Rollouts
 
 
@@ -28,8 +33,16 @@ def gold_answer(raw: str) -> str:
     return boxed if boxed is not None else raw.strip()
 
 
-def grade(completions: Sequence[str], answers: Sequence[str], timeout_s: float = 5.0) -> list[float]:
-    scores = score_math_batch([gold_answer(a) for a in answers], list(completions), timeout_s)
+def settings_of(reward_cfg: Any) -> GradingSettings:
+    """The grading settings of a cell's ``reward:`` section (format + math-verify overrides)."""
+    return GradingSettings(answer_format=reward_cfg.answer_format,
+                           **reward_cfg.grading.model_dump(exclude_none=True))
+
+
+def grade(completions: Sequence[str], answers: Sequence[str], timeout_s: float = 5.0,
+          settings: GradingSettings | None = None) -> list[float]:
+    """1.0 / 0.0 per completion: is its answer the gold answer (dataset column, see gold_answer)?"""
+    scores = score_math_batch([gold_answer(a) for a in answers], list(completions), timeout_s, settings)
     return [1.0 if s.correct else 0.0 for s in scores]
 
 
@@ -38,16 +51,18 @@ class OutcomeReward:
 
     __name__ = "outcome"
 
-    def __init__(self, timeout_s: float = 5.0):
+    def __init__(self, timeout_s: float = 5.0, settings: GradingSettings | None = None):
         self.timeout_s = timeout_s
+        self.settings = settings
 
     def __call__(self, prompts, completions, answer, **kwargs) -> list[float]:
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return grade(texts, list(answer), self.timeout_s)
+        return grade(texts, list(answer), self.timeout_s, self.settings)
 
 
 class OutcomeDeposits:
-    """The ``outcome`` regime: one deposit (the 0/1 grade) on the last completion token.
+    """The ``outcome`` regime: one deposit on the last completion token: 1 for a right answer,
+    ``incorrect`` (``reward.incorrect_reward``: 0, DAPO's -1) for a wrong or missing one.
 
     ``score_fn(completions, answers) -> list[float]`` replaces math-verify grading (tests use it).
     """
@@ -56,9 +71,13 @@ class OutcomeDeposits:
     needs_student_logps = False
 
     def __init__(self, timeout_s: float = 5.0,
-                 score_fn: Callable[[list[str], list[str]], list[float]] | None = None):
+                 score_fn: Callable[[list[str], list[str]], list[float]] | None = None,
+                 settings: GradingSettings | None = None, incorrect: float = 0.0):
         self.timeout_s = timeout_s
         self.score_fn = score_fn
+        self.settings = settings  # answer format + math-verify settings (None = boxed, defaults)
+        self.incorrect = float(incorrect)  # reward of a wrong answer (DAPO: -1)
+        self.last_correct: list[float] = []  # 1/0 verdicts of the last batch (the accuracy metric)
 
     def deposits(self, rollouts: Rollouts) -> Deposits:
         if rollouts.answers is None:
@@ -66,7 +85,9 @@ class OutcomeDeposits:
         if self.score_fn is not None:
             scores = [float(s) for s in self.score_fn(list(rollouts.completions), list(rollouts.answers))]
         else:
-            scores = grade(rollouts.completions, rollouts.answers, self.timeout_s)
+            scores = grade(rollouts.completions, rollouts.answers, self.timeout_s, self.settings)
+        self.last_correct = list(scores)  # the grade (1/0; a score_fn may grade in between)
+        scores = [self.incorrect + (1.0 - self.incorrect) * s for s in scores]  # 1 -> 1, 0 -> incorrect
         # An empty completion still deposits (at position 0, outside its mask) so that, as in TRL, its
         # reward counts in the group statistics while it has no token to train.
         positions = [[max(len(ids) - 1, 0)] for ids in rollouts.completion_ids]

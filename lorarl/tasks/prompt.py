@@ -27,6 +27,9 @@ MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final a
 THINK_INSTRUCTION = ("First think through the problem inside <think> </think> tags, then give the final "
                      "answer within \\boxed{}.")  # paper 002 asks for <think>...</think> then \boxed{}
 
+DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the "
+                 "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{question}\n\n"
+                 "Remember to put your answer on its own line after \"Answer:\".")  # DAPO-Math-17k's user message (papers 002/003); graded by reward.answer_format answer_line
 Prompt = "str | list[dict[str, str]]"  # plain text, or a conversation for the chat template
 
 
@@ -98,7 +101,26 @@ def prompt_text(tokenizer: Any, prompt: "Prompt") -> str:
 
 
 def training_prompts(cfg: Any, questions: Sequence[str], tokenizer: Any) -> list["Prompt"]:
-    return [build_prompt(cfg.prompt, user_message(cfg, q), tokenizer) for q in questions]
+    """The training prompts of the dataset's questions; with ``task.prompt_rendered`` the questions
+    already are the template's text (DAPO-Math's instructed prompts): checked, not wrapped again, so
+    the evaluate stage, which wraps a benchmark's bare problem in the same template, asks alike."""
+    rendered = bool(getattr(cfg.task, "prompt_rendered", False))
+    if rendered:
+        check_rendered(cfg, questions)
+    return [build_prompt(cfg.prompt, user_message(cfg, q, rendered=rendered), tokenizer) for q in questions]
+
+
+def check_rendered(cfg: Any, questions: Sequence[str]) -> None:
+    """Every question must be the resolved template with one problem in place of ``{question}``."""
+    tpl = template_of(cfg)
+    if tpl.count("{question}") != 1:
+        raise ValueError("task.prompt_rendered needs a prompt.template with exactly one {question}")
+    pre, post = tpl.split("{question}")
+    for i, q in enumerate(questions):
+        if not (q.startswith(pre) and q.endswith(post) and len(q) > len(pre) + len(post)):
+            raise ValueError(f"task.prompt_rendered: training prompt {i} is not prompt.template's text (it must "
+                             f"begin {pre[:50]!r} and end {post[-50:]!r}); got {q[:80]!r}... Set "
+                             "task.prompt_rendered: false (the template wraps the field) or fix prompt.template")
 
 
 def within_length(cfg: Any, prompts: Sequence["Prompt"], tokenizer: Any) -> list[bool]:

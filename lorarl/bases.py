@@ -1,0 +1,76 @@
+"""Base pseudo-cells: the untrained model (the lr = 0 anchor), evaluated once per *evaluation setting*.
+
+A base row is only a fair anchor when the untrained model is asked the same way as the cells it
+anchors: same prompt (template, system prompt, chat template, think format), same answer format and
+grading, same benchmarks and protocols.  So the bases of a study are keyed by (model, base
+evaluation signature): the :func:`lorarl.evaluate.plan.eval_signature` of every final benchmark of
+a cell with ``is_base=True`` (weights = the model), the sampling seed held at the group's first
+cell's (a seed axis is averaged over, it does not make bases).  A study with one prompt keeps one
+base per model, named as before: ``base`` (one model) or ``base-<model>``.  A study with a prompt
+axis gets one base per prompt, named after the axis labels that tell the groups apart
+(``base-pchat``, ``base-Qwen2.5-0.5B-pchat``), else after a short hash of the key; each base's
+``axes`` carry those labels, so tables and figures say which prompt a base row was asked with.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lorarl.signature import short_hash
+
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # as lorarl.matrix (cell ids)
+
+
+def _eval_key(cfg: Any, seed: int) -> tuple[str, ...]:
+    """The base evaluation signature of a cell config (seed held fixed)."""
+    from lorarl.evaluate.plan import benchmark_specs, eval_signature
+
+    cfg = cfg if cfg.seed == seed else cfg.model_copy(update={"seed": seed})
+    return tuple(eval_signature(cfg, b, None, is_base=True) for b in benchmark_specs(cfg))
+
+
+def _distinguishing(study: Any, groups: list[list[Any]]) -> list[str]:
+    """Axes (not the seed axis) with one label inside every group and not the same label in all
+    groups, when their labels together tell every group apart (else [])."""
+    seed_axis = getattr(study, "seed_axis", "seed")
+    names = []
+    for name in study.axes:
+        labels = [{c.axes.get(name) for c in g} for g in groups]
+        if name != seed_axis and all(len(ls) == 1 for ls in labels) and len(set.union(*labels)) > 1:
+            names.append(name)
+    keys = {tuple(g[0].axes.get(n) for n in names) for g in groups}
+    return names if len(keys) == len(groups) else []
+
+
+def base_cells(study: Any, cells: list[Any], cell_cls: Any) -> list[Any]:
+    """The base pseudo-cells of a grpo study's ``cells`` (see the module doc)."""
+    models = list(dict.fromkeys(c.config.model for c in cells))
+    out = []
+    for m in models:
+        mine = [c for c in cells if c.config.model == m]
+        seed = mine[0].config.seed
+        groups: dict[tuple[str, ...], list[Any]] = {}
+        for c in mine:
+            groups.setdefault(_eval_key(c.config, seed), []).append(c)
+        short = _SAFE.sub("_", m.rstrip("/").split("/")[-1].split(":")[-1])
+        axes = _distinguishing(study, list(groups.values())) if len(groups) > 1 else []
+        for key, members in groups.items():
+            first = members[0]
+            labels = {a: first.axes[a] for a in axes}
+            parts = ["base"] + ([short] if len(models) > 1 else [])
+            if len(groups) > 1:
+                frag = "-".join(f"{study.axes[a].prefix}{lab}" for a, lab in labels.items())
+                parts.append(_SAFE.sub("_", frag).strip("_.") or short_hash(key)[:6])
+            sig = {"base_model": m} if len(groups) == 1 else {"base_model": m, "eval": list(key)}
+            cfg = first.config if first.config.seed == seed else first.config.model_copy(update={"seed": seed})
+            out.append(cell_cls("-".join(parts), {"model": m, **labels}, cfg, short_hash(sig), (),
+                                first.eval_hash))
+    return out
+
+
+def base_label(model: str, axes: dict[str, Any] | None = None) -> str:
+    """How a base row is named in tables and figures: ``base (model)``, plus the axis labels of a
+    base that is one of several (``base (model, prompt=chat)``)."""
+    extra = ", ".join(f"{k}={v}" for k, v in (axes or {}).items() if k != "model")
+    return f"base ({model}{', ' + extra if extra else ''})"

@@ -1,0 +1,116 @@
+"""Build a pack from cells: one base, K adapters sharing its frozen weights, one step loop.
+
+    pack = build_pack(cells, results_dir="results", device="cpu")
+    pack.loop.step()  # full GRPO step of every member
+
+Each cell gets the parts the solo trainer (:mod:`lorarl.train`) gives it, from the same project pieces:
+its adapter from the registry (:func:`lorarl.adapters.build_adapter`, seeded by the cell's seed), its
+regime (:func:`lorarl.rewards.build_regime`), AdamW with its lr and weight decay, HF's schedule of its
+``train.lr_scheduler`` / ``warmup_ratio``, gradient clipping at 1.0 (HF's default), its own data-order
+and sampling generators (seeded from the cell's seed). The cells' models share ONE copy of the frozen
+base weights (a deep copy whose memo maps every base parameter to itself); the frozen KL reference
+is one copy of the original base for the whole pack.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lorarl.pack.generate import SampleSettings
+from lorarl.pack.loss import LossSettings
+from lorarl.pack.steps import DataOrder, Member, PackLoop
+from lorarl.pack.trainer import PackCell, PackedTrainer
+
+SAMPLE_STREAM = 0x5A3D  # why: the sampling generator's seed is (seed, this), distinct from the data order's
+
+
+@dataclass
+class Pack:
+    """A built pack: the step loop plus what the runner saves per cell."""
+
+    loop: PackLoop
+    policies: list[Any]  # lorarl.adapters.AdaptedPolicy per cell (save, fingerprint, mlflow tags)
+    tokenizer: Any
+    precision: str
+    data_facts: dict
+
+
+def sampler_seed(seed: int) -> int:
+    return int(seed) * 1_000_003 + SAMPLE_STREAM
+
+
+def _share_base(base: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``base`` whose parameters and buffers ARE the base's (no second copy of the weights)."""
+    memo = {id(t): t for t in list(base.parameters()) + list(base.buffers())}
+    return copy.deepcopy(base, memo)
+
+
+def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu") -> Pack:
+    """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`."""
+    from transformers import get_scheduler
+
+    from lorarl.adapters import build_adapter
+    from lorarl.grpo import frozen_reference, needs_reference
+    from lorarl.precision import resolve_precision
+    from lorarl.rewards import build_regime
+    from lorarl.rewards.outcome import settings_of
+    from lorarl.tasks.prompt import prompt_ids, prompt_text
+    from lorarl.train import load_policy, training_dataset
+
+    from lorarl.pack.plan import pack_key
+
+    if not cells:
+        raise ValueError("a pack needs at least one cell")
+    keys = {pack_key(c.config) for c in cells}
+    if None in keys or len(keys) != 1:
+        raise ValueError("cells of a pack must share one compatibility key (lorarl.pack.plan.pack_key): "
+                         + ", ".join(c.id for c in cells))
+    cfg0 = cells[0].config
+    precision = resolve_precision(cfg0.train.precision, device)
+    base, tok = load_policy(cfg0, results_dir, device, precision)
+    need_ref = any(needs_reference(c.config.train.beta, c.config.train.kl_monitor_every) for c in cells)
+    ref = frozen_reference(base) if need_ref else None
+    if ref is not None and precision != "fp32":
+        ref.to(torch.bfloat16)
+    dataset, facts = training_dataset(cfg0, tok)
+    prompts = list(dataset["prompt"])
+    ids = [prompt_ids(tok, p) for p in prompts]
+    texts = [prompt_text(tok, p) for p in prompts]
+    answers = [str(a) for a in dataset["answer"]]
+    models = [base] + [_share_base(base) for _ in cells[1:]]  # before any adapter wraps the base in place
+    pcs, members, policies, regimes = [], [], [], {}
+    for k, cell in enumerate(cells):
+        cfg, t = cell.config, cell.config.train
+        model = models[k]
+        torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.load_policy)
+        policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
+        params = [p for p in policy.model.parameters() if p.requires_grad]
+        opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
+                              num_training_steps=t.steps)
+        pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=1.0))
+        rkey = cfg.reward.model_dump_json()
+        if rkey not in regimes:  # cells with one reward config share the regime (one teacher / PRM in memory)
+            regimes[rkey] = build_regime(cfg.reward, tok, results_dir=results_dir, device=device,
+                                         temperature=t.temperature)
+        members.append(Member(
+            name=cell.id, regime=regimes[rkey], prompts=texts, prompt_ids=ids, answers=answers,
+            order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
+            steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
+            scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
+            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=settings_of(cfg.reward)))
+        policies.append(policy)
+    eos = tok.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+    sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
+                            temperature=cfg0.train.temperature, top_p=cfg0.train.top_p, pad_token_id=int(pad),
+                            eos_token_ids=tuple(int(e) for e in eos_ids))
+    trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False, temperature=cfg0.train.temperature)
+    return Pack(PackLoop(trainer, members, sample, tok, ref), policies, tok, precision, facts)

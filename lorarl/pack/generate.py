@@ -1,0 +1,134 @@
+"""Batched rollouts of a pack: one generation over every member's prompts, each row through its own
+cell's adapter (:class:`lorarl.pack.routing.Router`), each cell sampling from ITS OWN ``torch.Generator``.
+
+    rows = generate(router, [prompts_0, prompts_1, ...], [gen_0, gen_1, ...], settings)
+
+Why a sampler of its own (not ``model.generate``): HF's ``generate`` draws from the global RNG, so the
+cells of a pack would share one stream and a cell's samples would depend on its pack-mates. Here each
+decode step runs ONE forward over all rows (KV cache), then each cell draws its rows' next tokens with
+``torch.multinomial(..., generator=its own)``. A cell draws only while one of its rows is unfinished,
+exactly as it would alone, so a cell's samples do not depend on who else is in the pack.
+
+Bit-for-bit contract (tests/test_pack_steps.py): the prompt width is a fixed number of columns
+(``settings.prompt_width``: the longest training prompt of the task, the same for every member and for a
+pack of one), so every decode step sees the same key length in a pack of K and in a pack of one; rows
+never interact (causal attention, per-row matmuls), so a pack of K samples exactly what K packs of one
+sample. Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
+(no top-k: TRL's default ``top_k=0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """What every cell of a pack shares about sampling (all in the pack's compatibility key)."""
+
+    prompt_width: int  # why: fixed left-padded prompt columns (bit-equal packs of any size)
+    max_new_tokens: int  # why: train.max_completion_length
+    temperature: float = 1.0  # why: train.temperature
+    top_p: float = 1.0  # why: train.top_p
+    pad_token_id: int = 0  # why: filler after a row's end (and left padding)
+    eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
+
+
+@dataclass
+class CellRollouts:
+    """One cell's sampled rows: unpadded prompt and completion ids (EOS included when emitted)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+
+
+def next_token_probs(logits_BV: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Sampling distribution of the next token: softmax(logits / T), nucleus-filtered (HF's rule: keep
+    the smallest set of tokens whose mass reaches ``top_p``, always the most likely one)."""
+    scores_BV = logits_BV.float() / temperature
+    if top_p < 1.0:
+        sorted_BV, idx_BV = torch.sort(scores_BV, descending=False)
+        cum_BV = sorted_BV.softmax(-1).cumsum(-1)
+        remove_BV = cum_BV <= (1 - top_p)
+        remove_BV[:, -1] = False
+        scores_BV = scores_BV.masked_fill(remove_BV.scatter(1, idx_BV, remove_BV), float("-inf"))
+    return scores_BV.softmax(-1)
+
+
+def _left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids_BP = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask_BP = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p) > width:
+            raise ValueError(f"prompt of {len(p)} tokens is wider than the pack's prompt width {width}")
+        if p:
+            ids_BP[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask_BP[i, width - len(p):] = 1
+    return ids_BP, mask_BP
+
+
+@torch.no_grad()
+def generate(router, prompts: list[list[list[int]] | None], generators: list[torch.Generator | None],
+             s: SampleSettings) -> list[CellRollouts | None]:
+    """Sample one completion per prompt row for every cell whose ``prompts[k]`` is not None (the cells
+    left out keep zero rows). Rows of a prompt group are passed repeated (G copies)."""
+    from transformers import DynamicCache
+
+    idx = [k for k, p in enumerate(prompts) if p is not None]
+    sizes = [len(prompts[k]) if prompts[k] is not None else 0 for k in range(len(prompts))]
+    flat = [row for k in idx for row in prompts[k]]
+    if not flat:
+        return [None] * len(prompts)
+    host = router.host
+    dev = next(host.parameters()).device
+    ids_NP, mask_NP = _left_pad(flat, s.prompt_width, s.pad_token_id)
+    ids_NP, mask_NP = ids_NP.to(dev), mask_NP.to(dev)
+    pos_NP = (mask_NP.cumsum(-1) - 1).clamp(min=0)
+    N = ids_NP.size(0)
+    eos = torch.tensor(sorted(set(s.eos_token_ids)) or [-1], device=dev)
+    done_N = torch.zeros(N, dtype=torch.bool, device=dev)
+    out_NT = torch.full((N, s.max_new_tokens), s.pad_token_id, dtype=torch.long, device=dev)
+    length_N = torch.zeros(N, dtype=torch.long, device=dev)
+    spans = {}
+    start = 0
+    for k in idx:
+        spans[k] = slice(start, start + sizes[k])
+        start += sizes[k]
+    cache = DynamicCache()
+    attn_NL, next_pos_N = mask_NP, pos_NP[:, -1] + 1
+    was_training = host.training
+    host.eval()
+    try:
+        with router.route(sizes):
+            logits = host(input_ids=ids_NP, attention_mask=attn_NL, position_ids=pos_NP, past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1]
+            for t in range(s.max_new_tokens):
+                tok_N = torch.full((N,), s.pad_token_id, dtype=torch.long, device=dev)
+                for k in idx:
+                    sl = spans[k]
+                    if bool(done_N[sl].all()):
+                        continue  # this cell is finished: it draws nothing more (as it would alone)
+                    probs_BV = next_token_probs(logits[sl], s.temperature, s.top_p)
+                    draw_B = torch.multinomial(probs_BV.cpu(), 1, generator=generators[k]).squeeze(1).to(dev)
+                    tok_N[sl] = torch.where(done_N[sl], torch.full_like(draw_B, s.pad_token_id), draw_B)
+                live_N = ~done_N
+                out_NT[:, t] = tok_N
+                length_N += live_N.long()
+                done_N = done_N | (live_N & torch.isin(tok_N, eos))
+                if bool(done_N.all()) or t + 1 == s.max_new_tokens:
+                    break
+                attn_NL = torch.cat([attn_NL, torch.ones((N, 1), dtype=attn_NL.dtype, device=dev)], dim=1)
+                logits = host(input_ids=tok_N.unsqueeze(1), attention_mask=attn_NL,
+                              position_ids=next_pos_N.unsqueeze(1), past_key_values=cache, use_cache=True).logits[:, -1]
+                next_pos_N = next_pos_N + 1
+    finally:
+        host.train(was_training)
+    out_NT, length_N = out_NT.cpu(), length_N.cpu()
+    res: list[CellRollouts | None] = [None] * len(prompts)
+    for k in idx:
+        sl = spans[k]
+        comps = [out_NT[i, : int(length_N[i])].tolist() for i in range(sl.start, sl.stop)]
+        res[k] = CellRollouts(prompt_ids=[list(p) for p in prompts[k]], completion_ids=comps)
+    return res

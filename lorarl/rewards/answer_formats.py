@@ -1,0 +1,102 @@
+"""Text answer rules: which part of a completion is its answer, when it is not the final ``\\boxed{}``.
+
+``reward.answer_format`` (and an evaluation benchmark's ``answer_format``) names one of
+:data:`ANSWER_FORMATS`:
+
+* ``boxed`` (default): the final boxed answer, compared with math-verify (:mod:`lorarl.grading`).
+* ``answer_line``: DAPO's rule, as verl's ``math_dapo.compute_score`` applies it by default (the rule
+  paper 003 trains and scores MATH500/AIME with): only the last 300 characters of the completion are
+  read; the answer is the *last* match of ``Answer\\s*:\\s*(.+)`` (case-insensitive, to the end of
+  that line); prediction and gold are both normalised by :func:`normalize_final_answer` (the Minerva
+  / lm-evaluation-harness normalisation: the part after the last ``=``, units and LaTeX spacing
+  removed, ``\\text{}``/``\\boxed{}`` unwrapped, ``\\fracab`` → ``\\frac{a}{b}``, ``$`` dropped,
+  thousands commas dropped from plain integers); correct iff the two strings are equal (no symbolic
+  comparison: ``0.5`` is not ``\\frac{1}{2}``). No ``Answer:`` line is wrong.
+* ``last_number``: verl's GSM8K rule in its ``flexible`` mode (paper 003 grades GSM8K with it): the
+  last run of digits, ``.`` and ``,`` (with an optional leading ``-``) that is not just ``.``; correct
+  iff it equals the gold text exactly (commas in the completion are kept: ``1,000`` is not ``1000``,
+  and a sentence-final ``42.`` is not ``42``, exactly as in verl).
+
+The rules are pure string code on bounded text (no sympy, no worker process): :func:`verdict` runs
+in microseconds. :mod:`lorarl.grading` dispatches to it for every format but ``boxed``, so the
+training reward and every evaluation use this one function.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+__all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
+           "verdict", "INVALID"]
+
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number")  # boxed = math-verify (lorarl.grading)
+INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
+TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
+
+_ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+_NUMBER = re.compile(r"(-?[0-9.,]+)")
+
+# The Minerva normalisation (Lewkowycz et al. 2022, appendix D.1), the lists as DAPO's reward uses them.
+_SUBSTITUTIONS = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""),
+                  ("mbox", "text"), (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
+_REMOVED = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots",
+            "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds",
+            "meters", "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}",
+            "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
+            r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots")
+_REWRITES = (  # (pattern, replacement), applied in order
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), r"$\3$"),      # keep the first $...$ span
+    (re.compile(r"(\\text\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\textbf\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\overline\{)(.*?)(\})"), r"\2"),
+    (re.compile(r"(\\boxed\{)(.*)(\})"), r"\2"),
+    (re.compile(r"(frac)([^{])(.)"), r"frac{\2}{\3}"),       # \fracab -> \frac{a}{b}
+    (re.compile(r"(sqrt)([^{])"), r"sqrt{\2}"),              # \sqrta -> \sqrt{a}
+)
+
+
+def normalize_final_answer(text: str) -> str:
+    """The Minerva normal form of a final answer (DAPO normalises prediction and gold with it)."""
+    text = text.split("=")[-1]
+    for old, new in _SUBSTITUTIONS:
+        text = text.replace(old, new)
+    for junk in _REMOVED:
+        text = text.replace(junk, "")
+    for pattern, repl in _REWRITES:
+        text = pattern.sub(repl, text)
+    text = text.replace("$", "")
+    if text.replace(",", "").isdigit():
+        text = text.replace(",", "")
+    return text.strip()
+
+
+def answer_line(completion: str, gold: str) -> tuple[bool, str | None]:
+    """DAPO's verdict: ``(correct, normalised prediction or None when there is no Answer: line)``."""
+    hits = _ANSWER_LINE.findall(completion[-TAIL_CHARS:])
+    pred = normalize_final_answer(hits[-1] if hits else INVALID)
+    return pred == normalize_final_answer(gold), (pred if hits else None)
+
+
+def last_number(completion: str, gold: str) -> tuple[bool, str | None]:
+    """verl's flexible GSM8K verdict: ``(correct, the last number as written or None)``."""
+    found = [n for n in _NUMBER.findall(completion) if n not in ("", ".")]
+    if not found:
+        return False, None
+    return found[-1] == gold.strip(), found[-1]
+
+
+TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
+    "answer_line": answer_line,
+    "last_number": last_number,
+}
+
+
+def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str | None]:
+    """``(correct, extracted)`` of a completion under a text rule (every format but ``boxed``)."""
+    try:
+        rule = TEXT_RULES[answer_format]
+    except KeyError:
+        raise ValueError(f"answer_format {answer_format!r} is not a text rule; allowed: "
+                         f"{', '.join(TEXT_RULES)} (boxed is graded by math-verify)") from None
+    return rule(completion or "", str(gold))
