@@ -167,3 +167,60 @@ def test_fault_driver_finds_only_its_own_processes(tmp_path: Path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _fake_slurm(tmp_path: Path, monkeypatch, states: list[str]) -> Path:
+    """`sacct` that fails (accounting down) and `scontrol show job` answering `states` one call at a time."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Problem talking to the database' >&2\nexit 1\n")
+    calls = tmp_path / "calls"
+    script = "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}\ncase $n in\n".format(c=calls)
+    for i, s in enumerate(states):
+        script += f"  {i}) echo 'JobId=77 JobName=x JobState={s} Reason=None' ;;\n"
+    script += f"  *) echo 'JobId=77 JobName=x JobState={states[-1]} Reason=None' ;;\nesac\n"
+    (bin_dir / "scontrol").write_text(script)
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "0")
+    return calls
+
+
+def test_accounting_down_asks_slurmctld(tmp_path: Path, monkeypatch):
+    """sacct unavailable: a job that ended without a result fails (slurmctld's state), never hangs; one
+    that wrote its result is decided by it (and then by its outputs)."""
+    import submitit
+    from submitit.core import utils
+
+    calls = _fake_slurm(tmp_path, monkeypatch, ["RUNNING", "RUNNING", "CANCELLED"])
+    job = submitit.SlurmJob(tmp_path / "logs", "77")
+    err = launch._wait(job, "slurm", "train", "c")
+    assert isinstance(err, RuntimeError) and "slurmctld says CANCELLED" in str(err), err
+    assert int(calls.read_text()) >= 3  # it kept waiting while slurmctld said RUNNING
+    assert launch.final_state(job, "slurm", wait_s=0) == {"State": "CANCELLED",
+                                                            "Reason": "from slurmctld (no sacct record)"}
+
+    job2 = submitit.SlurmJob(tmp_path / "logs2", "78")
+    job2.paths.result_pickle.parent.mkdir(parents=True)
+    utils.cloudpickle_dump(("success", {"ok": True}), job2.paths.result_pickle)
+    assert launch._wait(job2, "slurm", "train", "c") is None
+
+
+def test_accounting_down_and_the_job_forgotten(tmp_path: Path, monkeypatch):
+    """sacct down and slurmctld no longer knows the job (MinJobAge passed): UNKNOWN, a failure."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "0")
+    assert inflight.controller_state("79") == "GONE"
+    import submitit
+
+    job = submitit.SlurmJob(tmp_path / "logs", "79")
+    err = launch._wait(job, "slurm", "train", "c")
+    assert isinstance(err, RuntimeError) and "slurmctld says GONE" in str(err)
+    assert launch.final_state(job, "slurm", wait_s=0)["State"] == "UNKNOWN"
