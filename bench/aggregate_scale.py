@@ -3,7 +3,7 @@ the papers' figures, report.html) on a synthetic finished study of 1,000 cells x
 
 Writes, per cell, what training/evaluation/diagnosis write (summary.json, a 500-row metrics.csv with
 the recorder's columns, the final evaluation's samples + summary, diagnostics.parquet) into a
-temporary folder, then times `lorarl.aggregate.aggregate` and `lorarl.report.build` in this process,
+temporary folder, then times `lorarl.report.aggregate.aggregate` and `lorarl.report.build` in this process,
 each once (the second call of each is timed too: the study's cell table is then already built).
 
     python bench/aggregate_scale.py                 # 1000 cells x 500 steps
@@ -65,11 +65,11 @@ def write_eval(d: Path, correct_P: np.ndarray) -> None:
 
 
 def diagnostics_template() -> pd.DataFrame:
-    """The real diagnostics (lorarl.diagnostics) of two small adapted matrices: every metric the
+    """The real diagnostics (lorarl.diagnose.weights) of two small adapted matrices: every metric the
     diagnose stage writes, in its long format."""
     import torch
 
-    from lorarl.diagnostics import diagnose_model
+    from lorarl.diagnose.weights import diagnose_model
 
     g = torch.Generator().manual_seed(0)
     pairs = {}
@@ -126,7 +126,7 @@ def main() -> None:
         print(f"synthetic study: {a.cells} cells x {a.steps} steps written in {time.perf_counter() - t0:.1f} s "
               f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         from lorarl import study as study_mod
-        from lorarl.aggregate import aggregate
+        from lorarl.report.aggregate import aggregate
         from lorarl.report import build
 
         study_mod._LOADED.clear()  # time the cell table's build too

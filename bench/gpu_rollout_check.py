@@ -10,9 +10,9 @@ import fake_vllm
 from pytest import MonkeyPatch
 from trl import GRPOConfig
 from lorarl.config import RolloutConfig
-from lorarl.grpo import LorarlGRPOTrainer
+from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
-from lorarl.rollout import RolloutStaleError, apply_rollout_args
+from lorarl.train.rollout import RolloutStaleError, apply_rollout_args
 from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
 
 d = tempfile.mkdtemp()

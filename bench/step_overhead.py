@@ -40,7 +40,7 @@ def bare_trl(cell, results: str, workdir: Path) -> list[float]:
     from lorarl.tasks import task_records
     from peft import LoraConfig
 
-    from lorarl.train import grpo_args, load_policy
+    from lorarl.train.main import grpo_args, load_policy
 
     def reward(prompts, completions, answer, **kw):
         out = []
@@ -69,7 +69,7 @@ def lorarl_side(study_name: str, cell, results: str) -> list[float]:
     import pandas as pd
 
     from lorarl import paths
-    from lorarl.train import train_cell
+    from lorarl.train.main import train_cell
 
     train_cell(study_name, cell, results)
     df = pd.read_csv(paths.path("metrics", results=results, study=study_name, cell=cell.id))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
 
-from lorarl import tracking, tracking_server  # noqa: E402
+from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
 
 
 def overhead(results: Path, uri: str, steps: int) -> dict[str, list[float]]:

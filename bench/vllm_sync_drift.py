@@ -2,7 +2,7 @@
 
 TRL 1.16 pushes a PEFT policy to vLLM by merging the adapter into the base weights in place, reading them,
 and unmerging. In bf16 ``(W + s*BA) - s*BA != W``: every push leaves rounding error in the frozen base, and
-the trained policy drifts away from "base + adapter" over a run. lorarl.rollout.effective_named_params
+the trained policy drifts away from "base + adapter" over a run. lorarl.train.rollout.effective_named_params
 merges one layer at a time and restores the base from a saved copy (bit for bit). This script runs both
 pushes ``--syncs`` times on a Qwen2-shaped model (random weights, LoRA with trained-like adapters) and
 prints the base drift of each, side by side. Only torch, transformers and peft are needed.
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--syncs", type=int, default=50)
     a = ap.parse_args()
-    from lorarl.rollout import effective_named_params
+    from lorarl.train.rollout import effective_named_params
 
     print(f"device {a.device} ({torch.cuda.get_device_name(0) if a.device == 'cuda' else 'cpu'}), bf16, "
           f"hidden {a.hidden}, layers {a.layers}, LoRA r={a.rank}, {a.syncs} pushes each")

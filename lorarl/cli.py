@@ -55,11 +55,11 @@ def cmd_cells(args: argparse.Namespace) -> int:
 
 def use_tracking(args: argparse.Namespace) -> None:
     """`--tracking` / `--tracking-credentials` (from the profile) into this process's environment, where
-    lorarl.tracking and every job started from here read them; a bad value exits 2 before anything runs."""
+    lorarl.tracking.client and every job started from here read them; a bad value exits 2 before anything runs."""
     import os
 
-    from lorarl.tracking import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking_server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.client import TRACKING_ENV, resolve_tracking
+    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
 
     creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
@@ -73,7 +73,7 @@ def use_tracking(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
-    from lorarl.launch import run_stage
+    from lorarl.pipeline.launch import run_stage
 
     use_tracking(args)
     for stage in args.stages.split(","):
@@ -83,21 +83,36 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from lorarl.launch import launch
+    from lorarl.pipeline.launch import launch
 
     slurm = json.loads(args.slurm) if args.slurm else None
     use_tracking(args)
     return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm)
 
 
+def link_tracking(args: argparse.Namespace) -> None:
+    """aggregate/report: the `tracking:` setting only says where the report's MLflow links point
+    (lorarl.report.mlflow_links); nothing is written to the store, so it is not validated here."""
+    import os
+
+    from lorarl.tracking.client import TRACKING_ENV
+    from lorarl.tracking.server import CREDENTIALS_ENV
+
+    if getattr(args, "tracking", None):
+        os.environ[TRACKING_ENV] = args.tracking
+    if getattr(args, "tracking_credentials", None):
+        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+
+
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    link_tracking(args)
     study = load_study(args.study)
     if study.kind == "kl_bound_toy":
         from lorarl.toy.cells import aggregate_toy
 
         aggregate_toy(study, args.results)
     else:
-        from lorarl.aggregate import aggregate
+        from lorarl.report.aggregate import aggregate
         from lorarl.report import build
 
         aggregate(study, args.results)
@@ -109,6 +124,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Tables with intervals, the papers' figures and report.html, for a study at any stage."""
     from lorarl.report import build
 
+    link_tracking(args)
     study = load_study(args.study)
     if study.kind != "grpo":
         print(f"error: study kind {study.kind!r} has no report; allowed: grpo", file=sys.stderr)
@@ -120,7 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_rescore(args: argparse.Namespace) -> int:
     """Grade stored evaluation samples again (no generation) and rewrite their summaries."""
-    from lorarl.evaluation import rescore_cell, rescore_file
+    from lorarl.evaluate.main import rescore_cell, rescore_file
 
     if args.target.endswith(".jsonl"):
         results = [rescore_file(args.target, timeout_s=args.timeout, write=not args.dry_run)]
@@ -158,7 +174,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 def cmd_tracking_serve(args: argparse.Namespace) -> int:
     from urllib.parse import urlparse
 
-    from lorarl.tracking_server import profile_tracking, serve
+    from lorarl.tracking.server import profile_tracking, serve
 
     host, port = args.host, args.port
     if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
@@ -171,7 +187,7 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
         host = host or (None if args.slurm else u.hostname)  # a job's node is unknown before it starts
         port = port if port is not None else (u.port or 5000)
     if args.slurm:
-        from lorarl.tracking_slurm import profile_resources, submit
+        from lorarl.tracking.slurm import profile_resources, submit
 
         res = profile_resources(args.profile)
         res.update({k: v for k, v in (("partition", args.partition), ("time", args.time), ("cpus_per_task", args.cpus),
@@ -189,7 +205,7 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    from lorarl.tracking_sync import sync_study
+    from lorarl.tracking.sync import sync_study
 
     use_tracking(args)
     report = sync_study(args.study, args.results)
@@ -202,10 +218,10 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.status import as_json, format_table, study_status
+    from lorarl.pipeline.status import as_json, format_table, study_status
 
     if args.watch:
-        from lorarl.watch import watch
+        from lorarl.pipeline.watch import watch
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
@@ -216,7 +232,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
-    from lorarl.doctor_report import run_doctor
+    from lorarl.pipeline.doctor_report import run_doctor
 
     return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads,
                       args.config)
@@ -262,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
     a.add_argument("study")
     a.add_argument("--results", default="results")
+    _tracking_args(a)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
+    _tracking_args(rp)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")
@@ -290,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
     st.set_defaults(fn=cmd_status)
 
-    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking_server.py)")
+    tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking/server.py)")
     trs = tr.add_subparsers(dest="tracking_cmd", required=True)
     sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
     sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
@@ -331,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     dr.set_defaults(fn=cmd_doctor)
 
     args = p.parse_args(argv)
-    from lorarl.tracking import TrackingError, TrackingUnavailable
+    from lorarl.tracking.client import TrackingError, TrackingUnavailable
 
     try:
         return args.fn(args)

@@ -149,7 +149,7 @@ class TrainConfig(Strict):
     dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
     mini_batch_prompts: int | None = Field(None, gt=0)  # PPO mini-batch in prompts: prompts_per_step/this updates per rollout (003: 32 of 128)
     max_prompt_length: int | None = Field(None, gt=0)  # drop training prompts longer than this many tokens (paper 002: 512)
-    stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.flags); saves compute
+    stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":
@@ -217,7 +217,7 @@ class RewardConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    """How rollouts are sampled during training (lorarl.rollout; engine vllm = TRL's colocated vLLM)."""
+    """How rollouts are sampled during training (lorarl.train.rollout; engine vllm = TRL's colocated vLLM)."""
 
     engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (GPU only)
     gpu_memory_utilization: float = Field(  # vllm: share of GPU memory vLLM may take (memory, not results)

@@ -35,16 +35,17 @@ class TinyRecipe:
     p_unboxed: float = 0.5  # share of SFT solutions ending "answer: N" instead of \boxed{N}, like a real
     # base model's format habits: the outcome reward only pays boxed answers, so RL has a habit to fix
     seed: int = 0  # init + data order
+    init_from: str | None = None  # continue SFT from this recipe's built model (its shape and tokenizer)
 
 
 RECIPES: dict[str, TinyRecipe] = {
     "tiny-arith": TinyRecipe(),  # the demo base: weak but non-zero accuracy
-    # The bigger model of the CPU twins: the distillation teacher of reward_density_cpu (paper 001: a bigger
-    # model than the student, Qwen3-8B vs 1.7B, that boxes its answers), the 7B rows (papers 002, 003) and
-    # paper 004's second model. Width 192 (head size 32 as tiny-arith's), ~2x the parameters, SFT'd on boxed
-    # solutions only; the same data and tokenizer (the corpus depends on neither shape nor p_unboxed), as
-    # on-policy distillation needs (the teacher scores the student's token ids)
-    "tiny-arith-wide": TinyRecipe(hidden=192, heads=6, kv_heads=2, intermediate=384, p_unboxed=0.0),
+    # The CPU twins' second, stronger model: tiny-arith SFT'd 300 more steps on boxed solutions only (the
+    # lr restarts at 1e-3). The distillation teacher of reward_density_cpu (paper 001: an answer-producing
+    # teacher stronger than the student; the paper's is also bigger, which did not fit this box), the
+    # stronger 7B rows (papers 002, 003) and paper 004's second model. Same shape and tokenizer as tiny-arith
+    # (the teacher scores the student's token ids).
+    "tiny-arith-boxed": TinyRecipe(init_from="tiny-arith", sft_steps=300, sft_lr=1e-3, p_unboxed=0.0),
     "tiny-test": TinyRecipe(hidden=32, layers=2, intermediate=64, sft_steps=30, sft_batch=16, n_train=500),
 }
 
@@ -53,7 +54,17 @@ def recipe_hash(name: str) -> str:
     """Changes when a recipe changes, so the Snakemake base rule rebuilds the model."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(asdict(RECIPES[name]), sort_keys=True).encode()).hexdigest()[:10]
+    fields = asdict(RECIPES[name])
+    if fields["init_from"] is None:  # recipes from scratch keep the hash they had before init_from existed
+        del fields["init_from"]
+    else:  # a continued recipe rebuilds when its parent does
+        fields["init_from"] = [fields["init_from"], recipe_hash(fields["init_from"])]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def parent_recipe(name: str) -> str | None:
+    """The recipe whose built model `name` continues from (None: built from scratch)."""
+    return RECIPES[name].init_from
 
 
 def recipe_name(model: str) -> str | None:
@@ -169,9 +180,16 @@ def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> di
     train, tok = recipe_data_and_tokenizer(recipe)
     pick = random.Random(recipe.seed + 1)
     examples = [(p.prompt, p.unboxed_solution if pick.random() < recipe.p_unboxed else p.solution) for p in train]
-    model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
-    losses = sft(model, tok, examples, recipe)
     out = Path(out_dir)
+    if recipe.init_from:  # continue the parent's SFT: its weights and its (identical) tokenizer
+        parent = out.parent / recipe.init_from
+        if not (parent / "config.json").exists():
+            raise FileNotFoundError(f"recipe {name!r} continues {recipe.init_from!r}, which is not built at {parent}: "
+                                    f"build it first (the base rule does: snakemake {parent}/config.json)")
+        model, tok = load_model_and_tokenizer(str(parent))
+    else:
+        model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
+    losses = sft(model, tok, examples, recipe)
     tmp = out.with_name(out.name + ".tmp")
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from lorarl import yamlpos
 from lorarl.matrix import (KINDS, Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
-from lorarl.preflight import check_references
+from lorarl.pipeline.preflight import check_references
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "parse_study", "study_cells"]

@@ -81,7 +81,7 @@ def make_study(tmp: Path, done: set[str] | None = None, study: dict | None = Non
         cdir.mkdir(parents=True, exist_ok=True)
         m = trace(collapsing, 100 * k + seed)
         m.to_csv(cdir / "metrics.csv", index=False)
-        from lorarl.flags import detect
+        from lorarl.train.flags import detect
 
         full = cell.axes["rank"] == "full"
         (cdir / "summary.json").write_text(json.dumps({

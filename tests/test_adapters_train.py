@@ -1,4 +1,4 @@
-"""lorarl.adapters inside the real trainer (train_cell → lorarl.grpo trainer → TRL): the method's own
+"""lorarl.adapters inside the real trainer (train_cell → lorarl.train.trainer trainer → TRL): the method's own
 optimiser and callbacks are used, the fingerprint reaches summary.json and MLflow, and the invariants
 hold after real GRPO steps. One untrained tiny model (no SFT: rewards are ~0, gradients are not)."""
 
@@ -57,7 +57,7 @@ def results(tmp_path_factory) -> Path:
 def trained(results):
     """Train every cell; keep (cell, summary, policy, trainer) - the trainer captured at `attach`."""
     from lorarl.adapters.build import AdaptedPolicy
-    from lorarl.train import train_cell
+    from lorarl.train.main import train_cell
 
     seen = []
     real_attach = AdaptedPolicy.attach

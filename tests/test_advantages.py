@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lorarl.advantages import ADV_EPS, advantages_from_deposits, group_normalize, reward_to_go
+from lorarl.train.advantages import ADV_EPS, advantages_from_deposits, group_normalize, reward_to_go
 from lorarl.rewards import Deposits
 
 

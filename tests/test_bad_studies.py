@@ -1,6 +1,6 @@
 """Bad input: over 100 generated malformed studies, each refused by `lorarl cells` with exit status 2,
 a message naming the file, the place (YAML line / field path) and what is allowed, nothing written
-(lorarl.badstudies); hostile labels never give a cell id or path outside results/."""
+(lorarl.pipeline.badstudies); hostile labels never give a cell id or path outside results/."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl import badstudies
+from lorarl.pipeline import badstudies
 from lorarl.study import StudyError, load_study
 
 CASES = badstudies.cases()

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from lorarl import paths
-from lorarl.aggregate import base_table, markdown, seed_table
+from lorarl.report.aggregate import base_table, markdown, seed_table
 from lorarl.cli import main
-from lorarl.evaluation import requested_targets
+from lorarl.evaluate.main import requested_targets
 from lorarl.study import cell_table, load_study
 from lorarl.signature import short_hash
 

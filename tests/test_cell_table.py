@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, Field
 
 import lorarl.study as study_mod
-from lorarl import checkpoint, signature
+from lorarl.train import checkpoint
+from lorarl import signature
 from lorarl.adapters.registry import get_method
 from lorarl.study import StudyError, base_cells, cell_table, find_cell, load_study, parse_study, study_cells
 
@@ -138,7 +139,7 @@ def test_eval_settings_have_their_own_signature():
     assert cell_table(parse_study(raw)).cell("r2-s0").hash != a.hash
 
 
-class _Tracker:  # what CellCheckpoints.resume_run asks of lorarl.tracking.Tracker
+class _Tracker:  # what CellCheckpoints.resume_run asks of lorarl.tracking.client.Tracker
     high_water = 0
     client = SimpleNamespace(get_run=lambda rid: SimpleNamespace(info=SimpleNamespace(lifecycle_stage="active")))
 

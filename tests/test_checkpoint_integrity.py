@@ -1,4 +1,4 @@
-"""Corrupted or half-written checkpoints (lorarl.integrity + lorarl.checkpoint.resume_run).
+"""Corrupted or half-written checkpoints (lorarl.train.integrity + lorarl.train.checkpoint.resume_run).
 
 Each bad checkpoint is detected, reported (stderr + summary's `checkpoint_problems`) and deleted; the
 previous good checkpoint or a fresh start is used; a checkpoint that keeps killing its resumes is
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import checkpoint, integrity
-from lorarl.tracking import Tracker
+from lorarl.train import checkpoint, integrity
+from lorarl.tracking.client import Tracker
 
 
 def _cell():

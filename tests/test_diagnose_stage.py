@@ -25,8 +25,8 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from lorarl.diagnose import diagnose_cell, weight_pairs
-    from lorarl.tracking import Tracker
+    from lorarl.diagnose.main import diagnose_cell, weight_pairs
+    from lorarl.tracking.client import Tracker
 
     study = parse_study({"name": "diag", "defaults": {"model": str(tiny_base), "adapter": {"rank": 2, "alpha": 4}}})
     cell = study_cells(study)[0]
@@ -111,8 +111,8 @@ def test_toy_study_verdict_per_optimizer(tmp_path):
 
 
 def test_diagnostics_figure_and_tables(tmp_path):
-    from lorarl.diagnostics import diagnose_model
-    from lorarl.plots import diagnostics_figure
+    from lorarl.diagnose.weights import diagnose_model
+    from lorarl.report.plots import diagnostics_figure
 
     study = parse_study({"name": "d", "axes": {"rank": {"field": "adapter.rank", "values": [1, 4]},
                                              "seed": {"field": "seed", "values": [0, 1]}}})

@@ -1,4 +1,4 @@
-"""lorarl.diagnostics: each metric against an independent numpy/scipy computation and on
+"""lorarl.diagnose.weights: each metric against an independent numpy/scipy computation and on
 constructed matrices whose answer is known in closed form."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from scipy.linalg import subspace_angles
 from scipy.stats import ortho_group
 
-from lorarl import diagnostics as dg
+from lorarl.diagnose import weights as dg
 
 SHAPES = [(40, 40), (48, 24), (24, 48)]  # square, tall (D > N), wide (D < N)
 

@@ -1,4 +1,4 @@
-"""NaN/inf loss, reward or gradient: the cell stops with state `diverged` (lorarl.divergence).
+"""NaN/inf loss, reward or gradient: the cell stops with state `diverged` (lorarl.train.divergence).
 
 Fast: the detection, the skipped update, status and the aggregate table of a diverged cell. Slow: a
 real training run whose rewards turn NaN at step 3 (fault hook) ends with `diverged` in summary.json,
@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from lorarl import divergence
+from lorarl.train import divergence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_nan_reward_fault_hook_only_fires_at_its_step(monkeypatch):
 
 
 def test_aggregate_table_counts_diverged_cells():
-    from lorarl.aggregate import markdown, seed_table
+    from lorarl.report.aggregate import markdown, seed_table
     from lorarl.study import parse_study
 
     study = parse_study({"name": "dv", "defaults": {"model": "local:tiny-test"},
@@ -135,7 +135,7 @@ def test_nan_reward_stops_the_cell_as_diverged(workdir: Path):
     assert run.data.tags["lorarl.state"] == "diverged"
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == [1, 2, 3]
 
-    from lorarl.status import study_status
+    from lorarl.pipeline.status import study_status
 
     st = {r.cell: r for r in study_status(str(workdir / "study.yaml"), workdir / "results")}
     assert st["s0"].train.state == "diverged" and st["s0"].train.step == "3/6"

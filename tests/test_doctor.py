@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from lorarl.cli import main
-from lorarl.doctor import step_split
-from lorarl.doctor_report import project, smoke_study
+from lorarl.pipeline.doctor import step_split
+from lorarl.pipeline.doctor_report import project, smoke_study
 from lorarl.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
 
 
 def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
-    from lorarl.doctor_report import parse_overrides, read_profile
+    from lorarl.pipeline.doctor_report import parse_overrides, read_profile
 
     local = read_profile(None)
     assert local["launcher"] == "local" and local["jobs"] == 2

@@ -124,7 +124,7 @@ def test_signatures_split_training_from_evaluation():
 
 
 def test_loaders_local_file_field_map_limit_and_synthetic_task(tmp_path):
-    from lorarl.evaluation import load_problems
+    from lorarl.evaluate.main import load_problems
 
     c = cell_cfg({"benchmarks": {"gsm8k": {"path": write_gsm8k(tmp_path / "gsm8k.jsonl"), "limit": 3}}})
     probs = load_problems("gsm8k", c)
@@ -142,7 +142,7 @@ def test_loaders_local_file_field_map_limit_and_synthetic_task(tmp_path):
 
 
 def test_requested_targets_env_and_errors(monkeypatch):
-    from lorarl.evaluation import requested_targets
+    from lorarl.evaluate.main import requested_targets
 
     c = cell_cfg({"benchmarks": ["synthetic", "gsm8k"], "eval_every": 5})
     monkeypatch.delenv(plan.TARGET_ENV, raising=False)
@@ -191,9 +191,9 @@ STUDY = {
 def study(tmp_path, monkeypatch):
     """A study file, fake trained cells (adapter + snapshot folders, summary with an MLflow run), and
     `make_backend` replaced by the oracle: evaluate_cell runs without any model."""
-    import lorarl.evaluation as ev
-    from lorarl.preflight import SKIP_ENV
-    from lorarl.tracking import Tracker
+    import lorarl.evaluate.main as ev
+    from lorarl.pipeline.preflight import SKIP_ENV
+    from lorarl.tracking.client import Tracker
 
     monkeypatch.setenv(SKIP_ENV, "1")  # the model path is never loaded here (the oracle backend)
     raw = json.loads(json.dumps(STUDY))
@@ -228,7 +228,7 @@ def study(tmp_path, monkeypatch):
 def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study):
     import mlflow
 
-    from lorarl.evaluation import evaluate_cell
+    from lorarl.evaluate.main import evaluate_cell
 
     cell = study_cells(study.study)[0]
     out = evaluate_cell(study.study.name, cell, study.results)
@@ -255,7 +255,7 @@ def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study):
 def test_base_pseudo_cell_shares_one_run_across_jobs(study, monkeypatch):
     import mlflow
 
-    from lorarl.evaluation import evaluate_cell
+    from lorarl.evaluate.main import evaluate_cell
 
     base = base_cells(study.study)[0]
     monkeypatch.setenv(plan.TARGET_ENV, "synthetic")
@@ -276,7 +276,7 @@ def test_base_pseudo_cell_shares_one_run_across_jobs(study, monkeypatch):
 def test_missing_snapshot_is_a_clear_error(study, monkeypatch):
     import shutil
 
-    from lorarl.evaluation import evaluate_cell
+    from lorarl.evaluate.main import evaluate_cell
 
     cell = study_cells(study.study)[1]
     shutil.rmtree(study.results / "evs" / cell.id / "snapshots")
@@ -286,7 +286,7 @@ def test_missing_snapshot_is_a_clear_error(study, monkeypatch):
 
 
 def test_full_model_snapshot_is_loaded_as_a_model(study):
-    from lorarl.evaluation import weights_for
+    from lorarl.evaluate.main import weights_for
 
     cell = study_cells(study.study)[0]
     d = study.results / "evs" / cell.id / "snapshots" / "step-5"
@@ -298,8 +298,8 @@ def test_full_model_snapshot_is_loaded_as_a_model(study):
 
 
 def test_aggregate_benchmark_columns_base_rows_and_curve(study):
-    from lorarl.aggregate import aggregate
-    from lorarl.evaluation import evaluate_cell
+    from lorarl.report.aggregate import aggregate
+    from lorarl.evaluate.main import evaluate_cell
 
     for cell in study_cells(study.study):
         evaluate_cell("evs", cell, study.results)
@@ -334,7 +334,7 @@ def test_aggregate_benchmark_columns_base_rows_and_curve(study):
 
 # ----------------------------------------------------------------------------- snapshots
 def test_snapshot_saver_saves_at_planned_steps_atomically(tmp_path):
-    from lorarl.evaluate.snapshots import SnapshotSaver
+    from lorarl.train.snapshots import SnapshotSaver
 
     saved_models = []
 

@@ -1,4 +1,4 @@
-"""Faults around the launcher (lorarl.inflight) and the fault-injection run (lorarl.faults).
+"""Faults around the launcher (lorarl.pipeline.inflight) and the fault-injection run (lorarl.pipeline.faults).
 
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
@@ -6,7 +6,7 @@ launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock
 small fault-injection run (one SIGKILL of each stage: train, evaluate, diagnose and aggregate
 processes, a launcher and the whole submit host; `snakemake all` again after each invocation with a kill)
 completes with every metric row exactly once, adapters equal to the uninterrupted run and no partial
-output. `python -m lorarl.faults --kills 20` prints the full figures.
+output. `python -m lorarl.pipeline.faults --kills 20` prints the full figures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import inflight, launch, provenance
+from lorarl.pipeline import inflight, launch, provenance
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},
@@ -113,7 +113,7 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 def test_fault_injection_small_run(tmp_path: Path):
     """One SIGKILL of each stage (train, evaluate, diagnose, aggregate, a launcher, the submit host) in
     a 1-cell study, several kills per `snakemake all`; the study completes every time, as the reference."""
-    from lorarl import faults
+    from lorarl.pipeline import faults
 
     out = tmp_path / "figures.json"
     rc = faults.main(["--kills", "1", "--per-pass", "1", "--cells", "1", "--workdir", str(tmp_path / "runs"),
@@ -129,7 +129,7 @@ def test_fault_injection_small_run(tmp_path: Path):
 
 def test_fault_driver_plans(tmp_path: Path):
     """Kill shares across workers, the kill drawn for a new process, and bad arguments (exit 2)."""
-    from lorarl import faults
+    from lorarl.pipeline import faults
 
     shares = faults._shares(20, ("train", "host"), 3)
     assert [b["train"] for b in shares] == [7, 7, 6] and sum(b["host"] for b in shares) == 20
@@ -148,7 +148,7 @@ def test_fault_driver_plans(tmp_path: Path):
 
 def test_fault_driver_finds_only_its_own_processes(tmp_path: Path):
     """A process in `run-1` is not one of `run-10`'s (and vice versa): exact folder matches only."""
-    from lorarl import faults
+    from lorarl.pipeline import faults
 
     a, b = tmp_path / "pass-1", tmp_path / "pass-10"
     for d in (a, b):
@@ -224,3 +224,30 @@ def test_accounting_down_and_the_job_forgotten(tmp_path: Path, monkeypatch):
     err = launch._wait(job, "slurm", "train", "c")
     assert isinstance(err, RuntimeError) and "slurmctld says GONE" in str(err)
     assert launch.final_state(job, "slurm", wait_s=0)["State"] == "UNKNOWN"
+
+
+def test_a_requeued_job_is_waited_on(tmp_path: Path, monkeypatch, capsys):
+    """Node failure: sacct says NODE_FAIL (submitit: done, no result) but Slurm requeued the job
+    (slurmctld: PENDING): the launcher waits, and the requeued run's result decides."""
+    import submitit
+    from submitit.core import utils
+
+    job = submitit.SlurmJob(tmp_path / "logs", "77")
+    job.paths.result_pickle.parent.mkdir(parents=True)
+    utils.cloudpickle_dump(("success", {"ok": True}), tmp_path / "result.pkl")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'JobID|State|NodeList'\necho '77|NODE_FAIL|vm'\n")
+    calls = tmp_path / "calls"
+    (bin_dir / "scontrol").write_text(
+        f"#!/bin/sh\nn=$(cat {calls} 2>/dev/null || echo 0); echo $((n+1)) > {calls}\n"
+        f"if [ $n -ge 2 ]; then cp {tmp_path / 'result.pkl'} {job.paths.result_pickle}; "
+        "echo 'JobId=77 JobState=COMPLETED'; else echo 'JobId=77 JobState=PENDING Reason=BeginTime'; fi\n")
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "1000")
+    assert launch._wait(job, "slurm", "train", "c") is None
+    out = capsys.readouterr().out
+    assert "job 77 NODE_FAIL, requeued by Slurm (PENDING): waiting on it" in out, out
+    assert out.count("requeued by Slurm") == 1 and int(calls.read_text()) >= 2

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from lorarl import flags
+from lorarl.train import flags
 from lorarl.study import parse_study, study_cells
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def test_stop_on_collapse_in_a_real_run(tmp_path):
     import mlflow
 
     from lorarl.models import build_base
-    from lorarl.train import train_cell
+    from lorarl.train.main import train_cell
 
     build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
     # the tiny untrained-for-RL model never stops within a 12-token budget: every completion is
@@ -50,5 +50,5 @@ def test_stop_on_collapse_in_a_real_run(tmp_path):
     assert json.loads((d / "summary.json").read_text())["flags"] == summary["flags"]
     assert (d / "snapshots" / "step-4").exists() and (d / "snapshots" / "step-8").exists()  # after the stop: filled
     run = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
-    assert run.data.tags["flag.truncation_saturation"] == "1" and run.data.tags["lorarl.flags"] == "truncation_saturation"
+    assert run.data.tags["flag.truncation_saturation"] == "1" and run.data.tags["lorarl.train.flags"] == "truncation_saturation"
     assert "grad_norm" in rows and rows["grad_norm"].notna().all()  # paper 003's gradient norm is recorded

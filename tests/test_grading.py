@@ -1,4 +1,4 @@
-"""Table-driven tests of lorarl.grading (math-verify in worker processes, letter extraction)."""
+"""Table-driven tests of lorarl.evaluate.grading (math-verify in worker processes, letter extraction)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from lorarl import grading
-from lorarl.answers import answer_text, final_boxed
-from lorarl.grading import (GradingSettings, Score, extract_boxed, score_choice, score_math,
+from lorarl.evaluate import grading
+from lorarl.evaluate.answers import answer_text, final_boxed
+from lorarl.evaluate.grading import (GradingSettings, Score, extract_boxed, score_choice, score_math,
                             score_math_batch)
 
 TIMEOUT = 1.5      # seconds given to pathological cases
@@ -182,7 +182,7 @@ def test_degenerate_outputs_are_fast():
 
 
 def test_import_is_cheap():
-    code = ("import sys, lorarl.grading; "
+    code = ("import sys, lorarl.evaluate.grading; "
             "bad = [m for m in ('torch', 'transformers', 'sympy', 'math_verify') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -230,7 +230,7 @@ import logging, sys
 logging.disable(logging.WARNING)
 from math_verify import parse, verify
 from sympy.core.random import seed
-from lorarl.grading import _fresh_state, _math_task
+from lorarl.evaluate.grading import _fresh_state, _math_task
 gold, pred = "0", r"\boxed{4 0/0}"
 def raw(k):
     _fresh_state()

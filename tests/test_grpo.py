@@ -12,7 +12,7 @@ import datasets
 import pytest
 import torch
 
-from lorarl.grpo import LorarlGRPOTrainer, frozen_reference
+from lorarl.train.trainer import LorarlGRPOTrainer, frozen_reference
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
 
@@ -304,14 +304,14 @@ def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_
     out = trainer._generate_and_score_completions(raw_batch(dataset()))
     assert out["completion_ids"].size(0) == P * G and (out["advantages"] == 0).all()
     assert m["dynamic_sampling/rounds"][-1] == 3 and m["dynamic_sampling/frac_groups_degenerate"][-1] == 1.0
-    from lorarl.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
+    from lorarl.train.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
 
     s1, s2 = PromptSampler(dataset(), 0), PromptSampler(dataset(), 0)
     assert s1.draw(2, G, step=5, round_=1) == s2.draw(2, G, step=5, round_=1) != s1.draw(2, G, step=6, round_=1)
 
 
 def test_concat_batches_pads_prompts_left_and_completions_right():
-    from lorarl.dynamic_sampling import concat_batches, take_groups
+    from lorarl.train.dynamic_sampling import concat_batches, take_groups
 
     a = {"prompt_ids": torch.tensor([[5, 6], [7, 8]]), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
          "completion_ids": torch.tensor([[1, 2, 3], [4, 0, 0]]),

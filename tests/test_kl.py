@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lorarl import kl
+from lorarl.train import kl
 
 
 def test_estimators_by_hand():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lorarl.grpo import LorarlGRPOTrainer
+from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.pack.loss import LossSettings
 from lorarl.pack.trainer import PackCell, PackedTrainer
 from lorarl.rewards.outcome import OutcomeDeposits

@@ -1,4 +1,4 @@
-"""train.precision (lorarl.precision): fp32 master weights keep updates that pure bf16 rounds away."""
+"""train.precision (lorarl.train.precision): fp32 master weights keep updates that pure bf16 rounds away."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorarl.config import CellConfig
-from lorarl.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
+from lorarl.train.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
 
 
 def test_resolution_per_device_and_load_dtypes():
@@ -26,7 +26,7 @@ def test_resolution_per_device_and_load_dtypes():
 
 
 def test_grpo_args_follow_the_resolved_precision(tmp_path):
-    from lorarl.train import grpo_args
+    from lorarl.train.main import grpo_args
 
     cfg = CellConfig()
     assert grpo_args(cfg, tmp_path, use_cpu=True).bf16 is False  # null on the CPU: fp32
@@ -91,7 +91,7 @@ def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
     from lorarl.models import RECIPES, build_tiny, build_tokenizer
     from lorarl.study import parse_study, study_cells
     from lorarl.tasks.synthetic import make_splits
-    from lorarl.train import train_cell
+    from lorarl.train.main import train_cell
 
     recipe = RECIPES["tiny-test"]
     train, _ = make_splits(recipe.task_seed, 100, 1, max_ops=recipe.max_operands, max_value=recipe.max_value)

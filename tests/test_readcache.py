@@ -1,10 +1,10 @@
-"""lorarl.readcache: a per-cell table is parsed once per content; a rewritten file is parsed again."""
+"""lorarl.report.readcache: a per-cell table is parsed once per content; a rewritten file is parsed again."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from lorarl import readcache
+from lorarl.report import readcache
 
 
 def test_same_content_is_parsed_once_and_a_rewrite_is_seen(tmp_path):

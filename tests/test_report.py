@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from lorarl import flags, stats
+from lorarl.train import flags
+from lorarl.report import stats
 from lorarl.study import StudyError, load_study
 from tests.report_fixture import STUDY, make_study, trace
 
@@ -32,7 +33,7 @@ def test_flags_need_history_and_a_real_rise():
     assert flags.detect(rows) == {}
     flat_then_dip = [{"step": i, "reward": 0.5 if i < 15 else 0.45} for i in range(1, 30)]
     assert "reward_collapse" not in flags.detect(flat_then_dip)  # never climbed: not a collapse
-    assert flags.mlflow_tags({"adv_std_spike": 7}) == {"flag.adv_std_spike": "7", "lorarl.flags": "adv_std_spike"}
+    assert flags.mlflow_tags({"adv_std_spike": 7}) == {"flag.adv_std_spike": "7", "lorarl.train.flags": "adv_std_spike"}
 
 
 def test_collapse_monitor_stops_training_at_the_first_flag():

@@ -32,7 +32,7 @@ class Scripted:
 @pytest.fixture()
 def stored(tmp_path):
     """A study with cell s0 evaluated on math500 (avg@4) and gpqa, final and at step 3, plus an MLflow run."""
-    from lorarl.tracking import Tracker
+    from lorarl.tracking.client import Tracker
 
     f = tmp_path / "study.yaml"
     f.write_text(yaml.safe_dump(STUDY, sort_keys=False))

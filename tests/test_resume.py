@@ -1,4 +1,4 @@
-"""Checkpoint → kill → resume without Slurm (lorarl.checkpoint, the MLflow high-water mark, train_cell).
+"""Checkpoint → kill → resume without Slurm (lorarl.train.checkpoint, the MLflow high-water mark, train_cell).
 
 Fast: the MLflow de-duplication and checkpoint bookkeeping on their own. Slow (`slow`): the trainer in
 a subprocess is SIGKILLed right after a checkpoint and between two checkpoints, rerun each time, and
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import checkpoint
-from lorarl.tracking import Tracker
+from lorarl.train import checkpoint
+from lorarl.tracking.client import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["reward", "reward_std", "loss", "grad_norm", "entropy", "learning_rate", "num_tokens"]
@@ -82,7 +82,7 @@ def test_one_trainer_per_cell(tmp_path: Path):
 
     cell = study_cells(parse_study({"name": "lk", "defaults": {"model": "local:tiny-test"}}))[0]
     first = checkpoint.CellCheckpoints(tmp_path, "lk", cell)
-    code = ("import sys; from lorarl import checkpoint; from lorarl.study import study_cells, parse_study;"
+    code = ("import sys; from lorarl.train import checkpoint; from lorarl.study import study_cells, parse_study;"
             "c = study_cells(parse_study({'name': 'lk', 'defaults': {'model': 'local:tiny-test'}}))[0];"
             f"checkpoint.CellCheckpoints({str(tmp_path)!r}, 'lk', c)")
     env = {**os.environ, checkpoint.LOCK_WAIT_ENV: "0"}  # give up at once (default: wait up to 600 s)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from lorarl.advantages import ADV_EPS, advantages_from_deposits
+from lorarl.train.advantages import ADV_EPS, advantages_from_deposits
 from lorarl.rewards import Deposits, Rollouts, decode_tokens, overlong_penalty
 from lorarl.rewards.distillation import DistillationDeposits, TeacherScorer, check_shared_tokenizer
 from lorarl.rewards.outcome import OutcomeDeposits, gold_answer

@@ -11,7 +11,7 @@ import torch
 
 import fake_vllm
 from lorarl.config import CellConfig, RolloutConfig
-from lorarl.rollout import (FreshnessGate, RolloutStaleError, apply_rollout_args, check_engine,
+from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, apply_rollout_args, check_engine,
                             effective_named_params)
 from lorarl.study import StudyError
 from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
@@ -127,7 +127,7 @@ def test_vllm_engine_without_gpu_is_a_clear_error():
 
 # ------------------------------------------------------------------ TRL's colocate path with the fake
 def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2):
-    from lorarl.grpo import LorarlGRPOTrainer
+    from lorarl.train.trainer import LorarlGRPOTrainer
     from lorarl.rewards.outcome import OutcomeDeposits
 
     fake_vllm.install(monkeypatch, stale=stale)

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import checkpoint, provenance
-from lorarl.launch import coerce, error_summary, slurm_parameters
-from lorarl.status import format_table, study_status
+from lorarl.train import checkpoint
+from lorarl.pipeline import provenance
+from lorarl.pipeline.launch import coerce, error_summary, slurm_parameters
+from lorarl.pipeline.status import format_table, study_status
 from lorarl.study import study_cells, load_study
 
 REPO = Path(__file__).resolve().parents[1]

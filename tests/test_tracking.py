@@ -1,4 +1,4 @@
-"""lorarl.tracking on the sqlite default: settings, credentials, retries, a lost reply, a lock held too
+"""lorarl.tracking.client on the sqlite default: settings, credentials, retries, a lost reply, a lock held too
 long, sync-mlflow, and (slow) 8 concurrent writer processes. The server: tests/test_tracking_server.py."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import cli, tracking, tracking_server
-from lorarl.tracking import Tracker, TrackingError, TrackingUnavailable
+from lorarl import cli
+from lorarl.tracking import client as tracking, server as tracking_server
+from lorarl.tracking.client import Tracker, TrackingError, TrackingUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracking_helpers import METRICS, count_rows, run_writers  # noqa: E402
@@ -187,6 +188,56 @@ def test_sync_mlflow_replays_files_into_a_new_or_repaired_store_exactly_once(tmp
     assert len(t.client.search_runs([t.experiment_id], "tags.`lorarl.cell_id` = 's1'")) == 1
 
 
+def test_sync_mlflow_replays_a_toy_study_exactly_once(tmp_path: Path, monkeypatch, capsys):
+    """A kl_bound_toy-shaped study (2 ranks x 2 seeds, 2 epochs): `sync-mlflow` into a new store rebuilds
+    each cell's run with the values the toy itself logged (bools as 0/1), keeps summary.json's mtime,
+    and logs nothing the second time or into the store that already has them."""
+    import mlflow
+
+    from lorarl.study import study_cells
+    from lorarl.toy.cells import run_toy_study
+
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    spec = {"name": "toysync", "kind": "kl_bound_toy", "defaults": {"toy": {"epochs": 2}},
+            "axes": {"rank": {"field": "rank", "prefix": "r", "values": [1, 8]},
+                     "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}
+    study_file = tmp_path / "toysync.yaml"
+    study_file.write_text(yaml.safe_dump(spec))
+    res = tmp_path / "results"
+    from lorarl.study import load_study
+
+    study = load_study(study_file)
+    run_toy_study(study, res)
+    ids = [c.id for c in study_cells(study)]
+    old = mlflow.MlflowClient(tracking.resolve_tracking("sqlite", res))
+    summaries = {c: res / "toysync" / c / "summary.json" for c in ids}
+    old_runs = {c: json.loads(f.read_text())["mlflow_run_id"] for c, f in summaries.items()}
+    mtimes = {c: f.stat().st_mtime_ns for c, f in summaries.items()}
+
+    new_uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    (tmp_path / "new").mkdir()
+    assert cli.main(["sync-mlflow", str(study_file), "--results", str(res), "--tracking", new_uri]) == 0
+    out = capsys.readouterr().out
+    assert f"4 cell(s) synced into {new_uri}" in out and out.count("(created)") == 4
+    new = mlflow.MlflowClient(new_uri)
+    exp = new.get_experiment_by_name("toysync")
+    for c in ids:
+        new_run = json.loads(summaries[c].read_text())["mlflow_run_id"]
+        assert new_run != old_runs[c] and summaries[c].stat().st_mtime_ns == mtimes[c]
+        before, after = old.get_run(old_runs[c]), new.get_run(new_run)
+        assert after.info.experiment_id == exp.experiment_id and after.info.status == "FINISHED"
+        assert after.data.tags["lorarl.cell_id"] == c and after.data.tags["axis.rank"] == c.split("-")[0][1:]
+        assert after.data.params["rank"] == before.data.params["rank"]
+        assert after.data.metrics == pytest.approx(before.data.metrics)  # every value the toy logged
+        assert "bound_holds" in after.data.metrics and "kl" in after.data.metrics
+        for key in after.data.metrics:
+            assert [m.step for m in new.get_metric_history(new_run, key)] == [0], key  # once
+    assert cli.main(["sync-mlflow", str(study_file), "--results", str(res), "--tracking", new_uri]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" 0 value(s) logged") == 4 and out.count("(found)") == 4
+    assert len(new.search_runs([exp.experiment_id])) == 4
+
+
 @pytest.mark.slow
 def test_eight_concurrent_writers_sqlite(tmp_path: Path, monkeypatch):
     """8 processes write one sqlite store at once through Tracker (flock): no (metric, step) lost or doubled."""
@@ -203,7 +254,7 @@ def test_eight_concurrent_writers_sqlite(tmp_path: Path, monkeypatch):
 
 
 def test_profiles_name_their_store():
-    from lorarl.tracking_server import profile_tracking
+    from lorarl.tracking.server import profile_tracking
 
     repo = Path(__file__).resolve().parents[1]
     assert profile_tracking(repo / "profiles" / "slurm") == "http://127.0.0.1:5000"  # the server form

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from lorarl import checkpoint, provenance
+from lorarl.train import checkpoint
+from lorarl.pipeline import provenance
 from lorarl.study import load_study, study_cells
-from lorarl.watch import render, snapshot, watch
+from lorarl.pipeline.watch import render, snapshot, watch
 
 
 def _study(tmp: Path, n: int) -> Path:

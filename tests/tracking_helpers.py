@@ -1,6 +1,6 @@
 """Helpers of the tracking tests and bench/tracking_store.py.
 
-Run as a script: one synthetic cell writing to MLflow through lorarl.tracking.Tracker. It waits for <go>
+Run as a script: one synthetic cell writing to MLflow through lorarl.tracking.client.Tracker. It waits for <go>
 to exist, so that every writer logs at the same time, then logs <steps> steps of 5 metrics, one batch
 per step (the most contention a store can get), a summary, the end. ServerProcess: `lorarl tracking
 serve` on a loopback port, killable and restartable.
@@ -25,7 +25,7 @@ METRICS = ("reward", "loss", "kl", "entropy", "grad_norm")
 
 
 def main(results: str, study: str, cell: str, steps: int, go: str) -> None:
-    from lorarl.tracking import Tracker
+    from lorarl.tracking.client import Tracker
 
     tracker = Tracker(results, study)
     while not Path(go).exists():

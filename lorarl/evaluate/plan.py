@@ -22,7 +22,7 @@ from lorarl.evaluate.protocols import Protocol
 
 if TYPE_CHECKING:  # only for annotations: lorarl.config imports this module lazily
     from lorarl.config import BenchmarkEval, CellConfig, EvalConfig, ProtocolOverride
-    from lorarl.grading import GradingSettings
+    from lorarl.evaluate.grading import GradingSettings
 
 __all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
            "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
@@ -127,7 +127,7 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
     the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
     defaults, boxed).  Multiple-choice benchmarks keep their letter grader."""
-    from lorarl.grading import GradingSettings
+    from lorarl.evaluate.grading import GradingSettings
 
     bench = get_benchmark(name)
     base = bench.grading

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.benchmarks import Benchmark, Problem, grade
 from lorarl.evaluate.protocols import Protocol, summarize
-from lorarl.grading import GradingSettings
+from lorarl.evaluate.grading import GradingSettings
 
 __all__ = ["Sample", "samples_path", "summary_path", "grade_samples", "summarize_samples",
            "write_records", "read_samples", "rescore", "rescore_samples", "changed_verdicts",

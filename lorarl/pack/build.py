@@ -3,7 +3,7 @@
     pack = build_pack(cells, results_dir="results", device="cpu")
     pack.loop.step()  # full GRPO step of every member
 
-Each cell gets the parts the solo trainer (:mod:`lorarl.train`) gives it, from the same project pieces:
+Each cell gets the parts the solo trainer (:mod:`lorarl.train.main`) gives it, from the same project pieces:
 its adapter from the registry (:func:`lorarl.adapters.build_adapter`, seeded by the cell's seed), its
 regime (:func:`lorarl.rewards.build_regime`), AdamW with its lr and weight decay, HF's schedule of its
 ``train.lr_scheduler`` / ``warmup_ratio``, gradient clipping at 1.0 (HF's default), its own data-order
@@ -56,12 +56,12 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
-    from lorarl.grpo import frozen_reference, needs_reference
-    from lorarl.precision import resolve_precision
+    from lorarl.train.trainer import frozen_reference, needs_reference
+    from lorarl.train.precision import resolve_precision
     from lorarl.rewards import build_regime
     from lorarl.rewards.outcome import settings_of
     from lorarl.tasks.prompt import prompt_ids, prompt_text
-    from lorarl.train import load_policy, training_dataset
+    from lorarl.train.main import load_policy, training_dataset
 
     from lorarl.pack.plan import pack_key
 
@@ -88,7 +88,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     for k, cell in enumerate(cells):
         cfg, t = cell.config, cell.config.train
         model = models[k]
-        torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.load_policy)
+        torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.main.load_policy)
         policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
         params = [p for p in policy.model.parameters() if p.requires_grad]
         opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)

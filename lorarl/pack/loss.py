@@ -1,6 +1,6 @@
 """Per-cell GRPO loss of a packed batch: TRL 1.16's clipped surrogate plus lorarl's own KL term.
 
-For one cell's rows this is, term for term, what :class:`lorarl.grpo.LorarlGRPOTrainer` computes in
+For one cell's rows this is, term for term, what :class:`lorarl.train.trainer.LorarlGRPOTrainer` computes in
 ``_compute_loss`` for the loss types it supports (TRL's policy loss with TRL's ``beta`` at 0, plus
 ``beta * kl.aggregate(estimator)``), so a packed cell's loss and gradients equal the solo trainer's
 (tests/test_pack.py). Each cell is normalised over its OWN rows and tokens: cells never share a
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lorarl import kl as klmod
+from lorarl.train import kl as klmod
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class LossSettings:
 
     loss_type: str = "grpo"  # why: TRL's aggregation (grpo | bnpo | dr_grpo | dapo)
     beta: float = 0.0  # why: KL coefficient against the shared frozen base
-    kl_estimator: str = "k3"  # why: lorarl.kl estimator of the per-token KL term
+    kl_estimator: str = "k3"  # why: lorarl.train.kl estimator of the per-token KL term
     kl_importance_correction: bool = True  # why: TRL's use_bias_correction_kl (KL term times pi/pi_old)
     epsilon_low: float = 0.2  # why: lower clip of the importance ratio
     epsilon_high: float = 0.2  # why: upper clip (DAPO's clip-higher when larger)

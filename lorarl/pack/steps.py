@@ -9,7 +9,7 @@ One step, for every member still running and below its ``steps``:
 2. one batched generation over all members' rows (:func:`lorarl.pack.generate.generate`, each cell
    sampling from its own generator);
 3. per member: its regime's reward deposits (:mod:`lorarl.rewards`: outcome, process, distillation),
-   DAPO's overlong penalty, ``[B, T]`` advantages (:func:`lorarl.advantages.advantages_from_deposits`),
+   DAPO's overlong penalty, ``[B, T]`` advantages (:func:`lorarl.train.advantages.advantages_from_deposits`),
    the metrics the solo trainer logs (accuracy, frac_boxed, deposits, adv/*);
 4. one reference forward over the rows of the members with ``beta > 0`` (the shared frozen base);
 5. the packed update (:class:`lorarl.pack.trainer.PackedTrainer`);
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from lorarl import kl as klmod
-from lorarl.advantages import advantages_from_deposits
+from lorarl.train import kl as klmod
+from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
@@ -155,7 +155,7 @@ class PackLoop:
 
     def _score(self, k: int, ro: Any, student_logps: list[list[float]] | None) -> tuple[torch.Tensor, dict]:
         """Deposits → ``[B, T]`` advantages and the scoring metrics of one cell (as LorarlGRPOTrainer)."""
-        from lorarl.grading import extract_boxed
+        from lorarl.evaluate.grading import extract_boxed
 
         m = self.members[k]
         texts = [_text(c, self.tok) for c in ro.completion_ids]

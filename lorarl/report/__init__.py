@@ -1,5 +1,5 @@
 """The study report: the papers' headline figures (a registry, `lorarl.report.registry`), tables with
-their uncertainty (`lorarl.report.tables`, `lorarl.stats`) and `results/<study>/report.html`.
+their uncertainty (`lorarl.report.tables`, `lorarl.report.stats`) and `results/<study>/report.html`.
 
 `build` works on partial studies (what is done is shown; the rest appears in the status table) and
 is called by the aggregate stage and by `lorarl report <study>`.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 __all__ = ["build"]
 
-# The aggregate's own figures (lorarl/plots.py), by file-name prefix: their captions on the page.
+# The aggregate's own figures (lorarl/report/plots.py), by file-name prefix: their captions on the page.
 AGGREGATE_FIGURES = {
     "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds.",
     "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per β; dashed = base model.",
@@ -30,7 +30,9 @@ def caption(stem: str) -> str:
 
 
 def build(study_path: str | Path, results: str | Path = "results") -> dict[str, Path]:
-    from lorarl import paths, status, tracking
+    from lorarl import paths
+    from lorarl.pipeline import status
+    from lorarl.tracking import client as tracking
     from lorarl.evaluate.records import atomic_write_text
     from lorarl.report import html, tables
     from lorarl.report.data import load
@@ -60,7 +62,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             df.to_csv(out[name], index=False)
             shown[title] = df
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.bases)
-        from lorarl.aggregate import primary_columns
+        from lorarl.report.aggregate import primary_columns
 
         shown["base model (untrained), one row per model and prompt"] = data.base[
             ["base"] + primary_columns(data.base)]

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lorarl import paths, readcache
+from lorarl import paths
+from lorarl.report import readcache
 from lorarl.study import Study, base_cells, study_cells
 
 
@@ -83,7 +84,7 @@ def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str) -> tuple
 
 
 def load(study: Study, results: str | Path = "results") -> StudyData:
-    from lorarl.aggregate import base_row, eval_columns, eval_curve_table
+    from lorarl.report.aggregate import base_row, eval_columns, eval_curve_table
 
     results = Path(results)
     rows, frames, summaries = [], [], {}

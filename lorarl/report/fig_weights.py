@@ -1,4 +1,4 @@
-"""Paper 004's weight-space figures from the diagnose stage (diagnostics.parquet, lorarl.diagnostics):
+"""Paper 004's weight-space figures from the diagnose stage (diagnostics.parquet, lorarl.diagnose.weights):
 bf16-aware update sparsity (Table 1), the largest principal angle of the top-k subspace and the
 normalised spectral drift per matrix (Fig. 5 right), and the overlap of the updated entries with the
 principal / low-magnitude / principal-not-low masks against the random baseline (Fig. 6, §4)."""

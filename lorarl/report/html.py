@@ -7,11 +7,11 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-import os
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
+
+from lorarl.report.mlflow_links import experiment_url, run_url, ui_target
 
 CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
@@ -25,24 +25,19 @@ def _e(x) -> str:
     return html.escape("" if x is None or (isinstance(x, float) and x != x) else str(x))
 
 
-def mlflow_experiment_id(results: Path, study: str) -> str | None:
-    db = results / "mlflow.db"
-    if not db.exists():
-        return None
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            row = con.execute("select experiment_id from experiments where name = ?", (study,)).fetchone()
-    except sqlite3.Error:
-        return None
-    return str(row[0]) if row else None
-
-
-def run_link(exp: str | None, run_id: str | None) -> str:
+def run_link(target: dict, run_id: str | None) -> str:
     if not run_id:
         return ""
-    base = os.environ.get("LORARL_MLFLOW_UI", "http://127.0.0.1:5000").rstrip("/")
-    url = f"{base}/#/experiments/{exp or '0'}/runs/{run_id}"
-    return f'<a href="{_e(url)}">{_e(run_id[:8])}</a>'
+    return f'<a href="{_e(run_url(target, run_id))}">{_e(run_id[:8])}</a>'
+
+
+def mlflow_line(target: dict, study: str) -> str:
+    """Where the runs are browsable: the store's UI (lorarl.report.mlflow_links), and how it was found."""
+    exp = experiment_url(target)
+    where = (f'<a href="{_e(exp)}">experiment {_e(study)}</a>' if exp else f"experiment {_e(study)}") + \
+        f' at <a href="{_e(target["base"])}">{_e(target["base"])}</a>'
+    hint = f"; {_e(target['hint'])}" if target.get("hint") else ""
+    return f"<p>MLflow: {where} (from {_e(target['source'])}){hint}</p>"
 
 
 def _table(df: pd.DataFrame) -> str:
@@ -51,7 +46,7 @@ def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0, escape=True)
 
 
-def status_section(status_rows, summaries: dict, exp: str | None) -> str:
+def status_section(status_rows, summaries: dict, target: dict) -> str:
     counts: dict[str, int] = {}
     out = ["<table><tr><th>cell</th><th>state</th><th>step</th><th>evaluate</th><th>flags</th>"
            "<th>MLflow</th><th>detail</th></tr>"]
@@ -68,7 +63,7 @@ def status_section(status_rows, summaries: dict, exp: str | None) -> str:
             flags += f" (stopped at {s['stopped_on_collapse']})"
         out.append(f'<tr class="{_e(state.replace(" ", "-"))}"><td>{_e(r.cell)}</td><td>{_e(state)}</td>'
                    f"<td>{_e(r.train.step)}</td><td>{_e(r.evaluate.state)}</td><td>{_e(flags)}</td>"
-                   f"<td>{run_link(exp, s.get('mlflow_run_id'))}</td><td>{_e(detail)}</td></tr>")
+                   f"<td>{run_link(target, s.get('mlflow_run_id'))}</td><td>{_e(detail)}</td></tr>")
     out.append("</table>")
     head = "<p>" + ", ".join(f"<b>{n}</b> {_e(k)}" for k, n in sorted(counts.items())) + "</p>"
     return head + "".join(out)
@@ -83,14 +78,15 @@ def figure_html(png: Path, caption: str) -> str:
 
 def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tables: dict[str, pd.DataFrame],
          figures: list[tuple[Path, str]], skipped: dict[str, list[str]], provenance: dict[str, str]) -> str:
-    exp = mlflow_experiment_id(results, study.name)
+    target = ui_target(results, study.name)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(study.name)} report</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(study.name)}</h1><p>generated {now}; axes: "
              + ", ".join(f"{_e(a)} ({len(ax.values)})" for a, ax in study.axes.items())
              + (f"; baseline: {_e(study.baseline)}" if study.baseline else "") + "</p>",
-             "<h2>Cells</h2>", status_section(status_rows, summaries, exp),
+             mlflow_line(target, study.name),
+             "<h2>Cells</h2>", status_section(status_rows, summaries, target),
              "<h2>Headline metrics with uncertainty</h2>", _md_table(stats_md)]
     for name, df in tables.items():
         parts += [f"<h3>{_e(name)}</h3>", _table(df)]

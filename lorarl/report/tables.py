@@ -1,4 +1,4 @@
-"""The study's tables with their uncertainty (lorarl.stats) and the papers' headline tables.
+"""The study's tables with their uncertainty (lorarl.report.stats) and the papers' headline tables.
 
 * `stats_table`: one row per group (non-seed axes), each headline column as mean ± sd [95%] and,
   when the study declares `baseline:`, the difference to the baseline row of the same group
@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from lorarl import stats
+from lorarl.report import stats
 from lorarl.report.data import StudyData, scores_matrix
 from lorarl.study import label_of
 
@@ -48,7 +48,7 @@ def baseline_label(data: StudyData) -> str:
 
 
 def primary_metrics(data: StudyData) -> list[str]:
-    from lorarl.aggregate import primary_columns
+    from lorarl.report.aggregate import primary_columns
 
     return primary_columns(data.cells) if not data.cells.empty else []
 

@@ -10,7 +10,7 @@
 * ``distillation`` (:mod:`lorarl.rewards.distillation`): a deposit on every completion token,
   ``log pi_T(o_t|s_t) - log pi_theta(o_t|s_t)``, the teacher scoring the student's exact tokens.
 
-:class:`Deposits` is all the loss ever sees (through :mod:`lorarl.advantages`); the loss never
+:class:`Deposits` is all the loss ever sees (through :mod:`lorarl.train.advantages`); the loss never
 branches on the regime. The trainer builds a :class:`Rollouts` per generation batch.
 """
 

@@ -3,7 +3,7 @@
 ``reward.answer_format`` (and an evaluation benchmark's ``answer_format``) names one of
 :data:`ANSWER_FORMATS`:
 
-* ``boxed`` (default): the final boxed answer, compared with math-verify (:mod:`lorarl.grading`).
+* ``boxed`` (default): the final boxed answer, compared with math-verify (:mod:`lorarl.evaluate.grading`).
 * ``answer_line``: DAPO's rule, as verl's ``math_dapo.compute_score`` applies it by default (the rule
   paper 003 trains and scores MATH500/AIME with): only the last 300 characters of the completion are
   read; the answer is the *last* match of ``Answer\\s*:\\s*(.+)`` (case-insensitive, to the end of
@@ -18,7 +18,7 @@
   and a sentence-final ``42.`` is not ``42``, exactly as in verl).
 
 The rules are pure string code on bounded text (no sympy, no worker process): :func:`verdict` runs
-in microseconds. :mod:`lorarl.grading` dispatches to it for every format but ``boxed``, so the
+in microseconds. :mod:`lorarl.evaluate.grading` dispatches to it for every format but ``boxed``, so the
 training reward and every evaluation use this one function.
 """
 
@@ -30,7 +30,7 @@ from typing import Callable
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "INVALID"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number")  # boxed = math-verify (lorarl.grading)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number")  # boxed = math-verify (lorarl.evaluate.grading)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
 

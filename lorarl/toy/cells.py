@@ -40,7 +40,7 @@ def run_toy_study(study: Study, results: str | Path = "results", cells: list[str
     """Run the given cells (default: all) in this process; one folder + one MLflow run each."""
     from tqdm import tqdm
 
-    from lorarl.tracking import Tracker
+    from lorarl.tracking.client import Tracker
 
     todo = [c for c in study_cells(study) if cells is None or c.id in cells]
     tracker = Tracker(results, study.name)

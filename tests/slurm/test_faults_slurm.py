@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl import faults
+from lorarl.pipeline import faults
 from tests.slurm.test_pipeline_slurm import (REPO, cluster_is_up, env, models, snakemake, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lorarl import tracking_server
+from lorarl.tracking import server as tracking_server
 from tests.slurm.test_pipeline_slurm import (REPO, SLURM, cluster_is_up, env, models, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 

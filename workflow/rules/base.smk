@@ -2,6 +2,8 @@
 
 
 rule base_model:
+    input:
+        parent_model_input,
     output:
         paths.pattern("base_model", results=RESULTS),
     params:

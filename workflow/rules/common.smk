@@ -8,7 +8,7 @@ import sys
 from snakemake.utils import validate
 
 from lorarl import paths
-from lorarl.models import recipe_hash, recipe_name
+from lorarl.models import parent_recipe, recipe_hash, recipe_name
 from lorarl.study import StudyError, cell_table, load_study
 from lorarl.evaluate import plan as eval_plan
 
@@ -84,6 +84,12 @@ LAUNCH = (
     "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} "
     "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
 )
+
+
+def parent_model_input(wildcards):
+    """A recipe that continues another's SFT (`init_from`) needs that model built first."""
+    parent = parent_recipe(wildcards.name)
+    return [paths.pattern("base_model", results=RESULTS, name=parent)] if parent else []
 
 
 def recipe_param(wildcards):
@@ -181,7 +187,7 @@ def all_targets():
 
 def print_failures():
     """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
-    from lorarl.watch import failure_lines
+    from lorarl.pipeline.watch import failure_lines
 
     for name, (f, s) in STUDIES.items():
         if s.kind != "grpo":

@@ -1,6 +1,6 @@
 # Held-out evaluation, one job per cell x benchmark (and x snapshot step with eval.eval_every) of a
 # trained cell, and per benchmark of a study's `base` pseudo-cell. Every sample is kept
-# (<cell>/eval/<benchmark>[@step].jsonl) next to its summary (.json); lorarl.evaluation runs it.
+# (<cell>/eval/<benchmark>[@step].jsonl) next to its summary (.json); lorarl.evaluate.main runs it.
 
 EVAL_LAUNCH = "LORARL_EVAL_TARGET={params.eval_target} " + LAUNCH
 

@@ -1,0 +1,71 @@
+"""Diagnose stage: weight-space diagnostics of one trained cell → diagnostics.parquet + MLflow.
+
+W0 is always the ORIGINAL base weight (loaded fresh from the base model, never peft's possibly
+rewritten residual), W+ the effective weight after training (adapter merged, or the fully
+fine-tuned weight). The math lives in lorarl.diagnose.weights (pure functions).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lorarl import paths
+from lorarl.study import Cell
+
+SUMMARY_METRICS = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_right_deg",
+                   "bf16_sparsity", "subspace_sim_top", "subspace_sim_bottom", "overlap_principal",
+                   "overlap_low_magnitude")
+
+
+def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tuple]:
+    """{module name: (W0, W+, A or None)} for every adapted (or, for full FT, every) Linear."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    w0 = {n: m.weight.detach().clone() for n, m in base.named_modules()
+          if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
+    if full:
+        tuned = AutoModelForCausalLM.from_pretrained(str(adapter_dir), dtype=torch.float32)
+        mods = dict(tuned.named_modules())
+        return {n: (w0[n], mods[n].weight.detach(), None) for n in w0}
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
+    prefix = "base_model.model."
+    a_mats = {}
+    for n, m in peft_model.named_modules():
+        lora_a = getattr(m, "lora_A", None)
+        if isinstance(lora_a, torch.nn.ModuleDict) and "default" in lora_a:
+            a_mats[n[len(prefix):] if n.startswith(prefix) else n] = lora_a["default"].weight.detach().clone()
+    merged = peft_model.merge_and_unload()
+    mods = dict(merged.named_modules())
+    names = sorted(a_mats) if a_mats else [n for n in w0 if n in mods]
+    return {n: (w0[n], mods[n].weight.detach(), a_mats.get(n)) for n in names}
+
+
+def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
+    import torch
+
+    from lorarl.diagnose.weights import diagnose_model, write_parquet
+    from lorarl.models import resolve_model
+    from lorarl.tracking.client import Tracker
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = cell.config
+    kw = dict(results=results_dir, study=study, cell=cell.id)
+    pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
+                         full=cfg.adapter.method == "full")
+    k = min(16, min(min(w.shape) for w, _, _ in pairs.values()))
+    df = diagnose_model(pairs, k=k)
+    out = paths.path("diagnostics", **kw)
+    write_parquet(df, out)
+    scalars = df[df["metric"].isin(SUMMARY_METRICS)].groupby("metric")["value"].mean()
+    summary = {f"diag/{m}": float(v) for m, v in scalars.items()}
+    run_id = json.loads(paths.path("summary", **kw).read_text())["mlflow_run_id"]
+    tracker = Tracker(results_dir, study)
+    tracker.run_id = run_id
+    tracker.log_summary(summary)
+    return {"matrices": len(pairs), **summary}

@@ -1,0 +1,1 @@
+"""Running studies: the submitit launcher, in-flight jobs, status/watch, doctor, provenance, fault drills."""

@@ -1,0 +1,248 @@
+"""`lorarl doctor <study>`: smoke-test one cell on the study's own launcher/profile, project the study's cost.
+
+Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps,
+each benchmark limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``,
+builds a missing ``local:`` base model first, and submits the ``doctor`` stage through
+:func:`lorarl.pipeline.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
+a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
+anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
+checks), evaluation problems; then the smoke training (through the real train stage), the evaluation
+of each benchmark (timed), and the weight diagnostics. Back on the login side the measurements become
+a projection of the whole study (cells x steps + evaluations + diagnostics) with its assumptions, written
+as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from lorarl.study import find_cell, load_study
+
+HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check
+REQUEST = "doctor_request.json"  # next to the smoke study: what the job measures
+MEASURED = "measurements.json"  # written by the job into the smoke results folder
+
+
+# ----------------------------------------------------------------------------- in the job
+def device_info() -> dict[str, Any]:
+    import os
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            driver = "unknown"
+        return {"kind": "cuda", "name": props.name, "count": torch.cuda.device_count(), "driver": driver,
+                "cuda": torch.version.cuda, "memory_gb": props.total_memory / 2**30, "torch": torch.__version__}
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"kind": "cpu", "name": platform.processor() or platform.machine(), "count": os.cpu_count(),
+            "driver": "n/a", "cuda": None, "memory_gb": mem, "torch": torch.__version__}
+
+
+def _peak_memory_gb() -> float:
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def job_info() -> dict[str, Any]:
+    """Where this job runs, as the job itself sees it (host; Slurm job id, partition, nodes, GPUs)."""
+    import socket
+
+    from lorarl.pipeline.provenance import slurm_env
+
+    return {"host": socket.gethostname(), **slurm_env()}
+
+
+def tracking_check(results_dir: str) -> str:
+    """The job reaches the profile's MLflow store (a server URI must answer from the compute node)."""
+    from mlflow import MlflowClient
+
+    from lorarl.tracking.client import is_server, resolve_tracking
+
+    uri = resolve_tracking(None, results_dir)
+    if is_server(uri):
+        from lorarl.tracking.server import configure_client
+
+        configure_client(uri)
+    MlflowClient(uri).search_experiments(max_results=1)
+    return uri
+
+
+class _Checks:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def run(self, name: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as err:  # noqa: BLE001 - a failed check is reported, not raised
+            self.rows.append({"check": name, "ok": False, "detail": f"{type(err).__name__}: {err}"[:500],
+                              "seconds": round(time.perf_counter() - t0, 3)})
+            return None
+        detail = out if isinstance(out, str) else ""
+        self.rows.append({"check": name, "ok": True, "detail": detail, "seconds": round(time.perf_counter() - t0, 3)})
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return all(r["ok"] for r in self.rows)
+
+
+def _mean(rows: list[dict[str, str]], key: str) -> float:
+    vals = [float(r[key]) for r in rows if r.get(key) not in (None, "") and not math.isnan(float(r[key]))]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def step_split(metrics_csv: Path) -> dict[str, float]:
+    """Mean seconds per optimiser step by part (the first step is warm-up: dropped when there are more)."""
+    with open(metrics_csv) as fh:
+        rows = list(csv.DictReader(fh))
+    rows = rows[1:] if len(rows) > 1 else rows
+    step, score, gen = _mean(rows, "time/step_s"), _mean(rows, "time/score_s"), _mean(rows, "time/generate_s")
+    reward, ref = _mean(rows, "time/reward_s"), _mean(rows, "time/ref_forward_s")
+    monitors = _mean(rows, "time/kl_monitor_s") + _mean(rows, "time/kl_new_old_s")
+    tokens = _mean(rows, "rollout/tokens")
+    return {
+        "rollout_generation_s": gen,
+        "reward_s": reward,
+        "reference_forward_s": ref,
+        "old_policy_forward_and_advantages_s": max(score - gen - reward, 0.0),
+        "policy_forward_backward_s": max(step - score - ref, 0.0),
+        "kl_monitor_per_run_s": monitors,  # every kl_monitor_every steps, outside the step
+        "step_s": step,
+        "rollout_tokens_per_step": tokens,
+        "rollout_tokens_per_s": tokens / gen if gen > 0 else 0.0,
+        "freshness_logp_diff_max": max([float(r["rollout/logp_diff_mean"]) for r in rows
+                                        if r.get("rollout/logp_diff_mean")] or [float("nan")]),
+    }
+
+
+def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+    """The doctor stage (what the submitted job runs): checks, smoke training, evaluation, diagnostics."""
+    import torch
+
+    from lorarl.diagnose.main import diagnose_cell
+    from lorarl.evaluate.plan import benchmark_specs
+    from lorarl.evaluate.main import evaluate_cell, load_problems
+    from lorarl.rewards import build_regime
+    from lorarl.train.rollout import check_engine
+    from lorarl.tasks import task_records
+    from lorarl.train.main import load_policy, train_cell
+
+    if threads:
+        torch.set_num_threads(threads)
+    request = json.loads((Path(study_path).parent / REQUEST).read_text())
+    study = load_study(study_path)
+    cell = find_cell(study, cell_id)
+    cfg = cell.config
+    checks = _Checks()
+    dev = device_info()
+    device = "cuda" if dev["kind"] == "cuda" else "cpu"
+    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info()}
+
+    checks.run("MLflow store", lambda: tracking_check(results_dir))
+    checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here")
+    loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device))
+    if loaded is not None:
+        del loaded
+        t0 = time.perf_counter()  # again, warm: what every later job pays (the first load also imported the stack)
+        model, tok = load_policy(cfg, results_dir, device)
+        out["model_load_s"] = time.perf_counter() - t0
+        out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        out["params"] = sum(p.numel() for p in model.parameters())
+        checks.rows[-1]["detail"] = (f"{out['params']:,} parameters in {out['dtype']}, "
+                                     f"{out['model_load_s']:.2f}s per load")
+
+        def tokenizer_check() -> str:
+            text = "Q: 12+34=?"
+            if tok.eos_token_id is None:
+                raise ValueError("the tokenizer has no EOS token: rollouts would never stop")
+            back = tok.decode(tok(text, add_special_tokens=False)["input_ids"])
+            if back.strip() != text:
+                raise ValueError(f"tokenizer round trip changed {text!r} into {back!r}")
+            return f"vocab {len(tok)}, eos {tok.eos_token!r}"
+
+        checks.run("tokenizer", tokenizer_check)
+        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds")
+        del model
+    checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts")
+
+    def eval_backend() -> str:
+        from lorarl.evaluate.vllm_backend import sampled_on_hf
+
+        heavy = sampled_on_hf(cfg) if device == "cuda" else []
+        if heavy:  # not a failure: a loud note in the table (the evaluation jobs print a banner too)
+            return "WARNING sampled protocols with eval.backend hf on a GPU: " + "; ".join(heavy)
+        return f"eval.backend {cfg.eval.backend}"
+
+    checks.run("evaluation backend", eval_backend)
+    for name in benchmark_specs(cfg):
+        checks.run(f"evaluation data: {name}", lambda name=name: f"{len(load_problems(name, cfg))} problems (smoke limit)")
+    if not checks.ok:  # nothing long starts when a check fails
+        out.update(checks=checks.rows, ok=False)
+        return _write(results_dir, out)
+
+    t0 = time.perf_counter()
+    summary = checks.run("smoke training", lambda: train_cell(study.name, cell, results_dir, threads=threads) and
+                         f"{cfg.train.steps} steps")
+    out["train_wall_s"] = time.perf_counter() - t0
+    cdir = Path(results_dir) / study.name / cell.id
+    if summary is not None:
+        out["split"] = step_split(cdir / "metrics.csv")
+        if cfg.rollout.engine == "vllm":
+            worst = out["split"]["freshness_logp_diff_max"]
+            checks.rows.append({"check": "rollout freshness gate", "ok": worst <= cfg.rollout.freshness_threshold,
+                                "detail": f"max mean |logp diff| {worst:.4g} (threshold {cfg.rollout.freshness_threshold})",
+                                "seconds": 0.0})
+        else:
+            checks.rows.append({"check": "rollout freshness gate", "ok": True, "seconds": 0.0,
+                                "detail": "n/a: engine hf samples from the trained policy itself"})
+        out["evaluation"] = {}
+        for name in benchmark_specs(cfg):
+            t1 = time.perf_counter()
+            got = checks.run(f"evaluation: {name}", lambda name=name: evaluate_cell(study.name, cell, results_dir,
+                                                                                   threads=threads, targets=[name])
+                             and f"{cfg.eval.backend} backend")
+            wall = time.perf_counter() - t1
+            sfile = cdir / "eval" / f"{name}.json"
+            if got is not None and sfile.exists():
+                s = json.loads(sfile.read_text())
+                gen_s = max(wall - out["model_load_s"], 0.1 * wall)  # generation + grading, without the load
+                out["evaluation"][name] = {
+                    "wall_s": wall, "problems": s["n_problems"], "samples": s["n_samples"],
+                    "seconds_per_problem": gen_s / max(s["n_problems"], 1),
+                    "tokens_per_s": s["n_samples"] * s["mean_tokens"] / gen_s}
+        t2 = time.perf_counter()
+        checks.run("weight diagnostics", lambda: diagnose_cell(study.name, cell, results_dir, threads=threads) and "ok")
+        out["diagnose_s"] = time.perf_counter() - t2
+    out["peak_memory_gb"] = _peak_memory_gb()
+    share = out["peak_memory_gb"] / dev["memory_gb"] if dev["memory_gb"] else 0.0
+    checks.rows.append({"check": "memory headroom", "ok": share <= HEADROOM, "seconds": 0.0,
+                        "detail": f"peak {out['peak_memory_gb']:.2f} of {dev['memory_gb']:.1f} GiB ({share:.0%}; "
+                                  f"limit {HEADROOM:.0%})"})
+    out.update(checks=checks.rows, ok=checks.ok, request=request)
+    return _write(results_dir, out)
+
+
+def _write(results_dir: str, out: dict) -> dict:
+    path = Path(results_dir) / MEASURED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    return {"ok": out.get("ok", False), "measurements": str(path)}

@@ -1,0 +1,312 @@
+"""Login side of `lorarl doctor`: smoke study, launch through the profile, projection, JSON + markdown report.
+
+See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's assumptions are part of the report.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lorarl.pipeline.doctor import MEASURED, REQUEST
+from lorarl.study import StudyError, base_cells, find_cell, load_study, study_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials")  # what `--config KEY=VALUE` may set
+SMOKE_SUFFIX = "-doctor"  # the smoke study's name (and MLflow experiment): never the real study's runs
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`--config KEY=VALUE ...` as Snakemake reads it (VALUE is YAML): the profile's settings, overridden."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or key not in OVERRIDABLE:
+            raise StudyError(f"--config {item!r}: expected KEY=VALUE with KEY one of {', '.join(OVERRIDABLE)}")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as err:
+            raise StudyError(f"--config {key}: {value!r} is not YAML ({err})") from None
+    if "slurm" in out and not isinstance(out["slurm"], dict):
+        raise StudyError(f"--config slurm: must be a mapping of stage -> Slurm parameters, got {out['slurm']!r}")
+    if "launcher" in out and out["launcher"] not in ("debug", "local", "slurm"):
+        raise StudyError(f"--config launcher: {out['launcher']!r}; allowed: debug, local, slurm")
+    return out
+
+
+def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """launcher, Slurm resources per stage, MLflow store and concurrent jobs of a Snakemake profile (as the
+    study runs: config/config.yaml < the profile's `config:` < its configfile < `--config` overrides)."""
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text()) or {}
+    name = profile or "default"
+    pdir = ROOT / "profiles" / name if (ROOT / "profiles" / name).is_dir() else Path(name)
+    if not (pdir / "config.yaml").exists():
+        known = sorted(p.name for p in (ROOT / "profiles").iterdir() if p.is_dir())
+        raise StudyError(f"--profile {profile!r}: no such profile; allowed: {', '.join(known)} or a profile folder")
+    prof = yaml.safe_load((pdir / "config.yaml").read_text()) or {}
+    merged = {**base, **(prof.get("config") or {})}
+    if prof.get("configfile"):
+        merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
+    merged.update(overrides or {})
+    jobs = int(prof.get("jobs") or prof.get("cores") or 1)
+    return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
+            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite",
+            "tracking_credentials": merged.get("tracking_credentials") or ""}
+
+
+def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
+    """The profile's MLflow store into this process's environment (the submitted job carries it); a bad
+    value exits 2 before anything is written. sqlite = the smoke folder's own mlflow.db."""
+    import os
+
+    from lorarl.tracking.client import TRACKING_ENV, is_server, resolve_tracking
+    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+
+    uri = resolve_tracking(str(prof["tracking"]), results_dir)  # TrackingError: exit 2
+    creds = prof.get("tracking_credentials") or None
+    if is_server(uri):
+        check_client(uri, creds)
+    os.environ[TRACKING_ENV] = str(prof["tracking"])
+    if creds:
+        os.environ[CREDENTIALS_ENV] = str(creds)
+
+
+def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: float = 120) -> dict[str, Any]:
+    """The doctor job's id(s), and for Slurm its accounting record (partition, node, state, elapsed,
+    allocated resources) from sacct, next to what the profile asked for."""
+    import time
+
+    from lorarl.pipeline import provenance
+    from lorarl.pipeline.launch import ACTIVE, sacct_info
+
+    ids = provenance.job_ids(prov) if prov.exists() else []
+    attempts = provenance.attempts(prov) if prov.exists() else []
+    out: dict[str, Any] = {"executor": executor, "job_ids": ids, "job_id": ids[-1] if ids else None,
+                           "requested_partition": (requested or {}).get("partition"),
+                           "host": attempts[-1].get("host") if attempts else None}
+    if executor == "slurm" and out["job_id"]:
+        deadline = time.monotonic() + wait_s  # the result is written before the job ends: wait for its record
+        while True:
+            info = sacct_info(out["job_id"], fields=SACCT_FIELDS)
+            if info.get("State", "UNKNOWN").split()[0] not in ACTIVE | {"UNKNOWN"} or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        out["sacct"] = info
+        out.update(partition=info.get("Partition"), node=info.get("NodeList"), state=info.get("State"),
+                   elapsed=info.get("Elapsed"), alloc=info.get("AllocTRES"))
+    return out
+
+
+SACCT_FIELDS = ["JobID", "State", "ExitCode", "Partition", "NodeList", "Elapsed", "AllocTRES", "Start", "End"]
+
+
+def _budget(cfg: Any) -> float:
+    """Rollout tokens one step may generate: prompts x generations x completion budget."""
+    t = cfg.train
+    return float(t.prompts_per_step * t.generations * t.max_completion_length)
+
+
+def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir: str) -> dict[str, Any]:
+    """A one-cell study: the chosen cell with ``steps`` steps, ``eval_limit`` problems per benchmark."""
+    from lorarl.models import recipe_name, resolve_model
+
+    d = cell.config.model_dump(mode="json")
+    if recipe_name(d["model"]) is not None:  # the smoke run has its own results folder: point at the real model
+        d["model"] = str(Path(resolve_model(d["model"], results_dir)).resolve())
+    teacher = d["reward"].get("teacher")
+    if teacher and recipe_name(teacher) is not None:
+        d["reward"]["teacher"] = str(Path(resolve_model(teacher, results_dir)).resolve())
+    t = d["train"]
+    t.update(steps=steps, checkpoint_every=0)
+    if t["kl_monitor_every"]:
+        t["kl_monitor_every"] = min(t["kl_monitor_every"], steps)  # measured once at least, projected at its rate
+    d["eval"]["eval_every"] = 0
+    d["eval"]["curve_benchmarks"] = None
+    benches = d["eval"]["benchmarks"] or {"synthetic": {}}
+    for b in benches.values():
+        b["limit"] = min(b.get("limit") or eval_limit, eval_limit)
+    d["eval"]["benchmarks"] = benches
+    return {"name": study.name + SMOKE_SUFFIX, "defaults": d,
+            "axes": {"cell": {"values": [{"label": cell.id, "set": {"seed": d["seed"]}}]}}}
+
+
+def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
+    from lorarl.evaluate.plan import benchmark_specs
+    from lorarl.evaluate.main import load_problems
+
+    counts, notes = {}, []
+    for name in benchmark_specs(cfg):
+        try:
+            counts[name] = len(load_problems(name, cfg))
+        except Exception as err:  # noqa: BLE001 - no network on this node, say so
+            counts[name] = measured.get(name, {}).get("problems", 0)
+            notes.append(f"{name}: full problem count unavailable here ({type(err).__name__}); used the smoke's {counts[name]}")
+    return counts, notes
+
+
+def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
+    """Whole-study time and GPU-hours from the smoke's measurements, with the assumptions spelled out."""
+    from lorarl.evaluate.plan import eval_targets
+
+    split, evals = m["split"], m.get("evaluation", {})
+    cells, bases = study_cells(study), base_cells(study)
+    counts, notes = _problem_counts(chosen.config, evals)
+    ref = _budget(chosen.config)
+    load_s = m.get("model_load_s", 0.0)
+    train_s = eval_s = 0.0
+    n_eval_jobs = 0
+    for c in cells:
+        t = c.config.train
+        monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
+        train_s += load_s + t.steps * split["step_s"] * _budget(c.config) / ref + monitors
+    for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
+        for name, _step in eval_targets(c.config, is_base):
+            e = evals.get(name)
+            if e is None:
+                notes.append(f"{name}: not measured in the smoke cell; not projected")
+                continue
+            eval_s += load_s + e["seconds_per_problem"] * counts.get(name, e["problems"])
+            n_eval_jobs += 1
+    diag_s = m.get("diagnose_s", 0.0) * len(cells)
+    slurm = profile["slurm"] or {}
+    gpus = {s: int((slurm.get(s) or {}).get("gpus_per_node", 1 if m["device"]["kind"] == "cuda" else 0))
+            for s in ("train", "evaluate", "diagnose")}
+    total = train_s + eval_s + diag_s
+    gpu_h = (train_s * gpus["train"] + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
+    jobs = max(1, min(profile["jobs"], len(cells)))
+    return {
+        "cells": len(cells), "steps": sum(c.config.train.steps for c in cells), "eval_jobs": n_eval_jobs,
+        "train_h": train_s / 3600, "eval_h": eval_s / 3600, "diagnostics_h": diag_s / 3600,
+        "serial_h": total / 3600, "wall_h": total / 3600 / jobs, "concurrent_jobs": jobs,
+        "gpu_hours": gpu_h, "gpus_per_job": gpus, "problem_counts": counts,
+        "assumptions": [
+            f"a step of any cell costs the smoke cell's {split['step_s']:.3g}s (warm-up step excluded) scaled by its "
+            "rollout-token budget (prompts x generations x max_completion_length) relative to the smoke cell's",
+            "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
+            f"({load_s:.3g}s)",
+            "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "
+            "token budget) times the benchmark's full problem count; snapshots cost as much as finals",
+            f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell",
+            f"GPU-hours = job seconds x the profile's gpus_per_node per stage ({gpus}); wall time = serial time "
+            f"/ min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
+            *notes,
+        ],
+    }
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _where(w: dict, job: dict) -> str:
+    """Where the doctor job ran: Slurm's accounting record, else the executor and host."""
+    if w.get("partition"):
+        return (f"Slurm job {w['job_id']}, partition {w['partition']}, node {w.get('node')}, {w.get('state')} "
+                f"in {w.get('elapsed')} (allocated {w.get('alloc') or '?'}; GPUs visible to the job: "
+                f"{job.get('cuda_visible_devices', 'none')})")
+    return f"{w.get('executor', '?')} job {w.get('job_id')} on {w.get('host') or job.get('host', '?')}"
+
+
+def render_markdown(rep: dict) -> str:
+    m, d = rep["measured"], rep["measured"]["device"]
+    lines = [f"# lorarl doctor: {rep['study']} / {rep['cell']} ({'OK' if rep['ok'] else 'FAILED'})", "",
+             f"profile `{rep['profile']['name']}` (launcher {rep['profile']['launcher']}), {m.get('steps')} smoke steps", "",
+             "| item | value |", "|---|---|",
+             f"| ran where | {_where(rep.get('where') or {}, m.get('job') or {})} |",
+             f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
+             f"| driver / CUDA / torch | {d['driver']} / {d['cuda']} / {d['torch']} |",
+             f"| dtype used | {m.get('dtype', '?')} |",
+             f"| peak {'GPU' if d['kind'] == 'cuda' else 'CPU'} memory | {m.get('peak_memory_gb', float('nan')):.2f} GiB |"]
+    sp = m.get("split")
+    if sp:
+        lines += [f"| step time | {_fmt_s(sp['step_s'])} |",
+                  f"| - rollout generation | {_fmt_s(sp['rollout_generation_s'])} |",
+                  f"| - reference forward | {_fmt_s(sp['reference_forward_s'])} |",
+                  f"| - old-policy forward + advantages | {_fmt_s(sp['old_policy_forward_and_advantages_s'])} |",
+                  f"| - policy forward/backward + optimiser | {_fmt_s(sp['policy_forward_backward_s'])} |",
+                  f"| - reward | {_fmt_s(sp['reward_s'])} |",
+                  f"| KL monitors (per run, outside the step) | {_fmt_s(sp['kl_monitor_per_run_s'])} |",
+                  f"| rollout tokens/s | {sp['rollout_tokens_per_s']:.1f} |"]
+    for name, e in (m.get("evaluation") or {}).items():
+        lines.append(f"| eval {name} | {e['seconds_per_problem']:.3g} s/problem, {e['tokens_per_s']:.1f} tokens/s "
+                     f"({e['problems']} problems x {e['samples'] // max(e['problems'], 1)} samples) |")
+    lines += ["", "## Checks", "", "| check | ok | detail |", "|---|---|---|"]
+    lines += [f"| {c['check']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |" for c in m["checks"]]
+    p = rep.get("projection")
+    if p:
+        lines += ["", "## Projection of the whole study", "",
+                  f"{p['cells']} cells, {p['steps']} training steps, {p['eval_jobs']} evaluation jobs: "
+                  f"train {p['train_h']:.2f} h + evaluation {p['eval_h']:.2f} h + diagnostics {p['diagnostics_h']:.2f} h "
+                  f"= **{p['serial_h']:.2f} h serial**, about **{p['wall_h']:.2f} h wall** with {p['concurrent_jobs']} "
+                  f"concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**.", "", "Assumptions:", ""]
+        lines += [f"- {a}" for a in p["assumptions"]]
+    return "\n".join(lines) + "\n"
+
+
+def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, profile: str | None = None,
+               results_dir: str = "results", eval_limit: int = 8, threads: int = 1,
+               overrides: list[str] | None = None) -> int:
+    """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
+    from lorarl.pipeline.launch import launch
+    from lorarl.models import recipe_name
+    from lorarl.pipeline.provenance import provenance_path
+
+    if steps < 1 or eval_limit < 1:
+        raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
+    study = load_study(study_path)
+    if study.kind != "grpo":
+        raise StudyError(f"lorarl doctor runs GRPO studies; {study.name} is kind {study.kind!r} (allowed: grpo)")
+    cells = study_cells(study)
+    cell = find_cell(study, cell_id) if cell_id else cells[0]
+    prof = read_profile(profile, parse_overrides(overrides))
+    out_dir = Path(results_dir) / study.name / "doctor"
+    smoke_dir = out_dir / "run"
+    use_profile_tracking(prof, str(smoke_dir))  # bad store: exit 2, nothing written yet
+    out_dir.mkdir(parents=True, exist_ok=True)
+    smoke = smoke_study(study, cell, steps, eval_limit, results_dir)
+    smoke_yaml = out_dir / "smoke.yaml"
+    smoke_yaml.write_text(yaml.safe_dump(smoke, sort_keys=False))
+    (out_dir / REQUEST).write_text(json.dumps({"study": str(Path(study_path).resolve()), "cell": cell.id,
+                                               "steps": steps, "eval_limit": eval_limit,
+                                               "profile": prof["name"]}) + "\n")
+    (smoke_dir / MEASURED).unlink(missing_ok=True)
+    slurm = prof["slurm"] or {}
+    name = recipe_name(cell.config.model)
+    if name is not None and not (Path(results_dir) / "models" / name / "config.json").exists():
+        rc = launch("base", str(smoke_yaml), name, results_dir, prof["launcher"], threads, slurm.get("base"))
+        if rc:
+            print(f"error: building the base model {name!r} failed (exit {rc})", file=sys.stderr)
+            return 1
+    rc = launch("doctor", str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
+                slurm.get("train"))
+    prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, "doctor")
+    where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
+    mfile = smoke_dir / MEASURED
+    if not mfile.exists():
+        print(f"error: the doctor job wrote no measurements (exit {rc}); see its log above", file=sys.stderr)
+        return 1
+    measured = json.loads(mfile.read_text())
+    measured["split"] = measured.get("split") or None
+    checks = measured.setdefault("checks", [])
+    if where.get("requested_partition") and where.get("partition"):  # Slurm: did it land where the study trains?
+        same = where["partition"] == where["requested_partition"]
+        checks.append({"check": "ran on the study's train partition", "ok": same, "seconds": 0.0,
+                       "detail": f"job {where['job_id']} on partition {where['partition']} (profile: "
+                                 f"{where['requested_partition']}), node {where.get('node')}"})
+    ok = bool(measured.get("ok")) and rc == 0 and all(c["ok"] for c in checks)
+    rep = {"study": study.name, "cell": cell.id, "profile": {k: v for k, v in prof.items()
+                                                              if k != "tracking_credentials"},
+           "ok": ok, "where": where, "measured": measured}
+    if ok and measured.get("split"):
+        rep["projection"] = project(study, cell, measured, prof)
+    (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    md = render_markdown(rep)
+    (out_dir / "doctor.md").write_text(md)
+    print(md)
+    return 0 if rep["ok"] else 1

@@ -1,0 +1,198 @@
+"""A lost launcher's job, found again; and the outputs, not the scheduler, decide success.
+
+When the submit host dies (Snakemake and every `lorarl launch` killed) the jobs keep running: Slurm
+jobs on the cluster, local jobs as orphaned processes. A restarted `snakemake all` runs `lorarl launch`
+again for each unfinished stage; before submitting, `find_job` looks for the stage's job still in
+flight, and the launcher waits on that one instead of submitting a duplicate:
+* Slurm: `squeue` for the job name of this stage and cell (`lorarl-<stage>-<study>-<cell>`, unique per
+  stage key) or the job id recorded in the stage's provenance file: any job not yet finished;
+* local: a live `submitit.local._local` process whose command line names this stage's log folder
+  (its pid is the job id).
+Found by name, not only by the recorded id: a launcher killed between the submission and writing
+the id down still has its job found.
+
+After the job ends, `missing_outputs` checks the stage's declared outputs: a job that Slurm or
+submitit reports as a success (or whose state is UNKNOWN, or unavailable) without its outputs is a
+failure. The outputs decide. When sacct cannot answer (slurmdbd down, accounting storage unreachable:
+every state reads UNKNOWN), `controller_state` asks slurmctld itself whether the job has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from lorarl import paths
+from lorarl.pipeline import provenance
+
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING",
+          "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}  # a job not yet ended
+DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+               "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+
+
+def _squeue(args: list[str]) -> list[tuple[str, str, str]] | None:
+    """(job id, state, name) rows, or None when squeue cannot be asked."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-o", "%i|%T|%j", *args], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return [tuple((line.split("|") + ["", "", ""])[:3]) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def slurm_job_in_flight(name: str, recorded_id: str | None) -> tuple[str, str] | None:
+    """(job id, state) of an unfinished Slurm job of this stage: by name, else by the recorded id."""
+    rows = _squeue(["--name", name]) or []
+    if recorded_id:
+        rows += [r for r in (_squeue(["-j", recorded_id]) or []) if r[2] == name]
+    for jid, state, _ in rows:
+        if state and state.split()[0] not in DONE_STATES:
+            return jid.split("_")[0], state
+    return None
+
+
+def controller_state(job_id: str) -> str | None:
+    """The job's state as slurmctld holds it (`scontrol show job`), e.g. RUNNING or CANCELLED; "GONE" when
+    the controller no longer knows the job (it ended more than MinJobAge ago); None when it cannot be asked."""
+    try:
+        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return "GONE" if "Invalid job id" in proc.stderr + proc.stdout else None
+    m = re.search(r"\bJobState=(\S+)", proc.stdout)
+    return m.group(1) if m else None
+
+
+def requeued(job: Any, label: str) -> bool:
+    """A Slurm job that submitit sees ended (e.g. NODE_FAIL in sacct) without a result, but that Slurm
+    requeued (slurmctld: PENDING again): True after a pause (keep waiting on it), else False."""
+    if job.paths.result_pickle.exists():
+        return False
+    ctl = controller_state(job.job_id)
+    if ctl is None or ctl.split()[0] not in ACTIVE:
+        return False
+    note = f"[lorarl] {label}: job {job.job_id} {job.state}, requeued by Slurm ({ctl}): waiting on it"
+    if note not in _NOTED:
+        _NOTED.add(note)
+        print(note, flush=True)
+    job.watcher.clear()  # forget submitit's cached final state: ask sacct again
+    time.sleep(1.0)
+    return True
+
+
+_NOTED: set[str] = set()  # requeue notes already printed
+
+
+def local_job_in_flight(folder: Path) -> str | None:
+    """The pid of a live submitit local job running in this stage's log folder."""
+    want = str(Path(folder).resolve())
+    pids: list[tuple[int, str]] = []
+    mine = _ancestors()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or d.name in mine:
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if want in args and ("submitit.local._local" in args or "submitit.core._submit" in args):
+            pids.append((0 if "submitit.local._local" in args else 1, d.name))
+    return min(pids)[1] if pids else None  # the controller (its pid is the job id), else an orphaned worker
+
+
+def _ancestors() -> set[str]:
+    """This process and its parents (never adopt ourselves)."""
+    out, pid = set(), os.getpid()
+    while pid > 1:
+        out.add(str(pid))
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, OSError):
+        return False
+    try:  # a zombie (exited, not yet reaped) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def find_job(executor: str, folder: Path, name: str, prov_file: Path) -> tuple[str, str] | None:
+    """(job id, state) of this stage's job still in flight from an earlier launcher, or None."""
+    subs = provenance.read(prov_file).get("submissions", [])
+    recorded = str(subs[-1].get("job_id") or "") if subs else ""
+    if executor == "slurm":
+        return slurm_job_in_flight(name, recorded or None)
+    if executor == "local":
+        pid = local_job_in_flight(folder)
+        return (pid, "RUNNING") if pid else None
+    return None
+
+
+def wait_local(pid: str, poll_s: float = 1.0) -> None:
+    """An orphaned local job is not our child: wait for its pid to go."""
+    while pid_alive(pid):
+        time.sleep(poll_s)
+
+
+def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str) -> list[Path]:
+    """The declared outputs of one stage of one cell (the Snakemake rules use the same paths)."""
+    kw = dict(results=results_dir, study=study, cell=cell)
+    if stage == "train":
+        return [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json", "adapter")]
+    if stage == "diagnose":
+        return [paths.path("diagnostics", **kw)]
+    if stage == "base":
+        return [paths.path("base_model", results=results_dir, name=cell)]
+    if stage == "evaluate":
+        from lorarl.evaluate.plan import parse_target
+
+        target = os.environ.get("LORARL_EVAL_TARGET", "")
+        if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file
+            return []
+        bench, step = parse_target(target)
+        if step is None:
+            return [paths.path("eval_summary", benchmark=bench, **kw), paths.path("eval_samples", benchmark=bench, **kw)]
+        return [paths.path("eval_step_summary", benchmark=bench, step=step, **kw),
+                paths.path("eval_step_samples", benchmark=bench, step=step, **kw)]
+    if stage == "doctor":  # `lorarl doctor`: the job's measurements (written even when a check fails)
+        from lorarl.pipeline.doctor import MEASURED
+
+        return [Path(results_dir) / MEASURED]
+    return []  # toy: one job for the whole study, checked by its aggregate
+
+
+def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
+                    config_hash: str | None = None) -> list[str]:
+    """What of the stage's outputs is absent or not this config's (empty: the stage is done)."""
+    try:
+        wanted = expected_outputs(stage, results_dir, study, cell)
+    except Exception as err:  # noqa: BLE001 - an unparsable eval target: cannot confirm the outputs
+        return [f"(cannot tell the outputs: {err})"]
+    out = [str(p) for p in wanted if not p.exists()]
+    if stage == "train" and not out and config_hash:
+        summary = paths.path("summary", results=results_dir, study=study, cell=cell)
+        try:
+            got = json.loads(summary.read_text()).get("config_hash")
+        except (OSError, ValueError):
+            got = None
+        if got != config_hash:
+            out.append(f"{summary} (config {got}, expected {config_hash})")
+    return out

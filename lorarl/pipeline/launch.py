@@ -1,0 +1,410 @@
+"""The submitit seam: every base/train/evaluate/diagnose/toy job goes through here, locally or on Slurm.
+
+`lorarl launch <stage> <study.yaml> <cell>` (what the Snakemake rules call) submits a `StageJob` with
+submitit, waits, and on failure prints the job's state and the tail of its stderr, then exits
+non-zero so Snakemake marks the cell failed. Executors:
+- `debug`: in-process (pdb-able; no isolation),
+- `local`: a child process per job (the default profile),
+- `slurm`: a Slurm job; partition/account/qos/time/resources come from the profile
+  (`config: slurm: {train: {...}, evaluate: {...}, base: {...}}`), never from studies.
+
+`StageJob` is submitit-`Checkpointable`: on Slurm's pre-timeout or preemption signal (USR2) it is
+requeued, and the train stage resumes from its latest checkpoint into the same MLflow run
+(`lorarl.train.checkpoint`). Every submission and every (re)start of the job is appended to the stage's
+provenance file (`lorarl.pipeline.provenance`): git SHA + diff, pip freeze, host, GPU, all Slurm job ids.
+
+Logs: `results/<study>/<cell>/logs/<stage>/<jobid>_0_log.{out,err}` (requeued attempts append to the
+same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from lorarl.pipeline import inflight, provenance
+from lorarl import paths
+
+STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
+# submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
+GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
+           "stderr_to_stdout"}
+TERMINAL_OK = {"COMPLETED"}
+ACTIVE = inflight.ACTIVE  # Slurm states of a job not yet ended
+POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
+EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
+
+
+def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+    """What a job executes; out of disk space becomes one clear error (lorarl.pipeline.diskfull)."""
+    try:
+        return _run_stage(stage, study_path, cell_id, results_dir, threads)
+    except Exception as err:
+        from lorarl.pipeline.diskfull import disk_full_error, free_partial_outputs, is_disk_full
+
+        if is_disk_full(err):
+            free_partial_outputs(stage, study_path, cell_id, results_dir)
+            raise disk_full_error(err, stage, cell_id, results_dir) from err
+        raise
+
+
+def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+    """What a job executes. Imports the heavy stack lazily so the launcher itself stays light."""
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    if stage == "base":
+        from lorarl.models import build_base, resolve_model
+
+        return build_base(cell_id, resolve_model(f"local:{cell_id}", results_dir), threads=threads)
+    from lorarl.study import cell_table, load_study
+
+    study = load_study(study_path)
+    table = cell_table(study)
+    if stage == "toy":  # every cell of a toy study in this one job (cell_id "all" or a comma list)
+        from lorarl.toy.cells import run_toy_study
+
+        return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
+    cell = table.cell(cell_id)
+    if stage == "train":
+        from lorarl.train.main import train_cell
+
+        return train_cell(study.name, cell, results_dir, threads=threads)
+    if stage == "evaluate":
+        from lorarl.evaluate.main import evaluate_cell
+
+        is_base = table.is_base(cell.id)
+        return evaluate_cell(study.name, cell, results_dir, is_base=is_base, threads=threads)
+    if stage == "diagnose":
+        from lorarl.diagnose.main import diagnose_cell
+
+        return diagnose_cell(study.name, cell, results_dir, threads=threads)
+    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.pipeline.doctor)
+        from lorarl.pipeline.doctor import doctor_job
+
+        return doctor_job(study_path, cell.id, results_dir, threads=threads)
+    raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
+
+
+class StageJob(submitit.helpers.Checkpointable):
+    """One stage of one cell, as submitted. Requeued as is on preemption/timeout: the train stage
+    resumes from its checkpoints on disk, evaluate and base simply run again."""
+
+    def __init__(self, stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
+                 provenance_file: str | None = None, submission: int | None = None):
+        self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
+        self.results_dir, self.threads = results_dir, threads
+        self.provenance_file, self.submission = provenance_file, submission
+        # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
+
+    def __call__(self) -> dict:
+        os.environ.update(getattr(self, "env", {}))
+        if self.provenance_file:
+            os.environ[provenance.ENV_PATH] = self.provenance_file
+            _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
+        try:
+            out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+        except BaseException as err:
+            outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
+                       else f"failed: {type(err).__name__}: {err}")
+            if self.provenance_file:
+                _safely(provenance.record_attempt_end, self.provenance_file, self.submission, outcome)
+            raise
+        if self.provenance_file:
+            _safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
+        return out
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def _safely(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - provenance must never fail a job
+        print(f"[lorarl] provenance: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+
+
+def coerce(value: Any) -> Any:
+    """Snakemake hands a profile's nested `config:` values over as strings ("64", "True"): restore
+    numbers and booleans (submitit computes with mem_gb, timeout_min, ...)."""
+    if isinstance(value, dict):
+        return {k: coerce(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [coerce(v) for v in value]
+    if isinstance(value, str):
+        if _INT.match(value):
+            return int(value)
+        if _FLOAT.match(value):
+            return float(value)
+        if value in ("True", "true", "False", "false"):
+            return value in ("True", "true")
+    return value
+
+
+def slurm_parameters(slurm: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Profile keys → (AutoExecutor constructor kwargs, update_parameters kwargs)."""
+    ctor: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    for k, v in coerce(slurm or {}).items():
+        if k == "setup" and isinstance(v, list):
+            v = [str(line) for line in v]  # shell lines stay text
+        if k == "max_num_timeout":  # how many time-limit requeues before giving up (submitit: 3)
+            ctor["slurm_max_num_timeout"] = int(v)
+        elif k in GENERIC or k.startswith("slurm_"):
+            params[k] = v
+        else:
+            params[f"slurm_{k}"] = v
+    return ctor, params
+
+
+def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] | None = None,
+                  name: str | None = None) -> submitit.AutoExecutor:
+    if kind not in ("debug", "local", "slurm"):
+        raise ValueError(f"unknown executor {kind!r}; allowed: debug, local, slurm")
+    ctor, slurm_params = slurm_parameters(slurm) if kind == "slurm" else ({}, {})
+    ex = submitit.AutoExecutor(folder=str(folder), cluster=kind, **ctor)
+    params: dict[str, Any] = {"cpus_per_task": threads}
+    if name:
+        params["name"] = name
+    if kind == "slurm":
+        params.update(slurm_params)
+    else:
+        params["timeout_min"] = 24 * 60
+    ex.update_parameters(**params)
+    return ex
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return f"(no log at {path})"
+
+
+def sacct_info(job_id: str, fields: list[str] | None = None) -> dict[str, str]:
+    """The final accounting record of a Slurm job (default: State, ExitCode, Reason, Elapsed, NodeList)."""
+    fields = list(fields or ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"])
+    if "JobID" not in fields:
+        fields.insert(0, "JobID")
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", ",".join(fields)],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("JobID") == str(job_id)] or rows
+    return rows[-1] if rows else {}
+
+
+def squeue_state(job_id: str) -> str | None:
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+                             timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[str, str]:
+    """The job's state from the scheduler, not submitit's cache; waits for a terminal Slurm state."""
+    if executor != "slurm":
+        try:
+            return {"State": job.get_info(mode="force").get("State", "UNKNOWN")}
+        except Exception:  # noqa: BLE001
+            return {"State": "UNKNOWN"}
+    deadline = time.time() + wait_s
+    info: dict[str, str] = {}
+    while True:
+        info = sacct_info(job.job_id)
+        if not info:  # sacct cannot say (slurmdbd down?): slurmctld, else submitit's (maybe stale) state
+            ctl = inflight.controller_state(job.job_id)
+            if ctl == "GONE":
+                return {"State": "UNKNOWN", "Reason": "no sacct record; slurmctld no longer knows the job"}
+            info = ({"State": ctl, "Reason": "from slurmctld (no sacct record)"} if ctl else
+                    {"State": job.get_info(mode="force").get("State", "UNKNOWN")})
+        state = info.get("State", "UNKNOWN").split()[0]  # "CANCELLED by 0" -> CANCELLED
+        if state not in ACTIVE and state != "UNKNOWN" or time.time() > deadline:
+            return info
+        time.sleep(2)
+
+
+def error_summary(err: BaseException) -> str:
+    """One line: the job's exception (`OSError: ...`) from submitit's traceback, or its own message."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    if "----------------------" in lines:  # FailedJobError: the job's traceback between two rulers
+        i = lines.index("----------------------")
+        j = lines.index("----------------------", i + 1) if "----------------------" in lines[i + 1:] else len(lines)
+        body = [line for line in lines[i + 1:j] if line]
+        if body:
+            return body[-1][:1000]
+    text = " ".join(line for line in lines[:3] if line)
+    return f"{type(err).__name__}: {text}"[:1000]
+
+
+def _stage_key(stage: str) -> str:
+    """train | base | evaluate[-<benchmark>[@step]]: one log folder and provenance file per job kind."""
+    target = os.environ.get(EVAL_TARGET_ENV, "") if stage == "evaluate" else ""
+    return f"{stage}-{target}" if target else stage
+
+
+def _clear_stale_results(folder: Path) -> None:
+    """Job ids restart on a fresh cluster: an old `<id>_result.pkl` would be read as this job's result."""
+    for p in list(folder.glob("*_result.pkl")) + list(folder.glob("*_submitted.pkl")):
+        p.unlink(missing_ok=True)
+
+
+def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "results",
+           executor: str = "local", threads: int = 1, slurm: dict[str, Any] | None = None) -> int:
+    """Submit one stage of one cell, wait for it, report failure with the log tail. Returns exit code."""
+    results_dir = str(Path(results_dir).resolve())  # the job may start in another directory
+    key = _stage_key(stage)
+    config_hash = None
+    if stage == "base":
+        study_name = None
+        folder = Path(results_dir) / "models" / ".logs" / cell_id
+    else:
+        from lorarl.study import cell_table, load_study
+
+        study_path = str(Path(study_path).resolve())
+        study = load_study(study_path)
+        study_name = study.name
+        config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
+        folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    if executor == "slurm":  # the job's CPU threads are what Slurm grants, not the local Snakemake count
+        slurm = coerce(slurm or {})
+        threads = int(slurm.get("cpus_per_task", threads or 1))
+    threads = max(1, int(threads or 1))
+    name = f"lorarl-{key}-{study_name or 'models'}-{cell_id}"
+    prov = provenance.provenance_path(results_dir, study_name, cell_id if stage != "toy" else ".toy", stage)
+    if key != stage:
+        prov = prov.with_name(f"{key}.json")
+    t0 = time.time()
+    found = inflight.find_job(executor, folder, name, prov)  # a lost launcher's job still running?
+    if found is not None:
+        print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
+              f"instead of submitting a duplicate", flush=True)
+        if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash) == 0:
+            return 0
+        # it ended without its outputs (failed, or they were written before this Snakemake started and
+        # removed by its cleanup of incomplete outputs): run the stage again (training resumes if it can)
+        print(f"[lorarl] {key} {cell_id}: submitting it again", flush=True)
+    _clear_stale_results(folder)
+    index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
+                                         config_hash=config_hash, executor=executor, slurm=slurm)
+    ex = make_executor(executor, folder, threads, slurm, name=name)
+    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index))
+    provenance.record_job_id(prov, index, job.job_id, name)
+    print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
+    return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
+
+
+def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
+            cell_id: str, config_hash: str | None, prov: Path, t0: float) -> int:
+    """Wait for our own job; success = the job succeeded AND its outputs are there."""
+
+    def on_signal(signum: int, frame: Any) -> None:  # Snakemake interrupted: don't leave an orphan job
+        print(f"[lorarl] {signal.Signals(signum).name}: cancelling job {job.job_id}", file=sys.stderr, flush=True)
+        job.cancel(check=False)
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        error = _wait(job, executor, key, cell_id)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    if error is None and not missing:
+        print(f"[lorarl] {key} {cell_id}: done in {time.time() - t0:.1f}s (job {job.job_id})", flush=True)
+        return 0
+    if error is None:  # the scheduler said success (or could not say): the outputs decide
+        error = RuntimeError(f"job {job.job_id} ended as a success but its outputs are missing: {', '.join(missing)}")
+    info = final_state(job, executor)
+    state = info.get("State", "UNKNOWN")
+    detail = ", ".join(f"{k.lower()} {info[k]}" for k in ("ExitCode", "Reason", "Elapsed", "NodeList")
+                       if info.get(k) not in (None, "", "None"))
+    ids = ",".join(provenance.job_ids(prov)) or job.job_id
+    print(f"[lorarl] error: {error_summary(error)}", file=sys.stderr)
+    print(f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),
+          file=sys.stderr)
+    print(f"[lorarl] tail of {job.paths.stderr}:\n{tail(job.paths.stderr)}", file=sys.stderr)
+    print(f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
+          f"stderr {job.paths.stderr}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseException | None:
+    """Wait for the job (through requeues), printing its state changes; the error, or None on success.
+
+    A finished job is seen within a second when it wrote its result (success or exception). One that
+    died without one (cancelled, out of memory, timeout, node failure) is seen by asking Slurm:
+    submitit asks sacct ever less often (up to every 10 min); this asks at least every
+    $LORARL_POLL_S seconds (default 60: one sacct call per minute per running cell)."""
+    poll_s = float(os.environ.get(POLL_ENV, "60"))
+    last, forced, ended = None, time.monotonic(), None
+    while True:
+        try:
+            if executor == "slurm" and time.monotonic() - forced > poll_s:
+                job.get_info(mode="force")  # refreshes submitit's cached state
+                forced = time.monotonic()
+                if not job.paths.result_pickle.exists() and not sacct_info(job.job_id):
+                    # sacct cannot say (slurmdbd down: submitit keeps a stale or UNKNOWN state): slurmctld
+                    ctl = inflight.controller_state(job.job_id)
+                    if ctl is not None and ctl.split()[0] not in ACTIVE:
+                        ended = ctl  # ended without a result: never taken as a success
+                        break
+            if job.done():
+                if not (executor == "slurm" and inflight.requeued(job, f"{key} {cell_id}")):
+                    break
+        except Exception as err:  # noqa: BLE001 - a flaky sacct call must not fail the cell
+            print(f"[lorarl] polling job {job.job_id}: {err}", file=sys.stderr)
+        if executor == "slurm":
+            state = job.state
+            if state != last:
+                print(f"[lorarl] {key} {cell_id}: job {job.job_id} {state}", flush=True)
+                last = state
+            if state.startswith("PREEMPTED") and squeue_state(job.job_id) is None:
+                break  # preempted without requeue: submitit would wait forever
+        time.sleep(1.0)
+    if ended is not None and not job.paths.result_pickle.exists():
+        return RuntimeError(f"job {job.job_id} ended without a result: sacct has no state (unavailable?), "
+                            f"slurmctld says {ended}")
+    try:
+        job.result()
+    except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...
+        return err
+    return None
+
+
+def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: str, results_dir: str,
+                    study_name: str | None, cell_id: str, config_hash: str | None) -> int:
+    """Wait on a job submitted by an earlier (lost) launcher; its outputs decide the result."""
+    if executor == "slurm":
+        job = submitit.SlurmJob(folder, job_id)
+        _wait(job, executor, key, cell_id)
+        info = final_state(job, executor)
+    else:
+        inflight.wait_local(job_id)
+        info = {"State": "EXITED"}
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    if not missing:
+        print(f"[lorarl] {key} {cell_id}: adopted job {job_id} finished; outputs in place", flush=True)
+        return 0
+    print(f"[lorarl] adopted job {job_id} ended ({info.get('State', 'UNKNOWN')}) without its outputs: "
+          f"{', '.join(missing)}", file=sys.stderr, flush=True)
+    return 1

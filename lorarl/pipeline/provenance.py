@@ -1,0 +1,244 @@
+"""Per-cell provenance: what code, packages, machine and Slurm jobs produced a stage's outputs.
+
+One JSON file per cell and stage, `results/<study>/<cell>/provenance/<stage>.json` (for the base
+model: `results/models/.logs/<name>/provenance.json`), outside Snakemake's declared outputs so a
+failed or rerun stage never loses it. It is appended to, never rewritten from scratch:
+
+    {"stage": "train", "study": ..., "cell": ..., "config_hash": ...,
+     "submissions": [                                  # one per `lorarl launch` (Snakemake run)
+        {"submitted_at": ..., "host": <submit host>, "executor": "slurm", "slurm": {...params},
+         "job_id": "12", "git": {"sha": ..., "dirty": true, "diff": "blobs/<sha256>.diff",
+         "untracked": [...]}, "pip_freeze": "blobs/<sha256>.txt", "python": ...,
+         "attempts": [                                 # one per start of the job (requeues included)
+            {"job_id": "12", "restart_count": 0, "host": ..., "gpu": "NVIDIA H100 80GB HBM3" | "cpu",
+             "started_at": ..., "ended_at": ..., "outcome": "requeued" | "completed" | "failed: ..."}]}]}
+
+The dirty diff (`git diff HEAD` plus every untracked text file as a new-file patch, so that
+`git apply` on the SHA rebuilds the tree) and the `pip freeze` are stored once by content in
+`blobs/` next to the JSON. `job_ids(...)` lists every Slurm job id across requeues and reruns.
+Writes take an flock on a sibling `.lock` file (launcher and job may write at the same time).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_PATH = "LORARL_PROVENANCE"  # set inside a job: where that job's provenance file is
+
+
+def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
+    if stage == "base":
+        return Path(results_dir) / "models" / ".logs" / cell / "provenance.json"
+    return Path(results_dir) / str(study) / cell / "provenance" / f"{stage}.json"
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _run(cmd: list[str], timeout: float = 60) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _untracked_patch(repo: str, name: str, max_bytes: int) -> str:
+    path = Path(repo) / name
+    try:
+        if path.stat().st_size > max_bytes or b"\0" in path.read_bytes()[:8192]:
+            return f"# untracked, not included (binary or over {max_bytes} bytes): {name}\n"
+    except OSError:
+        return ""
+    try:  # exits 1 when the files differ, which they always do here
+        proc = subprocess.run(["git", "-C", repo, "diff", "--no-color", "--no-index", "--", "/dev/null", name],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout
+
+
+def git_info(repo: str | Path = REPO, max_file_bytes: int = 512_000) -> dict[str, Any]:
+    """HEAD sha, dirty flag, the dirty diff as text (tracked changes + untracked text files as new-file
+    patches) and the untracked file names."""
+    repo = str(repo)
+    sha = _run(["git", "-C", repo, "rev-parse", "HEAD"])
+    if sha is None:
+        return {"sha": "unknown", "dirty": None, "diff": "", "untracked": []}
+    diff = _run(["git", "-C", repo, "diff", "HEAD", "--no-color"]) or ""
+    untracked = (_run(["git", "-C", repo, "ls-files", "--others", "--exclude-standard"]) or "").split()
+    diff += "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
+    return {"sha": sha.strip(), "dirty": bool(diff.strip()), "diff": diff, "untracked": untracked}
+
+
+def store_blob(folder: Path, text: str, suffix: str) -> str:
+    """Content-addressed: the same diff or freeze across submissions is stored once. Returns the path
+    relative to the provenance JSON."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = folder / "blobs" / f"{digest}{suffix}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return f"blobs/{path.name}"
+
+
+def pip_freeze() -> list[str]:
+    """`pip freeze` of the interpreter the jobs run with (submitit uses sys.executable)."""
+    out = _run([sys.executable, "-m", "pip", "freeze", "--disable-pip-version-check"], timeout=120)
+    if out is not None:
+        return out.splitlines()
+    from importlib import metadata  # no pip in this environment: the same facts from the metadata
+
+    return sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+
+
+def gpu_type() -> str:
+    """The GPU(s) this process sees, e.g. 'NVIDIA H100 80GB HBM3 x2', or 'cpu'."""
+    if shutil.which("nvidia-smi"):
+        out = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30)
+        names = [n.strip() for n in (out or "").splitlines() if n.strip()]
+        if names:
+            return names[0] if len(set(names)) == 1 and len(names) == 1 else f"{names[0]} x{len(names)}"
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        try:
+            if torch.cuda.is_available():
+                n = torch.cuda.device_count()
+                return torch.cuda.get_device_name(0) + (f" x{n}" if n > 1 else "")
+        except Exception:  # noqa: BLE001 - provenance must never fail a job
+            pass
+    return "cpu"
+
+
+def slurm_env() -> dict[str, Any]:
+    keys = {"SLURM_JOB_ID": "job_id", "SLURM_RESTART_COUNT": "restart_count", "SLURM_JOB_PARTITION": "partition",
+            "SLURM_JOB_NODELIST": "nodelist", "CUDA_VISIBLE_DEVICES": "cuda_visible_devices"}
+    out = {v: os.environ[k] for k, v in keys.items() if k in os.environ}
+    if "job_id" in out:  # Slurm sets SLURM_RESTART_COUNT only once a job has been requeued
+        out["restart_count"] = int(out.get("restart_count", 0))
+    return out
+
+
+@contextmanager
+def _locked_doc(path: Path) -> Iterator[dict]:
+    """Read-modify-write the JSON document at `path` under an exclusive flock; written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            doc = json.loads(path.read_text()) if path.exists() else {}
+        except json.JSONDecodeError:
+            doc = {"corrupt_previous": path.read_text(errors="replace")[:10000]}
+        yield doc
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+
+
+def update(path: str | Path, fn: Callable[[dict], None]) -> dict:
+    with _locked_doc(Path(path)) as doc:
+        fn(doc)
+    return doc
+
+
+def read(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def record_submission(path: str | Path, *, stage: str, study: str | None, cell: str, config_hash: str | None,
+                      executor: str, slurm: dict | None) -> int:
+    """At submit time (before the job exists): code, packages, submit host. Returns its index."""
+    path = Path(path)
+    git = git_info()
+    git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
+    entry = {"submitted_at": now(), "host": socket.gethostname(), "executor": executor, "slurm": slurm or {},
+             "python": sys.executable, "cwd": os.getcwd(), "git": git,
+             "pip_freeze": store_blob(path.parent, "\n".join(pip_freeze()) + "\n", ".txt"),
+             "job_id": None, "attempts": []}
+    box: dict[str, int] = {}
+
+    def add(doc: dict) -> None:
+        doc.update({"stage": stage, "study": study, "cell": cell})
+        if config_hash:
+            doc["config_hash"] = config_hash
+        doc.setdefault("submissions", []).append(entry)
+        box["index"] = len(doc["submissions"]) - 1
+
+    update(path, add)
+    return box["index"]
+
+
+def record_job_id(path: str | Path, index: int, job_id: str, job_name: str | None = None) -> None:
+    def add(doc: dict) -> None:
+        sub = doc["submissions"][index]
+        sub["job_id"] = str(job_id)
+        if job_name:
+            sub["job_name"] = job_name
+
+    update(path, add)
+
+
+def _submission_of(doc: dict, index: int | None) -> dict:
+    subs = doc.setdefault("submissions", [])
+    if index is None or index >= len(subs):
+        subs.append({"submitted_at": None, "job_id": None, "attempts": []})
+        return subs[-1]
+    return subs[index]
+
+
+def record_attempt_start(path: str | Path, index: int | None) -> None:
+    """Inside the job, at every start (a requeued job starts again with SLURM_RESTART_COUNT + 1)."""
+    env = slurm_env()
+    attempt = {"started_at": now(), "host": socket.gethostname(), "pid": os.getpid(), "gpu": gpu_type(), **env}
+
+    def add(doc: dict) -> None:
+        sub = _submission_of(doc, index)
+        if env.get("job_id") and not sub.get("job_id"):
+            sub["job_id"] = env["job_id"]
+        sub.setdefault("attempts", []).append(attempt)
+
+    update(path, add)
+
+
+def record_attempt_end(path: str | Path, index: int | None, outcome: str) -> None:
+    def add(doc: dict) -> None:
+        attempts = _submission_of(doc, index).setdefault("attempts", [])
+        mine = [a for a in attempts if a.get("pid") == os.getpid() and "ended_at" not in a]
+        if mine:
+            mine[-1].update({"ended_at": now(), "outcome": outcome[:2000]})
+
+    update(path, add)
+
+
+def job_ids(doc_or_path: dict | str | Path) -> list[str]:
+    """Every job id of this stage, in order: submissions (reruns) and their requeued attempts."""
+    doc = doc_or_path if isinstance(doc_or_path, dict) else read(doc_or_path)
+    out: list[str] = []
+    for sub in doc.get("submissions", []):
+        for jid in [sub.get("job_id")] + [a.get("job_id") for a in sub.get("attempts", [])]:
+            if jid and str(jid) not in out:
+                out.append(str(jid))
+    return out
+
+
+def attempts(doc_or_path: dict | str | Path) -> list[dict]:
+    doc = doc_or_path if isinstance(doc_or_path, dict) else read(doc_or_path)
+    return [a for sub in doc.get("submissions", []) for a in sub.get("attempts", [])]

@@ -1,0 +1,227 @@
+"""Tables (mean ± sd over seeds) and figures of a study, read from the per-cell files only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from lorarl import paths
+from lorarl.report import readcache
+from lorarl.bases import base_label
+from lorarl.train.divergence import DIVERGED, cell_state
+from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
+from lorarl.study import Study, base_cells, study_cells
+
+METRICS = {  # column -> human label, in table order
+    "final_train_reward": "final train reward",
+    # evaluation columns `<benchmark>/<metric>` (pass@1; avg@n, pass@k) come here, in study order
+    "wall_time_s": "train wall time (s)",
+    "mean_step_time_s": "step time (s)",
+    "trainable_fraction": "trainable fraction",
+}
+
+
+def _read_json(p: Path) -> dict:
+    return json.loads(p.read_text())
+
+
+EVAL_COL = re.compile(r"^[A-Za-z0-9_]+/(pass|avg)@\d+$")  # `<benchmark>/<metric>` value columns
+
+
+def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool = False) -> dict:
+    """`<benchmark>/<metric>` values of a cell's final evaluations, plus the one-seed 95% interval
+    (`_ci_low`, `_ci_high`) and the number of problems of each benchmark."""
+    row: dict = {}
+    for bench, step in eval_targets(cfg, is_base):
+        if step is not None:
+            continue
+        ev = _read_json(paths.path("eval_summary", results=results, study=study, cell=cell, benchmark=bench))
+        for name, m in ev["metrics"].items():
+            row[f"{bench}/{name}"] = m["value"]
+            row[f"{bench}/{name}_ci_low"], row[f"{bench}/{name}_ci_high"] = m["ci_low"], m["ci_high"]
+        row[f"{bench}/n_problems"] = ev["n_problems"]
+    return row
+
+
+def eval_metrics(df: pd.DataFrame) -> list[str]:
+    """The evaluation value columns of a table, in column order."""
+    return [c for c in df.columns if EVAL_COL.match(str(c))]
+
+
+def primary_columns(df: pd.DataFrame) -> list[str]:
+    """Each benchmark's headline column (its first metric: pass@1, or avg@n for sampled protocols)."""
+    first: dict[str, str] = {}
+    for c in eval_metrics(df):
+        first.setdefault(c.split("/")[0], c)
+    return list(first.values())
+
+
+def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
+    """One row per cell: axis labels + train summary + every benchmark's final evaluation."""
+    rows = []
+    for cell in study_cells(study):
+        kw = dict(results=results, study=study.name, cell=cell.id)
+        s = _read_json(paths.path("summary", **kw))
+        rows.append({
+            "cell": cell.id, **cell.axes,
+            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.train.divergence
+            **{k: s.get(k) for k in ("final_train_reward", "wall_time_s", "mean_step_time_s",
+                                     "trainable_fraction")},
+            **eval_columns(results, study.name, cell.id, cell.config),
+        })
+    return pd.DataFrame(rows)
+
+
+def base_row(b) -> dict:
+    """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
+    prompt (lorarl.bases: one base per model and evaluation setting) and its table label."""
+    return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
+            "base": base_label(b.config.model, b.axes)}
+
+
+def base_table(study: Study, results: str | Path) -> pd.DataFrame:
+    """One row per base pseudo-cell (the untrained model of each model and prompt)."""
+    rows = [{**base_row(b), **eval_columns(results, study.name, b.id, b.config, is_base=True)}
+            for b in base_cells(study)]
+    return pd.DataFrame(rows)
+
+
+def _metric_order(cells: pd.DataFrame) -> list[str]:
+    """Train reward, then the evaluation columns, then cost columns."""
+    head = [m for m in METRICS if m in cells]
+    return head[:1] + eval_metrics(cells) + head[1:]
+
+
+def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
+    """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
+    one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
+    rows = []
+    for cell in study_cells(study):
+        steps = snapshot_steps(cell.config)
+        if not steps:
+            continue
+        kw = dict(results=results, study=study.name, cell=cell.id)
+        for bench in curve_benchmarks(cell.config):
+            files = [(st, paths.path("eval_step_summary", benchmark=bench, step=st, **kw)) for st in steps]
+            files.append((cell.config.train.steps, paths.path("eval_summary", benchmark=bench, **kw)))
+            for st, f in files:
+                ev = _read_json(f)
+                m = ev["metrics"][ev["primary_metric"]]
+                rows.append({"cell": cell.id, **cell.axes, "benchmark": bench, "metric": ev["primary_metric"],
+                             "step": st, "value": m["value"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
+    return pd.DataFrame(rows)
+
+
+def group_axes(study: Study) -> list[str]:
+    return [a for a in study.axes if a != study.seed_axis]
+
+
+def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sd over the seed axis, grouped by every other axis (axis order kept)."""
+    keys = group_axes(study)
+    metrics = _metric_order(cells)
+    if not keys:
+        cells = cells.assign(_all="all")
+        keys = ["_all"]
+    order = {k: {lab: i for i, lab in enumerate(dict.fromkeys(cells[k]))} for k in keys}
+    g = cells.groupby(keys, sort=False)[metrics]
+    out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))
+    if "state" in cells:  # diverged cells are counted (their metrics up to the divergence stay in the means)
+        out = out.join(cells.assign(_div=cells["state"].eq(DIVERGED)).groupby(keys, sort=False)["_div"].sum()
+                       .rename("n_diverged"))
+    out = out.reset_index()
+    out = out.sort_values(keys, key=lambda col: col.map(order[col.name])).reset_index(drop=True)
+    return out.drop(columns=["_all"], errors="ignore")
+
+
+def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None,
+             cells: pd.DataFrame | None = None) -> str:
+    keys = [k for k in group_axes(study) if k in table]
+    metrics = [m for m in _metric_order(table.rename(columns=lambda c: str(c).removesuffix("_mean")))
+               if f"{m}_mean" in table]
+    head = (keys or ["cells"]) + [METRICS.get(m, m.replace("/", " ")) for m in metrics] + ["seeds"]
+    lines = [f"# {study.name}: mean ± sd over `{study.seed_axis}`", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, b in (base if base is not None else pd.DataFrame()).iterrows():  # the untrained model first
+        first = b["base"] if "base" in b and pd.notna(b["base"]) else f"base ({b['model']})"
+        vals = [first] + [str(b[k]) if k in b and pd.notna(b[k]) else "–" for k in keys[1:]]  # its prompt's labels
+        vals += [f"{b[m]:.3f}" if m in b and pd.notna(b[m]) else "–" for m in metrics] + ["–"]
+        lines.append("| " + " | ".join(vals) + " |")
+    for _, r in table.iterrows():
+        vals = [str(r[k]) for k in keys] or ["all"]
+        for m in metrics:
+            mu, sd = r[f"{m}_mean"], r[f"{m}_sd"]
+            fmt = "{:.3g}" if m == "trainable_fraction" else ("{:.1f}" if "time" in m else "{:.3f}")
+            vals.append(fmt.format(mu) + ("" if pd.isna(sd) else " ± " + fmt.format(sd)))
+        n_div = int(r.get("n_diverged", 0) or 0)
+        vals.append(str(int(r["n_seeds"])) + (f" ({n_div} diverged)" if n_div else ""))
+        lines.append("| " + " | ".join(vals) + " |")
+    notes = diverged_notes(cells) if cells is not None else []
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def diverged_notes(cells: pd.DataFrame) -> list[str]:
+    """One line per diverged cell (lorarl.train.divergence): where it stopped."""
+    if "state" not in cells:
+        return []
+    rows = cells[cells["state"] == DIVERGED]
+    return [f"- `{r['cell']}` diverged at step {int(r['diverged_at_step'])} (NaN/inf): metrics up to there, "
+            f"adapter = last finite weights" for _, r in rows.iterrows()]
+
+
+def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
+    frames = []
+    for cell in study_cells(study):
+        df = readcache.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
+        frames.append(df.assign(cell=cell.id, **cell.axes))
+    return pd.concat(frames, ignore_index=True)
+
+
+def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
+    from lorarl.report import plots
+
+    tdir = paths.path("table_csv", results=results, study=study.name).parent
+    fdir = paths.path("figures", results=results, study=study.name)
+    tdir.mkdir(parents=True, exist_ok=True)
+    fdir.mkdir(parents=True, exist_ok=True)
+    cells = cell_table(study, results)
+    table = seed_table(study, cells)
+    out = {
+        "cells_csv": tdir / "cells.csv",
+        "table_csv": paths.path("table_csv", results=results, study=study.name),
+        "table_md": paths.path("table_md", results=results, study=study.name),
+    }
+    base = base_table(study, results)
+    cells.to_csv(out["cells_csv"], index=False)
+    table.to_csv(out["table_csv"], index=False)
+    base.to_csv(tdir / "base.csv", index=False)
+    out["table_md"].write_text(markdown(study, table, base, cells))
+    curves = metric_curves(study, results)
+    out.update(plots.study_figures(study, cells, curves, fdir, base=base))
+    evcurves = eval_curve_table(study, results)
+    if not evcurves.empty:
+        out["eval_curves_csv"] = paths.path("eval_curves", results=results, study=study.name)
+        evcurves.to_csv(out["eval_curves_csv"], index=False)
+        out.update(plots.eval_curve_figures(study, evcurves, base, fdir))
+    diag = diagnostics_table(study, results)
+    if not diag.empty:
+        summary = diag[diag["index"] == 0].pivot_table(index=group_axes(study) or None, columns="metric",
+                                                       values="value", aggfunc="mean", sort=False)
+        summary.to_csv(tdir / "diagnostics.csv")
+        fig = plots.diagnostics_figure(study, diag, fdir / "diagnostics.png")
+        if fig:
+            out["diagnostics"] = fig
+    return out
+
+
+def diagnostics_table(study: Study, results: str | Path) -> pd.DataFrame:
+    """All cells' diagnostics.parquet (long format) with the cell's axis labels attached."""
+    frames = []
+    for cell in study_cells(study):
+        p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
+        if p.exists():
+            frames.append(readcache.read_parquet(p).assign(cell=cell.id, **cell.axes))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

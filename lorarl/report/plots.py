@@ -1,0 +1,213 @@
+"""Figures of a study. Each PNG gets the CSV of exactly what it draws beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from lorarl.study import Study  # noqa: E402
+
+plt.rcParams.update({
+    "figure.dpi": 130, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.3, "font.size": 9, "legend.frameon": False,
+})
+
+
+def _axis_by_field(study: Study, field: str) -> str | None:
+    return next((n for n, a in study.axes.items() if a.field == field), None)
+
+
+def _group_label(row: pd.Series, keys: list[str]) -> str:
+    return ", ".join(f"{k}={row[k]}" for k in keys) or "all"
+
+
+def _group_labels(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """`_group_label` of every row at once (vectorised: no Python call per row)."""
+    if not keys:
+        return pd.Series("all", index=df.index, dtype=object)
+    out = f"{keys[0]}=" + df[keys[0]].astype(str)
+    for k in keys[1:]:
+        out = out + f", {k}=" + df[k].astype(str)
+    return out
+
+
+def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "reward",
+                  smooth: int = 5) -> Path | None:
+    """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds."""
+    if metric not in curves:
+        return None
+    keys = [a for a in study.axes if a != study.seed_axis]
+    df = curves.sort_values("step").copy()
+    df["smoothed"] = df.groupby("cell")[metric].transform(lambda s: s.rolling(smooth, min_periods=1).mean())
+    stats = df.groupby(keys + ["step"] if keys else ["step"], sort=False)["smoothed"].agg(["mean", "std"])
+    stats = stats.reset_index()
+    stats.to_csv(out.with_suffix(".csv"), index=False)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    groups = stats.groupby(keys, sort=False) if keys else [((), stats)]
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    for i, (_, g) in enumerate(groups):
+        color = cmap(i % cmap.N)
+        label = _group_label(g.iloc[0], keys)
+        ax.plot(g["step"], g["mean"], color=color, lw=1.6, label=label)
+        ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),
+                        color=color, alpha=0.15, lw=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"train {metric} (rolling mean of {smooth})")
+    ax.set_title(f"{study.name}: training {metric}, mean ± sd over {study.seed_axis}")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str = "synthetic/pass@1",
+                     base: float | None = None) -> Path | None:
+    """Held-out accuracy (`<benchmark>/<metric>`) vs adapter rank, one line per KL coefficient;
+    the base model's value (``base``) dashed."""
+    rank_axis = _axis_by_field(study, "adapter.rank")
+    if rank_axis is None or metric not in cells:
+        return None
+    kl_axis = _axis_by_field(study, "train.beta")
+    order = list(dict.fromkeys(cells[rank_axis]))
+    keys = [rank_axis] + ([kl_axis] if kl_axis else [])
+    g = cells.groupby(keys, sort=False)[metric].agg(["mean", "std", "count"]).reset_index()
+    g.to_csv(out.with_suffix(".csv"), index=False)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    lines = g.groupby(kl_axis, sort=False) if kl_axis else [(None, g)]
+    for i, (kl, sub) in enumerate(lines):
+        x = [order.index(v) for v in sub[rank_axis]]
+        lab = f"β = {kl}" if kl is not None else metric
+        ax.errorbar(x, sub["mean"], yerr=sub["std"].fillna(0), marker="o", capsize=3, lw=1.6,
+                    color=plt.get_cmap("tab10")(i), label=lab)
+    if base is not None and pd.notna(base):
+        ax.axhline(base, ls="--", color="0.4", lw=1.2, label="base model")
+    ax.set_xticks(range(len(order)), order)
+    ax.set_xlabel(f"{rank_axis} (adapter rank)")
+    ax.set_ylabel(f"held-out {metric}")
+    ax.set_title(f"{study.name}: {metric} vs rank, mean ± sd over {study.seed_axis}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def study_figures(study: Study, cells: pd.DataFrame, curves: pd.DataFrame, fdir: Path,
+                  base: pd.DataFrame | None = None) -> dict[str, Path]:
+    from lorarl.report.aggregate import primary_columns
+
+    made = {"train_reward": reward_curves(study, curves, fdir / "train_reward.png")}
+    for col in primary_columns(cells):  # one accuracy-vs-rank figure per benchmark (its headline metric)
+        bench = col.split("/")[0]
+        b = base[col].mean() if base is not None and col in base else None
+        made[f"pass1_vs_rank_{bench}"] = accuracy_vs_rank(study, cells, fdir / f"pass1_vs_rank_{bench}.png", col, b)
+    return {k: v for k, v in made.items() if v is not None}
+
+
+def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: Path) -> Path:
+    """Held-out primary metric (pass@1 or avg@n) of one benchmark vs training step, one line per
+    group (non-seed axes), band = ± sd over seeds; each base model a dashed line."""
+    keys = [a for a in study.axes if a != study.seed_axis]
+    bench, metric = df["benchmark"].iloc[0], df["metric"].iloc[0]
+    stats = df.groupby(keys + ["step"] if keys else ["step"], sort=False)["value"].agg(["mean", "std", "count"])
+    stats = stats.reset_index()
+    stats.insert(0, "series", _group_labels(stats, keys))
+    order = {name: i for i, name in enumerate(dict.fromkeys(stats["series"]))}
+    stats = stats.sort_values(["series", "step"], key=lambda c: c.map(order) if c.name == "series" else c)
+    col = f"{bench}/{metric}"
+    lines = [] if base is None or col not in base else [
+        {"series": lab if len(base) > 1 else "base model", "mean": v}
+        for lab, v in zip(base["base"] if "base" in base else [f"base ({m})" for m in base["model"]], base[col])]
+    drawn = pd.concat([stats, pd.DataFrame(lines)], ignore_index=True)
+    drawn.astype({"step": "Int64", "count": "Int64"}).to_csv(out.with_suffix(".csv"), index=False)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series = list(dict.fromkeys(stats["series"]))
+    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    for i, name in enumerate(series):
+        g = stats[stats["series"] == name]
+        color = cmap(i % cmap.N)
+        ax.plot(g["step"], g["mean"], marker="o", ms=3, color=color, lw=1.6, label=name)
+        sd = g["std"].fillna(0)
+        ax.fill_between(g["step"], g["mean"] - sd, g["mean"] + sd, color=color, alpha=0.15, lw=0)
+    for j, line in enumerate(lines):
+        ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * j), lw=1.2, label=line["series"])
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"held-out {bench} {metric}")
+    ax.set_title(f"{study.name}: {bench} {metric} over training, mean ± sd over {study.seed_axis}")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def eval_curve_figures(study: Study, evcurves: pd.DataFrame, base: pd.DataFrame | None,
+                       fdir: Path) -> dict[str, Path]:
+    """One `eval_curve_<benchmark>.png` (+ .csv) per benchmark evaluated at snapshots."""
+    return {f"eval_curve_{b}": eval_curve(study, df, base, fdir / f"eval_curve_{b}.png")
+            for b, df in evcurves.groupby("benchmark", sort=False)}
+
+
+def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | None:
+    """Per group (non-seed axes), mean over seeds: spectral drift and largest principal angle per
+    matrix; the SVD-aligned update distribution p_i and its cumulative energy along W0's singular
+    directions (mean over matrices); subspace similarity of A with W0's top/bottom-r directions."""
+    if diag.empty:
+        return None
+    keys = [a for a in study.axes if a != study.seed_axis]
+    diag = diag.assign(group=_group_labels(diag, keys))
+    scal = diag[diag["metric"].isin(["spectral_drift", "max_angle_left_deg"])]
+    per_matrix = scal.groupby(["group", "matrix", "metric"], sort=False)["value"].mean().unstack("metric")
+    per_matrix.to_csv(out.with_name(out.stem + "_per_matrix.csv"))
+    curves = diag[diag["metric"].isin(["update_p", "update_cum_energy"])]
+    curves = curves.groupby(["group", "metric", "index"], sort=False)["value"].mean()
+    curves.to_csv(out.with_name(out.stem + "_curves.csv"))
+    sim = diag[diag["metric"].isin(["subspace_sim_top", "subspace_sim_bottom"])]
+    sim = sim.groupby(["group", "metric"], sort=False)["value"].mean().unstack("metric")
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    axes = axes.ravel()
+    groups = list(dict.fromkeys(diag["group"]))
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    matrices = list(dict.fromkeys(per_matrix.index.get_level_values("matrix")))
+    for i, g in enumerate(groups):
+        color = cmap(i % cmap.N)
+        sub = per_matrix.loc[g].reindex(matrices)
+        axes[0].plot(range(len(matrices)), sub["spectral_drift"], marker=".", color=color, label=g)
+        axes[1].plot(range(len(matrices)), sub["max_angle_left_deg"], marker=".", color=color, label=g)
+        for ax, metric in ((axes[3], "update_p"), (axes[4], "update_cum_energy")):
+            c = curves.loc[(g, metric)]
+            ax.plot(c.index + 1, c.values, color=color, label=g)
+    for ax, title in zip(axes[:2], ("spectral drift ‖σ(W+)−σ(W0)‖/‖σ(W0)‖", "largest principal angle, top-k left (deg)")):
+        ax.set_xticks(range(len(matrices)), [m.replace("model.layers.", "L").replace("self_attn.", "").replace("mlp.", "")
+                                               for m in matrices], rotation=90, fontsize=6)
+        ax.set_title(title)
+    for ax, title in ((axes[3], "update distribution p_i = c_i / Σ c_j"),
+                      (axes[4], "cumulative update energy Σ_{j≤i} c_j² / Σ c_j²")):
+        ax.set_xscale("log")
+        ax.set_xlabel("singular direction i of W0 (by σ, descending)")
+        ax.set_title(title)
+    if not sim.empty:
+        sim = sim.reindex(groups)
+        x = range(len(sim))
+        axes[2].bar([v - 0.2 for v in x], sim.get("subspace_sim_top"), width=0.4, label="top-r of W0")
+        axes[2].bar([v + 0.2 for v in x], sim.get("subspace_sim_bottom"), width=0.4, label="bottom-r of W0")
+        axes[2].set_xticks(list(x), sim.index, rotation=30, ha="right", fontsize=7)
+        axes[2].set_title("subspace similarity ‖A V‖_F / ‖A‖_F")
+        axes[2].legend(fontsize=7)
+    else:
+        axes[2].axis("off")
+    axes[5].axis("off")
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[5].legend(handles, labels, loc="center", fontsize=8, title="group")
+    fig.suptitle(f"{study.name}: weight-space diagnostics, mean over {study.seed_axis}")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

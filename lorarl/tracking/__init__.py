@@ -1,0 +1,1 @@
+"""MLflow tracking: the client (`client`), the shared server (`server`) and offline sync (`sync`)."""

@@ -1,0 +1,336 @@
+"""MLflow: one experiment per study, one *current* run per cell, per-step metrics exactly once.
+
+Files under results/ are the source of truth; MLflow is the browsable view. Rerunning a cell from
+scratch marks its earlier run `lorarl.superseded=true` and soft-deletes it (restorable with
+`mlflow runs restore`), so the default MLflow view shows exactly one run per cell. A resumed cell
+(requeue, kill + rerun) reopens its own run and never logs a metric at or below that metric's
+high-water mark, read back from the run (lorarl.train.checkpoint keeps MLflow behind the last checkpoint).
+
+The store (`tracking:` in the profile, `$LORARL_TRACKING` in a job; lorarl.tracking.server serves one):
+- `sqlite` (default): results/mlflow.db, every write under an flock on results/.mlflow.lock, waited
+  for at most $LORARL_TRACKING_LOCK_S (default 60 s) per attempt;
+- `http(s)://host:port`: an MLflow tracking server (PostgreSQL behind it); no lock, credentials for
+  MLflow's basic-auth app from a file only the user can read (lorarl.tracking.server.load_credentials).
+Every write is retried with exponential backoff on transient errors (connection refused, timeouts, 5xx,
+a locked store) for at most $LORARL_TRACKING_RETRY_S (default 120 s), then raises TrackingUnavailable.
+The trainer's per-step metrics (log_metrics(wait=False)) are the exception: while the store is
+unreachable they stay pending in this process
+(metrics.csv has them anyway), training goes on, and each later flush sends what is pending, the same
+Metric objects with the same timestamps, so a batch the store committed before its reply was lost is
+recognised by MLflow's primary key (key, timestamp, step, value) instead of being stored twice.
+Creating a run, the final summary and the end of a run must succeed: after the retries the cell fails
+with a message naming the store; its checkpoint stays, and its rerun resumes and catches MLflow up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager, nullcontext
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+CELL_TAG = "lorarl.cell_id"
+SUPERSEDED_TAG = "lorarl.superseded"
+START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
+PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
+TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
+RETRY_ENV = "LORARL_TRACKING_RETRY_S"  # total retry time of a write that must succeed
+LOCK_ENV = "LORARL_TRACKING_LOCK_S"  # sqlite: longest wait for results/.mlflow.lock per attempt
+# MLflow error codes that no retry can fix (everything else: connection errors, 5xx, locks, is retried)
+PERMANENT = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "UNAUTHENTICATED",
+             "PERMISSION_DENIED", "BAD_REQUEST", "ENDPOINT_NOT_FOUND", "INVALID_STATE"}
+T = TypeVar("T")
+
+
+class TrackingError(ValueError):
+    """A bad `tracking` setting (named field, allowed values)."""
+
+
+class TrackingUnavailable(RuntimeError):
+    """The store could not be written after all retries (down, locked, or refusing)."""
+
+
+def resolve_tracking(value: str | None, results_dir: str | Path) -> str:
+    """The MLflow tracking URI of a `tracking` setting ('sqlite' or an http(s):// server URI)."""
+    value = (value or os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite").strip()
+    if value == "sqlite":
+        return f"sqlite:///{Path(results_dir).resolve()}/mlflow.db"
+    if value.startswith(("http://", "https://", "sqlite:///")) and len(value.split("://", 1)[1]) > 0:
+        return value.rstrip("/")
+    raise TrackingError(f"tracking: {value!r} is not allowed; allowed: 'sqlite' (results/mlflow.db) or the "
+                        f"http(s)://host:port URI of an MLflow tracking server (`lorarl tracking serve` prints it)")
+
+
+def tracking_uri(results_dir: str | Path) -> str:
+    return resolve_tracking(None, results_dir)
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        raise TrackingError(f"${name}: {os.environ[name]!r} is not a number of seconds") from None
+
+
+class LockTimeout(TimeoutError):
+    pass
+
+
+@contextmanager
+def _locked(results_dir: str | Path, timeout_s: float | None = None) -> Iterator[None]:
+    """Serialise sqlite writes across processes (sqlite + concurrent writers = 'database is locked').
+    Waits at most `timeout_s` for the lock, then raises LockTimeout naming the holder."""
+    timeout_s = _env_float(LOCK_ENV, 60.0) if timeout_s is None else timeout_s
+    Path(results_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(results_dir) / ".mlflow.lock"
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.seek(0)
+                    holder = fh.read().strip() or "unknown"
+                    raise LockTimeout(f"{path} held for more than {timeout_s:g} s (last holder: {holder})") from None
+                time.sleep(0.05)
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} host {os.uname().nodename}\n")
+            fh.flush()
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def transient(err: BaseException) -> bool:
+    """Worth retrying: a lock timeout, a connection error, a timeout, a 5xx; not a refused request."""
+    if isinstance(err, (LockTimeout, ConnectionError, TimeoutError, OSError)):
+        return True
+    code = getattr(err, "error_code", None)
+    if code in PERMANENT:
+        return False
+    return type(err).__name__ in {"MlflowException", "RestException", "OperationalError"} or "locked" in str(err)
+
+
+def git_state(repo: str | Path | None = None) -> dict[str, str]:
+    repo = str(repo or Path(__file__).resolve().parents[2])
+    try:
+        sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return {"git.sha": sha, "git.dirty": str(bool(dirty)).lower()}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"git.sha": "unknown", "git.dirty": "unknown"}
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[f"version.{p}"] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[f"version.{p}"] = "absent"
+    return out
+
+
+class Tracker:
+    """A cell's MLflow run. Writes are retried with backoff (sqlite: under the results-dir lock);
+    metric logging is batched and survives an unreachable store (pending until the next flush)."""
+
+    def __init__(self, results_dir: str | Path, study: str, tracking: str | None = None):
+        import mlflow
+
+        self.results_dir = Path(results_dir)
+        self.study = study
+        self.uri = resolve_tracking(tracking, results_dir)
+        self.server = is_server(self.uri)
+        if self.server:
+            from lorarl.tracking.server import configure_client
+
+            configure_client(self.uri)  # credentials from the user's 0600 file; our backoff, not MLflow's
+        self.retry_s = _env_float(RETRY_ENV, 120.0)
+        self.run_id: str | None = None
+        self.high_water = -1  # last step already logged in this run
+        self.logged: dict[str, int] = {}  # metric -> last step logged (a kill mid-batch leaves keys behind)
+        self.pending: list[Any] = []  # Metric objects not yet acknowledged by the store (same ts on resend)
+        self.behind_since: float | None = None  # the store failed a metric flush; training goes on
+        # sqlite: the first client creates/migrates the schema, so it is made under the lock too
+        self.client = self._retry("open the store", lambda: mlflow.MlflowClient(self.uri))
+        self.experiment_id = self._retry("open the experiment", self._experiment)
+
+    # ---- plumbing -----------------------------------------------------------------------------------
+    def _lock(self, timeout_s: float | None = None) -> Any:
+        return nullcontext() if self.server else _locked(self.results_dir, timeout_s)
+
+    def _retry(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
+        budget_s = self.retry_s if budget_s is None else budget_s
+        t0, delay, attempt = time.monotonic(), 0.5, 0
+        while True:
+            attempt += 1
+            try:
+                with self._lock(max(0.0, min(_env_float(LOCK_ENV, 60.0), t0 + budget_s - time.monotonic()))):
+                    return fn()
+            except Exception as err:  # noqa: BLE001 - classified below
+                spent = time.monotonic() - t0
+                if not transient(err) or spent + delay > budget_s:
+                    kind = "refused" if not transient(err) else f"failed {attempt} time(s) over {spent:.0f} s"
+                    raise TrackingUnavailable(
+                        f"MLflow store {self.uri}: {what} {kind}: {type(err).__name__}: {str(err)[:500]} "
+                        f"(the cell's files under {self.results_dir} are the record; `lorarl sync-mlflow` "
+                        f"replays them into the store)") from err
+                time.sleep(delay)
+                delay = min(2 * delay, 10.0)
+
+    def _experiment(self) -> str:
+        exp = self.client.get_experiment_by_name(self.study)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(self.study)
+        except Exception as err:  # noqa: BLE001 - another cell created it between our two calls
+            if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return self.client.get_experiment_by_name(self.study).experiment_id
+
+    # ---- runs ---------------------------------------------------------------------------------------
+    def start(self, cell_id: str, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+        """Fresh run for a cell; earlier active runs of the same cell become superseded."""
+        token = uuid.uuid4().hex
+        all_tags = {CELL_TAG: cell_id, "lorarl.study": self.study, **git_state(), **package_versions(), **tags,
+                    START_TAG: token}
+
+        def create() -> str:
+            old = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell_id}'")
+            mine = [r for r in old if r.data.tags.get(START_TAG) == token]  # a retry after a lost reply
+            for r in old:
+                if r.data.tags.get(START_TAG) != token:
+                    self.client.set_tag(r.info.run_id, SUPERSEDED_TAG, "true")
+                    self.client.delete_run(r.info.run_id)
+            if mine:
+                return mine[0].info.run_id
+            return self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+
+        self.run_id = self._retry(f"create the run of cell {cell_id}", create)
+        # a Tracker reused for the next cell (the toy study's batch): nothing of the last run carries over
+        self.logged, self.high_water, self.pending, self.behind_since = {}, -1, [], None
+        self._retry(f"log the params of cell {cell_id}", lambda: self._log_params(params))
+        return self.run_id
+
+    def resume(self, run_id: str) -> str:
+        """Reopen a run after a requeue or a kill: the high-water mark is read from the run itself
+        (per metric), so a (metric, step) already logged by any earlier attempt is never logged again."""
+        self.run_id = run_id
+
+        def reopen() -> dict[str, int]:
+            run = self.client.get_run(run_id)
+            if run.info.lifecycle_stage != "active":
+                raise RuntimeError(f"MLflow run {run_id} is {run.info.lifecycle_stage}; cannot resume it")
+            self.client.update_run(run_id, status="RUNNING")
+            return {key: max((m.step for m in self.client.get_metric_history(run_id, key)), default=-1)
+                    for key in run.data.metrics}
+
+        self.logged = self._retry(f"reopen run {run_id}", reopen)
+        self.high_water = max(self.logged.values(), default=-1)
+        return run_id
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        self._retry("set tags", lambda: self.client.log_batch(self.run_id, tags=items))
+
+    def _log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    # ---- metrics ------------------------------------------------------------------------------------
+    def log_metrics(self, rows: list[dict[str, float]], wait: bool = True) -> bool:
+        """rows: [{"step": s, name: value, ...}]; a metric's steps <= its high-water mark are dropped.
+        wait=True (evaluation, sync): retried for the full budget, then TrackingUnavailable. wait=False
+        (the trainer's per-step flushes): returns False when the store is unreachable; the rows stay
+        pending (training goes on) and the next call sends them; once behind, a flush tries once."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        queued = {(m.key, m.step) for m in self.pending}
+        for row in rows:
+            step = int(row["step"])
+            for k, v in row.items():
+                if k == "step" or step <= self.logged.get(k, -1) or (k, step) in queued:
+                    continue
+                self.pending.append(Metric(k, float(v), ts, step))
+                queued.add((k, step))
+        if wait:
+            self.catch_up()
+            return True
+        try:
+            self._flush(0.0 if self.behind_since is not None else min(self.retry_s, 10.0))
+        except TrackingUnavailable as err:
+            if self.behind_since is None:
+                self.behind_since = time.time()
+                print(f"[lorarl] {err}\n[lorarl] training goes on; {len(self.pending)} metric values wait for "
+                      f"the store (metrics.csv has them)", file=sys.stderr, flush=True)
+            return False
+        if self.behind_since is not None:
+            print(f"[lorarl] MLflow store {self.uri} is back after {time.time() - self.behind_since:.0f} s; "
+                  f"caught up", file=sys.stderr, flush=True)
+            self.behind_since = None
+        return True
+
+    def _flush(self, budget_s: float | None = None) -> None:
+        while self.pending:
+            chunk = self.pending[:500]
+            self._retry("log metrics", lambda: self.client.log_batch(self.run_id, metrics=chunk), budget_s)
+            for m in chunk:
+                self.logged[m.key] = max(self.logged.get(m.key, -1), m.step)
+                self.high_water = max(self.high_water, m.step)
+            del self.pending[: len(chunk)]
+
+    def catch_up(self) -> None:
+        """Send every pending metric value, retrying for the full budget (raises TrackingUnavailable)."""
+        self._flush(self.retry_s)
+        if self.behind_since is not None:
+            print(f"[lorarl] MLflow store {self.uri} is back after {time.time() - self.behind_since:.0f} s; "
+                  f"caught up", file=sys.stderr, flush=True)
+        self.behind_since = None
+
+    def log_summary(self, values: dict[str, float], tags: dict[str, str] | None = None) -> None:
+        """Scalar results (no step series) and extra tags, e.g. evaluation numbers."""
+        from mlflow.entities import Metric, RunTag
+
+        self.catch_up()
+        ts = int(time.time() * 1000)
+        values = {k: v for k, v in values.items() if self.logged.get(k, -1) < 0}  # resumed: logged already
+        metrics = [Metric(k, float(v), ts, 0) for k, v in values.items()]
+        items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        self._retry("log the summary", lambda: self.client.log_batch(self.run_id, metrics=metrics, tags=items))
+        self.logged.update({k: 0 for k in values})
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """End the run. FINISHED must reach the store (after catching up); a failure status is best
+        effort (a quick try: the original error matters more than an unreachable store)."""
+        if status == "FINISHED":
+            self.catch_up()
+            self._retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status))
+            return
+        try:
+            self._retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status), 2.0)
+        except TrackingUnavailable as err:
+            print(f"[lorarl] {err}", file=sys.stderr, flush=True)

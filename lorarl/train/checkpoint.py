@@ -1,0 +1,399 @@
+"""Checkpoint, resume and preemption for a training cell (requeue → same MLflow run, same history).
+
+Layout, outside Snakemake's declared outputs (its incomplete-output cleanup never touches it):
+
+    results/<study>/.checkpoints/<cell>/
+        checkpoint-<step>/   the HF Trainer checkpoint: adapter (or model), optimizer, scheduler,
+                             RNG states, trainer_state.json; plus lorarl.json, written LAST (the mark
+                             of a complete checkpoint): config hash, MLflow run id, step, metric rows
+        progress.json        step x/N, job, time: updated every step (`lorarl status`)
+        complete.json        the cell finished and `keep_checkpoint` kept its last checkpoint
+        .lock                one trainer per cell at a time
+
+Invariants that make the metric history continuous and duplicate-free across kills and requeues:
+1. The MetricsRecorder sends a step to MLflow only after a complete checkpoint covers it
+   (`log_only_saved`): MLflow's high-water mark never passes the latest complete checkpoint.
+2. A resumed run reloads the rows of its checkpoint into metrics.csv and re-logs the ones above
+   the MLflow run's high-water mark (a kill between lorarl.json and the MLflow flush loses nothing);
+   Tracker.log_metrics drops every step at or below that mark (nothing is logged twice).
+3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
+   resumes at the end and never recomputes (and never re-logs) a step.
+
+Preemption: under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
+`scancel --signal=USR2`) is caught here during training: the current step finishes, a checkpoint
+is saved, then submitit's own handler runs (`checkpoint()` → `scontrol requeue` → exit). The
+requeued job resumes from that checkpoint. SIGTERM (scancel, `scontrol requeue`, a preemption with
+a grace time) also gets a checkpoint at the end of the step if the step ends before Slurm's
+SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its latest complete checkpoint
+the next time it runs: the requeued job, or the Snakemake rerun.
+
+Test hook: LORARL_FAULT="kill_at_step:N" (SIGKILL at the end of step N) or "kill_after_save:N" (SIGKILL
+right after the checkpoint at step N is complete, before its metrics reach MLflow); each fires once
+per checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from lorarl.train import integrity
+from lorarl import paths
+
+MARKER = "lorarl.json"
+COMPLETE = "complete.json"
+PROGRESS = "progress.json"
+FAULT_ENV = "LORARL_FAULT"
+LOCK_WAIT_ENV = "LORARL_LOCK_WAIT_S"  # how long a second job of a cell waits for the first (default 600 s)
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    meta: dict
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["mlflow_run_id"]
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.meta.get("rows", [])
+
+
+def complete_checkpoints(root: str | Path) -> list[Checkpoint]:
+    """Checkpoints with their lorarl.json mark, oldest first (a folder without it is a partial save)."""
+    out = []
+    root = Path(root)
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        m = _CKPT_RE.match(d.name)
+        meta = _read_json(d / MARKER) if m and d.is_dir() else None
+        if meta is not None and int(meta.get("step", -1)) == int(m.group(1)):
+            out.append(Checkpoint(d, int(m.group(1)), meta))
+    return sorted(out, key=lambda c: c.step)
+
+
+def progress(root: str | Path) -> dict | None:
+    return _read_json(Path(root) / PROGRESS)
+
+
+def _job_id() -> str | None:
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+
+
+def _preempt_signal() -> int:
+    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
+
+
+def _is_submitit_handler(h: Any) -> bool:
+    owner = getattr(h, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith("submitit")
+
+
+class CellCheckpoints:
+    """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
+
+    def __init__(self, results_dir: str | Path, study: str, cell: Any):
+        t = cell.config.train
+        self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
+        self.config_hash = cell.hash
+        self.every = int(getattr(t, "checkpoint_every", 0) or 0)
+        self.keep = bool(getattr(t, "keep_checkpoint", False))
+        self.max_steps = int(t.steps)
+        self.enabled = self.every > 0
+        self.resumed: Checkpoint | None = None
+        self.run_id: str | None = None
+        self.recorder: Any = None
+        self.preempt_requested: float | None = None
+        self.terminate_requested: float | None = None
+        self.stopped_for_preemption = False
+        self.elapsed_before = 0.0
+        self.resumes: list[int] = []
+        self.problems: list[str] = []  # checkpoints found unusable (lorarl.train.integrity), for summary.json
+        self._t0 = time.time()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.root / ".lock", "a+")
+        self.waited_for_lock = False  # another job trained this cell meanwhile: train_cell checks its outputs
+        deadline = time.time() + float(os.environ.get(LOCK_WAIT_ENV, "600"))
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                self._lock.seek(0)
+                holder = self._lock.read().strip()
+                if time.time() >= deadline:
+                    raise RuntimeError(f"cell {cell.id} is being trained by another process ({holder or 'unknown'}); "
+                                       f"its checkpoints are in {self.root}") from None
+                if not self.waited_for_lock:
+                    print(f"[lorarl] cell {cell.id} is being trained by another process ({holder or 'unknown'}): "
+                          f"waiting for it (at most ${LOCK_WAIT_ENV} s)", file=sys.stderr, flush=True)
+                self.waited_for_lock = True
+                time.sleep(2.0)
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}\n")
+        self._lock.flush()
+
+    # ---- before training -------------------------------------------------------------------------
+    def resume_run(self, tracker: Any) -> str | None:
+        """Reopen the MLflow run of the newest sound complete checkpoint of this config; None = start
+        fresh (then every stale checkpoint, of an older config or a finished cell, is deleted). A
+        checkpoint of another config, with a truncated/missing/altered file, a gone MLflow run or a
+        crash loop behind it (lorarl.train.integrity) is reported, deleted, and the previous one tried."""
+        latest = None
+        if not (self.root / COMPLETE).exists():
+            for c in reversed(complete_checkpoints(self.root)):
+                why = integrity.problem(c.path, c.meta, self.config_hash)
+                if why is None and not _run_alive(tracker, c.run_id):
+                    why = f"its MLflow run {c.run_id} is gone or deleted"
+                if why is None:
+                    latest = c
+                    break
+                self._reject(c.path, why)
+            for d in sorted(self.root.glob("checkpoint-*")):
+                if d.is_dir() and not (d / MARKER).exists():
+                    self._reject(d, f"no {MARKER} mark (a save cut short by a kill)")
+        if latest is None:
+            self._clear()
+            return None
+        self.resumed = latest
+        integrity.start_resume(latest.path)  # cleared by the first step that completes after loading it
+        self.run_id = tracker.resume(latest.run_id)
+        self.elapsed_before = float(latest.meta.get("elapsed_s", 0.0))
+        self.resumes = list(latest.meta.get("resumes", [])) + [latest.step]
+        print(f"[lorarl] resuming from {latest.path} (step {latest.step}/{self.max_steps}) into MLflow run "
+              f"{self.run_id} (high-water mark {tracker.high_water})", flush=True)
+        return self.run_id
+
+    def restore(self, recorder: Any, run_id: str) -> None:
+        """Give the recorder the rows already trained, and send MLflow the ones it missed."""
+        self.run_id, self.recorder = run_id, recorder
+        _tag_provenance(recorder.tracker)
+        if self.enabled and hasattr(recorder, "log_only_saved"):
+            recorder.log_only_saved = True
+        if self.resumed is None:
+            return
+        recorder.rows = [dict(r) for r in self.resumed.rows]
+        if recorder.tracker is not None and recorder.rows:
+            recorder.tracker.log_metrics(recorder.rows)  # steps at or below the high-water mark are dropped
+        recorder._write_csv()
+
+    def trainer_args(self, args: Any) -> Any:
+        """Checkpoints go to the checkpoint folder; this module decides when (no HF rotation)."""
+        args.output_dir = str(self.root)
+        args.save_total_limit = None
+        return args
+
+    @property
+    def resume_from(self) -> str | None:
+        return str(self.resumed.path) if self.resumed else None
+
+    def attach(self, trainer: Any, recorder: Any) -> None:
+        """Add the checkpoint callback just before the recorder: lorarl.json exists before MLflow
+        sees the steps it covers."""
+        self.trainer_args(trainer.args)
+        cb = _callback(self)
+        handler = trainer.callback_handler
+        if recorder in handler.callbacks:
+            handler.callbacks.insert(handler.callbacks.index(recorder), cb)
+        else:
+            trainer.add_callback(cb)
+
+    @contextmanager
+    def preemption(self) -> Iterator[None]:
+        """While training under submitit: on the preemption signal (USR2) finish the step, save, then
+        let submitit requeue the job (its handler raises SystemExit). On SIGTERM (scancel, `scontrol
+        requeue`, preemption with a grace time; submitit itself ignores it) finish the step, save and
+        exit: whoever sent it requeues or cancels the job, and a rerun resumes from that step."""
+        sig = _preempt_signal()
+        previous = signal.getsignal(sig)
+        if not (self.enabled and _is_submitit_handler(previous)):
+            yield
+            return
+
+        def on_preempt(signum: int, frame: Any) -> None:
+            self.preempt_requested = time.time()
+            print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
+                  f"requeue", file=sys.stderr, flush=True)
+
+        def on_term(signum: int, frame: Any) -> None:
+            self.terminate_requested = time.time()
+            print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
+                  f"exit", file=sys.stderr, flush=True)
+
+        previous_term = signal.getsignal(signal.SIGTERM)
+        signal.signal(sig, on_preempt)
+        signal.signal(signal.SIGTERM, on_term)
+        try:
+            yield
+        finally:
+            signal.signal(sig, previous)
+            signal.signal(signal.SIGTERM, previous_term)
+        if self.stopped_for_preemption and self.preempt_requested:
+            print(f"[lorarl] checkpoint saved; handing over to submitit for the requeue", file=sys.stderr, flush=True)
+            previous(sig, None)  # submitit: checkpoint() → scontrol requeue → sys.exit(-1)
+            raise SystemExit(-1)  # not reached when submitit requeues (it raises); never train on
+        if self.stopped_for_preemption:
+            print(f"[lorarl] checkpoint saved; exiting on SIGTERM", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGTERM)
+
+    # ---- after training --------------------------------------------------------------------------
+    def wall_time(self) -> float:
+        return self.elapsed_before + (time.time() - self._t0)
+
+    def summary(self) -> dict:
+        return {"resumed_from_steps": self.resumes, "checkpoint_every": self.every,
+                "checkpoint_problems": self.problems}
+
+    def finish(self) -> None:
+        """The cell's outputs are in place: remove the checkpoints, or keep the last one (marked done)."""
+        ckpts = complete_checkpoints(self.root)
+        if self.keep and ckpts:
+            for c in ckpts[:-1]:
+                shutil.rmtree(c.path, ignore_errors=True)
+            _write_json(self.root / COMPLETE, {"step": ckpts[-1].step, "finished_at": time.time(),
+                                               "config_hash": self.config_hash, "mlflow_run_id": self.run_id})
+        else:
+            for d in self.root.iterdir():
+                if d.name != ".lock":
+                    shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+        self.release(remove_dir=not self.keep)
+
+    def release(self, remove_dir: bool = False) -> None:
+        if self._lock.closed:
+            return
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._lock.close()
+        if remove_dir:
+            shutil.rmtree(self.root, ignore_errors=True)
+            try:
+                self.root.parent.rmdir()  # .checkpoints/ when it is empty
+            except OSError:
+                pass
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _clear(self) -> None:
+        for d in self.root.iterdir():
+            if d.name != ".lock":
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+
+    def _reject(self, folder: Path, why: str) -> None:
+        msg = f"{folder.name} not used: {why}"
+        self.problems.append(msg)
+        print(f"[lorarl] checkpoint problem ({self.root}): {msg}; deleting it", file=sys.stderr, flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def _on_step_end(self, state: Any, control: Any) -> None:
+        step = int(state.global_step)
+        if self.resumed is not None:  # a step completed after loading it: that checkpoint is readable
+            integrity.resume_worked(self.resumed.path)
+        _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
+                                           "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
+                                           "config_hash": self.config_hash})
+        if not self.enabled:
+            return
+        if step % self.every == 0 or step >= self.max_steps:
+            control.should_save = True
+        if (self.preempt_requested or self.terminate_requested) and step < self.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_for_preemption = True
+        _fault("kill_at_step", step, self.root)
+
+    def _on_save(self, state: Any) -> None:
+        step = int(state.global_step)
+        folder = self.root / f"checkpoint-{step}"
+        if not folder.is_dir():
+            return
+        rows = [r for r in (self.recorder.rows if self.recorder is not None else []) if int(r["step"]) <= step]
+        meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash,
+                "mlflow_run_id": self.run_id, "rows": rows,
+                "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
+                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
+        _write_json(folder / MARKER, meta)
+        for c in complete_checkpoints(self.root):  # keep only the newest complete checkpoint
+            if c.step != step:
+                shutil.rmtree(c.path, ignore_errors=True)
+        for d in self.root.glob("checkpoint-*"):  # partial saves left by a kill
+            if d.is_dir() and not (d / MARKER).exists() and d != folder:
+                shutil.rmtree(d, ignore_errors=True)
+        _fault("kill_after_save", step, self.root)
+
+
+def _tag_provenance(tracker: Any) -> None:
+    """Every job id that worked on this run so far (across requeues and reruns), and the host."""
+    from lorarl.pipeline import provenance
+
+    path = os.environ.get(provenance.ENV_PATH)
+    if tracker is None or not path:
+        return
+    ids = provenance.job_ids(path)
+    tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
+    if ids:
+        tags["lorarl.job_ids"] = ",".join(ids)
+    try:
+        tracker.set_tags(tags)
+    except Exception as err:  # noqa: BLE001 - tags are a convenience; provenance.json is the record
+        print(f"[lorarl] could not tag the MLflow run: {err}", file=sys.stderr)
+
+
+def _run_alive(tracker: Any, run_id: str) -> bool:
+    try:
+        run = tracker.client.get_run(run_id)
+    except Exception:  # noqa: BLE001 - a missing run is "not alive"
+        return False
+    return run.info.lifecycle_stage == "active"
+
+
+def _fault(kind: str, step: int, root: Path) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec != f"{kind}:{step}":
+        return
+    fired = root / f".fault-{kind}-{step}"
+    if fired.exists():
+        return
+    fired.write_text(str(os.getpid()))
+    print(f"[lorarl] {FAULT_ENV}={spec}: SIGKILL to myself", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _callback(owner: CellCheckpoints) -> Any:
+    """The TrainerCallback (built here so that importing this module stays free of transformers)."""
+    from transformers import TrainerCallback
+
+    class CheckpointCallback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            owner._on_step_end(state, control)
+
+        def on_save(self, args, state, control, **kw):
+            owner._on_save(state)
+
+    return CheckpointCallback()

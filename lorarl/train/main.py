@@ -1,0 +1,237 @@
+"""The thin trainer: cell config → model + adapter + reward → TRL GRPOTrainer → per-cell files.
+
+TRL does the RL. This module only translates the cell config, wires the reward and the metrics
+recorder, and writes the cell's outputs atomically (a crash never leaves a file that looks done).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from lorarl.train import flags as flagmod
+from lorarl import paths
+from lorarl.config import CellConfig
+from lorarl.study import Cell
+
+
+def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
+    """GRPOConfig from the cell config: one generation batch = P prompts x G completions, split into
+    ``train.updates_per_generation`` PPO mini-batches (one optimiser step each; ``train.steps`` counts
+    optimiser steps)."""
+    from trl import GRPOConfig
+
+    from lorarl.train.precision import autocast_bf16, resolve_precision
+
+    t = cfg.train
+    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        learning_rate=t.lr,
+        max_steps=t.steps,
+        per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
+        gradient_accumulation_steps=1,
+        steps_per_generation=t.updates_per_generation,
+        importance_sampling_level=t.importance_sampling_level,
+        delta=t.dual_clip,
+        num_generations=t.generations,
+        max_completion_length=t.max_completion_length,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        beta=t.beta,
+        loss_type=t.loss_type,
+        epsilon=t.epsilon,
+        epsilon_high=t.epsilon_high,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_ratio,
+        lr_scheduler_type=t.lr_scheduler,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        logging_steps=t.log_every,
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        bf16=autocast_bf16(precision),
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+    )
+
+
+def load_policy(cfg: CellConfig, results_dir: str | Path, device: str, precision: str | None = None
+                ) -> tuple[Any, Any]:
+    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.train.precision)."""
+    import torch
+
+    from lorarl.models import load_model_and_tokenizer, resolve_model
+    from lorarl.train.precision import load_dtype, resolve_precision
+
+    torch.manual_seed(cfg.seed)
+    precision = precision or resolve_precision(cfg.train.precision, device)
+    dtype = load_dtype(precision, cfg.adapter.method)
+    return load_model_and_tokenizer(resolve_model(cfg.model, results_dir), dtype=dtype, device=device)
+
+
+def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
+    """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
+    one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
+    dropped. Returns (dataset, facts for the summary)."""
+    import datasets
+
+    from lorarl.tasks import task_records
+    from lorarl.tasks.prompt import training_prompts, uses_chat_template, within_length
+
+    rows, _ = task_records(cfg.task)
+    prompts = training_prompts(cfg, [r["prompt"] for r in rows], tokenizer)
+    keep = within_length(cfg, prompts, tokenizer)
+    data = [{"prompt": p, "answer": r["answer"]} for p, r, k in zip(prompts, rows, keep) if k]
+    if not data:
+        raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
+    facts = {"prompts_dropped_too_long": len(rows) - len(data),
+             "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
+    return datasets.Dataset.from_list(data), facts
+
+
+def count_params(model: Any) -> dict[str, float]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"params_total": total, "params_trainable": trainable, "trainable_fraction": trainable / total}
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
+    """After waiting for another job's lock on this cell: its summary, if that job finished it."""
+    if not ckpt.waited_for_lock:
+        return None
+    try:
+        summary = json.loads((final / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("config_hash") != cell.hash:
+        return None
+    print(f"[lorarl] cell {cell.id} was trained by the job this one waited for; nothing to do", flush=True)
+    ckpt.release()
+    return summary
+
+
+def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
+    """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last)."""
+    import torch
+
+    from lorarl.adapters import build_adapter
+    from lorarl.train.callbacks import MetricsRecorder
+    from lorarl.train.checkpoint import CellCheckpoints
+    from lorarl.train.divergence import Divergence
+    from lorarl.pipeline.diskfull import disk_full_hook
+    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.train.snapshots import SnapshotSaver
+    from lorarl.train.trainer import build_trainer, frozen_reference, needs_reference
+    from lorarl.train.precision import resolve_precision, trainable_dtypes
+    from lorarl.tracking.client import Tracker
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = cell.config
+    from lorarl.train.rollout import check_engine
+
+    check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
+    t_start = time.time()
+    final = paths.cell_dir(results_dir, study, cell.id)
+    ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
+    done = _finished_meanwhile(ckpt, final, cell)
+    if done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
+        return done
+    work = final / ".train.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+
+    use_cpu = not torch.cuda.is_available()
+    precision = resolve_precision(cfg.train.precision, "cpu" if use_cpu else "cuda")  # logged as resolved
+    model, tok = load_policy(cfg, results_dir, "cpu" if use_cpu else "cuda", precision)
+    # KL reference = the ORIGINAL base, copied before any adapter (or residual init) touches the weights
+    ref_model = frozen_reference(model) if needs_reference(cfg.train.beta, cfg.train.kl_monitor_every) else None
+    if ref_model is not None and precision != "fp32":  # frozen: bf16 suffices (halves it under full-FT mixed)
+        ref_model.to(torch.bfloat16)
+    dataset, data_facts = training_dataset(cfg, tok)
+
+    tracker = Tracker(results_dir, study)
+    flat = cell.flat_config()
+    run_id = ckpt.resume_run(tracker) or tracker.start(  # a requeued/killed cell reopens its own run
+        cell.id, run_name=cell.id,
+        tags={"lorarl.config_hash": cell.hash, **{f"axis.{k}": v for k, v in cell.axes.items()}},
+        params={**flat, "train.precision_resolved": precision},
+    )
+    recorder = MetricsRecorder(work / "metrics.csv", tracker)
+    ckpt.restore(recorder, run_id)  # rows trained before a resume; MLflow gets any it missed
+    # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
+    policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
+    snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.train.flags)
+    model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
+    trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
+        cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
+        results_dir=str(results_dir),
+    )
+    counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
+    divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
+    trainer.add_callback(divergence.callback())
+    ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
+    try:
+        with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
+            trainer.train(resume_from_checkpoint=ckpt.resume_from)
+    except BaseException as err:
+        ckpt.release()
+        tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        raise
+    recorder.flush()
+    if collapse.stopped_at is not None:
+        snapshots.fill_after_stop(trainer.model)
+    policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
+    if cfg.adapter.method == "full":
+        tok.save_pretrained(work / "adapter")
+    shutil.rmtree(work / "trainer", ignore_errors=True)
+
+    rewards = [r["reward"] for r in recorder.rows if "reward" in r and math.isfinite(r["reward"])]
+    tail = rewards[-max(1, len(rewards) // 10):]
+    summary = {
+        "study": study, "cell": cell.id, "config_hash": cell.hash, "mlflow_run_id": run_id,
+        **divergence.summary(),  # "state": "done" | "diverged" (+ diverged_at_step, diverged_reason)
+        "steps": len(recorder.rows), "final_train_reward": sum(tail) / len(tail) if tail else float("nan"),
+        "first_train_reward": rewards[0] if rewards else float("nan"),
+        "wall_time_s": round(time.time() - t_start + ckpt.elapsed_before, 2),  # all attempts
+        "mean_step_time_s": sum(r["step_time_s"] for r in recorder.rows) / max(1, len(recorder.rows)),
+        **counts, **ckpt.summary(), **data_facts,
+        "precision": precision, "trainable_dtypes": trainable_dtypes(trainer.model),
+        "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
+        "flags": flagmod.detect(recorder.rows),  # collapse flag -> first step it fired (lorarl.train.flags)
+    }
+    if collapse.stopped_at is not None:
+        summary["stopped_on_collapse"] = collapse.stopped_at
+    tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
+                                                  "trainable_fraction")},
+                        tags={**policy.mlflow_tags(), "lorarl.state": divergence.state,
+                              **flagmod.mlflow_tags(summary["flags"])})
+    tracker.finish()
+    _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
+                                      "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
+    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.diskfull)
+    _write_json(work / "summary.json", summary)
+    for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
+        dst = final / name
+        if dst.is_dir():
+            shutil.rmtree(dst)
+        os.replace(work / name, dst)
+    shutil.rmtree(work, ignore_errors=True)
+    ckpt.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
+    return summary

@@ -1,0 +1,446 @@
+"""`LorarlGRPOTrainer`: TRL 1.16's GRPOTrainer with reward deposits, per-token advantages, an own KL term.
+
+What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md):
+
+* ``_calculate_rewards``: the cell's regime (:mod:`lorarl.rewards`) turns the rollouts into reward
+  deposits (plus DAPO's soft overlong penalty on the last token); TRL still sees one scalar per
+  completion (the sum of its deposits) for its own reward metrics.
+* ``_generate_and_score_completions``: replaces TRL's ``[B]`` advantages by the ``[B, T]`` advantages of
+  :func:`lorarl.train.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
+  ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`),
+  and runs the reference forward, only when ``beta > 0``.
+* ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
+  plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
+
+The reference policy is a frozen copy of the ORIGINAL base model taken before any adapter is applied
+(residual inits such as PiSSA rewrite base weights, so "adapter disabled" is not the reference).
+With ``beta = 0`` nothing calls the reference during a step; every ``kl_monitor_every`` optimiser
+steps, after the step's timing is taken, a no-grad monitor measures KL(pi || base) on the batch just
+trained on and KL(pi_new || pi_old) (one extra policy forward, free when ``num_iterations > 1``:
+the next pass's forward gives it). Monitor costs are logged as ``time/*`` metrics, outside
+``time/step_s`` and outside the MetricsRecorder's ``step_time_s``.
+
+Single process only (a prompt group must live on one rank); multi-GPU data parallelism would need
+per-group deposit sums gathered across ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from lorarl.train import kl as klmod
+from lorarl.train.advantages import advantages_from_deposits
+from lorarl.train.divergence import nan_reward_fault
+from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
+from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
+
+METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
+    "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
+    "adv/std", "adv/std_peak", "adv/abs_max", "kl", "kl_ref/k1", "kl_ref/k3", "kl_ref/one_sided",
+    "kl_ref/penalty", "kl_new_old", "kl_new_old/logratio", "dynamic_sampling/frac_groups_dropped",
+    "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
+    "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
+    "time/kl_monitor_s", "time/kl_new_old_s",
+    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.train.rollout.FreshnessGate)
+    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
+    "rollout/is_ratio_max", "rollout/stale_steps",
+    # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
+    "time/generate_s", "time/score_s", "rollout/tokens",
+)
+
+
+def frozen_reference(model: Any) -> Any:
+    """A frozen copy of the base policy: take it BEFORE any adapter is applied."""
+    if hasattr(model, "peft_config"):
+        raise ValueError("the reference must be copied from the base model before an adapter is applied; "
+                         "got a PEFT-wrapped model")
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def needs_reference(beta: float, kl_monitor_every: int) -> bool:
+    return beta > 0 or kl_monitor_every > 0
+
+
+class _RegimeReward:
+    """Placeholder reward function carrying the regime's name (rewards come from the regime)."""
+
+    def __init__(self, regime: Regime):
+        self.__name__ = regime.name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("LorarlGRPOTrainer computes rewards through its regime, not reward functions")
+
+
+class _StepHooks(TrainerCallback):
+    """Runs after every other callback: step timing first (excludes the monitors), then the monitors."""
+
+    def __init__(self, trainer: "LorarlGRPOTrainer"):
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.trainer._step_t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.trainer._after_optimizer_step(state.global_step)
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list) and x and isinstance(x[-1], dict):  # conversational: last message
+        content = x[-1].get("content", "")
+        return content if isinstance(content, str) else str(content)
+    return str(x)
+
+
+class LorarlGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
+
+    ``args.beta`` is the KL coefficient (TRL's own ``beta`` is set to 0 on a copy of ``args``).
+    ``ref_model``: the frozen base copy (see :func:`frozen_reference`), or ``"auto"`` to copy ``model``
+    here when it is not yet PEFT-wrapped; needed when ``beta > 0`` or ``kl_monitor_every > 0``.
+    """
+
+    def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
+                 kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
+                 overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
+                 rollout: Any = None, grading: Any = None, **kwargs):
+        klmod.estimator(kl_estimator)  # validates the name
+        if kwargs.get("reward_funcs") is not None:
+            raise ValueError("pass a regime, not reward_funcs")
+        kwargs.pop("reward_funcs", None)
+        beta = float(args.beta)
+        if ref_model == "auto":
+            ref_model = frozen_reference(model) if needs_reference(beta, kl_monitor_every) else None
+        if ref_model is None and beta > 0:
+            raise ValueError("beta > 0 needs ref_model: a frozen copy of the base taken before the adapter")
+        if args.scale_rewards not in ("group", "none"):
+            raise ValueError(f"scale_rewards {args.scale_rewards!r} is not supported; use 'group' or 'none'")
+        if args.loss_type not in klmod.LOSS_TYPES:
+            raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
+        if args.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
+        args = copy.copy(args)
+        args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
+        extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
+        with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
+            super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
+        self.freshness: FreshnessGate | None = None
+        if self.use_vllm:
+            if args.vllm_mode != "colocate":
+                raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
+            # push EFFECTIVE weights (adapter merged, base restored bit for bit) instead of TRL's merge/unmerge
+            self.vllm_generation._iter_named_params = functools.partial(effective_named_params, self.model)
+            self.freshness = FreshnessGate(getattr(rollout, "freshness_threshold", 0.05),
+                                           getattr(rollout, "freshness_patience", 3))
+        if self.accelerator.num_processes > 1:
+            raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
+        self.regime = regime
+        self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
+        self.kl_beta = beta
+        self.kl_estimator = kl_estimator
+        self.kl_importance_correction = bool(args.use_bias_correction_kl)
+        self.kl_monitor_every = int(kl_monitor_every)
+        self.dynamic_sampling = dynamic_sampling
+        self.dynamic_sampling_max_batches = int(dynamic_sampling_max_batches)
+        if dynamic_sampling:
+            from lorarl.train.dynamic_sampling import PromptSampler
+
+            self._prompt_sampler = PromptSampler(self.train_dataset, args.seed)
+        self.overlong_buffer, self.overlong_factor = int(overlong_buffer), float(overlong_factor)
+        self.reference_model = ref_model
+        if ref_model is not None:
+            from trl.trainer.utils import add_fused_lm_head
+
+            add_fused_lm_head(ref_model, temperature=self.temperature,
+                              cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+            ref_model.to(self.accelerator.device)
+            ref_model.requires_grad_(False)
+            ref_model.eval()
+        self._captured: list[torch.Tensor] | None = None
+        self._prompt_ids_list: list[list[int]] | None = None
+        self._deposits: Deposits | None = None
+        self._adv_std_peak = 0.0
+        self._last_batch: tuple[dict, torch.Tensor] | None = None
+        self._step_t0 = time.perf_counter()
+        self._step_tokens = 0.0
+        self.add_callback(_StepHooks(self))
+
+    # ------------------------------------------------------------------ helpers
+    def _log(self, name: str, value: float, mode: str = "train") -> None:
+        self._metrics[mode][name].append(float(value))
+
+    def _forward_logps(self, model: Any, batch: dict) -> torch.Tensor:
+        """Per-token log-probs of the batch's completion tokens under ``model`` (no grad)."""
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model, ids, attn, batch["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _student_logps(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        from trl.trainer.utils import pad
+
+        dev, pid = self.accelerator.device, self._tokenizer.pad_token_id
+        p = [torch.tensor(x, dtype=torch.long) for x in prompt_ids]
+        c = [torch.tensor(x, dtype=torch.long) for x in completion_ids]
+        batch = {
+            "prompt_ids": pad(p, padding_value=pid, padding_side="left").to(dev),
+            "prompt_mask": pad([torch.ones_like(x) for x in p], padding_value=0, padding_side="left").to(dev),
+            "completion_ids": pad(c, padding_value=pid, padding_side="right").to(dev),
+            "completion_mask": pad([torch.ones_like(x) for x in c], padding_value=0, padding_side="right").to(dev),
+        }
+        logps = self._forward_logps(self.model, batch).float().cpu()
+        return [logps[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]
+
+    # ------------------------------------------------------------------ TRL overrides
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._captured is not None:  # only inside _compute_loss: the policy's log-probs with grad
+            self._captured.append(out[0])
+        return out
+
+    def _generate(self, prompts: list):
+        t0 = time.perf_counter()
+        out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
+        mode = "train" if self.model.training else "eval"
+        self._log("time/generate_s", time.perf_counter() - t0, mode)
+        self._log("rollout/tokens", float(sum(len(ids) for ids in out[1])), mode)
+        self._prompt_ids_list = out[0]
+        return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        mode = "train" if self.model.training else "eval"
+        t0 = time.perf_counter()
+        texts = [_text(c) for c in completions]
+        answers = [str(x["answer"]) for x in inputs] if inputs and "answer" in inputs[0] else None
+        rollouts = Rollouts(
+            prompts=[_text(p) for p in prompts], completions=texts,
+            prompt_ids=[list(map(int, x)) for x in self._prompt_ids_list],
+            completion_ids=[list(map(int, x)) for x in completion_ids_list],
+            token_texts=decode_tokens(self._tokenizer, completion_ids_list),
+            answers=answers if self.regime.name == "outcome" else None,  # only the outcome regime sees gold
+        )
+        if self.regime.needs_student_logps:
+            rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
+        dep = self.regime.deposits(rollouts)
+        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.train.divergence)
+            nan_reward_fault(dep, int(self.state.global_step) + 1)
+        if len(dep) != len(texts):
+            raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
+        accuracy = None
+        if self.regime.name == "outcome":
+            accuracy = list(getattr(self.regime, "last_correct", None) or [v[0] for v in dep.values])
+        elif answers is not None:
+            from lorarl.rewards.outcome import grade
+
+            accuracy = grade(texts, answers, settings=self.grading)  # monitoring only: never reaches the loss of this regime
+        penalized = 0
+        for i, ids in enumerate(rollouts.completion_ids):
+            pen = overlong_penalty(len(ids), self.max_completion_length, self.overlong_buffer, self.overlong_factor)
+            if pen:
+                dep.add(i, max(len(ids) - 1, 0), pen)
+                penalized += 1
+        self._deposits = dep
+        self._lengths = [len(ids) for ids in rollouts.completion_ids]
+
+        from lorarl.evaluate.grading import extract_boxed
+
+        eos = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        n = max(len(texts), 1)
+        if accuracy is not None:
+            self._log("accuracy", sum(accuracy) / n, mode)
+        self._log("frac_boxed", sum(extract_boxed(t) is not None for t in texts) / n, mode)
+        self._log("frac_truncated", sum(bool(ids) and ids[-1] not in eos for ids in rollouts.completion_ids) / n,
+                  mode)
+        self._log("deposits/per_completion", sum(dep.counts) / n, mode)
+        all_vals = [v for vals in dep.values for v in vals]
+        self._log("deposits/mean", sum(all_vals) / max(len(all_vals), 1), mode)
+        if self.overlong_buffer:
+            self._log("overlong/frac_penalized", penalized / n, mode)
+        self._log("time/reward_s", time.perf_counter() - t0, mode)
+        rewards = torch.tensor(dep.totals, dtype=torch.float32, device=self.accelerator.device)
+        return rewards.unsqueeze(1)  # [B, 1]: one "reward function" whose value is each completion's return
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        out, degenerate_P = self._score_round(inputs, mode)
+        if self.dynamic_sampling and mode == "train":
+            out = self._refill(out, degenerate_P)
+        if self.kl_beta > 0:
+            t0 = time.perf_counter()
+            out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
+            self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
+        return out
+
+    def _score_round(self, inputs, mode: str):
+        """TRL's generation + scoring of one batch, with lorarl's ``[B, T]`` advantages; returns the
+        batch and which prompt groups are degenerate (all deposits equal)."""
+        t0 = time.perf_counter()
+        out = super()._generate_and_score_completions(inputs)
+        self._log("time/score_s", time.perf_counter() - t0, mode)  # generation + rewards + old-policy forward
+        sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+        if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
+            mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
+            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT).items():
+                self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
+        dep, dev = self._deposits, self.accelerator.device
+        B, T = out["completion_ids"].shape
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        valid_BT = torch.arange(T, device=dev).unsqueeze(0) < torch.tensor(self._lengths, device=dev).unsqueeze(1)
+        row_D, pos_D, val_D = dep.flat(dev)
+        adv = advantages_from_deposits(row_D, pos_D, val_D, valid_BT, group, dense=dep.dense,
+                                       scale=self.scale_rewards != "none")
+        adv_BT = adv.adv_BT
+        vals = adv_BT[valid_BT]
+        if vals.numel():
+            std = vals.std().item() if vals.numel() > 1 else 0.0
+            self._adv_std_peak = max(self._adv_std_peak, std) if mode == "train" else self._adv_std_peak
+            self._log("adv/std", std, mode)
+            self._log("adv/std_peak", self._adv_std_peak, mode)
+            self._log("adv/abs_max", vals.abs().max().item(), mode)
+        out["advantages"] = adv_BT
+        return out, adv.stats.degenerate_P.tolist()
+
+    def _refill(self, first: dict, degenerate: list[bool]) -> dict:
+        """DAPO dynamic sampling (lorarl.train.dynamic_sampling): sample more prompt groups until the batch
+        holds as many groups with signal as it has slots, at most ``dynamic_sampling_max_batches``
+        rounds; degenerate groups fill what is left."""
+        from lorarl.train.dynamic_sampling import concat_batches, plan_refill, take_groups
+
+        G, P = self.num_generations, len(degenerate)
+        self._log("dynamic_sampling/frac_groups_dropped", sum(degenerate) / P)
+        rounds = [first]
+        kept = [(0, g) for g in range(P) if not degenerate[g]]
+        degen = [(0, g) for g in range(P) if degenerate[g]]
+        while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
+            r = len(rounds)
+            out, deg = self._score_round(self._prompt_sampler.draw(P, G, self.state.global_step, r), "train")
+            rounds.append(out)
+            kept += [(r, g) for g in range(len(deg)) if not deg[g]]
+            degen += [(r, g) for g in range(len(deg)) if deg[g]]
+        chosen = plan_refill(kept, degen, P)
+        parts = [take_groups(o, [g for rr, g in chosen if rr == r], G) for r, o in enumerate(rounds)
+                 if any(rr == r for rr, _ in chosen)]
+        self._log("dynamic_sampling/rounds", len(rounds))
+        self._log("dynamic_sampling/frac_groups_degenerate", max(P - len(kept), 0) / P)
+        return concat_batches(parts, self._tokenizer.pad_token_id)
+
+    def _compute_loss(self, model, inputs):
+        self._captured = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+            captured = self._captured
+        finally:
+            self._captured = None
+        logp_BT = captured[0]
+        mode = "train" if self.model.training else "eval"
+        mask_BT = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask_BT = mask_BT * inputs["tool_mask"]
+        old_BT = inputs.get("old_per_token_logps")
+        old_BT = logp_BT.detach() if old_BT is None else old_BT
+        if self.kl_beta > 0:
+            ref_BT = inputs["lorarl_ref_logps"]
+            weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, self.importance_sampling_level) \
+                if self.kl_importance_correction else None
+            kl_BT = klmod.per_token_kl(self.kl_estimator, logp_BT, ref_BT, weight_BT)
+            train = mode == "train"
+            term = klmod.aggregate(
+                kl_BT, mask_BT, self.loss_type, max_completion_length=self.max_completion_length,
+                num_items_in_batch=inputs["num_items_in_batch"],
+                grad_accum=self.current_gradient_accumulation_steps if train else 1,
+                steps_per_generation=self.args.steps_per_generation if train else 1,
+                num_processes=self.accelerator.num_processes)
+            loss = loss + self.kl_beta * term
+            self._log("kl", klmod.masked_mean(kl_BT.detach(), mask_BT).item(), mode)
+            self._log_kl_ref(logp_BT.detach(), ref_BT, mask_BT, mode)
+        if mode == "train" and torch.is_grad_enabled():
+            last = self._last_batch
+            if last is not None and last[0] is inputs:  # a later pass over the same batch: KL(new||old) is free
+                self._log_kl_new_old(logp_BT.detach(), last[1], mask_BT)
+            self._last_batch = (inputs, logp_BT.detach())
+            self._step_tokens += float(mask_BT.sum())
+        return loss
+
+    # ------------------------------------------------------------------ monitors
+    def _log_kl_ref(self, logp_BT, ref_BT, mask_BT, mode="train") -> None:
+        self._log("kl_ref/k1", klmod.masked_mean(klmod.k1(logp_BT, ref_BT), mask_BT).item(), mode)
+        self._log("kl_ref/k3", klmod.masked_mean(klmod.k3(logp_BT, ref_BT), mask_BT).item(), mode)
+        self._log("kl_ref/one_sided", klmod.masked_mean(klmod.one_sided(logp_BT, ref_BT), mask_BT).item(), mode)
+        if self.kl_beta > 0:
+            est = klmod.estimator(self.kl_estimator)(logp_BT, ref_BT)
+            self._log("kl_ref/penalty", (self.kl_beta * klmod.masked_mean(est, mask_BT)).item(), mode)
+
+    def _log_kl_new_old(self, new_BT, old_BT, mask_BT) -> None:
+        """KL(pi_new || pi_old) on tokens sampled from pi_old: mean of rho*log(rho) - rho + 1 (>= 0, unbiased)."""
+        log_rho = (new_BT - old_BT).float()
+        rho = torch.exp(log_rho)
+        self._log("kl_new_old", klmod.masked_mean(rho * log_rho - rho + 1, mask_BT).item())
+        self._log("kl_new_old/logratio", klmod.masked_mean(log_rho, mask_BT).item())
+
+    def _after_optimizer_step(self, global_step: int) -> None:
+        """Step timing, then (every kl_monitor_every steps) the no-grad monitors on the batch just trained."""
+        wall = time.perf_counter() - self._step_t0
+        self._log("time/step_s", wall)
+        self._log("tokens_per_s", self._step_tokens / wall if wall > 0 else 0.0)
+        self._step_tokens = 0.0
+        every = self.kl_monitor_every
+        if not every or global_step % every or self._last_batch is None:
+            return
+        dev = self.accelerator.device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            self._monitors()  # no gradients, and the RNG stream of training is left exactly as it was
+
+    def _monitors(self) -> None:
+        batch, logp_BT = self._last_batch
+        mask_BT = batch["completion_mask"]
+        if self.kl_beta == 0 and self.reference_model is not None:
+            t0 = time.perf_counter()
+            ref_BT = self._forward_logps(self.reference_model, batch)
+            self._log_kl_ref(logp_BT, ref_BT, mask_BT)
+            self._log("time/kl_monitor_s", time.perf_counter() - t0)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every:  # the next pass reuses this batch: its forward gives KL(new||old)
+            return
+        t0 = time.perf_counter()
+        new_BT = self._forward_logps(self.model, batch)
+        self._log_kl_new_old(new_BT, logp_BT, mask_BT)
+        self._log("time/kl_new_old_s", time.perf_counter() - t0)
+
+
+def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_dataset: Any,
+                  peft_config: Any = None, callbacks: list | None = None, ref_model: Any = "auto",
+                  results_dir: str = "results") -> LorarlGRPOTrainer:
+    """The trainer of one cell: regime, KL and DAPO options from the cell config."""
+    from lorarl.rewards import build_regime
+
+    t = cfg.train
+    args.num_iterations = t.num_iterations
+    args.scale_rewards = t.scale_rewards
+    args.use_bias_correction_kl = t.kl_importance_correction
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None:
+        from lorarl.train.rollout import apply_rollout_args
+
+        apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
+    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+    regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
+    from lorarl.rewards.outcome import settings_of
+
+    return LorarlGRPOTrainer(
+        model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
+        kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
+        dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
+        grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

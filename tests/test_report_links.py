@@ -1,0 +1,107 @@
+"""report.html's MLflow links follow the tracking setting (lorarl.report.mlflow_links): sqlite -> `mlflow
+ui`'s address + the command; a server URI (setting, or results/.tracking/server.json) -> the server, its
+experiment id looked up with the credentials file's basic auth; $LORARL_MLFLOW_UI overrides the address.
+The server here is a stub HTTP endpoint that checks the Authorization header (the real server's
+answer to the same request: tests/test_tracking_server.py's pipeline test checks the links)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from lorarl.tracking import client as tracking, server as tracking_server
+from lorarl.report import html
+from lorarl.report.mlflow_links import UI_ENV, run_url, ui_target
+
+CREDS = {"username": "lorarl", "password": "s3cret-pw"}
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    """An MLflow-like get-by-name endpoint: 401 without the right basic auth, else experiment 42."""
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            want = "Basic " + base64.b64encode(f"{CREDS['username']}:{CREDS['password']}".encode()).decode()
+            url = urlparse(self.path)
+            seen.append((url.path, parse_qs(url.query), self.headers.get("Authorization")))
+            if self.headers.get("Authorization") != want:
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps({"experiment": {"experiment_id": "42", "name": parse_qs(url.query)["experiment_name"][0]}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    for k in (tracking.TRACKING_ENV, UI_ENV, tracking_server.CREDENTIALS_ENV):
+        monkeypatch.delenv(k, raising=False)
+    yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    srv.shutdown()
+
+
+def _creds_file(tmp_path: Path, password: str = CREDS["password"]) -> Path:
+    f = tmp_path / "creds"
+    f.write_text(f"username = lorarl\npassword = {password}\n")
+    f.chmod(0o600)
+    return f
+
+
+def test_sqlite_links_point_to_mlflow_ui_with_the_experiment(tmp_path: Path, stub):
+    res = tmp_path / "results"
+    t = tracking.Tracker(res, "lk", tracking="sqlite")
+    run = t.start("c0", "c0", tags={}, params={})
+    target = ui_target(res, "lk")
+    assert target["base"] == "http://127.0.0.1:5000" and target["experiment_id"] == t.experiment_id
+    assert f"mlflow ui --backend-store-uri sqlite:///{res.resolve()}/mlflow.db" in target["hint"]
+    assert run_url(target, run) == f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs/{run}"
+    line = html.mlflow_line(target, "lk")
+    assert f'href="http://127.0.0.1:5000/#/experiments/{t.experiment_id}"' in line and "mlflow ui" in line
+
+
+def test_server_setting_links_to_the_server_with_its_experiment_id(tmp_path: Path, stub, monkeypatch):
+    uri, seen = stub
+    monkeypatch.setenv(tracking.TRACKING_ENV, uri)
+    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    target = ui_target(tmp_path / "results", "my study")
+    assert target == {"base": uri, "experiment_id": "42", "source": "tracking setting", "hint": ""}
+    assert seen[-1][0] == "/api/2.0/mlflow/experiments/get-by-name" and seen[-1][1] == {"experiment_name": ["my study"]}
+    assert run_url(target, "abc123") == f"{uri}/#/experiments/42/runs/abc123"
+    assert html.run_link(target, "abc123def") == f'<a href="{uri}/#/experiments/42/runs/abc123def">abc123de</a>'
+    # wrong password: the server refuses (401), so no experiment id: the UI's direct run route
+    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path, "wrong")))
+    target = ui_target(tmp_path / "results", "my study")
+    assert target["experiment_id"] is None and run_url(target, "abc") == f"{uri}/#/runs/abc"
+    # a server that is gone: the same, without waiting long
+    monkeypatch.setenv(tracking.TRACKING_ENV, "http://127.0.0.1:9")
+    assert ui_target(tmp_path / "results", "my study")["experiment_id"] is None
+
+
+def test_server_json_without_a_setting_and_the_ui_override(tmp_path: Path, stub, monkeypatch):
+    uri, _ = stub
+    res = tmp_path / "results"
+    (res / ".tracking").mkdir(parents=True)
+    (res / ".tracking" / "server.json").write_text(json.dumps({"uri": uri, "auth": True}))
+    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    target = ui_target(res, "s")
+    assert target["base"] == uri and target["experiment_id"] == "42" and "server.json" in target["source"]
+    monkeypatch.setenv(tracking.TRACKING_ENV, "sqlite")  # an explicit sqlite setting wins over server.json
+    assert ui_target(res, "s")["base"] == "http://127.0.0.1:5000"
+    monkeypatch.setenv(tracking.TRACKING_ENV, uri)
+    monkeypatch.setenv(UI_ENV, "http://localhost:15000/")  # e.g. an SSH port-forward to the server
+    target = ui_target(res, "s")
+    assert target["base"] == "http://localhost:15000" and target["experiment_id"] == "42"
+    assert target["source"] == f"${UI_ENV}"
