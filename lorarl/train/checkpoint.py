@@ -17,7 +17,8 @@ Invariants that make the metric history continuous and duplicate-free across kil
    the MLflow run's high-water mark (a kill between lorarl.json and the MLflow flush loses nothing);
    Tracker.log_metrics drops every step at or below that mark (nothing is logged twice).
 3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
-   resumes at the end and never recomputes (and never re-logs) a step.
+   resumes at the end and never recomputes (and never re-logs) a step (`ResumedAtEnd` keeps HF's
+   Trainer from training one step past max_steps).
 
 Preemption: under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
 `scancel --signal=USR2`) is caught here during training: the current step finishes, a checkpoint
@@ -385,11 +386,21 @@ def _fault(kind: str, step: int, root: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class ResumedAtEnd(Exception):
+    """Resumed from the checkpoint of the last step (a kill while the final outputs were written):
+    nothing is left to train. HF's Trainer checks max_steps only after a step, so it would train one
+    step more; the callback stops it at on_train_begin, when the checkpoint's weights are loaded."""
+
+
 def _callback(owner: CellCheckpoints) -> Any:
     """The TrainerCallback (built here so that importing this module stays free of transformers)."""
     from transformers import TrainerCallback
 
     class CheckpointCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if owner.resumed is not None and state.global_step >= owner.max_steps:
+                raise ResumedAtEnd(state.global_step)  # weights are loaded; HF would train one more step
+
         def on_step_end(self, args, state, control, **kw):
             owner._on_step_end(state, control)
 

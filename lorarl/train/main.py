@@ -130,7 +130,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
 
     from lorarl.adapters import build_adapter
     from lorarl.train.callbacks import MetricsRecorder
-    from lorarl.train.checkpoint import CellCheckpoints
+    from lorarl.train.checkpoint import CellCheckpoints, ResumedAtEnd
     from lorarl.train.divergence import Divergence
     from lorarl.pipeline.diskfull import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
@@ -189,7 +189,10 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
-            trainer.train(resume_from_checkpoint=ckpt.resume_from)
+            try:
+                trainer.train(resume_from_checkpoint=ckpt.resume_from)
+            except ResumedAtEnd:  # resumed from the last step's checkpoint: nothing left to train
+                pass
     except BaseException as err:
         ckpt.release()
         tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
