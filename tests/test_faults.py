@@ -251,3 +251,43 @@ def test_a_requeued_job_is_waited_on(tmp_path: Path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "job 77 NODE_FAIL, requeued by Slurm (PENDING): waiting on it" in out, out
     assert out.count("requeued by Slurm") == 1 and int(calls.read_text()) >= 2
+
+
+def test_fault_checks_count_lost_duplicated_and_extra_rows(tmp_path: Path):
+    """check() against a reference: a 2-cell run where one cell lost a row, logged one twice and trained
+    a step past the last, and has a different adapter and a leftover temporary file."""
+    import mlflow
+    import torch
+    from safetensors.torch import save_file
+
+    from lorarl.pipeline.fault_checks import check
+
+    def make(root: Path, rows: dict[str, list[int]], bump: float = 0.0, tracked: bool = True) -> Path:
+        res = root / "results"
+        res.mkdir(parents=True)
+        client = mlflow.MlflowClient(f"sqlite:///{res}/mlflow.db") if tracked else None
+        exp = client.create_experiment("chaos") if tracked else None
+        for cell, steps in rows.items():
+            d = res / "chaos" / cell
+            (d / "adapter").mkdir(parents=True)
+            (d / "eval").mkdir()
+            (d / "summary.json").write_text("{}")
+            (d / "metrics.csv").write_text("step,reward\n" + "".join(f"{s},0.5\n" for s in steps))
+            save_file({"w": torch.ones(2) + (bump if cell == "s1" else 0.0)}, str(d / "adapter" / "adapter_model.safetensors"))
+            (d / "eval" / "synthetic.json").write_text(json.dumps({"metrics": {"acc": 0.5}}))
+            if tracked:
+                run = client.create_run(exp, tags={"lorarl.cell_id": cell})
+                for s in steps:
+                    client.log_metric(run.info.run_id, "reward", 0.5, step=s)
+        return res
+
+    ref = make(tmp_path / "ref", {"s0": [1, 2, 3, 4], "s1": [1, 2, 3, 4]}, tracked=False)  # read: files only
+    got = check(make(tmp_path / "run", {"s0": [1, 2, 3, 4], "s1": [1, 2, 2, 4, 5]}, bump=1e-3), ref, steps=4)
+    assert got["cells"] == 2 and got["extra_runs"] == 0
+    assert (got["lost"], got["duplicated"], got["extra"]) == (2, 2, 2)  # step 3 lost, 2 twice, 5 extra (csv + MLflow)
+    assert got["adapters_identical"] == 1 and got["adapters_within_tol"] == 1 and got["max_abs_diff"] > 0
+    assert got["eval_equal"] == 2 and got["bad_outputs"] == []
+    (tmp_path / "run" / "results" / "chaos" / "s0" / "x.json.tmp").write_text("{")
+    (tmp_path / "run" / "results" / "chaos" / "s0" / "cut.json").write_text('{"a": ')
+    bad = check(tmp_path / "run" / "results", ref, steps=4)["bad_outputs"]
+    assert len(bad) == 2 and any("temporary" in b for b in bad) and any("JSONDecodeError" in b for b in bad)

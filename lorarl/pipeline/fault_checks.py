@@ -28,27 +28,30 @@ def _mlflow_rows(results: Path, study: str) -> dict[str, dict[str, list[int]]]:
 
 
 def check(results: Path, ref: Path, study: str = "chaos", steps: int = 4) -> dict:
-    """Lost / duplicated metric rows, adapter differences and bad outputs of a finished run."""
+    """Lost / duplicated / extra (beyond `steps`) metric rows, adapter differences and bad outputs of a
+    finished run."""
     import pandas as pd
     from safetensors.torch import load_file
 
-    out = {"lost": 0, "duplicated": 0, "adapters_identical": 0, "adapters_within_tol": 0, "max_abs_diff": 0.0,
+    out = {"lost": 0, "duplicated": 0, "extra": 0, "adapters_identical": 0, "adapters_within_tol": 0, "max_abs_diff": 0.0,
            "eval_equal": 0, "bad_outputs": [], "extra_runs": 0, "cells": 0}
     rows = _mlflow_rows(results, study)
     for cell in sorted(p.name for p in (ref / study).iterdir() if (p / "summary.json").exists()):
         out["cells"] += 1
         d, r = results / study / cell, ref / study / cell
-        want = list(range(1, steps + 1))
+        want = set(range(1, steps + 1))
         m = pd.read_csv(d / "metrics.csv")
-        steps = m["step"].tolist()
-        out["lost"] += len(set(want) - set(steps))
-        out["duplicated"] += len(steps) - len(set(steps))
+        got_steps = m["step"].tolist()
+        out["lost"] += len(want - set(got_steps))
+        out["duplicated"] += len(got_steps) - len(set(got_steps))
+        out["extra"] += len(set(got_steps) - want)
         hist = rows.get(cell, {})
         out["extra_runs"] += len(hist.pop("__runs__", [1])) - 1
         for key in [c for c in m.columns if c != "step"]:
             got = hist.get(key, [])
-            out["lost"] += len(set(want) - set(got))
+            out["lost"] += len(want - set(got))
             out["duplicated"] += len(got) - len(set(got))
+            out["extra"] += len(set(got) - want)
         a, b = load_file(str(d / "adapter" / "adapter_model.safetensors")), load_file(
             str(r / "adapter" / "adapter_model.safetensors"))
         diff = max(float((a[k] - b[k]).abs().max()) for k in b) if a.keys() == b.keys() else float("inf")

@@ -18,7 +18,7 @@ that stage (kills not placed in one study run move on to the next run).
 `--workers N` runs N such kill loops side by side, each in its own folder with its share of the kills
 (the reference is shared), e.g. on a many-core machine.
 Every completed pass is checked against the reference: each cell has one current MLflow run whose
-every (metric, step) appears exactly once (lost and duplicated rows are counted, also in
+every (metric, step) appears exactly once (lost, duplicated and extra rows are counted, also in
 metrics.csv), the final adapter equals the reference's (bit for bit is reported; the tolerance is
 `ATOL`), the evaluation numbers are equal, every output parses and no temporary file is left among
 them (no partial file taken as an output).
@@ -285,7 +285,7 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
     return kills, max_invocations, False, missed
 
 
-SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra_runs", "cells", "adapters_identical",
+SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells", "adapters_identical",
         "adapters_within_tol", "eval_equal")
 
 
@@ -388,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     ok = (figures["completed"] == figures["passes"] and not figures["lost"] and not figures["duplicated"]
+          and not figures.get("extra")
           and not figures["bad_outputs"] and not figures["extra_runs"])
     return 0 if ok else 1
 
@@ -397,7 +398,8 @@ def report(f: dict) -> str:
     lines += [f"| {s} | {n} | {f['missed'].get(s, 0)} |" for s, n in f["kills"].items()]
     lines += ["", f"study runs completed after the kills: {f['completed']}/{f['passes']} "
                   f"({f['invocations']} `snakemake all` invocations)",
-              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}; "
+              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}, "
+              f"beyond the last step: {f.get('extra', 0)}; "
               f"extra live MLflow runs: {f['extra_runs']}",
               f"final adapters bit-identical to the uninterrupted run: {f['adapters_identical']}/{f['cells']} "
               f"(within {ATOL}: {f['adapters_within_tol']}, max |diff| {f['max_abs_diff']:.2e}); "

@@ -160,7 +160,7 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
     """The node dies mid-training (slurmd and the job's processes SIGKILLed; the node marked down, as
     slurmctld does once SlurmdTimeout passes): the job is requeued or fails; once the node is back,
     the cell completes from its checkpoint (a rerun of Snakemake if the launcher gave up)."""
-    steps = 12
+    steps = 20
     wd = workdir_for(tmp_path, models, study("nodefail", {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
                                              steps=steps, checkpoint_every=2))
     log = (tmp_path / "snakemake.log").open("w")
