@@ -10,6 +10,7 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/base.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/pack.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/diagnose.smk"
 include: "workflow/rules/toy.smk"
@@ -18,7 +19,7 @@ include: "workflow/rules/aggregate.smk"
 
 rule all:
     input:
-        all_targets(),
+        all_targets() + pack_targets(),
     default_target: True
 
 

@@ -12,7 +12,8 @@ from trl import GRPOConfig
 from lorarl.config import RolloutConfig
 from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
-from lorarl.train.rollout import RolloutStaleError, apply_rollout_args
+from lorarl.train.rollout import RolloutStaleError
+from lorarl.train.trl_args import rollout_fields
 from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
 
 d = tempfile.mkdtemp()
@@ -33,8 +34,8 @@ def run(tag, rollout, stale=False, steps=6, lr=1e-2, peft=True, engine_vllm=True
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
     a = GRPOConfig(output_dir=tempfile.mkdtemp(), learning_rate=lr, max_steps=steps, per_device_train_batch_size=16,
                    num_generations=4, max_completion_length=24, temperature=1.0, beta=0.0, seed=0, logging_steps=1,
-                   save_strategy="no", report_to="none", bf16=True, disable_tqdm=True, dataloader_num_workers=0)
-    a = apply_rollout_args(a, rollout) if engine_vllm else a
+                   save_strategy="no", report_to="none", bf16=True, disable_tqdm=True, dataloader_num_workers=0,
+                   **(rollout_fields(rollout) if engine_vllm else {}))
     tr = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=score), args=a, ref_model=None, rollout=rollout,
                            train_dataset=ds, processing_class=tok)
     t0 = time.time(); err = None

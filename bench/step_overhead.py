@@ -40,7 +40,8 @@ def bare_trl(cell, results: str, workdir: Path) -> list[float]:
     from lorarl.tasks import task_records
     from peft import LoraConfig
 
-    from lorarl.train.main import grpo_args, load_policy
+    from lorarl.train.main import load_policy
+    from lorarl.train.trl_args import grpo_args
 
     def reward(prompts, completions, answer, **kw):
         out = []

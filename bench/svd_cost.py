@@ -40,7 +40,7 @@ def _one(size: str, rank: int, dtype: str, device: str, threads: int, q) -> None
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from lorarl.adapters.build import target_linears
+    from lorarl.adapters.ops import target_linears
     from lorarl.adapters.svd_cache import SVDCache, model_key, param_digests
 
     torch.set_num_threads(threads)

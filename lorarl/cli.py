@@ -59,7 +59,7 @@ def use_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV, resolve_tracking
-    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.credentials import CREDENTIALS_ENV, check_client
 
     creds = getattr(args, "tracking_credentials", None) or None
     if getattr(args, "tracking", None):
@@ -96,7 +96,7 @@ def link_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV
-    from lorarl.tracking.server import CREDENTIALS_ENV
+    from lorarl.tracking.credentials import CREDENTIALS_ENV
 
     if getattr(args, "tracking", None):
         os.environ[TRACKING_ENV] = args.tracking
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
-    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy"])
+    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy", "pack"])
     la.add_argument("study", help="study YAML (for `base`: ignored)")
     la.add_argument("cell", help="cell id (for `base`: the local model recipe)")
     la.add_argument("--results", default="results")

@@ -111,7 +111,7 @@ class AdapterConfig(Strict):
 
     @model_validator(mode="after")
     def _fields_apply(self) -> "AdapterConfig":
-        from lorarl.adapters.registry import check_config  # pure python: no torch/peft
+        from lorarl.adapters.catalog import check_config  # pure python: no torch/peft
 
         check_config(self.model_dump())
         return self
@@ -186,7 +186,7 @@ def check_grading(grading: GradingOverride, answer_format: str, where: str) -> N
 
 
 class RewardConfig(Strict):
-    regime: Literal["outcome", "process", "distillation"] = "outcome"  # which reward deposits (density axis)
+    regime: str = "outcome"  # which reward deposits (density axis): a registered regime (lorarl.rewards.registry)
     grading_timeout_s: float = Field(5.0, gt=0)  # math-verify time limit per completion (outcome, accuracy)
     answer_format: AnswerFormat = "boxed"  # what the prompt asks for and is graded: final \\boxed{} | DAPO's last "Answer:" line (003) | last number; evaluation grades the same way
     grading: GradingOverride = GradingOverride()  # math-verify settings of the training reward (boxed format; null = math-verify's defaults)
@@ -205,6 +205,15 @@ class RewardConfig(Strict):
     teacher_device: str | None = None  # distillation: e.g. "cuda:1" (None = the policy's)
     teacher_dtype: str = "auto"  # distillation: dtype of the teacher's weights
     teacher_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # distillation: sequences per teacher forward (memory, not results)
+
+    @field_validator("regime")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from lorarl.rewards.registry import regime_names  # imports every regime module (light)
+
+        if v not in regime_names():
+            raise ValueError(f"unknown reward regime {v!r}; allowed: {', '.join(regime_names())}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
@@ -229,6 +238,18 @@ class RolloutConfig(Strict):
     enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
     freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
+    vllm_mode: Literal["colocate"] = Field(  # vllm: in the trainer's process on its GPU (where vLLM runs, not what it samples)
+        "colocate", json_schema_extra={"runtime": True})
+
+    @field_validator("vllm_mode", mode="before")
+    @classmethod
+    def _server_refused(cls, v: Any) -> Any:
+        if v == "server":
+            raise ValueError(
+                "'server' (TRL's `trl vllm-serve` on other GPUs) is not supported: lorarl pushes the effective "
+                "weights and checks rollout freshness through TRL's colocated path only (one GPU per cell); "
+                "allowed: colocate")
+        return v
 
 
 class ProtocolOverride(Strict):
@@ -274,6 +295,10 @@ class EvalConfig(Strict):
                 raise ValueError(f"benchmark(s) listed twice: {', '.join(map(str, dup))}")
             return {b: {} for b in v}
         return {k: ({} if s is None else s) for k, s in v.items()} if isinstance(v, dict) else v
+
+    def specs(self, synthetic: str) -> dict[str, BenchmarkEval]:
+        """Benchmark name -> its settings; no `benchmarks:` = the synthetic held-out split (named `synthetic`)."""
+        return {synthetic: BenchmarkEval()} if self.benchmarks is None else dict(self.benchmarks)
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvalConfig":

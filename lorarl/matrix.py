@@ -107,7 +107,7 @@ def _grpo_config() -> type[BaseModel]:
 
 
 def _toy_config() -> type[BaseModel]:
-    from lorarl.toy.cells import ToyCellConfig
+    from lorarl.toy.config import ToyCellConfig
 
     return ToyCellConfig
 
@@ -122,7 +122,7 @@ def _nothing_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[
 
 def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
     """Fill the adapter method's registry defaults (rank, alpha, init, target_modules, ...)."""
-    from lorarl.adapters.registry import FIELDS, check_config
+    from lorarl.adapters.catalog import FIELDS, check_config
 
     values = cfg.adapter.model_dump(mode="json")
     key = json.dumps(values, sort_keys=True)
@@ -135,7 +135,7 @@ def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
 def _grpo_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
     """Null the adapter fields an axis set that the cell's method does not use; returns (method,
     dropped dotted paths). A field the defaults set stays an error (lorarl.adapters names it)."""
-    from lorarl.adapters.registry import FIELDS, AdapterSpecError, get_method
+    from lorarl.adapters.catalog import FIELDS, AdapterSpecError, get_method
 
     ad = raw.get("adapter")
     if not isinstance(ad, dict):
@@ -179,7 +179,7 @@ class CellTable:
     def __init__(self, study: Any, cells: list[Cell], bases: list[Cell], notes: list[str], merged: int = 0):
         self.study = study  # the Study this table expands
         self.cells = cells  # matrix cells in axis order
-        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.bases)
+        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.evaluate.bases)
         self.notes = notes  # human-readable merges/drops, printed by `lorarl cells`
         self.merged = merged  # how many expanded combos merged into an identical earlier cell
         self.ids = [c.id for c in cells]
@@ -264,10 +264,10 @@ def _cell_id(study: Any, labels: dict[str, str], names: list[str]) -> str:
 
 
 def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
-    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.bases."""
+    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.evaluate.bases."""
     if not kind.has_base:
         return []
-    from lorarl.bases import base_cells
+    from lorarl.evaluate.bases import base_cells
 
     return base_cells(study, cells, Cell)
 

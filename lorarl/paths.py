@@ -19,6 +19,7 @@ PATTERNS = {
     "eval_curves": "{results}/{study}/tables/eval_curves.csv",
     "diagnostics": "{results}/{study}/{cell}/diagnostics.parquet",
     "toy_done": "{results}/{study}/.toy/done.json",
+    "pack_done": "{results}/{study}/.packs/{pack}.json",  # a pack job's record (lorarl.pack.run)
     "logs": "{results}/{study}/{cell}/logs",
     "checkpoints": "{results}/{study}/.checkpoints/{cell}",
     "table_csv": "{results}/{study}/tables/summary.csv",

@@ -7,8 +7,13 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   (else TypeError, as the EngineArgs dataclass raises); ``max_lora_rank`` in vLLM's Literal set;
   ``logprobs_mode`` in its Literal set; ``gpu_memory_utilization`` in (0, 1].
 * ``LLM.generate(prompts, sampling_params=None, *, use_tqdm, lora_request, ...)``: prompts are strings
-  or ``{"prompt_token_ids": [...]}``; a ``lora_request`` without ``enable_lora`` is refused, as is an
-  adapter whose rank exceeds ``max_lora_rank``. Refused while asleep (weights or KV cache released).
+  or ``{"prompt_token_ids": [...]}``; ``sampling_params`` and ``lora_request`` may be one object or a
+  list with one per prompt (``_validate_and_add_requests``: a list of another length is a ValueError);
+  a ``lora_request`` without ``enable_lora`` is refused, as is an adapter whose rank exceeds
+  ``max_lora_rank``. A request with ``seed`` samples from its own generator (vLLM's per-request seed).
+  Adapters are loaded once per ``lora_int_id`` (again, once per call, only with ``load_inplace=True``),
+  as vLLM's LoRA cache does; ``LLM.apply_adapters = True`` makes the fake apply their weights (default: the base model
+  samples, the request is only checked). Refused while asleep (weights or KV cache released).
 * ``sleep(level)``: level 1 keeps the weights (offloaded), level 2 DISCARDS them (here: NaN), so
   generating after ``wake_up`` without re-pushing the weights gives NaN logprobs, as on a GPU.
 * ``llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, tensor)])``: the
@@ -113,6 +118,7 @@ class LoRARequest:
             raise ValueError(f"id must be > 0, got {lora_int_id}")
         assert lora_path, "lora_path cannot be empty"
         self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+        self.load_inplace = load_inplace
 
 
 class Logprob:
@@ -159,6 +165,7 @@ class _Runner:
 class LLM:
     instances: list["LLM"] = []
     stale_default = False  # tests flip it to build engines that ignore weight updates
+    apply_adapters = False  # tests flip it: LoRA requests sample from base + that adapter
 
     def __init__(self, model: str, **kw: Any):
         unknown = set(kw) - LLM_PARAMS - ENGINE_ARGS
@@ -187,6 +194,8 @@ class LLM:
         self.asleep: set[str] = set()
         self.generate_calls = 0
         self.seed = int(kw.get("seed", 0))
+        self.adapters: dict[int, Any] = {}  # lora_int_id -> model with that adapter applied (vLLM's LoRA cache)
+        self.adapter_loads = 0
         max_len = kw.get("max_model_len") or self.hf_model.config.max_position_embeddings
         self.llm_engine = SimpleNamespace(
             model_config=SimpleNamespace(max_model_len=max_len),
@@ -242,29 +251,59 @@ class LLM:
             x[idx[drop]] = float("-inf")
         return torch.log_softmax(x, -1)
 
+    def _adapter_model(self, lora_request) -> Any:
+        """The model a request samples from: vLLM caches adapters by id (reloaded only when in place)."""
+        if lora_request is None or not LLM.apply_adapters:
+            return self.hf_model
+        rid = lora_request.lora_int_id
+        if rid not in self.adapters or (lora_request.load_inplace and rid not in self._fresh):
+            import copy
+
+            from peft import PeftModel
+
+            base = copy.deepcopy(self.hf_model)
+            self.adapters[rid] = PeftModel.from_pretrained(base, lora_request.lora_path).merge_and_unload().eval()
+            self.adapter_loads += 1
+            self._fresh.add(rid)
+        return self.adapters[rid]
+
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None, mm_processor_kwargs=None):
         if self.asleep:
             raise RuntimeError(f"engine is asleep ({sorted(self.asleep)} released): call wake_up() first")
-        self._check_lora(lora_request)
         prompts = prompts if isinstance(prompts, list) else [prompts]
-        sp = sampling_params or SamplingParams()
+        if isinstance(sampling_params, list) and len(sampling_params) != len(prompts):
+            raise ValueError("The lengths of prompts and params must be the same.")
+        if isinstance(lora_request, list) and len(lora_request) != len(prompts):
+            raise ValueError("The lengths of prompts and lora_request must be the same.")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        for lr in loras:
+            self._check_lora(lr)
         self.generate_calls += 1
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generate_calls if sp.seed is None else sp.seed)
-        eos = self.hf_model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else self.tokenizer.eos_token_id])
-        eos |= set(sp.stop_token_ids or [])
+        self._fresh: set[int] = set()  # adapters (re)loaded for this call: in place = once per call
+        shared = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generate_calls)
+        if isinstance(sampling_params, list):  # one request per prompt: a seeded request has its own stream
+            gens = [shared if sp.seed is None else torch.Generator().manual_seed(sp.seed) for sp in sps]
+        else:  # one SamplingParams for the call: one stream over its prompts (as before)
+            gens = [shared if sps[0].seed is None else torch.Generator().manual_seed(sps[0].seed)] * len(prompts)
+        eos0 = self.hf_model.generation_config.eos_token_id
+        eos0 = set(eos0 if isinstance(eos0, (list, tuple)) else [eos0 if eos0 is not None else self.tokenizer.eos_token_id])
         outs = []
-        for i, p in enumerate(prompts):
+        for i, (p, sp, lr, gen) in enumerate(zip(prompts, sps, loras, gens)):
+            eos = eos0 | set(sp.stop_token_ids or [])
             ids = list(p["prompt_token_ids"]) if isinstance(p, dict) else self.tokenizer(p)["input_ids"]
-            comps = [self._sample(ids, sp, gen, eos, j) for j in range(sp.n)]
+            model = self._adapter_model(lr)
+            comps = [self._sample(ids, sp, gen, eos, j, model) for j in range(sp.n)]
             outs.append(RequestOutput(str(i), None if isinstance(p, dict) else p, ids, None, comps, True))
         return outs
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], sp: SamplingParams, gen, eos: set[int], index: int) -> CompletionOutput:
+    def _sample(self, prompt_ids: list[int], sp: SamplingParams, gen, eos: set[int], index: int,
+                model: Any = None) -> CompletionOutput:
+        model = self.hf_model if model is None else model
         ids = torch.tensor([prompt_ids], device=self.device)
-        out = self.hf_model(ids, use_cache=True)
+        out = model(ids, use_cache=True)
         past, token_ids, logprobs, finish = out.past_key_values, [], [], "length"
         logits_V = out.logits[0, -1]
         for _ in range(sp.max_tokens):
@@ -281,7 +320,7 @@ class LLM:
             if tok in eos:
                 finish = "stop"
                 break
-            out = self.hf_model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
+            out = model(torch.tensor([[tok]], device=self.device), past_key_values=past, use_cache=True)
             past, logits_V = out.past_key_values, out.logits[0, -1]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens)
         return CompletionOutput(index, text, token_ids, None, logprobs if sp.logprobs is not None else None, finish)
@@ -293,6 +332,7 @@ def install(monkeypatch, stale: bool = False) -> type[LLM]:
 
     LLM.instances = []
     LLM.stale_default = stale
+    LLM.apply_adapters = False
     monkeypatch.setattr(vg, "is_vllm_available", lambda *a, **k: True, raising=False)
     monkeypatch.setattr(vg, "LLM", LLM, raising=False)
     monkeypatch.setattr(vg, "SamplingParams", SamplingParams, raising=False)

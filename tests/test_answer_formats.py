@@ -14,7 +14,8 @@ from lorarl.evaluate.benchmarks import get_benchmark
 from lorarl.evaluate.plan import cell_grading, eval_signature
 from lorarl.evaluate.records import grade_samples
 from lorarl.evaluate.grading import GradingSettings, score_math_batch
-from lorarl.rewards import Rollouts, build_regime
+from lorarl.rewards import Rollouts
+from lorarl.rewards.registry import build_regime
 from lorarl.rewards.answer_formats import answer_line, last_number, normalize_final_answer
 from lorarl.signature import train_signature
 

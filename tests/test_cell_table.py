@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 import lorarl.study as study_mod
 from lorarl.train import checkpoint
 from lorarl import signature
-from lorarl.adapters.registry import get_method
+from lorarl.adapters.catalog import get_method
 from lorarl.study import StudyError, base_cells, cell_table, find_cell, load_study, parse_study, study_cells
 
 REPO = Path(__file__).resolve().parents[1]

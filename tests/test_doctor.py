@@ -11,7 +11,8 @@ import yaml
 
 from lorarl.cli import main
 from lorarl.pipeline.doctor import step_split
-from lorarl.pipeline.doctor_report import project, smoke_study
+from lorarl.pipeline.doctor_projection import project
+from lorarl.pipeline.doctor_report import smoke_study
 from lorarl.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     m = rep["measured"]
     assert rep["ok"] and m["device"]["kind"] == "cpu" and m["dtype"] == "float32" and m["peak_memory_gb"] > 0
     names = [c["check"] for c in m["checks"]]
-    for want in ("rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
+    for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
                  "evaluation: synthetic", "weight diagnostics", "memory headroom"):
         assert want in names
@@ -132,6 +133,11 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert p["cells"] == 8 and p["steps"] == 640 and p["eval_jobs"] == 9 and p["gpu_hours"] == 0
     assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
     assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
+    # prompt tokens of every cell (one tokenizer, one prompt: all equal) and the measured degenerate-group rate
+    assert sorted(m["prompt_tokens"]) == sorted(c.id for c in study_cells(load_study(DEMO)))
+    assert len(set(m["prompt_tokens"].values())) == 1 and list(m["prompt_tokens"].values())[0] > 3
+    assert 0 <= sp["degenerate_rate"] <= 1 and p["degenerate_rate"] == sp["degenerate_rate"]
+    assert [r["rounds_per_rollout"] for r in p["per_cell"]] == [1.0] * 8  # the demo has no DAPO cell
     assert not (results / "demo" / "r8-kl0.05-s1").exists()  # the real study's cells are untouched
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline import inflight, launch, provenance
+from lorarl.pipeline import inflight, launch, provenance, slurm
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},
@@ -217,7 +217,7 @@ def test_accounting_down_and_the_job_forgotten(tmp_path: Path, monkeypatch):
         (bin_dir / f).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("LORARL_POLL_S", "0")
-    assert inflight.controller_state("79") == "GONE"
+    assert slurm.controller_state("79") == "GONE"
     import submitit
 
     job = submitit.SlurmJob(tmp_path / "logs", "79")

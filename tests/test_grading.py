@@ -10,8 +10,8 @@ import pytest
 
 from lorarl.evaluate import grading
 from lorarl.evaluate.answers import answer_text, final_boxed
-from lorarl.evaluate.grading import (GradingSettings, Score, extract_boxed, score_choice, score_math,
-                            score_math_batch)
+from lorarl.evaluate.choice import score_choice
+from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math, score_math_batch
 
 TIMEOUT = 1.5      # seconds given to pathological cases
 MARGIN = 1.0       # allowed on top of the timeout (IPC + the parent-side grace)

@@ -12,7 +12,8 @@ import datasets
 import pytest
 import torch
 
-from lorarl.train.trainer import LorarlGRPOTrainer, frozen_reference
+from lorarl.train.kl import frozen_reference
+from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
 
@@ -114,8 +115,9 @@ def make_pair(tiny_dir, tmp_path, beta, loss_type, **kw):
     stock = GRPOTrainer(model=m1, reward_funcs=[stock_reward], args=a, train_dataset=dataset(),
                         processing_class=tok, peft_config=lora())
     torch.manual_seed(0)
-    ours = LorarlGRPOTrainer(model=m2, regime=OutcomeDeposits(score_fn=fake_score), args=a, train_dataset=dataset(),
-                             processing_class=tok, peft_config=lora(), ref_model="auto")
+    ours_args = args(tmp_path, loss_type=loss_type, **kw)  # TRL's beta 0: the coefficient is kl_beta
+    ours = LorarlGRPOTrainer(model=m2, regime=OutcomeDeposits(score_fn=fake_score), args=ours_args, kl_beta=beta,
+                             train_dataset=dataset(), processing_class=tok, peft_config=lora(), ref_model="auto")
     for t in (stock, ours):
         perturb_adapters(t.model)
         t.current_gradient_accumulation_steps = 1
@@ -206,7 +208,7 @@ def metric_steps(trainer, name):
 def test_reference_forward_count(tiny_dir, tmp_path, beta, every, expected):
     model, tok = load(tiny_dir)
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score),
-                                args=args(tmp_path, beta=beta, max_steps=4), train_dataset=dataset(),
+                                args=args(tmp_path, max_steps=4), kl_beta=beta, train_dataset=dataset(),
                                 processing_class=tok, peft_config=lora(), kl_monitor_every=every)
     if trainer.reference_model is None:
         assert expected == 0 and every == 0 and beta == 0
@@ -272,7 +274,7 @@ def test_beta_needs_a_reference_for_prewrapped_models(tiny_dir, tmp_path):
     model, tok = load(tiny_dir)
     with pytest.raises(ValueError, match="before an adapter"):
         LorarlGRPOTrainer(model=get_peft_model(model, lora()), regime=OutcomeDeposits(score_fn=fake_score),
-                          args=args(tmp_path, beta=0.05), train_dataset=dataset(), processing_class=tok)
+                          args=args(tmp_path), kl_beta=0.05, train_dataset=dataset(), processing_class=tok)
 
 
 def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_path):
@@ -297,6 +299,7 @@ def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_
     m = trainer._metrics["train"]
     assert m["dynamic_sampling/frac_groups_dropped"] == [0.5] and m["dynamic_sampling/rounds"] == [2]
     assert m["dynamic_sampling/frac_groups_degenerate"] == [0.0]
+    assert m["rollout/degenerate_rate"] == [0.5, 0.5]  # every round's share of all-equal groups (lorarl doctor)
     trainer.current_gradient_accumulation_steps = 1
     assert torch.isfinite(trainer.compute_loss(trainer.model, out))
 
@@ -304,6 +307,7 @@ def test_dynamic_sampling_refills_degenerate_groups_with_new_ones(tiny_dir, tmp_
     out = trainer._generate_and_score_completions(raw_batch(dataset()))
     assert out["completion_ids"].size(0) == P * G and (out["advantages"] == 0).all()
     assert m["dynamic_sampling/rounds"][-1] == 3 and m["dynamic_sampling/frac_groups_degenerate"][-1] == 1.0
+    assert m["rollout/degenerate_rate"][-3:] == [1.0, 1.0, 1.0]
     from lorarl.train.dynamic_sampling import PromptSampler  # draws depend on (seed, step, round) only: resumable
 
     s1, s2 = PromptSampler(dataset(), 0), PromptSampler(dataset(), 0)
@@ -353,7 +357,7 @@ def test_process_and_distillation_regimes_train(tiny_dir, tmp_path):
             return super().deposits(rollouts)
 
     regime = SpyProcess(RuleStepChecker(), tokenizer=tok)
-    t = LorarlGRPOTrainer(model=model, regime=regime, args=args(tmp_path, beta=0.05, max_steps=1),
+    t = LorarlGRPOTrainer(model=model, regime=regime, args=args(tmp_path, max_steps=1), kl_beta=0.05,
                           train_dataset=dataset(), processing_class=tok, peft_config=lora(),
                           kl_estimator="one_sided")
     t.train()

@@ -1,4 +1,4 @@
-"""Each paper's own knobs as cell config (lorarl.config.TrainConfig → lorarl.train.main.grpo_args → the
+"""Each paper's own knobs as cell config (lorarl.config.TrainConfig → lorarl.train.trl_args.grpo_args → the
 trainer), checked by hand on a tiny batch: PPO mini-batches per rollout batch (003 Table 2), dual-clip
 (003: c = 10), sequence-level importance ratios (000 §2), advantages without the std division (000 §2),
 the KL term without the pi/pi_old weight (000)."""
@@ -39,9 +39,8 @@ def cfg_with(**train) -> CellConfig:
 
 
 def build(tiny_dir, tmp_path, cfg, scores=(1.0, 0.0, 0.0, 1.0)):
-    from lorarl.train.trainer import build_trainer
     from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.main import grpo_args
+    from lorarl.train.trl_args import build_trainer, grpo_args
 
     model, tok = load_model_and_tokenizer(tiny_dir)
     ds = datasets.Dataset.from_list([{"prompt": f"Q: {i}+{i}=?\nA: ", "answer": str(2 * i)} for i in range(8)])
@@ -54,7 +53,7 @@ def build(tiny_dir, tmp_path, cfg, scores=(1.0, 0.0, 0.0, 1.0)):
 
 
 def test_config_maps_to_trl_arguments(tmp_path):
-    from lorarl.train.main import grpo_args
+    from lorarl.train.trl_args import grpo_args
 
     a = grpo_args(cfg_with(prompts_per_step=8, mini_batch_prompts=2, num_iterations=2, dual_clip=10.0,
                            importance_sampling_level="sequence"), tmp_path, use_cpu=True)

@@ -26,7 +26,7 @@ def test_resolution_per_device_and_load_dtypes():
 
 
 def test_grpo_args_follow_the_resolved_precision(tmp_path):
-    from lorarl.train.main import grpo_args
+    from lorarl.train.trl_args import grpo_args
 
     cfg = CellConfig()
     assert grpo_args(cfg, tmp_path, use_cpu=True).bf16 is False  # null on the CPU: fp32

@@ -125,9 +125,11 @@ def test_cpu_twin_keeps_its_study_axes_on_local_models(path):
 
 
 @pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)
-def test_cpu_twin_header_says_what_was_shrunk(path):
+def test_cpu_twin_header_says_what_was_shrunk_and_what_it_measured(path):
     head = "\n".join(l for l in path.read_text().splitlines() if l.startswith("#"))
     assert re.search(r"shrunk|scaled down", head, re.I), f"{path.name}: no fidelity header (what was shrunk)"
+    m = re.search(r"^# measured\b", head, re.M)
+    assert m and not re.search(r"^# measured.*pending", head, re.M), f"{path.name}: no '# measured' line (date, how, numbers)"
 
 
 NEW_TWINS = {"kl_free_gemma_ablation_cpu", "peft_zoo_ablations_cpu", "peft_zoo_7b_cpu", "init_geometry_7b_cpu",

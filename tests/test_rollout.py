@@ -11,9 +11,10 @@ import torch
 
 import fake_vllm
 from lorarl.config import CellConfig, RolloutConfig
-from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, apply_rollout_args, check_engine,
+from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, check_engine,
                             effective_named_params)
 from lorarl.study import StudyError
+from lorarl.train.trl_args import rollout_fields
 from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
 
 
@@ -116,6 +117,27 @@ def test_rollout_config_fields():
             RolloutConfig(**bad)
 
 
+def test_vllm_server_mode_is_refused_with_the_allowed_value(tmp_path, capsys, tiny_dir):
+    import yaml
+
+    from lorarl.cli import main
+    from lorarl.signature import train_signature
+
+    assert RolloutConfig().vllm_mode == "colocate"
+    assert RolloutConfig.model_json_schema()["properties"]["vllm_mode"].get("runtime") is True
+    assert train_signature(CellConfig(rollout={"vllm_mode": "colocate"})) == train_signature(CellConfig())
+    with pytest.raises(ValueError, match="'server' .* is not supported.*allowed: colocate"):
+        RolloutConfig(engine="vllm", vllm_mode="server")
+    with pytest.raises(ValueError, match="allowed: 'colocate'|Input should be 'colocate'"):
+        RolloutConfig(vllm_mode="remote")
+    study = {"name": "v", "defaults": {"model": tiny_dir, "rollout": {"engine": "vllm", "vllm_mode": "server"}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rollout.vllm_mode" in err and "allowed: colocate" in err
+    assert not (tmp_path / "res").exists()
+
+
 def test_vllm_engine_without_gpu_is_a_clear_error():
     with pytest.raises(StudyError, match="rollout.engine: 'vllm' needs a CUDA GPU"):
         check_engine(RolloutConfig(engine="vllm"), cuda=False, vllm=True)
@@ -135,7 +157,7 @@ def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout
     if peft:
         model = _peft(model)
     rollout = rollout or RolloutConfig(engine="vllm")
-    a = apply_rollout_args(args(tmp_path, max_steps=steps, learning_rate=lr), rollout)
+    a = args(tmp_path, max_steps=steps, learning_rate=lr, **rollout_fields(rollout))
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score), args=a, ref_model=None, rollout=rollout,
                                 train_dataset=dataset(16), processing_class=tok)
     return trainer, fake_vllm.LLM.instances[-1]

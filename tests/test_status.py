@@ -14,7 +14,8 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl.pipeline import provenance
-from lorarl.pipeline.launch import coerce, error_summary, slurm_parameters
+from lorarl.pipeline.launch import error_summary
+from lorarl.pipeline.slurm import coerce, slurm_parameters
 from lorarl.pipeline.status import format_table, study_status
 from lorarl.study import study_cells, load_study
 

@@ -260,3 +260,28 @@ def test_profiles_name_their_store():
     assert profile_tracking(repo / "profiles" / "slurm") == "http://127.0.0.1:5000"  # the server form
     assert profile_tracking(repo / "profiles" / "default") is None  # config/config.yaml: sqlite
     assert yaml.safe_load((repo / "config" / "config.yaml").read_text())["tracking"] == "sqlite"
+
+
+def test_slurm_form_script_and_resources(tmp_path: Path, capsys):
+    """`lorarl tracking serve --slurm`: the profile's slurm.tracking resources, flags on top, one exec'd
+    step (scancel's SIGTERM reaches the server); a malformed slurm.tracking is an error naming it."""
+    from lorarl.tracking.slurm import profile_resources, sbatch_script
+
+    res = profile_resources(Path(__file__).resolve().parents[1] / "profiles" / "slurm")
+    assert res["partition"] == "cpu" and res["timeout_min"] == 10080
+    script = sbatch_script(["python", "-m", "lorarl.cli", "tracking", "serve", "--host", "0.0.0.0"], tmp_path,
+                           {**res, "cpus_per_task": 1, "sbatch": "--account=abc --qos=low"})
+    lines = script.splitlines()
+    assert "#SBATCH --partition=cpu" in lines and "#SBATCH --cpus-per-task=1" in lines
+    assert "#SBATCH --time=10080" in lines and "#SBATCH --mem=4G" in lines
+    assert "#SBATCH --account=abc" in lines and "#SBATCH --qos=low" in lines
+    assert f"#SBATCH --output={tmp_path}/slurm-%j.out" in lines
+    assert lines[-1] == "exec python -m lorarl.cli tracking serve --host 0.0.0.0"
+    assert "#SBATCH --time=2-0" in sbatch_script(["x"], tmp_path, {"time": "2-0", "timeout_min": 5}).splitlines()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "cluster.yaml").write_text("tracking: http://127.0.0.1:5000\nslurm:\n  tracking: cpu\n")
+    with pytest.raises(TrackingError, match="slurm.tracking must be a mapping"):
+        profile_resources(tmp_path / "bad")
+    state = tmp_path / "state"
+    assert cli.main(["tracking", "serve", "--slurm", "--profile", str(tmp_path / "bad"), "--state", str(state)]) == 2
+    assert "slurm.tracking must be a mapping" in capsys.readouterr().err and not state.exists()  # nothing written

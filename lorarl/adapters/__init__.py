@@ -1,8 +1,10 @@
 """PEFT methods, initialisations and sparse masks as a registry (issue 5).
 
 - `names`: the plain tuples METHODS / INITS / MASKS (what `lorarl.config` validates against).
-- `registry`: `@register`ed method specs; `check_config` rejects fields that do not apply.
+- `registry`: the `Method` spec and `@register`; `catalog`: `get_method`, `check_config` (rejects
+  fields that do not apply), `describe` over every registered method.
 - `methods`: one class per method (peft classes/optimisers wherever peft has them).
+- `ops`: what builders do to a model (LoRA inits on peft layers, masks, masked AdamW, AdaLoRA callback);
 - `inits`, `masks`, `svd_cache`: the math of the init study and the off-principal masks; SVDs cached
   per (model, module) under results/svd_cache/<model-key>/.
 - `build`: `build_adapter(model, cell_config) -> AdaptedPolicy` (model, optimizer, callbacks,
@@ -12,12 +14,13 @@ Importing this package is light (no torch): heavy names are loaded on first use.
 """
 
 from lorarl.adapters.names import INITS, MASKS, METHODS
-from lorarl.adapters.registry import AdapterSpecError, check_config, describe, get_method
+from lorarl.adapters.catalog import check_config, describe, get_method
+from lorarl.adapters.registry import AdapterSpecError
 
 _LAZY = {
     "build_adapter": "lorarl.adapters.build",
     "AdaptedPolicy": "lorarl.adapters.build",
-    "BuildContext": "lorarl.adapters.build",
+    "BuildContext": "lorarl.adapters.ops",
     "AdapterMismatch": "lorarl.adapters.fingerprint",
     "observe": "lorarl.adapters.fingerprint",
     "SVDCache": "lorarl.adapters.svd_cache",

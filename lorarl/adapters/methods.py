@@ -69,7 +69,7 @@ class _LoraFamily(Method):
     def build(self, model: Any, a: dict, ctx: Any) -> Any:
         from peft import LoraConfig, get_peft_model
 
-        from lorarl.adapters.build import apply_lora_init
+        from lorarl.adapters.ops import apply_lora_init
 
         cfg = LoraConfig(
             r=a["rank"], lora_alpha=a["alpha"], lora_dropout=a["dropout"], target_modules=a["target_modules"],
@@ -232,7 +232,7 @@ class AdaLora(Method):
         return get_peft_model(model, cfg)
 
     def make_callbacks(self, model: Any, a: dict, ctx: Any) -> list:
-        from lorarl.adapters.build import AdaLoraCallback
+        from lorarl.adapters.ops import AdaLoraCallback
 
         return [AdaLoraCallback()]
 
@@ -350,7 +350,7 @@ class Full(Method):
         return self.fields if values.get("mask") is not None else ("mask",)
 
     def build(self, model: Any, a: dict, ctx: Any) -> Any:
-        from lorarl.adapters.build import apply_masks
+        from lorarl.adapters.ops import apply_masks
 
         for p in model.parameters():
             p.requires_grad_(True)
@@ -361,7 +361,7 @@ class Full(Method):
     def make_optimizer(self, model: Any, a: dict, ctx: Any) -> Any:
         if not a.get("mask"):
             return None
-        from lorarl.adapters.build import MaskedAdamW
+        from lorarl.adapters.ops import MaskedAdamW
 
         return MaskedAdamW.for_model(model, ctx.masks, lr=ctx.lr, weight_decay=ctx.weight_decay)
 

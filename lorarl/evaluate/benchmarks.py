@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from lorarl.evaluate.protocols import Protocol
-from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_choice, score_math_batch
+from lorarl.evaluate.choice import score_choice
+from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
            "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE"]

@@ -38,7 +38,6 @@ import collections
 import dataclasses
 import multiprocessing as mp
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -48,8 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 from lorarl.evaluate.answers import (answer_text, extract_boxed, final_boxed, gold_boxes,
                             normalize_separators, prepare_completion)
 
-__all__ = ["Score", "GradingSettings", "extract_boxed", "score_math", "score_math_batch",
-           "score_choice", "shutdown_pool"]
+__all__ = ["Score", "GradingSettings", "extract_boxed", "score_math", "score_math_batch", "shutdown_pool"]
 
 _GRACE_S = 0.5          # parent-side margin on top of the in-worker timer
 _STARTUP_S = 120.0      # how long to wait for a fresh worker to import math-verify
@@ -392,38 +390,3 @@ def score_math(gold: str, completion: str, timeout_s: float = 5.0,
 
 
 # Each piece is one character class with one quantifier: linear time on any input.
-_FILL = r"[\s*$:\-(\[{]*"   # markdown bold, $, colons, an opening bracket before the letter
-_LETTER_PATTERNS = [   # the letter must be upper case: "the answer is a bit..." is no answer
-    re.compile(r"(?i:answer)[\s*$]*(?i:is|:)" + _FILL + r"([A-Z])(?![A-Za-z])"),
-    re.compile(r"(?i:(?:correct|best)\s+(?:option|choice)\s+is)" + _FILL + r"([A-Z])(?![A-Za-z])"),
-]
-_TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
-
-
-def _letter_of(s: str, letters: str) -> str | None:
-    """A single option letter from a short answer like ``C``, ``(C)``, ``\\text{C}``, ``C) 4``."""
-    s = _TEXT_CMD.sub(r"\1", s).strip().strip("$ ")
-    m = re.fullmatch(r"\(?\s*([A-Za-z])\s*\)?(?:[.:)]\s*.*)?", s, re.DOTALL)
-    if m and m.group(1).upper() in letters:
-        return m.group(1).upper()
-    return None
-
-
-def score_choice(gold_letter: str, completion: str, letters: str = "ABCD") -> Score:
-    """Grade a multiple-choice completion by letter.
-
-    The letter comes from the last ``\\boxed{...}`` when there is one, otherwise from the last
-    phrase like "the answer is (C)" / "Answer: C".  Nothing else in the text is used.
-    """
-    gold = gold_letter.strip().strip("()").upper()
-    boxed = extract_boxed(completion)
-    letter = _letter_of(boxed, letters) if boxed is not None else None
-    if letter is None and completion:
-        plain = _TEXT_CMD.sub(r"\1", completion)
-        for pattern in _LETTER_PATTERNS:
-            hits = [m.group(1) for m in pattern.finditer(plain)]
-            hits = [h for h in hits if h in letters]
-            if hits:
-                letter = hits[-1]
-                break
-    return Score(letter is not None and letter == gold, letter, False)

@@ -241,7 +241,8 @@ def rescore_file(jsonl: str | Path, *, timeout_s: float | None = None, write: bo
 
     ``grading``: the settings to grade under (default: those stored in the summary).
     """
-    from lorarl.evaluate.records import (jsonl_text, atomic_write_text, changed_verdicts,
+    from lorarl.io import atomic_write_text
+    from lorarl.evaluate.records import (jsonl_text, changed_verdicts,
                                          rescore_samples, write_rescored)
 
     jsonl = Path(jsonl)

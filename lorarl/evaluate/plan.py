@@ -83,11 +83,7 @@ def resolve_protocol(default: Protocol, override: "ProtocolOverride | dict | Non
 
 
 def _spec_map(ev: "EvalConfig") -> dict[str, Any]:
-    if ev.benchmarks is None:
-        from lorarl.config import BenchmarkEval
-
-        return {SYNTHETIC: BenchmarkEval()}
-    return dict(ev.benchmarks)
+    return ev.specs(SYNTHETIC)
 
 
 def check_eval_config(ev: "EvalConfig") -> None:

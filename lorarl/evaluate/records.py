@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -28,11 +26,11 @@ from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.benchmarks import Benchmark, Problem, grade
 from lorarl.evaluate.protocols import Protocol, summarize
 from lorarl.evaluate.grading import GradingSettings
+from lorarl.io import atomic_write_text
 
 __all__ = ["Sample", "samples_path", "summary_path", "grade_samples", "summarize_samples",
            "write_records", "read_samples", "rescore", "rescore_samples", "changed_verdicts",
-           "write_rescored", "jsonl_text", "run_benchmark", "aggregate_seeds",
-           "atomic_write_text"]
+           "write_rescored", "jsonl_text", "run_benchmark", "aggregate_seeds"]
 
 
 @dataclass(frozen=True)
@@ -67,25 +65,6 @@ def summary_path(out_dir: str | Path, benchmark: str, step: int | None = None) -
 
 def _summary_of(jsonl: Path) -> Path:
     return jsonl.with_suffix(".json")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path``, fsync it, then ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; results are shared like any other file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def grade_samples(benchmark: Benchmark, problems: Sequence[Problem],

@@ -5,7 +5,7 @@
 
 Each cell gets the parts the solo trainer (:mod:`lorarl.train.main`) gives it, from the same project pieces:
 its adapter from the registry (:func:`lorarl.adapters.build_adapter`, seeded by the cell's seed), its
-regime (:func:`lorarl.rewards.build_regime`), AdamW with its lr and weight decay, HF's schedule of its
+regime (:func:`lorarl.rewards.registry.build_regime`), AdamW with its lr and weight decay, HF's schedule of its
 ``train.lr_scheduler`` / ``warmup_ratio``, gradient clipping at 1.0 (HF's default), its own data-order
 and sampling generators (seeded from the cell's seed). The cells' models share ONE copy of the frozen
 base weights (a deep copy whose memo maps every base parameter to itself); the frozen KL reference
@@ -56,9 +56,9 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
-    from lorarl.train.trainer import frozen_reference, needs_reference
+    from lorarl.train.kl import frozen_reference, needs_reference
     from lorarl.train.precision import resolve_precision
-    from lorarl.rewards import build_regime
+    from lorarl.rewards.registry import build_regime
     from lorarl.rewards.outcome import settings_of
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.main import load_policy, training_dataset

@@ -70,7 +70,7 @@ class Member:
     """What the step loop needs of one cell besides its PackCell (same index in the trainer)."""
 
     name: str  # why: the cell id (metrics rows are keyed by it)
-    regime: Any  # why: the cell's reward regime (lorarl.rewards.build_regime)
+    regime: Any  # why: the cell's reward regime (lorarl.rewards.registry.build_regime)
     prompts: list[str]  # why: prompt texts of the training set (what a PRM reads)
     prompt_ids: list[list[int]]  # why: their token ids (unpadded)
     answers: list[str]  # why: gold answers (only the outcome regime reads them)

@@ -105,20 +105,47 @@ class _Checks:
         return all(r["ok"] for r in self.rows)
 
 
+def _num(row: dict[str, str], key: str) -> float | None:
+    v = row.get(key)
+    if v in (None, ""):
+        return None
+    x = float(v)
+    return None if math.isnan(x) else x
+
+
 def _mean(rows: list[dict[str, str]], key: str) -> float:
-    vals = [float(r[key]) for r in rows if r.get(key) not in (None, "") and not math.isnan(float(r[key]))]
+    vals = [x for x in (_num(r, key) for r in rows) if x is not None]
     return sum(vals) / len(vals) if vals else 0.0
 
 
 def step_split(metrics_csv: Path) -> dict[str, float]:
-    """Mean seconds per optimiser step by part (the first step is warm-up: dropped when there are more)."""
+    """Mean seconds per optimiser step by part (the first step is warm-up: dropped when later steps generate).
+
+    The trainer logs one value per generation round and TRL averages a step's values: with DAPO refills
+    (``dynamic_sampling/rounds`` > 1) a step's generation, reward and scoring cost is the logged value x its
+    rounds. With PPO mini-batches not every step generates: a step without a rollout counts 0 for those parts.
+    """
     with open(metrics_csv) as fh:
         rows = list(csv.DictReader(fh))
-    rows = rows[1:] if len(rows) > 1 else rows
-    step, score, gen = _mean(rows, "time/step_s"), _mean(rows, "time/score_s"), _mean(rows, "time/generate_s")
-    reward, ref = _mean(rows, "time/reward_s"), _mean(rows, "time/ref_forward_s")
+    if len(rows) > 1 and any(_num(r, "time/generate_s") is not None for r in rows[1:]):
+        rows = rows[1:]
+    n = max(len(rows), 1)
+
+    def per_step(key: str) -> float:  # a generating step's value x its rounds, 0 on steps without a rollout
+        total = 0.0
+        for r in rows:
+            v = _num(r, key)
+            if v is not None:
+                total += v * (_num(r, "dynamic_sampling/rounds") or 1.0)
+        return total / n
+
+    gen_rows = [r for r in rows if _num(r, "time/generate_s") is not None]
+    rounds = sum(_num(r, "dynamic_sampling/rounds") or 1.0 for r in gen_rows)
+    step, score, gen = _mean(rows, "time/step_s"), per_step("time/score_s"), per_step("time/generate_s")
+    reward, tokens = per_step("time/reward_s"), per_step("rollout/tokens")
+    ref = sum(_num(r, "time/ref_forward_s") or 0.0 for r in rows) / n
     monitors = _mean(rows, "time/kl_monitor_s") + _mean(rows, "time/kl_new_old_s")
-    tokens = _mean(rows, "rollout/tokens")
+    degenerate = [x for x in (_num(r, "rollout/degenerate_rate") for r in rows) if x is not None]
     return {
         "rollout_generation_s": gen,
         "reward_s": reward,
@@ -127,8 +154,12 @@ def step_split(metrics_csv: Path) -> dict[str, float]:
         "policy_forward_backward_s": max(step - score - ref, 0.0),
         "kl_monitor_per_run_s": monitors,  # every kl_monitor_every steps, outside the step
         "step_s": step,
+        "scoring_s": score,  # generation + reward + old-policy forward, every round of the step
+        "generation_rounds_per_step": rounds / n,  # DAPO refills (x mini-batch share of generating steps)
         "rollout_tokens_per_step": tokens,
         "rollout_tokens_per_s": tokens / gen if gen > 0 else 0.0,
+        # share of sampled prompt groups whose rewards were all equal (DAPO drops and refills those)
+        "degenerate_rate": sum(degenerate) / len(degenerate) if degenerate else None,
         "freshness_logp_diff_max": max([float(r["rollout/logp_diff_mean"]) for r in rows
                                         if r.get("rollout/logp_diff_mean")] or [float("nan")]),
     }
@@ -141,7 +172,7 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     from lorarl.diagnose.main import diagnose_cell
     from lorarl.evaluate.plan import benchmark_specs
     from lorarl.evaluate.main import evaluate_cell, load_problems
-    from lorarl.rewards import build_regime
+    from lorarl.rewards.registry import build_regime
     from lorarl.train.rollout import check_engine
     from lorarl.tasks import task_records
     from lorarl.train.main import load_policy, train_cell
@@ -183,6 +214,19 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
         checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds")
         del model
     checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts")
+
+    def prompt_lengths() -> str:  # of every cell of the study (the projection scales steps by them)
+        from lorarl.pipeline.doctor_projection import prompt_tokens_by_cell
+
+        out["prompt_tokens"], out["prompt_tokens_notes"] = prompt_tokens_by_cell(request["study"], request["results"])
+        mine = out["prompt_tokens"].get(cell.id)
+        if mine is None:
+            raise ValueError("; ".join(out["prompt_tokens_notes"]) or "the smoke cell's prompts were not measured")
+        vals = out["prompt_tokens"].values()
+        return (f"this cell {mine:.1f} tokens per prompt; the study's cells {min(vals):.1f}-{max(vals):.1f}"
+                + (f" ({len(out['prompt_tokens_notes'])} not measured)" if out["prompt_tokens_notes"] else ""))
+
+    checks.run("training prompt lengths", prompt_lengths)
 
     def eval_backend() -> str:
         from lorarl.evaluate.vllm_backend import sampled_on_hf

@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from lorarl.pipeline.doctor import MEASURED, REQUEST
-from lorarl.study import StudyError, base_cells, find_cell, load_study, study_cells
+from lorarl.pipeline.doctor_projection import project
+from lorarl.study import StudyError, find_cell, load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     import time
 
     from lorarl.pipeline import provenance
-    from lorarl.pipeline.launch import ACTIVE, sacct_info
+    from lorarl.pipeline.slurm import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
@@ -94,7 +95,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
         deadline = time.monotonic() + wait_s  # the result is written before the job ends: wait for its record
         while True:
             info = sacct_info(out["job_id"], fields=SACCT_FIELDS)
-            if info.get("State", "UNKNOWN").split()[0] not in ACTIVE | {"UNKNOWN"} or time.monotonic() > deadline:
+            if not info or info.get("State", "UNKNOWN").split()[0] not in ACTIVE or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
         out["sacct"] = info
@@ -104,12 +105,6 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
 
 
 SACCT_FIELDS = ["JobID", "State", "ExitCode", "Partition", "NodeList", "Elapsed", "AllocTRES", "Start", "End"]
-
-
-def _budget(cfg: Any) -> float:
-    """Rollout tokens one step may generate: prompts x generations x completion budget."""
-    t = cfg.train
-    return float(t.prompts_per_step * t.generations * t.max_completion_length)
 
 
 def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir: str) -> dict[str, Any]:
@@ -136,72 +131,12 @@ def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir:
             "axes": {"cell": {"values": [{"label": cell.id, "set": {"seed": d["seed"]}}]}}}
 
 
-def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
-    from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluate.main import load_problems
-
-    counts, notes = {}, []
-    for name in benchmark_specs(cfg):
-        try:
-            counts[name] = len(load_problems(name, cfg))
-        except Exception as err:  # noqa: BLE001 - no network on this node, say so
-            counts[name] = measured.get(name, {}).get("problems", 0)
-            notes.append(f"{name}: full problem count unavailable here ({type(err).__name__}); used the smoke's {counts[name]}")
-    return counts, notes
-
-
-def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
-    """Whole-study time and GPU-hours from the smoke's measurements, with the assumptions spelled out."""
-    from lorarl.evaluate.plan import eval_targets
-
-    split, evals = m["split"], m.get("evaluation", {})
-    cells, bases = study_cells(study), base_cells(study)
-    counts, notes = _problem_counts(chosen.config, evals)
-    ref = _budget(chosen.config)
-    load_s = m.get("model_load_s", 0.0)
-    train_s = eval_s = 0.0
-    n_eval_jobs = 0
-    for c in cells:
-        t = c.config.train
-        monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
-        train_s += load_s + t.steps * split["step_s"] * _budget(c.config) / ref + monitors
-    for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
-        for name, _step in eval_targets(c.config, is_base):
-            e = evals.get(name)
-            if e is None:
-                notes.append(f"{name}: not measured in the smoke cell; not projected")
-                continue
-            eval_s += load_s + e["seconds_per_problem"] * counts.get(name, e["problems"])
-            n_eval_jobs += 1
-    diag_s = m.get("diagnose_s", 0.0) * len(cells)
-    slurm = profile["slurm"] or {}
-    gpus = {s: int((slurm.get(s) or {}).get("gpus_per_node", 1 if m["device"]["kind"] == "cuda" else 0))
-            for s in ("train", "evaluate", "diagnose")}
-    total = train_s + eval_s + diag_s
-    gpu_h = (train_s * gpus["train"] + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
-    jobs = max(1, min(profile["jobs"], len(cells)))
-    return {
-        "cells": len(cells), "steps": sum(c.config.train.steps for c in cells), "eval_jobs": n_eval_jobs,
-        "train_h": train_s / 3600, "eval_h": eval_s / 3600, "diagnostics_h": diag_s / 3600,
-        "serial_h": total / 3600, "wall_h": total / 3600 / jobs, "concurrent_jobs": jobs,
-        "gpu_hours": gpu_h, "gpus_per_job": gpus, "problem_counts": counts,
-        "assumptions": [
-            f"a step of any cell costs the smoke cell's {split['step_s']:.3g}s (warm-up step excluded) scaled by its "
-            "rollout-token budget (prompts x generations x max_completion_length) relative to the smoke cell's",
-            "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
-            f"({load_s:.3g}s)",
-            "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "
-            "token budget) times the benchmark's full problem count; snapshots cost as much as finals",
-            f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell",
-            f"GPU-hours = job seconds x the profile's gpus_per_node per stage ({gpus}); wall time = serial time "
-            f"/ min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
-            *notes,
-        ],
-    }
-
-
 def _fmt_s(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _fmt_h(h: float) -> str:
+    return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
 
 
 def _where(w: dict, job: dict) -> str:
@@ -240,11 +175,17 @@ def render_markdown(rep: dict) -> str:
     lines += [f"| {c['check']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |" for c in m["checks"]]
     p = rep.get("projection")
     if p:
+        steps_s = [c["step_s"] for c in p.get("per_cell") or []] or [0.0]
+        rounds = [c["rounds_per_rollout"] for c in p.get("per_cell") or []] or [1.0]
+        rate = p.get("degenerate_rate")
         lines += ["", "## Projection of the whole study", "",
                   f"{p['cells']} cells, {p['steps']} training steps, {p['eval_jobs']} evaluation jobs: "
-                  f"train {p['train_h']:.2f} h + evaluation {p['eval_h']:.2f} h + diagnostics {p['diagnostics_h']:.2f} h "
-                  f"= **{p['serial_h']:.2f} h serial**, about **{p['wall_h']:.2f} h wall** with {p['concurrent_jobs']} "
-                  f"concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**.", "", "Assumptions:", ""]
+                  f"train {_fmt_h(p['train_h'])} + evaluation {_fmt_h(p['eval_h'])} + diagnostics "
+                  f"{_fmt_h(p['diagnostics_h'])} = **{_fmt_h(p['serial_h'])} serial**, about **{_fmt_h(p['wall_h'])} "
+                  f"wall** with {p['concurrent_jobs']} concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**.", "",
+                  f"Projected step time per cell {_fmt_s(min(steps_s))} to {_fmt_s(max(steps_s))}; generation rounds "
+                  f"per rollout {min(rounds):.2f} to {max(rounds):.2f} (degenerate prompt groups in the smoke: "
+                  f"{'not measured' if rate is None else f'{rate:.0%}'}).", "", "Assumptions:", ""]
         lines += [f"- {a}" for a in p["assumptions"]]
     return "\n".join(lines) + "\n"
 
@@ -273,6 +214,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     smoke_yaml = out_dir / "smoke.yaml"
     smoke_yaml.write_text(yaml.safe_dump(smoke, sort_keys=False))
     (out_dir / REQUEST).write_text(json.dumps({"study": str(Path(study_path).resolve()), "cell": cell.id,
+                                               "results": str(Path(results_dir).resolve()),
                                                "steps": steps, "eval_limit": eval_limit,
                                                "profile": prof["name"]}) + "\n")
     (smoke_dir / MEASURED).unlink(missing_ok=True)

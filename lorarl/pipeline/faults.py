@@ -1,30 +1,22 @@
 """Fault injection over the whole pipeline: `python -m lorarl.pipeline.faults --kills 20` prints the figures.
 
 A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
-evaluation, diagnostics, aggregate; `--cells 1` for one cell) runs once uninterrupted (the reference).
-Then, pass after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs processes, one
-planned at a time, each at a random point of its life (the others keep going); `snakemake all` is run
-again after every invocation with a kill (after `snakemake --unlock` when Snakemake itself died) until
-the study completes. Kill targets ("stages"):
-  train / evaluate / diagnose   the job process of that stage (the submitit job running the work)
-  aggregate                     `lorarl aggregate`
-  launcher                      one `lorarl launch` (its job keeps running, orphaned)
-  host                          the submit host dies: Snakemake and every `lorarl launch` at once
-The first process seen of a stage with kills left (launchers: launcher or host, drawn by the kills left)
-is killed at a point uniform over [0, 90% of that stage's shortest process lifetime in the reference
-run], counted from the process's own start time (/proc), so short processes (the aggregate) are hit
-too; one whose process ended first is counted as missed and the monitor waits for the next process of
-that stage (kills not placed in one study run move on to the next run).
-`--workers N` runs N such kill loops side by side, each in its own folder with its share of the kills
-(the reference is shared), e.g. on a many-core machine.
-Every completed pass is checked against the reference: each cell has one current MLflow run whose
-every (metric, step) appears exactly once (lost, duplicated and extra rows are counted, also in
-metrics.csv), the final adapter equals the reference's (bit for bit is reported; the tolerance is
-`ATOL`), the evaluation numbers are equal, every output parses and no temporary file is left among
-them (no partial file taken as an output).
-
-Only processes of this user whose working directory or arguments lie in this run's directory are
-ever signalled. Timings are wall clock on whatever machine runs it.
+evaluation, diagnostics, aggregate; `--cells N`) runs once uninterrupted (the reference). Then, pass
+after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs processes, one planned at
+a time, each at a random point of its life (the others keep going); `snakemake all` runs again after
+every invocation with a kill (after `snakemake --unlock` when Snakemake itself died) until the study
+completes. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the
+submitit worker); aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on,
+orphaned); host = the submit host dies (Snakemake and every `lorarl launch` at once).
+The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
+is killed at a point uniform over [0, 90% of that stage's shortest lifetime in the reference run],
+counted from the process's own start (/proc), so the short aggregate is hit too; a kill whose process
+ended first is counted as missed and retried on the next one (kills not placed move to the next run).
+`--workers N` runs N kill loops side by side, each in its own folder with its share of the kills.
+Each completed pass is checked against the reference (lorarl.pipeline.fault_checks): every (metric,
+step) once in the cell's one MLflow run and metrics.csv, adapters and evaluations equal, no partial or
+temporary file among the outputs. Only processes of this user whose working directory or arguments
+lie in this run's directory are ever signalled.
 """
 
 from __future__ import annotations
@@ -37,8 +29,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
@@ -70,7 +65,7 @@ def study_spec(cells: int = 2) -> dict:
 
 # ---- processes ------------------------------------------------------------------------------------
 
-def _inside(path: str, wd: str) -> bool:
+def _inside(path: str, wd: str) -> bool:  # not a sibling folder whose name merely starts the same
     return path == wd or path.startswith(wd + "/")
 
 
@@ -113,8 +108,7 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-def _now() -> float:
-    """Seconds since boot: the clock of /proc's process start times."""
+def _now() -> float:  # seconds since boot: the clock of /proc's process start times
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
@@ -136,8 +130,7 @@ def _alive(pid: int) -> bool:
 
 def _kill(pid: int) -> bool:
     try:
-        os.kill(pid, signal.SIGKILL)
-        return True
+        return os.kill(pid, signal.SIGKILL) is None
     except OSError:
         return False
 
@@ -285,8 +278,8 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
     return kills, max_invocations, False, missed
 
 
-SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells", "adapters_identical",
-        "adapters_within_tol", "eval_equal")
+SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells",
+        "adapters_identical", "adapters_within_tol", "eval_equal")
 
 
 def work(index: int, root: Path, template: Path, ref: Path, delays: dict[str, float], budget: dict[str, int],
@@ -308,14 +301,11 @@ def work(index: int, root: Path, template: Path, ref: Path, delays: dict[str, fl
         for s, n in kills.items():
             remaining[s] -= n
             fig["kills"][s] += n
-        for s in missed:
-            fig["missed"][s] = fig["missed"].get(s, 0) + 1
+        fig["missed"] = {s: fig["missed"].get(s, 0) + missed.count(s) for s in fig["missed"] | dict.fromkeys(missed)}
         res = check(dest / "results", ref, steps=STEPS) if done else {}
-        fig["passes"] += 1
-        fig["invocations"] += n_inv
-        fig["completed"] += bool(done)
-        for k in SUMS[3:]:
-            fig[k] += res.get(k, 0)
+        add = {"passes": 1, "invocations": n_inv, "completed": int(done), **{k: res.get(k, 0) for k in SUMS[3:]}}
+        for k, v in add.items():
+            fig[k] += v
         fig["max_abs_diff"] = max(fig["max_abs_diff"], res.get("max_abs_diff", 0.0))
         fig["bad_outputs"] += res.get("bad_outputs", [])
         print(f"[w{index}] pass {i}: kills {kills}, missed {missed}, {n_inv} snakemake runs, "
@@ -364,10 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    import tempfile
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
     root = Path(args.workdir or tempfile.mkdtemp(prefix="lorarl-faults-")).resolve()
     t0 = time.time()
     template, ref, delays = prepare(root, args.cells)

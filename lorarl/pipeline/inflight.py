@@ -14,83 +14,33 @@ the id down still has its job found.
 After the job ends, `missing_outputs` checks the stage's declared outputs: a job that Slurm or
 submitit reports as a success (or whose state is UNKNOWN, or unavailable) without its outputs is a
 failure. The outputs decide. When sacct cannot answer (slurmdbd down, accounting storage unreachable:
-every state reads UNKNOWN), `controller_state` asks slurmctld itself whether the job has ended.
+every state reads UNKNOWN), `slurm.controller_state` asks slurmctld itself whether the job has ended.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 from lorarl import paths
 from lorarl.pipeline import provenance
+from lorarl.pipeline.slurm import squeue_rows
 
-ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING",
-          "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}  # a job not yet ended
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
 
 
-def _squeue(args: list[str]) -> list[tuple[str, str, str]] | None:
-    """(job id, state, name) rows, or None when squeue cannot be asked."""
-    try:
-        proc = subprocess.run(["squeue", "-h", "-o", "%i|%T|%j", *args], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return [tuple((line.split("|") + ["", "", ""])[:3]) for line in proc.stdout.splitlines() if line.strip()]
-
-
 def slurm_job_in_flight(name: str, recorded_id: str | None) -> tuple[str, str] | None:
     """(job id, state) of an unfinished Slurm job of this stage: by name, else by the recorded id."""
-    rows = _squeue(["--name", name]) or []
+    rows = squeue_rows(["--name", name]) or []
     if recorded_id:
-        rows += [r for r in (_squeue(["-j", recorded_id]) or []) if r[2] == name]
+        rows += [r for r in (squeue_rows(["-j", recorded_id]) or []) if r[2] == name]
     for jid, state, _ in rows:
         if state and state.split()[0] not in DONE_STATES:
             return jid.split("_")[0], state
     return None
-
-
-def controller_state(job_id: str) -> str | None:
-    """The job's state as slurmctld holds it (`scontrol show job`), e.g. RUNNING or CANCELLED; "GONE" when
-    the controller no longer knows the job (it ended more than MinJobAge ago); None when it cannot be asked."""
-    try:
-        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return "GONE" if "Invalid job id" in proc.stderr + proc.stdout else None
-    m = re.search(r"\bJobState=(\S+)", proc.stdout)
-    return m.group(1) if m else None
-
-
-def requeued(job: Any, label: str) -> bool:
-    """A Slurm job that submitit sees ended (e.g. NODE_FAIL in sacct) without a result, but that Slurm
-    requeued (slurmctld: PENDING again): True after a pause (keep waiting on it), else False."""
-    if job.paths.result_pickle.exists():
-        return False
-    ctl = controller_state(job.job_id)
-    if ctl is None or ctl.split()[0] not in ACTIVE:
-        return False
-    note = f"[lorarl] {label}: job {job.job_id} {job.state}, requeued by Slurm ({ctl}): waiting on it"
-    if note not in _NOTED:
-        _NOTED.add(note)
-        print(note, flush=True)
-    job.watcher.clear()  # forget submitit's cached final state: ask sacct again
-    time.sleep(1.0)
-    return True
-
-
-_NOTED: set[str] = set()  # requeue notes already printed
 
 
 def local_job_in_flight(folder: Path) -> str | None:
@@ -159,6 +109,8 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
         return [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json", "adapter")]
     if stage == "diagnose":
         return [paths.path("diagnostics", **kw)]
+    if stage == "pack":  # cell = the pack id
+        return [paths.path("pack_done", results=results_dir, study=study, pack=cell)]
     if stage == "base":
         return [paths.path("base_model", results=results_dir, name=cell)]
     if stage == "evaluate":

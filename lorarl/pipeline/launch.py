@@ -20,9 +20,7 @@ same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,14 +29,12 @@ from typing import Any
 import submitit
 
 from lorarl.pipeline import inflight, provenance
+from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
+                                   squeue_state)
 from lorarl import paths
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor")
-# submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
-GENERIC = {"timeout_min", "mem_gb", "nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "name",
-           "stderr_to_stdout"}
+STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor", "pack")
 TERMINAL_OK = {"COMPLETED"}
-ACTIVE = inflight.ACTIVE  # Slurm states of a job not yet ended
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 
@@ -72,6 +68,12 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
         from lorarl.toy.cells import run_toy_study
 
         return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
+    if stage == "pack":  # the members of one pack in this one job (cell_id: a comma list; lorarl.pack.run)
+        from lorarl.pack.plan import pack_id
+        from lorarl.pack.run import train_pack
+
+        ids = cell_id.split(",")
+        return train_pack(study.name, [table.cell(c) for c in ids], results_dir, threads=threads, pack_id=pack_id(ids))
     cell = table.cell(cell_id)
     if stage == "train":
         from lorarl.train.main import train_cell
@@ -134,43 +136,6 @@ def _safely(fn: Any, *args: Any) -> None:
         print(f"[lorarl] provenance: {type(err).__name__}: {err}", file=sys.stderr)
 
 
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
-
-
-def coerce(value: Any) -> Any:
-    """Snakemake hands a profile's nested `config:` values over as strings ("64", "True"): restore
-    numbers and booleans (submitit computes with mem_gb, timeout_min, ...)."""
-    if isinstance(value, dict):
-        return {k: coerce(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [coerce(v) for v in value]
-    if isinstance(value, str):
-        if _INT.match(value):
-            return int(value)
-        if _FLOAT.match(value):
-            return float(value)
-        if value in ("True", "true", "False", "false"):
-            return value in ("True", "true")
-    return value
-
-
-def slurm_parameters(slurm: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Profile keys → (AutoExecutor constructor kwargs, update_parameters kwargs)."""
-    ctor: dict[str, Any] = {}
-    params: dict[str, Any] = {}
-    for k, v in coerce(slurm or {}).items():
-        if k == "setup" and isinstance(v, list):
-            v = [str(line) for line in v]  # shell lines stay text
-        if k == "max_num_timeout":  # how many time-limit requeues before giving up (submitit: 3)
-            ctor["slurm_max_num_timeout"] = int(v)
-        elif k in GENERIC or k.startswith("slurm_"):
-            params[k] = v
-        else:
-            params[f"slurm_{k}"] = v
-    return ctor, params
-
-
 def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] | None = None,
                   name: str | None = None) -> submitit.AutoExecutor:
     if kind not in ("debug", "local", "slurm"):
@@ -195,30 +160,6 @@ def tail(path: Path, n: int = 40) -> str:
         return f"(no log at {path})"
 
 
-def sacct_info(job_id: str, fields: list[str] | None = None) -> dict[str, str]:
-    """The final accounting record of a Slurm job (default: State, ExitCode, Reason, Elapsed, NodeList)."""
-    fields = list(fields or ["JobID", "State", "ExitCode", "Reason", "Elapsed", "NodeList"])
-    if "JobID" not in fields:
-        fields.insert(0, "JobID")
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", ",".join(fields)],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    rows = [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("JobID") == str(job_id)] or rows
-    return rows[-1] if rows else {}
-
-
-def squeue_state(job_id: str) -> str | None:
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                             timeout=60).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.splitlines()[0] if out else None
-
-
 def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[str, str]:
     """The job's state from the scheduler, not submitit's cache; waits for a terminal Slurm state."""
     if executor != "slurm":
@@ -231,7 +172,7 @@ def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[st
     while True:
         info = sacct_info(job.job_id)
         if not info:  # sacct cannot say (slurmdbd down?): slurmctld, else submitit's (maybe stale) state
-            ctl = inflight.controller_state(job.job_id)
+            ctl = controller_state(job.job_id)
             if ctl == "GONE":
                 return {"State": "UNKNOWN", "Reason": "no sacct record; slurmctld no longer knows the job"}
             info = ({"State": ctl, "Reason": "from slurmctld (no sacct record)"} if ctl else
@@ -282,7 +223,15 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
         study_name = study.name
+        if stage == "pack":
+            return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm)
         config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
+        if stage == "train":
+            from lorarl.pack.publish import wait_and_publish
+
+            if wait_and_publish(results_dir, study.name, cell_id, config_hash):  # a pack trained it
+                print(f"[lorarl] train {cell_id}: trained in its pack; outputs moved into place", flush=True)
+                return 0
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
     if executor == "slurm":  # the job's CPU threads are what Slurm grants, not the local Snakemake count
@@ -311,6 +260,42 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
     return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
+
+
+def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
+                 slurm: dict[str, Any] | None) -> int:
+    """`lorarl launch pack <study> <c1,c2,...>`: claim the members (lorarl.pack.publish), submit ONE job
+    that trains them all (lorarl.pack.run), wait, release the claims. The job's Slurm resources are
+    the train stage's. Its record: results/<study>/.packs/<pack id>.json."""
+    from lorarl.pack import publish
+    from lorarl.pack.plan import pack_id
+    from lorarl.study import cell_table
+
+    ids = members.split(",")
+    table = cell_table(study)
+    for c in ids:
+        table.cell(c)  # unknown ids fail here, before anything is written
+    pid = pack_id(ids)
+    claims = publish.claim(results_dir, study.name, ids, pid)
+    try:
+        folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        if executor == "slurm":
+            slurm = coerce(slurm or {})
+            threads = int(slurm.get("cpus_per_task", threads or 1))
+        threads = max(1, int(threads or 1))
+        prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
+        index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
+                                             executor=executor, slurm=slurm)
+        name = f"lorarl-pack-{study.name}-{pid}"
+        _clear_stale_results(folder)
+        ex = make_executor(executor, folder, threads, slurm, name=name)
+        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
+        provenance.record_job_id(prov, index, job.job_id, name)
+        print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
+        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time())
+    finally:
+        publish.unclaim(claims)
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
@@ -364,12 +349,12 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
                 forced = time.monotonic()
                 if not job.paths.result_pickle.exists() and not sacct_info(job.job_id):
                     # sacct cannot say (slurmdbd down: submitit keeps a stale or UNKNOWN state): slurmctld
-                    ctl = inflight.controller_state(job.job_id)
+                    ctl = controller_state(job.job_id)
                     if ctl is not None and ctl.split()[0] not in ACTIVE:
                         ended = ctl  # ended without a result: never taken as a success
                         break
             if job.done():
-                if not (executor == "slurm" and inflight.requeued(job, f"{key} {cell_id}")):
+                if not (executor == "slurm" and requeued(job, f"{key} {cell_id}")):
                     break
         except Exception as err:  # noqa: BLE001 - a flaky sacct call must not fail the cell
             print(f"[lorarl] polling job {job.job_id}: {err}", file=sys.stderr)

@@ -33,10 +33,10 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl import paths
     from lorarl.pipeline import status
     from lorarl.tracking import client as tracking
-    from lorarl.evaluate.records import atomic_write_text
+    from lorarl.io import atomic_write_text
     from lorarl.report import html, tables
     from lorarl.report.data import load
-    from lorarl.report.registry import draw_all
+    from lorarl.report.figures import draw_all
     from lorarl.study import load_study
 
     study = load_study(study_path)
@@ -61,8 +61,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             out[name] = tdir / f"{name}.csv"
             df.to_csv(out[name], index=False)
             shown[title] = df
-    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.bases)
-        from lorarl.report.aggregate import primary_columns
+    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
+        from lorarl.report.columns import primary_columns
 
         shown["base model (untrained), one row per model and prompt"] = data.base[
             ["base"] + primary_columns(data.base)]

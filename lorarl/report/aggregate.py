@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
 
 from lorarl import paths
 from lorarl.report import readcache
-from lorarl.bases import base_label
+from lorarl.report.columns import eval_metrics
+from lorarl.evaluate.bases import base_label
 from lorarl.train.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, base_cells, study_cells
@@ -28,9 +28,6 @@ def _read_json(p: Path) -> dict:
     return json.loads(p.read_text())
 
 
-EVAL_COL = re.compile(r"^[A-Za-z0-9_]+/(pass|avg)@\d+$")  # `<benchmark>/<metric>` value columns
-
-
 def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool = False) -> dict:
     """`<benchmark>/<metric>` values of a cell's final evaluations, plus the one-seed 95% interval
     (`_ci_low`, `_ci_high`) and the number of problems of each benchmark."""
@@ -44,19 +41,6 @@ def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool 
             row[f"{bench}/{name}_ci_low"], row[f"{bench}/{name}_ci_high"] = m["ci_low"], m["ci_high"]
         row[f"{bench}/n_problems"] = ev["n_problems"]
     return row
-
-
-def eval_metrics(df: pd.DataFrame) -> list[str]:
-    """The evaluation value columns of a table, in column order."""
-    return [c for c in df.columns if EVAL_COL.match(str(c))]
-
-
-def primary_columns(df: pd.DataFrame) -> list[str]:
-    """Each benchmark's headline column (its first metric: pass@1, or avg@n for sampled protocols)."""
-    first: dict[str, str] = {}
-    for c in eval_metrics(df):
-        first.setdefault(c.split("/")[0], c)
-    return list(first.values())
 
 
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
@@ -77,7 +61,7 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
 
 def base_row(b) -> dict:
     """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
-    prompt (lorarl.bases: one base per model and evaluation setting) and its table label."""
+    prompt (lorarl.evaluate.bases: one base per model and evaluation setting) and its table label."""
     return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
             "base": base_label(b.config.model, b.axes)}
 

@@ -39,7 +39,7 @@ def sqlite_experiment_id(results: Path, study: str) -> str | None:
 
 def server_experiment_id(uri: str, study: str, timeout_s: float = 5.0) -> str | None:
     """The experiment id of `study` on a tracking server (basic auth from the credentials file if any)."""
-    from lorarl.tracking.server import load_credentials
+    from lorarl.tracking.credentials import load_credentials
 
     url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
         {"experiment_name": study})

@@ -100,7 +100,7 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
 
 def study_figures(study: Study, cells: pd.DataFrame, curves: pd.DataFrame, fdir: Path,
                   base: pd.DataFrame | None = None) -> dict[str, Path]:
-    from lorarl.report.aggregate import primary_columns
+    from lorarl.report.columns import primary_columns
 
     made = {"train_reward": reward_curves(study, curves, fdir / "train_reward.png")}
     for col in primary_columns(cells):  # one accuracy-vs-rank figure per benchmark (its headline metric)

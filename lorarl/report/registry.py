@@ -14,7 +14,6 @@ Every drawn PNG gets the CSV of exactly what it draws beside it (same stem).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -68,32 +67,3 @@ def has(data: StudyData, need: str) -> bool:
 
 def missing(spec: FigureSpec, data: StudyData) -> list[str]:
     return [n for n in spec.needs if not has(data, n)]
-
-
-def load_all() -> dict[str, FigureSpec]:
-    """Import every figure family (registration happens at import, inside the package only)."""
-    from lorarl.report import fig_dynamics, fig_params, fig_rank, fig_regimes, fig_weights  # noqa: F401
-
-    return REGISTRY
-
-
-def draw_all(data: StudyData, fdir: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
-    """Draw every registered figure the study can have; returns (drawn, skipped: name -> missing needs)."""
-    fdir.mkdir(parents=True, exist_ok=True)
-    drawn, skipped = {}, {}
-    for name, spec in load_all().items():
-        miss = missing(spec, data)
-        if miss:
-            skipped[name] = miss
-            continue
-        try:
-            out = spec.draw(data, fdir / f"{name}.png")
-        except Exception as err:  # one broken figure never costs the tables, the page or the others
-            print(f"[lorarl report] figure {name} failed: {type(err).__name__}: {err}", file=sys.stderr)
-            skipped[name] = [f"error: {type(err).__name__}: {err}"]
-            continue
-        if out is not None:
-            drawn[name] = out
-        else:
-            skipped[name] = ["nothing to draw"]
-    return drawn, skipped

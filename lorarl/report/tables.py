@@ -48,7 +48,7 @@ def baseline_label(data: StudyData) -> str:
 
 
 def primary_metrics(data: StudyData) -> list[str]:
-    from lorarl.report.aggregate import primary_columns
+    from lorarl.report.columns import primary_columns
 
     return primary_columns(data.cells) if not data.cells.empty else []
 

@@ -1,5 +1,8 @@
 """Reward regimes: every regime turns rollouts into reward *deposits* at token positions.
 
+Regimes register themselves: one module per regime (``@register_regime``), found and built by
+:mod:`lorarl.rewards.registry` (``build_regime``, ``regime_names``). Today's:
+
 * ``outcome`` (:mod:`lorarl.rewards.outcome`): one deposit on the last completion token, 1 if the
   answer equals the gold answer, else 0: the boxed answer under math-verify, or the text rule
   ``reward.answer_format`` names (:mod:`lorarl.rewards.answer_formats`: DAPO's ``Answer:`` line).
@@ -17,15 +20,11 @@ branches on the regime. The trainer builds a :class:`Rollouts` per generation ba
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from lorarl.config import RewardConfig
-
-REGIMES = ("outcome", "process", "distillation")
 
 
 @dataclass
@@ -95,10 +94,26 @@ class Deposits:
 class Regime(Protocol):
     """What the trainer needs from a reward regime."""
 
-    name: str  # outcome | process | distillation
+    name: str  # its `reward.regime` name
     needs_student_logps: bool  # the trainer must fill Rollouts.student_logps
 
     def deposits(self, rollouts: Rollouts) -> Deposits: ...
+
+
+# `reward.regime` name -> builder(cfg: RewardConfig, tokenizer, *, results_dir, device, temperature) -> Regime.
+# Each regime module of this package registers its own (`@register_regime`); lorarl.rewards.registry
+# imports them all and builds a cell's regime. Adding a regime = adding one module (+ its test).
+REGIMES: dict[str, Callable[..., Regime]] = {}
+
+
+def register_regime(name: str) -> Callable[[Callable[..., Regime]], Callable[..., Regime]]:
+    """Decorator of a regime's builder: ``build(cfg, tokenizer, *, results_dir, device, temperature)``."""
+    def deco(fn: Callable[..., Regime]) -> Callable[..., Regime]:
+        if name in REGIMES:
+            raise ValueError(f"reward regime {name!r} registered twice")
+        REGIMES[name] = fn
+        return fn
+    return deco
 
 
 def decode_tokens(tokenizer: Any, ids_list: list[list[int]]) -> list[list[str]]:
@@ -122,32 +137,3 @@ def overlong_penalty(length: int, max_length: int, buffer: int, factor: float) -
     if length <= max_length:
         return factor * (start - length) / buffer
     return -factor
-
-
-def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path = "results",
-                 device: str = "cpu", temperature: float = 1.0) -> Regime:
-    """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded here)."""
-    if cfg.regime == "outcome":
-        from lorarl.rewards.outcome import OutcomeDeposits, settings_of
-
-        return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg),
-                               incorrect=cfg.incorrect_reward)
-    if cfg.regime == "process":
-        from lorarl.rewards.process import ProcessDeposits, RuleStepChecker, ShepherdPRM
-
-        if cfg.prm == "rule":
-            scorer = RuleStepChecker(mode=cfg.rule_check)
-        else:
-            scorer = ShepherdPRM.load(cfg.prm_model, step_tag=cfg.prm_step_tag, good_token=cfg.prm_good_token,
-                                      bad_token=cfg.prm_bad_token, device=cfg.prm_device or device,
-                                      batch_size=cfg.prm_batch_size, max_length=cfg.prm_max_length)
-        return ProcessDeposits(scorer, separator=cfg.step_separator, tokenizer=tokenizer)
-    if cfg.regime == "distillation":
-        from lorarl.models import resolve_model
-        from lorarl.rewards.distillation import DistillationDeposits, TeacherScorer
-
-        teacher = TeacherScorer.load(resolve_model(cfg.teacher, results_dir), student_tokenizer=tokenizer,
-                                     device=cfg.teacher_device or device, dtype=cfg.teacher_dtype,
-                                     batch_size=cfg.teacher_batch_size, temperature=temperature)
-        return DistillationDeposits(teacher)
-    raise ValueError(f"unknown reward regime {cfg.regime!r}; allowed: {', '.join(REGIMES)}")

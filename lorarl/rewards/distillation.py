@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.rewards import Deposits, Rollouts
+from lorarl.rewards import Deposits, Rollouts, register_regime
 
 _PROBES = ["Q: 23+45-17=?\nA: 23+45=68\n68-17=51\n\\boxed{51}",
            "Let $x^2 + 3x = 10$. Then $x = 2$ or $x = -5$.", "  leading spaces\tand tabs\n\nünïcödé 数学"]
@@ -109,3 +109,15 @@ class DistillationDeposits:
             positions.append(list(range(n)))
             values.append([float(a - b) for a, b in zip(t[:n], s[:n])])
         return Deposits(positions, values, dense=True)
+
+
+@register_regime("distillation")
+def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
+          temperature: float = 1.0) -> DistillationDeposits:
+    """``reward.regime: distillation``: the teacher (``reward.teacher``, loaded here) scores the student's tokens."""
+    from lorarl.models import resolve_model
+
+    teacher = TeacherScorer.load(resolve_model(cfg.teacher, results_dir), student_tokenizer=tokenizer,
+                                 device=cfg.teacher_device or device, dtype=cfg.teacher_dtype,
+                                 batch_size=cfg.teacher_batch_size, temperature=temperature)
+    return DistillationDeposits(teacher)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from lorarl.evaluate.answers import answer_text, gold_boxes
 from lorarl.evaluate.grading import GradingSettings, score_math_batch
-from lorarl.rewards import Deposits, Rollouts
+from lorarl.rewards import Deposits, Rollouts, register_regime
 
 
 def gold_answer(raw: str) -> str:
@@ -92,3 +92,10 @@ class OutcomeDeposits:
         # reward counts in the group statistics while it has no token to train.
         positions = [[max(len(ids) - 1, 0)] for ids in rollouts.completion_ids]
         return Deposits(positions, [[s] for s in scores], dense=False)
+
+
+@register_regime("outcome")
+def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
+          temperature: float = 1.0) -> OutcomeDeposits:
+    """``reward.regime: outcome``: math-verify (or the answer format's rule) under ``reward.grading``."""
+    return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg), incorrect=cfg.incorrect_reward)

@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from typing import Any, Protocol, Sequence
 
-from lorarl.rewards import Deposits, Rollouts
+from lorarl.rewards import Deposits, Rollouts, register_regime
 
 
 # ----------------------------------------------------------------------------- step splitting
@@ -308,3 +308,16 @@ class ProcessDeposits:
             return joined
         text = self.tokenizer.decode(ids[first:close + 1], skip_special_tokens=True)
         return text.strip().strip(self.separator).strip() or joined
+
+
+@register_regime("process")
+def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
+          temperature: float = 1.0) -> ProcessDeposits:
+    """``reward.regime: process``: the rule step checker, or a Math-Shepherd-style PRM (loaded here)."""
+    if cfg.prm == "rule":
+        scorer: StepScorer = RuleStepChecker(mode=cfg.rule_check)
+    else:
+        scorer = ShepherdPRM.load(cfg.prm_model, step_tag=cfg.prm_step_tag, good_token=cfg.prm_good_token,
+                                  bad_token=cfg.prm_bad_token, device=cfg.prm_device or device,
+                                  batch_size=cfg.prm_batch_size, max_length=cfg.prm_max_length)
+    return ProcessDeposits(scorer, separator=cfg.step_separator, tokenizer=tokenizer)

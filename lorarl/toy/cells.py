@@ -9,31 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
 from lorarl import paths
+from lorarl.io import write_json as _write_json
 from lorarl.study import Study, study_cells
-from lorarl.toy.kl_bound import KLBoundConfig, _pretrain_fields, load_base, pretrain, run_one, save_base
-
-
-class ToyCellConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    toy: KLBoundConfig = KLBoundConfig()  # the paper's §5.1 hyper-parameters (ranks/seeds come from axes)
-    rank: int = Field(1, gt=0, le=64)  # LoRA rank r of the adapted 256x64 projection
-    seed: int = 0  # LoRA init + batch order
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+from lorarl.toy.config import ToyCellConfig
+from lorarl.toy.kl_bound import _pretrain_fields, load_base, pretrain, run_one, save_base
 
 
 def run_toy_study(study: Study, results: str | Path = "results", cells: list[str] | None = None) -> list[dict]:

@@ -35,6 +35,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from lorarl.tracking.errors import TrackingError, TrackingUnavailable
+
 CELL_TAG = "lorarl.cell_id"
 SUPERSEDED_TAG = "lorarl.superseded"
 START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
@@ -46,14 +48,6 @@ LOCK_ENV = "LORARL_TRACKING_LOCK_S"  # sqlite: longest wait for results/.mlflow.
 PERMANENT = {"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "UNAUTHENTICATED",
              "PERMISSION_DENIED", "BAD_REQUEST", "ENDPOINT_NOT_FOUND", "INVALID_STATE"}
 T = TypeVar("T")
-
-
-class TrackingError(ValueError):
-    """A bad `tracking` setting (named field, allowed values)."""
-
-
-class TrackingUnavailable(RuntimeError):
-    """The store could not be written after all retries (down, locked, or refusing)."""
 
 
 def resolve_tracking(value: str | None, results_dir: str | Path) -> str:
@@ -159,7 +153,7 @@ class Tracker:
         self.uri = resolve_tracking(tracking, results_dir)
         self.server = is_server(self.uri)
         if self.server:
-            from lorarl.tracking.server import configure_client
+            from lorarl.tracking.credentials import configure_client
 
             configure_client(self.uri)  # credentials from the user's 0600 file; our backoff, not MLflow's
         self.retry_s = _env_float(RETRY_ENV, 120.0)

@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.tracking.client import TrackingError
-from lorarl.tracking.server import credentials_path, wait_http, write_credentials
+from lorarl.tracking.errors import TrackingError
+from lorarl.tracking.credentials import credentials_path, write_credentials
+from lorarl.tracking.server import wait_http
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE")

@@ -17,8 +17,7 @@ Invariants that make the metric history continuous and duplicate-free across kil
    the MLflow run's high-water mark (a kill between lorarl.json and the MLflow flush loses nothing);
    Tracker.log_metrics drops every step at or below that mark (nothing is logged twice).
 3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
-   resumes at the end and never recomputes (and never re-logs) a step (`ResumedAtEnd` keeps HF's
-   Trainer from training one step past max_steps).
+   resumes at the end and never recomputes (and never re-logs) a step (lorarl.train.callbacks.ResumedAtEnd).
 
 Preemption: under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
 `scancel --signal=USR2`) is caught here during training: the current step finishes, a checkpoint
@@ -36,7 +35,6 @@ per checkpoint folder.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -50,6 +48,8 @@ from typing import Any, Iterator
 
 from lorarl.train import integrity
 from lorarl import paths
+from lorarl.io import read_json as _read_json
+from lorarl.io import write_json as _write_json
 
 MARKER = "lorarl.json"
 COMPLETE = "complete.json"
@@ -57,19 +57,6 @@ PROGRESS = "progress.json"
 FAULT_ENV = "LORARL_FAULT"
 LOCK_WAIT_ENV = "LORARL_LOCK_WAIT_S"  # how long a second job of a cell waits for the first (default 600 s)
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 @dataclass
@@ -121,8 +108,13 @@ def _is_submitit_handler(h: Any) -> bool:
 class CellCheckpoints:
     """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
 
-    def __init__(self, results_dir: str | Path, study: str, cell: Any):
+    def __init__(self, results_dir: str | Path, study: str, cell: Any, *, lock_wait_s: float | None = None,
+                 holder: str = "", fmt: str = "hf"):
+        """``lock_wait_s``: how long to wait for another job holding the cell (None: $LORARL_LOCK_WAIT_S,
+        600 s; 0: fail at once). ``holder``: written into the lock (e.g. the pack). ``fmt``: which trainer
+        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run); others are rejected."""
         t = cell.config.train
+        self.format = fmt
         self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
         self.config_hash = cell.hash
         self.every = int(getattr(t, "checkpoint_every", 0) or 0)
@@ -142,7 +134,8 @@ class CellCheckpoints:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
         self.waited_for_lock = False  # another job trained this cell meanwhile: train_cell checks its outputs
-        deadline = time.time() + float(os.environ.get(LOCK_WAIT_ENV, "600"))
+        wait = float(os.environ.get(LOCK_WAIT_ENV, "600")) if lock_wait_s is None else float(lock_wait_s)
+        deadline = time.time() + wait
         while True:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -160,7 +153,7 @@ class CellCheckpoints:
                 time.sleep(2.0)
         self._lock.seek(0)
         self._lock.truncate()
-        self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}\n")
+        self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}{' ' + holder if holder else ''}\n")
         self._lock.flush()
 
     # ---- before training -------------------------------------------------------------------------
@@ -173,6 +166,8 @@ class CellCheckpoints:
         if not (self.root / COMPLETE).exists():
             for c in reversed(complete_checkpoints(self.root)):
                 why = integrity.problem(c.path, c.meta, self.config_hash)
+                if why is None and c.meta.get("format", "hf") != self.format:
+                    why = f"written by the {c.meta.get('format', 'hf')} trainer, this one is the {self.format} trainer"
                 if why is None and not _run_alive(tracker, c.run_id):
                     why = f"its MLflow run {c.run_id} is gone or deleted"
                 if why is None:
@@ -335,7 +330,7 @@ class CellCheckpoints:
         if not folder.is_dir():
             return
         rows = [r for r in (self.recorder.rows if self.recorder is not None else []) if int(r["step"]) <= step]
-        meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash,
+        meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash, "format": self.format,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
                 "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
@@ -386,21 +381,11 @@ def _fault(kind: str, step: int, root: Path) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class ResumedAtEnd(Exception):
-    """Resumed from the checkpoint of the last step (a kill while the final outputs were written):
-    nothing is left to train. HF's Trainer checks max_steps only after a step, so it would train one
-    step more; the callback stops it at on_train_begin, when the checkpoint's weights are loaded."""
-
-
 def _callback(owner: CellCheckpoints) -> Any:
     """The TrainerCallback (built here so that importing this module stays free of transformers)."""
     from transformers import TrainerCallback
 
     class CheckpointCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            if owner.resumed is not None and state.global_step >= owner.max_steps:
-                raise ResumedAtEnd(state.global_step)  # weights are loaded; HF would train one more step
-
         def on_step_end(self, args, state, control, **kw):
             owner._on_step_end(state, control)
 

@@ -19,6 +19,9 @@ each ``loss_type``, so ``loss + beta * aggregate(kl)`` equals TRL's loss with ``
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 
 ESTIMATORS = ("k1", "k3", "one_sided")
@@ -107,3 +110,18 @@ def aggregate(
         normalizer = n.clamp(min=1.0) / num_processes * grad_accum / steps_per_generation
         return (x_BT * m).sum() / normalizer
     raise ValueError(f"KL penalty supports loss_type {', '.join(LOSS_TYPES)}; got {loss_type!r}")
+
+
+def frozen_reference(model: Any) -> Any:
+    """A frozen copy of the base policy: take it BEFORE any adapter is applied."""
+    if hasattr(model, "peft_config"):
+        raise ValueError("the reference must be copied from the base model before an adapter is applied; "
+                         "got a PEFT-wrapped model")
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def needs_reference(beta: float, kl_monitor_every: int) -> bool:
+    """A reference policy is needed for the KL term (beta > 0) or the KL monitors."""
+    return beta > 0 or kl_monitor_every > 0

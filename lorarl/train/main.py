@@ -16,51 +16,9 @@ from typing import Any
 
 from lorarl.train import flags as flagmod
 from lorarl import paths
+from lorarl.io import write_json as _write_json
 from lorarl.config import CellConfig
 from lorarl.study import Cell
-
-
-def grpo_args(cfg: CellConfig, output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
-    """GRPOConfig from the cell config: one generation batch = P prompts x G completions, split into
-    ``train.updates_per_generation`` PPO mini-batches (one optimiser step each; ``train.steps`` counts
-    optimiser steps)."""
-    from trl import GRPOConfig
-
-    from lorarl.train.precision import autocast_bf16, resolve_precision
-
-    t = cfg.train
-    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
-    return GRPOConfig(
-        output_dir=str(output_dir),
-        learning_rate=t.lr,
-        max_steps=t.steps,
-        per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
-        gradient_accumulation_steps=1,
-        steps_per_generation=t.updates_per_generation,
-        importance_sampling_level=t.importance_sampling_level,
-        delta=t.dual_clip,
-        num_generations=t.generations,
-        max_completion_length=t.max_completion_length,
-        temperature=t.temperature,
-        top_p=t.top_p,
-        beta=t.beta,
-        loss_type=t.loss_type,
-        epsilon=t.epsilon,
-        epsilon_high=t.epsilon_high,
-        weight_decay=t.weight_decay,
-        warmup_steps=t.warmup_ratio,
-        lr_scheduler_type=t.lr_scheduler,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        logging_steps=t.log_every,
-        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
-        save_strategy="no",
-        report_to="none",
-        use_cpu=use_cpu,
-        bf16=autocast_bf16(precision),
-        disable_tqdm=False,
-        dataloader_num_workers=0,
-    )
 
 
 def load_policy(cfg: CellConfig, results_dir: str | Path, device: str, precision: str | None = None
@@ -97,18 +55,6 @@ def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
     return datasets.Dataset.from_list(data), facts
 
 
-def count_params(model: Any) -> dict[str, float]:
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"params_total": total, "params_trainable": trainable, "trainable_fraction": trainable / total}
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
     """After waiting for another job's lock on this cell: its summary, if that job finished it."""
     if not ckpt.waited_for_lock:
@@ -129,13 +75,14 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     import torch
 
     from lorarl.adapters import build_adapter
-    from lorarl.train.callbacks import MetricsRecorder
-    from lorarl.train.checkpoint import CellCheckpoints, ResumedAtEnd
+    from lorarl.train.callbacks import MetricsRecorder, NoStepPastTheEnd, ResumedAtEnd
+    from lorarl.train.checkpoint import CellCheckpoints
     from lorarl.train.divergence import Divergence
     from lorarl.pipeline.diskfull import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.train.snapshots import SnapshotSaver
-    from lorarl.train.trainer import build_trainer, frozen_reference, needs_reference
+    from lorarl.train.kl import frozen_reference, needs_reference
+    from lorarl.train.trl_args import build_trainer, grpo_args
     from lorarl.train.precision import resolve_precision, trainable_dtypes
     from lorarl.tracking.client import Tracker
 
@@ -180,7 +127,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, snapshots, collapse],
         results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify

@@ -58,22 +58,6 @@ def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = Non
                          "(allowed: hf, vllm [GPU only])")
 
 
-def apply_rollout_args(args: Any, rollout: Any) -> Any:
-    """Set TRL's vLLM fields of a GRPOConfig from the cell's ``rollout`` section (in place)."""
-    if rollout.engine != "vllm":
-        args.use_vllm = False
-        return args
-    args.use_vllm = True
-    args.vllm_mode = "colocate"  # one process per cell: vLLM shares the trainer's GPU
-    args.vllm_gpu_memory_utilization = rollout.gpu_memory_utilization
-    args.vllm_tensor_parallel_size = rollout.tensor_parallel_size
-    args.vllm_enable_sleep_mode = rollout.sleep_mode
-    args.vllm_max_model_length = rollout.max_model_length
-    # the freshness gate needs the trainer's logprobs of the sampled tokens: TRL computes them only then
-    args.vllm_importance_sampling_correction = True
-    return args
-
-
 @contextlib.contextmanager
 def llm_extra_kwargs(**extra: Any) -> Iterator[None]:
     """Add keyword arguments (e.g. ``enforce_eager``) to the ``vllm.LLM(...)`` that TRL builds.

@@ -26,7 +26,6 @@ per-group deposit sums gathered across ranks.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from typing import Any
@@ -40,35 +39,6 @@ from lorarl.train.advantages import advantages_from_deposits
 from lorarl.train.divergence import nan_reward_fault
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
-
-METRIC_NAMES = (  # what this trainer adds to TRL's per-step metrics (→ metrics.csv and MLflow)
-    "accuracy", "frac_boxed", "frac_truncated", "deposits/per_completion", "deposits/mean",
-    "adv/std", "adv/std_peak", "adv/abs_max", "kl", "kl_ref/k1", "kl_ref/k3", "kl_ref/one_sided",
-    "kl_ref/penalty", "kl_new_old", "kl_new_old/logratio", "dynamic_sampling/frac_groups_dropped",
-    "dynamic_sampling/rounds", "dynamic_sampling/frac_groups_degenerate",
-    "overlong/frac_penalized", "time/step_s", "tokens_per_s", "time/reward_s", "time/ref_forward_s",
-    "time/kl_monitor_s", "time/kl_new_old_s",
-    # rollout engine vllm only: sampler vs trainer logprobs on the sampled tokens (lorarl.train.rollout.FreshnessGate)
-    "rollout/logp_diff_mean", "rollout/logp_diff_max", "rollout/is_ratio_mean", "rollout/is_ratio_min",
-    "rollout/is_ratio_max", "rollout/stale_steps",
-    # step-time split (lorarl doctor): time/generate_s ⊂ time/score_s ⊂ time/step_s; rollout/tokens generated
-    "time/generate_s", "time/score_s", "rollout/tokens",
-)
-
-
-def frozen_reference(model: Any) -> Any:
-    """A frozen copy of the base policy: take it BEFORE any adapter is applied."""
-    if hasattr(model, "peft_config"):
-        raise ValueError("the reference must be copied from the base model before an adapter is applied; "
-                         "got a PEFT-wrapped model")
-    ref = copy.deepcopy(model)
-    ref.requires_grad_(False)
-    return ref.eval()
-
-
-def needs_reference(beta: float, kl_monitor_every: int) -> bool:
-    return beta > 0 or kl_monitor_every > 0
-
 
 class _RegimeReward:
     """Placeholder reward function carrying the regime's name (rewards come from the regime)."""
@@ -105,12 +75,13 @@ def _text(x: Any) -> str:
 class LorarlGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
-    ``args.beta`` is the KL coefficient (TRL's own ``beta`` is set to 0 on a copy of ``args``).
-    ``ref_model``: the frozen base copy (see :func:`frozen_reference`), or ``"auto"`` to copy ``model``
-    here when it is not yet PEFT-wrapped; needed when ``beta > 0`` or ``kl_monitor_every > 0``.
+    ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
+    reference code never runs). ``lorarl.train.trl_args`` builds both from a cell config.
+    ``ref_model``: the frozen base copy (see :func:`lorarl.train.kl.frozen_reference`), or ``"auto"`` to copy ``model``
+    here when it is not yet PEFT-wrapped; needed when ``kl_beta > 0`` or ``kl_monitor_every > 0``.
     """
 
-    def __init__(self, model: Any, regime: Regime, args: Any, *, ref_model: Any = "auto",
+    def __init__(self, model: Any, regime: Regime, args: Any, *, kl_beta: float = 0.0, ref_model: Any = "auto",
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, **kwargs):
@@ -118,9 +89,12 @@ class LorarlGRPOTrainer(GRPOTrainer):
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
         kwargs.pop("reward_funcs", None)
-        beta = float(args.beta)
+        if float(args.beta) != 0.0:
+            raise ValueError(f"args.beta={args.beta}: TRL's beta must be 0 (lorarl adds its own KL term); "
+                             "pass the coefficient as kl_beta (lorarl.train.trl_args builds both)")
+        beta = float(kl_beta)
         if ref_model == "auto":
-            ref_model = frozen_reference(model) if needs_reference(beta, kl_monitor_every) else None
+            ref_model = klmod.frozen_reference(model) if klmod.needs_reference(beta, kl_monitor_every) else None
         if ref_model is None and beta > 0:
             raise ValueError("beta > 0 needs ref_model: a frozen copy of the base taken before the adapter")
         if args.scale_rewards not in ("group", "none"):
@@ -129,8 +103,6 @@ class LorarlGRPOTrainer(GRPOTrainer):
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
-        args = copy.copy(args)
-        args.beta = 0.0  # TRL's reference code never runs; the KL term is added in _compute_loss
         extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
         with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
@@ -310,7 +282,10 @@ class LorarlGRPOTrainer(GRPOTrainer):
             self._log("adv/std_peak", self._adv_std_peak, mode)
             self._log("adv/abs_max", vals.abs().max().item(), mode)
         out["advantages"] = adv_BT
-        return out, adv.stats.degenerate_P.tolist()
+        degenerate_P = adv.stats.degenerate_P
+        if mode == "train" and degenerate_P.numel():  # any cell: the doctor projects DAPO refills from it
+            self._log("rollout/degenerate_rate", degenerate_P.float().mean().item(), mode)
+        return out, degenerate_P.tolist()
 
     def _refill(self, first: dict, degenerate: list[bool]) -> dict:
         """DAPO dynamic sampling (lorarl.train.dynamic_sampling): sample more prompt groups until the batch
@@ -417,30 +392,3 @@ class LorarlGRPOTrainer(GRPOTrainer):
         new_BT = self._forward_logps(self.model, batch)
         self._log_kl_new_old(new_BT, logp_BT, mask_BT)
         self._log("time/kl_new_old_s", time.perf_counter() - t0)
-
-
-def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_dataset: Any,
-                  peft_config: Any = None, callbacks: list | None = None, ref_model: Any = "auto",
-                  results_dir: str = "results") -> LorarlGRPOTrainer:
-    """The trainer of one cell: regime, KL and DAPO options from the cell config."""
-    from lorarl.rewards import build_regime
-
-    t = cfg.train
-    args.num_iterations = t.num_iterations
-    args.scale_rewards = t.scale_rewards
-    args.use_bias_correction_kl = t.kl_importance_correction
-    rollout = getattr(cfg, "rollout", None)
-    if rollout is not None:
-        from lorarl.train.rollout import apply_rollout_args
-
-        apply_rollout_args(args, rollout)  # engine vllm: TRL's colocated vLLM (use_vllm=True)
-    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
-    regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
-    from lorarl.rewards.outcome import settings_of
-
-    return LorarlGRPOTrainer(
-        model=model, regime=regime, args=args, ref_model=ref_model, kl_estimator=t.kl_estimator,
-        kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
-        dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
-        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
-        grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

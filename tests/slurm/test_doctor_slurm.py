@@ -108,6 +108,13 @@ def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_pa
     p = rep["projection"]
     assert p["cells"] == 4 and p["steps"] == 160 and p["gpus_per_job"] == {"train": 1, "evaluate": 1, "diagnose": 0}
     assert p["gpu_hours"] > 0
+    # DAPO cells are charged the expected refill rounds at the smoke's measured degenerate-group rate
+    from lorarl.pipeline.doctor_projection import expected_rounds
+
+    rate, rows = m["split"]["degenerate_rate"], {r["cell"]: r for r in p["per_cell"]}
+    assert rate is not None and rows["s0-dsFalse"]["rounds_per_rollout"] == 1.0
+    assert rows["s0-dsTrue"]["rounds_per_rollout"] == pytest.approx(expected_rounds(rate, 2, 3), abs=1e-3)
+    assert set(m["prompt_tokens"]) == set(rows) and "DAPO" in "\n".join(p["assumptions"])
     # submitted through the launcher: provenance of the doctor stage names the job and the partition
     smoke = ddir / "run" / "docsl-doctor" / "s1-dsFalse"
     prov = json.loads((smoke / "provenance" / "doctor.json").read_text())

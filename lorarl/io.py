@@ -1,0 +1,45 @@
+"""Atomic file writes: a reader (a rerun, Snakemake, the report, a resumed job) never sees half a file.
+
+`atomic_write_text` writes a temporary file next to the target, fsyncs it and `os.replace`s it in;
+on any error the temporary file is removed and the target is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path``, fsync it, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600 files; results are shared like any other file
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any, indent: int = 2) -> None:
+    """``obj`` as sorted, indented JSON (non-JSON values as ``str``), written atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The parsed file, or None when it is missing or not valid JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

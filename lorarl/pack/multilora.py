@@ -1,0 +1,89 @@
+"""vLLM multi-LoRA rollouts of a pack (GPU only; built against vLLM 0.31's API, tested with tests/fake_vllm.py).
+
+One colocated engine serves every member: ``LLM(model, enable_lora=True, max_loras=K, max_lora_rank=r,
+max_cpu_loras=K)``; each step each member's current adapter is saved (PEFT folder) and registered under
+ITS OWN ``LoRARequest(name=cell, lora_int_id=k + 1, lora_path, load_inplace=True)`` (same id every step,
+reloaded in place, so the engine holds exactly K adapters), and ONE ``LLM.generate`` call carries all
+members' prompts with a per-prompt ``lora_request`` list and per-prompt ``SamplingParams`` (n = G,
+``seed`` drawn from the member's own sampling generator, so a member's samples depend on its own RNG
+stream only). vLLM refuses a ``lora_request`` or params list whose length is not the number of prompts,
+a LoRA rank above ``max_lora_rank``, and LoRA requests without ``enable_lora``; so does the fake.
+
+Not wired into :class:`lorarl.pack.steps.PackLoop` here (no GPU, no vLLM on these machines): cells with
+``rollout.engine: vllm`` run solo (:func:`lorarl.pack.plan.pack_key`). What is built and tested is the
+request building and the routing of outputs back to the members.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lorarl.evaluate.vllm_backend import VLLM_LORA_RANKS
+from lorarl.pack.generate import CellRollouts, SampleSettings
+
+SEED_MAX = 2**31 - 1  # why: vLLM seeds are Python ints; keep them in a 31-bit range
+
+
+def engine_lora_kwargs(ranks: list[int]) -> dict[str, Any]:
+    """``EngineArgs`` LoRA fields for a pack of adapters of these ranks."""
+    need = max(ranks)
+    fits = [r for r in VLLM_LORA_RANKS if r >= need]
+    if not fits:
+        raise ValueError(f"LoRA rank {need} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": fits[0], "max_cpu_loras": len(ranks)}
+
+
+def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path]) -> list[Any]:
+    """One request per member, id k + 1, reloaded in place each step (the adapter changed)."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"member names must be unique: {names}")
+    return [api.LoRARequest(lora_name=n, lora_int_id=k + 1, lora_path=str(d), load_inplace=True)
+            for k, (n, d) in enumerate(zip(names, adapter_dirs))]
+
+
+@dataclass
+class PackRequests:
+    """What one ``LLM.generate`` call receives, and which member each prompt belongs to."""
+
+    prompts: list[dict]  # {"prompt_token_ids": [...]} per prompt group
+    params: list[Any]  # SamplingParams per prompt (n = G, the member's seed)
+    loras: list[Any]  # LoRARequest per prompt
+    owner: list[int]  # member index of each prompt
+
+
+def build_requests(api: Any, loras: list[Any], prompts: list[list[list[int]] | None],
+                   generators: list[torch.Generator | None], s: SampleSettings, generations: int) -> PackRequests:
+    """``prompts[k]``: member k's P prompt groups (each ONCE; vLLM samples n = G per prompt), or None."""
+    req = PackRequests([], [], [], [])
+    for k, groups in enumerate(prompts):
+        if groups is None:
+            continue
+        seeds = torch.randint(0, SEED_MAX, (len(groups),), generator=generators[k]).tolist()
+        for ids, seed in zip(groups, seeds):
+            req.prompts.append({"prompt_token_ids": list(ids)})
+            req.params.append(api.SamplingParams(n=generations, temperature=s.temperature, top_p=s.top_p, top_k=0,
+                                                 max_tokens=s.max_new_tokens, seed=int(seed),
+                                                 stop_token_ids=list(s.eos_token_ids) or None))
+            req.loras.append(loras[k])
+            req.owner.append(k)
+    return req
+
+
+def generate_multilora(llm: Any, req: PackRequests, n_members: int) -> list[CellRollouts | None]:
+    """One ``generate`` call for the whole pack; outputs routed back to their members (rows: G per prompt,
+    prompt groups contiguous, as the packed step loop expects)."""
+    outs = llm.generate(req.prompts, req.params, use_tqdm=False, lora_request=req.loras)
+    if len(outs) != len(req.prompts):
+        raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(req.prompts)} prompts")
+    res: list[CellRollouts | None] = [None] * n_members
+    for p, o, k in zip(req.prompts, outs, req.owner):
+        cell = res[k] or CellRollouts([], [])
+        res[k] = cell
+        for c in o.outputs:
+            cell.prompt_ids.append(list(p["prompt_token_ids"]))
+            cell.completion_ids.append(list(c.token_ids))
+    return res

@@ -1,0 +1,154 @@
+"""Hand-over between a pack job and its members' own ``train`` jobs (light: no torch here).
+
+Snakemake keeps ONE producer per cell output: the cell's ``train`` rule, whose command, params and
+inputs do not change when packing is switched on or off (so switching never reruns a finished cell).
+The pack job (rule ``train_pack``, :mod:`lorarl.pack.run`) trains the members and STAGES each member's
+outputs in ``<cell dir>/.packed/``; the member's ``train`` job (``lorarl launch train``) then:
+
+1. waits while the pack launcher's **claim** on the cell (``<cell dir>/.pack.claim``: pid, host, pack)
+   is alive: written by ``lorarl launch pack`` before it submits, removed when its job ends;
+2. publishes the staged outputs (``os.replace`` each, ``summary.json`` last) if their config hash is
+   the cell's, and copies the pack's provenance; the launcher submits nothing;
+3. otherwise (no pack, or the pack failed on this cell) trains the cell solo as always; a pack's
+   per-cell checkpoints are of another format and are not resumed by the solo trainer.
+
+A cell that finished (or was staged) is never put in a pack, so ``--forcerun`` of one member's
+summary.json reruns that cell alone, solo, with the TRL-based trainer (its pack-mates stay as they are).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from lorarl import paths
+
+STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
+CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
+OUTPUTS = ("cell.json", "metrics.csv", "adapter", "summary.json")  # summary.json last: the "done" mark
+GRACE_ENV = "LORARL_PACK_GRACE_S"  # a member launcher's wait for a pack launcher starting beside it
+
+
+def _summary_hash(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("config_hash")
+    except (OSError, ValueError):
+        return None
+
+
+def staged_dir(results_dir: str | Path, study: str, cell: str) -> Path:
+    return paths.cell_dir(results_dir, study, cell) / STAGED
+
+
+def unfinished(results_dir: str | Path, study: str, cell: str, config_hash: str) -> bool:
+    """True unless the cell's outputs (in place or staged by a pack) are of this config."""
+    kw = dict(results=str(results_dir), study=study, cell=cell)
+    if _summary_hash(paths.path("summary", **kw)) == config_hash:
+        return False
+    return _summary_hash(staged_dir(results_dir, study, cell) / "summary.json") != config_hash
+
+
+def stage(work: Path, cell_dir: Path) -> Path:
+    """Move a member's finished work folder to ``<cell dir>/.packed`` (one rename)."""
+    dst = cell_dir / STAGED
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(work, dst)
+    return dst
+
+
+def claim_path(results_dir: str | Path, study: str, cell: str) -> Path:
+    return paths.cell_dir(results_dir, study, cell) / CLAIM
+
+
+def claim(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -> list[Path]:
+    out = []
+    for c in cells:
+        p = claim_path(results_dir, study, c)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"{os.getpid()} {socket.gethostname()} {pack_id}\n")
+        out.append(p)
+    return out
+
+
+def unclaim(claims: list[Path]) -> None:
+    for p in claims:
+        try:
+            if p.read_text().split()[0] == str(os.getpid()):
+                p.unlink()
+        except (OSError, IndexError):
+            pass
+
+
+def claim_alive(p: Path) -> bool:
+    """The claim exists and its launcher still runs (a dead launcher's claim is ignored)."""
+    try:
+        pid, host, _ = p.read_text().split()
+    except (OSError, ValueError):
+        return False
+    if host != socket.gethostname():
+        return True  # cannot check another host's process: the claim holds while it exists
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) -> bool:
+    """Move the staged outputs of the cell into place (summary.json last); False if none are staged."""
+    src = staged_dir(results_dir, study, cell)
+    if _summary_hash(src / "summary.json") != config_hash:
+        return False
+    final = paths.cell_dir(results_dir, study, cell)
+    for name in OUTPUTS:
+        dst = final / name
+        if dst.is_dir():
+            shutil.rmtree(dst)
+        os.replace(src / name, dst)
+    shutil.rmtree(src, ignore_errors=True)
+    _copy_provenance(results_dir, study, cell)
+    return True
+
+
+def _copy_provenance(results_dir: str | Path, study: str, cell: str) -> None:
+    """The member's provenance/train.json: the pack job's own record, plus which pack trained it."""
+    from lorarl.pipeline import provenance
+
+    summary = json.loads(paths.path("summary", results=str(results_dir), study=study, cell=cell).read_text())
+    pack_id = (summary.get("pack") or {}).get("id")
+    if not pack_id:
+        return
+    src = provenance.provenance_path(results_dir, study, f".packs/{pack_id}", "pack")
+    dst = provenance.provenance_path(results_dir, study, cell, "train")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads(src.read_text()) if src.exists() else {}
+    doc["packed"] = {"pack": pack_id, "members": summary["pack"].get("members", []), "record": str(src)}
+    tmp = dst.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, dst)
+
+
+def wait_and_publish(results_dir: str | Path, study: str, cell: str, config_hash: str, poll_s: float = 1.0) -> bool:
+    """What a member's ``train`` launcher does first: True = a pack trained the cell and its outputs are
+    now in place (nothing to submit); False = train it as usual."""
+    p = claim_path(results_dir, study, cell)
+    packs = paths.cell_dir(results_dir, study, ".packs")
+    if not p.exists() and packs.is_dir():  # packing is used in this study: a pack launcher may be starting
+        grace = float(os.environ.get(GRACE_ENV, "3"))
+        deadline = time.time() + grace
+        while time.time() < deadline and not p.exists():
+            time.sleep(min(poll_s, 0.5))
+    waited = False
+    while claim_alive(p):
+        if not waited:
+            print(f"[lorarl] train {cell}: its pack is training it ({p.read_text().split()[-1]}); waiting", flush=True)
+            waited = True
+        time.sleep(poll_s)
+    return publish(results_dir, study, cell, config_hash)

@@ -1,0 +1,233 @@
+"""The doctor's projection of a whole study from one smoke cell's measurements (`lorarl doctor`).
+
+Cost model of one optimiser step of a cell ``c``, from the smoke cell's split (``s``):
+
+* a step scores ``R_c`` generation rounds (``R = 1`` without DAPO dynamic sampling; with it, the expected
+  rounds until the batch holds ``P`` groups with signal, :func:`expected_rounds`); one round costs
+  generation x ``P G L`` (completion budget, decode-bound) + the rest of scoring (reward, old-policy
+  forward) x ``P G (prompt + L)`` (every forward reads prompt and completion), each relative to ``s``;
+* after the rounds: reference forward + policy forward/backward + optimiser x ``P G (prompt + L)``.
+
+``prompt`` is the mean token length of the cell's training prompts as its own tokenizer and prompt
+settings make them (measured in the job by :func:`prompt_tokens_by_cell`). Every assumption is written
+into the report.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+PROMPT_SAMPLE = 256  # training prompts tokenised per (model, task, prompt settings) to measure their length
+
+
+# ----------------------------------------------------------------------------- in the job
+def prompt_key(cfg: Any) -> str:
+    """What decides a cell's training prompts in tokens: model (tokenizer), task, prompt settings, length cap."""
+    import json
+
+    return json.dumps([cfg.model, cfg.task.model_dump(mode="json"), cfg.prompt.model_dump(mode="json"),
+                       cfg.train.max_prompt_length], sort_keys=True)
+
+
+def prompt_tokens(cfg: Any, results_dir: str) -> float:
+    """Mean token length of the first PROMPT_SAMPLE training prompts of a cell, as TRL tokenises them."""
+    from transformers import AutoTokenizer
+
+    from lorarl.models import resolve_model
+    from lorarl.tasks import task_records
+    from lorarl.tasks.prompt import prompt_ids, training_prompts, within_length
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(cfg.model, results_dir)))
+    rows = task_records(cfg.task)[0][:PROMPT_SAMPLE]
+    prompts = training_prompts(cfg, [r["prompt"] for r in rows], tok)
+    lengths = [len(prompt_ids(tok, p)) for p, keep in zip(prompts, within_length(cfg, prompts, tok)) if keep]
+    if not lengths:
+        raise ValueError("every sampled training prompt is longer than train.max_prompt_length")
+    return sum(lengths) / len(lengths)
+
+
+def prompt_tokens_by_cell(study_path: str, results_dir: str) -> tuple[dict[str, float], list[str]]:
+    """Mean training-prompt tokens of every cell of the study (one measurement per distinct prompt key)."""
+    from lorarl.study import load_study, study_cells
+
+    by_key: dict[str, float | None] = {}
+    notes: list[str] = []
+    out: dict[str, float] = {}
+    for c in study_cells(load_study(study_path)):
+        key = prompt_key(c.config)
+        if key not in by_key:
+            try:
+                by_key[key] = prompt_tokens(c.config, results_dir)
+            except Exception as err:  # noqa: BLE001 - reported; the projection falls back to the smoke cell's
+                by_key[key] = None
+                notes.append(f"{c.id}: prompt length not measured ({type(err).__name__}: {str(err)[:200]})")
+        if by_key[key] is not None:
+            out[c.id] = by_key[key]
+    return out, notes
+
+
+# ----------------------------------------------------------------------------- arithmetic
+def _binom_cdf(k: int, n: int, q: float) -> float:
+    """P(Binomial(n, q) <= k), summed in log space (n up to a few thousand)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    lq, l1q = math.log(q), math.log1p(-q)
+    total = 0.0
+    for i in range(k + 1):
+        total += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lq + (n - i) * l1q)
+    return min(total, 1.0)
+
+
+def expected_rounds(p: float, groups: int, max_rounds: int) -> float:
+    """Expected generation rounds of one DAPO step: each round samples ``groups`` prompt groups, each
+    degenerate (all rewards equal) with probability ``p`` independently; rounds go on while fewer than
+    ``groups`` groups with signal are kept, at most ``max_rounds`` (lorarl.train.dynamic_sampling).
+    E[R] = sum_{r=0}^{M-1} P(R > r) = 1 + sum_{r=1}^{M-1} P(Binomial(r*groups, 1-p) < groups)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"degenerate-group rate {p} is not a probability")
+    if p == 0.0:
+        return 1.0
+    if p == 1.0:
+        return float(max_rounds)
+    return 1.0 + sum(_binom_cdf(groups - 1, r * groups, 1.0 - p) for r in range(1, max_rounds))
+
+
+def _tokens(cfg: Any, prompt: float) -> tuple[float, float]:
+    """(completion-token budget, prompt + completion tokens) of one step's P x G sequences."""
+    t = cfg.train
+    seqs = t.prompts_per_step * t.generations
+    return float(seqs * t.max_completion_length), float(seqs * (prompt + t.max_completion_length))
+
+
+def generate_every(t: Any) -> int:
+    """Optimiser steps per rollout batch: PPO mini-batches x passes (TRL: steps_per_generation x num_iterations)."""
+    return t.updates_per_generation * t.num_iterations
+
+
+def step_seconds(cfg: Any, split: dict[str, float], smoke_cfg: Any, prompt: float, smoke_prompt: float,
+                 rate: float | None) -> tuple[float, float]:
+    """(projected seconds per optimiser step, expected generation rounds per rollout) of one cell.
+
+    From the smoke ``0``: one round's generation ``g0`` and other scoring ``o0``, the reference forward of a
+    rollout batch ``f0`` and the policy forward/backward + optimiser of a step ``b0`` (on ``1/u0`` of the
+    batch with ``u0`` PPO mini-batches). A cell ``c`` with rollouts every ``k_c`` steps and ``R_c`` rounds:
+    ``R_c/k_c (g0 gen_c/gen0 + o0 seq_c/seq0) + f0 seq_c/seq0 / k_c + b0 (seq_c/u_c) / (seq0/u0)``."""
+    t, t0 = cfg.train, smoke_cfg.train
+    gen0, seq0 = _tokens(smoke_cfg, smoke_prompt)
+    gen_c, seq_c = _tokens(cfg, prompt)
+    rounds0 = split.get("generation_rounds_per_step") or 1.0 / generate_every(t0)
+    score = split.get("scoring_s", split["rollout_generation_s"] + split["reward_s"] +
+                      split["old_policy_forward_and_advantages_s"])
+    g0 = split["rollout_generation_s"] / rounds0
+    o0 = max(score - split["rollout_generation_s"], 0.0) / rounds0
+    f0 = split["reference_forward_s"] * generate_every(t0)
+    b0 = split["policy_forward_backward_s"]
+    if t.dynamic_sampling:
+        rounds = expected_rounds(rate, t.prompts_per_step, t.dynamic_sampling_max_batches) if rate is not None \
+            else float(t.dynamic_sampling_max_batches)
+    else:
+        rounds = 1.0
+    k_c = generate_every(t)
+    per_round = g0 * gen_c / gen0 + o0 * seq_c / seq0
+    step = rounds / k_c * per_round + f0 * seq_c / seq0 / k_c + \
+        b0 * (seq_c / t.updates_per_generation) / (seq0 / t0.updates_per_generation)
+    return step, rounds
+
+
+def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
+    from lorarl.evaluate.plan import benchmark_specs
+    from lorarl.evaluate.main import load_problems
+
+    counts, notes = {}, []
+    for name in benchmark_specs(cfg):
+        try:
+            counts[name] = len(load_problems(name, cfg))
+        except Exception as err:  # noqa: BLE001 - no network on this node, say so
+            counts[name] = measured.get(name, {}).get("problems", 0)
+            notes.append(f"{name}: full problem count unavailable here ({type(err).__name__}); used the smoke's {counts[name]}")
+    return counts, notes
+
+
+def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
+    """Whole-study time and GPU-hours from the smoke's measurements, with the assumptions spelled out."""
+    from lorarl.evaluate.plan import eval_targets
+    from lorarl.study import base_cells, study_cells
+
+    split, evals = m["split"], m.get("evaluation", {})
+    cells, bases = study_cells(study), base_cells(study)
+    counts, notes = _problem_counts(chosen.config, evals)
+    prompts = m.get("prompt_tokens") or {}
+    notes += m.get("prompt_tokens_notes") or []
+    smoke_prompt = prompts.get(chosen.id)
+    if smoke_prompt is None:
+        notes.append("the smoke cell's prompt length was not measured: prompt tokens counted as 0")
+        smoke_prompt = 0.0
+    rate = split.get("degenerate_rate")
+    load_s = m.get("model_load_s", 0.0)
+    train_s = eval_s = 0.0
+    n_eval_jobs = 0
+    detail = []
+    for c in cells:
+        t = c.config.train
+        prompt = prompts.get(c.id, smoke_prompt)
+        step_s, rounds = step_seconds(c.config, split, chosen.config, prompt, smoke_prompt, rate)
+        monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
+        train_s += load_s + t.steps * step_s + monitors
+        detail.append({"cell": c.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
+                       "step_s": step_s, "steps": t.steps})
+    for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
+        for name, _step in eval_targets(c.config, is_base):
+            e = evals.get(name)
+            if e is None:
+                notes.append(f"{name}: not measured in the smoke cell; not projected")
+                continue
+            eval_s += load_s + e["seconds_per_problem"] * counts.get(name, e["problems"])
+            n_eval_jobs += 1
+    diag_s = m.get("diagnose_s", 0.0) * len(cells)
+    slurm = profile["slurm"] or {}
+    gpus = {s: int((slurm.get(s) or {}).get("gpus_per_node", 1 if m["device"]["kind"] == "cuda" else 0))
+            for s in ("train", "evaluate", "diagnose")}
+    total = train_s + eval_s + diag_s
+    gpu_h = (train_s * gpus["train"] + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
+    jobs = max(1, min(profile["jobs"], len(cells)))
+    dapo = [c for c in cells if c.config.train.dynamic_sampling]
+    if not dapo:
+        refill = "no cell uses DAPO dynamic sampling: one generation round per step"
+    elif rate is None:
+        refill = (f"{len(dapo)} cells use DAPO dynamic sampling and the smoke run measured no degenerate-group "
+                  "rate: each of their steps is charged its dynamic_sampling_max_batches rounds (the upper bound)")
+    else:
+        refill = (f"{len(dapo)} cells use DAPO dynamic sampling: the smoke's measured share of degenerate prompt "
+                  f"groups (all rewards equal) p = {rate:.3g} holds for the whole run, groups independent, so a "
+                  "step needs E[R] = 1 + sum_{r=1}^{M-1} P(Binomial(r P, 1 - p) < P) generation rounds "
+                  "(M = dynamic_sampling_max_batches; early training is usually worse than later, and a cell that "
+                  "learns more or less than the smoke cell refills less or more)")
+    return {
+        "cells": len(cells), "steps": sum(c.config.train.steps for c in cells), "eval_jobs": n_eval_jobs,
+        "train_h": train_s / 3600, "eval_h": eval_s / 3600, "diagnostics_h": diag_s / 3600,
+        "serial_h": total / 3600, "wall_h": total / 3600 / jobs, "concurrent_jobs": jobs,
+        "gpu_hours": gpu_h, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
+        "per_cell": detail,
+        "assumptions": [
+            f"a step of the smoke cell costs {split['step_s']:.3g}s (warm-up step excluded); another cell's step is "
+            "scaled part by part: generation by its completion budget P x G x max_completion_length, the rest of "
+            "scoring (reward, old-policy forward) and the reference forward + policy forward/backward by its "
+            "tokens P x G x (prompt + max_completion_length), each relative to the smoke cell's",
+            f"prompt = the mean token length of a cell's training prompts (its tokenizer, task and prompt "
+            f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
+            "charged their full budget's share as in the smoke (same fill of max_completion_length)",
+            refill,
+            "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
+            f"({load_s:.3g}s)",
+            "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "
+            "token budget) times the benchmark's full problem count; snapshots cost as much as finals",
+            f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell",
+            f"GPU-hours = job seconds x the profile's gpus_per_node per stage ({gpus}); wall time = serial time "
+            f"/ min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
+            *notes,
+        ],
+    }
+

@@ -1,0 +1,101 @@
+"""The one translation of a cell config into TRL: every GRPOConfig field lorarl sets (`grpo_args`)
+and the trainer's own options (`build_trainer`). Nothing changes `args` after `grpo_args` returns.
+
+lorarl adds its own KL term, so TRL's ``beta`` is always 0 and the coefficient ``train.beta`` is a
+constructor argument of :class:`lorarl.train.trainer.LorarlGRPOTrainer` (``kl_beta``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lorarl.config import CellConfig, RolloutConfig
+    from lorarl.train.trainer import LorarlGRPOTrainer
+
+
+def rollout_fields(rollout: "RolloutConfig | None") -> dict[str, Any]:
+    """TRL's vLLM fields of a GRPOConfig from the cell's ``rollout`` section."""
+    if rollout is None or rollout.engine != "vllm":
+        return {"use_vllm": False}
+    return {
+        "use_vllm": True,
+        "vllm_mode": rollout.vllm_mode,  # colocate: one process per cell, vLLM shares the trainer's GPU
+        "vllm_gpu_memory_utilization": rollout.gpu_memory_utilization,
+        "vllm_tensor_parallel_size": rollout.tensor_parallel_size,
+        "vllm_enable_sleep_mode": rollout.sleep_mode,
+        "vllm_max_model_length": rollout.max_model_length,
+        # the freshness gate needs the trainer's logprobs of the sampled tokens: TRL computes them only then
+        "vllm_importance_sampling_correction": True,
+    }
+
+
+def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
+    """GRPOConfig from the cell config: one generation batch = P prompts x G completions, split into
+    ``train.updates_per_generation`` PPO mini-batches (one optimiser step each; ``train.steps`` counts
+    optimiser steps). TRL's ``beta`` is 0: the KL coefficient goes to the trainer (``kl_beta``)."""
+    from trl import GRPOConfig
+
+    from lorarl.train.precision import autocast_bf16, resolve_precision
+
+    t = cfg.train
+    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        learning_rate=t.lr,
+        max_steps=t.steps,
+        per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
+        gradient_accumulation_steps=1,
+        steps_per_generation=t.updates_per_generation,
+        importance_sampling_level=t.importance_sampling_level,
+        delta=t.dual_clip,
+        num_generations=t.generations,
+        max_completion_length=t.max_completion_length,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        beta=0.0,  # lorarl's own KL term (LorarlGRPOTrainer kl_beta = train.beta); TRL never runs a reference
+        num_iterations=t.num_iterations,
+        scale_rewards=t.scale_rewards,
+        use_bias_correction_kl=t.kl_importance_correction,
+        loss_type=t.loss_type,
+        epsilon=t.epsilon,
+        epsilon_high=t.epsilon_high,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_ratio,
+        lr_scheduler_type=t.lr_scheduler,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        logging_steps=t.log_every,
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        bf16=autocast_bf16(precision),
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        **rollout_fields(cfg.rollout),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
+    )
+
+
+def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_dataset: Any,
+                  peft_config: Any = None, callbacks: list | None = None, ref_model: Any = "auto",
+                  results_dir: str = "results") -> "LorarlGRPOTrainer":
+    """The trainer of one cell: ``args`` from :func:`grpo_args` (unchanged here), regime, KL and DAPO
+    options from the cell config as constructor arguments."""
+    import torch
+
+    from lorarl.rewards.outcome import settings_of
+    from lorarl.rewards.registry import build_regime
+    from lorarl.train.trainer import LorarlGRPOTrainer
+
+    t = cfg.train
+    rollout = getattr(cfg, "rollout", None)
+    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+    regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
+    return LorarlGRPOTrainer(
+        model=model, regime=regime, args=args, kl_beta=t.beta, ref_model=ref_model, kl_estimator=t.kl_estimator,
+        kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
+        dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
+        grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

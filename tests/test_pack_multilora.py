@@ -1,0 +1,88 @@
+"""vLLM multi-LoRA request building of a pack (lorarl.pack.multilora) against tests/fake_vllm.py: one engine,
+one generate call, one LoRARequest per member, per-prompt lists, each member's own seed stream; the fake
+refuses what vLLM 0.31 refuses (list lengths, ranks above max_lora_rank, LoRA without enable_lora)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import fake_vllm
+from tests.test_grpo import load, tiny_dir  # noqa: F401
+
+
+def save_adapter(tiny_dir, path, seed, r=4):
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    m, _ = load(tiny_dir)
+    pm = get_peft_model(m, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, layer in sorted(pm.named_modules(), key=lambda x: x[0]):
+            if isinstance(layer, LoraLayer):
+                w = layer.lora_B["default"].weight
+                w.copy_(torch.randn(w.shape, generator=g) * 2.0)
+    pm.save_pretrained(path)
+    return str(path)
+
+
+def settings(tok):
+    from lorarl.pack.generate import SampleSettings
+
+    return SampleSettings(prompt_width=16, max_new_tokens=6, temperature=1.0, top_p=1.0,
+                          pad_token_id=tok.pad_token_id, eos_token_ids=(tok.eos_token_id,))
+
+
+def test_one_engine_one_call_routes_each_members_prompts_to_its_adapter(tiny_dir, tmp_path, monkeypatch):
+    from lorarl.pack.multilora import build_requests, engine_lora_kwargs, generate_multilora, lora_requests
+
+    monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
+    api = fake_vllm.api()
+    _, tok = load(tiny_dir)
+    dirs = [save_adapter(tiny_dir, tmp_path / n, s) for n, s in (("a", 1), ("b", 2))]
+    kw = engine_lora_kwargs([4, 4])
+    assert kw == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 2}
+    llm = api.LLM(str(tiny_dir), **kw)
+    loras = lora_requests(api, ["a", "b"], dirs)
+    assert [r.lora_int_id for r in loras] == [1, 2] and all(r.load_inplace for r in loras)
+    prompts = [tok("Q: 1+2=?\nA: ")["input_ids"], tok("Q: 3+4=?\nA: ")["input_ids"]]
+    s = settings(tok)
+    req = build_requests(api, loras, [prompts, prompts], [torch.Generator().manual_seed(5),
+                                                              torch.Generator().manual_seed(5)], s, generations=3)
+    assert len(req.prompts) == len(req.params) == len(req.loras) == 4 and req.owner == [0, 0, 1, 1]
+    assert [p.n for p in req.params] == [3] * 4 and req.params[0].seed == req.params[2].seed  # same seed streams
+    out = generate_multilora(llm, req, 2)
+    assert llm.generate_calls == 1 and llm.adapter_loads == 2  # one call, each adapter loaded once
+    assert all(len(o.completion_ids) == 6 and len(o.prompt_ids) == 6 for o in out)
+    # same prompts, same seeds: only the adapter differs, so the members' samples differ
+    assert out[0].completion_ids != out[1].completion_ids
+    # member b alone (its own engine, its own request) samples exactly what it sampled inside the pack
+    alone_llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4]))
+    alone = generate_multilora(alone_llm, build_requests(api, [None, lora_requests(api, ["b"], dirs[1:])[0]],
+                                                         [None, prompts], [None, torch.Generator().manual_seed(5)],
+                                                         s, generations=3), 2)
+    assert alone[0] is None and alone[1].completion_ids == out[1].completion_ids
+
+
+def test_fake_refuses_what_vllm_refuses(tiny_dir, tmp_path):
+    from lorarl.pack.multilora import engine_lora_kwargs, lora_requests
+
+    api = fake_vllm.api()
+    big = save_adapter(tiny_dir, tmp_path / "big", 3, r=16)
+    small = save_adapter(tiny_dir, tmp_path / "small", 4)
+    llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4]))
+    p = [{"prompt_token_ids": [5, 6, 7]}] * 2
+    reqs = lora_requests(api, ["s", "b"], [small, big])
+    with pytest.raises(ValueError, match="lengths of prompts and lora_request"):
+        llm.generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs[:1])
+    with pytest.raises(ValueError, match="lengths of prompts and params"):
+        llm.generate(p, [api.SamplingParams(max_tokens=2)], lora_request=reqs[0])
+    with pytest.raises(ValueError, match="greater than max_lora_rank"):
+        llm.generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs)
+    with pytest.raises(ValueError, match="LoRA is not enabled"):
+        api.LLM(str(tiny_dir)).generate(p[:1], api.SamplingParams(max_tokens=2), lora_request=reqs[0])
+    with pytest.raises(ValueError, match="largest max_lora_rank"):
+        engine_lora_kwargs([600])
+    with pytest.raises(ValueError, match="unique"):
+        lora_requests(api, ["s", "s"], [small, small])

@@ -1,0 +1,125 @@
+"""The pack job (lorarl.pack.run) and its hand-over to the members' train jobs (lorarl.pack.publish):
+each member's normal outputs, its own MLflow run, per-cell checkpoint/resume (an interrupted pack
+resumes bit for bit), staged outputs published with summary.json last."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.test_grpo import tiny_dir  # noqa: F401
+
+
+def study_file(tmp_path, tiny_dir, checkpoint_every=2):
+    doc = {"name": "pk", "defaults": {
+        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
+        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
+        "train": {"steps": 3, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+                  "checkpoint_every": checkpoint_every, "kl_monitor_every": 2}},
+        "axes": {"kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]}}}
+    p = tmp_path / "pk.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def cells_of(path):
+    from lorarl.study import cell_table, load_study
+
+    return list(cell_table(load_study(str(path))).cells)
+
+
+def staged(results, cell):
+    from safetensors.torch import load_file
+
+    d = results / "pk" / cell / ".packed"
+    rows = pd.read_csv(d / "metrics.csv")
+    keep = [c for c in rows.columns if not c.startswith(("time/", "tokens_per_s", "step_time_s"))]
+    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
+
+
+def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monkeypatch):
+    import torch
+
+    from lorarl.pack import run as packrun
+
+    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
+    study = study_file(tmp_path, tiny_dir)
+    cells = cells_of(study)
+    ref, interrupted = tmp_path / "ref", tmp_path / "int"
+    out = packrun.train_pack("pk", cells, ref, pack_id="pack-0000000000")
+    assert out["trained"] == sorted(c.id for c in cells)
+
+    real = packrun._checkpoint
+    calls = []
+
+    def stop_after_step_2(slot, cell, member, force):
+        stop = real(slot, cell, member, force)
+        calls.append(member.step)
+        if member.step == 2 and len(calls) == 2 * len(cells):  # both members checkpointed step 2
+            raise KeyboardInterrupt("simulated kill after the step-2 checkpoints")
+        return stop
+
+    monkeypatch.setattr(packrun, "_checkpoint", stop_after_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        packrun.train_pack("pk", cells, interrupted, pack_id="pack-0000000000")
+    run_ids = {c.id: json.loads((interrupted / "pk" / ".checkpoints" / c.id / "checkpoint-2" / "lorarl.json")
+                                .read_text())["mlflow_run_id"] for c in cells}
+    monkeypatch.setattr(packrun, "_checkpoint", real)
+    again = packrun.train_pack("pk", cells, interrupted, pack_id="pack-0000000000")
+    assert again["trained"] == out["trained"]
+    for c in cells:
+        w_ref, m_ref, s_ref = staged(ref, c.id)
+        w_int, m_int, s_int = staged(interrupted, c.id)
+        assert w_ref.keys() == w_int.keys() and all(torch.equal(w_ref[k], w_int[k]) for k in w_ref)  # bit for bit
+        pd.testing.assert_frame_equal(m_ref, m_int)
+        assert list(m_int["step"]) == [1, 2, 3]  # every step exactly once
+        assert s_int["resumed_from_steps"] == [2] and s_int["mlflow_run_id"] == run_ids[c.id]  # same MLflow run
+        assert s_int["pack"]["members"] == [x.id for x in cells] and s_int["state"] == "done"
+        assert not (interrupted / "pk" / ".checkpoints" / c.id).exists()  # checkpoints dropped once staged
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{interrupted}/mlflow.db")
+    for c in cells:  # MLflow: every step exactly once in the cell's one run, across the interruption
+        assert [m.step for m in client.get_metric_history(run_ids[c.id], "reward")] == [1, 2, 3]
+        assert client.get_run(run_ids[c.id]).data.tags["lorarl.pack"] == "pack-0000000000"
+    assert json.loads((interrupted / "pk" / ".packs" / "pack-0000000000.json").read_text())["left_out"] == {}
+    # a second pack job over finished (staged) cells trains nothing
+    assert packrun.train_pack("pk", cells, interrupted, pack_id="pack-0000000000")["trained"] == []
+
+
+def test_publish_moves_staged_outputs_summary_last(tmp_path):
+    from lorarl.pack import publish
+
+    cell = tmp_path / "st" / "c1"
+    work = cell / ".pack.tmp"
+    (work / "adapter").mkdir(parents=True)
+    (work / "adapter" / "w").write_text("x")
+    for name in ("cell.json", "metrics.csv"):
+        (work / name).write_text("{}")
+    (work / "summary.json").write_text(json.dumps({"config_hash": "h1"}))
+    publish.stage(work, cell)
+    assert publish.unfinished(tmp_path, "st", "c1", "h1") is False  # staged counts as finished (never re-packed)
+    assert publish.unfinished(tmp_path, "st", "c1", "h2") is True
+    assert publish.publish(tmp_path, "st", "c1", "h2") is False  # another config's outputs are not taken
+    (cell / "adapter").mkdir()  # a stale output in the way is replaced
+    assert publish.publish(tmp_path, "st", "c1", "h1") is True
+    assert (cell / "adapter" / "w").read_text() == "x" and json.loads((cell / "summary.json").read_text())
+    assert not (cell / ".packed").exists()
+
+
+def test_claims_are_alive_only_while_their_launcher_runs(tmp_path):
+    from lorarl.pack import publish
+
+    (p,) = publish.claim(tmp_path, "st", ["c1"], "pack-x")
+    assert publish.claim_alive(p)
+    host = p.read_text().split()[1]
+    p.write_text(f"999999999 {host} pack-x\n")  # a launcher that died: its claim is ignored
+    assert not publish.claim_alive(p)
+    (p,) = publish.claim(tmp_path, "st", ["c1"], "pack-x")
+    publish.unclaim([p])
+    assert not p.exists()
+    os.environ.pop(publish.GRACE_ENV, None)

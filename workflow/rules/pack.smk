@@ -1,0 +1,79 @@
+# Packed cells (lorarl.pack): with `pack: {max_cells: K}` (a profile's config, or `--config pack=K`),
+# the UNFINISHED cells of a study that share a compatibility key (lorarl.pack.plan.pack_key) are grouped
+# into packs of at most K, and each pack of two or more is ONE job (`lorarl launch pack`) that trains
+# them all in one process and stages each member's outputs. Each member's own `train` job (unchanged:
+# same command, params and inputs, so switching packing on or off never reruns a finished cell) waits
+# for its pack and moves the staged outputs into place (lorarl.pack.publish). Finished cells are never
+# packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo.
+from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id, plan_packs as _plan_packs
+from lorarl.pack.publish import unfinished as _pack_unfinished
+
+try:
+    PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
+except ValueError as err:
+    raise WorkflowError(f"config: {err}")
+
+
+def _study_packs(s):
+    """pack id -> member ids, for the study's unfinished cells (packs of two or more only)."""
+    table = TABLES[s]
+    todo = [c for c in table.cells if _pack_unfinished(RESULTS, s, c.id, c.hash)]
+    return {_pack_id(p): p for p in _plan_packs(todo, PACK_MAX_CELLS) if len(p) > 1}
+
+
+PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if st.kind == "grpo" and PACK_MAX_CELLS > 1}
+
+
+def pack_targets():
+    """The record of every pack to train (empty when packing is off or every cell is done)."""
+    return [paths.pattern("pack_done", results=RESULTS, study=s, pack=p) for s, packs in PACKS.items() for p in packs]
+
+
+def pack_members(wildcards):
+    return ",".join(PACKS[wildcards.study][wildcards.pack])
+
+
+def pack_hashes(wildcards):
+    """Rerun trigger: the members' training signatures."""
+    table = TABLES[wildcards.study]
+    return ",".join(table.cell(c).hash for c in PACKS[wildcards.study][wildcards.pack])
+
+
+class _MemberWildcards:
+    def __init__(self, study, cell):
+        self.study, self.cell = study, cell
+
+    def keys(self):
+        return ["study", "cell"]
+
+
+def pack_base_input(wildcards):
+    """The local models the members need (one base model: it is in the compatibility key)."""
+    out = []
+    for c in PACKS[wildcards.study][wildcards.pack]:
+        out += base_model_input(_MemberWildcards(wildcards.study, c))
+    return list(dict.fromkeys(out))
+
+
+rule train_pack:
+    input:
+        pack_base_input,
+    output:
+        paths.pattern("pack_done", results=RESULTS),
+    wildcard_constraints:
+        study=GRPO_STUDIES,
+        pack=r"pack-[0-9a-f]{10}",
+    params:
+        stage="pack",
+        study=study_file,
+        target=pack_members,
+        config_hash=pack_hashes,
+        results=RESULTS,
+        launcher=config["launcher"],
+        slurm=slurm_json("train"),
+    priority: 100
+    threads: 1
+    log:
+        f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
+    shell:
+        LAUNCH
