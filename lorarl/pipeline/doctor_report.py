@@ -14,6 +14,7 @@ import yaml
 
 from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.pipeline.doctor_projection import project
+from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,8 +211,10 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
     study = load_study(study_path)
-    if study.kind != "grpo":
-        raise StudyError(f"lorarl doctor runs GRPO studies; {study.name} is kind {study.kind!r} (allowed: grpo)")
+    if "train" not in get_kind(study.kind).cell_stages:
+        allowed = ", ".join(k.name for k in KINDS.values() if "train" in k.cell_stages)
+        raise StudyError(f"lorarl doctor runs studies whose cells train; {study.name} is kind {study.kind!r} "
+                         f"(allowed: {allowed})")
     cells = study_cells(study)
     cell = find_cell(study, cell_id) if cell_id else cells[0]
     prof = read_profile(profile, parse_overrides(overrides))
