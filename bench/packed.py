@@ -1,6 +1,14 @@
 """Packed cells vs one process per cell: wall time, per-cell step time, peak memory, side by side.
 
-    python bench/packed.py [--ks 1,2,4,8] [--steps 20]
+    python bench/packed.py [--ks 1,2,4,8] [--steps 20]                  # the GRPO update only
+    python bench/packed.py --full [--model DIR] [--ks 4,2] [--steps 10] # full jobs: rollouts included
+
+``--full`` compares whole training JOBS, each a fresh process: the pack job (``lorarl.pack.run.train_pack``:
+batched rollouts, scoring, reference forward, update, MLflow runs, metrics, adapters) against the solo job
+(``lorarl.train.main.train_cell``: the TRL-based trainer, one cell), K cells of the demo shape (LoRA r = 8,
+β = 0.05, P = 8 × G = 4, 40 completion tokens, the same seeds), sequential and 2 at a time. ``--model``: a
+built base (e.g. results/models/tiny-arith); default: an untrained model of the demo architecture (it never
+emits EOS, so every completion is the full 40 tokens: the worst case for both sides).
 
 Cells of the demo shape (tiny-arith architecture: hidden 128, 4 layers; LoRA r=8 on all linear
 layers; 8 prompts x 4 completions, ~24 prompt + 40 completion tokens) train the GRPO UPDATE
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -118,13 +127,114 @@ def run(ks: list[int], steps: int) -> None:
               f"{solo_ms:>12.1f} {pm:>14.0f} {sm:>12.0f} {pm / sm:>9.2f}", flush=True)
 
 
+def _full_study(wd: Path, model: str, k: int, steps: int) -> Path:
+    import yaml
+
+    doc = {"name": "bench", "defaults": {
+        "model": model, "task": {"name": "synthetic", "seed": 1234, "n_train": 2000, "n_eval": 8},
+        "adapter": {"method": "lora", "rank": RANK, "alpha": 2 * RANK, "dropout": 0.0},
+        "train": {"lr": 5e-4, "steps": steps, "prompts_per_step": P, "generations": G, "max_completion_length": COMPLETION,
+                  "beta": 0.05, "checkpoint_every": 0}},
+        "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(k))}}}
+    path = wd / f"bench-{k}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def full_worker(kind: str, study_path: str, cells: str, results: str) -> dict:
+    """One job in this process: the pack job over ``cells``, or the solo job of one cell."""
+    t0 = time.perf_counter()
+    import torch
+
+    from lorarl.study import cell_table, load_study
+
+    torch.set_num_threads(1)
+    st = load_study(study_path)
+    table = cell_table(st)
+    ids = cells.split(",")
+    if kind == "pack":
+        from lorarl.pack.run import train_pack
+
+        train_pack(st.name, [table.cell(c) for c in ids], results, threads=1, pack_id="pack-bench")
+    else:
+        from lorarl.train.main import train_cell
+
+        train_cell(st.name, table.cell(ids[0]), results, threads=1)
+    steps = [json.loads((Path(results) / st.name / c / ".packed" / "summary.json").read_text()) if kind == "pack"
+             else json.loads((Path(results) / st.name / c / "summary.json").read_text()) for c in ids]
+    return {"wall_s": time.perf_counter() - t0, "step_s": steps[0]["mean_step_time_s"],
+            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _full_job(kind: str, study: Path, cells: list[str], results: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--full-worker", kind, "--study", str(study), "--cells",
+                             ",".join(cells), "--results", str(results)], stdout=subprocess.PIPE, text=True)
+
+
+def _demo_model(wd: Path) -> str:
+    import torch
+
+    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
+
+    d = wd / "model"
+    tok = build_tokenizer([f"Q: {a}+{b}=?\nA: {a}+{b}={a + b}\n\\boxed{{{a + b}}}" for a in range(20) for b in range(20)])
+    torch.manual_seed(0)
+    m = build_tiny(TinyRecipe(), len(tok), tok.eos_token_id, tok.pad_token_id)
+    m.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def run_full(ks: list[int], steps: int, model: str | None) -> None:
+    import tempfile
+
+    wd = Path(tempfile.mkdtemp(prefix="packed-bench-"))
+    model = str(Path(model).resolve()) if model else _demo_model(wd)
+    print(f"packed cells bench, FULL jobs: {steps} GRPO steps per cell (rollouts, scoring, KL, update, outputs), "
+          f"demo shape (P={P} G={G}, {COMPLETION} completion tokens, LoRA r={RANK}, beta 0.05); model {model}; "
+          f"one thread per process; work dir {wd}")
+    print(f"{'K':>2} {'packed s':>9} {'seq s':>7} {'2-at-once s':>11} {'packed/seq':>10} {'packed/2par':>11} "
+          f"{'cell step ms packed':>19} {'solo step ms':>12} {'peak MB packed':>14} {'peak MB solo':>12} "
+          f"{'mem ratio':>9}", flush=True)
+    for k in ks:
+        study = _full_study(wd, model, k, steps)
+        ids = [f"s{i}" for i in range(k)]
+        t = time.perf_counter()
+        packed = _result(_full_job("pack", study, ids, wd / f"r-pack-{k}"))
+        pw = time.perf_counter() - t
+        t = time.perf_counter()
+        seq = [_result(_full_job("solo", study, [c], wd / f"r-seq-{k}")) for c in ids]
+        sw = time.perf_counter() - t
+        t = time.perf_counter()
+        for i in range(0, k, 2):
+            jobs = [_full_job("solo", study, [c], wd / f"r-par-{k}") for c in ids[i:i + 2]]
+            [_result(j) for j in jobs]
+        qw = time.perf_counter() - t
+        cell_ms, solo_ms = packed["step_s"] / k * 1e3, statistics.median(r["step_s"] for r in seq) * 1e3
+        pm, sm = packed["maxrss_mb"], max(r["maxrss_mb"] for r in seq)
+        print(f"{k:>2} {pw:>9.1f} {sw:>7.1f} {qw:>11.1f} {pw / sw:>10.2f} {pw / qw:>11.2f} {cell_ms:>19.1f} "
+              f"{solo_ms:>12.1f} {pm:>14.0f} {sm:>12.0f} {pm / sm:>9.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", default="1,2,4,8", help="pack sizes, comma separated")
     ap.add_argument("--steps", type=int, default=20, help="update steps per cell")
     ap.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--full", action="store_true", help="whole training jobs, rollouts included")
+    ap.add_argument("--model", default=None, help="--full: a built base model folder")
+    ap.add_argument("--full-worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--study", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cells", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--results", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.full_worker:
+        print(json.dumps(full_worker(a.full_worker, a.study, a.cells, a.results)))
+        return
+    if a.full:
+        run_full([int(x) for x in a.ks.split(",")], a.steps, a.model)
+        return
     if a.worker:
         print(json.dumps(worker(a.worker, a.steps, a.seed)))
         return

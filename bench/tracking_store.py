@@ -64,8 +64,10 @@ def main() -> None:
         t0 = time.perf_counter()
         uri = srv.start()
         print(f"server {uri} up in {time.perf_counter() - t0:.0f} s (PostgreSQL, basic auth)")
-        creds = tracking_server.load_credentials(srv.creds)
-        os.environ.update(MLFLOW_TRACKING_USERNAME=creds["username"], MLFLOW_TRACKING_PASSWORD=creds["password"])
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(k, None)
+        # as a job: only the credentials file's path; Tracker hands user + password to MLflow's client
+        os.environ[tracking_server.CREDENTIALS_ENV] = str(srv.creds)
 
         times = overhead(root / "ov", uri, args.steps)
         med = {k: statistics.median(v) * 1000 for k, v in times.items()}

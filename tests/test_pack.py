@@ -238,3 +238,21 @@ def test_cli_cells_packs(capsys):
     assert "pack 0: r1-kl0-s0 r1-kl0-s1 r1-kl0.05-s0 r1-kl0.05-s1" in out and "2 packs for 8 cells" in out
     assert main(["cells", "experiments/demo.yaml", "--packs", "--max-cells", "0"]) == 2
     assert "pack.max_cells must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_cells_the_packed_loop_cannot_train_run_solo():
+    from lorarl.pack.plan import pack_key
+
+    assert pack_key(_cell("a").config) is not None
+    for over in ({"adapter__init": "pissa"}, {"train__num_iterations": 2}, {"train__dynamic_sampling": True},
+                 {"train__mini_batch_prompts": 4}, {"rollout__engine": "vllm"}):
+        assert pack_key(_cell("x", **over).config) is None, over
+
+
+def test_pack_setting_parsing():
+    from lorarl.pack.plan import max_cells
+
+    assert [max_cells(v) for v in (None, False, 0, 1, 4, {"max_cells": 3})] == [1, 1, 1, 1, 4, 3]
+    for bad in (-1, "4", 2.5, {"max_cells": 0}, {"size": 2}):
+        with pytest.raises(ValueError, match="max_cells"):
+            max_cells(bad)

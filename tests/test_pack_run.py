@@ -80,6 +80,12 @@ def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monke
         assert s_int["resumed_from_steps"] == [2] and s_int["mlflow_run_id"] == run_ids[c.id]  # same MLflow run
         assert s_int["pack"]["members"] == [x.id for x in cells] and s_int["state"] == "done"
         assert not (interrupted / "pk" / ".checkpoints" / c.id).exists()  # checkpoints dropped once staged
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{interrupted}/mlflow.db")
+    for c in cells:  # MLflow: every step exactly once in the cell's one run, across the interruption
+        assert [m.step for m in client.get_metric_history(run_ids[c.id], "reward")] == [1, 2, 3]
+        assert client.get_run(run_ids[c.id]).data.tags["lorarl.pack"] == "pack-0000000000"
     assert json.loads((interrupted / "pk" / ".packs" / "pack-0000000000.json").read_text())["left_out"] == {}
     # a second pack job over finished (staged) cells trains nothing
     assert packrun.train_pack("pk", cells, interrupted, pack_id="pack-0000000000")["trained"] == []

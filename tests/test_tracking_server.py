@@ -1,8 +1,10 @@
-"""The MLflow tracking server of `lorarl tracking serve` (PostgreSQL backend, basic auth), on 127.0.0.1 only:
-an unauthenticated request is refused; 8 concurrent writer processes (synthetic metrics through lorarl's
-Tracker, not 8 trainings: 2 cores) lose and double nothing; the demo-sized pipeline (2 real cells) runs
-against it while the whole server (MLflow + PostgreSQL) is SIGKILLed mid-training and restarted, and
-finishes with every (metric, step) of metrics.csv in MLflow exactly once."""
+"""The MLflow tracking server of `lorarl tracking serve` (PostgreSQL backend, basic auth): an unauthenticated
+request is refused and the password is in no process's argv or environment; bound to this machine's
+non-loopback interface, auth comes on by itself and a writer process authenticates from the 0600 file
+alone; 8 concurrent writer processes (synthetic metrics through lorarl's Tracker, not 8 trainings: 2
+cores) lose and double nothing; the demo-sized pipeline (2 real cells) runs against it while the whole
+server (MLflow + PostgreSQL) is SIGKILLed mid-training and restarted, and finishes with every (metric,
+step) of metrics.csv in MLflow exactly once and report.html linking to the server's runs."""
 
 from __future__ import annotations
 

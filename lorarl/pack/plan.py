@@ -7,12 +7,13 @@ target modules, dropout, precision, lengths, task, prompt, rollout engine) and m
 family, which have no LoRA layers to route, and adapter dropout > 0, whose masks would come from one
 RNG stream shared by the pack) get a pack of their own.
 
-Choices of this first version (stricter than the issue, so the packed update stays exactly the solo
-one): ``train.temperature`` is in the key (TRL's log-prob head bakes the temperature in), and so are
-``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
-so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) rewrite
-the base; their residual is a deterministic function of (base, init, rank, alpha, targets), all in
-the key, and :class:`lorarl.pack.routing.Router` checks bit for bit that the bases are equal.
+Choices (stricter than the issue, so the packed update stays exactly the solo one):
+``train.temperature`` and ``top_p`` are in the key (the log-prob head and the sampler use them), and so
+are ``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
+so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) and masks
+rewrite the frozen base in place, and the pack shares ONE copy of it: they run solo (the issue allows
+packing cells with identical residual bases; not built). ``num_iterations > 1``, PPO mini-batches, DAPO
+dynamic sampling and ``rollout.engine: vllm`` run solo too (the packed step loop does not do them).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def pack_key(cfg: Any) -> str | None:
         return None  # they rewrite the frozen base in place; the pack shares ONE copy of it
     if t.num_iterations > 1 or t.updates_per_generation > 1 or t.dynamic_sampling:
         return None  # the packed step loop takes one update per rollout batch, no refill rounds
+    if cfg.rollout.engine != "hf":
+        return None  # vLLM multi-LoRA rollouts are built (lorarl.pack.multilora) but not wired into the loop
     key = {
         "model": cfg.model,
         "adapter": a.model_dump(mode="json"),
@@ -61,7 +64,7 @@ def max_cells(setting: Any) -> int:
     value = setting.get("max_cells", 1) if isinstance(setting, dict) else setting
     if isinstance(setting, dict) and set(setting) - {"max_cells"}:
         raise ValueError(f"pack: unknown keys {sorted(set(setting) - {'max_cells'})}; allowed: max_cells")
-    if value in (None, False, 0):
+    if not isinstance(setting, dict) and value in (None, False, 0):
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}")
