@@ -29,11 +29,11 @@ from typing import Any
 import submitit
 
 from lorarl.pipeline import inflight, provenance
+from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import paths
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor", "pack")
 TERMINAL_OK = {"COMPLETED"}
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
@@ -53,46 +53,11 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
 
 
 def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
-    """What a job executes. Imports the heavy stack lazily so the launcher itself stays light."""
+    """What a job executes: the registered stage (lorarl.pipeline.stages) imports its heavy stack itself."""
+    spec = get_stage(stage)  # unknown names fail before anything runs
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    if stage == "base":
-        from lorarl.models import build_base, resolve_model
-
-        return build_base(cell_id, resolve_model(f"local:{cell_id}", results_dir), threads=threads)
-    from lorarl.study import cell_table, load_study
-
-    study = load_study(study_path)
-    table = cell_table(study)
-    if stage == "toy":  # every cell of a toy study in this one job (cell_id "all" or a comma list)
-        from lorarl.toy.cells import run_toy_study
-
-        return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
-    if stage == "pack":  # the members of one pack in this one job (cell_id: a comma list; lorarl.pack.run)
-        from lorarl.pack.plan import pack_id
-        from lorarl.pack.run import train_pack
-
-        ids = cell_id.split(",")
-        return train_pack(study.name, [table.cell(c) for c in ids], results_dir, threads=threads, pack_id=pack_id(ids))
-    cell = table.cell(cell_id)
-    if stage == "train":
-        from lorarl.train.main import train_cell
-
-        return train_cell(study.name, cell, results_dir, threads=threads)
-    if stage == "evaluate":
-        from lorarl.evaluate.main import evaluate_cell
-
-        is_base = table.is_base(cell.id)
-        return evaluate_cell(study.name, cell, results_dir, is_base=is_base, threads=threads)
-    if stage == "diagnose":
-        from lorarl.diagnose.main import diagnose_cell
-
-        return diagnose_cell(study.name, cell, results_dir, threads=threads)
-    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.pipeline.doctor)
-        from lorarl.pipeline.doctor import doctor_job
-
-        return doctor_job(study_path, cell.id, results_dir, threads=threads)
-    raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
+    return spec.run(Job(study_path, cell_id, results_dir, threads))
 
 
 class StageJob(submitit.helpers.Checkpointable):
