@@ -120,6 +120,8 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert md in out and "Projection of the whole study" in md and "GPU-hours" in md
     m = rep["measured"]
     assert rep["ok"] and m["device"]["kind"] == "cpu" and m["dtype"] == "float32" and m["peak_memory_gb"] > 0
+    assert m["precision"] == "fp32" and list(m["trainable_dtypes"]) == ["float32"]  # from the smoke's summary
+    assert "| dtype used | fp32: weights loaded in float32, trainable tensors float32 x" in md
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",

@@ -149,6 +149,15 @@ def _where(w: dict, job: dict) -> str:
     return f"{w.get('executor', '?')} job {w.get('job_id')} on {w.get('host') or job.get('host', '?')}"
 
 
+def _dtype(m: dict) -> str:
+    """train.precision as the smoke training resolved it: weights loaded, trainable tensors, autocast."""
+    if not m.get("precision"):
+        return f"weights {m.get('dtype', '?')}"
+    trainable = ", ".join(f"{k} x{v}" for k, v in (m.get("trainable_dtypes") or {}).items()) or "?"
+    autocast = "bf16 autocast" if m["precision"] == "bf16-mixed" else "no autocast"
+    return f"{m['precision']}: weights loaded in {m.get('dtype', '?')}, trainable tensors {trainable}, {autocast}"
+
+
 def render_markdown(rep: dict) -> str:
     m, d = rep["measured"], rep["measured"]["device"]
     lines = [f"# lorarl doctor: {rep['study']} / {rep['cell']} ({'OK' if rep['ok'] else 'FAILED'})", "",
@@ -157,7 +166,7 @@ def render_markdown(rep: dict) -> str:
              f"| ran where | {_where(rep.get('where') or {}, m.get('job') or {})} |",
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA / torch | {d['driver']} / {d['cuda']} / {d['torch']} |",
-             f"| dtype used | {m.get('dtype', '?')} |",
+             f"| dtype used | {_dtype(m)} |",
              f"| peak {'GPU' if d['kind'] == 'cuda' else 'CPU'} memory | {m.get('peak_memory_gb', float('nan')):.2f} GiB |"]
     sp = m.get("split")
     if sp:
