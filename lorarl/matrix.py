@@ -267,7 +267,11 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
         what = ", ".join(d["fields"]) + (" do" if len(d["fields"]) > 1 else " does")
         how = f"{d['n']} cells merged into {cid}" if d["n"] > 1 else f"dropped from {cid}"
         notes.append(f"{what} not apply to {d['method']}: {how}")
-    return CellTable(study, out, _bases(kind, out, study), notes, merged)
+    try:
+        bases = _bases(kind, out, study)
+    except ValueError as err:  # an evaluation plan that cannot be honoured (EvalPlanError names the field)
+        raise StudyError(f"invalid study {source}: {err}") from None
+    return CellTable(study, out, bases, notes, merged)
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:

@@ -30,7 +30,8 @@ import submitit
 
 from lorarl.pipeline import inflight, provenance
 from lorarl.pipeline.stages import Job, get_stage
-from lorarl.pipeline.slurm import ACTIVE, coerce, sacct_info, slurm_parameters, squeue_state
+from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
+                                   squeue_state)
 from lorarl import paths
 
 TERMINAL_OK = {"COMPLETED"}
@@ -134,7 +135,13 @@ def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[st
     deadline = time.time() + wait_s
     info: dict[str, str] = {}
     while True:
-        info = sacct_info(job.job_id) or {"State": job.get_info(mode="force").get("State", "UNKNOWN")}
+        info = sacct_info(job.job_id)
+        if not info:  # sacct cannot say (slurmdbd down?): slurmctld, else submitit's (maybe stale) state
+            ctl = controller_state(job.job_id)
+            if ctl == "GONE":
+                return {"State": "UNKNOWN", "Reason": "no sacct record; slurmctld no longer knows the job"}
+            info = ({"State": ctl, "Reason": "from slurmctld (no sacct record)"} if ctl else
+                    {"State": job.get_info(mode="force").get("State", "UNKNOWN")})
         state = info.get("State", "UNKNOWN").split()[0]  # "CANCELLED by 0" -> CANCELLED
         if state not in ACTIVE and state != "UNKNOWN" or time.time() > deadline:
             return info
@@ -299,14 +306,21 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
     submitit asks sacct ever less often (up to every 10 min); this asks at least every
     $LORARL_POLL_S seconds (default 60: one sacct call per minute per running cell)."""
     poll_s = float(os.environ.get(POLL_ENV, "60"))
-    last, forced = None, time.monotonic()
+    last, forced, ended = None, time.monotonic(), None
     while True:
         try:
             if executor == "slurm" and time.monotonic() - forced > poll_s:
                 job.get_info(mode="force")  # refreshes submitit's cached state
                 forced = time.monotonic()
+                if not job.paths.result_pickle.exists() and not sacct_info(job.job_id):
+                    # sacct cannot say (slurmdbd down: submitit keeps a stale or UNKNOWN state): slurmctld
+                    ctl = controller_state(job.job_id)
+                    if ctl is not None and ctl.split()[0] not in ACTIVE:
+                        ended = ctl  # ended without a result: never taken as a success
+                        break
             if job.done():
-                break
+                if not (executor == "slurm" and requeued(job, f"{key} {cell_id}")):
+                    break
         except Exception as err:  # noqa: BLE001 - a flaky sacct call must not fail the cell
             print(f"[lorarl] polling job {job.job_id}: {err}", file=sys.stderr)
         if executor == "slurm":
@@ -317,6 +331,9 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
             if state.startswith("PREEMPTED") and squeue_state(job.job_id) is None:
                 break  # preempted without requeue: submitit would wait forever
         time.sleep(1.0)
+    if ended is not None and not job.paths.result_pickle.exists():
+        return RuntimeError(f"job {job.job_id} ended without a result: sacct has no state (unavailable?), "
+                            f"slurmctld says {ended}")
     try:
         job.result()
     except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...
