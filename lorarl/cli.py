@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from lorarl.kinds import KINDS, entry, get_kind
+from lorarl.pipeline.stages import launchable
 from lorarl.study import StudyError, cell_table, load_study
 
 
@@ -75,6 +77,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
     from lorarl.pipeline.launch import run_stage
 
+    from lorarl.pipeline.stages import STAGES
+
+    bad = [s for s in args.stages.split(",") if s not in STAGES]
+    if bad:  # before anything runs or is written
+        print(f"error: --stages {','.join(bad)}: unknown; allowed: {', '.join(STAGES)}", file=sys.stderr)
+        return 2
     use_tracking(args)
     for stage in args.stages.split(","):
         out = run_stage(stage, args.study, args.cell, args.results, args.threads)
@@ -107,15 +115,11 @@ def link_tracking(args: argparse.Namespace) -> None:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     link_tracking(args)
     study = load_study(args.study)
-    if study.kind == "kl_bound_toy":
-        from lorarl.toy.cells import aggregate_toy
-
-        aggregate_toy(study, args.results)
-    else:
-        from lorarl.report.aggregate import aggregate
+    kind = get_kind(study.kind)
+    entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
+    if kind.report:
         from lorarl.report import build
 
-        aggregate(study, args.results)
         build(args.study, args.results)  # stats tables, the papers' figures, report.html
     return 0
 
@@ -126,8 +130,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     link_tracking(args)
     study = load_study(args.study)
-    if study.kind != "grpo":
-        print(f"error: study kind {study.kind!r} has no report; allowed: grpo", file=sys.stderr)
+    if not get_kind(study.kind).report:
+        allowed = ", ".join(k.name for k in KINDS.values() if k.report)
+        print(f"error: study kind {study.kind!r} has no report; allowed: {allowed}", file=sys.stderr)
         return 2
     out = build(args.study, args.results)
     print(out["report"])
@@ -258,14 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run one cell in this process (debugging)")
     r.add_argument("study")
     r.add_argument("cell")
-    r.add_argument("--stages", default="train,evaluate", help="comma list of train,evaluate")
+    r.add_argument("--stages", default="train,evaluate",
+                   help=f"comma list of stages, run in order (of: {', '.join(launchable())})")
     r.add_argument("--results", default="results")
     r.add_argument("--threads", type=int, default=None)
     _tracking_args(r)
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
-    la.add_argument("stage", choices=["train", "evaluate", "base", "diagnose", "toy", "pack"])
+    la.add_argument("stage", choices=launchable(), help="a registered stage (lorarl.pipeline.stages)")
     la.add_argument("study", help="study YAML (for `base`: ignored)")
     la.add_argument("cell", help="cell id (for `base`: the local model recipe)")
     la.add_argument("--results", default="results")

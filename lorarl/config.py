@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lorarl.adapters.names import METHODS  # adapter methods: a plain tuple; the registry is lorarl.adapters
 
-TASKS = ("synthetic", "dataset")  # where training prompts come from
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
 

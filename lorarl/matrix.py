@@ -18,10 +18,11 @@ import json
 import re
 from dataclasses import dataclass, field
 import typing
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lorarl.kinds import Kind, get_kind
 from lorarl.signature import signatures
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
@@ -93,79 +94,6 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Study kinds: the cell config class, how registry defaults resolve, which fields do not apply.
-# ---------------------------------------------------------------------------------------------
-
-
-def _grpo_config() -> type[BaseModel]:
-    from lorarl.config import CellConfig
-
-    return CellConfig
-
-
-def _toy_config() -> type[BaseModel]:
-    from lorarl.toy.config import ToyCellConfig
-
-    return ToyCellConfig
-
-
-def _no_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
-    return cfg
-
-
-def _nothing_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
-    return "", []
-
-
-def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
-    """Fill the adapter method's registry defaults (rank, alpha, init, target_modules, ...)."""
-    from lorarl.adapters.catalog import FIELDS, check_config
-
-    values = cfg.adapter.model_dump(mode="json")
-    key = json.dumps(values, sort_keys=True)
-    if key not in cache:
-        applied = check_config(values)
-        cache[key] = type(cfg.adapter).model_validate({**{f: None for f in FIELDS}, **applied})
-    return cfg.model_copy(update={"adapter": cache[key].model_copy()})
-
-
-def _grpo_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
-    """Null the adapter fields an axis set that the cell's method does not use; returns (method,
-    dropped dotted paths). A field the defaults set stays an error (lorarl.adapters names it)."""
-    from lorarl.adapters.catalog import FIELDS, AdapterSpecError, get_method
-
-    ad = raw.get("adapter")
-    if not isinstance(ad, dict):
-        return "", []
-    try:
-        method = get_method(ad.get("method", "lora"))
-    except AdapterSpecError:
-        return "", []  # validation reports the unknown method
-    applies = method.applicable(ad)
-    dropped = []
-    for f in FIELDS:
-        path = f"adapter.{f}"
-        if ad.get(f) is not None and f not in applies and path in set_by:
-            ad[f] = None
-            dropped.append(path)
-    return method.name, dropped
-
-
-@dataclass(frozen=True)
-class Kind:
-    config: Callable[[], type[BaseModel]]  # the cell config class (imported lazily)
-    resolve: Callable[[BaseModel, dict], BaseModel] = _no_resolve  # registry defaults filled before hashing
-    inapplicable: Callable[[dict, dict], tuple[str, list[str]]] = _nothing_inapplicable  # fields dropped
-    has_base: bool = False  # whether the study has base pseudo-cells (an untrained model to evaluate)
-
-
-KINDS: dict[str, Kind] = {
-    "grpo": Kind(_grpo_config, _grpo_resolve, _grpo_inapplicable, has_base=True),
-    "kl_bound_toy": Kind(_toy_config),  # the toy has no language model to anchor
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +202,7 @@ def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
 
 def build_table(study: Any, source: str = "<study>") -> CellTable:
     """Expand, validate, resolve, sign and merge every cell of ``study`` (a lorarl.study.Study)."""
-    kind = KINDS[study.kind]
+    kind = get_kind(study.kind)
     cls = kind.config()
     try:
         base = cls.model_validate(study.defaults).model_dump(mode="json")
@@ -339,7 +267,11 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
         what = ", ".join(d["fields"]) + (" do" if len(d["fields"]) > 1 else " does")
         how = f"{d['n']} cells merged into {cid}" if d["n"] > 1 else f"dropped from {cid}"
         notes.append(f"{what} not apply to {d['method']}: {how}")
-    return CellTable(study, out, _bases(kind, out, study), notes, merged)
+    try:
+        bases = _bases(kind, out, study)
+    except ValueError as err:  # an evaluation plan that cannot be honoured (EvalPlanError names the field)
+        raise StudyError(f"invalid study {source}: {err}") from None
+    return CellTable(study, out, bases, notes, merged)
 
 
 def _fields_at(model: Any, loc: tuple) -> list[str]:

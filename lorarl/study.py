@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl import yamlpos
-from lorarl.matrix import (KINDS, Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
+from lorarl.kinds import KINDS
+from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
 from lorarl.pipeline.preflight import check_references
 
@@ -55,7 +56,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 class Study(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str  # MLflow experiment name and results/<name>/ folder
-    kind: Literal["grpo", "kl_bound_toy"] = "grpo"  # LLM RL cells, or the toy KL-bound study
+    kind: str = "grpo"  # a registered study kind (lorarl.kinds): LLM RL cells, or the toy KL-bound study
     defaults: dict[str, Any] = Field(default_factory=dict)  # every cell starts from this config
     axes: dict[str, Axis] = Field(default_factory=dict)  # ordered: id fragments follow this order
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
@@ -63,6 +64,13 @@ class Study(BaseModel):
     baseline: dict[str, Any] | None = None  # axis -> label of the row every other row is compared to (stats)
     _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
     _source: str = PrivateAttr(default="<study>")  # the file, named in errors
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KINDS:
+            raise ValueError(f"unknown study kind {v!r}; allowed: {', '.join(KINDS)}")
+        return v
 
     @field_validator("name")
     @classmethod

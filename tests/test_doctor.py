@@ -67,9 +67,11 @@ def test_step_split_and_projection_arithmetic(tmp_path):
     m = {"split": sp, "model_load_s": 1.0, "diagnose_s": 3.0, "device": {"kind": "cuda"},
          "evaluation": {"synthetic": {"seconds_per_problem": 0.5, "problems": 4}}}
     prof = {"name": "slurm", "launcher": "slurm", "jobs": 4, "slurm": {"train": {"gpus_per_node": 2}}}
-    p = project(study, cells[0], m, prof)
-    t = cells[0].config.train
-    train_s = 8 * (1.0 + t.steps * 2.0 + (t.steps // t.kl_monitor_every) * 0.5)  # every demo cell: same budget
+    smoke = next(c for c in cells if c.config.train.beta > 0)  # measured its reference forward (0.3 s)
+    p = project(study, smoke, m, prof)
+    t = smoke.config.train
+    # every demo cell has the same token budget; the 4 cells with beta 0 run no reference forward
+    train_s = 8 * (1.0 + (t.steps // t.kl_monitor_every) * 0.5) + 4 * t.steps * 2.0 + 4 * t.steps * 1.7
     eval_s = 9 * (1.0 + 0.5 * 200)  # 8 cells + 1 base, synthetic n_eval 200
     assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
     assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
@@ -118,6 +120,8 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert md in out and "Projection of the whole study" in md and "GPU-hours" in md
     m = rep["measured"]
     assert rep["ok"] and m["device"]["kind"] == "cpu" and m["dtype"] == "float32" and m["peak_memory_gb"] > 0
+    assert m["precision"] == "fp32" and list(m["trainable_dtypes"]) == ["float32"]  # from the smoke's summary
+    assert "| dtype used | fp32: weights loaded in float32, trainable tensors float32 x" in md
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
@@ -154,3 +158,20 @@ def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
     over = read_profile("slurm", parse_overrides(["tracking=sqlite", 'slurm={"train": {"partition": "a100"}}']))
     assert over["tracking"] == "sqlite" and over["slurm"] == {"train": {"partition": "a100"}}
     assert over["launcher"] == "slurm" and local["tracking"] == "sqlite"
+
+
+def test_tracking_check_reaches_the_store_or_fails_fast(tmp_path, monkeypatch):
+    """The job's first check: the profile's MLflow store answers from the node (sqlite: created here)."""
+    import socket
+
+    from lorarl.pipeline.doctor import tracking_check
+
+    monkeypatch.setenv("LORARL_TRACKING", "sqlite")
+    assert tracking_check(str(tmp_path)).endswith(f"{tmp_path}/mlflow.db") and (tmp_path / "mlflow.db").exists()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there: a tracking server that is down
+    monkeypatch.setenv("LORARL_TRACKING", f"http://127.0.0.1:{port}")
+    with pytest.raises(Exception, match=f"127.0.0.1:{port}"):
+        tracking_check(str(tmp_path))

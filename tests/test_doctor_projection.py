@@ -79,8 +79,9 @@ def test_step_seconds_scales_each_part_by_its_tokens_and_rounds(tmp_path, monkey
         {"label": "dapo", "set": {"train.dynamic_sampling": True, "train.dynamic_sampling_max_batches": 4}},
         {"label": "long", "set": {"train.max_completion_length": 40}},
         {"label": "mini", "set": {"train.mini_batch_prompts": 2}},
+        {"label": "nokl", "set": {"train.beta": 0.0}},
     ]}}
-    cells = {c.id: c.config for c in study_cells(_study(tmp_path, axes))}
+    cells = {c.id: c.config for c in study_cells(_study(tmp_path, axes, beta=0.05))}
     smoke = cells["same"]
     # same cell, same prompt: the measured step
     assert step_seconds(smoke, SPLIT, smoke, 10.0, 10.0, 0.5) == (pytest.approx(2.0), 1.0)
@@ -99,6 +100,10 @@ def test_step_seconds_scales_each_part_by_its_tokens_and_rounds(tmp_path, monkey
     # two PPO mini-batches per rollout: a rollout (and its reference forward) every 2 steps, half a batch each
     step, _ = step_seconds(cells["mini"], SPLIT, smoke, 10.0, 10.0, 0.5)
     assert step == pytest.approx(1.2 / 2 + 0.3 / 2 + 0.5 / 2)
+    # beta 0: no reference forward; a smoke cell with beta 0 measured none: a third of the forward/backward
+    assert step_seconds(cells["nokl"], SPLIT, smoke, 10.0, 10.0, 0.5)[0] == pytest.approx(1.7)
+    no_ref = {**SPLIT, "reference_forward_s": 0.0, "step_s": 1.7}
+    assert step_seconds(smoke, no_ref, cells["nokl"], 10.0, 10.0, 0.5)[0] == pytest.approx(1.7 + 0.5 / 3)
 
 
 def test_projection_uses_each_cells_prompt_tokens_and_refills(tmp_path, monkeypatch):
@@ -106,7 +111,7 @@ def test_projection_uses_each_cells_prompt_tokens_and_refills(tmp_path, monkeypa
     axes = {"ds": {"field": "train.dynamic_sampling", "prefix": "ds", "values": [False, True]},
             "sys": {"values": [{"label": "plain", "set": {"seed": 0}},
                                {"label": "sys", "set": {"prompt.system": "You are a careful solver."}}]}}
-    study = _study(tmp_path, axes, kl_monitor_every=0)
+    study = _study(tmp_path, axes, kl_monitor_every=0, beta=0.05)
     cells = study_cells(study)
     prompts = {"dsFalse-plain": 10.0, "dsTrue-plain": 10.0, "dsFalse-sys": 25.0}  # dsTrue-sys: not measured
     m = {"split": SPLIT, "model_load_s": 3.0, "diagnose_s": 0.0, "device": {"kind": "cuda"}, "evaluation": {},

@@ -3,9 +3,10 @@
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
 launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock failure); and the
-small fault-injection run (SIGKILLs of a training job, a launcher and the whole submit host,
-`snakemake all` after each; `python -m lorarl.pipeline.faults` runs every stage) completes with every metric row exactly once,
-adapters equal to the uninterrupted run and no partial output.
+small fault-injection run (one SIGKILL of each stage: train, evaluate, diagnose and aggregate
+processes, a launcher and the whole submit host; `snakemake all` again after each invocation with a kill)
+completes with every metric row exactly once, adapters equal to the uninterrupted run and no partial
+output. `python -m lorarl.pipeline.faults --kills 20` prints the full figures.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline import inflight, launch, provenance
+from lorarl.pipeline import inflight, launch, provenance, slurm
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},
@@ -110,15 +111,183 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 
 @pytest.mark.slow
 def test_fault_injection_small_run(tmp_path: Path):
+    """One SIGKILL of each stage (train, evaluate, diagnose, aggregate, a launcher, the submit host) in
+    a 1-cell study, several kills per `snakemake all`; the study completes every time, as the reference."""
     from lorarl.pipeline import faults
 
     out = tmp_path / "figures.json"
-    rc = faults.main(["--kills", "1", "--per-pass", "1", "--stages", "train,launcher,host", "--workdir",
-                      str(tmp_path / "runs"), "--json", str(out)])
+    rc = faults.main(["--kills", "1", "--per-pass", "1", "--cells", "1", "--workdir", str(tmp_path / "runs"),
+                      "--json", str(out)])
     fig = json.loads(out.read_text())
     assert rc == 0, fig
     assert fig["completed"] == fig["passes"] >= 1
-    assert fig["kills"] == {"train": 1, "launcher": 1, "host": 1}, fig["kills"]
+    assert fig["kills"] == {s: 1 for s in faults.STAGES}, fig["kills"]
     assert fig["lost"] == 0 and fig["duplicated"] == 0 and fig["extra_runs"] == 0 and not fig["bad_outputs"]
-    assert fig["adapters_within_tol"] == fig["cells"] == 2 * fig["passes"]  # 2 cells per completed run
+    assert fig["adapters_within_tol"] == fig["cells"] == fig["passes"]  # 1 cell per completed run
     assert fig["eval_equal"] == fig["cells"]
+
+
+def test_fault_driver_plans(tmp_path: Path):
+    """Kill shares across workers, the kill drawn for a new process, and bad arguments (exit 2)."""
+    from lorarl.pipeline import faults
+
+    shares = faults._shares(20, ("train", "host"), 3)
+    assert [b["train"] for b in shares] == [7, 7, 6] and sum(b["host"] for b in shares) == 20
+    assert faults._shares(1, ("train",), 4) == [{"train": 1}, {"train": 0}, {"train": 0}, {"train": 0}]
+    import random
+
+    rng = random.Random(0)
+    assert faults._pick("train", {"train": 0, "host": 3}, rng) is None
+    assert faults._pick("launcher", {"launcher": 0, "host": 2}, rng) == "host"
+    picks = [faults._pick("launcher", {"launcher": 1, "host": 1}, rng) for _ in range(200)]
+    assert 50 < picks.count("host") < 150 and set(picks) == {"launcher", "host"}
+    for bad in (["--cells", "0"], ["--stages", "train,nope"], ["--workers", "0"], ["--kills", "0"]):
+        assert faults.main(bad + ["--workdir", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()  # nothing written
+
+
+def test_fault_driver_finds_only_its_own_processes(tmp_path: Path):
+    """A process in `run-1` is not one of `run-10`'s (and vice versa): exact folder matches only."""
+    from lorarl.pipeline import faults
+
+    a, b = tmp_path / "pass-1", tmp_path / "pass-10"
+    for d in (a, b):
+        d.mkdir()
+        (d / "lorarl").write_text("import time; time.sleep(60)\n")
+    procs = [subprocess.Popen([sys.executable, str(d / "lorarl"), "aggregate", str(d)], cwd=d) for d in (a, b)]
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and len(faults._procs(tmp_path)) < 2:
+            time.sleep(0.1)
+        assert faults._procs(a) == [(procs[0].pid, "aggregate")]
+        assert faults._procs(b) == [(procs[1].pid, "aggregate")]
+        t0 = faults._started(procs[0].pid, -1.0)
+        assert 0 < faults._now() - t0 < 60
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _fake_slurm(tmp_path: Path, monkeypatch, states: list[str]) -> Path:
+    """`sacct` that fails (accounting down) and `scontrol show job` answering `states` one call at a time."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Problem talking to the database' >&2\nexit 1\n")
+    calls = tmp_path / "calls"
+    script = "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}\ncase $n in\n".format(c=calls)
+    for i, s in enumerate(states):
+        script += f"  {i}) echo 'JobId=77 JobName=x JobState={s} Reason=None' ;;\n"
+    script += f"  *) echo 'JobId=77 JobName=x JobState={states[-1]} Reason=None' ;;\nesac\n"
+    (bin_dir / "scontrol").write_text(script)
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "0")
+    return calls
+
+
+def test_accounting_down_asks_slurmctld(tmp_path: Path, monkeypatch):
+    """sacct unavailable: a job that ended without a result fails (slurmctld's state), never hangs; one
+    that wrote its result is decided by it (and then by its outputs)."""
+    import submitit
+    from submitit.core import utils
+
+    calls = _fake_slurm(tmp_path, monkeypatch, ["RUNNING", "RUNNING", "CANCELLED"])
+    job = submitit.SlurmJob(tmp_path / "logs", "77")
+    err = launch._wait(job, "slurm", "train", "c")
+    assert isinstance(err, RuntimeError) and "slurmctld says CANCELLED" in str(err), err
+    assert int(calls.read_text()) >= 3  # it kept waiting while slurmctld said RUNNING
+    assert launch.final_state(job, "slurm", wait_s=0) == {"State": "CANCELLED",
+                                                            "Reason": "from slurmctld (no sacct record)"}
+
+    job2 = submitit.SlurmJob(tmp_path / "logs2", "78")
+    job2.paths.result_pickle.parent.mkdir(parents=True)
+    utils.cloudpickle_dump(("success", {"ok": True}), job2.paths.result_pickle)
+    assert launch._wait(job2, "slurm", "train", "c") is None
+
+
+def test_accounting_down_and_the_job_forgotten(tmp_path: Path, monkeypatch):
+    """sacct down and slurmctld no longer knows the job (MinJobAge passed): UNKNOWN, a failure."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "0")
+    assert slurm.controller_state("79") == "GONE"
+    import submitit
+
+    job = submitit.SlurmJob(tmp_path / "logs", "79")
+    err = launch._wait(job, "slurm", "train", "c")
+    assert isinstance(err, RuntimeError) and "slurmctld says GONE" in str(err)
+    assert launch.final_state(job, "slurm", wait_s=0)["State"] == "UNKNOWN"
+
+
+def test_a_requeued_job_is_waited_on(tmp_path: Path, monkeypatch, capsys):
+    """Node failure: sacct says NODE_FAIL (submitit: done, no result) but Slurm requeued the job
+    (slurmctld: PENDING): the launcher waits, and the requeued run's result decides."""
+    import submitit
+    from submitit.core import utils
+
+    job = submitit.SlurmJob(tmp_path / "logs", "77")
+    job.paths.result_pickle.parent.mkdir(parents=True)
+    utils.cloudpickle_dump(("success", {"ok": True}), tmp_path / "result.pkl")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sacct").write_text("#!/bin/sh\necho 'JobID|State|NodeList'\necho '77|NODE_FAIL|vm'\n")
+    calls = tmp_path / "calls"
+    (bin_dir / "scontrol").write_text(
+        f"#!/bin/sh\nn=$(cat {calls} 2>/dev/null || echo 0); echo $((n+1)) > {calls}\n"
+        f"if [ $n -ge 2 ]; then cp {tmp_path / 'result.pkl'} {job.paths.result_pickle}; "
+        "echo 'JobId=77 JobState=COMPLETED'; else echo 'JobId=77 JobState=PENDING Reason=BeginTime'; fi\n")
+    for f in ("sacct", "scontrol"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("LORARL_POLL_S", "1000")
+    assert launch._wait(job, "slurm", "train", "c") is None
+    out = capsys.readouterr().out
+    assert "job 77 NODE_FAIL, requeued by Slurm (PENDING): waiting on it" in out, out
+    assert out.count("requeued by Slurm") == 1 and int(calls.read_text()) >= 2
+
+
+def test_fault_checks_count_lost_duplicated_and_extra_rows(tmp_path: Path):
+    """check() against a reference: a 2-cell run where one cell lost a row, logged one twice and trained
+    a step past the last, and has a different adapter and a leftover temporary file."""
+    import mlflow
+    import torch
+    from safetensors.torch import save_file
+
+    from lorarl.pipeline.fault_checks import check
+
+    def make(root: Path, rows: dict[str, list[int]], bump: float = 0.0, tracked: bool = True) -> Path:
+        res = root / "results"
+        res.mkdir(parents=True)
+        client = mlflow.MlflowClient(f"sqlite:///{res}/mlflow.db") if tracked else None
+        exp = client.create_experiment("chaos") if tracked else None
+        for cell, steps in rows.items():
+            d = res / "chaos" / cell
+            (d / "adapter").mkdir(parents=True)
+            (d / "eval").mkdir()
+            (d / "summary.json").write_text("{}")
+            (d / "metrics.csv").write_text("step,reward\n" + "".join(f"{s},0.5\n" for s in steps))
+            save_file({"w": torch.ones(2) + (bump if cell == "s1" else 0.0)}, str(d / "adapter" / "adapter_model.safetensors"))
+            (d / "eval" / "synthetic.json").write_text(json.dumps({"metrics": {"acc": 0.5}}))
+            if tracked:
+                run = client.create_run(exp, tags={"lorarl.cell_id": cell})
+                for s in steps:
+                    client.log_metric(run.info.run_id, "reward", 0.5, step=s)
+        return res
+
+    ref = make(tmp_path / "ref", {"s0": [1, 2, 3, 4], "s1": [1, 2, 3, 4]}, tracked=False)  # read: files only
+    got = check(make(tmp_path / "run", {"s0": [1, 2, 3, 4], "s1": [1, 2, 2, 4, 5]}, bump=1e-3), ref, steps=4)
+    assert got["cells"] == 2 and got["extra_runs"] == 0
+    assert (got["lost"], got["duplicated"], got["extra"]) == (2, 2, 2)  # step 3 lost, 2 twice, 5 extra (csv + MLflow)
+    assert got["adapters_identical"] == 1 and got["adapters_within_tol"] == 1 and got["max_abs_diff"] > 0
+    assert got["eval_equal"] == 2 and got["bad_outputs"] == []
+    (tmp_path / "run" / "results" / "chaos" / "s0" / "x.json.tmp").write_text("{")
+    (tmp_path / "run" / "results" / "chaos" / "s0" / "cut.json").write_text('{"a": ')
+    bad = check(tmp_path / "run" / "results", ref, steps=4)["bad_outputs"]
+    assert len(bad) == 2 and any("temporary" in b for b in bad) and any("JSONDecodeError" in b for b in bad)

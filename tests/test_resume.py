@@ -258,3 +258,29 @@ def test_kept_checkpoint_never_resumes_a_finished_cell(reference, tmp_path: Path
     client = mlflow.MlflowClient(f"sqlite:///{root}/mlflow.db")
     assert client.get_run(first["mlflow_run_id"]).info.lifecycle_stage == "deleted"  # superseded
     assert [c.step for c in checkpoint.complete_checkpoints(ckpts)] == [STEPS]  # the new run's, kept
+
+
+@pytest.mark.slow
+def test_killed_after_the_last_checkpoint_trains_no_step_more(models, tmp_path: Path):
+    """Killed right after the last step's checkpoint (while the outputs are written): the rerun resumes
+    at the end and trains nothing (HF's Trainer alone would train step N+1: a row too many)."""
+    import mlflow
+    import pandas as pd
+
+    base, teacher = models
+    (tmp_path / "models").mkdir()
+    os.symlink(base, tmp_path / "models" / "tiny-test")
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(study_dict("resume", teacher, steps=4)))
+    first = run_train(study, tmp_path, fault="kill_after_save:4")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    second = run_train(study, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    cell = tmp_path / "resume" / "s3"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["resumed_from_steps"] == [4] and summary["steps"] == 4, summary
+    assert pd.read_csv(cell / "metrics.csv")["step"].tolist() == [1, 2, 3, 4]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    for key in CORE:
+        assert sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], key)) == [1, 2, 3, 4], key
+    assert (cell / "adapter" / "adapter_model.safetensors").exists()

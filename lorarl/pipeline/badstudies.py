@@ -197,7 +197,12 @@ def missing_files() -> list[Case]:
                  _dump(_with("defaults.reward", {"regime": "distillation", "teacher": "/nonexistent/teacher"})),
                  "teacher"),
             Case("missing file", "dataset path",
-                 _dump(_with("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"})), "task.path"),
+                 _dump(_with("defaults.eval.benchmarks", ["gsm8k"],
+                             _with("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"}))),
+                 "task.path"),
+            Case("impossible protocol", "dataset task without benchmarks",
+                 _dump(_with("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"})),
+                 "eval.benchmarks"),
             Case("missing file", "study file itself", "", "no such study file")]
 
 

@@ -250,6 +250,8 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     cdir = Path(results_dir) / study.name / cell.id
     if summary is not None:
         out["split"] = step_split(cdir / "metrics.csv")
+        done = json.loads((cdir / "summary.json").read_text())  # what training actually ran with
+        out["precision"], out["trainable_dtypes"] = done.get("precision"), done.get("trainable_dtypes")
         if cfg.rollout.engine == "vllm":
             worst = out["split"]["freshness_logp_diff_max"]
             checks.rows.append({"check": "rollout freshness gate", "ok": worst <= cfg.rollout.freshness_threshold,

@@ -123,8 +123,13 @@ def step_seconds(cfg: Any, split: dict[str, float], smoke_cfg: Any, prompt: floa
                       split["old_policy_forward_and_advantages_s"])
     g0 = split["rollout_generation_s"] / rounds0
     o0 = max(score - split["rollout_generation_s"], 0.0) / rounds0
-    f0 = split["reference_forward_s"] * generate_every(t0)
     b0 = split["policy_forward_backward_s"]
+    if t.beta <= 0:  # no reference forward (the trainer runs it only when beta > 0)
+        f0 = 0.0
+    elif t0.beta > 0:
+        f0 = split["reference_forward_s"] * generate_every(t0)
+    else:  # not measured: one forward of the rollout batch = a third of its forward + backward (1:2 FLOPs)
+        f0 = b0 * t0.updates_per_generation / 3
     if t.dynamic_sampling:
         rounds = expected_rounds(rate, t.prompts_per_step, t.dynamic_sampling_max_batches) if rate is not None \
             else float(t.dynamic_sampling_max_batches)
@@ -193,6 +198,9 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
     total = train_s + eval_s + diag_s
     gpu_h = (train_s * gpus["train"] + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
     jobs = max(1, min(profile["jobs"], len(cells)))
+    if not chosen.config.train.kl_monitor_every and any(c.config.train.kl_monitor_every for c in cells):
+        notes.append("KL monitors: the smoke cell runs none (kl_monitor_every 0), so other cells' monitors are "
+                     "counted 0 (run the doctor on a cell that monitors)")
     dapo = [c for c in cells if c.config.train.dynamic_sampling]
     if not dapo:
         refill = "no cell uses DAPO dynamic sampling: one generation round per step"
@@ -220,6 +228,10 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
             f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
             "charged their full budget's share as in the smoke (same fill of max_completion_length)",
             refill,
+            "a reference forward only in cells with beta > 0" + (
+                "; the smoke cell (beta 0) measured none, so it is charged a third of the policy forward/backward "
+                "of the rollout batch (forward:backward FLOPs 1:2)"
+                if chosen.config.train.beta <= 0 and any(c.config.train.beta > 0 for c in cells) else ""),
             "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
             f"({load_s:.3g}s)",
             "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "

@@ -14,6 +14,7 @@ import yaml
 
 from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.pipeline.doctor_projection import project
+from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,6 +149,15 @@ def _where(w: dict, job: dict) -> str:
     return f"{w.get('executor', '?')} job {w.get('job_id')} on {w.get('host') or job.get('host', '?')}"
 
 
+def _dtype(m: dict) -> str:
+    """train.precision as the smoke training resolved it: weights loaded, trainable tensors, autocast."""
+    if not m.get("precision"):
+        return f"weights {m.get('dtype', '?')}"
+    trainable = ", ".join(f"{k} x{v}" for k, v in (m.get("trainable_dtypes") or {}).items()) or "?"
+    autocast = "bf16 autocast" if m["precision"] == "bf16-mixed" else "no autocast"
+    return f"{m['precision']}: weights loaded in {m.get('dtype', '?')}, trainable tensors {trainable}, {autocast}"
+
+
 def render_markdown(rep: dict) -> str:
     m, d = rep["measured"], rep["measured"]["device"]
     lines = [f"# lorarl doctor: {rep['study']} / {rep['cell']} ({'OK' if rep['ok'] else 'FAILED'})", "",
@@ -156,7 +166,7 @@ def render_markdown(rep: dict) -> str:
              f"| ran where | {_where(rep.get('where') or {}, m.get('job') or {})} |",
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA / torch | {d['driver']} / {d['cuda']} / {d['torch']} |",
-             f"| dtype used | {m.get('dtype', '?')} |",
+             f"| dtype used | {_dtype(m)} |",
              f"| peak {'GPU' if d['kind'] == 'cuda' else 'CPU'} memory | {m.get('peak_memory_gb', float('nan')):.2f} GiB |"]
     sp = m.get("split")
     if sp:
@@ -201,8 +211,10 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
     study = load_study(study_path)
-    if study.kind != "grpo":
-        raise StudyError(f"lorarl doctor runs GRPO studies; {study.name} is kind {study.kind!r} (allowed: grpo)")
+    if "train" not in get_kind(study.kind).cell_stages:
+        allowed = ", ".join(k.name for k in KINDS.values() if "train" in k.cell_stages)
+        raise StudyError(f"lorarl doctor runs studies whose cells train; {study.name} is kind {study.kind!r} "
+                         f"(allowed: {allowed})")
     cells = study_cells(study)
     cell = find_cell(study, cell_id) if cell_id else cells[0]
     prof = read_profile(profile, parse_overrides(overrides))
@@ -231,7 +243,8 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
     mfile = smoke_dir / MEASURED
     if not mfile.exists():
-        print(f"error: the doctor job wrote no measurements (exit {rc}); see its log above", file=sys.stderr)
+        print(f"error: the doctor job wrote no measurements (exit {rc}; {_where(where, {})}); see its log above",
+              file=sys.stderr)
         return 1
     measured = json.loads(mfile.read_text())
     measured["split"] = measured.get("split") or None

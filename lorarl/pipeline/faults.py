@@ -1,25 +1,22 @@
 """Fault injection over the whole pipeline: `python -m lorarl.pipeline.faults --kills 20` prints the figures.
 
 A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
-evaluation, diagnostics, aggregate) runs once uninterrupted (the reference). Then, pass after pass, a
-fresh copy runs under `snakemake all` while a monitor SIGKILLs one process at a random point of its
-life; `snakemake all` is run again after every kill (after `snakemake --unlock` when Snakemake itself
-died) until the study completes. Kill targets ("stages"):
-  train / evaluate / diagnose   the job process of that stage (the submitit job running the work)
-  aggregate                     `lorarl aggregate`
-  launcher                      one `lorarl launch` (its job keeps running, orphaned)
-  host                          the submit host dies: Snakemake and every `lorarl launch` at once
-The random point is uniform over [0, the stage's median process lifetime in the reference run]; a kill
-whose process ended first is not counted, the monitor waits for the next process of that stage (kills not placed in one study run move on to
-the next run).
-Every completed pass is checked against the reference: each cell has one current MLflow run whose
-every (metric, step) appears exactly once (lost and duplicated rows are counted, also in
-metrics.csv), the final adapter equals the reference's (bit for bit is reported; the tolerance is
-`ATOL`), the evaluation numbers are equal, every output parses and no temporary file is left among
-them (no partial file taken as an output).
-
-Only processes of this user whose working directory or arguments lie in this run's directory are
-ever signalled. Timings are wall clock on whatever machine runs it.
+evaluation, diagnostics, aggregate; `--cells N`) runs once uninterrupted (the reference). Then, pass
+after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs processes, one planned at
+a time, each at a random point of its life (the others keep going); `snakemake all` runs again after
+every invocation with a kill (after `snakemake --unlock` when Snakemake itself died) until the study
+completes. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the
+submitit worker); aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on,
+orphaned); host = the submit host dies (Snakemake and every `lorarl launch` at once).
+The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
+is killed at a point uniform over [0, 90% of that stage's shortest lifetime in the reference run],
+counted from the process's own start (/proc), so the short aggregate is hit too; a kill whose process
+ended first is counted as missed and retried on the next one (kills not placed move to the next run).
+`--workers N` runs N kill loops side by side, each in its own folder with its share of the kills.
+Each completed pass is checked against the reference (lorarl.pipeline.fault_checks): every (metric,
+step) once in the cell's one MLflow run and metrics.csv, adapters and evaluations equal, no partial or
+temporary file among the outputs. Only processes of this user whose working directory or arguments
+lie in this run's directory are ever signalled.
 """
 
 from __future__ import annotations
@@ -32,31 +29,45 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
 
+from lorarl.pipeline.fault_checks import ATOL, check
+
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
-ATOL = 1e-6  # adapter tolerance after a resume (CPU float32; bit-identical is counted separately)
 STEPS = 4
-STUDY = {
-    "name": "chaos",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                  "lr": 1e-3, "checkpoint_every": 2},
-        "eval": {"max_new_tokens": 8},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+KILL_WINDOW = 0.9  # kill points are uniform over [0, this x the stage's shortest reference lifetime]
+POLL_S = 0.05  # how often the monitor looks at /proc
+
+
+def study_spec(cells: int = 2) -> dict:
+    """The study every run uses: `cells` seeds of one small GRPO cell."""
+    return {
+        "name": "chaos",
+        "defaults": {
+            "model": "local:tiny-test",
+            "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
+            "adapter": {"rank": 2, "alpha": 4},
+            "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
+                      "lr": 1e-3, "checkpoint_every": 2},
+            "eval": {"max_new_tokens": 8},
+        },
+        "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(cells))}},
+    }
 
 
 # ---- processes ------------------------------------------------------------------------------------
+
+def _inside(path: str, wd: str) -> bool:  # not a sibling folder whose name merely starts the same
+    return path == wd or path.startswith(wd + "/")
+
 
 def _procs(workdir: Path) -> list[tuple[int, str]]:
     """(pid, stage) of this run's processes that are kill targets (never anyone else's)."""
@@ -71,7 +82,7 @@ def _procs(workdir: Path) -> list[tuple[int, str]]:
             cwd = os.readlink(d / "cwd")
         except OSError:
             continue
-        if not (cwd.startswith(wd) or any(wd in a for a in argv)):
+        if not (_inside(cwd, wd) or any(_inside(a, wd) for a in argv)):
             continue
         if "submitit.core._submit" in argv:  # the worker doing the stage's work (its parent: the controller)
             key = Path(argv[-1]).name.split("-")[0]
@@ -86,25 +97,40 @@ def _procs(workdir: Path) -> list[tuple[int, str]]:
     return [(pid, st) for pid, st in out if _ppid(pid) not in pids]  # not a launcher's child between fork and exec
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()
+
+
 def _ppid(pid: int) -> int:
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[1])
+        return int(_stat(pid)[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _now() -> float:  # seconds since boot: the clock of /proc's process start times
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started(pid: int, default: float) -> float:
+    """When the process started (`_now()` clock), from /proc (its field 22, clock ticks since boot)."""
+    try:
+        return int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return default
 
 
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
+        return _stat(pid)[0] != "Z"
+    except (OSError, IndexError):
         return False
 
 
 def _kill(pid: int) -> bool:
     try:
-        os.kill(pid, signal.SIGKILL)
-        return True
+        return os.kill(pid, signal.SIGKILL) is None
     except OSError:
         return False
 
@@ -127,40 +153,57 @@ def _env() -> dict[str, str]:
 @dataclass
 class Invocation:
     rc: int
-    killed: str | None  # stage killed in this invocation
+    killed: list[str]  # stages killed in this invocation, in order
+    missed: list[str] = field(default_factory=list)  # planned kills whose process ended first
     lifetimes: dict[str, list[float]] = field(default_factory=dict)
 
 
+def _pick(stage: str, remaining: dict[str, int], rng: random.Random) -> str | None:
+    """Which kill a newly seen process of `stage` gets, if any (a launcher: launcher or host, by kills left)."""
+    choices = {stage: remaining.get(stage, 0)}
+    if stage == "launcher":
+        choices["host"] = remaining.get("host", 0)
+    total = sum(choices.values())
+    if total <= 0:
+        return None
+    x = rng.uniform(0, total)
+    for name, n in choices.items():
+        if x < n:
+            return name
+        x -= n
+    return name
+
+
 def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
-                  log: Path, timeout_s: float = 1800) -> Invocation:
-    """One `snakemake all`; SIGKILL at most one process, at a random point of its life, of a stage that
-    still needs kills (the stage with the most kills left goes first; `host` = Snakemake + launchers)."""
+                  log: Path, timeout_s: float = 1800, stop_at: float = float("inf")) -> Invocation:
+    """One `snakemake all`; SIGKILL processes of stages that still need kills (`remaining`, decremented),
+    one planned at a time, each at a random point of its life (`host` = Snakemake + every launcher,
+    planned on a launcher's life; it ends the invocation). No kill is planned after `stop_at` (time.time())."""
     with open(log, "a") as fh:
         proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
                                 env=_env())
-    seen: dict[int, tuple[str, float]] = {}
+    seen: dict[int, tuple[str, float]] = {}  # pid -> (stage, start)
     life: dict[str, list[float]] = {}
-    plan: dict[int, tuple[str, float]] = {}  # pid -> (stage, when to kill it): one at a time
-    killed, t_end = None, time.time() + timeout_s
-    while proc.poll() is None and time.time() < t_end:
-        now = time.time()
+    plan: dict[int, tuple[str, float]] = {}  # pid -> (kill, when): one at a time
+    killed: list[str] = []
+    missed: list[str] = []
+    t_end = _now() + timeout_s
+    while proc.poll() is None and _now() < t_end:
         current = dict(_procs(workdir))
+        now = _now()
         for pid, (stage, t0) in list(seen.items()):
             if pid not in current and not _alive(pid):
                 life.setdefault(stage, []).append(now - t0)
                 del seen[pid]
                 if pid in plan:
-                    del plan[pid]  # it ended before its kill: missed, wait for another one
-        top = max(remaining.values(), default=0)
+                    missed.append(plan.pop(pid)[0])  # it ended before its kill: wait for another one
         for pid, stage in current.items():
             if pid in seen:
                 continue
-            seen[pid] = (stage, now)
-            if killed is None and not plan and top > 0:
-                if remaining.get("host", 0) == top and stage == "launcher":
-                    plan[proc.pid] = ("host", now + rng.uniform(0, delays.get("host", 30.0)))
-                elif remaining.get(stage, 0) == top:
-                    plan[pid] = (stage, now + rng.uniform(0, delays.get(stage, 5.0)))
+            seen[pid] = (stage, _started(pid, now))
+            kill = _pick(stage, remaining, rng) if not plan and time.time() < stop_at else None
+            if kill is not None:
+                plan[pid] = (kill, seen[pid][1] + rng.uniform(0, KILL_WINDOW * delays.get(kill, 5.0)))
         for pid, (stage, when) in list(plan.items()):
             if now < when:
                 continue
@@ -169,94 +212,28 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
                 for p, st in _procs(workdir):
                     if st in ("launcher", "aggregate"):
                         _kill(p)
-                killed = "host"
+                killed.append("host")
+                remaining["host"] -= 1
             elif _alive(pid) and _kill(pid):
-                killed = stage
+                killed.append(stage)
+                remaining[stage] -= 1
+            else:
+                missed.append(stage)
             plan.clear()
-        time.sleep(0.1)
+        time.sleep(POLL_S)
     if proc.poll() is None:
         proc.kill()
-    return Invocation(proc.wait(), killed, life)
-
-
-# ---- checks ---------------------------------------------------------------------------------------
-
-def _mlflow_rows(results: Path, study: str) -> dict[str, dict[str, list[int]]]:
-    """cell -> metric -> steps logged, of each cell's current (not deleted) run."""
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
-    exp = client.get_experiment_by_name(study)
-    out: dict[str, dict[str, list[int]]] = {}
-    for r in client.search_runs([exp.experiment_id]):
-        cell = r.data.tags.get("lorarl.cell_id")
-        if r.data.tags.get("lorarl.base") == "true" or cell is None:
-            continue
-        if cell in out:
-            out[cell]["__runs__"] = out[cell].get("__runs__", [1]) + [1]
-            continue
-        out[cell] = {k: [m.step for m in client.get_metric_history(r.info.run_id, k)] for k in r.data.metrics}
-    return out
-
-
-def check(results: Path, ref: Path, study: str = "chaos") -> dict:
-    """Lost / duplicated metric rows, adapter differences and bad outputs of a finished run."""
-    import pandas as pd
-    from safetensors.torch import load_file
-
-    out = {"lost": 0, "duplicated": 0, "adapters_identical": 0, "adapters_within_tol": 0, "max_abs_diff": 0.0,
-           "eval_equal": 0, "bad_outputs": [], "extra_runs": 0, "cells": 0}
-    rows = _mlflow_rows(results, study)
-    for cell in sorted(p.name for p in (ref / study).iterdir() if (p / "summary.json").exists()):
-        out["cells"] += 1
-        d, r = results / study / cell, ref / study / cell
-        want = list(range(1, STEPS + 1))
-        m = pd.read_csv(d / "metrics.csv")
-        steps = m["step"].tolist()
-        out["lost"] += len(set(want) - set(steps))
-        out["duplicated"] += len(steps) - len(set(steps))
-        hist = rows.get(cell, {})
-        out["extra_runs"] += len(hist.pop("__runs__", [1])) - 1
-        for key in [c for c in m.columns if c != "step"]:
-            got = hist.get(key, [])
-            out["lost"] += len(set(want) - set(got))
-            out["duplicated"] += len(got) - len(set(got))
-        a, b = load_file(str(d / "adapter" / "adapter_model.safetensors")), load_file(
-            str(r / "adapter" / "adapter_model.safetensors"))
-        diff = max(float((a[k] - b[k]).abs().max()) for k in b) if a.keys() == b.keys() else float("inf")
-        out["max_abs_diff"] = max(out["max_abs_diff"], diff)
-        out["adapters_identical"] += diff == 0.0
-        out["adapters_within_tol"] += diff <= ATOL
-        ev, evr = (json.loads((x / "eval" / "synthetic.json").read_text())["metrics"] for x in (d, r))
-        out["eval_equal"] += ev == evr
-    for p in results.joinpath(study).rglob("*"):  # every output parses; no temporary file among them
-        if ".checkpoints" in p.parts or "logs" in p.parts or "provenance" in p.parts or not p.is_file():
-            continue
-        if p.name.endswith(".tmp") or ".train.tmp" in p.parts:
-            out["bad_outputs"].append(f"{p} (temporary)")
-            continue
-        try:
-            if p.suffix == ".json":
-                json.loads(p.read_text())
-            elif p.suffix == ".csv":
-                pd.read_csv(p)
-            elif p.suffix == ".parquet":
-                pd.read_parquet(p)
-            elif p.suffix == ".jsonl":
-                [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-        except Exception as err:  # noqa: BLE001 - anything unreadable is a partial output
-            out["bad_outputs"].append(f"{p} ({type(err).__name__})")
-    return out
+    return Invocation(proc.wait(), killed, missed, life)
 
 
 # ---- the experiment -------------------------------------------------------------------------------
 
-def prepare(root: Path) -> tuple[Path, Path, dict[str, float]]:
+def prepare(root: Path, cells: int = 2) -> tuple[Path, Path, dict[str, float]]:
     """A template workdir with the tiny base model built, and the uninterrupted reference run.
-    Returns (template, reference results, median process lifetime per stage in the reference)."""
+    Returns (template, reference results, shortest process lifetime per stage in the reference)."""
     template = root / "template"
     template.mkdir(parents=True, exist_ok=True)
-    (template / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    (template / "study.yaml").write_text(yaml.safe_dump(study_spec(cells)))
     (template / "config.yaml").write_text(yaml.safe_dump({"studies": [str(template / "study.yaml")],
                                                           "results": "results", "launcher": "local", "slurm": {}}))
     subprocess.run(_snakemake_cmd(template, "results/models/tiny-test/config.json"), cwd=template, env=_env(),
@@ -265,8 +242,8 @@ def prepare(root: Path) -> tuple[Path, Path, dict[str, float]]:
     inv = run_snakemake(ref, {}, {}, random.Random(0), ref / "snakemake.log")
     if inv.rc != 0:
         raise RuntimeError(f"the reference run failed; see {ref / 'snakemake.log'}")
-    delays = {s: sorted(v)[len(v) // 2] for s, v in inv.lifetimes.items()}
-    delays["host"] = max(inv.lifetimes.get("train", [30.0]))  # the host dies while cells train
+    delays = {s: min(v) for s, v in inv.lifetimes.items()}
+    delays["host"] = delays.get("launcher", 30.0)  # the host dies during a launcher's life
     return template, ref / "results", delays
 
 
@@ -280,23 +257,78 @@ def clone(template: Path, dest: Path) -> Path:
 
 
 def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
-             max_invocations: int) -> tuple[dict[str, int], int, bool]:
-    """Run a fresh copy to completion while killing (at most one kill per `snakemake all`); `remaining`
-    is decremented. Returns (kills per stage, invocations, completed)."""
+             max_invocations: int, stop_at: float = float("inf")) -> tuple[dict[str, int], int, bool, list[str]]:
+    """Run a fresh copy to completion while killing (`snakemake all` again after each invocation with a
+    kill); `remaining` is decremented. Returns (kills per stage, invocations, completed, missed kills)."""
     clone(template, dest)
     log = dest / "snakemake.log"
     kills: dict[str, int] = {}
+    missed: list[str] = []
     for n in range(1, max_invocations + 1):
-        inv = run_snakemake(dest, remaining, delays, rng, log)
+        inv = run_snakemake(dest, remaining, delays, rng, log, stop_at=stop_at)
+        missed += inv.missed
+        for stage in inv.killed:
+            kills[stage] = kills.get(stage, 0) + 1
+        if "host" in inv.killed:  # Snakemake died holding its lock: what a user does after a lost session
+            subprocess.run(_snakemake_cmd(dest, "--unlock"), cwd=dest, env=_env(), capture_output=True)
         if inv.killed:
-            kills[inv.killed] = kills.get(inv.killed, 0) + 1
-            remaining[inv.killed] -= 1
-            if inv.killed == "host":  # Snakemake died holding its lock: what a user does after a lost session
-                subprocess.run(_snakemake_cmd(dest, "--unlock"), cwd=dest, env=_env(), capture_output=True)
             continue
         if inv.rc == 0:
-            return kills, n, True
-    return kills, max_invocations, False
+            return kills, n, True, missed
+    return kills, max_invocations, False, missed
+
+
+SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells",
+        "adapters_identical", "adapters_within_tol", "eval_equal")
+
+
+def work(index: int, root: Path, template: Path, ref: Path, delays: dict[str, float], budget: dict[str, int],
+         per_pass: int, seed: int, stop_at: float = float("inf")) -> dict:
+    """One kill loop (worker `index`) in its own folder: passes until its `budget` of kills is placed
+    (or `stop_at` passed: no new pass, no new kill; the pass under way runs to completion)."""
+    rng = random.Random(seed * 1000 + index)
+    remaining = dict(budget)
+    fig: dict = {k: 0 for k in SUMS} | {"max_abs_diff": 0.0, "bad_outputs": [], "kills": {s: 0 for s in budget},
+                                        "missed": {s: 0 for s in budget}}
+    most = max(budget.values(), default=0)
+    for i in range(max(3, 3 * most // per_pass)):
+        if not any(remaining.values()) or time.time() >= stop_at:
+            break
+        dest = root / f"w{index}" / f"pass-{i}"
+        cap = {s: min(n, per_pass) for s, n in remaining.items()}
+        kills, n_inv, done, missed = one_pass(template, dest, cap, delays, rng, max_invocations=sum(cap.values()) + 4,
+                                              stop_at=stop_at)
+        for s, n in kills.items():
+            remaining[s] -= n
+            fig["kills"][s] += n
+        fig["missed"] = {s: fig["missed"].get(s, 0) + missed.count(s) for s in fig["missed"] | dict.fromkeys(missed)}
+        res = check(dest / "results", ref, steps=STEPS) if done else {}
+        add = {"passes": 1, "invocations": n_inv, "completed": int(done), **{k: res.get(k, 0) for k in SUMS[3:]}}
+        for k, v in add.items():
+            fig[k] += v
+        fig["max_abs_diff"] = max(fig["max_abs_diff"], res.get("max_abs_diff", 0.0))
+        fig["bad_outputs"] += res.get("bad_outputs", [])
+        print(f"[w{index}] pass {i}: kills {kills}, missed {missed}, {n_inv} snakemake runs, "
+              + ("completed" if done else "DID NOT COMPLETE") + (f", {json.dumps(res)}" if res else ""), flush=True)
+        if done:
+            shutil.rmtree(dest, ignore_errors=True)
+        if not kills and not done:
+            break
+    return fig
+
+
+def _shares(kills: int, stages: tuple[str, ...], workers: int) -> list[dict[str, int]]:
+    """Each worker's kills per stage: `kills` per stage split as evenly as possible."""
+    return [{s: kills // workers + (w < kills % workers) for s in stages} for w in range(workers)]
+
+
+def _merge(figs: list[dict]) -> dict:
+    out: dict = {k: sum(f[k] for f in figs) for k in SUMS}
+    out["max_abs_diff"] = max((f["max_abs_diff"] for f in figs), default=0.0)
+    out["bad_outputs"] = [b for f in figs for b in f["bad_outputs"]]
+    for k in ("kills", "missed"):
+        out[k] = {s: sum(f[k].get(s, 0) for f in figs) for s in figs[0][k]} if figs else {}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,77 +336,63 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
     p.add_argument("--per-pass", type=int, default=2, help="at most this many kills per stage in one study run")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")
+    p.add_argument("--cells", type=int, default=2, help="cells (seeds) of the study, 1 to 8 (default 2)")
+    p.add_argument("--workers", type=int, default=1, help="kill loops run side by side (each its own folder)")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which no new kill or pass starts (passes under way finish); default none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where the runs go (default: a temporary directory)")
     p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     stages = tuple(s for s in args.stages.split(",") if s)
     bad = [s for s in stages if s not in STAGES]
-    if bad or args.kills < 1 or args.per_pass < 1:
-        print(f"error: --stages {','.join(bad)}: allowed {', '.join(STAGES)}; --kills/--per-pass >= 1", file=sys.stderr)
+    problems = [f"--stages {','.join(bad)}: allowed {', '.join(STAGES)}"] if bad or not stages else []
+    for name, value, lo, hi in (("kills", args.kills, 1, 10_000), ("per-pass", args.per_pass, 1, 10_000),
+                                ("cells", args.cells, 1, 8), ("workers", args.workers, 1, 64)):
+        if not lo <= value <= hi:
+            problems.append(f"--{name} {value}: allowed {lo} to {hi}")
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
-    import tempfile
-
     root = Path(args.workdir or tempfile.mkdtemp(prefix="lorarl-faults-")).resolve()
     t0 = time.time()
-    template, ref, delays = prepare(root)
-    print(f"reference run done in {time.time() - t0:.0f}s; median process lifetimes (s): "
+    template, ref, delays = prepare(root, args.cells)
+    print(f"reference run done in {time.time() - t0:.0f}s; shortest process lifetimes (s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(delays.items())), flush=True)
-    rng = random.Random(args.seed)
-    totals = {s: 0 for s in stages}
-    figures = {"passes": 0, "completed": 0, "invocations": 0, "lost": 0, "duplicated": 0, "extra_runs": 0,
-               "cells": 0, "adapters_identical": 0, "adapters_within_tol": 0, "eval_equal": 0, "max_abs_diff": 0.0,
-               "bad_outputs": []}
-    remaining = {s: args.kills for s in stages}
-    for i in range(max(3, 3 * args.kills // args.per_pass)):
-        if not any(remaining.values()):
-            break
-        dest = root / f"pass-{i}"
-        budget = {s: min(n, args.per_pass) for s, n in remaining.items()}
-        kills, n_inv, done = one_pass(template, dest, budget, delays, rng,
-                                      max_invocations=sum(budget.values()) + 4)
-        for s, n in kills.items():
-            remaining[s] -= n
-        figures["passes"] += 1
-        figures["invocations"] += n_inv
-        for s, n in kills.items():
-            totals[s] = totals.get(s, 0) + n
-        res = check(dest / "results", ref) if done else {}
-        figures["completed"] += bool(done)
-        for k in ("lost", "duplicated", "extra_runs", "cells", "adapters_identical", "adapters_within_tol",
-                  "eval_equal"):
-            figures[k] += res.get(k, 0)
-        figures["max_abs_diff"] = max(figures["max_abs_diff"], res.get("max_abs_diff", 0.0))
-        figures["bad_outputs"] += res.get("bad_outputs", [])
-        print(f"pass {i}: kills {kills}, {n_inv} snakemake runs, "
-              + ("completed" if done else "DID NOT COMPLETE") + (f", {json.dumps(res)}" if res else ""), flush=True)
-        if done:
-            shutil.rmtree(dest, ignore_errors=True)
-        if not kills and not done:
-            break
-    figures["kills"] = totals
+    shares = [b for b in _shares(args.kills, stages, args.workers) if any(b.values())]
+    stop_at = t0 + args.time_limit if args.time_limit else float("inf")
+    jobs = [(i, root, template, ref, delays, b, args.per_pass, args.seed, stop_at) for i, b in enumerate(shares)]
+    if len(jobs) == 1:
+        figs = [work(*jobs[0])]
+    else:
+        with ProcessPoolExecutor(len(jobs), mp_context=get_context("spawn")) as pool:
+            figs = list(pool.map(work, *zip(*jobs)))
+    figures = _merge(figs)
+    figures["workers"] = len(jobs)
     figures["wall_s"] = round(time.time() - t0, 1)
     print(report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     ok = (figures["completed"] == figures["passes"] and not figures["lost"] and not figures["duplicated"]
+          and not figures.get("extra")
           and not figures["bad_outputs"] and not figures["extra_runs"])
     return 0 if ok else 1
 
 
 def report(f: dict) -> str:
-    lines = ["", "| stage killed (SIGKILL) | kills |", "|---|---|"]
-    lines += [f"| {s} | {n} |" for s, n in f["kills"].items()]
+    lines = ["", "| stage killed (SIGKILL) | kills | missed (process ended first, retried) |", "|---|---|---|"]
+    lines += [f"| {s} | {n} | {f['missed'].get(s, 0)} |" for s, n in f["kills"].items()]
     lines += ["", f"study runs completed after the kills: {f['completed']}/{f['passes']} "
                   f"({f['invocations']} `snakemake all` invocations)",
-              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}; "
+              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}, "
+              f"beyond the last step: {f.get('extra', 0)}; "
               f"extra live MLflow runs: {f['extra_runs']}",
               f"final adapters bit-identical to the uninterrupted run: {f['adapters_identical']}/{f['cells']} "
               f"(within {ATOL}: {f['adapters_within_tol']}, max |diff| {f['max_abs_diff']:.2e}); "
               f"evaluations equal: {f['eval_equal']}/{f['cells']}",
               f"partial or temporary files among the outputs: {len(f['bad_outputs'])}"
               + (": " + "; ".join(f["bad_outputs"][:5]) if f["bad_outputs"] else ""),
-              f"wall time: {f['wall_s']:.0f}s"]
+              f"wall time: {f['wall_s']:.0f}s ({f['workers']} worker(s) side by side)"]
     return "\n".join(lines)
 
 

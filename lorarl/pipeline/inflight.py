@@ -13,7 +13,8 @@ the id down still has its job found.
 
 After the job ends, `missing_outputs` checks the stage's declared outputs: a job that Slurm or
 submitit reports as a success (or whose state is UNKNOWN, or unavailable) without its outputs is a
-failure. The outputs decide.
+failure. The outputs decide. When sacct cannot answer (slurmdbd down, accounting storage unreachable:
+every state reads UNKNOWN), `slurm.controller_state` asks slurmctld itself whether the job has ended.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ from typing import Any
 import submitit
 
 from lorarl.pipeline import inflight, provenance
-from lorarl.pipeline.slurm import ACTIVE, coerce, sacct_info, slurm_parameters, squeue_state
+from lorarl.pipeline.stages import Job, get_stage
+from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
+                                   squeue_state)
 from lorarl import paths
 
-STAGES = ("train", "evaluate", "base", "diagnose", "toy", "doctor", "pack")
-TERMINAL_OK = {"COMPLETED"}
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 
@@ -52,46 +52,11 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
 
 
 def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
-    """What a job executes. Imports the heavy stack lazily so the launcher itself stays light."""
+    """What a job executes: the registered stage (lorarl.pipeline.stages) imports its heavy stack itself."""
+    spec = get_stage(stage)  # unknown names fail before anything runs
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    if stage == "base":
-        from lorarl.models import build_base, resolve_model
-
-        return build_base(cell_id, resolve_model(f"local:{cell_id}", results_dir), threads=threads)
-    from lorarl.study import cell_table, load_study
-
-    study = load_study(study_path)
-    table = cell_table(study)
-    if stage == "toy":  # every cell of a toy study in this one job (cell_id "all" or a comma list)
-        from lorarl.toy.cells import run_toy_study
-
-        return {"cells": len(run_toy_study(study, results_dir, None if cell_id == "all" else cell_id.split(",")))}
-    if stage == "pack":  # the members of one pack in this one job (cell_id: a comma list; lorarl.pack.run)
-        from lorarl.pack.plan import pack_id
-        from lorarl.pack.run import train_pack
-
-        ids = cell_id.split(",")
-        return train_pack(study.name, [table.cell(c) for c in ids], results_dir, threads=threads, pack_id=pack_id(ids))
-    cell = table.cell(cell_id)
-    if stage == "train":
-        from lorarl.train.main import train_cell
-
-        return train_cell(study.name, cell, results_dir, threads=threads)
-    if stage == "evaluate":
-        from lorarl.evaluate.main import evaluate_cell
-
-        is_base = table.is_base(cell.id)
-        return evaluate_cell(study.name, cell, results_dir, is_base=is_base, threads=threads)
-    if stage == "diagnose":
-        from lorarl.diagnose.main import diagnose_cell
-
-        return diagnose_cell(study.name, cell, results_dir, threads=threads)
-    if stage == "doctor":  # `lorarl doctor`: checks + smoke run of one cell (lorarl.pipeline.doctor)
-        from lorarl.pipeline.doctor import doctor_job
-
-        return doctor_job(study_path, cell.id, results_dir, threads=threads)
-    raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
+    return spec.run(Job(study_path, cell_id, results_dir, threads))
 
 
 class StageJob(submitit.helpers.Checkpointable):
@@ -169,7 +134,13 @@ def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[st
     deadline = time.time() + wait_s
     info: dict[str, str] = {}
     while True:
-        info = sacct_info(job.job_id) or {"State": job.get_info(mode="force").get("State", "UNKNOWN")}
+        info = sacct_info(job.job_id)
+        if not info:  # sacct cannot say (slurmdbd down?): slurmctld, else submitit's (maybe stale) state
+            ctl = controller_state(job.job_id)
+            if ctl == "GONE":
+                return {"State": "UNKNOWN", "Reason": "no sacct record; slurmctld no longer knows the job"}
+            info = ({"State": ctl, "Reason": "from slurmctld (no sacct record)"} if ctl else
+                    {"State": job.get_info(mode="force").get("State", "UNKNOWN")})
         state = info.get("State", "UNKNOWN").split()[0]  # "CANCELLED by 0" -> CANCELLED
         if state not in ACTIVE and state != "UNKNOWN" or time.time() > deadline:
             return info
@@ -334,14 +305,21 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
     submitit asks sacct ever less often (up to every 10 min); this asks at least every
     $LORARL_POLL_S seconds (default 60: one sacct call per minute per running cell)."""
     poll_s = float(os.environ.get(POLL_ENV, "60"))
-    last, forced = None, time.monotonic()
+    last, forced, ended = None, time.monotonic(), None
     while True:
         try:
             if executor == "slurm" and time.monotonic() - forced > poll_s:
                 job.get_info(mode="force")  # refreshes submitit's cached state
                 forced = time.monotonic()
+                if not job.paths.result_pickle.exists() and not sacct_info(job.job_id):
+                    # sacct cannot say (slurmdbd down: submitit keeps a stale or UNKNOWN state): slurmctld
+                    ctl = controller_state(job.job_id)
+                    if ctl is not None and ctl.split()[0] not in ACTIVE:
+                        ended = ctl  # ended without a result: never taken as a success
+                        break
             if job.done():
-                break
+                if not (executor == "slurm" and requeued(job, f"{key} {cell_id}")):
+                    break
         except Exception as err:  # noqa: BLE001 - a flaky sacct call must not fail the cell
             print(f"[lorarl] polling job {job.job_id}: {err}", file=sys.stderr)
         if executor == "slurm":
@@ -352,6 +330,9 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
             if state.startswith("PREEMPTED") and squeue_state(job.job_id) is None:
                 break  # preempted without requeue: submitit would wait forever
         time.sleep(1.0)
+    if ended is not None and not job.paths.result_pickle.exists():
+        return RuntimeError(f"job {job.job_id} ended without a result: sacct has no state (unavailable?), "
+                            f"slurmctld says {ended}")
     try:
         job.result()
     except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...

@@ -1,10 +1,12 @@
 """Everything lorarl asks Slurm or tells submitit about Slurm: profile keys -> submitit parameters,
-and the one place that calls `sacct` and `squeue` (launcher, in-flight adoption, doctor, status)."""
+and the one place that calls `sacct`, `squeue` and `scontrol show job` (launcher, in-flight adoption,
+doctor, status; slurmctld answers when accounting is down)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import time
 from typing import Any
 
 # submitit's cluster-independent parameter names; any other profile key is a Slurm one (slurm_<key>)
@@ -82,3 +84,37 @@ def squeue_state(job_id: str) -> str | None:
     """The job's state in the queue; None once it left the queue (or when squeue cannot be asked)."""
     rows = squeue_rows(["-j", str(job_id)])
     return rows[0][1] if rows else None
+
+
+def controller_state(job_id: str) -> str | None:
+    """The job's state as slurmctld holds it (`scontrol show job`), e.g. RUNNING or CANCELLED; "GONE" when
+    the controller no longer knows the job (it ended more than MinJobAge ago); None when it cannot be asked."""
+    try:
+        proc = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return "GONE" if "Invalid job id" in proc.stderr + proc.stdout else None
+    m = re.search(r"\bJobState=(\S+)", proc.stdout)
+    return m.group(1) if m else None
+
+
+def requeued(job: Any, label: str) -> bool:
+    """A Slurm job that submitit sees ended (e.g. NODE_FAIL in sacct) without a result, but that Slurm
+    requeued (slurmctld: PENDING again): True after a pause (keep waiting on it), else False."""
+    if job.paths.result_pickle.exists():
+        return False
+    ctl = controller_state(job.job_id)
+    if ctl is None or ctl.split()[0] not in ACTIVE:
+        return False
+    note = f"[lorarl] {label}: job {job.job_id} {job.state}, requeued by Slurm ({ctl}): waiting on it"
+    if note not in _NOTED:
+        _NOTED.add(note)
+        print(note, flush=True)
+    job.watcher.clear()  # forget submitit's cached final state: ask sacct again
+    time.sleep(1.0)
+    return True
+
+
+_NOTED: set[str] = set()  # requeue notes already printed

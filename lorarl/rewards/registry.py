@@ -23,8 +23,8 @@ def load_all() -> dict[str, Callable[..., Regime]]:
 
 
 def regime_names() -> tuple[str, ...]:
-    """The allowed values of ``reward.regime``."""
-    return tuple(load_all())
+    """The allowed values of ``reward.regime``, sorted (import order must not change messages)."""
+    return tuple(sorted(load_all()))
 
 
 def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path = "results",
@@ -32,5 +32,5 @@ def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path
     """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded by its builder)."""
     regimes = load_all()
     if cfg.regime not in regimes:
-        raise ValueError(f"unknown reward.regime {cfg.regime!r}; allowed: {', '.join(regimes)}")
+        raise ValueError(f"unknown reward.regime {cfg.regime!r}; allowed: {', '.join(regime_names())}")
     return regimes[cfg.regime](cfg, tokenizer, results_dir=results_dir, device=device, temperature=temperature)

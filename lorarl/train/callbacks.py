@@ -67,3 +67,17 @@ class MetricsRecorder(TrainerCallback):
             w.writeheader()
             w.writerows(self.rows)
         tmp.replace(self.csv_path)
+
+
+class ResumedAtEnd(Exception):
+    """Resumed from the last step's checkpoint (a kill while the final outputs were written): nothing
+    is left to train, and HF's Trainer, which checks max_steps only after a step, would train one more."""
+
+
+class NoStepPastTheEnd(TrainerCallback):
+    """Stops `trainer.train(resume_from_checkpoint=...)` before a step when the checkpoint is already at
+    max_steps (on_train_begin runs once the checkpoint's weights are loaded)."""
+
+    def on_train_begin(self, args, state, control, **kw):
+        if state.max_steps and state.global_step >= state.max_steps:
+            raise ResumedAtEnd(state.global_step)

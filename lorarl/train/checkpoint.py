@@ -17,7 +17,7 @@ Invariants that make the metric history continuous and duplicate-free across kil
    the MLflow run's high-water mark (a kill between lorarl.json and the MLflow flush loses nothing);
    Tracker.log_metrics drops every step at or below that mark (nothing is logged twice).
 3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
-   resumes at the end and never recomputes (and never re-logs) a step.
+   resumes at the end and never recomputes (and never re-logs) a step (lorarl.train.callbacks.ResumedAtEnd).
 
 Preemption: under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
 `scancel --signal=USR2`) is caught here during training: the current step finishes, a checkpoint

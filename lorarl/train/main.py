@@ -75,7 +75,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     import torch
 
     from lorarl.adapters import build_adapter
-    from lorarl.train.callbacks import MetricsRecorder
+    from lorarl.train.callbacks import MetricsRecorder, NoStepPastTheEnd, ResumedAtEnd
     from lorarl.train.checkpoint import CellCheckpoints
     from lorarl.train.divergence import Divergence
     from lorarl.pipeline.diskfull import disk_full_hook
@@ -127,7 +127,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[recorder, snapshots, collapse],
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, snapshots, collapse],
         results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
@@ -136,7 +136,10 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
-            trainer.train(resume_from_checkpoint=ckpt.resume_from)
+            try:
+                trainer.train(resume_from_checkpoint=ckpt.resume_from)
+            except ResumedAtEnd:  # resumed from the last step's checkpoint: nothing left to train
+                pass
     except BaseException as err:
         ckpt.release()
         tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")

@@ -2,7 +2,11 @@
 # A real single-node Slurm cluster (slurmctld + slurmd + slurmdbd/mariadb + munge)
 # on this host, for the `slurm`-marked tests.  Debian 12, root, no systemd.
 #
-#   bash tests/slurm/cluster.sh up|down|status
+#   bash tests/slurm/cluster.sh up|down|status|heal
+#
+# `heal` (after a fault test stopped a daemon): restarts whichever of munged, mariadb, slurmdbd,
+# slurmctld, slurmd is not running, keeping their state and jobs, and resumes the node if it is down
+# or drained.
 #
 # State (configs, pids, logs, spool, database) lives in $LORARL_SLURM_DIR
 # (default /tmp/lorarl-slurm).  The configs are also symlinked into /etc/slurm,
@@ -35,10 +39,21 @@ wait_for() {
 
 alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# close_fds: close every inherited descriptor above 2 in this (sub)shell, so a daemon started from
+# it never holds the caller's files for its lifetime (e.g. the fd of `flock -x LOCK cluster.sh up`:
+# the lock would stay held until the daemon exits).
+close_fds() {
+  local f n
+  for f in /proc/$BASHPID/fd/*; do
+    n=${f##*/}
+    if ((n > 2)); then eval "exec $n>&-" 2>/dev/null || true; fi
+  done
+}
+
 # start NAME CMD...: run a daemon in the foreground of its own session, record its pid.
 start() {
   local name=$1; shift
-  setsid "$@" >>"$LOG/$name.out" 2>&1 </dev/null &
+  (close_fds; exec setsid "$@" >>"$LOG/$name.out" 2>&1 </dev/null) &
   echo $! >"$RUN/$name.pid"
 }
 
@@ -153,7 +168,7 @@ start_munge() {
   mkdir -p /run/munge /var/log/munge /var/lib/munge
   chown munge:munge /run/munge /var/log/munge /var/lib/munge
   # munged won't run as root; it daemonizes itself and writes /run/munge/munged.pid.
-  runuser -u munge -- munged || die "munged failed to start (see /var/log/munge/munged.log)"
+  (close_fds; exec runuser -u munge -- munged) || die "munged failed to start (see /var/log/munge/munged.log)"
   wait_for 10 munge bash -c 'munge -n | unmunge' || die "munge does not work"
   cp /run/munge/munged.pid "$RUN/munged.pid"
 }
@@ -237,6 +252,35 @@ down() {
   [[ -n $quiet ]] || log "cluster down"
 }
 
+node_usable() { [[ $(sinfo -h -N -n "$HOST" -o %t 2>/dev/null | sort -u) =~ ^(idle|mix|alloc|comp)$ ]]; }
+
+heal() {
+  [[ $EUID -eq 0 ]] || die "must run as root"
+  [[ -s $ETC/slurm.conf ]] || die "no cluster configured in $STATE (bash $0 up)"
+  alive "$RUN/munged.pid" || alive /run/munge/munged.pid || start_munge
+  if ! alive "$RUN/mariadb.pid"; then
+    start mariadb mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" --socket="$DB_RUN/mysqld.sock" \
+      --pid-file="$DB_RUN/mysqld.pid" --log-error="$DB_RUN/error.log" --bind-address=127.0.0.1 --port="$DB_PORT"
+    wait_for 30 mariadb mariadb --no-defaults --socket="$DB_RUN/mysqld.sock" -uroot -e 'SELECT 1' \
+      || die "mariadb did not come up"
+  fi
+  if ! alive "$RUN/slurmdbd.pid"; then
+    log "restarting slurmdbd"; start slurmdbd slurmdbd -D
+    wait_for 30 slurmdbd sacctmgr -n list cluster || die "slurmdbd not reachable"
+  fi
+  if ! alive "$RUN/slurmctld.pid"; then
+    log "restarting slurmctld"; start slurmctld slurmctld -D   # no -i: keep its saved jobs
+    wait_for 30 slurmctld scontrol ping || die "slurmctld did not come up"
+  fi
+  if ! alive "$RUN/slurmd.pid"; then log "restarting slurmd"; start slurmd slurmd -D; fi
+  if ! wait_for 20 "usable node" node_usable; then
+    log "resuming node $HOST"; scontrol update nodename="$HOST" state=resume || true
+    wait_for 60 "usable node" node_usable || die "node $HOST is not usable: $(sinfo -h -N -o '%t %E')"
+  fi
+  wait_for 30 sacct sacct -n -X || die "sacct does not work (see $LOG/slurmdbd.log)"
+  log "cluster healthy"
+}
+
 status() {
   local name
   for name in munged mariadb slurmdbd slurmctld slurmd; do
@@ -250,5 +294,6 @@ case ${1:-} in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  heal) heal ;;
+  *) echo "usage: $0 up|down|status|heal" >&2; exit 2 ;;
 esac

@@ -124,3 +124,24 @@ def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_pa
     # the smoke run's MLflow store is its own (sqlite in the smoke folder); the real study is untouched
     assert (ddir / "run" / "mlflow.db").exists() and not (tmp_path / "results" / "mlflow.db").exists()
     assert not (tmp_path / "results" / "docsl" / "s1-dsFalse").exists()
+
+
+def test_a_check_failing_on_the_node_is_reported_with_where_it_ran(tmp_path: Path):
+    """The model exists only 'on compute nodes' (LORARL_SKIP_PATH_CHECKS): it is missing in the job, so the
+    load check fails there, nothing long starts, and the report (exit 1) still names the Slurm job."""
+    study = {"name": "docbad", "defaults": {"model": str(tmp_path / "no-such-model"),
+                                            "train": {"steps": 5, "max_completion_length": 8}}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(tmp_path / "study.yaml"), "--profile", "slurm",
+           "--results", str(tmp_path / "results"), "--config", "tracking=sqlite", "slurm=" + json.dumps(SLURM)]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_POLL_S": "3",
+           "LORARL_SKIP_PATH_CHECKS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads((tmp_path / "results" / "docbad" / "doctor" / "doctor.json").read_text())
+    checks = {c["check"]: c for c in rep["measured"]["checks"]}
+    assert not rep["ok"] and not checks["model and tokenizer load"]["ok"] and "smoke training" not in checks
+    assert "no-such-model" in checks["model and tokenizer load"]["detail"] and "projection" not in rep
+    assert rep["where"]["partition"] == "gpu" and rep["where"]["state"] == "COMPLETED"  # the job itself ran fine
+    assert rep["measured"]["job"]["job_id"] == rep["where"]["job_id"]
+    assert f"Slurm job {rep['where']['job_id']}, partition gpu" in proc.stdout and "**NO**" in proc.stdout

@@ -92,6 +92,8 @@ def test_server_as_a_slurm_job_serves_a_slurm_study(models, tmp_path: Path):
                 assert [s for s, _ in got] == [s for s, _ in want], col  # every (metric, step) exactly once
                 assert [v for _, v in got] == pytest.approx([v for _, v in want]), col
             assert [m.step for m in client.get_metric_history(run_id, "eval/synthetic/pass_at_1")] == [3]
+            report = (wd / "results" / "trk" / "report.html").read_text()  # links to this server's UI
+            assert f'href="{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}"' in report
 
         subprocess.run(["scancel", job_id], check=True, timeout=30)  # SIGTERM: MLflow, then PostgreSQL, stop
         assert "CANCELLED" in _job_gone(job_id)

@@ -8,6 +8,7 @@ import sys
 from snakemake.utils import validate
 
 from lorarl import paths
+from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
 from lorarl.study import StudyError, cell_table, load_study
 from lorarl.evaluate import plan as eval_plan
@@ -39,14 +40,16 @@ STUDIES = _load_studies(config["studies"])
 TABLES = {name: cell_table(s) for name, (_, s) in STUDIES.items()}  # study name -> its CellTable
 
 
-def _alternation(kind):
-    """Regex matching the names of the studies of one kind (never matches when there are none)."""
-    names = [re.escape(n) for n, (_, s) in STUDIES.items() if s.kind == kind]
+def _alternation(names):
+    """Regex matching these study names (never matches when there are none)."""
+    names = [re.escape(n) for n in names]
     return "|".join(names) or "(?!)"
 
 
-GRPO_STUDIES = _alternation("grpo")  # train/evaluate/diagnose rules apply to these
-TOY_STUDIES = [n for n, (_, s) in STUDIES.items() if s.kind == "kl_bound_toy"]
+# Study kinds (lorarl.kinds) decide which rules apply: per-cell stages, or one batch job per study.
+CELL_STAGE_STUDIES = [n for n, (_, s) in STUDIES.items() if get_kind(s.kind).cell_stages]
+GRPO_STUDIES = _alternation(CELL_STAGE_STUDIES)  # train/evaluate/diagnose rules apply to these
+TOY_STUDIES = [n for n, (_, s) in STUDIES.items() if get_kind(s.kind).batch_stage]  # one batch job each
 
 
 def study_file(wildcards):
@@ -190,7 +193,7 @@ def print_failures():
     from lorarl.pipeline.watch import failure_lines
 
     for name, (f, s) in STUDIES.items():
-        if s.kind != "grpo":
+        if not get_kind(s.kind).cell_stages:
             continue
         for line in failure_lines(f, RESULTS):
             print(f"[lorarl] {name}: {line}", file=sys.stderr)

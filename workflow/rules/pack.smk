@@ -21,7 +21,7 @@ def _study_packs(s):
     return {_pack_id(p): p for p in _plan_packs(todo, PACK_MAX_CELLS) if len(p) > 1}
 
 
-PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if st.kind == "grpo" and PACK_MAX_CELLS > 1}
+PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if "train" in get_kind(st.kind).cell_stages and PACK_MAX_CELLS > 1}
 
 
 def pack_targets():

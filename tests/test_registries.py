@@ -1,0 +1,96 @@
+"""Every extension point is a registry that the code consults by name, never by an if-ladder: stages
+(lorarl.pipeline.stages), study kinds (lorarl.kinds) and reward regimes (lorarl.rewards.registry).
+Adding one is adding one entry; unknown names are refused with the allowed values."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from lorarl import kinds
+from lorarl.cli import main
+from lorarl.config import RewardConfig
+from lorarl.pipeline import stages
+from lorarl.pipeline.launch import run_stage
+from lorarl.rewards import REGIMES, Deposits
+from lorarl.rewards.registry import build_regime, regime_names
+from lorarl.study import StudyError, cell_table, parse_study
+
+
+def test_stages_are_registered_and_unknown_ones_name_the_allowed():
+    assert {"base", "train", "evaluate", "diagnose", "toy", "pack"} <= set(stages.launchable())
+    assert "doctor" in stages.STAGES and "doctor" not in stages.launchable()
+    with pytest.raises(ValueError, match="unknown stage 'trian'; allowed: base, train"):
+        run_stage("trian", "-", "x", "results")
+
+
+def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_path, capsys):
+    seen = []
+
+    def echo(job: stages.Job) -> dict:
+        seen.append((job.study_path, job.target, job.results_dir, job.threads))
+        return {"echo": job.target}
+
+    monkeypatch.setitem(stages.STAGES, "echo", stages.Stage("echo", echo, "test stage"))
+    assert run_stage("echo", "s.yaml", "c1", str(tmp_path), 3) == {"echo": "c1"}
+    assert seen == [("s.yaml", "c1", str(tmp_path), 3)]
+    assert main(["run", "s.yaml", "c2", "--stages", "echo", "--results", str(tmp_path)]) == 0
+    assert seen[-1][1] == "c2" and '"echo": "c2"' in capsys.readouterr().out
+    assert main(["run", "s.yaml", "c2", "--stages", "echo,nope", "--results", str(tmp_path)]) == 2
+    assert "--stages nope: unknown; allowed:" in capsys.readouterr().err and len(seen) == 2
+    with pytest.raises(ValueError, match="registered twice"):
+        stages.register_stage("echo", "again")(echo)
+
+
+def test_unknown_study_kind_names_the_allowed():
+    with pytest.raises(StudyError, match="unknown study kind 'ppo'; allowed: grpo, kl_bound_toy"):
+        parse_study({"name": "s", "kind": "ppo"})
+
+
+class _TinyCell(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    width: int = 1  # the only setting of the test kind's cells
+
+
+def test_a_registered_kind_builds_its_cells_and_aggregates(monkeypatch, tmp_path):
+    aggregated = []
+    mod = types.ModuleType("lorarl_test_kind_mod")
+    mod.aggregate = lambda study, results: aggregated.append((study.name, results))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    kind = kinds.Kind("tiny", lambda: _TinyCell, batch_stage="toy", aggregate=f"{mod.__name__}:aggregate")
+    monkeypatch.setitem(kinds.KINDS, "tiny", kind)
+    raw = {"name": "t", "kind": "tiny", "axes": {"w": {"field": "width", "values": [1, 2, 3]}}}
+    table = cell_table(parse_study(raw))
+    assert [c.config.width for c in table.cells] == [1, 2, 3] and table.base_ids == []
+    study_file = tmp_path / "t.yaml"
+    study_file.write_text(yaml.safe_dump(raw))
+    assert main(["aggregate", str(study_file), "--results", str(tmp_path)]) == 0
+    assert aggregated == [("t", str(tmp_path))]
+    assert main(["report", str(study_file), "--results", str(tmp_path)]) == 2  # kind has no report
+
+
+def test_register_kind_needs_exactly_one_way_to_run():
+    with pytest.raises(ValueError, match="exactly one"):
+        kinds.register_kind(kinds.Kind("x", lambda: _TinyCell))
+    with pytest.raises(ValueError, match="registered twice"):
+        kinds.register_kind(kinds.KINDS["grpo"])
+
+
+def test_regimes_register_themselves_and_config_follows_the_registry(monkeypatch):
+    assert set(regime_names()) == {"outcome", "process", "distillation"}
+    with pytest.raises(ValueError, match="unknown reward regime 'dense'; allowed: distillation, outcome, process"):
+        RewardConfig(regime="dense")
+
+    class Constant:
+        name, needs_student_logps = "constant", False
+
+        def deposits(self, rollouts):
+            return Deposits([[len(ids) - 1] for ids in rollouts.completion_ids], [[0.5]] * len(rollouts))
+
+    monkeypatch.setitem(REGIMES, "constant", lambda cfg, tok, **kw: Constant())
+    cfg = RewardConfig(regime="constant")  # the config accepts what the registry holds
+    assert build_regime(cfg, None).name == "constant"
