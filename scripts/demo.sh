@@ -8,19 +8,22 @@ bash scripts/setup.sh
 . .venv/bin/activate
 STUDY=experiments/demo.yaml
 ARGS=("$@")  # extra snakemake arguments, passed to every call
+# packed cells (README "Packed cells"): compatible cells train 4 to a job; on the CPU twin of this study the
+# packed study took 0.60x the solo one's wall time at equal held-out accuracy. LORARL_DEMO_PACK=1: one job per cell.
+PACK=(--config "pack=${LORARL_DEMO_PACK:-4}")
 start=$(date +%s)
 stage() {  # run the workflow up to rule(s) "$@" (and what they need), then one progress line
   local t0 status
   t0=$(date +%s)
-  snakemake all --until "$@" ${ARGS[@]+"${ARGS[@]}"}
+  snakemake all --until "$@" "${PACK[@]}" ${ARGS[@]+"${ARGS[@]}"}
   status=$(lorarl status "$STUDY" --watch --max-updates 1 | head -1 || true)
   echo "[demo] stage ${*} finished in $(( $(date +%s) - t0 ))s | ${status#* }"
 }
 stage base_model
-stage train
+stage train_pack train
 stage evaluate evaluate_step
 t0=$(date +%s)
-snakemake all ${ARGS[@]+"${ARGS[@]}"}
+snakemake all "${PACK[@]}" ${ARGS[@]+"${ARGS[@]}"}
 echo "[demo] stage aggregate finished in $(( $(date +%s) - t0 ))s | tables, figures, report.html"
 echo "[demo] finished in $(( $(date +%s) - start ))s"
 echo "[demo] table:   results/demo/tables/summary.md (with intervals: results/demo/tables/stats.md)"

@@ -133,9 +133,9 @@ def test_grade_table_in_one_batch():
 
 def test_reward_path_grades_multi_answer_solutions_as_sets():
     """rewards.outcome: a MATH-style solution gold with two boxes rewards the full set only."""
-    from lorarl.rewards.outcome import OutcomeReward
+    from lorarl.rewards.outcome import grade
 
     solution = r"Factor: $(x-1)(x-2)=0$, so $x=\boxed{1}$." + LONG + r"Or $x = \boxed{2}$."
     completions = [r"\boxed{1} and \boxed{2}", r"\boxed{2}", r"\boxed{1, 2}", r"\boxed{1 000}"]
-    rewards = OutcomeReward()(prompts=[""] * 4, completions=completions, answer=[solution] * 3 + ["1000"])
+    rewards = grade(completions, [solution] * 3 + ["1000"])
     assert rewards == [1.0, 0.0, 1.0, 1.0]

@@ -158,3 +158,20 @@ def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
     over = read_profile("slurm", parse_overrides(["tracking=sqlite", 'slurm={"train": {"partition": "a100"}}']))
     assert over["tracking"] == "sqlite" and over["slurm"] == {"train": {"partition": "a100"}}
     assert over["launcher"] == "slurm" and local["tracking"] == "sqlite"
+
+
+def test_tracking_check_reaches_the_store_or_fails_fast(tmp_path, monkeypatch):
+    """The job's first check: the profile's MLflow store answers from the node (sqlite: created here)."""
+    import socket
+
+    from lorarl.pipeline.doctor import tracking_check
+
+    monkeypatch.setenv("LORARL_TRACKING", "sqlite")
+    assert tracking_check(str(tmp_path)).endswith(f"{tmp_path}/mlflow.db") and (tmp_path / "mlflow.db").exists()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there: a tracking server that is down
+    monkeypatch.setenv("LORARL_TRACKING", f"http://127.0.0.1:{port}")
+    with pytest.raises(Exception, match=f"127.0.0.1:{port}"):
+        tracking_check(str(tmp_path))

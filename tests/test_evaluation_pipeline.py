@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from test_pipeline import jobs_run  # Snakemake's job-stats table, parsed
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -53,21 +55,6 @@ def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return run(workdir, sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
                "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args)
-
-
-def jobs_run(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    out, on = {}, False
-    for line in proc.stderr.splitlines():
-        if line.startswith("job ") and "count" in line:
-            on = True
-            continue
-        if on:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-                out[parts[0]] = int(parts[1])
-            elif parts and parts[0] == "total":
-                break
-    return out
 
 
 @pytest.fixture(scope="module")

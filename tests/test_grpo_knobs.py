@@ -12,25 +12,9 @@ import pytest
 import torch
 
 from lorarl.config import CellConfig
+from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
 
 G = 2
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
-
-    d = tmp_path_factory.mktemp("tiny")
-    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "0123456789+-=?\nQA: \\boxed{}"] * 20,
-                          vocab_size=300)
-    torch.manual_seed(0)
-    model = build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64), len(tok),
-                       tok.eos_token_id, tok.pad_token_id)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
 
 
 def cfg_with(**train) -> CellConfig:

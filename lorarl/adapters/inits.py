@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lorarl.adapters.names import INITS, ORTHONORMAL_INITS, RESIDUAL_INITS, SVD_INITS
+from lorarl.adapters.names import INITS, RESIDUAL_INITS, SVD_INITS
 
 
 @dataclass
@@ -186,7 +186,3 @@ def residual(W0: torch.Tensor, B0: torch.Tensor, A0: torch.Tensor, scale: float)
 
 def is_residual(init: str) -> bool:
     return init in RESIDUAL_INITS
-
-
-def is_orthonormal(init: str) -> bool:
-    return init in ORTHONORMAL_INITS

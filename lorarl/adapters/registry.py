@@ -16,19 +16,6 @@ from lorarl.adapters.names import INITS, MASKS, METHODS
 # Every AdapterConfig field besides `method`, in resolution order (a default may read earlier fields).
 FIELDS = ("rank", "alpha", "dropout", "target_modules", "init", "lr_ratio", "mask", "mask_alpha", "mask_rank")
 
-FIELD_HELP = {
-    "rank": "adapter rank r",
-    "alpha": "scaling numerator (scale = alpha/r, alpha/sqrt(r) for rslora)",
-    "dropout": "adapter dropout",
-    "target_modules": "which modules get the adapter",
-    "init": "initialisation of A0/B0",
-    "lr_ratio": "LoRA+ learning-rate ratio lr_B / lr_A",
-    "mask": "sparse fine-tuning mask (full only)",
-    "mask_alpha": "mask density alpha",
-    "mask_rank": "rank k of the SVD reconstruction behind principal masks",
-}
-
-
 class AdapterSpecError(ValueError):
     """A method spec or an adapter config is inconsistent; the message names the field."""
 

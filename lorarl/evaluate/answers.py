@@ -175,3 +175,10 @@ def prepare_completion(text: str | None) -> str | None:
         out += [text[pos:a], normalize_separators(text[a:b])]
         pos = b
     return "".join(out) + text[pos:]
+
+
+def gsm8k_gold(answer: str) -> str:
+    """The number after GSM8K's ``####`` marker, without thousands separators."""
+    if "####" not in answer:
+        raise ValueError(f"GSM8K answer without '####': {answer[-80:]!r}")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".")

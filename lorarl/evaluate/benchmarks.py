@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
+from lorarl.evaluate.answers import gsm8k_gold
 from lorarl.evaluate.protocols import Protocol
 from lorarl.evaluate.choice import score_choice
 from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math_batch
@@ -179,13 +180,6 @@ def get_benchmark(name: str) -> Benchmark:
 
 
 # ----------------------------------------------------------------------------- helpers
-def gsm8k_gold(answer: str) -> str:
-    """The number after GSM8K's ``####`` marker, without thousands separators."""
-    if "####" not in answer:
-        raise ValueError(f"GSM8K answer without '####': {answer[-80:]!r}")
-    return answer.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".")
-
-
 def _num(v: Any) -> str:
     """A gold value as text; integral floats (``27.0`` from a float column) lose the ``.0``."""
     if isinstance(v, float) and v.is_integer():

@@ -23,7 +23,6 @@ from lorarl.evaluate.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmar
                                   protocol_for)
 from lorarl.study import Cell
 
-BENCHMARK = SYNTHETIC  # the default benchmark of CPU studies
 BASE_RUN_FILE = "mlflow_run.json"  # <study>/<base>/: the base pseudo-cell's MLflow run, shared by its jobs
 
 Target = tuple[str, "int | None"]

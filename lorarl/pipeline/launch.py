@@ -34,7 +34,6 @@ from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, s
                                    squeue_state)
 from lorarl import paths
 
-TERMINAL_OK = {"COMPLETED"}
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 

@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-REPO = Path(__file__).resolve().parents[2]
+from lorarl.gitrepo import REPO, git, head_sha, tracked_diff, untracked_files
+
 ENV_PATH = "LORARL_PROVENANCE"  # set inside a job: where that job's provenance file is
 
 
@@ -63,25 +64,20 @@ def _untracked_patch(repo: str, name: str, max_bytes: int) -> str:
             return f"# untracked, not included (binary or over {max_bytes} bytes): {name}\n"
     except OSError:
         return ""
-    try:  # exits 1 when the files differ, which they always do here
-        proc = subprocess.run(["git", "-C", repo, "diff", "--no-color", "--no-index", "--", "/dev/null", name],
-                              capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout
+    # exits 1 when the files differ, which they always do here
+    return git(repo, "diff", "--no-color", "--no-index", "--", "/dev/null", name, ok_codes=(0, 1)) or ""
 
 
 def git_info(repo: str | Path = REPO, max_file_bytes: int = 512_000) -> dict[str, Any]:
     """HEAD sha, dirty flag, the dirty diff as text (tracked changes + untracked text files as new-file
     patches) and the untracked file names."""
     repo = str(repo)
-    sha = _run(["git", "-C", repo, "rev-parse", "HEAD"])
+    sha = head_sha(repo)
     if sha is None:
         return {"sha": "unknown", "dirty": None, "diff": "", "untracked": []}
-    diff = _run(["git", "-C", repo, "diff", "HEAD", "--no-color"]) or ""
-    untracked = (_run(["git", "-C", repo, "ls-files", "--others", "--exclude-standard"]) or "").split()
-    diff += "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
-    return {"sha": sha.strip(), "dirty": bool(diff.strip()), "diff": diff, "untracked": untracked}
+    untracked = untracked_files(repo)
+    diff = tracked_diff(repo) + "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
+    return {"sha": sha, "dirty": bool(diff.strip()), "diff": diff, "untracked": untracked}
 
 
 def store_blob(folder: Path, text: str, suffix: str) -> str:

@@ -10,6 +10,7 @@ import pandas as pd
 from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.columns import eval_metrics
+from lorarl.report.stats import mean_sd
 from lorarl.evaluate.bases import base_label
 from lorarl.train.divergence import DIVERGED, cell_state
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
@@ -111,8 +112,7 @@ def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
         cells = cells.assign(_all="all")
         keys = ["_all"]
     order = {k: {lab: i for i, lab in enumerate(dict.fromkeys(cells[k]))} for k in keys}
-    g = cells.groupby(keys, sort=False)[metrics]
-    out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))
+    out = mean_sd(cells, keys, metrics)
     if "state" in cells:  # diverged cells are counted (their metrics up to the divergence stay in the means)
         out = out.join(cells.assign(_div=cells["state"].eq(DIVERGED)).groupby(keys, sort=False)["_div"].sum()
                        .rename("n_diverged"))

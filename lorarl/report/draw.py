@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from lorarl.report.data import StudyData
+if TYPE_CHECKING:  # annotations only
+    from lorarl.report.data import StudyData
 
 
 def plt():

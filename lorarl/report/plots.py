@@ -4,36 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from lorarl.study import Study  # noqa: E402
-
-plt.rcParams.update({
-    "figure.dpi": 130, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "font.size": 9, "legend.frameon": False,
-})
+from lorarl.report.draw import plt as pyplot
+from lorarl.report.draw import series_label, series_labels
+from lorarl.study import Study
 
 
 def _axis_by_field(study: Study, field: str) -> str | None:
     return next((n for n, a in study.axes.items() if a.field == field), None)
-
-
-def _group_label(row: pd.Series, keys: list[str]) -> str:
-    return ", ".join(f"{k}={row[k]}" for k in keys) or "all"
-
-
-def _group_labels(df: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """`_group_label` of every row at once (vectorised: no Python call per row)."""
-    if not keys:
-        return pd.Series("all", index=df.index, dtype=object)
-    out = f"{keys[0]}=" + df[keys[0]].astype(str)
-    for k in keys[1:]:
-        out = out + f", {k}=" + df[k].astype(str)
-    return out
 
 
 def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "reward",
@@ -47,12 +26,12 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     stats = df.groupby(keys + ["step"] if keys else ["step"], sort=False)["smoothed"].agg(["mean", "std"])
     stats = stats.reset_index()
     stats.to_csv(out.with_suffix(".csv"), index=False)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     groups = stats.groupby(keys, sort=False) if keys else [((), stats)]
-    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
     for i, (_, g) in enumerate(groups):
         color = cmap(i % cmap.N)
-        label = _group_label(g.iloc[0], keys)
+        label = series_label(g.iloc[0], keys)
         ax.plot(g["step"], g["mean"], color=color, lw=1.6, label=label)
         ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),
                         color=color, alpha=0.15, lw=0)
@@ -62,7 +41,7 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
+    pyplot().close(fig)
     return out
 
 
@@ -78,13 +57,13 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
     keys = [rank_axis] + ([kl_axis] if kl_axis else [])
     g = cells.groupby(keys, sort=False)[metric].agg(["mean", "std", "count"]).reset_index()
     g.to_csv(out.with_suffix(".csv"), index=False)
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = pyplot().subplots(figsize=(5.5, 3.8))
     lines = g.groupby(kl_axis, sort=False) if kl_axis else [(None, g)]
     for i, (kl, sub) in enumerate(lines):
         x = [order.index(v) for v in sub[rank_axis]]
         lab = f"β = {kl}" if kl is not None else metric
         ax.errorbar(x, sub["mean"], yerr=sub["std"].fillna(0), marker="o", capsize=3, lw=1.6,
-                    color=plt.get_cmap("tab10")(i), label=lab)
+                    color=pyplot().get_cmap("tab10")(i), label=lab)
     if base is not None and pd.notna(base):
         ax.axhline(base, ls="--", color="0.4", lw=1.2, label="base model")
     ax.set_xticks(range(len(order)), order)
@@ -94,7 +73,7 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
     ax.legend()
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
+    pyplot().close(fig)
     return out
 
 
@@ -117,7 +96,7 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     bench, metric = df["benchmark"].iloc[0], df["metric"].iloc[0]
     stats = df.groupby(keys + ["step"] if keys else ["step"], sort=False)["value"].agg(["mean", "std", "count"])
     stats = stats.reset_index()
-    stats.insert(0, "series", _group_labels(stats, keys))
+    stats.insert(0, "series", series_labels(stats, keys))
     order = {name: i for i, name in enumerate(dict.fromkeys(stats["series"]))}
     stats = stats.sort_values(["series", "step"], key=lambda c: c.map(order) if c.name == "series" else c)
     col = f"{bench}/{metric}"
@@ -126,9 +105,9 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
         for lab, v in zip(base["base"] if "base" in base else [f"base ({m})" for m in base["model"]], base[col])]
     drawn = pd.concat([stats, pd.DataFrame(lines)], ignore_index=True)
     drawn.astype({"step": "Int64", "count": "Int64"}).to_csv(out.with_suffix(".csv"), index=False)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     series = list(dict.fromkeys(stats["series"]))
-    cmap = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(series) <= 10 else "tab20")
     for i, name in enumerate(series):
         g = stats[stats["series"] == name]
         color = cmap(i % cmap.N)
@@ -137,14 +116,16 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
         ax.fill_between(g["step"], g["mean"] - sd, g["mean"] + sd, color=color, alpha=0.15, lw=0)
     for j, line in enumerate(lines):
         ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * j), lw=1.2, label=line["series"])
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel(f"held-out {bench} {metric}")
     ax.set_title(f"{study.name}: {bench} {metric} over training, mean ± sd over {study.seed_axis}")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
+    pyplot().close(fig)
     return out
 
 
@@ -162,7 +143,7 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     if diag.empty:
         return None
     keys = [a for a in study.axes if a != study.seed_axis]
-    diag = diag.assign(group=_group_labels(diag, keys))
+    diag = diag.assign(group=series_labels(diag, keys))
     scal = diag[diag["metric"].isin(["spectral_drift", "max_angle_left_deg"])]
     per_matrix = scal.groupby(["group", "matrix", "metric"], sort=False)["value"].mean().unstack("metric")
     per_matrix.to_csv(out.with_name(out.stem + "_per_matrix.csv"))
@@ -171,10 +152,10 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     curves.to_csv(out.with_name(out.stem + "_curves.csv"))
     sim = diag[diag["metric"].isin(["subspace_sim_top", "subspace_sim_bottom"])]
     sim = sim.groupby(["group", "metric"], sort=False)["value"].mean().unstack("metric")
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    fig, axes = pyplot().subplots(2, 3, figsize=(13, 7))
     axes = axes.ravel()
     groups = list(dict.fromkeys(diag["group"]))
-    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
     matrices = list(dict.fromkeys(per_matrix.index.get_level_values("matrix")))
     for i, g in enumerate(groups):
         color = cmap(i % cmap.N)
@@ -209,5 +190,5 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     fig.suptitle(f"{study.name}: weight-space diagnostics, mean over {study.seed_axis}")
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
+    pyplot().close(fig)
     return out

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 METHOD = ("mean ± sd over seeds [95% interval: bootstrap over seeds and evaluation problems, 2000 "
           "replicates, problems paired across rows]; vs baseline: difference of means, resolvable if its "
@@ -138,3 +139,10 @@ def fmt_comparison(c: Comparison, label: str, digits: int = 3) -> str:
     if math.isnan(c.mde):
         return txt
     return txt + (", resolvable" if c.resolvable else ", not resolvable") + f" (MDE {c.mde:.2f})"
+
+
+def mean_sd(df: pd.DataFrame, keys: list[str], cols: list[str]) -> pd.DataFrame:
+    """Mean ± sd over seeds: per group of ``keys`` (first-appearance order), ``<col>_mean`` and
+    ``<col>_sd`` (ddof 1: NaN with one seed) of every column, and ``n_seeds``; indexed by ``keys``."""
+    g = df.groupby(keys, sort=False)[cols]
+    return g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))

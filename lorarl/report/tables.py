@@ -142,11 +142,10 @@ def runtime_table(data: StudyData) -> pd.DataFrame:
         per = per.assign(_all="all")
         keys = ["_all"]
     g = per.groupby(keys, sort=False)
-    agg = g[["step_s", "train_min"]].agg(["mean", "std"])
-    agg.columns = [f"{a}_{b.replace('std', 'sd')}" for a, b in agg.columns]
+    agg = stats.mean_sd(per, keys, ["step_s", "train_min"])
     for m in mon:
         agg[m.split("/")[-1] + "_total_s"] = g[m.split("/")[-1]].mean()
-    agg["n_seeds"] = g.size()
+    agg["n_seeds"] = agg.pop("n_seeds")  # last, as before
     return agg.reset_index().drop(columns=["_all"], errors="ignore")
 
 
@@ -164,11 +163,9 @@ def peak_final_table(data: StudyData) -> pd.DataFrame:
                      "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]), "final": g["value"].iloc[-1]})
     df = pd.DataFrame(rows)
     keys = data.keys + ["benchmark"]
-    g = df.groupby(keys, sort=False)
-    out = g[["peak", "final", "peak_step"]].agg(["mean", "std"])
-    out.columns = [f"{a}_{b.replace('std', 'sd')}" for a, b in out.columns]
+    out = stats.mean_sd(df, keys, ["peak", "final", "peak_step"])
     out["drop"] = out["peak_mean"] - out["final_mean"]
-    out["n_seeds"] = g.size()
+    out["n_seeds"] = out.pop("n_seeds")  # last, as before
     return out.reset_index()
 
 
@@ -184,6 +181,5 @@ def avg_columns(data: StudyData) -> pd.DataFrame:
         cells = cells.assign(_all="all")
         keys = ["_all"]
     vals = [*cols, "avg"] + [c for c in ("params_trainable", "trainable_fraction") if c in cells]
-    g = cells.groupby(keys, sort=False)[vals]
-    out = g.mean().add_suffix("_mean").join(g.std(ddof=1).add_suffix("_sd")).join(g.size().rename("n_seeds"))
+    out = stats.mean_sd(cells, keys, vals)
     return out.reset_index().drop(columns=["_all"], errors="ignore")

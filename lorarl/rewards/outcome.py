@@ -8,7 +8,6 @@ number: :mod:`lorarl.rewards.answer_formats`); evaluation grades with the same
 Grading runs in lorarl.evaluate.grading's timed worker pool: a parse error or a pathological answer gives 0,
 never a crash and never more than `timeout_s` per completion.
 
-* :class:`OutcomeReward` is a plain TRL reward function (one float per completion).
 * :class:`OutcomeDeposits` is the ``outcome`` regime: that same value deposited on the last
   completion token (the group-normalised reward-to-go of a single last-token deposit is TRL's GRPO
   advantage on every token).
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from lorarl.evaluate.answers import answer_text, gold_boxes
+from lorarl.evaluate.answers import answer_text, gold_boxes, gsm8k_gold
 from lorarl.evaluate.grading import GradingSettings, score_math_batch
 from lorarl.rewards import Deposits, Rollouts, register_regime
 
@@ -28,7 +27,7 @@ def gold_answer(raw: str) -> str:
     answers (distinct, in order, joined with ``,``: a multi-answer solution boxes each answer)."""
     raw = str(raw)
     if "####" in raw:
-        return raw.rsplit("####", 1)[1].strip().replace(",", "").rstrip(".")
+        return gsm8k_gold(raw)
     boxed = answer_text(gold_boxes(raw)) if "boxed" in raw or "fbox" in raw else None
     return boxed if boxed is not None else raw.strip()
 
@@ -44,20 +43,6 @@ def grade(completions: Sequence[str], answers: Sequence[str], timeout_s: float =
     """1.0 / 0.0 per completion: is its answer the gold answer (dataset column, see gold_answer)?"""
     scores = score_math_batch([gold_answer(a) for a in answers], list(completions), timeout_s, settings)
     return [1.0 if s.correct else 0.0 for s in scores]
-
-
-class OutcomeReward:
-    """TRL reward function; needs the dataset column `answer`."""
-
-    __name__ = "outcome"
-
-    def __init__(self, timeout_s: float = 5.0, settings: GradingSettings | None = None):
-        self.timeout_s = timeout_s
-        self.settings = settings
-
-    def __call__(self, prompts, completions, answer, **kwargs) -> list[float]:
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return grade(texts, list(answer), self.timeout_s, self.settings)
 
 
 class OutcomeDeposits:

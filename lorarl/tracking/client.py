@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -35,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from lorarl.gitrepo import REPO, head_sha, tracked_diff
 from lorarl.tracking.errors import TrackingError, TrackingUnavailable
 
 CELL_TAG = "lorarl.cell_id"
@@ -59,10 +59,6 @@ def resolve_tracking(value: str | None, results_dir: str | Path) -> str:
         return value.rstrip("/")
     raise TrackingError(f"tracking: {value!r} is not allowed; allowed: 'sqlite' (results/mlflow.db) or the "
                         f"http(s)://host:port URI of an MLflow tracking server (`lorarl tracking serve` prints it)")
-
-
-def tracking_uri(results_dir: str | Path) -> str:
-    return resolve_tracking(None, results_dir)
 
 
 def is_server(uri: str) -> bool:
@@ -120,15 +116,12 @@ def transient(err: BaseException) -> bool:
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, str]:
-    repo = str(repo or Path(__file__).resolve().parents[2])
-    try:
-        sha = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return {"git.sha": sha, "git.dirty": str(bool(dirty)).lower()}
-    except (subprocess.CalledProcessError, FileNotFoundError):
+    """MLflow tags of the code that runs: HEAD sha and whether tracked files differ from it."""
+    repo = repo or REPO
+    sha = head_sha(repo)
+    if sha is None:
         return {"git.sha": "unknown", "git.dirty": "unknown"}
+    return {"git.sha": sha, "git.dirty": str(bool(tracked_diff(repo).strip())).lower()}
 
 
 def package_versions() -> dict[str, str]:
