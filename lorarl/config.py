@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from lorarl.adapters.names import METHODS  # adapter methods: a plain tuple; the registry is lorarl.adapters
+from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
+
+
+def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:
+    """``value`` if it is one of ``allowed`` (or None); else an error naming it and the allowed values."""
+    if value is not None and value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    return value
 
 
 class Strict(BaseModel):
@@ -83,30 +90,11 @@ class AdapterConfig(Strict):
     mask_alpha: float | None = Field(None, gt=0, lt=1)  # mask density alpha (default 0.5)
     mask_rank: int | None = Field(None, gt=0)  # rank k of the principal-mask SVD reconstruction (16)
 
-    @field_validator("method")
+    @field_validator("method", "init", "mask")
     @classmethod
-    def _known_method(cls, v: str) -> str:
-        if v not in METHODS:
-            raise ValueError(f"unknown method {v!r}; allowed: {', '.join(METHODS)}")
-        return v
-
-    @field_validator("init")
-    @classmethod
-    def _known_init(cls, v: str | None) -> str | None:
-        from lorarl.adapters.names import INITS
-
-        if v is not None and v not in INITS:
-            raise ValueError(f"unknown init {v!r}; allowed: {', '.join(INITS)}")
-        return v
-
-    @field_validator("mask")
-    @classmethod
-    def _known_mask(cls, v: str | None) -> str | None:
-        from lorarl.adapters.names import MASKS
-
-        if v is not None and v not in MASKS:
-            raise ValueError(f"unknown mask {v!r}; allowed: {', '.join(MASKS)}")
-        return v
+    def _known_name(cls, v: str | None, info: ValidationInfo) -> str | None:
+        allowed = {"method": METHODS, "init": INITS, "mask": MASKS}[info.field_name]
+        return one_of(v, allowed, info.field_name)
 
     @model_validator(mode="after")
     def _fields_apply(self) -> "AdapterConfig":
@@ -210,9 +198,7 @@ class RewardConfig(Strict):
     def _registered(cls, v: str) -> str:
         from lorarl.rewards.registry import regime_names  # imports every regime module (light)
 
-        if v not in regime_names():
-            raise ValueError(f"unknown reward regime {v!r}; allowed: {', '.join(regime_names())}")
-        return v
+        return one_of(v, regime_names(), "reward regime")
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":

@@ -42,6 +42,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl import yamlpos
+from lorarl.config import one_of
 from lorarl.kinds import KINDS
 from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
@@ -68,9 +69,7 @@ class Study(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        if v not in KINDS:
-            raise ValueError(f"unknown study kind {v!r}; allowed: {', '.join(KINDS)}")
-        return v
+        return one_of(v, list(KINDS), "study kind")
 
     @field_validator("name")
     @classmethod
