@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -224,6 +225,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--full", action="store_true", help="whole training jobs, rollouts included")
     ap.add_argument("--model", default=None, help="--full: a built base model folder")
+    ap.add_argument("--update-cells", type=int, default=0, help="--full: pack.update_cells (0 = all at once)")
     ap.add_argument("--full-worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--study", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cells", default=None, help=argparse.SUPPRESS)
@@ -233,6 +235,7 @@ def main() -> None:
         print(json.dumps(full_worker(a.full_worker, a.study, a.cells, a.results)))
         return
     if a.full:
+        os.environ["LORARL_PACK_UPDATE_CELLS"] = str(a.update_cells)  # the pack worker reads it (lorarl.pack.run)
         run_full([int(x) for x in a.ks.split(",")], a.steps, a.model)
         return
     if a.worker:

@@ -250,9 +250,12 @@ def test_cells_the_packed_loop_cannot_train_run_solo():
 
 
 def test_pack_setting_parsing():
-    from lorarl.pack.plan import max_cells
+    from lorarl.pack.plan import max_cells, update_cells
 
     assert [max_cells(v) for v in (None, False, 0, 1, 4, {"max_cells": 3})] == [1, 1, 1, 1, 4, 3]
+    assert [update_cells(v) for v in (4, {"max_cells": 3}, {"max_cells": 3, "update_cells": 1})] == [0, 0, 1]
+    with pytest.raises(ValueError, match="update_cells"):
+        update_cells({"max_cells": 3, "update_cells": -1})
     for bad in (-1, "4", 2.5, {"max_cells": 0}, {"size": 2}):
         with pytest.raises(ValueError, match="max_cells"):
             max_cells(bad)

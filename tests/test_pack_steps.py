@@ -98,3 +98,18 @@ def test_generation_rows_end_at_eos_and_respect_the_budget(tiny_dir, tmp_path):
         assert 1 <= len(c) <= s.max_new_tokens
         assert all(t not in s.eos_token_ids for t in c[:-1])  # nothing after the first EOS
     assert torch.equal(gens[1].get_state(), torch.Generator().manual_seed(1).get_state())  # b drew nothing
+
+
+def test_update_in_chunks_of_cells_is_the_same_update(tiny_dir, tmp_path):
+    """pack.update_cells (a memory knob): one backward per chunk of cells gives the same result, bit for bit."""
+    from lorarl.pack.build import build_pack
+
+    cells = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05)]
+    whole = fake_regimes(build_pack(cells, results_dir=tmp_path))
+    chunked = fake_regimes(build_pack(cells, results_dir=tmp_path, update_cells=1))
+    for _ in range(2):
+        rw, rc = whole.loop.step(), chunked.loop.step()
+        assert {c: clean(r) for c, r in rw.items()} == {c: clean(r) for c, r in rc.items()}
+    for k in range(2):
+        w, c = trained(whole, k), trained(chunked, k)
+        assert all(torch.equal(w[n], c[n]) for n in w)

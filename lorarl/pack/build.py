@@ -51,8 +51,10 @@ def _share_base(base: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(base, memo)
 
 
-def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu") -> Pack:
-    """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`."""
+def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
+               update_cells: int | None = None) -> Pack:
+    """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
+    cells per forward/backward of the update (None: all at once; same result, less memory when smaller)."""
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
@@ -112,5 +114,6 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
                             temperature=cfg0.train.temperature, top_p=cfg0.train.top_p, pad_token_id=int(pad),
                             eos_token_ids=tuple(int(e) for e in eos_ids))
-    trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False, temperature=cfg0.train.temperature)
+    trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False, temperature=cfg0.train.temperature,
+                            update_cells=update_cells)
     return Pack(PackLoop(trainer, members, sample, tok, ref), policies, tok, precision, facts)

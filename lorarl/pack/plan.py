@@ -58,16 +58,31 @@ def pack_id(members: list[str]) -> str:
     return "pack-" + hashlib.sha1(",".join(members).encode()).hexdigest()[:10]
 
 
+def _int(v: Any) -> Any:
+    """Snakemake's ``--config "pack={max_cells: 4}"`` gives nested values as strings."""
+    return int(v) if isinstance(v, str) and v.strip().isdigit() else v
+
+
 def max_cells(setting: Any) -> int:
     """The profile's / command line's ``pack`` setting → most cells per pack (1 = no packing).
     Accepted: absent/null/false/0/1 (off), an integer K, or ``{max_cells: K}``."""
-    value = setting.get("max_cells", 1) if isinstance(setting, dict) else setting
-    if isinstance(setting, dict) and set(setting) - {"max_cells"}:
-        raise ValueError(f"pack: unknown keys {sorted(set(setting) - {'max_cells'})}; allowed: max_cells")
+    value = _int(setting.get("max_cells", 1)) if isinstance(setting, dict) else setting
+    if isinstance(setting, dict) and set(setting) - {"max_cells", "update_cells"}:
+        raise ValueError(f"pack: unknown keys {sorted(set(setting) - {'max_cells', 'update_cells'})}; "
+                         "allowed: max_cells, update_cells")
     if not isinstance(setting, dict) and value in (None, False, 0):
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}")
+    return value
+
+
+def update_cells(setting: Any) -> int:
+    """``pack.update_cells``: cells per forward/backward of a pack's update (0 = all at once, the default;
+    1 = one cell at a time: the same result bit for bit, the activations of one cell, no slower on a CPU)."""
+    value = _int(setting.get("update_cells", 0)) if isinstance(setting, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"pack.update_cells must be an integer >= 0 (0 = all cells at once); got {value!r}")
     return value
 
 

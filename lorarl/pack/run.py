@@ -33,6 +33,7 @@ from lorarl.io import write_json as _write_json
 from lorarl.pack import publish
 
 STATE_FILE = "pack_state.pt"
+UPDATE_CELLS_ENV = "LORARL_PACK_UPDATE_CELLS"  # set by the train_pack rule from the `pack: {update_cells}` setting
 
 
 @dataclass
@@ -194,7 +195,8 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
     try:
         if slots:
             device = "cpu" if not torch.cuda.is_available() else "cuda"
-            pack = build_pack([s.cell for s in slots], results_dir=results_dir, device=device)
+            chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
+            pack = build_pack([s.cell for s in slots], results_dir=results_dir, device=device, update_cells=chunk)
             loop, trainer = pack.loop, pack.loop.trainer
             for k, s in enumerate(slots):
                 _start(s, study, results_dir, pack.precision, pack_id)

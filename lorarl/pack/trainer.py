@@ -61,7 +61,7 @@ class PackedTrainer:
     """Trains K cells that share one frozen base in one batched forward per step."""
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, update_cells: int | None = None):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -69,6 +69,10 @@ class PackedTrainer:
         self.host = cells[0].model
         self.pad_token_id = int(pad_token_id)
         self.fused_lm_head = fused_lm_head  # TRL's log-prob head (trl.trainer.utils.add_fused_lm_head on the host)
+        # cells per forward/backward of the update (None: all in one). Rows never interact, so any chunking
+        # gives the same result bit for bit; smaller chunks hold fewer activations (memory), one pass is
+        # one batched forward (speed on a GPU)
+        self.update_cells = update_cells
         self.temperature = float(temperature)  # TRL divides the logits by it (unfused path; fused: baked in)
         self.global_step = 0
         self.last_logps: dict[int, torch.Tensor] = {}  # cell -> detached log-probs of its last update's forward
@@ -133,11 +137,20 @@ class PackedTrainer:
         for c in self.cells:
             c.model.train()
             c.optimizer.zero_grad(set_to_none=True)
-        out = self.losses(batches)
+        idx = [k for k in self.running() if batches[k] is not None]
+        chunk = max(1, self.update_cells or len(idx) or 1)
+        out: dict[int, tuple[torch.Tensor, dict]] = {}
+        kept: dict[int, torch.Tensor] = {}
+        for i in range(0, len(idx), chunk):
+            part = set(idx[i:i + chunk])
+            o = self.losses([b if k in part else None for k, b in enumerate(batches)])
+            kept.update(self.last_logps)
+            if o:
+                sum(loss for loss, _ in o.values()).backward()  # frees this chunk's activations
+                out.update(o)
+        self.last_logps = kept
         if not out:
             return {}
-        total = sum(loss for loss, _ in out.values())
-        total.backward()
         metrics: dict[str, dict[str, float]] = {}
         for k, (loss, stats) in out.items():
             c = self.cells[k]

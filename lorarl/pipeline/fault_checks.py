@@ -1,5 +1,6 @@
-"""What `python -m lorarl.pipeline.faults` checks after every completed run: each (metric, step) once in MLflow
-and metrics.csv, adapters and evaluations equal to the uninterrupted reference, no partial output."""
+"""What `python -m lorarl.pipeline.faults` checks after every completed run (each (metric, step) once in
+MLflow and metrics.csv, adapters and evaluations equal to the uninterrupted reference, no partial
+output), and the figures it adds up and prints."""
 
 from __future__ import annotations
 
@@ -78,3 +79,33 @@ def check(results: Path, ref: Path, study: str = "chaos", steps: int = 4) -> dic
         except Exception as err:  # noqa: BLE001 - anything unreadable is a partial output
             out["bad_outputs"].append(f"{p} ({type(err).__name__})")
     return out
+
+
+SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells",
+        "adapters_identical", "adapters_within_tol", "eval_equal")
+
+
+def merge(figs: list[dict]) -> dict:
+    out: dict = {k: sum(f[k] for f in figs) for k in SUMS}
+    out["max_abs_diff"] = max((f["max_abs_diff"] for f in figs), default=0.0)
+    out["bad_outputs"] = [b for f in figs for b in f["bad_outputs"]]
+    for k in ("kills", "missed"):
+        out[k] = {s: sum(f[k].get(s, 0) for f in figs) for s in figs[0][k]} if figs else {}
+    return out
+
+
+def report(f: dict) -> str:
+    lines = ["", "| stage killed (SIGKILL) | kills | missed (process ended first, retried) |", "|---|---|---|"]
+    lines += [f"| {s} | {n} | {f['missed'].get(s, 0)} |" for s, n in f["kills"].items()]
+    lines += ["", f"study runs completed after the kills: {f['completed']}/{f['passes']} "
+                  f"({f['invocations']} `snakemake all` invocations)",
+              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}, "
+              f"beyond the last step: {f.get('extra', 0)}; "
+              f"extra live MLflow runs: {f['extra_runs']}",
+              f"final adapters bit-identical to the uninterrupted run: {f['adapters_identical']}/{f['cells']} "
+              f"(within {ATOL}: {f['adapters_within_tol']}, max |diff| {f['max_abs_diff']:.2e}); "
+              f"evaluations equal: {f['eval_equal']}/{f['cells']}",
+              f"partial or temporary files among the outputs: {len(f['bad_outputs'])}"
+              + (": " + "; ".join(f["bad_outputs"][:5]) if f["bad_outputs"] else ""),
+              f"wall time: {f['wall_s']:.0f}s ({f['workers']} worker(s) side by side)"]
+    return "\n".join(lines)

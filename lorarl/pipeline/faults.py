@@ -9,9 +9,10 @@ completes. Kill targets ("stages"): train / evaluate / diagnose = the job proces
 submitit worker); aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on,
 orphaned); host = the submit host dies (Snakemake and every `lorarl launch` at once).
 The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
-is killed at a point uniform over [0, 90% of that stage's shortest lifetime in the reference run],
-counted from the process's own start (/proc), so the short aggregate is hit too; a kill whose process
-ended first is counted as missed and retried on the next one (kills not placed move to the next run).
+is killed at a point uniform over [0, 90% of that stage's shortest lifetime seen (reference run and
+every run since)], counted from the process's own start (/proc), so the short aggregate is hit too; a
+kill whose process ended first is counted as missed and retried on the next one (kills not placed move
+to the next run); several processes may have a kill planned at once, never more than kills left.
 `--workers N` runs N kill loops side by side, each in its own folder with its share of the kills.
 Each completed pass is checked against the reference (lorarl.pipeline.fault_checks): every (metric,
 step) once in the cell's one MLflow run and metrics.csv, adapters and evaluations equal, no partial or
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from lorarl.pipeline.fault_checks import ATOL, check
+from lorarl.pipeline.fault_checks import SUMS, check, merge, report
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
@@ -177,14 +178,16 @@ def _pick(stage: str, remaining: dict[str, int], rng: random.Random) -> str | No
 def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
                   log: Path, timeout_s: float = 1800, stop_at: float = float("inf")) -> Invocation:
     """One `snakemake all`; SIGKILL processes of stages that still need kills (`remaining`, decremented),
-    one planned at a time, each at a random point of its life (`host` = Snakemake + every launcher,
-    planned on a launcher's life; it ends the invocation). No kill is planned after `stop_at` (time.time())."""
+    each at a random point of its life; a plan per process, never more plans than kills left (`host` =
+    Snakemake + every launcher, planned on a launcher's life, done even if that launcher ended first; it
+    ends the invocation). No kill is planned after `stop_at` (time.time()). Killed processes' lifetimes
+    are not reported."""
     with open(log, "a") as fh:
         proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
                                 env=_env())
     seen: dict[int, tuple[str, float]] = {}  # pid -> (stage, start)
     life: dict[str, list[float]] = {}
-    plan: dict[int, tuple[str, float]] = {}  # pid -> (kill, when): one at a time
+    plan: dict[int, tuple[str, float]] = {}  # pid -> (kill, when)
     killed: list[str] = []
     missed: list[str] = []
     t_end = _now() + timeout_s
@@ -195,18 +198,21 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
             if pid not in current and not _alive(pid):
                 life.setdefault(stage, []).append(now - t0)
                 del seen[pid]
-                if pid in plan:
+                if pid in plan and plan[pid][0] != "host":
                     missed.append(plan.pop(pid)[0])  # it ended before its kill: wait for another one
         for pid, stage in current.items():
             if pid in seen:
                 continue
             seen[pid] = (stage, _started(pid, now))
-            kill = _pick(stage, remaining, rng) if not plan and time.time() < stop_at else None
+            planned = [k for k, _ in plan.values()]
+            avail = {s: n - planned.count(s) for s, n in remaining.items()}
+            kill = _pick(stage, avail, rng) if time.time() < stop_at else None
             if kill is not None:
                 plan[pid] = (kill, seen[pid][1] + rng.uniform(0, KILL_WINDOW * delays.get(kill, 5.0)))
         for pid, (stage, when) in list(plan.items()):
             if now < when:
                 continue
+            del plan[pid]
             if stage == "host":  # the submit host dies: Snakemake and every launcher; jobs run on
                 _kill(proc.pid)
                 for p, st in _procs(workdir):
@@ -214,12 +220,13 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
                         _kill(p)
                 killed.append("host")
                 remaining["host"] -= 1
-            elif _alive(pid) and _kill(pid):
+                break
+            if _alive(pid) and _kill(pid):
                 killed.append(stage)
                 remaining[stage] -= 1
+                seen.pop(pid, None)  # its lifetime was cut short: not a lifetime
             else:
                 missed.append(stage)
-            plan.clear()
         time.sleep(POLL_S)
     if proc.poll() is None:
         proc.kill()
@@ -267,6 +274,9 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
     for n in range(1, max_invocations + 1):
         inv = run_snakemake(dest, remaining, delays, rng, log, stop_at=stop_at)
         missed += inv.missed
+        for stage, lives in inv.lifetimes.items():  # the load changes: windows follow the shortest life seen
+            delays[stage] = min([delays.get(stage, lives[0]), *lives])
+        delays["host"] = delays.get("launcher", delays.get("host", 30.0))
         for stage in inv.killed:
             kills[stage] = kills.get(stage, 0) + 1
         if "host" in inv.killed:  # Snakemake died holding its lock: what a user does after a lost session
@@ -276,10 +286,6 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
         if inv.rc == 0:
             return kills, n, True, missed
     return kills, max_invocations, False, missed
-
-
-SUMS = ("passes", "completed", "invocations", "lost", "duplicated", "extra", "extra_runs", "cells",
-        "adapters_identical", "adapters_within_tol", "eval_equal")
 
 
 def work(index: int, root: Path, template: Path, ref: Path, delays: dict[str, float], budget: dict[str, int],
@@ -322,15 +328,6 @@ def _shares(kills: int, stages: tuple[str, ...], workers: int) -> list[dict[str,
     return [{s: kills // workers + (w < kills % workers) for s in stages} for w in range(workers)]
 
 
-def _merge(figs: list[dict]) -> dict:
-    out: dict = {k: sum(f[k] for f in figs) for k in SUMS}
-    out["max_abs_diff"] = max((f["max_abs_diff"] for f in figs), default=0.0)
-    out["bad_outputs"] = [b for f in figs for b in f["bad_outputs"]]
-    for k in ("kills", "missed"):
-        out[k] = {s: sum(f[k].get(s, 0) for f in figs) for s in figs[0][k]} if figs else {}
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.faults", description=__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
@@ -367,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with ProcessPoolExecutor(len(jobs), mp_context=get_context("spawn")) as pool:
             figs = list(pool.map(work, *zip(*jobs)))
-    figures = _merge(figs)
+    figures = merge(figs)
     figures["workers"] = len(jobs)
     figures["wall_s"] = round(time.time() - t0, 1)
     print(report(figures))
@@ -377,23 +374,6 @@ def main(argv: list[str] | None = None) -> int:
           and not figures.get("extra")
           and not figures["bad_outputs"] and not figures["extra_runs"])
     return 0 if ok else 1
-
-
-def report(f: dict) -> str:
-    lines = ["", "| stage killed (SIGKILL) | kills | missed (process ended first, retried) |", "|---|---|---|"]
-    lines += [f"| {s} | {n} | {f['missed'].get(s, 0)} |" for s, n in f["kills"].items()]
-    lines += ["", f"study runs completed after the kills: {f['completed']}/{f['passes']} "
-                  f"({f['invocations']} `snakemake all` invocations)",
-              f"metric rows (MLflow + metrics.csv) lost: {f['lost']}, duplicated: {f['duplicated']}, "
-              f"beyond the last step: {f.get('extra', 0)}; "
-              f"extra live MLflow runs: {f['extra_runs']}",
-              f"final adapters bit-identical to the uninterrupted run: {f['adapters_identical']}/{f['cells']} "
-              f"(within {ATOL}: {f['adapters_within_tol']}, max |diff| {f['max_abs_diff']:.2e}); "
-              f"evaluations equal: {f['eval_equal']}/{f['cells']}",
-              f"partial or temporary files among the outputs: {len(f['bad_outputs'])}"
-              + (": " + "; ".join(f["bad_outputs"][:5]) if f["bad_outputs"] else ""),
-              f"wall time: {f['wall_s']:.0f}s ({f['workers']} worker(s) side by side)"]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ class StageJob(submitit.helpers.Checkpointable):
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
-        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
+                                                "LORARL_PACK_UPDATE_CELLS") if k in os.environ}
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))

@@ -6,10 +6,12 @@
 # for its pack and moves the staged outputs into place (lorarl.pack.publish). Finished cells are never
 # packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo.
 from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id, plan_packs as _plan_packs
+from lorarl.pack.plan import update_cells as _pack_update_cells
 from lorarl.pack.publish import unfinished as _pack_unfinished
 
 try:
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
+    PACK_UPDATE_CELLS = _pack_update_cells(config.get("pack"))
 except ValueError as err:
     raise WorkflowError(f"config: {err}")
 
@@ -71,9 +73,10 @@ rule train_pack:
         results=RESULTS,
         launcher=config["launcher"],
         slurm=slurm_json("train"),
+        update_cells=PACK_UPDATE_CELLS,
     priority: 100
     threads: 1
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        LAUNCH
+        "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + LAUNCH
