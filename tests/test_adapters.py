@@ -200,10 +200,10 @@ def test_init_mismatch_is_detected(base, built, claimed):
 
 
 def test_build_fails_loudly_when_a_builder_lies(base, monkeypatch):
-    from lorarl.adapters import methods
+    from lorarl.adapters.methods.dora import Dora
 
     plain = get_method("lora")
-    monkeypatch.setattr(methods.Dora, "build", lambda self, model, a, ctx: plain.build(model, a, ctx))  # plain LoRA
+    monkeypatch.setattr(Dora, "build", lambda self, model, a, ctx: plain.build(model, a, ctx))  # plain LoRA
     with pytest.raises(AdapterMismatch, match="magnitude"):
         build_adapter(copy.deepcopy(base), cell("dora"))
 

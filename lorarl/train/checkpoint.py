@@ -202,11 +202,12 @@ class CellCheckpoints:
             recorder.tracker.log_metrics(recorder.rows)  # steps at or below the high-water mark are dropped
         recorder._write_csv()
 
-    def trainer_args(self, args: Any) -> Any:
-        """Checkpoints go to the checkpoint folder; this module decides when (no HF rotation)."""
-        args.output_dir = str(self.root)
-        args.save_total_limit = None
-        return args
+    def check_trainer_args(self, args: Any) -> None:
+        """Checkpoints go to the checkpoint folder (the trainer's ``output_dir``, given to
+        lorarl.train.trl_args.grpo_args) and this module decides when (no HF rotation)."""
+        if Path(args.output_dir).resolve() != Path(self.root).resolve() or args.save_total_limit is not None:
+            raise ValueError(f"trainer output_dir must be the cell's checkpoint folder {self.root} (got "
+                             f"{args.output_dir}) with save_total_limit None (got {args.save_total_limit})")
 
     @property
     def resume_from(self) -> str | None:
@@ -215,7 +216,7 @@ class CellCheckpoints:
     def attach(self, trainer: Any, recorder: Any) -> None:
         """Add the checkpoint callback just before the recorder: lorarl.json exists before MLflow
         sees the steps it covers."""
-        self.trainer_args(trainer.args)
+        self.check_trainer_args(trainer.args)
         cb = _callback(self)
         handler = trainer.callback_handler
         if recorder in handler.callbacks:

@@ -126,7 +126,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.train.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
-        cfg, model=model, tokenizer=tok, args=grpo_args(cfg, work / "trainer", use_cpu, precision), ref_model=ref_model,
+        cfg, model=model, tokenizer=tok, args=grpo_args(cfg, ckpt.root, use_cpu, precision), ref_model=ref_model,
         train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, snapshots, collapse],
         results_dir=str(results_dir),
     )
