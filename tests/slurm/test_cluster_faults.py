@@ -159,8 +159,10 @@ def _job_processes(job: str) -> list[int]:
 def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
     """The node dies mid-training (slurmd and the job's processes SIGKILLed; the node marked down, as
     slurmctld does once SlurmdTimeout passes): the job is requeued or fails; once the node is back,
-    the cell completes from its checkpoint (a rerun of Snakemake if the launcher gave up)."""
-    steps = 20
+    the cell completes from its checkpoint (a rerun of Snakemake if the launcher gave up).
+    40 steps: under heavy load a 20-step cell once reached its last step before the kill landed
+    (CI run of 4f5e121 beside a demo and a fault run: resumed [20], at_kill 20)."""
+    steps = 40
     wd = workdir_for(tmp_path, models, study("nodefail", {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
                                              steps=steps, checkpoint_every=2))
     log = (tmp_path / "snakemake.log").open("w")
@@ -170,6 +172,7 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
         progress = wd / "results" / "nodefail" / ".checkpoints" / "s0" / "progress.json"
         job = _progress(progress, 3, proc)["job_id"]
         victims = _job_processes(job)
+        seen_at = json.loads(progress.read_text())["step"]
         assert victims, "the training job's processes were not found"
         _stop(_daemon_pid("slurmd"), signal.SIGKILL)  # the node crashes: its daemon and its jobs
         for pid in victims:
@@ -198,7 +201,7 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
         assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-6000:]
     summary = _steps_once(wd, "nodefail", "s0", steps)
     resumed = summary["resumed_from_steps"]
-    assert len(resumed) == 1 and 2 <= resumed[0] <= at_kill < steps, (resumed, at_kill)  # its last checkpoint
+    assert len(resumed) == 1 and 2 <= resumed[0] <= at_kill < steps, (resumed, seen_at, at_kill)  # its last checkpoint
     prov = json.loads((wd / "results" / "nodefail" / "s0" / "provenance" / "train.json").read_text())
     jobs = [a["job_id"] for sub in prov["submissions"] for a in sub["attempts"]]
     assert jobs[0] == job and len(jobs) == 2, jobs  # requeued (same id) or resubmitted by the rerun
