@@ -43,3 +43,20 @@ def read_json(path: str | Path) -> Any | None:
         return json.loads(Path(path).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def pid_alive(pid: str | int) -> bool:
+    """This host's process `pid` runs. A zombie (exited, not yet reaped: where init reaps late, for a
+    while after a SIGKILL) is not alive, though `kill -0` succeeds on it."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{int(pid)}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True

@@ -79,6 +79,24 @@ def test_a_lost_launchers_local_job_is_found_by_its_folder(tmp_path: Path):
     assert not inflight.pid_alive(str(proc.pid)) and inflight.local_job_in_flight(folder) is None
 
 
+def test_a_zombie_is_not_alive_for_status_claims_or_adoption():
+    """An exited, unreaped process (what a SIGKILLed daemon stays while init reaps late) is dead to
+    every liveness check: status, pack claims and in-flight adoption all use `io.pid_alive`."""
+    from lorarl import io
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[-1][:1] != "Z" and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        assert Path(f"/proc/{proc.pid}").exists()  # still there, a zombie: kill -0 succeeds on it
+        assert not io.pid_alive(proc.pid) and not inflight.pid_alive(str(proc.pid))
+        assert io.pid_alive(os.getpid()) and not io.pid_alive("not-a-pid")
+    finally:
+        proc.wait()
+    assert not io.pid_alive(proc.pid)
+
+
 # ---- slow ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from lorarl import paths
+from lorarl.io import pid_alive
 
 STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
 CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
@@ -92,13 +93,7 @@ def claim_alive(p: Path) -> bool:
         return False
     if host != socket.gethostname():
         return True  # cannot check another host's process: the claim holds while it exists
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) -> bool:

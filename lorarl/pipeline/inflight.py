@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from lorarl import paths
+from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
 from lorarl.pipeline import provenance
 from lorarl.pipeline.slurm import squeue_rows
 
@@ -71,17 +72,6 @@ def _ancestors() -> set[str]:
         except (OSError, ValueError, IndexError):
             break
     return out
-
-
-def pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, OSError):
-        return False
-    try:  # a zombie (exited, not yet reaped) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
 
 
 def find_job(executor: str, folder: Path, name: str, prov_file: Path) -> tuple[str, str] | None:

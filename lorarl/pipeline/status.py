@@ -18,6 +18,7 @@ from typing import Any
 
 from lorarl.train import checkpoint
 from lorarl import paths
+from lorarl.io import pid_alive
 from lorarl.pipeline import provenance
 from lorarl.train.divergence import DIVERGED, cell_state
 
@@ -69,14 +70,6 @@ def slurm_snapshot(job_ids: list[str]) -> tuple[dict[str, dict], dict[str, dict]
     return queue, acct
 
 
-def _pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, OSError):
-        return False
-    return True
-
-
 def _last_error(log: Path) -> str:
     try:
         lines = log.read_text(errors="replace").splitlines()
@@ -122,7 +115,7 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
                                + (f": {err}" if err else "") + resume)
         return StageStatus(state.lower(), jid, step, "")
     # local / debug executors: the job id is a process id on this machine
-    if jid and _pid_alive(jid) and prog is not None:
+    if jid and pid_alive(jid) and prog is not None:
         return StageStatus("running", jid, step, last.get("executor", ""))
     err = _last_error(launcher_log)
     if err or "FAILED" in (launcher_log.read_text(errors="replace") if launcher_log.exists() else ""):
@@ -130,7 +123,7 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
         return StageStatus("failed", jid, step, (err or "see " + str(launcher_log)) + resume)
     if ckpts:
         return StageStatus("interrupted", jid, step, f"a rerun resumes from step {ckpts[-1].step}")
-    return StageStatus("running" if jid and _pid_alive(jid) else "interrupted", jid, step, last.get("executor", ""))
+    return StageStatus("running" if jid and pid_alive(jid) else "interrupted", jid, step, last.get("executor", ""))
 
 
 def study_status(study_path: str, results_dir: str | Path = "results") -> list[CellStatus]:

@@ -37,7 +37,10 @@ wait_for() {
   done
 }
 
-alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# running PID: the process exists and is not a zombie. A SIGKILLed daemon is reparented to init, and
+# where init reaps late (this VM's init: ~80 s) `kill -0` alone would take its zombie for a live daemon.
+running() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [[ ${s%% *} != Z ]]; }
+alive() { [[ -s $1 ]] && running "$(cat "$1")"; }
 
 # close_fds: close every inherited descriptor above 2 in this (sub)shell, so a daemon started from
 # it never holds the caller's files for its lifetime (e.g. the fd of `flock -x LOCK cluster.sh up`:
@@ -230,9 +233,14 @@ stop() {
     if alive "$f"; then pids+=("$(cat "$f")"); kill -TERM "${pids[-1]}" 2>/dev/null || true; fi
     rm -f "$f"
   done
-  for i in $(seq 75); do kill -0 "${pids[@]}" 2>/dev/null || return 0; sleep 0.2; done
+  for i in $(seq 75); do
+    local left=0
+    for f in "${pids[@]}"; do running "$f" && left=1; done
+    ((left)) || return 0
+    sleep 0.2
+  done
   for f in "${pids[@]}"; do
-    if kill -0 "$f" 2>/dev/null; then echo "cluster.sh: pid $f ignored SIGTERM, killing" >&2; kill -KILL "$f" || true; fi
+    if running "$f"; then echo "cluster.sh: pid $f ignored SIGTERM, killing" >&2; kill -KILL "$f" || true; fi
   done
 }
 

@@ -45,13 +45,20 @@ def _daemon_pid(name: str) -> int:
     return int((STATE / "run" / f"{name}.pid").read_text().strip())
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie: where no init reaps orphans at once (a CI container) a SIGKILLed
+    daemon stays a zombie for a while, and `kill -0` alone would wait on it."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().split(") ")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
     os.kill(pid, sig)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
+        if not _alive(pid):
             return
         time.sleep(0.2)
     pytest.fail(f"pid {pid} still alive {timeout} s after signal {sig}")
@@ -161,7 +168,8 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
     slurmctld does once SlurmdTimeout passes): the job is requeued or fails; once the node is back,
     the cell completes from its checkpoint (a rerun of Snakemake if the launcher gave up).
     40 steps: under heavy load a 20-step cell once reached its last step before the kill landed
-    (CI run of 4f5e121 beside a demo and a fault run: resumed [20], at_kill 20)."""
+    (CI run of 4f5e121 beside a demo and a fault run: resumed [20], at_kill 20); the job's processes
+    are now SIGKILLed together with slurmd, before waiting on either."""
     steps = 40
     wd = workdir_for(tmp_path, models, study("nodefail", {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
                                              steps=steps, checkpoint_every=2))
@@ -174,12 +182,18 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
         victims = _job_processes(job)
         seen_at = json.loads(progress.read_text())["step"]
         assert victims, "the training job's processes were not found"
-        _stop(_daemon_pid("slurmd"), signal.SIGKILL)  # the node crashes: its daemon and its jobs
-        for pid in victims:
+        # The node crashes: its jobs and its daemon, all SIGKILLed before waiting on any (CI run of
+        # 82e12bc: waiting on slurmd first let the cell run from step 6 to 40 before its own kill).
+        slurmd = _daemon_pid("slurmd")
+        for pid in victims + [slurmd]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        deadline = time.time() + 30
+        while any(_alive(p) for p in victims + [slurmd]) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in victims + [slurmd]), "the job's processes outlived SIGKILL"
         at_kill = json.loads(progress.read_text())["step"]  # the last step it finished
         subprocess.run(["scontrol", "update", f"nodename={host}", "state=down", "reason=i16 node failure test"],
                        check=True, timeout=30)
