@@ -80,6 +80,12 @@ def tracking_check(results_dir: str) -> str:
         from lorarl.tracking.server import configure_client
 
         configure_client(uri)
+    else:  # a new sqlite store is made whole or not at all, under the lock the cells use
+        from lorarl.tracking import sqlite_store
+        from lorarl.tracking.client import locked
+
+        with locked(results_dir):
+            sqlite_store.ensure(uri)
     MlflowClient(uri).search_experiments(max_results=1)
     return uri
 

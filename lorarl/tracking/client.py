@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from lorarl.gitrepo import REPO, head_sha, tracked_diff
+from lorarl.tracking import sqlite_store
 from lorarl.tracking.errors import TrackingError, TrackingUnavailable
 
 CELL_TAG = "lorarl.cell_id"
@@ -105,6 +106,9 @@ def _locked(results_dir: str | Path, timeout_s: float | None = None) -> Iterator
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+locked = _locked  # public: other stages that open the sqlite store take the same lock
+
+
 def transient(err: BaseException) -> bool:
     """Worth retrying: a lock timeout, a connection error, a timeout, a 5xx; not a refused request."""
     if isinstance(err, (LockTimeout, ConnectionError, TimeoutError, OSError)):
@@ -155,8 +159,9 @@ class Tracker:
         self.logged: dict[str, int] = {}  # metric -> last step logged (a kill mid-batch leaves keys behind)
         self.pending: list[Any] = []  # Metric objects not yet acknowledged by the store (same ts on resend)
         self.behind_since: float | None = None  # the store failed a metric flush; training goes on
-        # sqlite: the first client creates/migrates the schema, so it is made under the lock too
-        self.client = self._retry("open the store", lambda: mlflow.MlflowClient(self.uri))
+        # sqlite: the first client creates the store, under the lock, whole or not at all (sqlite_store)
+        self.client = self._retry("open the store", lambda: (sqlite_store.ensure(self.uri),
+                                                             mlflow.MlflowClient(self.uri))[1])
         self.experiment_id = self._retry("open the experiment", self._experiment)
 
     # ---- plumbing -----------------------------------------------------------------------------------

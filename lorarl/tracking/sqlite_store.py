@@ -1,0 +1,118 @@
+"""Creating the sqlite MLflow store so that no kill can leave a half-made one (issue 16).
+
+MLflow builds a new sqlite store in place: it creates the initial tables, then runs some fifty alembic
+migrations, several of which copy a table through `_alembic_tmp_<name>` (sqlite has no ALTER COLUMN).
+A SIGKILL in that second (measured by `python -m lorarl.pipeline.faults`: a launcher killed while its
+first cell opened `results/mlflow.db`) leaves a store that every later open refuses with
+`table _alembic_tmp_datasets already exists`, and the study can never finish.
+
+So a new store is made in a temporary file beside it and renamed into place once complete (rename is
+atomic): `results/mlflow.db` is either absent or whole. A store already left half-made (by an older
+lorarl, or an interrupted `mlflow db upgrade`) is recognised: with no runs in it nothing can be lost,
+so it is moved aside (kept, named in the message) and made again; with runs in it, the cell fails
+with a message saying how to rebuild the view from the cell files (`lorarl sync-mlflow`).
+Callers hold the results-dir lock (lorarl.tracking.client._locked), so one process creates it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from lorarl.tracking.errors import TrackingError
+
+TMP_PREFIX = "_alembic_tmp_"  # alembic's batch-migration copies (sqlite), present only mid-migration
+
+
+def db_path(uri: str) -> Path | None:
+    """The file of a `sqlite:///` URI (None for any other store)."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def head_revision() -> str:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def inspect(db: Path) -> dict:
+    """What the file holds: its tables' state, schema revision and number of runs (read-only)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        rev = con.execute("SELECT version_num FROM alembic_version").fetchone() if "alembic_version" in tables else None
+        runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    finally:
+        con.close()
+    return {"tmp_tables": sorted(t for t in tables if t.startswith(TMP_PREFIX)), "revision": rev[0] if rev else None,
+            "runs": runs, "tables": len(tables)}
+
+
+def problem(state: dict, head: str) -> str | None:
+    """Why a store is half-made, or None if it is whole (or from a newer MLflow: MLflow says so itself)."""
+    if state["tmp_tables"]:
+        return f"an interrupted schema migration left table(s) {', '.join(state['tmp_tables'])}"
+    if state["revision"] is None:
+        return "it has no schema revision (its creation was interrupted)"
+    if state["revision"] != head and state["runs"] == 0:
+        return f"its schema stopped at revision {state['revision']} (head {head}): its creation was interrupted"
+    return None
+
+
+def _forget(uri: str) -> None:
+    """Drop MLflow's cached engine of `uri` (SqlAlchemyStore keeps one per URI for the process), so
+    that a file moved aside is not written through connections opened before the move."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _create(db: Path) -> None:
+    """Make a complete store at `db`: built in a temporary file beside it, then renamed into place."""
+    import mlflow
+
+    tmp = db.parent / f".{db.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # new name: MLflow caches by URI
+    mlflow.MlflowClient(f"sqlite:///{tmp}").search_experiments(max_results=1)  # the store exists and answers
+    _forget(f"sqlite:///{tmp}")  # close its connections before the file moves
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, db)
+    dfd = os.open(db.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def ensure(uri: str) -> None:
+    """A whole store at `uri` (sqlite only; a server URI is left alone). Call under the results lock."""
+    db = db_path(uri)
+    if db is None:
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    for stale in db.parent.glob(f".{db.name}.creating-*"):  # a creator killed before its rename
+        stale.unlink(missing_ok=True)
+    if not db.exists() or db.stat().st_size == 0:
+        _create(db)
+        return
+    state = inspect(db)
+    why = problem(state, head_revision())
+    if why is None:
+        return
+    if state["runs"]:
+        raise TrackingError(
+            f"MLflow store {db} is half-migrated: {why}; it holds {state['runs']} run(s), so lorarl will not "
+            f"replace it. The cell files are the record: move it aside (mv {db} {db}.broken) and run "
+            f"`lorarl sync-mlflow <study>` for each study in {db.parent} to rebuild the view, or restore a backup.")
+    aside = db.with_name(f"{db.name}.interrupted-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    _forget(uri)
+    os.replace(db, aside)
+    print(f"lorarl: MLflow store {db} was half-made ({why}; no runs in it): kept as {aside.name}, made anew",
+          file=sys.stderr, flush=True)
+    _create(db)
