@@ -244,7 +244,8 @@ def test_cells_the_packed_loop_cannot_train_run_solo():
     from lorarl.pack.plan import pack_key
 
     assert pack_key(_cell("a").config) is not None
-    for over in ({"adapter__init": "pissa"}, {"train__num_iterations": 2}, {"train__dynamic_sampling": True},
+    assert pack_key(_cell("p", adapter__init="pissa").config) is not None  # residual inits pack (test_pack_steps)
+    for over in ({"train__num_iterations": 2}, {"train__dynamic_sampling": True},
                  {"train__mini_batch_prompts": 4}, {"rollout__engine": "vllm"}):
         assert pack_key(_cell("x", **over).config) is None, over
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.test_grpo import load, tiny_dir  # noqa: F401
@@ -13,12 +14,13 @@ from tests.test_grpo import load, tiny_dir  # noqa: F401
 NOISY = ("time/", "tokens_per_s", "pack/cells")  # wall-clock and pack size: not part of the result
 
 
-def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2):
+def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None):
     from lorarl.config import CellConfig
 
+    adapter = {"method": method, "rank": 4, "alpha": 8, "dropout": 0.0, **({"init": init} if init else {})}
     cfg = CellConfig(model=str(tiny_dir), seed=seed,
                      task={"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-                     adapter={"method": "lora", "rank": 4, "alpha": 8, "dropout": 0.0},
+                     adapter=adapter,
                      reward={"regime": regime},
                      train={"lr": lr, "steps": steps, "prompts_per_step": 2, "generations": 2,
                             "max_completion_length": 8, "beta": beta, "kl_monitor_every": monitor,
@@ -113,3 +115,48 @@ def test_update_in_chunks_of_cells_is_the_same_update(tiny_dir, tmp_path):
     for k in range(2):
         w, c = trained(whole, k), trained(chunked, k)
         assert all(torch.equal(w[n], c[n]) for n in w)
+
+
+@pytest.mark.parametrize("method,init", [("lora", "pissa"), ("dora", "milora"), ("lora", "olora")])
+def test_residual_init_cells_pack_and_equal_their_solo_runs(tiny_dir, tmp_path, method, init):
+    """Residual inits write W0 - s·B0A0 into the ONE shared base; every member starts from W0 and writes
+    the same residual, so the pack trains each cell exactly as alone (bit for bit) on that residual base."""
+    from lorarl.pack.build import build_pack
+    from lorarl.pack.plan import pack_key
+    from lorarl.pack.routing import lora_layers
+
+    cells = [cell(tiny_dir, "a", 1, method=method, init=init),
+             cell(tiny_dir, "b", 2, beta=0.05, lr=5e-3, method=method, init=init)]
+    assert pack_key(cells[0].config) is not None and pack_key(cells[0].config) == pack_key(cells[1].config)
+    pack = fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu"))
+    rows = [pack.loop.step() for _ in range(3)]
+    for k, c in enumerate(cells):
+        solo = fake_regimes(build_pack([c], results_dir=tmp_path, device="cpu"))
+        packed_layers, solo_layers = lora_layers(pack.loop.trainer.cells[k].model), lora_layers(solo.loop.trainer.cells[0].model)
+        for n, layer in solo_layers.items():  # the same residual base as the cell alone (not subtracted twice)
+            assert torch.equal(packed_layers[n].get_base_layer().weight, layer.get_base_layer().weight), n
+        assert pack.policies[k].ctx.init_factors  # the residual is recorded for the save on the original base
+        solo_rows = [solo.loop.step() for _ in range(3)]
+        mine, alone = trained(pack, k), trained(solo, 0)
+        assert mine.keys() == alone.keys() and all(torch.equal(mine[n], alone[n]) for n in mine), c.id
+        for i in range(3):
+            assert clean(rows[i][c.id]) == clean(solo_rows[i][c.id]), (c.id, i)
+
+
+def test_a_pack_refuses_members_whose_residual_bases_differ(tiny_dir, tmp_path, monkeypatch):
+    """The residual is checked, not assumed: a member whose init wrote another residual is refused."""
+    from lorarl.adapters import inits
+    from lorarl.pack.build import build_pack
+
+    real, seen = inits.residual, set()
+
+    def drifting(W0, B0, A0, scale):  # the second member's residual differs (as a non-deterministic SVD would)
+        out = real(W0, B0, A0, scale)
+        again = id(W0) in seen  # the shared weight, written a second time: the second member
+        seen.add(id(W0))
+        return out + 1e-3 if again else out
+
+    cells = [cell(tiny_dir, "a", 1, init="pissa"), cell(tiny_dir, "b", 2, init="pissa")]
+    monkeypatch.setattr("lorarl.adapters.ops.residual", drifting)
+    with pytest.raises(ValueError, match="cell b: its residual base differs from cell a's"):
+        build_pack(cells, results_dir=tmp_path, device="cpu")

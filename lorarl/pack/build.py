@@ -9,7 +9,10 @@ regime (:func:`lorarl.rewards.registry.build_regime`), AdamW with its lr and wei
 ``train.lr_scheduler`` / ``warmup_ratio``, gradient clipping at 1.0 (HF's default), its own data-order
 and sampling generators (seeded from the cell's seed). The cells' models share ONE copy of the frozen
 base weights (a deep copy whose memo maps every base parameter to itself); the frozen KL reference
-is one copy of the original base for the whole pack.
+is one copy of the original base for the whole pack. Residual inits (PiSSA, MiLoRA, OLoRA, OLoRA-tail)
+pack too: their residual W0 − s·B0A0 is a function of the model, rank, alpha, init and targets (all in
+the pack key; the SVD inits draw no random numbers), so every member writes the same residual into
+the shared base, each from W0 (restored before each member's init); the result is checked bit for bit.
 """
 
 from __future__ import annotations
@@ -51,6 +54,36 @@ def _share_base(base: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(base, memo)
 
 
+def _residual_originals(base: torch.nn.Module, cfg: Any) -> dict[torch.Tensor, torch.Tensor] | None:
+    """Residual inits (PiSSA, MiLoRA, OLoRA...): the adapted weights' original values (W0), so that each
+    cell's init starts from W0 (its SVD, cached, is of W0) and writes the same residual; else None."""
+    from lorarl.adapters.inits import is_residual
+    from lorarl.adapters.ops import target_linears
+
+    if not is_residual(cfg.adapter.init):
+        return None
+    targets = cfg.adapter.target_modules or "all-linear"
+    return {m.weight: m.weight.detach().clone() for _, m in target_linears(base, targets)}
+
+
+def _restore(originals: dict[torch.Tensor, torch.Tensor] | None) -> None:
+    with torch.no_grad():
+        for w, w0 in (originals or {}).items():
+            w.copy_(w0)
+
+
+def _digest(originals: dict[torch.Tensor, torch.Tensor] | None) -> str | None:
+    """A digest of the shared adapted weights as they are now (the residual base after a residual init)."""
+    import hashlib
+
+    if not originals:
+        return None
+    h = hashlib.sha256()
+    for w in originals:
+        h.update(w.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
                update_cells: int | None = None) -> Pack:
     """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
@@ -86,12 +119,20 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     texts = [prompt_text(tok, p) for p in prompts]
     answers = [str(a) for a in dataset["answer"]]
     models = [base] + [_share_base(base) for _ in cells[1:]]  # before any adapter wraps the base in place
+    originals = _residual_originals(base, cfg0)
     pcs, members, policies, regimes = [], [], [], {}
+    residual_digest = None
     for k, cell in enumerate(cells):
         cfg, t = cell.config, cell.config.train
         model = models[k]
+        _restore(originals)  # a residual init writes W0 - s·B0A0 into the ONE shared base: from W0 each time
         torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.main.load_policy)
         policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
+        digest = _digest(originals)
+        if residual_digest is not None and digest != residual_digest:
+            raise ValueError(f"cell {cell.id}: its residual base differs from cell {cells[0].id}'s; cells of a "
+                             "pack must share their (residual) base bit for bit")
+        residual_digest = digest
         params = [p for p in policy.model.parameters() if p.requires_grad]
         opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),

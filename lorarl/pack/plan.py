@@ -10,9 +10,10 @@ RNG stream shared by the pack) get a pack of their own.
 Choices (stricter than the issue, so the packed update stays exactly the solo one):
 ``train.temperature`` and ``top_p`` are in the key (the log-prob head and the sampler use them), and so
 are ``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
-so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) and masks
-rewrite the frozen base in place, and the pack shares ONE copy of it: they run solo (the issue allows
-packing cells with identical residual bases; not built). ``num_iterations > 1``, PPO mini-batches, DAPO
+so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) rewrite the
+frozen base with W0 − s·B0A0, which the key fixes (model, adapter rank/alpha/init/targets; SVD inits draw
+no random numbers): their residual bases are identical, so they pack (lorarl.pack.build checks it bit
+for bit). Masks (sparse updates of the base itself) run solo. ``num_iterations > 1``, PPO mini-batches, DAPO
 dynamic sampling and ``rollout.engine: vllm`` run solo too (the packed step loop does not do them).
 """
 
@@ -29,13 +30,11 @@ _TRAIN_KEYS = ("temperature", "top_p", "max_completion_length", "max_prompt_leng
 
 def pack_key(cfg: Any) -> str | None:
     """The compatibility key of a cell config (``None``: the cell cannot pack)."""
-    from lorarl.adapters.names import RESIDUAL_INITS
-
     a, t = cfg.adapter, cfg.train
     if a.method not in PACKABLE_METHODS or (a.dropout or 0) > 0:
         return None  # dropout > 0 would draw from one RNG stream shared by the pack: such cells run solo
-    if a.init in RESIDUAL_INITS or a.mask is not None:
-        return None  # they rewrite the frozen base in place; the pack shares ONE copy of it
+    if a.mask is not None:
+        return None  # a mask trains the base itself; the pack shares ONE copy of it
     if t.num_iterations > 1 or t.updates_per_generation > 1 or t.dynamic_sampling:
         return None  # the packed step loop takes one update per rollout batch, no refill rounds
     if cfg.rollout.engine != "hf":
