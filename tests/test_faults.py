@@ -128,6 +128,44 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path):
+    """The same for a pack job (issue 14): the orphaned pack job is waited on, not submitted twice, and
+    its members' train launchers publish what it trained."""
+    from lorarl.models import build_base
+    from lorarl.pack.plan import pack_id
+
+    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    study = tmp_path / "study.yaml"
+    spec = json.loads(json.dumps(STUDY))
+    spec["axes"]["seed"]["values"] = [0, 1]
+    spec["defaults"]["train"]["steps"] = 6
+    study.write_text(yaml.safe_dump(spec))
+    pid = pack_id(["s0", "s1"])
+    cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), "s0,s1", "--results", str(tmp_path),
+           "--executor", "local"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    prov = tmp_path / "fl" / ".packs" / pid / "provenance" / "pack.json"
+    deadline = time.time() + 120
+    while not provenance.job_ids(prov) and time.time() < deadline:
+        time.sleep(0.2)
+    job = provenance.job_ids(prov)[0]
+    first.send_signal(signal.SIGKILL)  # the pack's launcher dies; its job runs on, orphaned
+    first.wait()
+    assert inflight.pid_alive(job)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert f"pack {pid}: job {job} of an earlier launcher is still RUNNING" in second.stdout
+    assert len(provenance.read(prov)["submissions"]) == 1  # no duplicate submitted
+    record = json.loads((tmp_path / "fl" / ".packs" / f"{pid}.json").read_text())
+    assert record["trained"] == ["s0", "s1"] and not record["left_out"], record
+    for c in ("s0", "s1"):
+        train = subprocess.run([sys.executable, "-m", "lorarl.cli", "launch", "train", str(study), c, "--results",
+                                str(tmp_path), "--executor", "local"], capture_output=True, text=True, timeout=600)
+        assert train.returncode == 0 and "trained in its pack" in train.stdout, train.stdout[-2000:] + train.stderr
+        assert json.loads((tmp_path / "fl" / c / "summary.json").read_text())["pack"]["id"] == pid
+
+
+@pytest.mark.slow
 def test_fault_injection_small_run(tmp_path: Path):
     """One SIGKILL of each stage (train, evaluate, diagnose, aggregate, a launcher, the submit host) in
     a 1-cell study, several kills per `snakemake all`; the study completes every time, as the reference."""

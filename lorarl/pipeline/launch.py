@@ -250,10 +250,17 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
             threads = int(slurm.get("cpus_per_task", threads or 1))
         threads = max(1, int(threads or 1))
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
+        name = f"lorarl-pack-{study.name}-{pid}"
+        found = inflight.find_job(executor, folder, name, prov)  # the pack job of a lost launcher, still running?
+        if found is not None:
+            print(f"[lorarl] pack {pid}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
+                  f"instead of submitting a duplicate", flush=True)
+            if _finish_adopted(found[0], executor, folder, "pack", "pack", results_dir, study.name, pid, None) == 0:
+                return 0
+            print(f"[lorarl] pack {pid}: submitting it again (members resume from their checkpoints)", flush=True)
+        _clear_stale_results(folder)
         index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
                                              executor=executor, slurm=slurm)
-        name = f"lorarl-pack-{study.name}-{pid}"
-        _clear_stale_results(folder)
         ex = make_executor(executor, folder, threads, slurm, name=name)
         job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
         provenance.record_job_id(prov, index, job.job_id, name)
