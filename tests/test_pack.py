@@ -50,12 +50,13 @@ def regime(name, tok):
                                                                                           tokenizer=tok)
 
 
-def solo_cells(tiny_dir, tmp_path, kind, reg, betas):
+def solo_cells(tiny_dir, tmp_path, kind, reg, betas, temps=None):
     """K solo trainers (own adapters, own prompts), each with one scored batch."""
     out = []
     for k, beta in enumerate(betas):
         m, tok = load(tiny_dir)
-        a = args(tmp_path / str(k), loss_type="grpo", epsilon_high=0.28, bf16=False)  # fp32: no CPU autocast
+        a = args(tmp_path / str(k), loss_type="grpo", epsilon_high=0.28, bf16=False,  # fp32: no CPU autocast
+                 temperature=(temps or [1.0] * len(betas))[k])
         torch.manual_seed(k)
         t = LorarlGRPOTrainer(model=m, regime=regime(reg, tok), args=a, kl_beta=beta, train_dataset=dataset(),
                               processing_class=tok, peft_config=peft_config(kind), ref_model="auto")
@@ -73,11 +74,12 @@ def grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
 
 
-@pytest.mark.parametrize("kind,reg", [("lora", "outcome"), ("dora", "outcome"), ("dct", "outcome"),
-                                      ("lora", "process")])
-def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg):
+@pytest.mark.parametrize("kind,reg,temps", [("lora", "outcome", None), ("dora", "outcome", None),
+                                            ("dct", "outcome", None), ("lora", "process", None),
+                                            ("lora", "outcome", [1.0, 0.7])])
+def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg, temps):
     betas = [0.0, 0.05]  # beta = 0 and beta > 0 inside one pack
-    cells = solo_cells(tiny_dir, tmp_path, kind, reg, betas)
+    cells = solo_cells(tiny_dir, tmp_path, kind, reg, betas, temps)
     widths = {b["prompt_ids"].size(1) for _, b in cells}
     assert len(widths) > 1  # the cells really are padded to a common width inside the pack
     solo = []
@@ -90,7 +92,8 @@ def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg)
     pcs = [PackCell(f"c{k}", t.model, torch.optim.SGD(t.model.parameters(), lr=0.0),
                     LossSettings(loss_type="grpo", beta=beta, epsilon_high=0.28, max_completion_length=MAXLEN))
            for k, ((t, _), beta) in enumerate(zip(cells, betas))]
-    pack = PackedTrainer(pcs, pad_token_id=cells[0][0]._tokenizer.pad_token_id)
+    pack = PackedTrainer(pcs, pad_token_id=cells[0][0]._tokenizer.pad_token_id,  # temperatures per cell: unfused head
+                         **({"temperature": temps, "fused_lm_head": False} if temps else {}))
     for c in pcs:
         c.model.zero_grad()
     losses = pack.losses([b for _, b in cells])
@@ -223,8 +226,9 @@ def test_plan_groups_by_compatibility_key():
              _cell("g", train__temperature=0.7), _cell("h")]
     assert pack_key(cells[0].config) == pack_key(cells[1].config) == pack_key(cells[3].config)
     assert pack_key(cells[4].config) is None and pack_key(cells[5].config) is None
-    assert plan_packs(cells, 4) == [["a", "b", "d", "h"], ["c"], ["e"], ["f"], ["g"]]
-    assert plan_packs(cells, 2) == [["a", "b"], ["c"], ["d", "h"], ["e"], ["f"], ["g"]]
+    assert pack_key(cells[6].config) == pack_key(cells[0].config)  # temperature may differ inside a pack
+    assert plan_packs(cells, 4) == [["a", "b", "d", "g"], ["c"], ["e"], ["f"], ["h"]]
+    assert plan_packs(cells, 2) == [["a", "b"], ["c"], ["d", "g"], ["e"], ["f"], ["h"]]
     assert plan_packs(cells, 1) == [[c.id] for c in cells]
     with pytest.raises(ValueError, match="pack.max_cells"):
         plan_packs(cells, 0)

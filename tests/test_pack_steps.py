@@ -14,7 +14,8 @@ from tests.test_grpo import load, tiny_dir  # noqa: F401
 NOISY = ("time/", "tokens_per_s", "pack/cells")  # wall-clock and pack size: not part of the result
 
 
-def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None):
+def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None,
+         temperature=1.0, top_p=1.0):
     from lorarl.config import CellConfig
 
     adapter = {"method": method, "rank": 4, "alpha": 8, "dropout": 0.0, **({"init": init} if init else {})}
@@ -24,6 +25,7 @@ def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, moni
                      reward={"regime": regime},
                      train={"lr": lr, "steps": steps, "prompts_per_step": 2, "generations": 2,
                             "max_completion_length": 8, "beta": beta, "kl_monitor_every": monitor,
+                            "temperature": temperature, "top_p": top_p,
                             "lr_scheduler": "linear"})
     return SimpleNamespace(id=cid, config=cfg)
 
@@ -50,8 +52,8 @@ def clean(row):
 def test_pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path):
     from lorarl.pack.build import build_pack
 
-    cells = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05),
-             cell(tiny_dir, "c", 3, regime="process", lr=5e-3)]
+    cells = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05, temperature=0.7, top_p=0.9),
+             cell(tiny_dir, "c", 3, regime="process", lr=5e-3, temperature=1.3)]
     pack = fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu"))
     start = [trained(pack, k) for k in range(3)]
     rows = [pack.loop.step() for _ in range(3)]

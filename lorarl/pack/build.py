@@ -138,7 +138,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
                               num_training_steps=t.steps)
         pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=1.0))
-        rkey = cfg.reward.model_dump_json()
+        rkey = (cfg.reward.model_dump_json(), t.temperature)  # (a teacher's log-probs use the temperature)
         if rkey not in regimes:  # cells with one reward config share the regime (one teacher / PRM in memory)
             regimes[rkey] = build_regime(cfg.reward, tok, results_dir=results_dir, device=device,
                                          temperature=t.temperature)
@@ -153,8 +153,10 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
-                            temperature=cfg0.train.temperature, top_p=cfg0.train.top_p, pad_token_id=int(pad),
+                            temperature=tuple(c.config.train.temperature for c in cells),
+                            top_p=tuple(c.config.train.top_p for c in cells), pad_token_id=int(pad),
                             eos_token_ids=tuple(int(e) for e in eos_ids))
-    trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False, temperature=cfg0.train.temperature,
+    trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
+                            temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells)
     return Pack(PackLoop(trainer, members, sample, tok, ref), policies, tok, precision, facts)

@@ -26,14 +26,20 @@ import torch
 
 @dataclass(frozen=True)
 class SampleSettings:
-    """What every cell of a pack shares about sampling (all in the pack's compatibility key)."""
+    """Sampling settings of a pack: shapes shared (in the compatibility key), temperature and top-p per cell."""
 
     prompt_width: int  # why: fixed left-padded prompt columns (bit-equal packs of any size)
     max_new_tokens: int  # why: train.max_completion_length
-    temperature: float = 1.0  # why: train.temperature
-    top_p: float = 1.0  # why: train.top_p
+    temperature: float | tuple[float, ...] = 1.0  # why: train.temperature (one for all, or one per cell)
+    top_p: float | tuple[float, ...] = 1.0  # why: train.top_p (one for all, or one per cell)
     pad_token_id: int = 0  # why: filler after a row's end (and left padding)
     eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
+
+    def cell(self, k: int) -> tuple[float, float]:
+        """(temperature, top_p) of cell k."""
+        t = self.temperature[k] if isinstance(self.temperature, tuple) else self.temperature
+        p = self.top_p[k] if isinstance(self.top_p, tuple) else self.top_p
+        return float(t), float(p)
 
 
 @dataclass
@@ -110,7 +116,7 @@ def generate(router, prompts: list[list[list[int]] | None], generators: list[tor
                     sl = spans[k]
                     if bool(done_N[sl].all()):
                         continue  # this cell is finished: it draws nothing more (as it would alone)
-                    probs_BV = next_token_probs(logits[sl], s.temperature, s.top_p)
+                    probs_BV = next_token_probs(logits[sl], *s.cell(k))
                     draw_B = torch.multinomial(probs_BV.cpu(), 1, generator=generators[k]).squeeze(1).to(dev)
                     tok_N[sl] = torch.where(done_N[sl], torch.full_like(draw_B, s.pad_token_id), draw_B)
                 live_N = ~done_N

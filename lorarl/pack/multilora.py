@@ -63,9 +63,10 @@ def build_requests(api: Any, loras: list[Any], prompts: list[list[list[int]] | N
         if groups is None:
             continue
         seeds = torch.randint(0, SEED_MAX, (len(groups),), generator=generators[k]).tolist()
+        temperature, top_p = s.cell(k)
         for ids, seed in zip(groups, seeds):
             req.prompts.append({"prompt_token_ids": list(ids)})
-            req.params.append(api.SamplingParams(n=generations, temperature=s.temperature, top_p=s.top_p, top_k=0,
+            req.params.append(api.SamplingParams(n=generations, temperature=temperature, top_p=top_p, top_k=0,
                                                  max_tokens=s.max_new_tokens, seed=int(seed),
                                                  stop_token_ids=list(s.eos_token_ids) or None))
             req.loras.append(loras[k])

@@ -7,9 +7,10 @@ target modules, dropout, precision, lengths, task, prompt, rollout engine) and m
 family, which have no LoRA layers to route, and adapter dropout > 0, whose masks would come from one
 RNG stream shared by the pack) get a pack of their own.
 
+``train.temperature`` and ``top_p`` may differ: each cell samples its rows with its own, and its log-probs
+(policy and reference) divide its rows' logits by its own temperature.
 Choices (stricter than the issue, so the packed update stays exactly the solo one):
-``train.temperature`` and ``top_p`` are in the key (the log-prob head and the sampler use them), and so
-are ``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
+``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
 so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) rewrite the
 frozen base with W0 − s·B0A0, which the key fixes (model, adapter rank/alpha/init/targets; SVD inits draw
 no random numbers): their residual bases are identical, so they pack (lorarl.pack.build checks it bit
@@ -24,7 +25,7 @@ from typing import Any
 
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
 
-_TRAIN_KEYS = ("temperature", "top_p", "max_completion_length", "max_prompt_length", "precision", "steps",
+_TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "precision", "steps",
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
 
 

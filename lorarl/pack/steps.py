@@ -136,7 +136,8 @@ class PackLoop:
         pos = torch.arange(W + T, device=ids.device).unsqueeze(0).expand(ids.size(0), -1)
         with torch.no_grad():
             logits = self.ref(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -T - 1:-1].float()
-            logits = logits / self.sample.temperature
+            logits = logits / torch.cat([torch.full((b["prompt_ids"].size(0),), self.sample.cell(k)[0], device=ids.device)
+                                         for k, b in batches.items()])[:, None, None]  # each cell's temperature
             lp = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:].unsqueeze(-1)).squeeze(-1)
         out, start = {}, 0
         for k, b in batches.items():

@@ -1,7 +1,7 @@
 """The packed trainer's update: K cells, one batched forward, per-cell loss, optimiser and clipping.
 
     cells = [PackCell("c0", peft_model_0, optimizer_0, LossSettings(...), scheduler_0, max_grad_norm=1.0), ...]
-    pack = PackedTrainer(cells, temperature=1.0)
+    pack = PackedTrainer(cells, temperature=[1.0, 0.7, ...])  # one per cell (or one for all)
     out = pack.step([batch_0, batch_1, ...])     # one TRL-shaped batch per cell (prompt/completion ids+masks,
                                                  # advantages, old/ref log-probs)
 
@@ -61,7 +61,7 @@ class PackedTrainer:
     """Trains K cells that share one frozen base in one batched forward per step."""
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
-                 temperature: float = 1.0, update_cells: int | None = None):
+                 temperature: float | list[float] = 1.0, update_cells: int | None = None):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -73,7 +73,14 @@ class PackedTrainer:
         # gives the same result bit for bit; smaller chunks hold fewer activations (memory), one pass is
         # one batched forward (speed on a GPU)
         self.update_cells = update_cells
-        self.temperature = float(temperature)  # TRL divides the logits by it (unfused path; fused: baked in)
+        # TRL divides the logits by the cell's temperature (unfused path; the fused head takes one for all)
+        temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(cells)
+        if len(temps) != len(cells):
+            raise ValueError(f"temperature: {len(temps)} values for {len(cells)} cells")
+        self.temperatures = [float(t) for t in temps]
+        if fused_lm_head and len(set(self.temperatures)) > 1:
+            raise ValueError("the fused log-prob head takes one temperature: cells with different temperatures "
+                             "need fused_lm_head=False")
         self.global_step = 0
         self.last_logps: dict[int, torch.Tensor] = {}  # cell -> detached log-probs of its last update's forward
 
@@ -108,8 +115,9 @@ class PackedTrainer:
             else:
                 logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids).logits[:, -T - 1:-1].float()
-                if self.temperature != 1.0:
-                    logits = logits / self.temperature
+                if any(self.temperatures[k] != 1.0 for k in idx):  # each cell's rows by its own temperature
+                    logits = logits / torch.cat([torch.full((sizes[k],), self.temperatures[k], device=logits.device)
+                                                 for k in idx])[:, None, None]
                 logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
         res, start = [], 0
         for k in idx:
