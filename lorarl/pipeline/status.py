@@ -9,7 +9,6 @@ Nothing here decides what runs; Snakemake does that from the files.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field

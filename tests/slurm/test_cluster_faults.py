@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.slurm.test_pipeline_slurm import (REPO, cluster_is_up, env, mlflow_client, models,  # noqa: F401
+from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
                                              snakemake, snakemake_cmd, study, workdir_for)
 
 pytestmark = pytest.mark.slurm

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,17 +31,6 @@ SLURM = {
     "evaluate": {"partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 1, "mem_gb": 2, "timeout_min": 30},
     "diagnose": {"partition": "cpu", "cpus_per_task": 1, "mem_gb": 2, "timeout_min": 30},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cluster_is_up() -> None:
-    hint = "the Slurm test cluster is not up: run `bash tests/slurm/cluster.sh up` first"
-    if shutil.which("sinfo") is None:
-        pytest.fail(f"sinfo not on PATH; {hint}")
-    for cmd in (["scontrol", "ping"], ["sinfo", "-h", "-o", "%T"], ["sacct", "-n", "-X"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0 or "DOWN" in proc.stdout:
-            pytest.fail(f"`{' '.join(cmd)}` failed ({proc.stdout}{proc.stderr.strip()}); {hint}")
 
 
 def tiny_model(dest: Path) -> None:

@@ -12,14 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from lorarl.pipeline import faults
-from tests.slurm.test_pipeline_slurm import (REPO, cluster_is_up, env, models, snakemake, snakemake_cmd,  # noqa: F401
+from tests.slurm.test_pipeline_slurm import (REPO, env, models, snakemake, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 
 pytestmark = pytest.mark.slurm

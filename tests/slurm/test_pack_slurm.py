@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from mlflow.entities import ViewType
 
-from tests.slurm.test_pipeline_slurm import (REPO, cluster_is_up, env, mlflow_client, models,  # noqa: F401
+from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
                                              snakemake_cmd, study, workdir_for)
 
 pytestmark = pytest.mark.slurm

@@ -36,17 +36,6 @@ SLURM = {
 CORE = ["reward", "loss", "grad_norm", "entropy", "num_tokens"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster_is_up() -> None:
-    hint = "the Slurm test cluster is not up: run `bash tests/slurm/cluster.sh up` first"
-    if shutil.which("sinfo") is None:
-        pytest.fail(f"sinfo not on PATH; {hint}")
-    for cmd in (["scontrol", "ping"], ["sinfo", "-h", "-o", "%T"], ["sacct", "-n", "-X"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0 or "DOWN" in proc.stdout:
-            pytest.fail(f"`{' '.join(cmd)}` failed ({proc.stdout}{proc.stderr.strip()}); {hint}")
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> tuple[Path, Path]:
     """results/models/tiny-test, built once (copied into every workdir so no test rebuilds it), and a

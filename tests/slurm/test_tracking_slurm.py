@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from lorarl.tracking import server as tracking_server
-from tests.slurm.test_pipeline_slurm import (REPO, SLURM, cluster_is_up, env, models, snakemake_cmd,  # noqa: F401
+from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, models, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 
 pytestmark = pytest.mark.slurm
