@@ -99,6 +99,22 @@ def test_a_zombie_is_not_alive_for_status_claims_or_adoption():
 
 # ---- slow ---------------------------------------------------------------------------------------------
 
+def _orphan_then_relaunch(cmd: list[str], prov: Path) -> tuple[str, subprocess.CompletedProcess]:
+    """Start a launcher, SIGKILL it once its job id is recorded (the job runs on, orphaned), launch again."""
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not provenance.job_ids(prov) and time.time() < deadline:
+        time.sleep(0.2)
+    job = provenance.job_ids(prov)[0]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert inflight.pid_alive(job)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert len(provenance.read(prov)["submissions"]) == 1  # no duplicate submitted
+    return job, second
+
+
 @pytest.mark.slow
 def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
     from lorarl.models import build_base
@@ -108,20 +124,9 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
     study.write_text(yaml.safe_dump(STUDY))
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study), "s0", "--results", str(tmp_path),
            "--executor", "local"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    prov = tmp_path / "fl" / "s0" / "provenance" / "train.json"
     folder = tmp_path / "fl" / "s0" / "logs" / "train"
-    deadline = time.time() + 120
-    while not provenance.job_ids(prov) and time.time() < deadline:
-        time.sleep(0.2)
-    job = provenance.job_ids(prov)[0]
-    first.send_signal(signal.SIGKILL)  # the launcher dies; its job runs on, orphaned
-    first.wait()
-    assert inflight.pid_alive(job)
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    job, second = _orphan_then_relaunch(cmd, tmp_path / "fl" / "s0" / "provenance" / "train.json")
     assert f"job {job} of an earlier launcher is still RUNNING" in second.stdout
-    assert len(provenance.read(prov)["submissions"]) == 1  # no duplicate submitted
     assert json.loads((tmp_path / "fl" / "s0" / "summary.json").read_text())["steps"] == 4
     logs = "".join(p.read_text() for p in folder.glob("*.err"))
     assert "being trained by another process" not in logs
@@ -143,19 +148,8 @@ def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path):
     pid = pack_id(["s0", "s1"])
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), "s0,s1", "--results", str(tmp_path),
            "--executor", "local"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    prov = tmp_path / "fl" / ".packs" / pid / "provenance" / "pack.json"
-    deadline = time.time() + 120
-    while not provenance.job_ids(prov) and time.time() < deadline:
-        time.sleep(0.2)
-    job = provenance.job_ids(prov)[0]
-    first.send_signal(signal.SIGKILL)  # the pack's launcher dies; its job runs on, orphaned
-    first.wait()
-    assert inflight.pid_alive(job)
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    job, second = _orphan_then_relaunch(cmd, tmp_path / "fl" / ".packs" / pid / "provenance" / "pack.json")
     assert f"pack {pid}: job {job} of an earlier launcher is still RUNNING" in second.stdout
-    assert len(provenance.read(prov)["submissions"]) == 1  # no duplicate submitted
     record = json.loads((tmp_path / "fl" / ".packs" / f"{pid}.json").read_text())
     assert record["trained"] == ["s0", "s1"] and not record["left_out"], record
     for c in ("s0", "s1"):
