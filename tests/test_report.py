@@ -216,3 +216,28 @@ def test_reward_collapse_is_noise_aware():
     noisy = np.clip(np.array(curve) + rng.normal(0, 0.03, 45), 0, 1)
     step = flags.detect([{"step": i + 1, "accuracy": a} for i, a in enumerate(noisy)]).get("reward_collapse")
     assert step is not None and 32 <= step <= 42
+
+
+def test_accuracy_vs_rank_keeps_prompts_and_their_bases_apart(tmp_path):
+    """Cells of two prompts are two lines per β (never averaged together), and each prompt's base is its
+    own dashed line with its own label (the CSV beside the PNG is what is drawn)."""
+    from lorarl.report.plots import accuracy_vs_rank
+    from lorarl.study import Study
+
+    study = Study(name="pr", defaults={"model": "local:tiny-test"}, axes={
+        "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4]},
+        "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0]},
+        "prompt": {"field": "prompt.template", "prefix": "p", "values": ["raw", "chat"]},
+        "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
+    rows = [{"rank": r, "kl": 0.0, "prompt": p, "seed": s, "synthetic/pass@1": acc + 0.01 * s}
+            for r, p, acc in [(1, "raw", 0.2), (4, "raw", 0.3), (1, "chat", 0.6), (4, "chat", 0.7)] for s in (0, 1)]
+    base = pd.DataFrame({"base": ["base-praw", "base-pchat"], "synthetic/pass@1": [0.1, 0.5]})
+    out = accuracy_vs_rank(study, pd.DataFrame(rows), tmp_path / "f.png", "synthetic/pass@1", base)
+    drawn = pd.read_csv(out.with_suffix(".csv"))
+    lines = drawn.dropna(subset=["rank"])
+    assert sorted(set(lines["series"])) == ["kl=0.0, prompt=chat", "kl=0.0, prompt=raw"], set(lines["series"])
+    chat = lines[lines["series"] == "kl=0.0, prompt=chat"]
+    assert chat["mean"].round(3).tolist() == [0.605, 0.705] and (chat["count"] == 2).all()  # over seeds only
+    dashed = drawn[drawn["rank"].isna()]
+    assert dashed[["series", "mean"]].values.tolist() == [["base-praw", 0.1], ["base-pchat", 0.5]]
+    assert out.stat().st_size > 1000

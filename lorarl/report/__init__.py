@@ -14,7 +14,8 @@ __all__ = ["build"]
 # The aggregate's own figures (lorarl/report/plots.py), by file-name prefix: their captions on the page.
 AGGREGATE_FIGURES = {
     "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds.",
-    "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per β; dashed = base model.",
+    "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per setting of the other "
+                      "axes (β, prompt, ...), ± sd over seeds; dashed = each base row (one per prompt).",
     "eval_curve_": "Held-out headline metric of one benchmark at the eval_every snapshots, band ± sd over seeds.",
     "diagnostics": "Weight-space diagnostics per group: spectral drift, largest principal angle, update "
                    "distribution p_i and its cumulative energy, subspace similarity (papers 003, 004).",

@@ -45,32 +45,43 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     return out
 
 
+def base_lines(base: pd.DataFrame | None, col: str) -> list[dict]:
+    """One dashed reference line per base row (one per prompt / base evaluation), never averaged:
+    ``{"series": label, "mean": value}``."""
+    if base is None or col not in base:
+        return []
+    labels = base["base"] if "base" in base else [f"base ({m})" for m in base["model"]]
+    return [{"series": lab if len(base) > 1 else "base model", "mean": v}
+            for lab, v in zip(labels, base[col]) if pd.notna(v)]
+
+
 def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str = "synthetic/pass@1",
-                     base: float | None = None) -> Path | None:
-    """Held-out accuracy (`<benchmark>/<metric>`) vs adapter rank, one line per KL coefficient;
-    the base model's value (``base``) dashed."""
+                     base: pd.DataFrame | None = None) -> Path | None:
+    """Held-out accuracy (`<benchmark>/<metric>`) vs adapter rank, one line per setting of the other
+    non-seed axes (KL coefficient, prompt, lr, ...; mean ± sd over seeds only); each base row dashed."""
     rank_axis = _axis_by_field(study, "adapter.rank")
     if rank_axis is None or metric not in cells:
         return None
-    kl_axis = _axis_by_field(study, "train.beta")
+    others = [a for a in study.axes if a not in (rank_axis, study.seed_axis) and a in cells]
     order = list(dict.fromkeys(cells[rank_axis]))
-    keys = [rank_axis] + ([kl_axis] if kl_axis else [])
-    g = cells.groupby(keys, sort=False)[metric].agg(["mean", "std", "count"]).reset_index()
-    g.to_csv(out.with_suffix(".csv"), index=False)
-    fig, ax = pyplot().subplots(figsize=(5.5, 3.8))
-    lines = g.groupby(kl_axis, sort=False) if kl_axis else [(None, g)]
-    for i, (kl, sub) in enumerate(lines):
-        x = [order.index(v) for v in sub[rank_axis]]
-        lab = f"β = {kl}" if kl is not None else metric
-        ax.errorbar(x, sub["mean"], yerr=sub["std"].fillna(0), marker="o", capsize=3, lw=1.6,
-                    color=pyplot().get_cmap("tab10")(i), label=lab)
-    if base is not None and pd.notna(base):
-        ax.axhline(base, ls="--", color="0.4", lw=1.2, label="base model")
+    g = cells.groupby([rank_axis] + others, sort=False)[metric].agg(["mean", "std", "count"]).reset_index()
+    g.insert(0, "series", series_labels(g, others) if others else metric)
+    lines = base_lines(base, metric)
+    pd.concat([g, pd.DataFrame(lines)], ignore_index=True).to_csv(out.with_suffix(".csv"), index=False)
+    fig, ax = pyplot().subplots(figsize=(6.5, 3.8))
+    series = list(dict.fromkeys(g["series"]))
+    cmap = pyplot().get_cmap("tab10" if len(series) <= 10 else "tab20")
+    for i, name in enumerate(series):
+        sub = g[g["series"] == name]
+        ax.errorbar([order.index(v) for v in sub[rank_axis]], sub["mean"], yerr=sub["std"].fillna(0), marker="o",
+                    capsize=3, lw=1.6, color=cmap(i % cmap.N), label=name)
+    for j, line in enumerate(lines):
+        ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * (j % 4)), lw=1.2, label=line["series"])
     ax.set_xticks(range(len(order)), order)
     ax.set_xlabel(f"{rank_axis} (adapter rank)")
     ax.set_ylabel(f"held-out {metric}")
     ax.set_title(f"{study.name}: {metric} vs rank, mean ± sd over {study.seed_axis}")
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.tight_layout()
     fig.savefig(out)
     pyplot().close(fig)
@@ -84,8 +95,7 @@ def study_figures(study: Study, cells: pd.DataFrame, curves: pd.DataFrame, fdir:
     made = {"train_reward": reward_curves(study, curves, fdir / "train_reward.png")}
     for col in primary_columns(cells):  # one accuracy-vs-rank figure per benchmark (its headline metric)
         bench = col.split("/")[0]
-        b = base[col].mean() if base is not None and col in base else None
-        made[f"pass1_vs_rank_{bench}"] = accuracy_vs_rank(study, cells, fdir / f"pass1_vs_rank_{bench}.png", col, b)
+        made[f"pass1_vs_rank_{bench}"] = accuracy_vs_rank(study, cells, fdir / f"pass1_vs_rank_{bench}.png", col, base)
     return {k: v for k, v in made.items() if v is not None}
 
 
@@ -100,9 +110,7 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     order = {name: i for i, name in enumerate(dict.fromkeys(stats["series"]))}
     stats = stats.sort_values(["series", "step"], key=lambda c: c.map(order) if c.name == "series" else c)
     col = f"{bench}/{metric}"
-    lines = [] if base is None or col not in base else [
-        {"series": lab if len(base) > 1 else "base model", "mean": v}
-        for lab, v in zip(base["base"] if "base" in base else [f"base ({m})" for m in base["model"]], base[col])]
+    lines = base_lines(base, col)
     drawn = pd.concat([stats, pd.DataFrame(lines)], ignore_index=True)
     drawn.astype({"step": "Int64", "count": "Int64"}).to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = pyplot().subplots(figsize=(7, 4))
