@@ -15,6 +15,7 @@ from lorarl.config import CellConfig, EvalConfig
 from lorarl.evaluate import plan
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.protocols import Protocol
+from lorarl.evaluate.bases import base_label
 from lorarl.study import StudyError, base_cells, study_cells, load_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
@@ -270,6 +271,9 @@ def test_base_pseudo_cell_shares_one_run_across_jobs(study, monkeypatch):
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("lorarl.base") == "true"]
     assert len(runs) == 1
     assert {"eval/synthetic/pass_at_1", "eval/gsm8k/avg_at_2"} <= set(runs[0].data.metrics)
+    tags, params = runs[0].data.tags, runs[0].data.params
+    assert tags["lorarl.base_label"] == base_label(base.config.model, {k: v for k, v in base.axes.items() if k != "model"})
+    assert params["model"] == base.config.model and "prompt.template" in params  # how the base was asked
     assert client.get_metric_history(runs[0].info.run_id, "eval/synthetic/pass_at_1")[0].step == 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lorarl import paths
+from lorarl.evaluate.bases import base_label
 from lorarl.evaluate.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
                                   eval_targets, format_target, cell_grading, parse_target,
                                   protocol_for)
@@ -157,9 +158,13 @@ def _attach_run(tracker: Any, study: str, cell: Cell, results_dir: str | Path, i
                     return tracker.run_id
         if not create:
             return None
+        labels = {k: v for k, v in cell.axes.items() if k != "model"}  # the axes telling this base apart (prompt...)
+        prompt = {f"prompt.{k}": v for k, v in cell.config.prompt.model_dump(mode="json").items()}
         run_id = tracker.start(cell.id, run_name=cell.id,
-                               tags={"lorarl.base": "true", "lorarl.config_hash": cell.hash},
-                               params={"model": cell.config.model})
+                               tags={"lorarl.base": "true", "lorarl.config_hash": cell.hash,
+                                     "lorarl.base_label": base_label(cell.config.model, labels),
+                                     **{f"axis.{k}": str(v) for k, v in labels.items()}},
+                               params={"model": cell.config.model, **prompt})
         tmp = f.with_suffix(".tmp")
         tmp.write_text(json.dumps({"run_id": run_id, "model": cell.config.model}) + "\n")
         os.replace(tmp, f)
