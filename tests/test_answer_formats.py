@@ -167,3 +167,20 @@ def test_paper_003_studies_ask_and_grade_as_dapo(name):
         assert formats == {"gsm8k": "last_number", "math500": "answer_line", "aime22": "answer_line",
                            "aime23": "answer_line", "aime24": "answer_line"}
     assert table.base_ids == ["base"]
+
+
+@pytest.mark.parametrize("fmt,completion,answered", [
+    ("boxed", r"so \boxed{4}", True),
+    ("boxed", "Answer: 4", False),                      # the training metric follows the reward's format:
+    ("answer_line", "Answer: 4", True),                 # an Answer: line is an answer under answer_line
+    ("answer_line", r"so \boxed{4}", False),           # and a box alone is not
+    ("answer_line", "Answer: 4" + "x" * 400, False),    # DAPO reads only the last 300 characters
+    ("last_number", "it is 12.", True),
+    ("last_number", "no digits here.", False),
+])
+def test_frac_answered_counts_what_the_format_reads(fmt, completion, answered):
+    from lorarl.rewards.answer_formats import has_answer
+
+    assert has_answer(fmt, completion) is answered
+    with pytest.raises(ValueError, match="allowed: boxed, answer_line, last_number"):
+        has_answer("nope", completion)

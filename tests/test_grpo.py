@@ -228,7 +228,7 @@ def test_reference_forward_count(tiny_dir, tmp_path, beta, every, expected):
         assert metric_steps(trainer, "time/ref_forward_s") == [1, 2, 3, 4]
     steps = metric_steps(trainer, "adv/std")
     assert steps == [1, 2, 3, 4]
-    for name in ("adv/std_peak", "frac_truncated", "frac_boxed", "deposits/per_completion", "entropy",
+    for name in ("adv/std_peak", "frac_truncated", "frac_boxed", "frac_answered", "deposits/per_completion", "entropy",
                  "clip_ratio/region_mean", "grad_norm", "time/step_s", "tokens_per_s", "completions/mean_length",
                  "reward", "reward_std"):
         assert metric_steps(trainer, name) == [1, 2, 3, 4], name

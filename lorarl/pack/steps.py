@@ -157,6 +157,7 @@ class PackLoop:
     def _score(self, k: int, ro: Any, student_logps: list[list[float]] | None) -> tuple[torch.Tensor, dict]:
         """Deposits → ``[B, T]`` advantages and the scoring metrics of one cell (as LorarlGRPOTrainer)."""
         from lorarl.evaluate.grading import extract_boxed
+        from lorarl.rewards.answer_formats import has_answer
 
         m = self.members[k]
         texts = [_text(c, self.tok) for c in ro.completion_ids]
@@ -191,6 +192,7 @@ class PackLoop:
         all_vals = [v for vals in dep.values for v in vals]
         met = {"reward": float(totals.mean()), "reward_std": float(totals.std()) if n > 1 else 0.0,
                "accuracy": sum(accuracy) / n, "frac_boxed": sum(extract_boxed(t) is not None for t in texts) / n,
+               "frac_answered": sum(has_answer(getattr(m.grading, "answer_format", "boxed"), t) for t in texts) / n,
                "frac_truncated": sum(bool(ids) and ids[-1] not in self.eos for ids in ro.completion_ids) / n,
                "completions/mean_length": float(lengths.float().mean()),
                "deposits/per_completion": sum(dep.counts) / n,

@@ -27,8 +27,10 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from lorarl.evaluate.answers import extract_boxed
+
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
-           "verdict", "INVALID"]
+           "verdict", "has_answer", "INVALID"]
 
 ANSWER_FORMATS = ("boxed", "answer_line", "last_number")  # boxed = math-verify (lorarl.evaluate.grading)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
@@ -100,3 +102,17 @@ def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str |
         raise ValueError(f"answer_format {answer_format!r} is not a text rule; allowed: "
                          f"{', '.join(TEXT_RULES)} (boxed is graded by math-verify)") from None
     return rule(completion or "", str(gold))
+
+
+def has_answer(answer_format: str, completion: str) -> bool:
+    """Does the completion give an answer the format can read (right or wrong)? The training metric
+    ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
+    (answer_line), a number (last_number)."""
+    text = completion or ""
+    if answer_format == "boxed":
+        return extract_boxed(text) is not None
+    if answer_format == "answer_line":
+        return bool(_ANSWER_LINE.search(text[-TAIL_CHARS:]))
+    if answer_format == "last_number":
+        return any(n not in ("", ".") for n in _NUMBER.findall(text))
+    raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")

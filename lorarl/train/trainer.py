@@ -227,12 +227,15 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self._lengths = [len(ids) for ids in rollouts.completion_ids]
 
         from lorarl.evaluate.grading import extract_boxed
+        from lorarl.rewards.answer_formats import has_answer
 
         eos = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         n = max(len(texts), 1)
         if accuracy is not None:
             self._log("accuracy", sum(accuracy) / n, mode)
         self._log("frac_boxed", sum(extract_boxed(t) is not None for t in texts) / n, mode)
+        fmt = getattr(self.grading, "answer_format", "boxed")  # answers the reward's format can read
+        self._log("frac_answered", sum(has_answer(fmt, t) for t in texts) / n, mode)
         self._log("frac_truncated", sum(bool(ids) and ids[-1] not in eos for ids in rollouts.completion_ids) / n,
                   mode)
         self._log("deposits/per_completion", sum(dep.counts) / n, mode)
