@@ -123,3 +123,29 @@ def test_claims_are_alive_only_while_their_launcher_runs(tmp_path):
     publish.unclaim([p])
     assert not p.exists()
     os.environ.pop(publish.GRACE_ENV, None)
+
+
+def test_residual_init_pack_saves_each_member_as_alone(tiny_dir, tmp_path, monkeypatch):
+    """A PiSSA pack job: each member's adapter is saved converted for the ORIGINAL base (as the solo
+    trainer saves it) and equals, bit for bit, what a pack of that cell alone saves."""
+    import torch
+
+    from lorarl.pack import run as packrun
+
+    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
+    study = study_file(tmp_path, tiny_dir)
+    doc = yaml.safe_load(study.read_text())
+    doc["defaults"]["adapter"]["init"] = "pissa"
+    study.write_text(yaml.safe_dump(doc))
+    cells = cells_of(study)
+    packed = packrun.train_pack("pk", cells, tmp_path / "packed", pack_id="pack-0000000001")
+    assert packed["trained"] == sorted(c.id for c in cells)
+    for c in cells:
+        alone = packrun.train_pack("pk", [c], tmp_path / f"alone-{c.id}", pack_id="pack-0000000002")
+        assert alone["trained"] == [c.id]
+        w_pack, m_pack, _ = staged(tmp_path / "packed", c.id)
+        w_alone, m_alone, _ = staged(tmp_path / f"alone-{c.id}", c.id)
+        assert w_pack.keys() == w_alone.keys() and all(torch.equal(w_pack[k], w_alone[k]) for k in w_pack), c.id
+        pd.testing.assert_frame_equal(m_pack.drop(columns="pack/cells"), m_alone.drop(columns="pack/cells"))
+        meta = json.loads((tmp_path / "packed" / "pk" / c.id / ".packed" / "adapter" / "lorarl_adapter.json").read_text())
+        assert meta["residual_converted"] is True, meta
