@@ -63,7 +63,7 @@ def _residual_originals(base: torch.nn.Module, cfg: Any) -> dict[torch.Tensor, t
     if not is_residual(cfg.adapter.init):
         return None
     targets = cfg.adapter.target_modules or "all-linear"
-    return {m.weight: m.weight.detach().clone() for _, m in target_linears(base, targets)}
+    return {m.weight: m.weight.detach().to("cpu", copy=True) for _, m in target_linears(base, targets)}  # host memory
 
 
 def _restore(originals: dict[torch.Tensor, torch.Tensor] | None) -> None:
