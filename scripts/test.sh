@@ -8,4 +8,4 @@ bash scripts/chromium.sh   # headless browser for the report page test (idempote
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
 trap 'bash tests/slurm/cluster.sh down || true' EXIT
-python -m pytest tests "$@"
+python -m pytest tests --durations=25 "$@"   # the 25 slowest: where to trim if CI grows
