@@ -11,6 +11,20 @@ from lorarl.report.draw import series_label, series_labels
 from lorarl.study import Study
 
 
+def _save(fig, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out)
+    pyplot().close(fig)
+    return out
+
+
+def _band(ax, x, mean, sd, color, label: str, **line) -> None:
+    """A mean line with a ± sd band (sd NaN = one seed: no band)."""
+    ax.plot(x, mean, color=color, lw=1.6, label=label, **line)
+    sd = sd.fillna(0)
+    ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15, lw=0)
+
+
 def _axis_by_field(study: Study, field: str) -> str | None:
     return next((n for n, a in study.axes.items() if a.field == field), None)
 
@@ -32,17 +46,12 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     for i, (_, g) in enumerate(groups):
         color = cmap(i % cmap.N)
         label = series_label(g.iloc[0], keys)
-        ax.plot(g["step"], g["mean"], color=color, lw=1.6, label=label)
-        ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),
-                        color=color, alpha=0.15, lw=0)
+        _band(ax, g["step"], g["mean"], g["std"], color, label)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"train {metric} (rolling mean of {smooth})")
     ax.set_title(f"{study.name}: training {metric}, mean ± sd over {study.seed_axis}")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(out)
-    pyplot().close(fig)
-    return out
+    return _save(fig, out)
 
 
 def base_lines(base: pd.DataFrame | None, col: str) -> list[dict]:
@@ -82,10 +91,7 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
     ax.set_ylabel(f"held-out {metric}")
     ax.set_title(f"{study.name}: {metric} vs rank, mean ± sd over {study.seed_axis}")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out)
-    pyplot().close(fig)
-    return out
+    return _save(fig, out)
 
 
 def study_figures(study: Study, cells: pd.DataFrame, curves: pd.DataFrame, fdir: Path,
@@ -119,9 +125,7 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     for i, name in enumerate(series):
         g = stats[stats["series"] == name]
         color = cmap(i % cmap.N)
-        ax.plot(g["step"], g["mean"], marker="o", ms=3, color=color, lw=1.6, label=name)
-        sd = g["std"].fillna(0)
-        ax.fill_between(g["step"], g["mean"] - sd, g["mean"] + sd, color=color, alpha=0.15, lw=0)
+        _band(ax, g["step"], g["mean"], g["std"], color, name, marker="o", ms=3)
     for j, line in enumerate(lines):
         ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * j), lw=1.2, label=line["series"])
     from matplotlib.ticker import MaxNLocator
@@ -131,10 +135,7 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     ax.set_ylabel(f"held-out {bench} {metric}")
     ax.set_title(f"{study.name}: {bench} {metric} over training, mean ± sd over {study.seed_axis}")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(out)
-    pyplot().close(fig)
-    return out
+    return _save(fig, out)
 
 
 def eval_curve_figures(study: Study, evcurves: pd.DataFrame, base: pd.DataFrame | None,
@@ -196,7 +197,4 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     handles, labels = axes[0].get_legend_handles_labels()
     axes[5].legend(handles, labels, loc="center", fontsize=8, title="group")
     fig.suptitle(f"{study.name}: weight-space diagnostics, mean over {study.seed_axis}")
-    fig.tight_layout()
-    fig.savefig(out)
-    pyplot().close(fig)
-    return out
+    return _save(fig, out)
