@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from lorarl.io import pid_alive
 from lorarl.pipeline.fault_checks import SUMS, check, merge, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,12 +122,6 @@ def _started(pid: int, default: float) -> float:
         return default
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return _stat(pid)[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _kill(pid: int) -> bool:
@@ -195,7 +190,7 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
         current = dict(_procs(workdir))
         now = _now()
         for pid, (stage, t0) in list(seen.items()):
-            if pid not in current and not _alive(pid):
+            if pid not in current and not pid_alive(pid):
                 life.setdefault(stage, []).append(now - t0)
                 del seen[pid]
                 if pid in plan and plan[pid][0] != "host":
@@ -221,7 +216,7 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
                 killed.append("host")
                 remaining["host"] -= 1
                 break
-            if _alive(pid) and _kill(pid):
+            if pid_alive(pid) and _kill(pid):
                 killed.append(stage)
                 remaining[stage] -= 1
                 seen.pop(pid, None)  # its lifetime was cut short: not a lifetime

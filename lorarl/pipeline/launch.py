@@ -208,15 +208,8 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     if key != stage:
         prov = prov.with_name(f"{key}.json")
     t0 = time.time()
-    found = inflight.find_job(executor, folder, name, prov)  # a lost launcher's job still running?
-    if found is not None:
-        print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
-              f"instead of submitting a duplicate", flush=True)
-        if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash) == 0:
-            return 0
-        # it ended without its outputs (failed, or they were written before this Snakemake started and
-        # removed by its cleanup of incomplete outputs): run the stage again (training resumes if it can)
-        print(f"[lorarl] {key} {cell_id}: submitting it again", flush=True)
+    if _adopted(executor, folder, name, prov, key, stage, results_dir, study_name, cell_id, config_hash):
+        return 0
     _clear_stale_results(folder)
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
                                          config_hash=config_hash, executor=executor, slurm=slurm)
@@ -251,13 +244,8 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         threads = max(1, int(threads or 1))
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
-        found = inflight.find_job(executor, folder, name, prov)  # the pack job of a lost launcher, still running?
-        if found is not None:
-            print(f"[lorarl] pack {pid}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
-                  f"instead of submitting a duplicate", flush=True)
-            if _finish_adopted(found[0], executor, folder, "pack", "pack", results_dir, study.name, pid, None) == 0:
-                return 0
-            print(f"[lorarl] pack {pid}: submitting it again (members resume from their checkpoints)", flush=True)
+        if _adopted(executor, folder, name, prov, "pack", "pack", results_dir, study.name, pid, None):
+            return 0
         _clear_stale_results(folder)
         index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
                                              executor=executor, slurm=slurm)
@@ -346,6 +334,23 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
     except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...
         return err
     return None
+
+
+def _adopted(executor: str, folder: Path, name: str, prov: Path, key: str, stage: str, results_dir: str,
+             study_name: str | None, cell_id: str, config_hash: str | None) -> bool:
+    """A lost launcher's job of this stage still in flight is waited on instead of submitting a duplicate:
+    True = it finished with its outputs. False = none, or it ended without them (failed, or they were
+    written before this Snakemake started and removed by its cleanup of incomplete outputs): submit again
+    (training resumes from its checkpoint if it can)."""
+    found = inflight.find_job(executor, folder, name, prov)
+    if found is None:
+        return False
+    print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
+          f"instead of submitting a duplicate", flush=True)
+    if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash) == 0:
+        return True
+    print(f"[lorarl] {key} {cell_id}: submitting it again", flush=True)
+    return False
 
 
 def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: str, results_dir: str,

@@ -108,11 +108,8 @@ def has_answer(answer_format: str, completion: str) -> bool:
     """Does the completion give an answer the format can read (right or wrong)? The training metric
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
     (answer_line), a number (last_number)."""
-    text = completion or ""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
-        return extract_boxed(text) is not None
-    if answer_format == "answer_line":
-        return bool(_ANSWER_LINE.search(text[-TAIL_CHARS:]))
-    if answer_format == "last_number":
-        return any(n not in ("", ".") for n in _NUMBER.findall(text))
-    raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
+        return extract_boxed(completion or "") is not None
+    return verdict(answer_format, completion, "")[1] is not None  # the rule's own extraction (None: no answer)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lorarl.io import pid_alive
 from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
                                              snakemake, snakemake_cmd, study, workdir_for)
 
@@ -45,20 +46,12 @@ def _daemon_pid(name: str) -> int:
     return int((STATE / "run" / f"{name}.pid").read_text().strip())
 
 
-def _alive(pid: int) -> bool:
-    """Running, not a zombie: where no init reaps orphans at once (a CI container) a SIGKILLed
-    daemon stays a zombie for a while, and `kill -0` alone would wait on it."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().split(") ")[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Signal, then wait until it is gone (a zombie counts as gone: init here reaps late)."""
     os.kill(pid, sig)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.2)
     pytest.fail(f"pid {pid} still alive {timeout} s after signal {sig}")
@@ -191,9 +184,9 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
             except OSError:
                 pass
         deadline = time.time() + 30
-        while any(_alive(p) for p in victims + [slurmd]) and time.time() < deadline:
+        while any(pid_alive(p) for p in victims + [slurmd]) and time.time() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in victims + [slurmd]), "the job's processes outlived SIGKILL"
+        assert not any(pid_alive(p) for p in victims + [slurmd]), "the job's processes outlived SIGKILL"
         at_kill = json.loads(progress.read_text())["step"]  # the last step it finished
         subprocess.run(["scontrol", "update", f"nodename={host}", "state=down", "reason=i16 node failure test"],
                        check=True, timeout=30)
