@@ -42,7 +42,7 @@ RECIPES: dict[str, TinyRecipe] = {
     "tiny-arith": TinyRecipe(),  # the demo base: weak but non-zero accuracy
     # The CPU twins' second, stronger model: tiny-arith SFT'd 300 more steps on boxed solutions only (the
     # lr restarts at 1e-3). The distillation teacher of reward_density_cpu (paper 001: an answer-producing
-    # teacher stronger than the student; the paper's is also bigger, which did not fit this box), the
+    # teacher stronger than the student; the paper's is also bigger, which did not fit a 2-core machine), the
     # stronger 7B rows (papers 002, 003) and paper 004's second model. Same shape and tokenizer as tiny-arith
     # (the teacher scores the student's token ids).
     "tiny-arith-boxed": TinyRecipe(init_from="tiny-arith", sft_steps=300, sft_lr=1e-3, p_unboxed=0.0),

@@ -8,7 +8,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 STUDY=experiments/demo.yaml
 ARGS=("$@")  # extra snakemake arguments, passed to every call
-# packed cells (README "Packed cells"): compatible cells train 4 to a job; on the CPU twin of this study the
+# packed cells (docs/packed.md): compatible cells train 4 to a job; on the CPU twin of this study the
 # packed study took 0.60x the solo one's wall time at equal held-out accuracy. LORARL_DEMO_PACK=1: one job per cell.
 PACK=(--config "pack=${LORARL_DEMO_PACK:-4}")
 start=$(date +%s)
