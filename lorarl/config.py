@@ -106,7 +106,7 @@ class AdapterConfig(Strict):
 
 class TrainConfig(Strict):
     lr: float = Field(1e-3, gt=0)  # learning rate; LoRA needs ~10x full fine-tuning's
-    steps: int = Field(60, gt=0)  # optimiser steps (one generation batch each)
+    steps: int = Field(60, gt=0)  # training steps = rollout batches (the papers' unit); optimiser updates = steps x updates_per_step
     prompts_per_step: int = Field(8, gt=0)  # P: prompt groups per step
     generations: int = Field(4, ge=2)  # G: completions per prompt (group size, >= 2 for a std)
     max_completion_length: int = Field(48, gt=0)  # token budget per completion
@@ -119,8 +119,8 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
     warmup_ratio: float = Field(0.0, ge=0, lt=1)  # linear warm-up fraction of the schedule
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"  # schedule shape
-    log_every: int = Field(1, gt=0)  # metrics logging period in steps
-    checkpoint_every: int = Field(10, ge=0, json_schema_extra={"runtime": True})  # steps between resumable checkpoints: a kill loses at most this (0 = none)
+    log_every: int = Field(1, gt=0)  # metrics logging period in steps (one row averages the step's updates)
+    checkpoint_every: int = Field(10, ge=0, json_schema_extra={"runtime": True})  # steps between resumable checkpoints (at rollout boundaries): a kill loses at most this (0 = none)
     keep_checkpoint: bool = Field(False, json_schema_extra={"runtime": True})  # keep the last checkpoint after the cell completes (else it is deleted)
     kl_estimator: Literal["k1", "k3", "one_sided"] = "k3"  # per-token estimator of the beta penalty (k3 = TRL's)
     kl_importance_correction: bool = True  # multiply the KL term by pi/pi_old, as TRL's use_bias_correction_kl
@@ -151,8 +151,24 @@ class TrainConfig(Strict):
 
     @property
     def updates_per_generation(self) -> int:
-        """Optimiser steps taken on one rollout batch (TRL's steps_per_generation)."""
+        """PPO mini-batches of one rollout batch (TRL's steps_per_generation)."""
         return self.prompts_per_step // (self.mini_batch_prompts or self.prompts_per_step)
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimiser updates in one training step (= one rollout batch): mini-batches x PPO epochs."""
+        return self.updates_per_generation * self.num_iterations
+
+    @property
+    def optimizer_updates(self) -> int:
+        """Optimiser updates of the whole run (TRL's max_steps; warm-up and schedules span these)."""
+        return self.steps * self.updates_per_step
+
+    def signature_extras(self) -> dict[str, int]:
+        """Derived settings the training signature adds to the dump (lorarl.signature): ``train.steps``
+        counted optimiser updates before it counted rollout steps, so a cell whose two counts differ gets
+        a new hash (its old results meant a quarter of the training), while every other cell keeps its own."""
+        return {"updates_per_step": self.updates_per_step} if self.updates_per_step > 1 else {}
 
 
 class GradingOverride(Strict):
@@ -267,7 +283,7 @@ class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # budget for every benchmark (null: each protocol's; synthetic 48)
     batch_size: int = Field(64, gt=0, json_schema_extra={"runtime": True})  # generation batch size (memory, not results)
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
-    eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N steps (pass@1-over-training curve)
+    eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
 

@@ -3,7 +3,8 @@ its evaluations.  Pure python (pydantic only), imported by the study, the plan a
 
 * :func:`signature_dump`: the config as JSON without its *runtime* fields, i.e. fields declared
   ``Field(..., json_schema_extra={"runtime": True})`` (memory/batching/checkpoint cadence: they
-  never change results, so changing one reruns nothing);
+  never change results, so changing one reruns nothing), plus the derived keys a model's
+  ``signature_extras()`` names (TrainConfig: updates per step when it is not 1);
 * :func:`train_signature`: what training depends on = the dump without the evaluation-only
   settings (``eval.*`` except ``eval.eval_every``, which decides which snapshots training writes).
   It is THE cell hash: MLflow tag ``lorarl.config_hash``, ``cell.json``, checkpoint validity and
@@ -62,7 +63,19 @@ def _descend(cls: type[BaseModel]) -> frozenset[str]:
 
 @lru_cache(maxsize=None)
 def _has_runtime(cls: type[BaseModel]) -> bool:
-    return bool(runtime_fields(cls)) or bool(_descend(cls))
+    return bool(runtime_fields(cls)) or bool(_descend(cls)) or _has_extras(cls)
+
+
+def _extras(model: BaseModel) -> dict[str, Any]:
+    """Derived keys a model adds to its signature (``signature_extras()``; e.g. TrainConfig's updates per
+    step, so a changed meaning of a field changes the hash of exactly the cells it changes)."""
+    fn = getattr(model, "signature_extras", None)
+    return fn() if callable(fn) else {}
+
+
+@lru_cache(maxsize=None)
+def _has_extras(cls: type[BaseModel]) -> bool:
+    return callable(getattr(cls, "signature_extras", None))
 
 
 def _strip(value: Any, dumped: Any) -> Any:
@@ -72,7 +85,8 @@ def _strip(value: Any, dumped: Any) -> Any:
         if not _has_runtime(cls):
             return dumped
         drop, down = runtime_fields(cls), _descend(cls)
-        return {k: (_strip(getattr(value, k), v) if k in down else v) for k, v in dumped.items() if k not in drop}
+        out = {k: (_strip(getattr(value, k), v) if k in down else v) for k, v in dumped.items() if k not in drop}
+        return {**out, **_extras(value)}
     if isinstance(value, dict) and isinstance(dumped, dict):
         return {k: _strip(value.get(k), v) for k, v in dumped.items()}
     if isinstance(value, (list, tuple)) and isinstance(dumped, list):

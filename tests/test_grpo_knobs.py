@@ -112,9 +112,9 @@ def test_advantage_without_std_and_kl_without_the_ratio_weight(tiny_dir, tmp_pat
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_mini_batches_take_several_optimiser_steps_per_rollout_batch(tiny_dir, tmp_path, dynamic):
-    """003 Table 2: one rollout batch of P prompts, P / mini_batch optimiser steps on it; with DAPO's
-    refill the rollout batch keeps its P groups, so the mini-batches stay whole."""
-    cfg = cfg_with(steps=4, prompts_per_step=2, mini_batch_prompts=1, dynamic_sampling=dynamic)
+    """003 Table 2: one rollout batch of P prompts, P / mini_batch optimiser steps on it (train.steps counts
+    rollout batches); with DAPO's refill the rollout batch keeps its P groups, so the mini-batches stay whole."""
+    cfg = cfg_with(steps=2, prompts_per_step=2, mini_batch_prompts=1, dynamic_sampling=dynamic)
     trainer, _ = build(tiny_dir, tmp_path, cfg, scores=(1.0, 1.0, 0.0, 1.0) if dynamic else (1.0, 0.0, 0.0, 1.0))
     calls = []
     real = trainer._generate_and_score_completions

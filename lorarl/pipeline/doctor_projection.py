@@ -180,7 +180,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         prompt = prompts.get(c.id, smoke_prompt)
         step_s, rounds = step_seconds(c.config, split, chosen.config, prompt, smoke_prompt, rate)
         monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
-        train_s += load_s + t.steps * step_s + monitors
+        train_s += load_s + t.optimizer_updates * step_s + monitors  # step_s: per optimiser update
         detail.append({"cell": c.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps})
     for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:

@@ -157,7 +157,7 @@ def study_status(study_path: str, results_dir: str | Path = "results") -> list[C
                 if h and h != c.hash:
                     st.train = StageStatus("stale", st.train.job, "", f"trained with config {h}, now {c.hash}")
                 elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.train.divergence)
-                    st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.steps}",
+                    st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.optimizer_updates}",  # updates
                                            doc.get("diverged_reason", ""))
         else:
             st.train = StageStatus("-", "", "", "")

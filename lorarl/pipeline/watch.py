@@ -62,7 +62,9 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
 
     study = load_study(study_path)
     results = Path(results)
-    steps = {c.id: c.config.train.steps for c in study_cells(study)}
+    # progress counts optimiser updates (TRL's global step); step times are per training step
+    per = {c.id: c.config.train.updates_per_step for c in study_cells(study)}
+    steps = {c.id: c.config.train.optimizer_updates for c in study_cells(study)}
     rows = [r for r in study_status(study_path, results) if r.kind == "cell"]
     counts: dict[str, int] = {}
     for r in rows:
@@ -73,14 +75,14 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
         if r.train.state in ("done", "diverged"):
             try:
                 t = json.loads(paths.path("summary", results=results, study=study.name, cell=r.cell).read_text())
-                times.append(float(t["mean_step_time_s"]))
+                times.append(float(t["mean_step_time_s"]) / per[r.cell])  # per optimiser update
                 n_times += 1
             except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
                 pass
     source = f"over {n_times} finished cells"
     if not times:
         for r in running:
-            times += _running_step_time(results, study.name, r.cell)
+            times += [s / per[r.cell] for s in _running_step_time(results, study.name, r.cell)]
         source = "over running cells' steps so far"
     left = 0
     for r in rows:

@@ -1,4 +1,8 @@
-"""Per-step metrics → metrics.csv (source of truth) and MLflow (the view), with step wall time."""
+"""Per-step metrics → metrics.csv (source of truth) and MLflow (the view), with step wall time.
+
+A step is a training step (one rollout batch, ``train.steps``' unit); with PPO mini-batches or several
+epochs it holds ``updates_per_step`` optimiser updates (TRL's global steps): a row's ``step`` is the
+training step, ``update`` the optimiser update it ends at, and ``step_time_s`` the step's wall time."""
 
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "tra
 class MetricsRecorder(TrainerCallback):
     """Collects TRL's per-step logs, adds `step_time_s`, appends to CSV, batches to MLflow."""
 
-    def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10):
+    def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10, updates_per_step: int = 1):
         self.csv_path = Path(csv_path)
+        self.updates_per_step = int(updates_per_step)  # optimiser updates per training step (TrainConfig)
         self.tracker = tracker
         self.flush_every = flush_every
         # with checkpoints (lorarl.train.checkpoint): MLflow gets a step only once a checkpoint covers it
@@ -26,22 +31,25 @@ class MetricsRecorder(TrainerCallback):
         self.rows: list[dict[str, float]] = []
         self._pending: list[dict[str, float]] = []
         self._t0 = 0.0
-        self._step_time = 0.0
+        self._time, self._updates = 0.0, 0  # wall time and optimiser updates since the last logged row
 
     def on_step_begin(self, args, state, control, **kw):
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
-        self._step_time = time.perf_counter() - self._t0
+        self._time += time.perf_counter() - self._t0
+        self._updates += 1
 
     def on_log(self, args, state, control, logs=None, **kw):
         if not logs or "loss" not in logs and not any(k.startswith("reward") for k in logs):
             return
-        row = {"step": state.global_step}
+        u = self.updates_per_step
+        row = {"step": -(-int(state.global_step) // u), **({"update": state.global_step} if u > 1 else {})}
         # TRL logs a metric whose every value was NaN as None: kept as NaN (a diverged step stays visible)
         row.update({k: float("nan") if v is None else float(v) for k, v in logs.items()
                     if k not in SKIP and (v is None or isinstance(v, (int, float)))})
-        row["step_time_s"] = self._step_time
+        row["step_time_s"] = self._time / max(self._updates, 1) * u  # mean over the window, per training step
+        self._time, self._updates = 0.0, 0
         self.rows.append(row)
         self._pending.append(row)
         if len(self._pending) >= self.flush_every and not self.log_only_saved:

@@ -117,9 +117,10 @@ class CellCheckpoints:
         self.format = fmt
         self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
         self.config_hash = cell.hash
-        self.every = int(getattr(t, "checkpoint_every", 0) or 0)
+        per = int(getattr(t, "updates_per_step", 1))  # checkpoints at training-step (rollout) boundaries
+        self.every = int(getattr(t, "checkpoint_every", 0) or 0) * per
         self.keep = bool(getattr(t, "keep_checkpoint", False))
-        self.max_steps = int(t.steps)
+        self.max_steps = int(t.steps) * per  # TRL's global steps = optimiser updates
         self.enabled = self.every > 0
         self.resumed: Checkpoint | None = None
         self.run_id: str | None = None
@@ -330,7 +331,8 @@ class CellCheckpoints:
         folder = self.root / f"checkpoint-{step}"
         if not folder.is_dir():
             return
-        rows = [r for r in (self.recorder.rows if self.recorder is not None else []) if int(r["step"]) <= step]
+        rows = [r for r in (self.recorder.rows if self.recorder is not None else [])
+                if int(r.get("update", r["step"])) <= step]
         meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash, "format": self.format,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),

@@ -118,11 +118,12 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         tags={"lorarl.config_hash": cell.hash, **{f"axis.{k}": v for k, v in cell.axes.items()}},
         params={**flat, "train.precision_resolved": precision},
     )
-    recorder = MetricsRecorder(work / "metrics.csv", tracker)
+    recorder = MetricsRecorder(work / "metrics.csv", tracker, updates_per_step=cfg.train.updates_per_step)
     ckpt.restore(recorder, run_id)  # rows trained before a resume; MLflow gets any it missed
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
-    snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok)  # eval.eval_every
+    snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok,  # eval.eval_every
+                              updates_per_step=cfg.train.updates_per_step)
     collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.train.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)

@@ -14,22 +14,25 @@ __all__ = ["SnapshotSaver"]
 
 
 class SnapshotSaver(TrainerCallback):
-    """At each step in ``steps``, save the policy to ``<root>/step-<N>`` with ``save(path, model)``
+    """At each training step in ``steps`` (rollout steps: the end of that step's last optimiser update), save the policy to ``<root>/step-<N>`` with ``save(path, model)``
     (the trainer passes ``AdaptedPolicy.save``: residual inits are saved relative to the original
     base, exactly like the final adapter).  A full model also gets the tokenizer, so the snapshot
     loads on its own.  Each snapshot is written to a temporary folder and renamed into place; a
     rerun (or a resumed run) overwrites the snapshots it reaches again."""
 
     def __init__(self, root: str | Path, steps: Iterable[int], save: Callable[[Path, Any], Any],
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, updates_per_step: int = 1) -> None:
         self.root = Path(root)
+        self.updates_per_step = int(updates_per_step)  # TRL's global step counts optimiser updates
         self.steps = set(int(s) for s in steps)
         self.save = save
         self.tokenizer = tokenizer
         self.saved: list[int] = []
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        step = int(state.global_step)
+        if int(state.global_step) % self.updates_per_step:
+            return  # inside a training step (between its mini-batch updates)
+        step = int(state.global_step) // self.updates_per_step
         if step not in self.steps or not state.is_world_process_zero or model is None:
             return
         self.save_step(step, model)

@@ -14,8 +14,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
 
 The reference policy is a frozen copy of the ORIGINAL base model taken before any adapter is applied
 (residual inits such as PiSSA rewrite base weights, so "adapter disabled" is not the reference).
-With ``beta = 0`` nothing calls the reference during a step; every ``kl_monitor_every`` optimiser
-steps, after the step's timing is taken, a no-grad monitor measures KL(pi || base) on the batch just
+With ``beta = 0`` nothing calls the reference during a step; every ``kl_monitor_every`` training
+steps (rollout batches: at the end of the step's last optimiser update), after the timing is taken, a no-grad monitor measures KL(pi || base) on the batch just
 trained on and KL(pi_new || pi_old) (one extra policy forward, free when ``num_iterations > 1``:
 the next pass's forward gives it). Monitor costs are logged as ``time/*`` metrics, outside
 ``time/step_s`` and outside the MetricsRecorder's ``step_time_s``.
@@ -368,12 +368,12 @@ class LorarlGRPOTrainer(GRPOTrainer):
         self._log("kl_new_old/logratio", klmod.masked_mean(log_rho, mask_BT).item())
 
     def _after_optimizer_step(self, global_step: int) -> None:
-        """Step timing, then (every kl_monitor_every steps) the no-grad monitors on the batch just trained."""
+        """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""
         wall = time.perf_counter() - self._step_t0
         self._log("time/step_s", wall)
         self._log("tokens_per_s", self._step_tokens / wall if wall > 0 else 0.0)
         self._step_tokens = 0.0
-        every = self.kl_monitor_every
+        every = self.kl_monitor_every * self.args.steps_per_generation * self.num_iterations  # in updates
         if not every or global_step % every or self._last_batch is None:
             return
         dev = self.accelerator.device

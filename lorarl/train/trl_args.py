@@ -32,9 +32,13 @@ def rollout_fields(rollout: "RolloutConfig | None") -> dict[str, Any]:
 
 
 def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
-    """GRPOConfig from the cell config: one generation batch = P prompts x G completions, split into
-    ``train.updates_per_generation`` PPO mini-batches (one optimiser step each; ``train.steps`` counts
-    optimiser steps). TRL's ``beta`` is 0: the KL coefficient goes to the trainer (``kl_beta``)."""
+    """GRPOConfig from the cell config: one training step = one generation batch of P prompts x G
+    completions, split into ``train.updates_per_generation`` PPO mini-batches and passed over
+    ``num_iterations`` times (one optimiser update each). ``train.steps`` counts training steps (the
+    papers' unit: paper 004 App. C.1 "steps of 4 gradient updates", verl's steps in paper 003), so TRL's
+    ``max_steps`` (optimiser updates) is ``train.optimizer_updates``; warm-up and the schedule span those,
+    and one logged row averages one step's updates. TRL's ``beta`` is 0: the KL coefficient goes to the
+    trainer (``kl_beta``)."""
     from trl import GRPOConfig
 
     from lorarl.train.precision import autocast_bf16, resolve_precision
@@ -44,7 +48,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=t.lr,
-        max_steps=t.steps,
+        max_steps=t.optimizer_updates,  # train.steps rollout steps x updates_per_step
         per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
         gradient_accumulation_steps=1,
         steps_per_generation=t.updates_per_generation,
@@ -62,11 +66,11 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         epsilon=t.epsilon,
         epsilon_high=t.epsilon_high,
         weight_decay=t.weight_decay,
-        warmup_steps=t.warmup_ratio,
+        warmup_steps=t.warmup_ratio,  # < 1: a fraction of max_steps (the optimiser updates)
         lr_scheduler_type=t.lr_scheduler,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        logging_steps=t.log_every,
+        logging_steps=t.log_every * t.updates_per_step,  # log_every training steps
         logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
         save_strategy="no",
         report_to="none",
