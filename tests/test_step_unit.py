@@ -13,6 +13,7 @@ import pytest
 from lorarl.config import CellConfig
 from lorarl.signature import _train_part, short_hash, train_signature
 from lorarl.study import load_study, study_cells
+from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,3 +136,16 @@ def test_snapshots_and_rows_are_in_training_steps(tmp_path):
         if g % 4 == 0:
             rec.on_log(None, SimpleNamespace(global_step=g), None, logs={"loss": 0.1})
     assert [(r["step"], r["update"]) for r in rec.rows] == [(1, 4), (2, 8)]
+
+
+def test_kl_monitor_counts_training_steps(tiny_dir, tmp_path):  # noqa: F811
+    """kl_monitor_every 1 with 2 updates per step: the monitors run after updates 2 and 4 (the steps' ends)."""
+    from test_grpo import metric_steps
+    from test_grpo_knobs import build, cfg_with
+
+    trainer, _ = build(tiny_dir, tmp_path, cfg_with(steps=2, prompts_per_step=2, mini_batch_prompts=1, kl_monitor_every=1))
+    ran, real = [], trainer._monitors
+    trainer._monitors = lambda: ran.append(trainer.state.global_step) or real()
+    trainer.train()
+    assert trainer.state.global_step == 4 and ran == [2, 4]
+    assert metric_steps(trainer, "time/kl_new_old_s") == [2, 4]
