@@ -1,0 +1,83 @@
+"""Training rollouts stop at every EOS id of the model's generation config, not only the tokenizer's
+(Gemma-3-1B-it: <eos> 1 and <end_of_turn> 106; evaluation stops at both too, lorarl.evaluate.backends).
+
+TRL 1.16 does it itself: GRPOTrainer.__init__ merges ``model.generation_config.eos_token_id`` with the
+tokenizer's EOS into ``eos_token_ids`` (trl/trainer/grpo_trainer.py 408-416), which the HF engine's
+GenerationConfig receives (line 1160) and the completion mask cuts at (line 1881); the colocated vLLM
+engine is built on the same checkpoint folder (``LLM(model=model.name_or_path)``), whose
+generation_config.json vLLM reads by default (generation_config="auto") and adds its EOS ids to every
+request's stop ids. This test holds the HF path on a tiny model whose generation config has two EOS
+ids, loaded exactly as training loads it (lorarl.models.load_model_and_tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lorarl.rewards.outcome import OutcomeDeposits
+from lorarl.train.trainer import LorarlGRPOTrainer
+from test_grpo import G, MAXLEN, P, args, dataset, fake_score, raw_batch
+
+
+@pytest.fixture(scope="module")
+def two_eos_dir(tmp_path_factory):
+    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
+
+    d = tmp_path_factory.mktemp("two_eos")
+    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "0123456789+-=?\nQA: \\boxed{}"] * 20,
+                          vocab_size=300)
+    torch.manual_seed(0)
+    model = build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64), len(tok),
+                       tok.eos_token_id, tok.pad_token_id)
+    turn = tok.convert_tokens_to_ids("?")  # stands in for <end_of_turn>: a second stop id, not the tokenizer's EOS
+    assert turn not in (tok.eos_token_id, tok.unk_token_id, tok.pad_token_id)
+    model.generation_config.eos_token_id = [tok.eos_token_id, turn]
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d), turn
+
+
+def _rollout(path, tmp_path, turn, eos_ids=None):
+    from lorarl.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(path)
+    if eos_ids is not None:
+        model.generation_config.eos_token_id = eos_ids
+    # the policy always samples `turn` first (its logit +1e4), then anything
+    pos = {"n": 0}
+
+    def bias(_m, _i, out):
+        if pos["n"] == 0:  # the first forward of generation: the first generated token
+            out = out.clone()
+            out[:, -1, turn] += 1e4
+        pos["n"] += 1
+        return out
+
+    model.lm_head.register_forward_hook(bias)
+    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score),
+                                args=args(tmp_path, max_steps=1), train_dataset=dataset(), processing_class=tok)
+    trainer.model.train()
+    pos["n"] = 0
+    out = trainer._generate_and_score_completions(raw_batch(dataset()))
+    return trainer, out, tok
+
+
+def test_training_rollouts_stop_at_every_eos_id_of_the_generation_config(two_eos_dir, tmp_path):
+    path, turn = two_eos_dir
+    trainer, out, tok = _rollout(path, tmp_path, turn)
+    assert set(trainer.eos_token_ids) == {tok.eos_token_id, turn}
+    ids, mask = out["completion_ids"], out["completion_mask"]
+    assert ids.shape[0] == P * G and (ids[:, 0] == turn).all()
+    assert mask.sum(1).tolist() == [1] * (P * G)  # each completion ends at the second stop id
+
+
+def test_one_eos_id_runs_on(two_eos_dir, tmp_path):
+    """The same policy with only the tokenizer's EOS: the second id does not stop it (the test can fail)."""
+    path, turn = two_eos_dir
+    from lorarl.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(path)
+    trainer, out, _ = _rollout(path, tmp_path / "one", turn, eos_ids=tok.eos_token_id)
+    assert trainer.eos_token_ids == [tok.eos_token_id]
+    assert (out["completion_mask"].sum(1) > 1).any() and out["completion_ids"].shape[1] <= MAXLEN
