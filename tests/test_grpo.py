@@ -244,11 +244,11 @@ def test_kl_new_old_free_with_several_iterations(tiny_dir, tmp_path):
     trainer._forward_logps = lambda m, b: calls.append(m is trainer.model) or real(m, b)
     trainer._log_kl_new_old = lambda *a: logged.append(trainer.state.global_step) or real_log(*a)
     trainer.train()
-    # Pass 2 over a batch gets KL(new||old) for free from its loss forward (logged during step 2 / 4);
-    # after the last pass over a batch (steps 2 and 4) it costs one extra policy forward.
-    assert logged == [1, 2, 3, 4]  # global_step at logging: free during steps 2, 4; extra after steps 2, 4
+    # Pass 2 over a batch gets update 1's KL for free from its loss forward (logged during update 2 / 4);
+    # after the last pass (updates 2 and 4) one extra policy forward gives update 2's and the rollout's.
+    assert logged == [1, 2, 2, 3, 4, 4]  # global_step at logging
     assert calls.count(True) == 2
-    assert metric_steps(trainer, "kl_new_old") == [2, 4]
+    assert metric_steps(trainer, "kl_new_old") == [2, 4] == metric_steps(trainer, "kl_new_old/update")
     vals = [h["kl_new_old"] for h in trainer.state.log_history if "kl_new_old" in h]
     assert all(v >= 0 for v in vals) and any(v > 0 for v in vals)
 

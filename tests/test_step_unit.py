@@ -149,3 +149,34 @@ def test_kl_monitor_counts_training_steps(tiny_dir, tmp_path):  # noqa: F811
     trainer.train()
     assert trainer.state.global_step == 4 and ran == [2, 4]
     assert metric_steps(trainer, "time/kl_new_old_s") == [2, 4]
+
+
+def test_rollout_kl_spans_the_steps_updates(tiny_dir, tmp_path):  # noqa: F811
+    """Paper 003 Figs. 5/6: KL(pi_new || pi_old) from the rollout policy (TRL's old log-probs of the batch)
+    to the policy after both mini-batch updates (`kl_new_old`), and the last update's alone
+    (`kl_new_old/update`): distinct names, and with two updates the two differ."""
+    import torch
+
+    from test_grpo_knobs import build, cfg_with
+
+    trainer, _ = build(tiny_dir, tmp_path, cfg_with(steps=1, prompts_per_step=2, mini_batch_prompts=1, kl_monitor_every=1,
+                                                    lr=0.05))
+    seen, real = {}, trainer._monitors
+
+    def spy():
+        batch, logp_BT = trainer._last_batch
+        seen.update(rollout=batch["old_per_token_logps"].clone(), before=logp_BT.clone(), mask=batch["completion_mask"])
+        real()
+        seen["new"] = trainer._forward_logps(trainer.model, batch)
+
+    trainer._monitors = spy
+    trainer.train()
+    row = [h for h in trainer.state.log_history if "kl_new_old" in h][0]
+
+    def kl(new, old):
+        r = torch.exp(new - old)
+        return float(((r * (new - old) - r + 1) * seen["mask"]).sum() / seen["mask"].sum())
+
+    assert row["kl_new_old"] == pytest.approx(kl(seen["new"], seen["rollout"]), rel=1e-4)
+    assert row["kl_new_old/update"] == pytest.approx(kl(seen["new"], seen["before"]), rel=1e-4)
+    assert row["kl_new_old"] != pytest.approx(row["kl_new_old/update"], rel=1e-3)

@@ -301,6 +301,8 @@ class PackLoop:
                 rho = torch.exp(log_rho)
                 row["kl_new_old"] = klmod.masked_mean(rho * log_rho - rho + 1, mask).item()
                 row["kl_new_old/logratio"] = klmod.masked_mean(log_rho, mask).item()
+                # one update per step here: the rollout-to-updated KL is the last update's (solo trainer's names)
+                row["kl_new_old/update"], row["kl_new_old/update/logratio"] = row["kl_new_old"], row["kl_new_old/logratio"]
             row["time/kl_monitor_s"] = time.perf_counter() - t0
 
 

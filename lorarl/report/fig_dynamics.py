@@ -1,7 +1,9 @@
 """Paper 003 Figs. 2, 5, 6: training dynamics per setting: training reward, the Frobenius norm of the
 gradient over trainable parameters (TRL/transformers' `grad_norm`, before clipping), KL to the base
-(`kl_ref/k3`, Figs. 2, 6) and KL(π_new‖π_old) between the rollout policy and the updated policy
-(`kl_new_old`, Fig. 5; measured every `train.kl_monitor_every` steps)."""
+(`kl_ref/k3`, Figs. 2, 6) and KL(π_new‖π_old) between the rollout policy and the policy after all of
+a training step's updates (`kl_new_old`, the paper's Figs. 5/6 quantity; measured every
+`train.kl_monitor_every` steps). The KL of one optimiser update (`kl_new_old/update`) is logged too;
+with PPO mini-batches it is smaller, and it is not drawn here."""
 
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ from lorarl.report.data import StudyData
 from lorarl.report.registry import register
 
 PANELS = (("reward", "training reward"), ("grad_norm", "gradient norm ‖g‖_F"),
-          ("kl_ref/k3", "KL(π‖π_base), k3"), ("kl_new_old", "KL(π_new‖π_old)"))
+          ("kl_ref/k3", "KL(π‖π_base), k3"), ("kl_new_old", "KL(π_new‖π_old), rollout → updated policy"))
 
 
 @register("training_dynamics", "003 Figs. 2, 5, 6", ("curve:reward", "curve:grad_norm|curve:kl_new_old|curve:kl_ref/k3"),
           "Per setting, mean over seeds (band ± sd): training reward, gradient norm, KL to the base, and "
-          "KL(π_new‖π_old). Paper 003: PiSSA/MiLoRA collapse with larger gradient norm and KL.")
+          "KL(π_new‖π_old) from the rollout policy to the policy after the step's updates. Paper 003: PiSSA/MiLoRA collapse with larger gradient norm and KL.")
 def training_dynamics(data: StudyData, out: Path) -> Path | None:
     keys = data.keys
     panels = [(m, t) for m, t in PANELS if m in data.curves and data.curves[m].notna().any()]

@@ -14,11 +14,13 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
 
 The reference policy is a frozen copy of the ORIGINAL base model taken before any adapter is applied
 (residual inits such as PiSSA rewrite base weights, so "adapter disabled" is not the reference).
-With ``beta = 0`` nothing calls the reference during a step; every ``kl_monitor_every`` training
-steps (rollout batches: at the end of the step's last optimiser update), after the timing is taken, a no-grad monitor measures KL(pi || base) on the batch just
-trained on and KL(pi_new || pi_old) (one extra policy forward, free when ``num_iterations > 1``:
-the next pass's forward gives it). Monitor costs are logged as ``time/*`` metrics, outside
-``time/step_s`` and outside the MetricsRecorder's ``step_time_s``.
+With ``beta = 0`` nothing calls the reference during a step; every ``kl_monitor_every`` training steps
+(at the end of the step's last update), outside the timing, a no-grad monitor measures on the batch
+just trained on KL(pi || base) and, with one policy forward, ``kl_new_old``: KL(pi_new || pi_old) from
+the rollout policy (TRL's old log-probs) to the policy after the step's updates (paper 003 Figs. 5/6),
+and ``kl_new_old/update``: the last update's alone (equal with one update per step; with
+``num_iterations > 1`` a later pass's forward gives it free). Monitor costs are logged as ``time/*``,
+outside ``time/step_s`` and outside the MetricsRecorder's ``step_time_s``.
 
 Single process only (a prompt group must live on one rank); multi-GPU data parallelism would need
 per-group deposit sums gathered across ranks.
@@ -345,8 +347,8 @@ class LorarlGRPOTrainer(GRPOTrainer):
             self._log_kl_ref(logp_BT.detach(), ref_BT, mask_BT, mode)
         if mode == "train" and torch.is_grad_enabled():
             last = self._last_batch
-            if last is not None and last[0] is inputs:  # a later pass over the same batch: KL(new||old) is free
-                self._log_kl_new_old(logp_BT.detach(), last[1], mask_BT)
+            if last is not None and last[0] is inputs:  # a later pass over the same batch: the last update's KL is free
+                self._log_kl_new_old(logp_BT.detach(), last[1], mask_BT, "/update")
             self._last_batch = (inputs, logp_BT.detach())
             self._step_tokens += float(mask_BT.sum())
         return loss
@@ -360,12 +362,13 @@ class LorarlGRPOTrainer(GRPOTrainer):
             est = klmod.estimator(self.kl_estimator)(logp_BT, ref_BT)
             self._log("kl_ref/penalty", (self.kl_beta * klmod.masked_mean(est, mask_BT)).item(), mode)
 
-    def _log_kl_new_old(self, new_BT, old_BT, mask_BT) -> None:
-        """KL(pi_new || pi_old) on tokens sampled from pi_old: mean of rho*log(rho) - rho + 1 (>= 0, unbiased)."""
+    def _log_kl_new_old(self, new_BT, old_BT, mask_BT, which: str = "") -> None:
+        """KL(pi_new || pi_old) on tokens sampled from pi_old: mean of rho*log(rho) - rho + 1 (>= 0, unbiased).
+        ``which``: "" = rollout policy -> updated policy (``kl_new_old``), "/update" = one optimiser update."""
         log_rho = (new_BT - old_BT).float()
         rho = torch.exp(log_rho)
-        self._log("kl_new_old", klmod.masked_mean(rho * log_rho - rho + 1, mask_BT).item())
-        self._log("kl_new_old/logratio", klmod.masked_mean(log_rho, mask_BT).item())
+        self._log(f"kl_new_old{which}", klmod.masked_mean(rho * log_rho - rho + 1, mask_BT).item())
+        self._log(f"kl_new_old{which}/logratio", klmod.masked_mean(log_rho, mask_BT).item())
 
     def _after_optimizer_step(self, global_step: int) -> None:
         """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""
@@ -388,10 +391,9 @@ class LorarlGRPOTrainer(GRPOTrainer):
             ref_BT = self._forward_logps(self.reference_model, batch)
             self._log_kl_ref(logp_BT, ref_BT, mask_BT)
             self._log("time/kl_monitor_s", time.perf_counter() - t0)
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self._step % generate_every:  # the next pass reuses this batch: its forward gives KL(new||old)
-            return
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the end of a training step (_after_optimizer_step): its last update is done
         new_BT = self._forward_logps(self.model, batch)
-        self._log_kl_new_old(new_BT, logp_BT, mask_BT)
+        self._log_kl_new_old(new_BT, logp_BT, mask_BT, "/update")  # the last update alone
+        rollout_BT = batch.get("old_per_token_logps")  # the rollout policy's; None: one update per step
+        self._log_kl_new_old(new_BT, logp_BT if rollout_BT is None else rollout_BT, mask_BT)
         self._log("time/kl_new_old_s", time.perf_counter() - t0)
