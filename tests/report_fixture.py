@@ -103,5 +103,9 @@ def make_study(tmp: Path, done: set[str] | None = None, study: dict | None = Non
                     ("spectral_drift", 0.01), ("overlap_principal", 0.02), ("overlap_principal_baseline", 0.05),
                     ("overlap_low_magnitude", 0.06), ("overlap_low_magnitude_baseline", 0.05),
                     ("overlap_principal_not_low", 0.02), ("overlap_principal_not_low_baseline", 0.05))]
+        views = ("update",) if full else ("update", "product_update")  # the adapter product: LoRA cells
+        rows += [{"matrix": "model.layers.0.q_proj", "metric": f"{v}_{q}", "index": i, "value": val}
+                 for v in views for i in range(4)
+                 for q, val in (("p", 0.25), ("cum_energy", (i + 1) / 4 if v == "update" else min(1.0, (i + 2) / 4)))]
         pd.DataFrame(rows).to_parquet(cdir / "diagnostics.parquet", index=False)
     return sp, res

@@ -43,7 +43,8 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
     pairs = weight_pairs(str(tiny_base), adapter_dir, full=False)
     assert len(pairs) == 7  # q, k, v, o, gate, up, down of the single layer
     mods = dict(peft_model.named_modules())
-    for name, (w0, w1, a) in pairs.items():
+    for name, (w0, w1, a, product) in pairs.items():
+        assert product is None  # plain LoRA: the product is W+ − W0 itself
         lora = mods[f"base_model.model.{name}"]
         expected = w0 + 2.0 * lora.lora_B["default"].weight @ lora.lora_A["default"].weight
         assert torch.allclose(w1, expected, atol=1e-6)
@@ -58,6 +59,38 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
     assert set(df.columns) == {"matrix", "metric", "index", "value"}
     assert {"spectral_drift", "bf16_sparsity", "subspace_sim_top", "update_cum_energy"} <= set(df["metric"])
     assert "diag/bf16_sparsity" in tracker.client.get_run(run_id).data.metrics
+
+
+def test_residual_init_diagnoses_the_adapter_product(tmp_path, tiny_base):
+    """PiSSA (a residual init): its adapter is saved converted for the original base (rank 2r), so W+ − W0
+    = s(BA − B0A0); the diagnose stage recovers the trained A and s·BA (paper 003 Fig. 3's matrix) and
+    writes its SVD-aligned view as product_update_* beside update_* of W+ − W0."""
+    from transformers import AutoModelForCausalLM
+
+    from lorarl.adapters.build import build_adapter
+    from lorarl.config import CellConfig
+    from lorarl.diagnose.main import weight_pairs
+    from lorarl.diagnose.weights import diagnose_model
+
+    cfg = CellConfig.model_validate({"model": str(tiny_base), "adapter": {"rank": 2, "alpha": 4, "init": "pissa"}})
+    policy = build_adapter(AutoModelForCausalLM.from_pretrained(tiny_base), cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n or "lora_A" in n:
+                p.add_(torch.randn_like(p) * 0.05)  # training moved both factors
+    policy.save(tmp_path / "adapter")
+    pairs = weight_pairs(str(tiny_base), tmp_path / "adapter", full=False)
+    mods = dict(policy.model.named_modules())
+    name, (w0, w1, a, product) = next(iter(pairs.items()))
+    lora = mods[f"base_model.model.{name}"]
+    A, B = lora.lora_A["default"].weight, lora.lora_B["default"].weight
+    assert torch.allclose(a, A) and torch.allclose(product, 2.0 * B @ A, atol=1e-6)
+    assert not torch.allclose(product, w1 - w0, atol=1e-3)  # the two views differ for a residual init
+    df = diagnose_model(pairs, k=2)
+    both = df[df["matrix"] == name]
+    assert {"update_p", "product_update_p", "product_update_cum_energy"} <= set(both["metric"])
+    assert both[both["metric"] == "product_update_cum_energy"]["value"].iloc[-1] == pytest.approx(1.0)
 
 
 def test_toy_study_cells_runs_and_aggregate(tmp_path):

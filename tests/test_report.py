@@ -129,7 +129,7 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
     sp, res = make_study(tmp_path)
     out = build(sp, res)
     assert set(REGISTRY) == {"kl_vs_rank", "pass1_vs_rank_fullft", "collapse_truncation", "adv_std_peak",
-                             "accuracy_vs_params", "training_dynamics", "update_sparsity"}
+                             "accuracy_vs_params", "training_dynamics", "update_sparsity", "update_views"}
     for name in REGISTRY:
         assert out[name].stat().st_size > 5000, name
         assert not pd.read_csv(out[name].with_suffix(".csv")).empty, name
@@ -138,6 +138,8 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
     pf = pd.read_csv(out["peak_final"])
     proc = pf[(pf["regime"] == "process")]
     assert (proc["peak_step_mean"] <= 20).all() and (proc["drop"] > 0.2).all()  # Table 3: peak ≠ final
+    views = pd.read_csv(out["update_views"].with_suffix(".csv"))
+    assert {"update_p", "product_update_cum_energy"} <= set(views["metric"])  # both views, labelled apart
     rt = pd.read_csv(out["runtime"])
     assert {"step_s_mean", "train_min_mean", "kl_monitor_s_total_s"} <= set(rt.columns)
     page = out["report"].read_text()

@@ -2,7 +2,9 @@
 
 W0 is always the ORIGINAL base weight (loaded fresh from the base model, never peft's possibly
 rewritten residual), W+ the effective weight after training (adapter merged, or the fully
-fine-tuned weight). The math lives in lorarl.diagnose.weights (pure functions).
+fine-tuned weight). For residual inits (PiSSA, MiLoRA, OLoRA, ...) W+ − W0 = (α/r)(BA − B0A0), so the
+adapter product (α/r)BA, the matrix paper 003 Fig. 3 decomposes, is diagnosed too (``product_update_*``
+rows beside the ``update_*`` rows of W+ − W0). The math lives in lorarl.diagnose.weights (pure functions).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ SUMMARY_METRICS = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "ma
 
 
 def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tuple]:
-    """{module name: (W0, W+, A or None)} for every adapted (or, for full FT, every) Linear."""
+    """{module name: (W0, W+, A or None, (α/r)BA or None)} for every adapted (or, for full FT, every)
+    Linear. A residual init's adapter is saved converted for the original base (lorarl.adapters.build:
+    A' = [A; A0], B' = [B, −B0], rank 2r, same scale): A and the product (α/r)BA are its first r
+    directions; other adapters get no product (it is W+ − W0 there)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -29,20 +34,29 @@ def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tup
     if full:
         tuned = AutoModelForCausalLM.from_pretrained(str(adapter_dir), dtype=torch.float32)
         mods = dict(tuned.named_modules())
-        return {n: (w0[n], mods[n].weight.detach(), None) for n in w0}
+        return {n: (w0[n], mods[n].weight.detach(), None, None) for n in w0}
     from peft import PeftModel
 
+    meta = adapter_dir / "lorarl_adapter.json"
+    converted = meta.exists() and bool(json.loads(meta.read_text()).get("residual_converted"))
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
     prefix = "base_model.model."
-    a_mats = {}
+    a_mats, p_mats = {}, {}
     for n, m in peft_model.named_modules():
         lora_a = getattr(m, "lora_A", None)
         if isinstance(lora_a, torch.nn.ModuleDict) and "default" in lora_a:
-            a_mats[n[len(prefix):] if n.startswith(prefix) else n] = lora_a["default"].weight.detach().clone()
+            key = n[len(prefix):] if n.startswith(prefix) else n
+            a = lora_a["default"].weight.detach().clone()
+            if converted:  # the trained factors: the first r of the 2r directions; s·BA with peft's scaling
+                r = a.shape[0] // 2
+                b = m.lora_B["default"].weight.detach()[:, :r].double()
+                a = a[:r].contiguous()
+                p_mats[key] = (m.scaling["default"] * (b @ a.double())).float()
+            a_mats[key] = a
     merged = peft_model.merge_and_unload()
     mods = dict(merged.named_modules())
     names = sorted(a_mats) if a_mats else [n for n in w0 if n in mods]
-    return {n: (w0[n], mods[n].weight.detach(), a_mats.get(n)) for n in names}
+    return {n: (w0[n], mods[n].weight.detach(), a_mats.get(n), p_mats.get(n)) for n in names}
 
 
 def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
@@ -58,7 +72,7 @@ def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", t
     kw = dict(results=results_dir, study=study, cell=cell.id)
     pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
                          full=cfg.adapter.method == "full")
-    k = min(16, min(min(w.shape) for w, _, _ in pairs.values()))
+    k = min(16, min(min(w[0].shape) for w in pairs.values()))
     df = diagnose_model(pairs, k=k)
     out = paths.path("diagnostics", **kw)
     write_parquet(df, out)

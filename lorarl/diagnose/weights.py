@@ -159,12 +159,14 @@ def mask_overlap(update_mask, reference_mask) -> dict:
 
 def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
                     k: int = DEFAULT_K, alpha: float = DEFAULT_ALPHA, eta: float = BF16_ETA,
-                    vectors: bool = True) -> list[dict]:
+                    vectors: bool = True, P_DN=None) -> list[dict]:
     """All diagnostics of one matrix as long-format rows {matrix, metric, index, value}.
 
     Scalar metrics have index 0; vector metrics (singular values, cosines, c/p/cum_energy) one row
     per entry, index = 0-based mode (skip them with vectors=False). Subspace similarity needs the
     LoRA A; `rank` (default A's row count) sets its r. Two SVDs (W0, W+) are shared by all metrics.
+    `P_DN`: the adapter product (α/r)BA (residual inits, where it differs from W+ − W0): its
+    SVD-aligned distribution along W0's directions is added as ``product_update_c/p/cum_energy``.
     """
     W0 = _f64(W0_DN)
     W1 = _f64(W1_DN).to(W0.device)
@@ -182,6 +184,10 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
     upd = svd_aligned_update(W0, W1 - W0, svd0=svd0)
     vecs["update_c"], vecs["update_p"] = upd["c_M"], upd["p_M"]
     vecs["update_cum_energy"] = upd["cum_energy_M"]
+    if P_DN is not None:  # paper 003 Fig. 3's view: the adapter product, not the weight change
+        prod = svd_aligned_update(W0, P_DN, svd0=svd0)
+        vecs["product_update_c"], vecs["product_update_p"] = prod["c_M"], prod["p_M"]
+        vecs["product_update_cum_energy"] = prod["cum_energy_M"]
     if A_RN is not None:
         ss = subspace_similarity(A_RN, W0, rank, svd0=svd0)
         scalars["subspace_sim_top"], scalars["subspace_sim_bottom"] = ss["sim_top"], ss["sim_bottom"]
@@ -201,11 +207,11 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
 
 
 def diagnose_model(pairs: Mapping[str, tuple], **kwargs) -> pd.DataFrame:
-    """Diagnostics of many matrices: pairs maps name -> (W0, W1, A_or_None); kwargs go to
-    `diagnose_matrix`. Returns a long DataFrame with columns matrix, metric, index, value."""
+    """Diagnostics of many matrices: pairs maps name -> (W0, W1, A_or_None[, (α/r)BA or None]); kwargs go
+    to `diagnose_matrix`. Returns a long DataFrame with columns matrix, metric, index, value."""
     rows: list[dict] = []
-    for name, (W0, W1, A) in pairs.items():
-        rows += diagnose_matrix(name, W0, W1, A, **kwargs)
+    for name, (W0, W1, A, *product) in pairs.items():
+        rows += diagnose_matrix(name, W0, W1, A, P_DN=product[0] if product else None, **kwargs)
     df = pd.DataFrame(rows, columns=["matrix", "metric", "index", "value"])
     return df.astype({"matrix": "string", "metric": "string", "index": "int64", "value": "float64"})
 

@@ -63,3 +63,36 @@ def update_sparsity(data: StudyData, out: Path) -> Path | None:
     axes[2].set_ylabel("overlap / random baseline")
     fig.suptitle(f"{data.study.name}: update sparsity, principal angles, mask overlaps")
     return draw.save(fig, out, table)
+
+
+VIEWS = (("update", "ΔW = W+ − W0", "-"), ("product_update", "(α/r)BA, the adapter product", "--"))
+
+
+@register("update_views", "003 Fig. 3", ("diag:product_update_p",),
+          "SVD-aligned update distribution p_i and cumulative energy along W0's singular directions (by σ, "
+          "descending), mean over matrices and seeds, in two views: solid = the weight change ΔW = W+ − W0, "
+          "dashed = the adapter product (α/r)BA that paper 003 Fig. 3 decomposes. They differ for residual "
+          "inits (PiSSA, MiLoRA, OLoRA, ...: ΔW = (α/r)(BA − B0A0)); only cells with such an init have the dashed view.")
+def update_views(data: StudyData, out: Path) -> Path | None:
+    metrics = [f"{v}_{q}" for v, _, _ in VIEWS for q in ("p", "cum_energy")]
+    d = data.diag[data.diag["metric"].isin(metrics)]
+    if d.empty:
+        return None
+    d = d.assign(group=draw.series_labels(d, data.keys))
+    table = d.groupby(["group", "metric", "index"], sort=False)["value"].mean().reset_index()
+    groups = list(dict.fromkeys(table["group"]))
+    plt = draw.plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for color, g in zip(draw.colors(len(groups)), groups):
+        for view, label, ls in VIEWS:
+            for ax, q in zip(axes, ("p", "cum_energy")):
+                c = table[(table["group"] == g) & (table["metric"] == f"{view}_{q}")]
+                if not c.empty:
+                    ax.plot(c["index"] + 1, c["value"], ls=ls, color=color, label=f"{g}: {label}")
+    for ax, title in zip(axes, ("update distribution p_i = c_i / Σ c_j", "cumulative update energy Σ_{j≤i} c_j² / Σ c_j²")):
+        ax.set_xscale("log")
+        ax.set_xlabel("singular direction i of W0 (by σ, descending)")
+        ax.set_title(f"{title}\nsolid: ΔW = W+ − W0; dashed: (α/r)BA")
+    axes[1].legend(fontsize=6, loc="lower right")
+    fig.suptitle(f"{data.study.name}: update along W0's directions, weight change vs adapter product")
+    return draw.save(fig, out, table)

@@ -178,8 +178,8 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
         ax.set_xticks(range(len(matrices)), [m.replace("model.layers.", "L").replace("self_attn.", "").replace("mlp.", "")
                                                for m in matrices], rotation=90, fontsize=6)
         ax.set_title(title)
-    for ax, title in ((axes[3], "update distribution p_i = c_i / Σ c_j"),
-                      (axes[4], "cumulative update energy Σ_{j≤i} c_j² / Σ c_j²")):
+    for ax, title in ((axes[3], "update distribution p_i = c_i / Σ c_j of ΔW = W+ − W0"),
+                      (axes[4], "cumulative energy Σ_{j≤i} c_j² / Σ c_j² of ΔW = W+ − W0")):
         ax.set_xscale("log")
         ax.set_xlabel("singular direction i of W0 (by σ, descending)")
         ax.set_title(title)
