@@ -135,7 +135,8 @@ class TrainConfig(Strict):
     importance_sampling_level: Literal["token", "sequence"] = "token"  # PPO ratio per token, or per sequence (GSPO/TRL: mean log-ratio)
     dual_clip: float | None = Field(None, gt=1)  # dual-clip c for negative advantages (paper 003: 10; TRL's delta); null = off
     mini_batch_prompts: int | None = Field(None, gt=0)  # PPO mini-batch in prompts: prompts_per_step/this updates per rollout (003: 32 of 128)
-    max_prompt_length: int | None = Field(None, gt=0)  # drop training prompts longer than this many tokens (paper 002: 512)
+    max_prompt_length: int | None = Field(None, gt=0)  # training prompts longer than this many tokens are dropped or cut (prompt_overflow; paper 002: 512)
+    prompt_overflow: Literal["drop", "truncate_left"] = Field("drop", json_schema_extra={"signature_omits_default": True})  # a prompt over max_prompt_length: dropped, or its last tokens kept (verl's left truncation, papers 002/003/004)
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
 
     @model_validator(mode="after")
@@ -145,6 +146,8 @@ class TrainConfig(Strict):
         if self.mini_batch_prompts is not None and self.prompts_per_step % self.mini_batch_prompts:
             raise ValueError(f"train.mini_batch_prompts ({self.mini_batch_prompts}) must divide "
                              f"train.prompts_per_step ({self.prompts_per_step})")
+        if self.prompt_overflow == "truncate_left" and self.max_prompt_length is None:
+            raise ValueError("train.prompt_overflow truncate_left needs train.max_prompt_length (how many tokens to keep)")
         if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):
             raise ValueError(f"train.dual_clip must exceed 1 + the upper clip ({1 + (self.epsilon_high or self.epsilon)})")
         return self

@@ -3,7 +3,9 @@ its evaluations.  Pure python (pydantic only), imported by the study, the plan a
 
 * :func:`signature_dump`: the config as JSON without its *runtime* fields, i.e. fields declared
   ``Field(..., json_schema_extra={"runtime": True})`` (memory/batching/checkpoint cadence: they
-  never change results, so changing one reruns nothing), plus the derived keys a model's
+  never change results, so changing one reruns nothing), without fields marked
+  ``signature_omits_default`` while at their default (added later: adding one reruns nothing),
+  plus the derived keys a model's
   ``signature_extras()`` names (TrainConfig: updates per step when it is not 1);
 * :func:`train_signature`: what training depends on = the dump without the evaluation-only
   settings (``eval.*`` except ``eval.eval_every``, which decides which snapshots training writes).
@@ -46,6 +48,19 @@ def runtime_fields(cls: type[BaseModel]) -> frozenset[str]:
     return frozenset(n for n, info in cls.model_fields.items() if is_runtime(info))
 
 
+@lru_cache(maxsize=None)
+def omitted_at_default(cls: type[BaseModel]) -> dict[str, Any]:
+    """Fields of ``cls`` marked ``json_schema_extra={"signature_omits_default": True}`` -> their default's
+    JSON value: a field added after cells were trained enters the signature only when set otherwise, so
+    adding it reruns nothing while every cell that uses it gets its own hash."""
+    out = {}
+    for n, info in cls.model_fields.items():
+        extra = getattr(info, "json_schema_extra", None)
+        if isinstance(extra, dict) and extra.get("signature_omits_default"):
+            out[n] = json.loads(json.dumps(info.default, default=str))
+    return out
+
+
 def models_in(tp: Any) -> list[type[BaseModel]]:
     """The pydantic model classes named anywhere in a type annotation (``dict[str, X] | None`` -> [X])."""
     out = [tp] if isinstance(tp, type) and issubclass(tp, BaseModel) else []
@@ -63,7 +78,7 @@ def _descend(cls: type[BaseModel]) -> frozenset[str]:
 
 @lru_cache(maxsize=None)
 def _has_runtime(cls: type[BaseModel]) -> bool:
-    return bool(runtime_fields(cls)) or bool(_descend(cls)) or _has_extras(cls)
+    return bool(runtime_fields(cls)) or bool(_descend(cls)) or _has_extras(cls) or bool(omitted_at_default(cls))
 
 
 def _extras(model: BaseModel) -> dict[str, Any]:
@@ -84,8 +99,9 @@ def _strip(value: Any, dumped: Any) -> Any:
         cls = type(value)
         if not _has_runtime(cls):
             return dumped
-        drop, down = runtime_fields(cls), _descend(cls)
-        out = {k: (_strip(getattr(value, k), v) if k in down else v) for k, v in dumped.items() if k not in drop}
+        drop, down, omit = runtime_fields(cls), _descend(cls), omitted_at_default(cls)
+        out = {k: (_strip(getattr(value, k), v) if k in down else v) for k, v in dumped.items()
+               if k not in drop and not (k in omit and v == omit[k])}
         return {**out, **_extras(value)}
     if isinstance(value, dict) and isinstance(dumped, dict):
         return {k: _strip(value.get(k), v) for k, v in dumped.items()}

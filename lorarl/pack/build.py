@@ -97,6 +97,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.rewards.outcome import settings_of
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.main import load_policy, training_dataset
+    from lorarl.train.prompt_fit import keep_last, prompt_keep
 
     from lorarl.pack.plan import pack_key
 
@@ -115,7 +116,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         ref.to(torch.bfloat16)
     dataset, facts = training_dataset(cfg0, tok)
     prompts = list(dataset["prompt"])
-    ids = [prompt_ids(tok, p) for p in prompts]
+    ids = [keep_last(prompt_ids(tok, p), prompt_keep(cfg0.train)) for p in prompts]  # train.prompt_overflow
     texts = [prompt_text(tok, p) for p in prompts]
     answers = [str(a) for a in dataset["answer"]]
     models = [base] + [_share_base(base) for _ in cells[1:]]  # before any adapter wraps the base in place

@@ -25,7 +25,7 @@ from typing import Any
 
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
 
-_TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "precision", "steps",
+_TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "prompt_overflow", "precision", "steps",
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
 
 

@@ -124,8 +124,9 @@ def check_rendered(cfg: Any, questions: Sequence[str]) -> None:
 
 
 def within_length(cfg: Any, prompts: Sequence["Prompt"], tokenizer: Any) -> list[bool]:
-    """Which prompts fit ``train.max_prompt_length`` tokens (all when it is null)."""
+    """Which prompts fit ``train.max_prompt_length`` tokens (all when it is null, or when longer prompts
+    are cut to their last tokens instead: ``train.prompt_overflow: truncate_left``)."""
     limit = cfg.train.max_prompt_length
-    if limit is None:
+    if limit is None or getattr(cfg.train, "prompt_overflow", "drop") == "truncate_left":
         return [True] * len(prompts)
     return [len(prompt_ids(tokenizer, p)) <= limit for p in prompts]

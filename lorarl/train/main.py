@@ -38,11 +38,13 @@ def load_policy(cfg: CellConfig, results_dir: str | Path, device: str, precision
 def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
     """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
     one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
-    dropped. Returns (dataset, facts for the summary)."""
+    dropped (or, ``train.prompt_overflow: truncate_left``, cut in the trainer and counted here).
+    Returns (dataset, facts for the summary)."""
     import datasets
 
     from lorarl.tasks import task_records
-    from lorarl.tasks.prompt import training_prompts, uses_chat_template, within_length
+    from lorarl.tasks.prompt import prompt_ids, training_prompts, uses_chat_template, within_length
+    from lorarl.train.prompt_fit import prompt_keep
 
     rows, _ = task_records(cfg.task)
     prompts = training_prompts(cfg, [r["prompt"] for r in rows], tokenizer)
@@ -50,7 +52,10 @@ def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
     data = [{"prompt": p, "answer": r["answer"]} for p, r, k in zip(prompts, rows, keep) if k]
     if not data:
         raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
+    keep = prompt_keep(cfg.train)
     facts = {"prompts_dropped_too_long": len(rows) - len(data),
+             **({"prompts_truncated_left": sum(len(prompt_ids(tokenizer, d["prompt"])) > keep for d in data)}
+                if keep is not None else {}),
              "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
     return datasets.Dataset.from_list(data), facts
 

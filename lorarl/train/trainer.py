@@ -39,6 +39,7 @@ from trl import GRPOTrainer
 from lorarl.train import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.train.divergence import nan_reward_fault
+from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
 
@@ -74,7 +75,7 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(GRPOTrainer):
+class LorarlGRPOTrainer(LeftTruncation, GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's

@@ -91,15 +91,18 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
 
     from lorarl.rewards.outcome import settings_of
     from lorarl.rewards.registry import build_regime
+    from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
     t = cfg.train
     rollout = getattr(cfg, "rollout", None)
     device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
     regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
-    return LorarlGRPOTrainer(
+    trainer = LorarlGRPOTrainer(
         model=model, regime=regime, args=args, kl_beta=t.beta, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
         grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    trainer.prompt_keep = prompt_keep(t)  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
+    return trainer

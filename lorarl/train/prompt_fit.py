@@ -1,0 +1,32 @@
+"""Training prompts over ``train.max_prompt_length`` tokens: dropped from the dataset
+(``train.prompt_overflow: drop``, lorarl.tasks.prompt.within_length) or cut to their last N tokens
+(``truncate_left``, verl's ``truncation: left`` that papers 002/003/004 train with). The cut acts on
+the token ids TRL makes of a prompt (chat template applied), so the HF and the vLLM engine, the
+old/reference log-probs and the reward regime all see the same truncated prompt."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def keep_last(ids: Sequence[int], keep: int | None) -> list[int]:
+    """The last ``keep`` ids of a prompt (all of them when ``keep`` is None or the prompt fits)."""
+    ids = list(ids)
+    return ids[-keep:] if keep is not None and len(ids) > keep else ids
+
+
+def prompt_keep(train: Any) -> int | None:
+    """How many prompt tokens a rollout keeps: ``max_prompt_length`` under truncate_left, else all."""
+    return train.max_prompt_length if getattr(train, "prompt_overflow", "drop") == "truncate_left" else None
+
+
+class LeftTruncation:
+    """Mix-in of the GRPO trainer: TRL's tokenised prompts cut to their last ``prompt_keep`` tokens."""
+
+    prompt_keep: int | None = None  # set by lorarl.train.trl_args.build_trainer (None: untouched)
+
+    def _tokenize_prompts(self, prompts: list):
+        prompt_ids, images, fields = super()._tokenize_prompts(prompts)
+        if self.prompt_keep is None:
+            return prompt_ids, images, fields
+        return [keep_last(p, self.prompt_keep) for p in prompt_ids], images, fields
