@@ -88,7 +88,7 @@ def test_eval_signature_is_memoised_and_matches_the_plan():
 
 def test_method_defaults_are_resolved_before_hashing():
     cells = {c.id: c for c in study_cells(load_study(REPO / "experiments" / "peft_zoo_cpu.yaml"))}
-    lora = next(c for c in cells.values() if c.config.adapter.method == "lora")
+    lora = next(c for c in cells.values() if c.config.adapter.method == "lora_plus")  # no init set: the default
     a = lora.config.adapter
     assert a.init == "kaiming" and a.target_modules == "all-linear" and a.alpha == 2.0 * a.rank
     assert lora.flat_config()["adapter.init"] == "kaiming"  # what MLflow params and cell.json show
