@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/py312.sh       # second venv on Python 3.12: install + a fast subset of the tests
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
