@@ -1,0 +1,4 @@
+from lorarl.gpucheck.main import main
+
+if __name__ == "__main__":
+    main()

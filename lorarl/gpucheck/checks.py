@@ -1,0 +1,194 @@
+"""The checks of the acceptance run. Each returns a row: status pass | fail | not run, its figure, why.
+
+A check passes only on a figure its own work produced; one that cannot run says why (``not run: ...``)
+and never passes. The doctor twins go through ``lorarl doctor`` itself (the local launcher: a job process
+per twin), the pack check through :mod:`lorarl.gpucheck.packjob` (one process per job, as a study runs them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lorarl.gpucheck.shapes import Twin, twin_study
+
+HEADROOM = 0.90  # peak memory above this share of the device fails (as lorarl doctor's headroom check)
+PACK_K = 4  # members of the packed job, against as many solo jobs of the same shape
+
+
+def row(name: str, status: str, figure: str = "", why: str = "", **data: Any) -> dict[str, Any]:
+    return {"check": name, "status": status, "figure": figure, "why": why, "data": data}
+
+
+def not_run(name: str, why: str) -> dict[str, Any]:
+    return row(name, "not run", why=why)
+
+
+def environment() -> dict[str, Any]:
+    """Device, driver and library versions (as the doctor job sees them, plus the Python stack)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from lorarl.pipeline.doctor import device_info
+
+    libs = {}
+    for name in ("torch", "transformers", "trl", "peft", "accelerate", "vllm"):
+        try:
+            libs[name] = version(name)
+        except PackageNotFoundError:
+            libs[name] = None
+    return {"device": device_info(), "python": platform.python_version(), "libraries": libs}
+
+
+def vllm_importable() -> str | None:
+    """None when ``import vllm`` works, else why not (the vLLM checks say it)."""
+    try:
+        importlib.import_module("vllm")
+    except Exception as err:  # noqa: BLE001 - any import failure means the engine cannot run here
+        return f"vllm not importable ({type(err).__name__}: {str(err)[:200]})"
+    return None
+
+
+def write_study(twin: Twin, model_dir: str, work: Path, steps: int, seeds: int, eval_limit: int,
+                engine: str = "hf") -> Path:
+    doc = twin_study(twin, model_dir, steps, seeds, eval_limit, engine)
+    path = work / "studies" / f"{doc['name']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_doctor(study: Path, work: Path, steps: int, eval_limit: int, threads: int) -> tuple[int, dict | None, str]:
+    """``lorarl doctor`` on the twin (a subprocess: its own exit status and output); its doctor.json."""
+    res = work / "results"
+    cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(study), "--steps", str(steps), "--results", str(res),
+           "--eval-limit", str(eval_limit), "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = work / "logs" / f"doctor-{study.stem}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(proc.stdout + proc.stderr)
+    name = yaml.safe_load(study.read_text())["name"]
+    rep = res / name / "doctor" / "doctor.json"
+    return proc.returncode, (json.loads(rep.read_text()) if rep.exists() else None), str(log)
+
+
+def memory_projection(study: Path) -> tuple[float | None, str]:
+    """The memory plan's projected peak (GiB) for the study's first cell, when lorarl.memory exists here."""
+    try:
+        mem = importlib.import_module("lorarl.memory")
+    except ImportError:
+        return None, "no memory plan in this checkout (lorarl.memory absent)"
+    plan = getattr(mem, "plan_study", None) or getattr(mem, "plan", None)
+    if plan is None:
+        return None, "lorarl.memory has no plan_study/plan function this run knows"
+    try:
+        got = plan(str(study))
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        return None, f"the memory plan failed: {type(err).__name__}: {err}"[:300]
+    cells = got if isinstance(got, list) else [got]
+    first = cells[0] if cells else {}
+    peak = first.get("peak_gb") if isinstance(first, dict) else getattr(first, "peak_gb", None)
+    return (float(peak), "lorarl memory") if peak is not None else (None, "the memory plan gave no peak_gb")
+
+
+def doctor_checks(twin: Twin, study: Path, work: Path, steps: int, eval_limit: int, threads: int,
+                  label: str = "") -> list[dict[str, Any]]:
+    """The doctor on one twin, and what its report says: step split, memory, tokens/s, precision, eval."""
+    tag = f"{twin.study}{label}"
+    t0 = time.perf_counter()
+    rc, rep, log = run_doctor(study, work, steps, eval_limit, threads)
+    wall = time.perf_counter() - t0
+    if rep is None:
+        return [row(f"doctor: {tag}", "fail", f"exit {rc}, no doctor.json", why=f"see {log}")]
+    m = rep["measured"]
+    bad = [c["check"] for c in m.get("checks", []) if not c["ok"]]
+    out = [row(f"doctor: {tag}", "pass" if rep["ok"] and rc == 0 else "fail",
+               f"exit {rc} in {wall:.0f} s; {len(m.get('checks', []))} doctor checks"
+               + (f", failed: {', '.join(bad)}" if bad else ""), why="" if rep["ok"] else f"see {log}",
+               wall_s=wall, log=log)]
+    sp = m.get("split")
+    if not sp:
+        return out + [not_run(f"step split: {tag}", "the doctor's smoke training did not finish")]
+    t = twin.cell["train"]
+    budget = t["prompts_per_step"] * t["generations"] * twin.completion
+    fill = sp["rollout_tokens_per_step"] / budget if budget else 0.0
+    parts = {k: sp[k] for k in ("rollout_generation_s", "reward_s", "reference_forward_s",
+                                "old_policy_forward_and_advantages_s", "policy_forward_backward_s")}
+    out.append(row(f"step split: {tag}", "pass" if sp["step_s"] > 0 else "fail",
+                   f"{sp['step_s']:.2f} s/step = " + " + ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in parts.items()),
+                   split=sp))
+    out.append(row(f"rollout tokens/s: {tag}", "pass" if sp["rollout_tokens_per_s"] > 0 and fill >= 0.99 else "fail",
+                   f"{sp['rollout_tokens_per_s']:.1f} tokens/s; completions fill {fill:.1%} of "
+                   f"{t['prompts_per_step']}x{t['generations']}x{twin.completion} tokens",
+                   why="" if fill >= 0.99 else "completions stopped before the budget (EOS sampled)",
+                   tokens_per_s=sp["rollout_tokens_per_s"], fill=fill))
+    dev = m["device"]
+    peak = m.get("peak_memory_gb", 0.0)
+    share = peak / dev["memory_gb"] if dev["memory_gb"] else 0.0
+    proj, src = memory_projection(study)
+    vs = f"; projected {proj:.2f} GiB ({src}), measured/projected {peak / proj:.2f}" if proj else f"; projection: {src}"
+    out.append(row(f"peak memory: {tag}", "pass" if 0 < share <= HEADROOM else "fail",
+                   f"{peak:.2f} of {dev['memory_gb']:.1f} GiB ({share:.0%}, limit {HEADROOM:.0%}){vs}",
+                   peak_gb=peak, projected_gb=proj, projection_source=src))
+    prec, dtypes = m.get("precision"), m.get("trainable_dtypes") or {}
+    ok = prec == "bf16-mixed" and list(dtypes) == ["float32"] and m.get("dtype") == "bfloat16"
+    out.append(row(f"bf16-mixed precision: {tag}", "pass" if ok else "fail",
+                   f"precision {prec}, weights loaded {m.get('dtype')}, trainable tensors "
+                   + ", ".join(f"{k} x{v}" for k, v in dtypes.items()) + (", bf16 autocast" if prec == "bf16-mixed" else ""),
+                   precision=prec, trainable_dtypes=dtypes, weights=m.get("dtype")))
+    ev = (m.get("evaluation") or {}).get("synthetic")
+    if ev:
+        out.append(row(f"evaluation tokens/s: {tag}", "pass" if ev["tokens_per_s"] > 0 else "fail",
+                       f"{ev['tokens_per_s']:.1f} tokens/s, {ev['seconds_per_problem']:.2f} s/problem "
+                       f"({ev['problems']} problems)", evaluation=ev))
+    else:
+        out.append(not_run(f"evaluation tokens/s: {tag}", "the doctor's evaluation did not finish"))
+    if label:  # the vLLM twin: its freshness gate (mean |logp_vllm - logp_policy| of the trained LoRA)
+        gate = next((c for c in m.get("checks", []) if c["check"] == "rollout freshness gate"), None)
+        out.append(row(f"freshness gap: {tag}", "pass" if gate and gate["ok"] else "fail",
+                       gate["detail"] if gate else "no freshness gate in the doctor's report",
+                       freshness=sp.get("freshness_logp_diff_max")))
+    return out
+
+
+def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
+    """A packed job of K cells against K solo jobs of the same cells, one after another: wall and peak memory."""
+    from lorarl.study import load_study, study_cells
+
+    cells = [c.id for c in study_cells(load_study(study))][:PACK_K]
+    if len(cells) < PACK_K:
+        return not_run("packed K=4 vs 4 solo", f"the twin study has {len(cells)} cells, not {PACK_K}")
+
+    def job(kind: str, ids: list[str], res: Path) -> dict:
+        cmd = [sys.executable, "-m", "lorarl.gpucheck.packjob", kind, str(study), ",".join(ids), str(res), str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+        (work / "logs" / f"pack-{kind}-{ids[0]}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode:
+            raise RuntimeError(f"{kind} job exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    try:
+        t0 = time.perf_counter()
+        packed = job("pack", cells, work / "pack-results" / "packed")
+        pw = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        solo = [job("solo", [c], work / "pack-results" / "solo") for c in cells]
+        sw = time.perf_counter() - t0
+    except RuntimeError as err:
+        return row("packed K=4 vs 4 solo", "fail", str(err)[:300])
+    pm, sm = packed["peak_gb"], max(s["peak_gb"] for s in solo)
+    ratio = pw / sw
+    return row("packed K=4 vs 4 solo", "pass" if ratio < 1.0 else "fail",
+               f"wall {pw:.0f} s packed vs {sw:.0f} s for 4 solo jobs in turn (ratio {ratio:.2f}); peak memory "
+               f"{pm:.2f} GiB packed vs {sm:.2f} GiB solo ({pm / sm:.2f}x)",
+               why="" if ratio < 1.0 else "the pack was not faster than its members one after another",
+               packed_wall_s=pw, solo_wall_s=sw, ratio=ratio, packed_peak_gb=pm, solo_peak_gb=sm,
+               memory_kind=packed["memory_kind"])

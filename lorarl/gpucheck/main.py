@@ -1,0 +1,123 @@
+"""`python -m lorarl.gpucheck [--quick] [--large] [--cpu-smoke] [--out DIR]`: run the checks, write the report.
+
+Exit status: 0 when no check failed (a check that could not run is listed with why, and is not a pass),
+1 when one failed, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from lorarl.gpucheck import checks as ck
+from lorarl.gpucheck.shapes import build_model, twins
+
+VLLM_CHECKS = ("vLLM rollouts + freshness gap", "vLLM evaluation", "merged-weight push time",
+               "multi-LoRA pack sampling")
+
+
+def settings(mode: str) -> dict[str, int]:
+    """Doctor steps (the first is warm-up, dropped from the split), evaluation problems, pack steps."""
+    return {"cpu-smoke": {"steps": 2, "eval_limit": 2, "pack_steps": 2},
+            "quick": {"steps": 2, "eval_limit": 4, "pack_steps": 2}}.get(mode, {"steps": 3, "eval_limit": 8,
+                                                                                "pack_steps": 3})
+
+
+def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # no network on a GPU node:
+        os.environ.setdefault(var, "1")  # nothing here may reach a hub (the jobs inherit it)
+    t_start = time.perf_counter()
+    env = ck.environment()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows: list[dict[str, Any]] = []
+    if mode != "cpu-smoke" and device != "cuda":
+        rows.append(ck.row("device", "fail", f"no CUDA device ({env['device']['name']})",
+                           why="the real-shape run needs a GPU; on a CPU use --cpu-smoke"))
+        return _result(mode, env, rows, t_start)
+    rows.append(ck.row("device", "pass", f"{env['device']['kind']}: {env['device']['name']} "
+                                         f"({env['device']['memory_gb']:.1f} GiB)"))
+    st = settings(mode)
+    work = out / "work"
+    vllm_why = ck.vllm_importable()
+    for twin in twins(mode):
+        mdir = work / "models" / twin.arch
+        try:
+            info = build_model(twin.arch, mdir, device)
+        except Exception as err:  # noqa: BLE001 - reported as the twin's failure
+            rows.append(ck.row(f"model build: {twin.arch}", "fail", f"{type(err).__name__}: {err}"[:300]))
+            continue
+        rows.append(ck.row(f"model build: {twin.arch}", "pass",
+                           f"{info['params'] / 1e6:,.1f} M parameters ({info['layers']} layers, hidden {info['hidden']}, "
+                           f"vocab {info['vocab']}), random weights, built in {info['build_s']:.1f} s", model=info))
+        seeds = ck.PACK_K if twin.study == "reward_density" else 1
+        study = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], seeds, st["eval_limit"])
+        rows += ck.doctor_checks(twin, study, work, st["steps"], st["eval_limit"], threads)
+        if twin.study == "reward_density":  # LoRA without dropout: the twin that packs
+            pstudy = ck.write_study(twin, str(mdir.resolve()), work / "pack", st["pack_steps"], ck.PACK_K,
+                                    st["eval_limit"])
+            rows.append(ck.packed_check(pstudy, work, threads))
+            if vllm_why is None:
+                vstudy = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], 1, st["eval_limit"], "vllm")
+                vrows = ck.doctor_checks(twin, vstudy, work, st["steps"], st["eval_limit"], threads, " (vLLM)")
+                rows += vrows
+    if vllm_why is not None:
+        rows += [ck.not_run(name, vllm_why) for name in VLLM_CHECKS]
+    else:
+        rows += [ck.not_run(name, "not built into lorarl.gpucheck yet") for name in VLLM_CHECKS[2:]]
+    return _result(mode, env, rows, t_start)
+
+
+def _result(mode: str, env: dict, rows: list[dict], t_start: float) -> dict[str, Any]:
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
+    return {"mode": mode, "ok": counts["fail"] == 0, "counts": counts, "wall_s": time.perf_counter() - t_start,
+            "environment": env, "checks": rows}
+
+
+def render(res: dict[str, Any]) -> str:
+    env, d = res["environment"], res["environment"]["device"]
+    c = res["counts"]
+    lines = [f"# lorarl gpucheck ({res['mode']}): {'OK' if res['ok'] else 'FAILED'}", "",
+             f"{c['pass']} passed, {c['fail']} failed, {c['not run']} not run, in {res['wall_s']:.0f} s "
+             f"(`python -m lorarl.gpucheck" + {"cpu-smoke": " --cpu-smoke", "quick": " --quick",
+                                                "large": " --large"}.get(res["mode"], "") + "`)", "",
+             "| item | value |", "|---|---|",
+             f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
+             f"| driver / CUDA | {d['driver']} / {d['cuda']} |",
+             f"| Python | {env['python']} |"]
+    lines += [f"| {k} | {v or 'not installed'} |" for k, v in env["libraries"].items()]
+    lines += ["", "| check | result | figure | why |", "|---|---|---|---|"]
+    for r in res["checks"]:
+        mark = {"pass": "pass", "fail": "**FAIL**", "not run": "not run"}[r["status"]]
+        lines.append(f"| {r['check']} | {mark} | {r['figure']} | {r['why']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m lorarl.gpucheck", description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="shorter completion budgets (512 tokens)")
+    size.add_argument("--large", action="store_true", help="also a 7B (Qwen2.5-7B dimensions) twin")
+    size.add_argument("--cpu-smoke", action="store_true", help="the same code path at tiny shapes on a CPU")
+    ap.add_argument("--out", default="gpucheck", help="folder for gpucheck.md, gpucheck.json and work/")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per job (torch.set_num_threads)")
+    a = ap.parse_args(argv)
+    if a.threads < 1:
+        ap.error(f"--threads must be >= 1 (got {a.threads})")
+    mode = "cpu-smoke" if a.cpu_smoke else "quick" if a.quick else "large" if a.large else "full"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(mode, out, a.threads)
+    (out / "gpucheck.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    md = render(res)
+    (out / "gpucheck.md").write_text(md)
+    for r in res["checks"]:
+        print(f"[gpucheck] {r['status']:>7}  {r['check']}: {r['figure'] or r['why']}", flush=True)
+    print(f"[gpucheck] wrote {out / 'gpucheck.md'} and {out / 'gpucheck.json'}")
+    raise SystemExit(0 if res["ok"] else 1)

@@ -1,0 +1,94 @@
+"""`python -m lorarl.gpucheck`: the twins keep the published studies' shapes, a CPU without --cpu-smoke fails
+with a report saying why, and --cpu-smoke runs every check's code path for real (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lorarl.gpucheck.checks import vllm_importable
+from lorarl.gpucheck.main import VLLM_CHECKS
+from lorarl.gpucheck.shapes import ARCHS, twins
+from lorarl.study import load_study, study_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("mode", ["full", "quick", "large"])
+def test_twins_keep_the_published_studies_shapes(mode):
+    for twin in twins(mode):
+        study = load_study(ROOT / "experiments" / f"{twin.study}.yaml")
+        a = twin.cell["adapter"]
+        cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora"
+                   and c.config.adapter.init == a.get("init", "kaiming") and c.config.adapter.rank == a["rank"])
+        t = twin.cell["train"]
+        assert (t["prompts_per_step"], t["generations"]) == (cfg.train.prompts_per_step, cfg.train.generations)
+        assert t["max_completion_length"] == cfg.train.max_completion_length >= twin.completion
+        assert (t["beta"], t["loss_type"]) == (cfg.train.beta, cfg.train.loss_type)
+        assert (a["rank"], a["alpha"], a.get("dropout", 0.0)) == (cfg.adapter.rank, cfg.adapter.alpha, cfg.adapter.dropout)
+    a = ARCHS["qwen3-1.7b"]  # Qwen3-1.7B-Base's config.json, the reward_density student
+    assert (a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab) == (2048, 28, 16, 8, 6144, 151936)
+    a = ARCHS["qwen2.5-1.5b"]  # DeepSeek-R1-Distill-Qwen-1.5B's, the peft_zoo base
+    assert (a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab) == (1536, 28, 12, 2, 8960, 151936)
+
+
+def _run(*args: str, out: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lorarl.gpucheck", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_real_shapes_on_a_cpu_fail_with_why_and_no_figure(tmp_path):
+    proc = _run(out=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert not res["ok"] and res["environment"]["device"]["kind"] == "cpu"
+    assert [(r["check"], r["status"]) for r in res["checks"]] == [("device", "fail")]
+    assert "on a CPU use --cpu-smoke" in res["checks"][0]["why"]
+    assert "FAILED" in (tmp_path / "gpucheck.md").read_text() and not (tmp_path / "work").exists()
+
+
+def test_bad_input_exits_2(tmp_path):
+    proc = _run("--threads", "0", out=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "--threads must be >= 1" in proc.stderr
+    assert not (tmp_path / "gpucheck.json").exists()
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_check_for_real(tmp_path):
+    proc = _run("--cpu-smoke", out=tmp_path, timeout=600)
+    res = json.loads((tmp_path / "gpucheck.json").read_text())
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert proc.returncode == (0 if res["ok"] else 1), proc.stdout + proc.stderr
+    rows = {r["check"]: r for r in res["checks"]}
+    for study in ("reward_density", "peft_zoo"):
+        for check in ("doctor", "step split", "rollout tokens/s", "peak memory", "bf16-mixed precision",
+                      "evaluation tokens/s"):
+            r = rows[f"{check}: {study}"]
+            assert r["status"] == "pass", r
+            assert f"| {check}: {study} | pass | {r['figure']} |" in md
+        sp = rows[f"step split: {study}"]["data"]["split"]
+        assert sp["step_s"] > 0 and sp["policy_forward_backward_s"] > 0
+        assert rows[f"rollout tokens/s: {study}"]["data"]["fill"] >= 0.99  # completions ran to the full budget
+        prec = rows[f"bf16-mixed precision: {study}"]["data"]
+        assert prec["precision"] == "bf16-mixed" and list(prec["trainable_dtypes"]) == ["float32"]
+        assert rows[f"peak memory: {study}"]["data"]["peak_gb"] > 0
+        assert rows[f"evaluation tokens/s: {study}"]["data"]["evaluation"]["problems"] == 2
+        log = Path(rows[f"doctor: {study}"]["data"]["log"])
+        assert "lorarl doctor" in log.read_text()  # the doctor itself ran
+    pack = rows["packed K=4 vs 4 solo"]
+    assert pack["status"] in ("pass", "fail") and pack["data"]["packed_wall_s"] > 0  # it ran; the ratio is a figure
+    assert pack["data"]["solo_peak_gb"] > 0 and re.search(r"ratio \d\.\d\d", pack["figure"])
+    assert res["counts"]["fail"] == (pack["status"] == "fail")
+    why = vllm_importable()
+    for name in VLLM_CHECKS[2:] + (VLLM_CHECKS[:2] if why else ()):
+        assert rows[name]["status"] == "not run" and rows[name]["why"]
+    if why:
+        assert all(rows[n]["why"].startswith("vllm not importable") for n in VLLM_CHECKS)
+        assert md.count("| not run |  | vllm not importable") == len(VLLM_CHECKS)
+    assert all(r["figure"] for r in res["checks"] if r["status"] == "pass")  # no pass without its figure
+    assert res["environment"]["device"]["kind"] == "cpu" and "| device | cpu:" in md
