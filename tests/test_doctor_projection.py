@@ -156,3 +156,17 @@ def test_prompt_tokens_are_measured_per_cell_with_its_tokenizer_and_prompt(tmp_p
     assert got["plain"] == pytest.approx(sum(direct) / len(direct)) and got["sys"] > got["plain"] + 5
     got, notes = prompt_tokens_by_cell(str(tmp_path / "s.yaml"), str(tmp_path / "elsewhere"))  # no model there
     assert got == {} and len(notes) == 2 and "prompt length not measured" in notes[0]
+
+
+def test_step_split_counts_the_updates_of_a_training_step(tmp_path):
+    """train.steps counts rollout batches: with 2 mini-batch updates a metrics row covers 2 updates
+    (its `update` column), so the per-update generation cost is half a row's."""
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,update,time/step_s,time/score_s,time/generate_s,time/reward_s,time/ref_forward_s,"
+                   "rollout/tokens,dynamic_sampling/rounds,rollout/degenerate_rate\n"
+                   "1,2,9,9,9,9,9,9,1,0.9\n"  # warm-up: dropped
+                   "2,4,1.5,2.0,1.6,0.2,0.0,80,1,0.5\n"
+                   "3,6,1.5,2.0,1.6,0.2,0.0,80,1,0.5\n")
+    sp = step_split(csv)
+    assert sp["rollout_generation_s"] == pytest.approx(3.2 / 4) and sp["generation_rounds_per_step"] == pytest.approx(0.5)
+    assert sp["step_s"] == pytest.approx(1.5)  # TRL's time/step_s: already a mean per update

@@ -124,18 +124,25 @@ def _mean(rows: list[dict[str, str]], key: str) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
+def _updates_of(row: dict[str, str]) -> float:
+    """Optimiser updates per training step of a metrics row (1 without an ``update`` column)."""
+    u, s = _num(row, "update"), _num(row, "step")
+    return u / s if u and s else 1.0
+
+
 def step_split(metrics_csv: Path) -> dict[str, float]:
     """Mean seconds per optimiser step by part (the first step is warm-up: dropped when later steps generate).
 
     The trainer logs one value per generation round and TRL averages a step's values: with DAPO refills
     (``dynamic_sampling/rounds`` > 1) a step's generation, reward and scoring cost is the logged value x its
-    rounds. With PPO mini-batches not every step generates: a step without a rollout counts 0 for those parts.
+    rounds. With PPO mini-batches a metrics row is one training step of ``update / step`` optimiser updates
+    (lorarl.train.callbacks) that generated once: per-update parts divide by the updates the rows cover.
     """
     with open(metrics_csv) as fh:
         rows = list(csv.DictReader(fh))
     if len(rows) > 1 and any(_num(r, "time/generate_s") is not None for r in rows[1:]):
         rows = rows[1:]
-    n = max(len(rows), 1)
+    n = max(sum(_updates_of(r) for r in rows), 1)  # optimiser updates the rows cover
 
     def per_step(key: str) -> float:  # a generating step's value x its rounds, 0 on steps without a rollout
         total = 0.0
