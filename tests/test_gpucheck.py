@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.gpucheck.checks import vllm_importable
+from lorarl.gpucheck.checks import push_row, vllm_importable
 from lorarl.gpucheck.main import VLLM_CHECKS
 from lorarl.gpucheck.shapes import ARCHS, twins
 from lorarl.study import load_study, study_cells
@@ -35,6 +35,23 @@ def test_twins_keep_the_published_studies_shapes(mode):
     assert (a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab) == (2048, 28, 16, 8, 6144, 151936)
     a = ARCHS["qwen2.5-1.5b"]  # DeepSeek-R1-Distill-Qwen-1.5B's, the peft_zoo base
     assert (a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab) == (1536, 28, 12, 2, 8960, 151936)
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_vllm_push_check_sees_whether_the_engine_samples_the_pushed_lora(tmp_path, stale, monkeypatch):
+    """The push job's work against tests/fake_vllm.py (vLLM's load_weights path): a live engine samples the
+    merged trained LoRA (gap at bf16 noise), an engine that drops pushes shows the LoRA's effect and fails."""
+    from lorarl.gpucheck.shapes import build_model
+    from lorarl.gpucheck.vllmjob import push_check
+    from tests import fake_vllm
+
+    build_model("tiny-qwen3", tmp_path / "m", "cpu")
+    monkeypatch.setattr(fake_vllm.LLM, "stale_default", stale)
+    got = push_check(fake_vllm.api(), str(tmp_path / "m"), rank=1, alpha=32)
+    assert got["push_s"] > 0 and got["tokens"] == 64 and got["pushed_params"] > 300_000
+    r = push_row(got)
+    assert r["status"] == ("fail" if stale else "pass"), r
+    assert (got["gap"] > 0.05) if stale else (got["gap"] < 0.01)
 
 
 def _run(*args: str, out: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -85,7 +102,7 @@ def test_cpu_smoke_runs_every_check_for_real(tmp_path):
     assert pack["data"]["solo_peak_gb"] > 0 and re.search(r"ratio \d\.\d\d", pack["figure"])
     assert res["counts"]["fail"] == (pack["status"] == "fail")
     why = vllm_importable()
-    for name in VLLM_CHECKS[2:] + (VLLM_CHECKS[:2] if why else ()):
+    for name in VLLM_CHECKS[3:] + (VLLM_CHECKS[:3] if why else ()):
         assert rows[name]["status"] == "not run" and rows[name]["why"]
     if why:
         assert all(rows[n]["why"].startswith("vllm not importable") for n in VLLM_CHECKS)

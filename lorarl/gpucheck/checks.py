@@ -192,3 +192,24 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
                why="" if ratio < 1.0 else "the pack was not faster than its members one after another",
                packed_wall_s=pw, solo_wall_s=sw, ratio=ratio, packed_peak_gb=pm, solo_peak_gb=sm,
                memory_kind=packed["memory_kind"])
+
+
+def vllm_push(twin: Twin, model_dir: str, work: Path, threshold: float = 0.05) -> dict[str, Any]:
+    """Merged-weight push into one vLLM engine (its own process), timed, and the freshness gap after it."""
+    a = twin.cell["adapter"]
+    cmd = [sys.executable, "-m", "lorarl.gpucheck.vllmjob", "push", model_dir, str(a["rank"]), str(a["alpha"])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "logs" / f"vllm-push-{twin.study}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        return row("merged-weight push time", "fail", f"exit {proc.returncode}", why=proc.stderr.strip()[-300:])
+    return push_row(json.loads(proc.stdout.strip().splitlines()[-1]), threshold)
+
+
+def push_row(got: dict[str, Any], threshold: float = 0.05) -> dict[str, Any]:
+    ok = got["push_s"] > 0 and got["gap"] <= threshold
+    return row("merged-weight push time", "pass" if ok else "fail",
+               f"{got['push_s'] * 1e3:.1f} ms per push of {got['pushed_params'] / 1e6:,.1f} M parameters (median of "
+               f"{got['pushes']}); freshness gap after the push {got['gap']:.4f} nats/token over {got['tokens']} "
+               f"tokens (threshold {threshold})",
+               why="" if ok else "the engine does not sample the pushed weights", **got)
