@@ -194,16 +194,40 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
                memory_kind=packed["memory_kind"])
 
 
-def vllm_push(twin: Twin, model_dir: str, work: Path, threshold: float = 0.05) -> dict[str, Any]:
-    """Merged-weight push into one vLLM engine (its own process), timed, and the freshness gap after it."""
+def vllm_job(kind: str, twin: Twin, model_dir: str, work: Path) -> tuple[dict | None, str]:
+    """One vLLM check in its own process (one engine per process); its JSON, or why it failed."""
     a = twin.cell["adapter"]
-    cmd = [sys.executable, "-m", "lorarl.gpucheck.vllmjob", "push", model_dir, str(a["rank"]), str(a["alpha"])]
+    scratch = work / f"vllm-{kind}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "lorarl.gpucheck.vllmjob", kind, model_dir, str(a["rank"]), str(a["alpha"]),
+           str(scratch)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    (work / "logs" / f"vllm-push-{twin.study}.log").write_text(proc.stdout + proc.stderr)
+    (work / "logs" / f"vllm-{kind}-{twin.study}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
-        return row("merged-weight push time", "fail", f"exit {proc.returncode}", why=proc.stderr.strip()[-300:])
-    return push_row(json.loads(proc.stdout.strip().splitlines()[-1]), threshold)
+        return None, f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), ""
+
+
+def vllm_checks(twin: Twin, model_dir: str, work: Path) -> list[dict[str, Any]]:
+    """Merged-weight push (time + freshness gap after it) and multi-LoRA pack sampling, each its own engine."""
+    out = []
+    for kind, name, to_row in (("push", "merged-weight push time", push_row),
+                               ("multilora", "multi-LoRA pack sampling", multilora_row)):
+        got, why = vllm_job(kind, twin, model_dir, work)
+        out.append(to_row(got) if got else row(name, "fail", why[:300]))
+    return out
+
+
+def multilora_row(got: dict[str, Any]) -> dict[str, Any]:
+    full = all(n == got["expected_rows"] for n in got["rows_per_member"])
+    ok = full and got["distinct_members"] == got["members"] and got["tokens"] > 0
+    why = "" if ok else ("a member got fewer rows than P x G" if not full else
+                         "members with different adapters sampled the same tokens: the adapters were not applied")
+    return row("multi-LoRA pack sampling", "pass" if ok else "fail",
+               f"{got['members']} adapters in one engine, one generate call: rows per member {got['rows_per_member']} "
+               f"(expected {got['expected_rows']}), {got['distinct_members']} distinct members' samples, "
+               f"{got['tokens_per_s']:.1f} tokens/s", why=why, **got)
 
 
 def push_row(got: dict[str, Any], threshold: float = 0.05) -> dict[str, Any]:

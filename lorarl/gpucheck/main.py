@@ -66,11 +66,9 @@ def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
             if vllm_why is None:
                 vstudy = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], 1, st["eval_limit"], "vllm")
                 rows += ck.doctor_checks(twin, vstudy, work, st["steps"], st["eval_limit"], threads, " (vLLM)")
-                rows.append(ck.vllm_push(twin, str(mdir.resolve()), work))
+                rows += ck.vllm_checks(twin, str(mdir.resolve()), work)
     if vllm_why is not None:
         rows += [ck.not_run(name, vllm_why) for name in VLLM_CHECKS]
-    else:
-        rows += [ck.not_run(name, "not built into lorarl.gpucheck yet") for name in VLLM_CHECKS[3:]]
     return _result(mode, env, rows, t_start)
 
 

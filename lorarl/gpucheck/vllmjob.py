@@ -1,5 +1,5 @@
 """vLLM checks of the acceptance run, each in its own process (vLLM does not free an engine on ``del``):
-``python -m lorarl.gpucheck.vllmjob push MODEL_DIR RANK ALPHA``. Prints one JSON line.
+``python -m lorarl.gpucheck.vllmjob push|multilora MODEL_DIR RANK ALPHA``. Prints one JSON line.
 
 push: one engine; a policy of the twin's shape (base in bf16 + a LoRA whose B is non-zero, as after
 training) merged and pushed through the path TRL's colocated sync uses
@@ -22,21 +22,15 @@ PROMPTS = ["Q: 12+34=?\nA:", "Q: 7+8+9=?\nA:", "Q: 40-15=?\nA:", "Q: 3+3=?\nA:"]
 
 def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3, tokens: int = 16) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from lorarl.train.rollout import effective_named_params
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
     llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
-    policy = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
-                                             lora_dropout=0.0, task_type="CAUSAL_LM"))
-    gen = torch.Generator().manual_seed(0)
-    for name, p in policy.named_parameters():  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
-        if "lora_B" in name:
-            p.data.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    policy = _trained_lora(model_dir, rank, alpha, device)
+    _draw_b(policy, 0, 0.02)  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
     target = llm.llm_engine.model_executor.driver_worker.model_runner.model
     times = []
     for _ in range(pushes):
@@ -65,16 +59,80 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
             "gap": sum(diffs) / len(diffs), "tokens": len(diffs)}
 
 
+def _trained_lora(model_dir: str, rank: int, alpha: int, device: str) -> Any:
+    """Base in bf16 + a LoRA of the twin's rank (B drawn again by :func:`_draw_b` per member)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    return get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear",
+                                           lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+
+def _draw_b(policy: Any, seed: int, scale: float) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(policy.named_parameters()):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def multilora_check(api: Any, model_dir: str, rank: int, alpha: int, work: str, members: int = 4,
+                    groups: int = 2, generations: int = 4, tokens: int = 32) -> dict:
+    """The pack's vLLM sampling path (lorarl.pack.multilora): ``members`` adapters saved, one engine with
+    LoRA enabled, one ``generate`` call routing each member's prompts to its adapter, the same seed streams."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from lorarl.pack.generate import SampleSettings
+    from lorarl.pack.multilora import build_requests, engine_lora_kwargs, generate_multilora
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = _trained_lora(model_dir, rank, alpha, device)
+    dirs = []
+    for k in range(members):
+        _draw_b(policy, k + 1, 0.05)
+        dirs.append(f"{work}/adapter-{k}")
+        policy.save_pretrained(dirs[-1])
+    del policy
+    llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0,
+                  **engine_lora_kwargs([rank] * members))
+    loras = [api.LoRARequest(lora_name=f"m{k}", lora_int_id=k + 1, lora_path=d) for k, d in enumerate(dirs)]
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:groups]]
+    s = SampleSettings(prompt_width=max(map(len, prompts)), max_new_tokens=tokens, temperature=1.0, top_p=1.0,
+                       pad_token_id=tok.pad_token_id, eos_token_ids=(tok.eos_token_id,))
+    req = build_requests(api, loras, [prompts] * members, [torch.Generator().manual_seed(5) for _ in range(members)],
+                         s, generations)
+    t0 = time.perf_counter()
+    out = generate_multilora(llm, req, members)
+    wall = time.perf_counter() - t0
+    rows = [len(o.completion_ids) if o else 0 for o in out]
+    n_tokens = sum(len(c) for o in out if o for c in o.completion_ids)
+    samples = [o.completion_ids if o else None for o in out]
+    distinct = len({json.dumps(x) for x in samples})
+    return {"members": members, "rows_per_member": rows, "expected_rows": groups * generations,
+            "distinct_members": distinct, "tokens": n_tokens, "tokens_per_s": n_tokens / wall if wall else 0.0,
+            "wall_s": wall}
+
+
 def main() -> None:
     kind, model_dir, rank, alpha = sys.argv[1:5]
-    if kind != "push":
-        raise SystemExit(f"vllmjob: kind {kind!r}; allowed: push")
+    if kind not in ("push", "multilora"):
+        raise SystemExit(f"vllmjob: kind {kind!r}; allowed: push, multilora")
     from types import SimpleNamespace
 
     import vllm  # noqa: PLC0415 - GPU-only dependency
+    from vllm.lora.request import LoRARequest
 
-    api = SimpleNamespace(LLM=vllm.LLM, SamplingParams=vllm.SamplingParams)
-    print(json.dumps(push_check(api, model_dir, int(rank), int(alpha))))
+    api = SimpleNamespace(LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest)
+    if kind == "push":
+        print(json.dumps(push_check(api, model_dir, int(rank), int(alpha))))
+    else:
+        print(json.dumps(multilora_check(api, model_dir, int(rank), int(alpha), sys.argv[5])))
 
 
 if __name__ == "__main__":
