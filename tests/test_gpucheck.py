@@ -47,6 +47,7 @@ def test_vllm_push_check_sees_whether_the_engine_samples_the_pushed_lora(tmp_pat
 
     build_model("tiny-qwen3", tmp_path / "m", "cpu")
     monkeypatch.setattr(fake_vllm.LLM, "stale_default", stale)
+    monkeypatch.setattr(fake_vllm.LLM, "instances", [])  # a fresh process as far as the fake knows (one engine)
     got = push_check(fake_vllm.api(), str(tmp_path / "m"), rank=1, alpha=32)
     assert got["push_s"] > 0 and got["tokens"] == 64 and got["pushed_params"] > 300_000
     r = push_row(got)
@@ -64,6 +65,7 @@ def test_multilora_check_sees_whether_each_member_samples_its_own_adapter(tmp_pa
 
     build_model("tiny-qwen3", tmp_path / "m", "cpu")
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", applied)
+    monkeypatch.setattr(fake_vllm.LLM, "instances", [])  # a fresh process as far as the fake knows (one engine)
     got = multilora_check(fake_vllm.api(), str(tmp_path / "m"), rank=1, alpha=32, work=str(tmp_path / "w"),
                           tokens=8)
     assert got["rows_per_member"] == [8] * 4 and got["tokens"] > 0
