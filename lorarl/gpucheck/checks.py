@@ -57,8 +57,8 @@ def vllm_importable() -> str | None:
 
 
 def write_study(twin: Twin, model_dir: str, work: Path, steps: int, seeds: int, eval_limit: int,
-                engine: str = "hf") -> Path:
-    doc = twin_study(twin, model_dir, steps, seeds, eval_limit, engine)
+                engine: str = "hf", completion: int | None = None) -> Path:
+    doc = twin_study(twin, model_dir, steps, seeds, eval_limit, engine, completion)
     path = work / "studies" / f"{doc['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -162,7 +162,10 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
     """A packed job of K cells against K solo jobs of the same cells, one after another: wall and peak memory."""
     from lorarl.study import load_study, study_cells
 
-    cells = [c.id for c in study_cells(load_study(study))][:PACK_K]
+    all_cells = study_cells(load_study(study))
+    cells = [c.id for c in all_cells][:PACK_K]
+    t = all_cells[0].config.train
+    shape = f"{PACK_K} cells of P {t.prompts_per_step} x G {t.generations} x {t.max_completion_length} tokens, {t.steps} steps"
     if len(cells) < PACK_K:
         return not_run("packed K=4 vs 4 solo", f"the twin study has {len(cells)} cells, not {PACK_K}")
 
@@ -187,7 +190,7 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
     pm, sm = packed["peak_gb"], max(s["peak_gb"] for s in solo)
     ratio = pw / sw
     return row("packed K=4 vs 4 solo", "pass" if ratio < 1.0 else "fail",
-               f"wall {pw:.0f} s packed vs {sw:.0f} s for 4 solo jobs in turn (ratio {ratio:.2f}); peak memory "
+               f"{shape}: wall {pw:.0f} s packed vs {sw:.0f} s for 4 solo jobs in turn (ratio {ratio:.2f}); peak memory "
                f"{pm:.2f} GiB packed vs {sm:.2f} GiB solo ({pm / sm:.2f}x)",
                why="" if ratio < 1.0 else "the pack was not faster than its members one after another",
                packed_wall_s=pw, solo_wall_s=sw, ratio=ratio, packed_peak_gb=pm, solo_peak_gb=sm,

@@ -20,10 +20,11 @@ VLLM_CHECKS = ("vLLM rollouts + freshness gap", "vLLM evaluation", "merged-weigh
 
 
 def settings(mode: str) -> dict[str, int]:
-    """Doctor steps (the first is warm-up, dropped from the split), evaluation problems, pack steps."""
-    return {"cpu-smoke": {"steps": 2, "eval_limit": 2, "pack_steps": 2},
-            "quick": {"steps": 2, "eval_limit": 4, "pack_steps": 2}}.get(mode, {"steps": 3, "eval_limit": 8,
-                                                                                "pack_steps": 3})
+    """Doctor steps (the first is warm-up, dropped from the split), evaluation problems, pack steps and the
+    pack check's completion budget (5 jobs: shorter than the twin's, the same for the pack and the solo jobs)."""
+    return {"cpu-smoke": {"steps": 2, "eval_limit": 2, "pack_steps": 2, "pack_completion": 12},
+            "quick": {"steps": 2, "eval_limit": 4, "pack_steps": 2, "pack_completion": 128}}.get(
+        mode, {"steps": 3, "eval_limit": 4, "pack_steps": 2, "pack_completion": 256})
 
 
 def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
         rows += ck.doctor_checks(twin, study, work, st["steps"], st["eval_limit"], threads)
         if twin.study == "reward_density":  # LoRA without dropout: the twin that packs
             pstudy = ck.write_study(twin, str(mdir.resolve()), work / "pack", st["pack_steps"], ck.PACK_K,
-                                    st["eval_limit"])
+                                    st["eval_limit"], completion=st["pack_completion"])
             rows.append(ck.packed_check(pstudy, work, threads))
             if vllm_why is None:
                 vstudy = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], 1, st["eval_limit"], "vllm")
@@ -100,7 +101,7 @@ def render(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m lorarl.gpucheck", description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="shorter completion budgets (512 tokens)")
+    size.add_argument("--quick", action="store_true", help="shorter completion budgets (512 and 256 tokens)")
     size.add_argument("--large", action="store_true", help="also a 7B (Qwen2.5-7B dimensions) twin")
     size.add_argument("--cpu-smoke", action="store_true", help="the same code path at tiny shapes on a CPU")
     ap.add_argument("--out", default="gpucheck", help="folder for gpucheck.md, gpucheck.json and work/")

@@ -61,7 +61,7 @@ def twins(mode: str) -> list[Twin]:
         small = {"prompts_per_step": 2, "generations": 2}
         return [Twin("reward_density", "tiny-qwen3", _with(rd, small), 12),
                 Twin("peft_zoo", "tiny-qwen2", _with(pz, small), 12)]
-    budget = {"quick": (512, 512), "full": (1536, 2048), "large": (1536, 2048)}[mode]
+    budget = {"quick": (512, 256), "full": (1536, 1024), "large": (1536, 1024)}[mode]  # 10 min on one GPU (estimate)
     out = [Twin("reward_density", "qwen3-1.7b", rd, budget[0]), Twin("peft_zoo", "qwen2.5-1.5b", pz, budget[1])]
     if mode == "large":
         out.append(Twin("peft_zoo_7b", "qwen2.5-7b", _with(pz, {"prompts_per_step": 4}), 1024))
@@ -72,9 +72,12 @@ def _with(cell: dict, train: dict) -> dict:
     return {**cell, "train": {**cell["train"], **train}}
 
 
-def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: int, engine: str = "hf") -> dict:
-    """The twin as a study document: the twin's shape on the synthetic task, one cell per seed."""
-    train = {**twin.cell["train"], "steps": steps, "max_completion_length": twin.completion,
+def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: int, engine: str = "hf",
+               completion: int | None = None) -> dict:
+    """The twin as a study document: the twin's shape on the synthetic task, one cell per seed
+    (``completion``: another budget than the twin's, e.g. the pack check's shorter one)."""
+    completion = completion or twin.completion
+    train = {**twin.cell["train"], "steps": steps, "max_completion_length": completion,
              "precision": "bf16-mixed", "checkpoint_every": 0}
     backend = "vllm" if engine == "vllm" else "hf"
     return {"name": f"gpucheck_{twin.study}" + ("_vllm" if engine == "vllm" else ""),
@@ -82,7 +85,7 @@ def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: i
                 "model": model_dir,
                 "task": {"name": "synthetic", "seed": 1234, "n_train": 200, "n_eval": max(eval_limit, 4)},
                 "adapter": twin.cell["adapter"], "train": train, "rollout": {"engine": engine},
-                "eval": {"max_new_tokens": twin.completion, "backend": backend,
+                "eval": {"max_new_tokens": completion, "backend": backend,
                          "benchmarks": {"synthetic": {"limit": eval_limit}}}},
             "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(seeds))}}}
 
