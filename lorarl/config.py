@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
+from lorarl.numbers import NoBoolNumbers
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
@@ -23,7 +24,7 @@ def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -
     return value
 
 
-class Strict(BaseModel):
+class Strict(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

@@ -19,7 +19,7 @@ def test_the_generator_covers_every_kind_of_bad_input():
     cats = Counter(c.category for c in CASES)
     assert len(CASES) >= 100
     assert set(cats) == {"wrong type", "unknown field", "bad axis value", "conflicting axes", "impossible protocol",
-                         "unknown benchmark", "missing file", "YAML syntax", "unsafe name"}
+                         "unknown benchmark", "missing file", "YAML syntax", "unsafe name", "boolean as number"}
     assert min(cats.values()) >= 5
 
 
@@ -44,3 +44,19 @@ def test_errors_point_at_the_yaml_line(tmp_path: Path):
     f.write_text("name: s\ndefaults:\n  adapter: {rnak: 3}\n")
     with pytest.raises(StudyError, match=r"defaults\.adapter\.rnak: unknown field; allowed here: method, rank"):
         load_study(f)
+
+
+def test_booleans_never_pass_as_numbers_but_bool_fields_take_them():
+    from pydantic import ValidationError
+
+    from lorarl.config import AdapterConfig, ProtocolOverride, TrainConfig
+    from lorarl.toy.config import ToyCellConfig
+
+    for model, field, value in [(AdapterConfig, "rank", True), (TrainConfig, "lr", False), (ToyCellConfig, "rank", True),
+                                (TrainConfig, "epsilon_high", True)]:
+        with pytest.raises(ValidationError, match=rf"{field}\n.*is a boolean; expected"):
+            model.model_validate({field: value})
+    assert TrainConfig(keep_checkpoint=True).keep_checkpoint is True  # a bool field still takes a bool
+    assert AdapterConfig(rank=4).rank == 4 and TrainConfig(lr=1).lr == 1.0  # ints still pass as floats
+    with pytest.raises(ValidationError, match="is a boolean"):
+        ProtocolOverride.model_validate({"n": 4, "ks": [1, True]})

@@ -1,7 +1,7 @@
 """Generated malformed studies: `python -m lorarl.pipeline.badstudies` checks that each one is refused cleanly.
 
 `cases()` derives well over 100 broken studies from one valid study: wrong types (every typed field
-of every config section), unknown fields, bad axis values, conflicting axes, impossible protocols,
+of every config section), unknown fields, bad axis values, booleans where numbers go, conflicting axes, impossible protocols,
 unknown benchmarks / methods / tasks, missing files, YAML syntax errors and duplicate keys, and unsafe
 names (path separators, `..`, absolute paths, empty names) in study names, axis names, prefixes and
 labels. `check(case)` runs `lorarl cells <file>` in a scratch directory and requires: exit status 2,
@@ -152,6 +152,23 @@ def bad_axis_values() -> list[Case]:
     return out
 
 
+def booleans_as_numbers() -> list[Case]:
+    """`true`/`false` where a number goes (bool is an int in Python): every int/float field, and axis values."""
+    out = []
+    for path, ann, _default in _typed_fields():
+        text = str(ann)
+        if ("int" in text or "float" in text) and "bool" not in text:
+            value = [True] if "list" in text or "tuple" in text else True
+            out.append(Case("boolean as number", f"defaults.{path}={value!r}",
+                            _dump(_with(f"defaults.{path}", value)), f"defaults.{path}"))
+    out += [Case("boolean as number", "rank axis values [true]", _dump(_with("axes.rank.values", [True, 2])),
+                 "adapter.rank"),
+            Case("boolean as number", "seed axis values [false]", _dump(_with("axes.seed.values", [False])), "seed"),
+            Case("boolean as number", "bundle sets train.lr true",
+                 _dump(_with("axes.rank.values", [{"label": "x", "set": {"train.lr": True}}])), "train.lr")]
+    return out
+
+
 def conflicting_axes() -> list[Case]:
     out = []
     for f in ("adapter.rank", "train.lr", "seed", "train.beta"):
@@ -237,7 +254,7 @@ def unsafe_names() -> list[Case]:
 
 
 def cases() -> list[Case]:
-    return (wrong_types() + unknown_fields() + bad_axis_values() + conflicting_axes() + impossible_protocols()
+    return (wrong_types() + unknown_fields() + bad_axis_values() + booleans_as_numbers() + conflicting_axes() + impossible_protocols()
             + unknown_names() + missing_files() + yaml_errors() + unsafe_names())
 
 

@@ -23,9 +23,11 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
+
+from lorarl.numbers import NoBoolNumbers
 
 K_INPUTS = 64  # Optdigits: 8×8 images
 N_CLASSES = 10
@@ -57,7 +59,7 @@ Choices where paper 000 (section 5.1) is ambiguous, made so the proof of Theorem
 """
 
 
-class KLBoundConfig(BaseModel):
+class KLBoundConfig(NoBoolNumbers):
     """Hyper-parameters of the toy study; defaults are the paper's §5.1 values."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
