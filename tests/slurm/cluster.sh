@@ -18,6 +18,7 @@ trap 'echo "cluster.sh: ERROR: \`$BASH_COMMAND\` failed (line $LINENO)" >&2' ERR
 STATE=${LORARL_SLURM_DIR:-/tmp/lorarl-slurm}
 ETC=$STATE/etc RUN=$STATE/run LOG=$STATE/log SPOOL=$STATE/spool
 DB_DATA=$STATE/mysql-data DB_RUN=$STATE/mysqld    # both owned by `mysql`
+DB_TMP=$STATE/mysql-tmp   # mariadb's own tmpdir (owned by `mysql`): the caller's $TMPDIR may not be writable by it
 DB_PORT=${LORARL_SLURM_DB_PORT:-13306}              # not 3306: don't clash with a system mariadb
 DB_PASS=lorarl-slurm-test                           # local, loopback-only throwaway DB
 CLUSTER=lorarl
@@ -177,13 +178,13 @@ start_munge() {
 }
 
 start_mariadb() {
-  mkdir -p "$DB_DATA" "$DB_RUN"
-  chown mysql:mysql "$DB_DATA" "$DB_RUN"
-  if [[ ! -d $DB_DATA/mysql ]]; then
-    mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DATA" --skip-test-db \
+  mkdir -p "$DB_DATA" "$DB_RUN" "$DB_TMP"
+  chown mysql:mysql "$DB_DATA" "$DB_RUN" "$DB_TMP"
+  if [[ ! -d $DB_DATA/mysql ]]; then  # mariadb-install-db's bootstrap server writes to $TMPDIR
+    TMPDIR=$DB_TMP mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DATA" --skip-test-db \
       >"$LOG/mariadb-install.log" 2>&1 || { tail "$LOG/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
   fi
-  start mariadb mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" \
+  start mariadb mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" --tmpdir="$DB_TMP" \
     --socket="$DB_RUN/mysqld.sock" --pid-file="$DB_RUN/mysqld.pid" --log-error="$DB_RUN/error.log" \
     --bind-address=127.0.0.1 --port="$DB_PORT"
   local sql=(mariadb --no-defaults --socket="$DB_RUN/mysqld.sock" -uroot)
@@ -267,7 +268,7 @@ heal() {
   [[ -s $ETC/slurm.conf ]] || die "no cluster configured in $STATE (bash $0 up)"
   alive "$RUN/munged.pid" || alive /run/munge/munged.pid || start_munge
   if ! alive "$RUN/mariadb.pid"; then
-    start mariadb mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" --socket="$DB_RUN/mysqld.sock" \
+    start mariadb mariadbd --no-defaults --user=mysql --datadir="$DB_DATA" --tmpdir="$DB_TMP" --socket="$DB_RUN/mysqld.sock" \
       --pid-file="$DB_RUN/mysqld.pid" --log-error="$DB_RUN/error.log" --bind-address=127.0.0.1 --port="$DB_PORT"
     wait_for 30 mariadb mariadb --no-defaults --socket="$DB_RUN/mysqld.sock" -uroot -e 'SELECT 1' \
       || die "mariadb did not come up"
