@@ -307,7 +307,7 @@ class EvalConfig(Strict):
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvalConfig":
-        from lorarl.evaluate.plan import check_eval_config  # names the field and the registered benchmarks
+        from lorarl.evaluate.resolve import check_eval_config  # names the field and the registered benchmarks
 
         check_eval_config(self)
         return self

@@ -11,9 +11,8 @@ from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.columns import eval_metrics
 from lorarl.report.stats import mean_sd
-from lorarl.evaluate.bases import base_label
 from lorarl.train.divergence import DIVERGED, cell_state
-from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
+from lorarl.report.rows import base_row, eval_columns, eval_curve_table  # noqa: F401 (also this module's API)
 from lorarl.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
@@ -27,21 +26,6 @@ METRICS = {  # column -> human label, in table order
 
 def _read_json(p: Path) -> dict:
     return json.loads(p.read_text())
-
-
-def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool = False) -> dict:
-    """`<benchmark>/<metric>` values of a cell's final evaluations, plus the one-seed 95% interval
-    (`_ci_low`, `_ci_high`) and the number of problems of each benchmark."""
-    row: dict = {}
-    for bench, step in eval_targets(cfg, is_base):
-        if step is not None:
-            continue
-        ev = _read_json(paths.path("eval_summary", results=results, study=study, cell=cell, benchmark=bench))
-        for name, m in ev["metrics"].items():
-            row[f"{bench}/{name}"] = m["value"]
-            row[f"{bench}/{name}_ci_low"], row[f"{bench}/{name}_ci_high"] = m["ci_low"], m["ci_high"]
-        row[f"{bench}/n_problems"] = ev["n_problems"]
-    return row
 
 
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
@@ -60,13 +44,6 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def base_row(b) -> dict:
-    """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
-    prompt (lorarl.evaluate.bases: one base per model and evaluation setting) and its table label."""
-    return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
-            "base": base_label(b.config.model, b.axes)}
-
-
 def base_table(study: Study, results: str | Path) -> pd.DataFrame:
     """One row per base pseudo-cell (the untrained model of each model and prompt)."""
     rows = [{**base_row(b), **eval_columns(results, study.name, b.id, b.config, is_base=True)}
@@ -78,26 +55,6 @@ def _metric_order(cells: pd.DataFrame) -> list[str]:
     """Train reward, then the evaluation columns, then cost columns."""
     head = [m for m in METRICS if m in cells]
     return head[:1] + eval_metrics(cells) + head[1:]
-
-
-def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
-    """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
-    one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
-    rows = []
-    for cell in study_cells(study):
-        steps = snapshot_steps(cell.config)
-        if not steps:
-            continue
-        kw = dict(results=results, study=study.name, cell=cell.id)
-        for bench in curve_benchmarks(cell.config):
-            files = [(st, paths.path("eval_step_summary", benchmark=bench, step=st, **kw)) for st in steps]
-            files.append((cell.config.train.steps, paths.path("eval_summary", benchmark=bench, **kw)))
-            for st, f in files:
-                ev = _read_json(f)
-                m = ev["metrics"][ev["primary_metric"]]
-                rows.append({"cell": cell.id, **cell.axes, "benchmark": bench, "metric": ev["primary_metric"],
-                             "step": st, "value": m["value"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
-    return pd.DataFrame(rows)
 
 
 def group_axes(study: Study) -> list[str]:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from lorarl import paths
 from lorarl.report import readcache
+from lorarl.report.rows import base_row, eval_columns, eval_curve_table
 from lorarl.study import Study, base_cells, study_cells
 
 
@@ -84,8 +85,6 @@ def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str) -> tuple
 
 
 def load(study: Study, results: str | Path = "results") -> StudyData:
-    from lorarl.report.aggregate import base_row, eval_columns, eval_curve_table
-
     results = Path(results)
     rows, frames, summaries = [], [], {}
     for cell in study_cells(study):

@@ -6,12 +6,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from lorarl.rewards import REGIMES, Regime
-
-if TYPE_CHECKING:
-    from lorarl.config import RewardConfig
 
 
 def load_all() -> dict[str, Callable[..., Regime]]:
@@ -27,9 +24,11 @@ def regime_names() -> tuple[str, ...]:
     return tuple(sorted(load_all()))
 
 
-def build_regime(cfg: "RewardConfig", tokenizer: Any, *, results_dir: str | Path = "results",
+def build_regime(cfg: Any, tokenizer: Any, *, results_dir: str | Path = "results",
                  device: str = "cpu", temperature: float = 1.0) -> Regime:
-    """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded by its builder)."""
+    """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded by its builder).
+    ``cfg`` is a lorarl.config.RewardConfig, not imported even for the annotation: the config reads
+    ``regime_names`` from here, and the import graph must stay one way."""
     regimes = load_all()
     if cfg.regime not in regimes:
         raise ValueError(f"unknown reward.regime {cfg.regime!r}; allowed: {', '.join(regime_names())}")
