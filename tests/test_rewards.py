@@ -80,6 +80,27 @@ def test_overlong_penalty_ramp():
 
 
 # ----------------------------------------------------------------------------- process
+def test_incorrect_reward_matters_only_with_the_overlong_penalty():
+    """+1/-1 (DAPO) and 1/0 give the same group-normalised advantages, until the overlong penalty is
+    added: the penalty's weight relative to the correctness gap halves under +1/-1 (paper 004)."""
+    comps = ["\\boxed{51}", "\\boxed{50} and more text", "\\boxed{51} and more", "\\boxed{9}"]
+    roll = rollouts([Q1] * 4, comps, ["51"] * 4)  # one group of 4 (a group of 2 normalises to +-1 always)
+    score = lambda c, a: [float(f"\\boxed{{{x}}}" in y) for y, x in zip(c, a)]
+    lengths = [len(chars(c)) for c in comps]
+
+    def adv(incorrect: float, penalty: bool) -> torch.Tensor:
+        dep = OutcomeDeposits(score_fn=score, incorrect=incorrect).deposits(roll)
+        if penalty:  # the trainer's rule: the penalty deposits on the last token
+            for i, n in enumerate(lengths):
+                pen = overlong_penalty(n, 20, 10, 1.0)
+                if pen:
+                    dep.add(i, n - 1, pen)
+        return advantages(dep, lengths, G=4)
+
+    assert torch.allclose(adv(0.0, False), adv(-1.0, False), atol=1e-4)
+    assert not torch.allclose(adv(0.0, True), adv(-1.0, True), atol=1e-3)
+
+
 def test_split_steps_positions():
     toks = ["23", "+", "45", "=", "68", "\n", "68", "-17", "=51", "\n\n", "\\boxed{51}", ""]
     steps = split_steps(toks, "\n")
