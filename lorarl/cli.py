@@ -121,6 +121,9 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         from lorarl.report import build
 
         build(args.study, args.results)  # stats tables, the papers' figures, report.html
+    from lorarl.tracking.study_run import publish
+
+    publish(study, args.results)  # the study's MLflow parent run: tags + report.html, tables, figures
     return 0
 
 

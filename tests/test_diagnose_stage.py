@@ -109,7 +109,7 @@ def test_toy_study_cells_runs_and_aggregate(tmp_path):
         s = json.loads(paths.path("summary", results=tmp_path, study="toy", cell=c.id).read_text())
         assert s["bound_holds"] and s["rank"] == c.config.rank
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("toy").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("toy").experiment_id], "tags.`lorarl.cell_id` != ''")
     assert sorted(r.data.tags["lorarl.cell_id"] for r in runs) == ["r1-s0", "r1-s1", "r8-s0", "r8-s1"]
     out = aggregate_toy(study, tmp_path)
     table = pd.read_csv(paths.path("table_csv", results=tmp_path, study="toy"))

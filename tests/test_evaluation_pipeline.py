@@ -90,7 +90,7 @@ def test_benchmarks_snapshots_curve_rescore_and_eval_only_rerun(workdir: Path):
 
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/results/mlflow.db")
     exp = client.get_experiment_by_name("e2eval")
-    runs = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([exp.experiment_id], "tags.`lorarl.cell_id` != ''")  # the cells, not the study run
     bases = [r for r in runs if r.data.tags.get("lorarl.base") == "true"]
     assert len(bases) == 1 and {"eval/synthetic/pass_at_1", "eval/gsm8k/avg_at_2"} <= set(bases[0].data.metrics)
     for r in runs:

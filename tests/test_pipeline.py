@@ -70,7 +70,7 @@ def active_cell_runs(results: Path) -> list:
     client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
     exp = client.get_experiment_by_name("e2e")
     runs = client.search_runs([exp.experiment_id])
-    return [r for r in runs if r.data.tags.get("lorarl.base") != "true"], client
+    return [r for r in runs if r.data.tags.get("lorarl.base") != "true" and "lorarl.study_run" not in r.data.tags], client
 
 
 def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):

@@ -235,7 +235,7 @@ def test_sync_mlflow_replays_a_toy_study_exactly_once(tmp_path: Path, monkeypatc
     assert cli.main(["sync-mlflow", str(study_file), "--results", str(res), "--tracking", new_uri]) == 0
     out = capsys.readouterr().out
     assert out.count(" 0 value(s) logged") == 2 and out.count("(found)") == 2
-    assert len(new.search_runs([exp.experiment_id])) == 2
+    assert len(new.search_runs([exp.experiment_id], "tags.`lorarl.cell_id` != ''")) == 2
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def run_writers(n: int, results: Path, study: str, steps: int, env: dict[str, st
 def count_rows(client, study: str, n: int, steps: int) -> dict:
     """Lost and duplicated (metric, step) rows over the active runs of `study` (cells w0..w{n-1})."""
     exp = client.get_experiment_by_name(study)
-    runs = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([exp.experiment_id], "tags.`lorarl.cell_id` != ''")  # not the study run
     per_cell = Counter(r.data.tags["lorarl.cell_id"] for r in runs)
     lost = duplicated = 0
     for r in runs:

@@ -1,4 +1,5 @@
-"""MLflow: one experiment per study, one *current* run per cell, per-step metrics exactly once.
+"""MLflow: one experiment per study, one parent run per study with one *current* run per cell nested
+under it (`mlflow.parentRunId`; base rows too), per-step metrics exactly once.
 
 Files under results/ are the source of truth; MLflow is the browsable view. Rerunning a cell from
 scratch marks its earlier run `lorarl.superseded=true` and soft-deletes it (restorable with
@@ -41,6 +42,8 @@ from lorarl.tracking.errors import TrackingError, TrackingUnavailable
 CELL_TAG = "lorarl.cell_id"
 SUPERSEDED_TAG = "lorarl.superseded"
 START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
+STUDY_RUN_TAG = "lorarl.study_run"  # "true" on the study's parent run: every cell and base run nests under it
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cells under the study run)
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
 RETRY_ENV = "LORARL_TRACKING_RETRY_S"  # total retry time of a write that must succeed
@@ -163,6 +166,7 @@ class Tracker:
         self.client = self._retry("open the store", lambda: (sqlite_store.ensure(self.uri),
                                                              mlflow.MlflowClient(self.uri))[1])
         self.experiment_id = self._retry("open the experiment", self._experiment)
+        self.parent_id: str | None = None  # the study's parent run (study_run), found or made once
 
     # ---- plumbing -----------------------------------------------------------------------------------
     def _lock(self, timeout_s: float | None = None) -> Any:
@@ -191,19 +195,48 @@ class Tracker:
         exp = self.client.get_experiment_by_name(self.study)
         if exp is not None:
             return exp.experiment_id
+        where = None if self.server else (self.results_dir.resolve() / "mlartifacts").as_uri()  # not the cwd's mlruns
         try:
-            return self.client.create_experiment(self.study)
+            return self.client.create_experiment(self.study, artifact_location=where)
         except Exception as err:  # noqa: BLE001 - another cell created it between our two calls
             if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
                 raise
             return self.client.get_experiment_by_name(self.study).experiment_id
 
     # ---- runs ---------------------------------------------------------------------------------------
+    def _study_runs(self) -> list[Any]:
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{STUDY_RUN_TAG}` = 'true'")
+        return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))  # the oldest is the study's
+
+    def study_run(self) -> str:
+        """The study's parent run, made by the first job that needs it. sqlite: find-or-create runs under
+        the results-dir lock, so one process makes it. A server has no lock: two jobs racing may both
+        make one; each then keeps the oldest (the same for both) and deletes its own extra run. A requeued
+        or resumed cell finds the same run; a retried create after a lost reply is found by its token."""
+        if self.parent_id is not None:
+            return self.parent_id
+        token = uuid.uuid4().hex
+
+        def find_or_create() -> str:
+            runs = self._study_runs()
+            if not runs:
+                tags = {"lorarl.study": self.study, STUDY_RUN_TAG: "true", START_TAG: token, **git_state()}
+                made = self.client.create_run(self.experiment_id, run_name=self.study, tags=tags).info.run_id
+                self.client.set_terminated(made, status="FINISHED")  # a view, not a job: never "running"
+                runs = self._study_runs()
+            for extra in runs[1:]:
+                if extra.data.tags.get(START_TAG) == token:
+                    self.client.delete_run(extra.info.run_id)
+            return runs[0].info.run_id
+
+        self.parent_id = self._retry("find or make the study run", find_or_create)
+        return self.parent_id
+
     def start(self, cell_id: str, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
         """Fresh run for a cell; earlier active runs of the same cell become superseded."""
         token = uuid.uuid4().hex
         all_tags = {CELL_TAG: cell_id, "lorarl.study": self.study, **git_state(), **package_versions(), **tags,
-                    START_TAG: token}
+                    START_TAG: token, PARENT_TAG: self.study_run()}
 
         def create() -> str:
             old = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell_id}'")

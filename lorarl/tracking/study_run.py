@@ -1,0 +1,49 @@
+"""The study's home in MLflow: its parent run's tags and artifacts, refreshed by the aggregate stage.
+
+Every cell and base run nests under one parent run per study (lorarl.tracking.client.Tracker.study_run
+makes it, once, when the first cell starts). `publish` gives it the study's name, its axes and the
+code's git SHA as tags, and the aggregate's outputs as artifacts: report.html, tables/, figures/
+(logged again on every aggregate, so the parent shows the latest). Superseded cell runs are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lorarl import paths
+from lorarl.tracking import sqlite_store
+from lorarl.tracking.client import Tracker, git_state, resolve_tracking
+
+
+def axes_tag(study: Any) -> str:
+    """`{"rank": ["r1", "r2"], "seed": ["s0", "s1"]}`: each axis with its values as cell ids show them."""
+    from lorarl.matrix import label_of
+
+    return json.dumps({name: [f"{ax.prefix}{label_of(v)}" for v in ax.values] for name, ax in study.axes.items()})
+
+
+def artifacts(study: Any, results_dir: str | Path) -> list[tuple[Path, str]]:
+    """(local file or folder, artifact folder) of what the aggregate wrote for the study."""
+    sdir = Path(results_dir) / study.name
+    tables = paths.path("table_csv", results=results_dir, study=study.name).parent
+    figures = paths.path("figures", results=results_dir, study=study.name)
+    out = [(sdir / "report.html", ""), (tables, "tables"), (figures, "figures")]
+    return [(p, where) for p, where in out if p.exists() and (p.is_file() or any(p.iterdir()))]
+
+
+def publish(study: Any, results_dir: str | Path = "results", tracking: str | None = None) -> str | None:
+    """Tag the study's parent run and log its artifacts; the run id, or None when no cell has used the
+    store yet (no results/mlflow.db: nothing to nest, and making a store here would cost seconds)."""
+    db = sqlite_store.db_path(resolve_tracking(tracking, results_dir))
+    if db is not None and not db.exists():
+        return None
+    tracker = Tracker(results_dir, study.name, tracking)
+    run_id = tracker.study_run()
+    tracker.run_id = run_id
+    tracker.set_tags({"lorarl.study": study.name, "lorarl.axes": axes_tag(study), **git_state()})
+    for local, where in artifacts(study, results_dir):
+        log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact
+        tracker._retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
+    return run_id
