@@ -38,7 +38,8 @@ class TaskConfig(Strict):
     max_value: int = Field(20, ge=2)  # synthetic: operands drawn from [1, max_value] (tiny bases use 20)
     path: str | None = None  # dataset: hub id or local .jsonl/.parquet path
     split: str = "train"  # dataset: split to train on
-    revision: str | None = None  # dataset: pin the hub revision for reproducibility
+    revision: str | None = None  # dataset: pin the hub revision (commit/tag) so a dataset update cannot move the numbers
+    config: str | None = Field(None, json_schema_extra={"signature_omits_default": True})  # dataset: the hub configuration (DAPO-Math-17k-Processed: all / en / cn); None = the dataset's default
     prompt_field: str = "prompt"  # dataset: column holding the question
     answer_field: str = "answer"  # dataset: column holding the gold answer
     prompt_rendered: bool = False  # dataset: the prompt column already is prompt.template's text (DAPO-Math's instructed prompt): checked, not wrapped again
@@ -49,6 +50,8 @@ class TaskConfig(Strict):
             raise ValueError("max_operands must be >= min_operands")
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path is required when task.name is 'dataset'")
+        if (self.config or self.revision) and (self.name != "dataset" or str(self.path).endswith((".jsonl", ".json", ".parquet"))):
+            raise ValueError("task.config / task.revision apply to a hub dataset (id or folder), not to a synthetic task or a .jsonl/.parquet file")
         if self.prompt_rendered and self.name != "dataset":
             raise ValueError("task.prompt_rendered applies to task.name 'dataset' only (synthetic prompts are raw)")
         return self

@@ -199,3 +199,25 @@ def test_dapo_instructed_dataset_and_bare_benchmark_ask_alike(tiny_dirs, tmp_pat
         training_dataset(cfg(True), tok)
     with pytest.raises(ValidationError, match="task.prompt_rendered applies to task.name 'dataset' only"):
         CellConfig(task={"prompt_rendered": True})
+
+
+def test_task_config_picks_the_hub_configuration(tmp_path):
+    """``task.config`` reaches ``load_dataset``: a local dataset folder with two configurations (the
+    layout of open-r1/DAPO-Math-17k-Processed: all / en) yields the named one's rows."""
+    from pydantic import ValidationError
+
+    from lorarl.tasks import task_records
+
+    root = tmp_path / "dapo"
+    for name, rows in {"all": [("1+1", "2"), ("2+2", "4"), ("3+3", "6")], "en": [("1+1", "2")]}.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "train.jsonl").write_text(
+            "".join(json.dumps({"prompt": q, "solution": a}) + "\n" for q, a in rows))
+    (root / "README.md").write_text("---\nconfigs:\n- config_name: all\n  data_files:\n  - split: train\n"
+                                    "    path: all/train.jsonl\n- config_name: en\n  data_files:\n"
+                                    "  - split: train\n    path: en/train.jsonl\n---\n")
+    base = {"name": "dataset", "path": str(root), "answer_field": "solution"}
+    got = {c: task_records(CellConfig(task={**base, "config": c}).task)[0] for c in ("all", "en")}
+    assert [r["prompt"] for r in got["all"]] == ["1+1", "2+2", "3+3"] and [r["answer"] for r in got["en"]] == ["2"]
+    with pytest.raises(ValidationError, match="task.config"):
+        CellConfig(task={"name": "dataset", "path": str(tmp_path / "d.jsonl"), "config": "all"})

@@ -8,8 +8,10 @@ from lorarl.config import TaskConfig
 from lorarl.tasks.synthetic import make_splits
 
 
-def load_records(path: str, split: str = "train", revision: str | None = None) -> list[dict]:
-    """Rows of a local .jsonl/.parquet file, or of a hub dataset by id (normal `load_dataset`)."""
+def load_records(path: str, split: str = "train", revision: str | None = None,
+                 config: str | None = None) -> list[dict]:
+    """Rows of a local .jsonl/.parquet file, or of a hub dataset (id or folder) by ``load_dataset`` with its
+    configuration and revision."""
     import datasets
 
     p = Path(path)
@@ -18,7 +20,7 @@ def load_records(path: str, split: str = "train", revision: str | None = None) -
     elif p.suffix == ".parquet":
         ds = datasets.load_dataset("parquet", data_files=str(p), split="train")
     else:
-        ds = datasets.load_dataset(path, split=split, revision=revision)
+        ds = datasets.load_dataset(path, config, split=split, revision=revision)
     return [dict(r) for r in ds]
 
 
@@ -29,7 +31,7 @@ def task_records(task: TaskConfig) -> tuple[list[dict], list[dict]]:
             task.seed, task.n_train, task.n_eval, task.min_operands, task.max_operands, task.max_value
         )
         return [p.record() for p in train], [p.record() for p in evals]
-    rows = load_records(task.path, task.split, task.revision)
+    rows = load_records(task.path, task.split, task.revision, task.config)
     missing = {task.prompt_field, task.answer_field} - set(rows[0] if rows else {})
     if missing:
         raise ValueError(f"dataset {task.path} lacks field(s) {sorted(missing)}; has {sorted(rows[0])}")
