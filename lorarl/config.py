@@ -293,6 +293,7 @@ class EvalConfig(Strict):
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
+    teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
 
     @field_validator("benchmarks", mode="before")
     @classmethod
@@ -313,6 +314,10 @@ class EvalConfig(Strict):
         from lorarl.evaluate.resolve import check_eval_config  # names the field and the registered benchmarks
 
         check_eval_config(self)
+        unknown = sorted(set(self.teacher_benchmarks or ()) - set(self.benchmarks or ()))
+        if unknown:
+            raise ValueError(f"eval.teacher_benchmarks: {', '.join(unknown)} not in eval.benchmarks "
+                             f"({', '.join(self.benchmarks or ()) or 'none'})")
         return self
 
 

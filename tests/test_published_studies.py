@@ -146,3 +146,13 @@ def test_distillation_teacher_is_stronger_and_shares_the_student_tokenizer():
     student, teacher = recipe_name(distill[0].model), recipe_name(distill[0].reward.teacher)
     assert teacher != student and RECIPES[teacher].init_from == student
     assert RECIPES[teacher].p_unboxed == 0.0 and RECIPES[teacher].sft_steps > 0   # it always boxes its answer
+
+
+def test_reward_density_evaluates_the_teacher_as_a_base_row():
+    """Paper 001 Table 2's teacher column: the teacher is a base row on math500_envelope only."""
+    from lorarl.study import base_cells, load_study
+
+    bases = {b.id: b for b in base_cells(load_study("experiments/reward_density.yaml"))}
+    t = bases["teacher-Qwen3-8B"]
+    assert t.config.model == "Qwen/Qwen3-8B" and list(t.config.eval.benchmarks) == ["math500_envelope"]
+    assert bases["base"].config.model == "Qwen/Qwen3-1.7B-Base" and t.hash != bases["base"].hash

@@ -66,6 +66,28 @@ def base_cells(study: Any, cells: list[Any], cell_cls: Any) -> list[Any]:
             cfg = first.config if first.config.seed == seed else first.config.model_copy(update={"seed": seed})
             out.append(cell_cls("-".join(parts), {"model": m, **labels}, cfg, short_hash(sig), (),
                                 first.eval_hash))
+    return out + _teacher_bases(cells, cell_cls)
+
+
+def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
+    """``eval.teacher_benchmarks``: the distillation teacher as one more base row, asked as the students
+    are (their prompt and grading) on those benchmarks only (paper 001 Table 2's teacher column)."""
+    from lorarl.evaluate.plan import benchmark_specs, eval_signature
+
+    out, seen = [], set()
+    for c in cells:
+        cfg = c.config
+        names, teacher = cfg.eval.teacher_benchmarks, cfg.reward.teacher
+        if not names or not teacher or teacher in seen:
+            continue
+        seen.add(teacher)
+        ev = cfg.eval.model_copy(update={"benchmarks": {b: cfg.eval.benchmarks[b] for b in names},
+                                         "curve_benchmarks": None, "eval_every": 0})
+        tcfg = cfg.model_copy(update={"model": teacher, "eval": ev})
+        key = tuple(eval_signature(tcfg, b, None, is_base=True) for b in benchmark_specs(tcfg))
+        short = _SAFE.sub("_", teacher.rstrip("/").split("/")[-1].split(":")[-1])
+        out.append(cell_cls(f"teacher-{short}", {"model": teacher, "role": "teacher"}, tcfg,
+                            short_hash({"base_model": teacher, "eval": list(key)}), (), short_hash(list(key))))
     return out
 
 
