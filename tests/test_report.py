@@ -164,6 +164,7 @@ def test_partial_study_report_shows_what_is_done(tmp_path):
     t = pd.read_csv(out["stats_csv"])
     assert set(t["rank"].astype(str)) == {"1"} and "diff" not in t  # no baseline row finished yet
     assert out["adv_std_peak"].exists()
+    assert "pass1_vs_rank_fullft" not in out  # no full fine-tuning row: not drawn (a full study draws it: the registry test)
 
 
 def test_report_renders_in_headless_chromium(tmp_path):

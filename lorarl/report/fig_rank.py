@@ -43,7 +43,7 @@ def kl_vs_rank(data: StudyData, out: Path) -> Path | None:
     return draw.save(fig, out, df.drop(columns="x"))
 
 
-@register("pass1_vs_rank_fullft", "001 Fig. 2", ("axis:adapter.rank", "eval"),
+@register("pass1_vs_rank_fullft", "001 Fig. 2", ("axis:adapter.rank", "eval", "fullft:adapter.rank"),
           "Held-out headline metric vs LoRA rank, one line per other setting (e.g. reward regime); "
           "dashed = full fine-tuning mean of the same setting, band = ± 1 sd over seeds. With eval_every "
           "snapshots, hollow markers = the mean per-cell peak over training (paper 001 shows process at peak).")

@@ -7,6 +7,7 @@ A need is a string checked against the study's data (`has`):
 * ``cell:<column>``: a per-cell value (summary.json or an evaluation column, e.g. ``cell:trainable_fraction``);
 * ``eval``: at least one held-out benchmark column; ``evcurve``: held-out metric at snapshots;
 * ``diag:<metric>``: a weight-space diagnostic (diagnostics.parquet);
+* ``fullft:<field>``: that axis has a full fine-tuning value (a bundle setting adapter.method: full) with a row;
 * ``a|b``: any of the alternatives.
 
 Every drawn PNG gets the CSV of exactly what it draws beside it (same stem).
@@ -54,11 +55,17 @@ def _has_one(data: StudyData, need: str) -> bool:
         from lorarl.report.tables import primary_metrics
 
         return bool(primary_metrics(data))
+    if kind == "fullft":  # a full fine-tuning value on the `arg` axis, with a row in the cells table
+        from lorarl.report.draw import full_label
+
+        axis = data.axis_by_field(arg)
+        full = full_label(data, axis) if axis else None
+        return full is not None and not data.cells.empty and axis in data.cells and bool((data.cells[axis] == full).any())
     if kind == "evcurve":
         return not data.evcurves.empty
     if kind == "diag":
         return not data.diag.empty and (data.diag["metric"] == arg).any()
-    raise ValueError(f"unknown figure need {need!r}; allowed kinds: axis, curve, cell, eval, evcurve, diag")
+    raise ValueError(f"unknown figure need {need!r}; allowed kinds: axis, curve, cell, eval, evcurve, diag, fullft")
 
 
 def has(data: StudyData, need: str) -> bool:
