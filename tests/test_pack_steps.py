@@ -11,7 +11,7 @@ import torch
 
 from tests.test_grpo import load, tiny_dir  # noqa: F401
 
-NOISY = ("time/", "tokens_per_s", "pack/cells")  # wall-clock and pack size: not part of the result
+NOISY = ("time/", "pack/step_s", "tokens_per_s", "pack/cells")  # wall-clock and pack size: not part of the result
 
 
 def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None,
@@ -62,6 +62,10 @@ def test_pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path):
     assert "kl" in rows[0]["b"] and "kl" not in rows[0]["a"]  # beta > 0: the KL term; beta = 0: none
     assert "kl_new_old" in rows[1]["a"] and "kl_ref/k3" in rows[1]["a"]  # monitors at step 2 (every 2)
     assert all(r["c"]["deposits/per_completion"] >= 0 for r in rows)
+    for r in rows:  # per-cell step times (not the pack's wall time copied): they add up to the pack's
+        times = [r[n]["time/step_s"] for n in "abc"]
+        assert all(0 < t < r["a"]["pack/step_s"] for t in times) and len(set(times)) == 3
+        assert sum(times) == pytest.approx(r["a"]["pack/step_s"], rel=1e-6)
     for k, c in enumerate(cells):
         solo = fake_regimes(build_pack([c], results_dir=tmp_path, device="cpu"))
         solo_rows = [solo.loop.step() for _ in range(3)]

@@ -229,7 +229,9 @@ class PackLoop:
         student = self._policy_logps(need_student)
         batches: list[dict | None] = [None] * len(self.members)
         metrics: dict[int, dict] = {}
+        own_s: dict[int, float] = {}  # each member's own scoring time (the rest of the step is shared)
         for k in idx:
+            t_k = time.perf_counter()
             sl = None
             if k in student:
                 sl = [student[k][i, :len(c)].tolist() for i, c in enumerate(ros[k].completion_ids)]
@@ -237,6 +239,7 @@ class PackLoop:
             b = pre[k]
             b["advantages"] = adv_BT.to(b["prompt_ids"].device)
             batches[k], metrics[k] = b, met
+            own_s[k] = time.perf_counter() - t_k
         t_score = time.perf_counter() - t_score
         t_ref = time.perf_counter()
         ref = self._ref_logps({k: batches[k] for k in idx if self.members[k].beta > 0})
@@ -247,6 +250,12 @@ class PackLoop:
         upd = self.trainer.step(batches)
         wall = time.perf_counter() - t0
         out: dict[str, dict[str, float]] = {}
+        # A member's step time: its own scoring + the shared work (generate, forwards, update) apportioned by
+        # its share of the step's completion tokens; the members' times add up to the pack's wall time.
+        toks = {k: float(batches[k]["completion_mask"].sum()) for k in idx}
+        shared = max(wall - sum(own_s.values()), 0.0)
+        cell_s = {k: own_s[k] + shared * (toks[k] / sum(toks.values()) if sum(toks.values()) else 1 / len(idx))
+                  for k in idx}
         monitor = [k for k in idx if self.members[k].kl_monitor_every
                    and (self.members[k].step + 1) % self.members[k].kl_monitor_every == 0]
         for k in idx:
@@ -257,8 +266,8 @@ class PackLoop:
                 c.diverged_at = m.step
             tokens = float(batches[k]["completion_mask"].sum())
             row = {"loss": u.get("loss", float("nan")), "grad_norm": u.get("grad_norm", float("nan")),
-                   "learning_rate": float(lrs[k]), **metrics[k], "time/step_s": wall, "time/generate_s": t_gen, "time/score_s": t_score + t_gen,
-                   "time/ref_forward_s": t_ref, "rollout/tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
+                   "learning_rate": float(lrs[k]), **metrics[k], "time/step_s": cell_s[k], "pack/step_s": wall, "time/generate_s": t_gen, "time/score_s": t_score + t_gen,
+                   "time/ref_forward_s": t_ref, "rollout/tokens": tokens, "tokens_per_s": tokens / cell_s[k] if cell_s[k] else 0.0,
                    "pack/cells": float(len(idx))}
             if "kl" in u:
                 row["kl"] = u["kl"]
