@@ -244,3 +244,17 @@ def test_accuracy_vs_rank_keeps_prompts_and_their_bases_apart(tmp_path):
     dashed = drawn[drawn["rank"].isna()]
     assert dashed[["series", "mean"]].values.tolist() == [["base-praw", 0.1], ["base-pchat", 0.5]]
     assert out.stat().st_size > 1000
+
+
+def test_cumulative_energy_over_matrices_of_unequal_size_is_monotone():
+    """A 2-direction and a 4-direction matrix: the mean cumulative energy holds the short one at 1 past
+    its end (0.375, 0.75, 0.875, 1), never the non-monotone mean of whichever matrices have index i."""
+    from lorarl.report.draw import spectrum_curves
+
+    rows = [{"cell": "c", "matrix": m, "metric": q, "index": i, "group": "g",
+             "value": (i + 1) / n if q == "update_cum_energy" else 1 / n}
+            for m, n in (("a", 2), ("b", 4)) for i in range(n) for q in ("update_cum_energy", "update_p")]
+    out = spectrum_curves(pd.DataFrame(rows), ["group"])
+    cum = out[out["metric"] == "update_cum_energy"]
+    assert cum["index"].tolist() == [0, 1, 2, 3] and cum["value"].tolist() == [0.375, 0.75, 0.875, 1.0]
+    assert out[out["metric"] == "update_p"]["value"].tolist() == [0.375, 0.375, 0.25, 0.25]  # who has index i

@@ -91,3 +91,27 @@ def over_seeds(df: pd.DataFrame, keys: list[str], value: str = "value") -> pd.Da
         keys = ["_all"]
     g = df.groupby(keys, sort=False)[value].agg(["mean", "std", "count"]).reset_index()
     return g.drop(columns=["_all"], errors="ignore")
+
+
+def spectrum_curves(diag: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Mean per (``by``, metric, index) of the SVD-aligned curves over matrices (and seeds).  Matrices have
+    different numbers of singular directions: a cumulative-energy curve (``*cum_energy``) is carried at its
+    final value past its matrix's last direction, so every index averages over every matrix and the mean
+    curve stays monotone; other curves average over the matrices that have index i."""
+    ident = [c for c in ("cell", "matrix") if c in diag]
+    cum = diag["metric"].str.endswith("cum_energy")
+    parts = [diag[~cum]]
+    if cum.any() and ident:
+        c = diag[cum]
+        parts.append(c)
+        top = c.groupby([*by, "metric"], sort=False)["index"].transform("max")
+        last = c.loc[c.groupby([*by, "metric", *ident], sort=False)["index"].idxmax()]
+        for (_, row), n in zip(last.iterrows(), top.loc[last.index]):
+            if row["index"] < n:  # pad this matrix's curve with its final value up to the group's longest
+                pad = pd.DataFrame([row] * int(n - row["index"]))
+                parts.append(pad.assign(index=range(int(row["index"]) + 1, int(n) + 1)))
+    else:
+        parts.append(diag[cum])
+    out = pd.concat(parts).groupby([*by, "metric", "index"], sort=False)["value"].mean().reset_index()
+    return out.sort_values("index", kind="stable").sort_values([*by, "metric"], kind="stable",
+                                                                key=lambda s: s.map({v: i for i, v in enumerate(dict.fromkeys(s))}))

@@ -70,7 +70,7 @@ VIEWS = (("update", "ΔW = W+ − W0", "-"), ("product_update", "(α/r)BA, the a
 
 @register("update_views", "003 Fig. 3", ("diag:product_update_p",),
           "SVD-aligned update distribution p_i and cumulative energy along W0's singular directions (by σ, "
-          "descending), mean over matrices and seeds, in two views: solid = the weight change ΔW = W+ − W0, "
+          "descending), mean over matrices and seeds (a matrix's cumulative energy held at its final value past its last direction), in two views: solid = the weight change ΔW = W+ − W0, "
           "dashed = the adapter product (α/r)BA that paper 003 Fig. 3 decomposes. They differ for residual "
           "inits (PiSSA, MiLoRA, OLoRA, ...: ΔW = (α/r)(BA − B0A0)); only cells with such an init have the dashed view.")
 def update_views(data: StudyData, out: Path) -> Path | None:
@@ -79,7 +79,7 @@ def update_views(data: StudyData, out: Path) -> Path | None:
     if d.empty:
         return None
     d = d.assign(group=draw.series_labels(d, data.keys))
-    table = d.groupby(["group", "metric", "index"], sort=False)["value"].mean().reset_index()
+    table = draw.spectrum_curves(d, ["group"])  # cum_energy stays monotone over matrices of unequal size
     groups = list(dict.fromkeys(table["group"]))
     plt = draw.plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from lorarl.report.draw import plt as pyplot
-from lorarl.report.draw import series_label, series_labels
+from lorarl.report.draw import series_label, series_labels, spectrum_curves
 from lorarl.study import Study
 
 
@@ -157,7 +157,7 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     per_matrix = scal.groupby(["group", "matrix", "metric"], sort=False)["value"].mean().unstack("metric")
     per_matrix.to_csv(out.with_name(out.stem + "_per_matrix.csv"))
     curves = diag[diag["metric"].isin(["update_p", "update_cum_energy"])]
-    curves = curves.groupby(["group", "metric", "index"], sort=False)["value"].mean()
+    curves = spectrum_curves(curves, ["group"]).set_index(["group", "metric", "index"])["value"]
     curves.to_csv(out.with_name(out.stem + "_curves.csv"))
     sim = diag[diag["metric"].isin(["subspace_sim_top", "subspace_sim_bottom"])]
     sim = sim.groupby(["group", "metric"], sort=False)["value"].mean().unstack("metric")
