@@ -242,7 +242,7 @@ class RolloutConfig(Strict):
     tensor_parallel_size: Literal[1] = 1  # vllm: one GPU per cell (a prompt group must live on one rank)
     sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
         False, json_schema_extra={"runtime": True})
-    max_model_length: int | None = Field(None, gt=0)  # vllm: context length (prompt + completion); null = model's
+    max_model_length: int | None = Field(None, gt=0)  # vllm: context length; null = train.max_prompt_length + max_completion_length (the model's own when prompts have no limit)
     enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
     freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error

@@ -148,7 +148,7 @@ def test_vllm_engine_without_gpu_is_a_clear_error():
 
 
 # ------------------------------------------------------------------ TRL's colocate path with the fake
-def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2):
+def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2, **kw):
     from lorarl.train.trainer import LorarlGRPOTrainer
     from lorarl.rewards.outcome import OutcomeDeposits
 
@@ -157,7 +157,7 @@ def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout
     if peft:
         model = _peft(model)
     rollout = rollout or RolloutConfig(engine="vllm")
-    a = args(tmp_path, max_steps=steps, learning_rate=lr, **rollout_fields(rollout))
+    a = args(tmp_path, max_steps=steps, learning_rate=lr, **rollout_fields(rollout), **kw)
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score), args=a, ref_model=None, rollout=rollout,
                                 train_dataset=dataset(16), processing_class=tok)
     return trainer, fake_vllm.LLM.instances[-1]
@@ -266,3 +266,11 @@ def test_every_registry_method_pushes_the_step0_policy_and_leaves_the_model_inta
     for n, w in original.items():
         assert torch.allclose(pushed[n], w, atol=1e-4), (n, (pushed[n] - w).abs().max())
     assert all(torch.equal(p, before[n]) for n, p in pm.named_parameters())
+
+
+def test_each_cell_seeds_its_engine(tiny_dir, tmp_path, monkeypatch):
+    """TRL builds every colocated engine with seed 0 (its process index): cells of different seeds would draw the
+    same rollout noise. lorarl passes the cell's seed (GRPOConfig.seed = the cell seed) to vllm.LLM."""
+    engines = [_trainer(tiny_dir, tmp_path / str(seed), monkeypatch, seed=seed, steps=1)[1] for seed in (3, 4)]
+    assert [e.seed for e in engines] == [3, 4]
+    assert [e.kwargs["seed"] for e in engines] == [3, 4]

@@ -36,6 +36,23 @@ def test_rollout_fields_follow_the_engine():
     assert rollout_fields(RolloutConfig(engine="vllm", sleep_mode=True))["vllm_enable_sleep_mode"] is True
 
 
+def test_vllm_context_defaults_to_the_prompt_and_completion_budget(tmp_path):
+    """max_model_length null: the engine's context is the cell's prompt + completion budget, not the model's full
+    context (vLLM refuses to start a long-context model whose KV cache for that context does not fit)."""
+    from lorarl.train.trl_args import grpo_args
+
+    def ctx(**rollout):
+        cfg = CellConfig.model_validate({"rollout": {"engine": "vllm", **rollout},
+                                         "train": {"max_prompt_length": 512, "max_completion_length": 1024}})
+        return grpo_args(cfg, tmp_path, use_cpu=True).vllm_max_model_length
+
+    assert ctx() == 512 + 1024
+    assert ctx(max_model_length=4096) == 4096  # an explicit context wins
+    unlimited = CellConfig.model_validate({"rollout": {"engine": "vllm"}})  # prompts without a limit: the model's
+    assert unlimited.train.max_prompt_length is None
+    assert grpo_args(unlimited, tmp_path, use_cpu=True).vllm_max_model_length is None
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path, beta):  # noqa: F811
     from lorarl.models import load_model_and_tokenizer

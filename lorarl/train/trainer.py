@@ -106,8 +106,8 @@ class LorarlGRPOTrainer(LeftTruncation, GRPOTrainer):
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
-        extra_llm = {"enforce_eager": True} if args.use_vllm and getattr(rollout, "enforce_eager", False) else {}
-        with llm_extra_kwargs(**extra_llm):  # TRL's colocated vllm.LLM(...) has no enforce_eager parameter
+        extra_llm = {"seed": int(args.seed), **({"enforce_eager": True} if getattr(rollout, "enforce_eager", False) else {})} if args.use_vllm else {}
+        with llm_extra_kwargs(**extra_llm):  # TRL's vllm.LLM(...) takes no enforce_eager and seeds every engine 0: the cell's seed
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         self.freshness: FreshnessGate | None = None
         if self.use_vllm:

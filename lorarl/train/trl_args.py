@@ -15,8 +15,10 @@ if TYPE_CHECKING:
     from lorarl.train.trainer import LorarlGRPOTrainer
 
 
-def rollout_fields(rollout: "RolloutConfig | None") -> dict[str, Any]:
-    """TRL's vLLM fields of a GRPOConfig from the cell's ``rollout`` section."""
+def rollout_fields(rollout: "RolloutConfig | None", budget: int | None = None) -> dict[str, Any]:
+    """TRL's vLLM fields of a GRPOConfig from the cell's ``rollout`` section. ``budget``: the cell's prompt +
+    completion tokens, the engine's context when ``rollout.max_model_length`` is null (vLLM refuses to start a
+    long-context model whose full context's KV cache does not fit its memory share)."""
     if rollout is None or rollout.engine != "vllm":
         return {"use_vllm": False}
     return {
@@ -25,10 +27,15 @@ def rollout_fields(rollout: "RolloutConfig | None") -> dict[str, Any]:
         "vllm_gpu_memory_utilization": rollout.gpu_memory_utilization,
         "vllm_tensor_parallel_size": rollout.tensor_parallel_size,
         "vllm_enable_sleep_mode": rollout.sleep_mode,
-        "vllm_max_model_length": rollout.max_model_length,
+        "vllm_max_model_length": rollout.max_model_length or budget,  # both null: the model's own context
         # the freshness gate needs the trainer's logprobs of the sampled tokens: TRL computes them only then
         "vllm_importance_sampling_correction": True,
     }
+
+
+def context_budget(t: Any) -> int | None:
+    """Prompt + completion tokens of one rollout, or None when prompts have no limit (train.max_prompt_length)."""
+    return t.max_prompt_length + t.max_completion_length if t.max_prompt_length else None
 
 
 def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
@@ -78,7 +85,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         bf16=autocast_bf16(precision),
         disable_tqdm=False,
         dataloader_num_workers=0,
-        **rollout_fields(cfg.rollout),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
+        **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     )
 
 
