@@ -10,7 +10,7 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   or ``{"prompt_token_ids": [...]}``; ``sampling_params`` and ``lora_request`` may be one object or a
   list with one per prompt (``_validate_and_add_requests``: a list of another length is a ValueError);
   a ``lora_request`` without ``enable_lora`` is refused, as is an adapter whose rank exceeds
-  ``max_lora_rank``. A request with ``seed`` samples from its own generator (vLLM's per-request seed).
+  ``max_lora_rank``. A request with ``seed`` samples from its own generator (vLLM's per-request seed; child j of an n > 1 request: seed + j).
   Adapters are loaded once per ``lora_int_id`` (again, once per call, only with ``load_inplace=True``),
   as vLLM's LoRA cache does; ``LLM.apply_adapters = True`` makes the fake apply their weights (default: the base model
   samples, the request is only checked). Refused while asleep (weights or KV cache released).
@@ -283,18 +283,19 @@ class LLM:
         self.generate_calls += 1
         self._fresh: set[int] = set()  # adapters (re)loaded for this call: in place = once per call
         shared = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generate_calls)
-        if isinstance(sampling_params, list):  # one request per prompt: a seeded request has its own stream
-            gens = [shared if sp.seed is None else torch.Generator().manual_seed(sp.seed) for sp in sps]
-        else:  # one SamplingParams for the call: one stream over its prompts (as before)
-            gens = [shared if sps[0].seed is None else torch.Generator().manual_seed(sps[0].seed)] * len(prompts)
+        # vLLM: a seeded request samples from its own generator seeded with sp.seed, and a request with n > 1 fans
+        # out into n child requests seeded sp.seed + j (v1/engine/parallel_sampling.py); one seeded SamplingParams
+        # shared by a call's prompts gives every prompt the same streams. Unseeded requests share the engine's.
+        def gen(sp, j):
+            return shared if sp.seed is None else torch.Generator().manual_seed(sp.seed + j)
         eos0 = self.hf_model.generation_config.eos_token_id
         eos0 = set(eos0 if isinstance(eos0, (list, tuple)) else [eos0 if eos0 is not None else self.tokenizer.eos_token_id])
         outs = []
-        for i, (p, sp, lr, gen) in enumerate(zip(prompts, sps, loras, gens)):
+        for i, (p, sp, lr) in enumerate(zip(prompts, sps, loras)):
             eos = eos0 | set(sp.stop_token_ids or [])
             ids = list(p["prompt_token_ids"]) if isinstance(p, dict) else self.tokenizer(p)["input_ids"]
             model = self._adapter_model(lr)
-            comps = [self._sample(ids, sp, gen, eos, j, model) for j in range(sp.n)]
+            comps = [self._sample(ids, sp, gen(sp, j), eos, j, model) for j in range(sp.n)]
             outs.append(RequestOutput(str(i), None if isinstance(p, dict) else p, ids, None, comps, True))
         return outs
 

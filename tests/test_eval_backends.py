@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from lorarl.evaluate.backends import (Completion, HFBackend, completions_from_ids,  # noqa: E402
                                       format_prompt, merge_adapter)
 from lorarl.evaluate.protocols import Protocol  # noqa: E402
-from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampling_kwargs  # noqa: E402
+from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, request_seed, sampling_kwargs  # noqa: E402
 
 PROMPTS = ["Q: 12+7=?\nA: ", "Q: 3-1=?\nA: ", "Q: 45+45-9=?\nA: "]
 
@@ -180,11 +180,11 @@ def _fake_api():
             rec.calls.append(("generate", dict(prompts=list(prompts), params=params,
                                                lora_request=lora_request)))
             outs = []
-            for p in prompts:
+            for p, sp in zip(prompts, params if isinstance(params, list) else [params] * len(prompts)):
                 outs.append(SimpleNamespace(outputs=[
                     SimpleNamespace(text=f"\\boxed{{{j}}}", token_ids=[1] * (j + 2),
                                     finish_reason="length" if j == 1 else "stop")
-                    for j in range(params.n)]))
+                    for j in range(sp.n)]))
             return outs
 
     api = SimpleNamespace(LLM=FakeLLM, SamplingParams=rec.cls("SamplingParams"),
@@ -205,8 +205,10 @@ def test_vllm_lora_request(tiny):
     assert name == "generate" and gen["lora_request"] is backend.lora_request
     tok = _tokenizer()  # no chat template: the plain text's ids, exactly as the train stage makes them
     assert gen["prompts"] == [{"prompt_token_ids": tok(text=[p])["input_ids"][0]} for p in PROMPTS]
-    params = dict(c for c in rec.calls if c[0] == "SamplingParams")["SamplingParams"]
-    assert params == dict(n=4, temperature=0.6, top_p=0.95, top_k=0, max_tokens=100, seed=42)
+    params = [kw for name, kw in rec.calls if name == "SamplingParams"]  # one request per problem, its own seed
+    assert params == [dict(n=4, temperature=0.6, top_p=0.95, top_k=0, max_tokens=100, seed=request_seed(42, k, 4))
+                      for k in range(len(PROMPTS))]
+    assert len({request_seed(42, k, 4) + j for k in range(len(PROMPTS)) for j in range(4)}) == 12  # disjoint streams
     assert [len(x) for x in out] == [4, 4, 4]
     assert out[0][1] == Completion("\\boxed{1}", 3, True)
     assert out[0][0] == Completion("\\boxed{0}", 2, False)

@@ -82,3 +82,18 @@ def test_sampled_protocols_on_hf_warn_loudly_on_a_gpu(capsys):
     assert warn_sampled_on_hf(cfg, cuda=False) == []  # CPU runs: HF is the only engine
     vcfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"backend": "vllm"})})
     assert sampled_on_hf(vcfg) == []
+
+
+def test_each_problem_and_sample_draws_its_own_noise(tiny):
+    """Real vLLM seeds a seeded request's generator with its seed (child j of an n > 1 request: seed + j): one seed
+    shared by every problem would give every problem the same noise, so its samples are correlated across problems
+    and the intervals too narrow. Identical problems must therefore draw different samples; a cell seed replays."""
+    backend = VLLMBackend(tiny["base"], api=fake_vllm.api(), seed=0, max_model_len=256)
+    protocol = Protocol.sampling(4, temperature=1.0, max_new_tokens=8)
+    texts = [[c.text for c in req] for req in backend.generate([PROMPTS[0]] * 3, protocol, seed=5)]
+    assert texts[0] != texts[1] != texts[2] != texts[0]  # same problem, three positions: independent draws
+    assert len(set(texts[0])) > 1  # the samples of one problem differ too
+    again = [[c.text for c in req] for req in backend.generate([PROMPTS[0]] * 3, protocol, seed=5)]
+    assert again == texts  # the cell seed replays the evaluation
+    other = [[c.text for c in req] for req in backend.generate([PROMPTS[0]] * 3, protocol, seed=6)]
+    assert other != texts

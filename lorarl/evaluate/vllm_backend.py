@@ -1,4 +1,4 @@
-"""vLLM generation backend (GPU only; untested on a GPU: no GPU is lent to this project's machines).
+"""vLLM generation backend (GPU only; it has not yet run on a GPU: docs/gpus.md says what has).
 
 Every call is checked against vLLM 0.31.0's source (the pinned ``.[gpu]`` extra) and exercised on the
 CPU with tests/fake_vllm.py, which refuses what vLLM refuses:
@@ -13,7 +13,9 @@ CPU with tests/fake_vllm.py, which refuses what vLLM refuses:
   and reads only ``r``/``lora_alpha``/``use_rslora`` (per-module ``rank_pattern``/``alpha_pattern``
   would be served with the wrong scale): those adapters are merged first (see :func:`lora_servable`).
 * ``LLM.generate(prompts, params, use_tqdm=False, lora_request=...)`` → ``RequestOutput.outputs`` of
-  ``CompletionOutput(text, token_ids, finish_reason)``.
+  ``CompletionOutput(text, token_ids, finish_reason)``; ``params`` is one ``SamplingParams`` per problem, each
+  with its own seed (:func:`request_seed`): vLLM samples a seeded request from a generator seeded with that
+  seed (child j of an n > 1 request: seed + j), so one shared seed would correlate every problem's samples.
 
 Same interface as :class:`lorarl.evaluate.backends.HFBackend`.  Plain LoRA adapters (including
 rsLoRA) are served with a ``LoRARequest`` on top of the base model; adapters vLLM cannot apply at
@@ -72,6 +74,12 @@ def sampling_kwargs(protocol: Protocol, seed: int) -> dict[str, Any]:
                 max_tokens=protocol.max_new_tokens, seed=seed)
 
 
+def request_seed(seed: int, problem: int, n: int) -> int:
+    """The seed of problem ``problem``'s request in a cell of seed ``seed``: its n samples use seeds
+    request_seed .. request_seed + n - 1 (vLLM's child requests), disjoint from every other problem's."""
+    return seed * 1_000_003 + problem * n
+
+
 def _vllm_api() -> Any:
     import vllm  # noqa: PLC0415 - GPU-only dependency
     from vllm.lora.request import LoRARequest
@@ -122,7 +130,11 @@ class VLLMBackend:
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:
         """``protocol.n`` completions for each prompt, in prompt order."""
-        params = self.api.SamplingParams(**sampling_kwargs(protocol, seed))
+        kwargs = sampling_kwargs(protocol, seed)
+        # one request per problem with its own seed: vLLM seeds a request's generator with its seed (child j of
+        # an n > 1 request: seed + j), so one seed for every problem would give every problem the same noise
+        params = [self.api.SamplingParams(**{**kwargs, "seed": request_seed(seed, k, kwargs["n"])})
+                  for k in range(len(prompts))]
         from lorarl.tasks.prompt import build_prompt, prompt_ids
 
         tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
