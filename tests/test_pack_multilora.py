@@ -86,3 +86,33 @@ def test_fake_refuses_what_vllm_refuses(tiny_dir, tmp_path):
         engine_lora_kwargs([600])
     with pytest.raises(ValueError, match="unique"):
         lora_requests(api, ["s", "s"], [small, small])
+
+
+def test_engine_limits_come_from_the_saved_adapters(tiny_dir, tmp_path):
+    """A residual-init member is saved converted at rank 2r: the engine's max_lora_rank comes from the saved
+    adapter config (the cell's r would make vLLM refuse the load); an adapter vLLM cannot serve is refused
+    up front by the project's own lora_servable, naming the member."""
+    import json
+
+    from lorarl.pack.multilora import engine_lora_kwargs, lora_requests, saved_engine_lora_kwargs
+
+    api = fake_vllm.api()
+    cell_r = 8
+    dirs = [save_adapter(tiny_dir, tmp_path / "lora", 1, r=cell_r), save_adapter(tiny_dir, tmp_path / "res", 2, r=2 * cell_r)]
+    kw = saved_engine_lora_kwargs(["lora", "pissa"], dirs)
+    assert kw["max_lora_rank"] == 16 and kw["max_loras"] == 2
+    p = [{"prompt_token_ids": [5, 6, 7]}] * 2
+    reqs = lora_requests(api, ["lora", "pissa"], dirs)
+    with pytest.raises(ValueError, match="greater than max_lora_rank"):  # the cell's rank as the limit: refused
+        api.LLM(str(tiny_dir), **engine_lora_kwargs([cell_r, cell_r])).generate(
+            p, api.SamplingParams(max_tokens=2), lora_request=reqs)
+    out = api.LLM(str(tiny_dir), **kw).generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs)
+    assert len(out) == 2
+    cfg_path = tmp_path / "res" / "adapter_config.json"
+    for change, why in (({"use_dora": True}, "DoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+                        ({"lora_bias": True}, "bias"), ({"r": 600}, "rank 600")):
+        saved = json.loads(cfg_path.read_text())
+        cfg_path.write_text(json.dumps({**saved, **change}))
+        with pytest.raises(ValueError, match=f"pack member pissa: .*{why}"):
+            saved_engine_lora_kwargs(["lora", "pissa"], dirs)
+        cfg_path.write_text(json.dumps(saved))

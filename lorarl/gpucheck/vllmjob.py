@@ -88,7 +88,7 @@ def multilora_check(api: Any, model_dir: str, rank: int, alpha: int, work: str, 
     from transformers import AutoTokenizer
 
     from lorarl.pack.generate import SampleSettings
-    from lorarl.pack.multilora import build_requests, engine_lora_kwargs, generate_multilora
+    from lorarl.pack.multilora import build_requests, generate_multilora, saved_engine_lora_kwargs
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -100,7 +100,7 @@ def multilora_check(api: Any, model_dir: str, rank: int, alpha: int, work: str, 
         policy.save_pretrained(dirs[-1])
     del policy
     llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0,
-                  **engine_lora_kwargs([rank] * members))
+                  **saved_engine_lora_kwargs([f"m{k}" for k in range(members)], dirs))
     loras = [api.LoRARequest(lora_name=f"m{k}", lora_int_id=k + 1, lora_path=d) for k, d in enumerate(dirs)]
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:groups]]
     s = SampleSettings(prompt_width=max(map(len, prompts)), max_new_tokens=tokens, temperature=1.0, top_p=1.0,

@@ -11,18 +11,20 @@ a LoRA rank above ``max_lora_rank``, and LoRA requests without ``enable_lora``; 
 
 Not wired into :class:`lorarl.pack.steps.PackLoop` here (no GPU, no vLLM on these machines): cells with
 ``rollout.engine: vllm`` run solo (:func:`lorarl.pack.plan.pack_key`). What is built and tested is the
-request building and the routing of outputs back to the members.
+request building and the routing of outputs back to the members; :func:`saved_engine_lora_kwargs` builds the
+engine from the members' saved adapters (each checked with ``lora_servable``, the rank limit from the saved rank).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lorarl.evaluate.vllm_backend import VLLM_LORA_RANKS
+from lorarl.evaluate.vllm_backend import VLLM_LORA_RANKS, lora_servable
 from lorarl.pack.generate import CellRollouts, SampleSettings
 
 SEED_MAX = 2**31 - 1  # why: vLLM seeds are Python ints; keep them in a 31-bit range
@@ -35,6 +37,20 @@ def engine_lora_kwargs(ranks: list[int]) -> dict[str, Any]:
     if not fits:
         raise ValueError(f"LoRA rank {need} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
     return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": fits[0], "max_cpu_loras": len(ranks)}
+
+
+def saved_engine_lora_kwargs(names: list[str], adapter_dirs: list[str | Path]) -> dict[str, Any]:
+    """``EngineArgs`` LoRA fields for the members' SAVED adapters: each must be servable by vLLM's LoRA path
+    (:func:`lorarl.evaluate.vllm_backend.lora_servable`: no DoRA, adapter bias, ``modules_to_save``, ...), and
+    the rank limit is the saved rank, not the cell's (a residual-init member is saved converted at rank 2r)."""
+    ranks = []
+    for name, d in zip(names, adapter_dirs, strict=True):
+        ok, why = lora_servable(d)
+        if not ok:
+            raise ValueError(f"pack member {name}: vLLM cannot serve its adapter as a LoRA ({why}); "
+                             "such a cell samples with rollout.engine: hf or trains solo")
+        ranks.append(int(json.loads((Path(d) / "adapter_config.json").read_text())["r"]))
+    return engine_lora_kwargs(ranks)
 
 
 def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path]) -> list[Any]:
