@@ -57,12 +57,15 @@ def test_one_engine_one_call_routes_each_members_prompts_to_its_adapter(tiny_dir
     assert all(len(o.completion_ids) == 6 and len(o.prompt_ids) == 6 for o in out)
     # same prompts, same seeds: only the adapter differs, so the members' samples differ
     assert out[0].completion_ids != out[1].completion_ids
-    # member b alone (its own engine, its own request) samples exactly what it sampled inside the pack
-    alone_llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4]))
-    alone = generate_multilora(alone_llm, build_requests(api, [None, lora_requests(api, ["b"], dirs[1:])[0]],
-                                                         [None, prompts], [None, torch.Generator().manual_seed(5)],
-                                                         s, generations=3), 2)
-    assert alone[0] is None and alone[1].completion_ids == out[1].completion_ids
+    # member b alone asks for the same requests it had in the pack: its prompts, its adapter, its seeds. vLLM
+    # does not promise batch invariance (batch composition changes kernels and numerics), so what is tested is
+    # the requests, not bit-equal samples.
+    alone = build_requests(api, [None, lora_requests(api, ["b"], dirs[1:])[0]], [None, prompts],
+                           [None, torch.Generator().manual_seed(5)], s, generations=3)
+    packed_b = [i for i, k in enumerate(req.owner) if k == 1]
+    assert alone.owner == [1, 1] and [req.prompts[i] for i in packed_b] == alone.prompts
+    assert [req.params[i].seed for i in packed_b] == [p.seed for p in alone.params]
+    assert {req.loras[i].lora_path for i in packed_b} == {r.lora_path for r in alone.loras} == {dirs[1]}
 
 
 def test_fake_refuses_what_vllm_refuses(tiny_dir, tmp_path):
