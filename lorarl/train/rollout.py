@@ -15,7 +15,7 @@ per-token logprobs (``logprobs=0``, ``logprobs_mode="processed_logprobs"``). Thi
   do not come from the trained policy.
 * :func:`check_engine`: ``engine: vllm`` without a CUDA GPU and the vllm package is a clear error.
 
-Untested on a GPU (no GPU is lent to this project's machines): the CPU tests drive TRL's real colocate
+Not yet run on a GPU with vLLM (docs/gpus.md says what has run): the CPU tests drive TRL's real colocate
 code path with a fake ``vllm.LLM`` (tests/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
 """
 
