@@ -142,6 +142,8 @@ class TrainConfig(Strict):
     max_prompt_length: int | None = Field(None, gt=0)  # training prompts longer than this many tokens are dropped or cut (prompt_overflow; paper 002: 512)
     prompt_overflow: Literal["drop", "truncate_left"] = Field("drop", json_schema_extra={"signature_omits_default": True})  # a prompt over max_prompt_length: dropped, or its last tokens kept (verl's left truncation, papers 002/003/004)
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
+    micro_batch_size: int | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # sequences per forward/backward, gradients accumulated over the update's batch (memory, not results); null = the whole batch, auto = the memory plan's on the job's GPU
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field("auto", json_schema_extra={"runtime": True})  # recompute activations in the backward (memory for time); auto = on for GPU cells
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":
@@ -152,6 +154,8 @@ class TrainConfig(Strict):
                              f"train.prompts_per_step ({self.prompts_per_step})")
         if self.prompt_overflow == "truncate_left" and self.max_prompt_length is None:
             raise ValueError("train.prompt_overflow truncate_left needs train.max_prompt_length (how many tokens to keep)")
+        if isinstance(self.micro_batch_size, int) and self.micro_batch_size <= 0:
+            raise ValueError(f"train.micro_batch_size must be a positive number of sequences, 'auto' or null; got {self.micro_batch_size}")
         if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):
             raise ValueError(f"train.dual_clip must exceed 1 + the upper clip ({1 + (self.epsilon_high or self.epsilon)})")
         return self
@@ -243,11 +247,19 @@ class RolloutConfig(Strict):
     sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
         False, json_schema_extra={"runtime": True})
     max_model_length: int | None = Field(None, gt=0)  # vllm: context length; null = train.max_prompt_length + max_completion_length (the model's own when prompts have no limit)
+    generation_batch_size: int | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # hf engine: sequences generated at once (KV-cache memory, not results); null = the whole batch, auto = the memory plan's
     enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
     freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
     vllm_mode: Literal["colocate"] = Field(  # vllm: in the trainer's process on its GPU (where vLLM runs, not what it samples)
         "colocate", json_schema_extra={"runtime": True})
+
+    @field_validator("generation_batch_size")
+    @classmethod
+    def _positive_chunk(cls, v: Any) -> Any:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError(f"rollout.generation_batch_size must be a positive number of sequences, 'auto' or null; got {v}")
+        return v
 
     @field_validator("vllm_mode", mode="before")
     @classmethod
