@@ -18,3 +18,16 @@ def _restore_environ():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fake_vllm_process():
+    """One test, one process as far as tests/fake_vllm.py knows: it refuses a second engine in a process
+    (vLLM does not free an engine's memory on ``del``), so the engines a test built are forgotten after it."""
+    import sys
+
+    yield
+    for name in ("fake_vllm", "tests.fake_vllm"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            mod.LLM.instances = []

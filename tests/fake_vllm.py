@@ -3,6 +3,9 @@
 Checked against vLLM 0.31.0's source (the wheel's vllm/entrypoints/llm.py, vllm/sampling_params.py,
 vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vllm/engine/arg_utils.py):
 
+* One engine per process: vLLM does not free an engine's GPU memory on ``del``, so a second ``LLM`` in a process
+  fails its startup memory check (vllm/v1/worker/utils.py ``request_memory``); the fake refuses any second ``LLM``
+  (``LLM.instances``; tests/conftest.py empties it per test: one test, one process).
 * ``LLM(model, **kw)``: ``kw`` must be one of LLM's named parameters or an ``EngineArgs`` field
   (else TypeError, as the EngineArgs dataclass raises); ``max_lora_rank`` in vLLM's Literal set;
   ``logprobs_mode`` in its Literal set; ``gpu_memory_utilization`` in (0, 1].
@@ -18,6 +21,9 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   generating after ``wake_up`` without re-pushing the weights gives NaN logprobs, as on a GPU.
 * ``llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, tensor)])``: the
   path TRL's colocate sync uses; an unknown name raises KeyError, a wrong shape raises, like vLLM's loaders.
+  It exists only for an in-process engine core (``distributed_executor_backend="external_launcher"``, as TRL
+  builds it: vllm/config/parallel.py then sets VLLM_ENABLE_V1_MULTIPROCESSING=0, and only then does
+  vllm/v1/engine/llm_engine.py set ``self.model_executor``); a default engine runs its core in another process.
 * ``SamplingParams``: the fields of vLLM 0.31.0 only (TypeError otherwise) and ``_verify_args``'s checks:
   temperature in [0, 2], top_p in (0, 1], integer top_k >= -1, min_p in [0, 1], max_tokens >= 1, ...
 * Outputs: ``RequestOutput(prompt_token_ids, outputs=[CompletionOutput(index, text, token_ids,
@@ -179,6 +185,10 @@ class LLM:
             raise ValueError(f"max_lora_rank must be one of {MAX_LORA_RANKS}, got {kw.get('max_lora_rank')}")
         if kw.get("logprobs_mode", "raw_logprobs") not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
+        if LLM.instances:  # vLLM does not free an engine's GPU memory on `del`: the next one fails this check
+            raise ValueError(  # vllm/v1/worker/utils.py request_memory (0.26 and 0.31)
+                f"Free memory on device cuda:0 (0.0/79.2 GiB) on startup is less than desired GPU memory utilization "
+                f"({kw.get('gpu_memory_utilization', 0.92)}): {len(LLM.instances)} engine(s) already built in this process")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.kwargs = dict(model=model, **kw)
@@ -197,10 +207,11 @@ class LLM:
         self.adapters: dict[int, Any] = {}  # lora_int_id -> model with that adapter applied (vLLM's LoRA cache)
         self.adapter_loads = 0
         max_len = kw.get("max_model_len") or self.hf_model.config.max_position_embeddings
-        self.llm_engine = SimpleNamespace(
-            model_config=SimpleNamespace(max_model_len=max_len),
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(
-                model=_Runner(self)))))
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(
+            max_model_len=max_len, logprobs_mode=kw.get("logprobs_mode", "raw_logprobs")))
+        if kw.get("distributed_executor_backend") == "external_launcher":  # in-process engine core only then
+            self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(
+                model_runner=SimpleNamespace(model=_Runner(self))))
         LLM.instances.append(self)
 
     # ---------------------------------------------------------------- engine control
@@ -325,6 +336,11 @@ class LLM:
             past, logits_V = out.past_key_values, out.logits[0, -1]
         text = self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens)
         return CompletionOutput(index, text, token_ids, None, logprobs if sp.logprobs is not None else None, finish)
+
+
+def fresh_process() -> None:
+    """Forget the engines built so far: what follows runs as in a new process (vLLM: one engine per process)."""
+    LLM.instances = []
 
 
 def install(monkeypatch, stale: bool = False) -> type[LLM]:

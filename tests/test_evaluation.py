@@ -207,7 +207,7 @@ def study(tmp_path, monkeypatch):
     for name in ("synthetic", "gsm8k"):
         golds.update({p.prompt: p.gold for p in ev.load_problems(name, study_cells(s)[0].config)})
     backend = OracleBackend(golds)
-    monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir: backend)
+    monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir, plan=None: backend)
     monkeypatch.delenv(plan.TARGET_ENV, raising=False)
     tracker = Tracker(res, s.name)
     for cell in study_cells(s):

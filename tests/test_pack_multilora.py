@@ -83,6 +83,7 @@ def test_fake_refuses_what_vllm_refuses(tiny_dir, tmp_path):
         llm.generate(p, [api.SamplingParams(max_tokens=2)], lora_request=reqs[0])
     with pytest.raises(ValueError, match="greater than max_lora_rank"):
         llm.generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs)
+    fake_vllm.fresh_process()  # each engine below in a process of its own (vLLM: one engine per process)
     with pytest.raises(ValueError, match="LoRA is not enabled"):
         api.LLM(str(tiny_dir)).generate(p[:1], api.SamplingParams(max_tokens=2), lora_request=reqs[0])
     with pytest.raises(ValueError, match="largest max_lora_rank"):
@@ -109,6 +110,7 @@ def test_engine_limits_come_from_the_saved_adapters(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="greater than max_lora_rank"):  # the cell's rank as the limit: refused
         api.LLM(str(tiny_dir), **engine_lora_kwargs([cell_r, cell_r])).generate(
             p, api.SamplingParams(max_tokens=2), lora_request=reqs)
+    fake_vllm.fresh_process()
     out = api.LLM(str(tiny_dir), **kw).generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs)
     assert len(out) == 2
     cfg_path = tmp_path / "res" / "adapter_config.json"

@@ -97,3 +97,92 @@ def test_each_problem_and_sample_draws_its_own_noise(tiny):
     assert again == texts  # the cell seed replays the evaluation
     other = [[c.text for c in req] for req in backend.generate([PROMPTS[0]] * 3, protocol, seed=6)]
     assert other != texts
+
+
+# ------------------------------------------------------------------ one engine per evaluation job
+def test_fake_refuses_a_second_engine_in_a_process(tiny):
+    """vLLM does not free an engine's GPU memory on `del`: a second engine fails its startup memory check."""
+    api = fake_vllm.api()
+    first = api.LLM(str(tiny["base"]))
+    del first
+    with pytest.raises(ValueError, match="less than desired GPU memory utilization"):
+        api.LLM(str(tiny["base"]))
+
+
+def _greedy(backend):
+    return [x[0].text for x in backend.generate(PROMPTS, GREEDY)]
+
+
+def test_lora_snapshots_share_one_engine_as_lora_requests(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)  # the fake applies each request's adapter
+    second = _second_lora(tiny, tmp_path)
+    plan = [(tiny["base"], tiny["lora"]), (tiny["base"], second), (tiny["base"], None)]
+    backend = VLLMBackend(tiny["base"], tiny["lora"], plan=plan, api=fake_vllm.api(), max_model_len=256)
+    assert backend.mode == "lora" and backend.llm.kwargs["max_lora_rank"] == 16  # the largest rank (12) fits
+    got = [_greedy(backend)]
+    backend.select(tiny["base"], second)
+    got.append(_greedy(backend))
+    backend.select(tiny["base"], None)
+    got.append(_greedy(backend))
+    assert len(fake_vllm.LLM.instances) == 1 and backend.lora_ids == {str(tiny["lora"]): 1, str(second): 2}
+    assert got == [_greedy(HFBackend(tiny["base"], a)) for a in (tiny["lora"], second, None)]
+    assert got[0] != got[1]
+
+
+def test_snapshots_vllm_cannot_serve_are_pushed_into_one_engine(tiny, tmp_path):
+    plan = [(tiny["base"], tiny["dora"]), (tiny["base"], tiny["lora"]), (tiny["base"], None)]
+    backend = VLLMBackend(tiny["base"], tiny["dora"], plan=plan, merge_dir=tmp_path / "d", api=fake_vllm.api())
+    assert backend.mode == "merged" and "DoRA" in backend.merged_from
+    assert backend.llm.kwargs["distributed_executor_backend"] == "external_launcher"  # load_weights in-process
+    got = [_greedy(backend)]
+    backend.select(tiny["base"], tiny["lora"], tmp_path / "l")
+    got.append(_greedy(backend))
+    backend.select(tiny["base"], None)  # the base's own weights pushed back
+    got.append(_greedy(backend))
+    assert len(fake_vllm.LLM.instances) == 1 and backend.pushes == 2
+    assert got == [_greedy(HFBackend(tiny["base"], a)) for a in (tiny["dora"], tiny["lora"], None)]
+
+
+def _second_lora(tiny, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(2)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny["base"]),
+                           LoraConfig(r=12, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(4.0)
+    model.save_pretrained(tmp_path / "snap")
+    return tmp_path / "snap"
+
+
+def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
+    """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
+    vLLM's memory check, as the fake does), each target generated from its own adapter."""
+    from lorarl.evaluate import main as ev
+    from lorarl.evaluate import vllm_backend
+    from lorarl.evaluate.benchmarks import Problem
+    from lorarl.matrix import Cell
+
+    monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
+    monkeypatch.setattr(vllm_backend, "_vllm_api", fake_vllm.api)
+    second = _second_lora(tiny, tmp_path)
+    cfg = CellConfig.model_validate({"eval": {"backend": "vllm", "benchmarks": {"synthetic": {
+        "protocol": {"kind": "greedy", "temperature": 0, "n": 1, "ks": [1], "max_new_tokens": 6}}}}})
+    monkeypatch.setattr(ev, "requested_targets", lambda cfg, is_base, targets=None: [("synthetic", None), ("synthetic", 5)])
+    monkeypatch.setattr(ev, "weights_for", lambda cfg, res, study, cell, is_base, step:
+                        (tiny["base"], tiny["lora"] if step is None else second))
+    monkeypatch.setattr(ev, "load_problems", lambda name, cfg: [Problem(str(k), p, "1") for k, p in enumerate(PROMPTS)])
+    monkeypatch.setattr(ev, "log_to_mlflow", lambda *a, **k: None)
+    ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
+    assert len(fake_vllm.LLM.instances) == 1
+    llm = fake_vllm.LLM.instances[0]
+    assert sorted(llm.adapters) == [1, 2] and llm.kwargs["max_lora_rank"] == 16
+    out = tmp_path / "res" / "s" / "c" / "eval"
+    texts = {f.name: [json.loads(line)["completion"] for line in f.read_text().splitlines()]
+             for f in out.glob("*.jsonl")}
+    assert sorted(texts) == ["synthetic.jsonl", "synthetic@5.jsonl"]
+    assert texts["synthetic@5.jsonl"] != texts["synthetic.jsonl"]

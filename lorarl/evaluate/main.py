@@ -94,13 +94,17 @@ def weights_for(cfg: Any, results_dir: str | Path, study: str, cell_id: str, is_
     return str(src), None  # full fine-tuning (or a masked full update): a complete model
 
 
-def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_dir: Path) -> Any:
-    """The generation backend of ``eval.backend`` (``vllm``: GPU only, untested on CPU)."""
+def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_dir: Path,
+                 plan: list | None = None) -> Any:
+    """The generation backend of ``eval.backend`` (``vllm``: GPU only, tested with tests/fake_vllm.py).
+
+    ``plan``: every (model path, adapter) the job evaluates; the vLLM backend builds ONE engine for all of them
+    (:meth:`lorarl.evaluate.vllm_backend.VLLMBackend.select` moves it on), HF one model per weight set."""
     ev = cfg.eval
     if ev.backend == "vllm":
         from lorarl.evaluate.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model_path, adapter, merge_dir=merge_dir, seed=cfg.seed,
+        return VLLMBackend(model_path, adapter, plan=plan, merge_dir=merge_dir, seed=cfg.seed,
                            prompt_config=cfg.prompt)
     from lorarl.evaluate.backends import HFBackend
 
@@ -211,10 +215,16 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     warn_sampled_on_hf(cfg)  # AIME-style n x 32k sampling with HF generate on a GPU is almost surely a mistake
     problems: dict[str, list] = {}
     summaries: list[dict] = []
-    for step in dict.fromkeys(s for _, s in wanted):  # one model load per set of weights
-        model_path, adapter = weights_for(cfg, results_dir, study, cell.id, is_base, step)
+    steps = list(dict.fromkeys(s for _, s in wanted))  # one model load per set of weights
+    weights = {step: weights_for(cfg, results_dir, study, cell.id, is_base, step) for step in steps}
+    backend = None
+    for step in steps:
+        model_path, adapter = weights[step]
         merge_dir = cdir / ".merged" / ("final" if step is None else f"step-{step}")
-        backend = make_backend(cfg, model_path, adapter, merge_dir)
+        if hasattr(backend, "select"):  # vLLM: one engine per job (a second engine fails vLLM's memory check)
+            backend.select(model_path, adapter, merge_dir)
+        else:
+            backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps])
         for name, s in wanted:
             if s != step:
                 continue
@@ -228,7 +238,8 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             summaries.append(run_benchmark(backend, get_benchmark(name), problems[name], out_dir,
                                            protocol=protocol_for(name, spec, cfg.eval), seed=cfg.seed,
                                            step=step, meta=meta, grading=cell_grading(cfg, name)))
-        del backend
+        if not hasattr(backend, "select"):
+            backend = None  # HF: free this weight set's model before the next is loaded
     log_to_mlflow(study, cell, results_dir, is_base, summaries)
     return {format_target(s["benchmark"], s["step"]): {k: m["value"] for k, m in s["metrics"].items()}
             for s in summaries}

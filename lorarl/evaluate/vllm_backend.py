@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.protocols import Protocol
 
-__all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "VLLM_LORA_RANKS"]
+__all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "serving_mode", "VLLM_LORA_RANKS"]
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM 0.31.0 accepts
 VLLM_MAX_TEMPERATURE = 2.0  # SamplingParams._verify_args: temperature must be in [0, 2]
@@ -80,6 +80,57 @@ def request_seed(seed: int, problem: int, n: int) -> int:
     return seed * 1_000_003 + problem * n
 
 
+def serving_mode(plan: Sequence[tuple[Any, Any]], merge: bool = False) -> tuple[str, str]:
+    """How one engine serves every weight set of a job: ``lora`` (the same base, every adapter a LoRA vLLM can
+    apply at run time), else ``merged`` (complete models, later ones pushed), with the reason for merging."""
+    if merge:
+        return "merged", "merge requested"
+    if len({str(m) for m, _ in plan}) > 1:
+        return "merged", "the job's weight sets are complete models (full fine-tuning snapshots)"
+    for _, adapter in plan:
+        if adapter is not None:
+            ok, why = lora_servable(adapter, VLLM_LORA_RANKS[-1])
+            if not ok:
+                return "merged", why
+    return ("lora", "") if any(a is not None for _, a in plan) else ("merged", "")
+
+
+def inprocess_engine_kwargs() -> dict[str, Any]:
+    """``vllm.LLM`` arguments for an engine whose model lives in this process (what TRL's colocate mode builds):
+    the external-launcher executor turns vLLM's engine-core process off (vllm/config/parallel.py sets
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``llm_engine.model_executor`` exists (vllm/v1/engine/llm_engine.py)
+    and weights can be pushed with ``load_weights``; it reads torch.distributed's variables of a 1-rank world."""
+    import os
+    import socket
+
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(k, v)
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    return {"distributed_executor_backend": "external_launcher"}
+
+
+def model_weights(model_dir: str | Path) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) of a saved model folder's safetensors (what ``load_weights`` takes)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights to push into the engine")
+    for f in files:
+        yield from load_file(str(f)).items()
+
+
+def push_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """Load weights into a running in-process engine (TRL's colocated sync path), then drop the prefix cache
+    (its KV entries were computed with the previous weights)."""
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    model.load_weights(list(weights))
+    llm.reset_prefix_cache()
+
+
 def _vllm_api() -> Any:
     import vllm  # noqa: PLC0415 - GPU-only dependency
     from vllm.lora.request import LoRARequest
@@ -88,15 +139,22 @@ def _vllm_api() -> Any:
 
 
 class VLLMBackend:
-    """vLLM ``LLM.generate`` with an optional adapter (LoRA request, or merged first).
+    """vLLM ``LLM.generate`` over one engine per evaluation job, with an optional adapter.
 
-    ``max_lora_rank`` defaults to the smallest rank vLLM accepts that fits the adapter.
-    ``merge_dir`` is where a merged model is written when the adapter must be merged (default:
-    ``<adapter>/merged``).  ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``max_model_len``,
-    ``gpu_memory_utilization``, ``tensor_parallel_size``).
+    ``plan``: every weight set (model path, adapter path or None) the job evaluates, in order; default the one
+    given. vLLM does not reliably free an engine's GPU memory on ``del`` (a second ``vllm.LLM`` in the process
+    fails its startup memory check, vllm/v1/worker/utils.py ``request_memory``), so the job builds ONE engine and
+    :meth:`select` moves it from one weight set to the next: as LoRA requests (every set is the base plus a
+    servable LoRA: one ``lora_int_id`` per adapter, ``max_lora_rank`` fitting the largest) or as merged weights
+    pushed into the engine (a set vLLM cannot serve as a LoRA, a full fine-tuning snapshot, ``merge``): the
+    first set is what the engine loads, every later one is pushed (``load_weights``, the path TRL's colocated
+    sync uses; it needs vLLM's in-process executor, :func:`inprocess_engine_kwargs`).
+    ``merge_dir``: where a merged model is written (default ``<adapter>/merged``). ``llm_kwargs`` go to
+    ``vllm.LLM`` (e.g. ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``).
     """
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
+                 plan: Sequence[tuple[str | Path, str | Path | None]] | None = None,
                  merge: bool = False, merge_dir: str | Path | None = None,
                  max_lora_rank: int | None = None, dtype: str = "auto", seed: int = 0,
                  use_chat_template: bool | None = None, prompt_config: Any = None, api: Any = None,
@@ -105,27 +163,61 @@ class VLLMBackend:
         from lorarl.evaluate.backends import plain_prompt_config
 
         self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
+        plan = list(plan) if plan is not None else [(model_path, adapter_path)]
+        self.mode, why = serving_mode(plan, merge)
         self.lora_request = None
-        self.merged_from: str | None = None
+        self.merged_from: str | None = why or None
+        self.lora_ids: dict[str, int] = {}  # adapter path -> lora_int_id (one per snapshot adapter)
+        self.lora_names: dict[str, str] = {}  # adapter path -> lora_name
+        self.pushes = 0  # weight sets pushed into the engine after it was built
         llm_args: dict[str, Any] = dict(model=str(model_path), dtype=dtype, seed=seed, **llm_kwargs)
-        if adapter_path is not None:
-            servable, why = lora_servable(adapter_path, VLLM_LORA_RANKS[-1])
-            if merge or not servable:
-                from lorarl.evaluate.backends import merge_adapter
-
-                out = Path(merge_dir) if merge_dir else Path(adapter_path) / "merged"
-                llm_args["model"] = str(merge_adapter(model_path, adapter_path, out))
-                self.merged_from = why or "merge requested"
-            else:
-                rank = int(json.loads((Path(adapter_path) / "adapter_config.json").read_text())["r"])
-                llm_args.update(enable_lora=True, max_loras=1,
-                                max_lora_rank=next(r for r in VLLM_LORA_RANKS
-                                                   if r >= max(rank, max_lora_rank or 0)))
-                self.lora_request = self.api.LoRARequest(
-                    lora_name=Path(adapter_path).name or "adapter", lora_int_id=1,
-                    lora_path=str(adapter_path))
+        if self.mode == "lora":
+            ranks = [int(json.loads((Path(a) / "adapter_config.json").read_text())["r"]) for _, a in plan if a]
+            llm_args.update(enable_lora=True, max_loras=1,
+                            max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max(*ranks, max_lora_rank or 0)))
+            self.loaded = str(model_path)
+        else:
+            self.loaded = self._plain_dir(model_path, adapter_path, merge_dir)
+            self._dirs = {(str(model_path), str(adapter_path) if adapter_path is not None else None): self.loaded}
+            llm_args["model"] = self.loaded
+            if len({(str(m), str(a)) for m, a in plan}) > 1:
+                llm_args.update(inprocess_engine_kwargs())  # later sets are pushed into this process's engine
         self.llm_args = llm_args
         self.llm = self.api.LLM(**llm_args)
+        self.select(model_path, adapter_path, merge_dir)
+
+    def _plain_dir(self, model_path: str | Path, adapter: str | Path | None, merge_dir: str | Path | None) -> str:
+        """The folder of a complete model holding this weight set (an adapter is merged into its base there)."""
+        if adapter is None:
+            return str(model_path)
+        from lorarl.evaluate.backends import merge_adapter
+
+        return str(merge_adapter(model_path, adapter, Path(merge_dir) if merge_dir else Path(adapter) / "merged"))
+
+    def select(self, model_path: str | Path, adapter_path: str | Path | None = None,
+               merge_dir: str | Path | None = None) -> None:
+        """Point the engine at one weight set of the plan (a LoRA request, or its merged weights pushed)."""
+        if self.mode == "lora":
+            if str(model_path) != self.loaded:
+                raise ValueError(f"{model_path}: not the base this LoRA engine serves ({self.loaded})")
+            if adapter_path is None:
+                self.lora_request = None
+                return
+            key = str(adapter_path)
+            if key not in self.lora_ids:  # vLLM tells adapters apart by lora_name (LoRARequest.__eq__): unique names
+                self.lora_ids[key] = len(self.lora_ids) + 1
+                name = Path(key).name or "adapter"
+                self.lora_names[key] = name if name not in self.lora_names.values() else f"{name}-{self.lora_ids[key]}"
+            self.lora_request = self.api.LoRARequest(lora_name=self.lora_names[key], lora_int_id=self.lora_ids[key],
+                                                     lora_path=key)
+            return
+        key = (str(model_path), str(adapter_path) if adapter_path is not None else None)
+        if key not in self._dirs:
+            self._dirs[key] = self._plain_dir(model_path, adapter_path, merge_dir)
+        if self._dirs[key] != self.loaded:
+            push_weights(self.llm, model_weights(self._dirs[key]))
+            self.loaded = self._dirs[key]
+            self.pushes += 1
 
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:

@@ -24,11 +24,13 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
     import torch
     from transformers import AutoTokenizer
 
+    from lorarl.evaluate.vllm_backend import inprocess_engine_kwargs
     from lorarl.train.rollout import effective_named_params
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
-    llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0)
+    llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0,
+                  **inprocess_engine_kwargs())  # load_weights needs the engine core in this process
     policy = _trained_lora(model_dir, rank, alpha, device)
     _draw_b(policy, 0, 0.02)  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
     target = llm.llm_engine.model_executor.driver_worker.model_runner.model
