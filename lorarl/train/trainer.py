@@ -39,6 +39,7 @@ from trl import GRPOTrainer
 from lorarl.train import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.train.divergence import nan_reward_fault
+from lorarl.train.microbatch import MicroBatching
 from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
@@ -75,7 +76,7 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(MicroBatching, LeftTruncation, GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
@@ -347,11 +348,10 @@ class LorarlGRPOTrainer(LeftTruncation, GRPOTrainer):
             self._log("kl", klmod.masked_mean(kl_BT.detach(), mask_BT).item(), mode)
             self._log_kl_ref(logp_BT.detach(), ref_BT, mask_BT, mode)
         if mode == "train" and torch.is_grad_enabled():
-            last = self._last_batch
-            if last is not None and last[0] is inputs:  # a later pass over the same batch: the last update's KL is free
-                self._log_kl_new_old(logp_BT.detach(), last[1], mask_BT, "/update")
-            self._last_batch = (inputs, logp_BT.detach())
-            self._step_tokens += float(mask_BT.sum())
+            if self._micro_parts is not None:  # one chunk of a micro-batched update (lorarl.train.microbatch)
+                self._micro_parts.append(logp_BT.detach())
+            else:
+                self._remember_batch(inputs, logp_BT.detach(), mask_BT)
         return loss
 
     # ------------------------------------------------------------------ monitors

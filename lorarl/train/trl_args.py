@@ -38,6 +38,11 @@ def context_budget(t: Any) -> int | None:
     return t.max_prompt_length + t.max_completion_length if t.max_prompt_length else None
 
 
+def checkpointing(setting: str, use_cpu: bool) -> bool:
+    """``train.gradient_checkpointing``: on, off, or auto = on for a cell that trains on a GPU."""
+    return setting == "on" or (setting == "auto" and not use_cpu)
+
+
 def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
     """GRPOConfig from the cell config: one training step = one generation batch of P prompts x G
     completions, split into ``train.updates_per_generation`` PPO mini-batches and passed over
@@ -85,6 +90,8 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         bf16=autocast_bf16(precision),
         disable_tqdm=False,
         dataloader_num_workers=0,
+        gradient_checkpointing=checkpointing(t.gradient_checkpointing, use_cpu),  # activations recomputed in the backward
+        gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen embeddings (PEFT) and no_grad forwards
         **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     )
 
@@ -98,6 +105,7 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
 
     from lorarl.rewards.outcome import settings_of
     from lorarl.rewards.registry import build_regime
+    from lorarl.train.microbatch import micro_size
     from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
@@ -111,5 +119,6 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
         grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
+    trainer.micro_batch_size = micro_size(t.micro_batch_size)  # rows per forward/backward (lorarl.train.microbatch)
     trainer.prompt_keep = prompt_keep(t)  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
     return trainer

@@ -1,0 +1,125 @@
+"""Micro-batched updates for the solo trainer: the same optimiser step in less memory.
+
+``train.micro_batch_size`` = m sequences per forward/backward. One optimiser update is TRL's whole
+per-device batch (the PPO mini-batch, or the rollout batch with one update per step); the mixin splits
+it into chunks of m rows (the last one may be shorter), scales each chunk's loss by its exact share of
+the update's normaliser and back-propagates chunk by chunk, so the gradients equal those of one
+forward/backward over the batch (to float rounding) for every ``loss_type`` and both KL aggregations:
+
+=========  ==================================================  =========================
+loss_type  the update's loss (TRL 1.16 ``_compute_loss``)      chunk c's share
+=========  ==================================================  =========================
+grpo       mean over sequences of (token sum / length)          rows_c / rows
+bnpo       token sum / tokens of the batch                      tokens_c / tokens
+dr_grpo    token sum / (rows x max_completion_length)            rows_c / rows
+dapo       token sum / tokens of the generation batch           1 (chunk-independent)
+=========  ==================================================  =========================
+
+Why not TRL's own ``per_device_train_batch_size = m`` with ``gradient_accumulation_steps``: TRL divides
+each chunk's grpo/bnpo/dr_grpo loss by the number of chunks, which equals the unbatched loss only for
+equal chunks and, for bnpo, equal token counts per chunk; it also changes what ``steps_per_generation``
+and TRL's step counters mean (the KL monitors, logging cadence and checkpoint boundaries count on them).
+Here TRL keeps its batch shapes and counters; only the forward/backward is chunked.
+
+Per-token and per-sequence terms (advantages, PPO ratios at either level, dual clip, the KL term and
+its importance weight, vLLM's importance-sampling ratio) are row-local, so a chunk computes them alone.
+Metrics TRL and lorarl log inside the loss (clip ratios, entropy, ``kl``) become means over the chunks of
+the update. The KL monitors see the whole batch: the chunks' log-probs are put back together.
+
+Every log-prob forward (policy, old policy, reference) takes at most m rows at a time, so the logits
+peak is bounded by the chunk; the fp32 log-softmax is TRL's, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ROW_KEYS_SKIP = ("num_items_in_batch",)  # batch-level scalars every chunk shares
+
+
+def micro_size(value: Any) -> int | None:
+    """``train.micro_batch_size`` as the trainer uses it: an int, or None for the whole batch (``auto``
+    unresolved, i.e. not on a GPU job, means the whole batch)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def split_rows(inputs: dict, m: int) -> list[dict]:
+    """The batch dict cut into chunks of ``m`` rows (the last may be shorter); tensors whose first
+    dimension is the batch are sliced, everything else (``num_items_in_batch``) is shared."""
+    B = inputs["completion_ids"].size(0)
+    chunks = []
+    for lo in range(0, B, m):
+        hi = min(lo + m, B)
+        chunks.append({k: (v[lo:hi] if _is_row_tensor(k, v, B) else v) for k, v in inputs.items()})
+    return chunks
+
+
+def _is_row_tensor(key: str, v: Any, B: int) -> bool:
+    return key not in ROW_KEYS_SKIP and isinstance(v, torch.Tensor) and v.dim() >= 1 and v.size(0) == B
+
+
+def chunk_share(loss_type: str, chunk_mask_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """The factor that turns a chunk's loss (as TRL aggregates it over the chunk alone) into its part of
+    the whole batch's loss (table in the module docstring)."""
+    if loss_type in ("grpo", "dr_grpo"):
+        return chunk_mask_BT.size(0) / mask_BT.size(0)
+    if loss_type == "bnpo":
+        total = float(mask_BT.sum())
+        return float(chunk_mask_BT.sum()) / total if total > 0 else 0.0
+    if loss_type == "dapo":
+        return 1.0
+    raise ValueError(f"micro-batching supports loss_type grpo, bnpo, dr_grpo, dapo; got {loss_type!r}")
+
+
+def _mask(inputs: dict) -> torch.Tensor:
+    mask_BT = inputs["completion_mask"]
+    return mask_BT * inputs["tool_mask"] if "tool_mask" in inputs else mask_BT
+
+
+class MicroBatching:
+    """Mixin for :class:`lorarl.train.trainer.LorarlGRPOTrainer`: ``micro_batch_size`` rows per
+    forward/backward (None = the whole batch, TRL's own path)."""
+
+    micro_batch_size: int | None = None
+    _micro_parts: list | None = None  # while a micro-batched update runs: its chunks' log-probs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        m = self.micro_batch_size
+        B = inputs["completion_ids"].size(0)
+        if not m or m >= B or not (self.model.training and torch.is_grad_enabled()):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if return_outputs:
+            raise ValueError("The GRPOTrainer does not support returning outputs")
+        mask_BT = _mask(inputs)
+        chunks = split_rows(inputs, m)
+        done = torch.zeros((), device=mask_BT.device)
+        logps = []
+        self._micro_parts = logps  # _compute_loss appends each chunk's detached log-probs here
+        try:
+            for i, chunk in enumerate(chunks):
+                loss = self._compute_loss(model, chunk) * chunk_share(self.loss_type, _mask(chunk), mask_BT)
+                if i == len(chunks) - 1:  # the Trainer back-propagates the returned loss: the last chunk's graph
+                    break
+                self.accelerator.backward(loss)
+                done = done + loss.detach()
+        finally:
+            self._micro_parts = None
+        self._remember_batch(inputs, torch.cat(logps, dim=0), mask_BT)
+        return loss + done  # value: the whole update's loss; gradient: the last chunk's (the rest is applied)
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        m = self.micro_batch_size
+        if m and (kwargs.get("batch_size") is None or kwargs["batch_size"] > m):
+            kwargs["batch_size"] = m  # at most m rows of full-vocabulary logits at once
+        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+    def _remember_batch(self, inputs: dict, logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> None:
+        """After an update's loss: keep its batch and log-probs for the KL monitors; a later pass over the
+        same batch (num_iterations > 1) gives the previous update's KL(new || old) for free."""
+        last = self._last_batch
+        if last is not None and last[0] is inputs:
+            self._log_kl_new_old(logp_BT, last[1], mask_BT, "/update")
+        self._last_batch = (inputs, logp_BT)
+        self._step_tokens += float(mask_BT.sum())
