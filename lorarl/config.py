@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
 from lorarl.numbers import NoBoolNumbers
+from lorarl.sampler_logprobs import sampler_logprobs_mismatch
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
@@ -253,6 +254,10 @@ class RolloutConfig(Strict):
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
     vllm_mode: Literal["colocate"] = Field(  # vllm: in the trainer's process on its GPU (where vLLM runs, not what it samples)
         "colocate", json_schema_extra={"runtime": True})
+    logprobs_mode: Literal["processed", "raw"] = Field("processed", json_schema_extra={"signature_omits_default": True})  # vllm: the sampler's logprobs the IS ratio and freshness gate read: after temperature/top-p (renormalised over the nucleus; TRL's) or of the raw logits (before temperature)
+    importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field("sequence_mask", json_schema_extra={"signature_omits_default": True})  # vllm: TRL's correction of sampler/trainer mismatch in the loss (ratios outside the bounds masked or clipped); TRL's default
+    importance_sampling_cap: float | None = Field(3.0, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: upper bound of the IS ratio (TRL's 3.0); null = none
+    importance_sampling_floor: float | None = Field(None, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: lower bound of the IS ratio; null = none (TRL's)
 
     @field_validator("generation_batch_size")
     @classmethod
@@ -260,6 +265,14 @@ class RolloutConfig(Strict):
         if isinstance(v, int) and v <= 0:
             raise ValueError(f"rollout.generation_batch_size must be a positive number of sequences, 'auto' or null; got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _is_bounds(self) -> "RolloutConfig":
+        lo, hi = self.importance_sampling_floor, self.importance_sampling_cap  # TRL's GRPOConfig checks, named
+        if (lo is None and hi is None and self.importance_sampling.endswith("truncate")) or (lo or 0) >= (hi or float("inf")):
+            raise ValueError(f"rollout.importance_sampling {self.importance_sampling!r} needs importance_sampling_floor "
+                             f"< importance_sampling_cap, at least one set for a truncate mode; got {lo} and {hi}")
+        return self
 
     @field_validator("vllm_mode", mode="before")
     @classmethod
@@ -380,4 +393,7 @@ class CellConfig(Strict):
         if self.rollout.engine == "vllm" and self.train.temperature > 2.0:  # vLLM SamplingParams: [0, 2]
             raise ValueError(f"train.temperature {self.train.temperature} with rollout.engine vllm: vLLM accepts "
                              "temperatures in [0, 2]")
+        why = sampler_logprobs_mismatch(self.rollout.logprobs_mode, self.train.temperature, self.train.top_p)
+        if self.rollout.engine == "vllm" and why:
+            raise ValueError(why)
         return self

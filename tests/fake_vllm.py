@@ -28,8 +28,9 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   temperature in [0, 2], top_p in (0, 1], integer top_k >= -1, min_p in [0, 1], max_tokens >= 1, ...
 * Outputs: ``RequestOutput(prompt_token_ids, outputs=[CompletionOutput(index, text, token_ids,
   cumulative_logprob, logprobs=[{token_id: Logprob(logprob, rank, decoded_token)}], finish_reason)])``;
-  the sampled token's logprob is "processed" (after temperature, top-k, top-p), as TRL requests with
-  ``logprobs_mode="processed_logprobs"``; EOS is included in ``token_ids`` (finish_reason "stop").
+  the sampled token's logprob follows the engine's ``logprobs_mode`` (vLLM's default ``raw_logprobs``: the raw
+  logits' log_softmax, before temperature; ``processed_logprobs``, TRL's: after temperature and top-k/top-p,
+  renormalised over the kept tokens); EOS is included in ``token_ids`` (finish_reason "stop").
 
 ``stale=True`` makes ``load_weights`` accept and drop the update: the engine keeps sampling the
 weights it was built from (the stale-rollout bug the freshness gate exists for).
@@ -248,19 +249,32 @@ class LLM:
         if r > self.kwargs.get("max_lora_rank", 16):
             raise ValueError(f"LoRA rank {r} is greater than max_lora_rank {self.kwargs.get('max_lora_rank', 16)}")
 
-    def _processed_logprobs(self, logits_V: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    def _processed_logits(self, logits_V: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+        """The logits vLLM samples from: temperature, then top-k and top-p masked to -inf (vllm/v1/sample/sampler.py
+        ``sample``; ops/topk_topp_sampler.py ``apply_top_k_top_p_pytorch``: ascending sort, a token is dropped when
+        the cumulative probability up to it is <= 1 - top_p, the most likely one always kept). Greedy: untouched."""
+        x = logits_V.float()
         if sp.temperature < 1e-5:
-            return torch.log_softmax(logits_V.float(), -1)
-        x = logits_V.float() / sp.temperature
+            return x
+        x = x / sp.temperature
         if sp.top_k and sp.top_k > 0:
             kth = torch.topk(x, min(sp.top_k, x.numel())).values[-1]
             x = x.masked_fill(x < kth, float("-inf"))
         if sp.top_p < 1.0:
-            probs = torch.softmax(x, -1)
-            sorted_p, idx = probs.sort(descending=True)
-            drop = sorted_p.cumsum(-1) - sorted_p > sp.top_p
+            srt, idx = x.sort()
+            drop = torch.softmax(srt, -1).cumsum(-1) <= 1 - sp.top_p
+            drop[-1] = False
+            x = x.clone()
             x[idx[drop]] = float("-inf")
-        return torch.log_softmax(x, -1)
+        return x
+
+    def _returned_logprobs(self, logits_V: torch.Tensor, processed_V: torch.Tensor) -> torch.Tensor:
+        """What ``logprobs`` reports under the engine's ``logprobs_mode`` (vLLM's default raw_logprobs: the raw
+        logits' log_softmax, before penalties and temperature; processed_*: after temperature and top-k/top-p)."""
+        mode = self.kwargs.get("logprobs_mode", "raw_logprobs")
+        if mode.startswith("raw"):
+            return torch.log_softmax(logits_V.float(), -1) if mode == "raw_logprobs" else logits_V.float()
+        return torch.log_softmax(processed_V, -1) if mode == "processed_logprobs" else processed_V
 
     def _adapter_model(self, lora_request) -> Any:
         """The model a request samples from: vLLM caches adapters by id (reloaded only when in place)."""
@@ -319,7 +333,8 @@ class LLM:
         past, token_ids, logprobs, finish = out.past_key_values, [], [], "length"
         logits_V = out.logits[0, -1]
         for _ in range(sp.max_tokens):
-            lp_V = self._processed_logprobs(logits_V, sp)
+            x_V = self._processed_logits(logits_V, sp)
+            lp_V = torch.log_softmax(x_V, -1)
             if sp.temperature < 1e-5:
                 tok = int(lp_V.argmax())
             else:
@@ -327,8 +342,9 @@ class LLM:
                 tok = int(torch.multinomial(probs, 1, generator=gen)) if probs.sum() > 0 else 0
             token_ids.append(tok)
             if sp.logprobs is not None:
-                rank = int((lp_V > lp_V[tok]).sum()) + 1
-                logprobs.append({tok: Logprob(float(lp_V[tok]), rank, self.tokenizer.decode([tok]))})
+                out_V = self._returned_logprobs(logits_V, x_V)
+                rank = int((out_V > out_V[tok]).sum()) + 1
+                logprobs.append({tok: Logprob(float(out_V[tok]), rank, self.tokenizer.decode([tok]))})
             if tok in eos:
                 finish = "stop"
                 break

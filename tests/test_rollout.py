@@ -274,3 +274,59 @@ def test_each_cell_seeds_its_engine(tiny_dir, tmp_path, monkeypatch):
     engines = [_trainer(tiny_dir, tmp_path / str(seed), monkeypatch, seed=seed, steps=1)[1] for seed in (3, 4)]
     assert [e.seed for e in engines] == [3, 4]
     assert [e.kwargs["seed"] for e in engines] == [3, 4]
+
+
+# ------------------------------------------------------------------ logprob modes and importance sampling
+def test_fake_returns_raw_or_processed_logprobs_as_vllm_does(tiny_dir):
+    """Under top_p < 1, vLLM's processed logprobs are renormalised over the nucleus (above the full-vocabulary
+    ones: the gate would read the gap as staleness); its raw logprobs are the full-vocabulary ones at temperature 1."""
+    model, tok = load(tiny_dir)
+    ids = tok("Q: 12+7=?\nA:")["input_ids"]
+    got = {}
+    for mode in ("processed_logprobs", "raw_logprobs"):
+        fake_vllm.fresh_process()
+        llm = fake_vllm.LLM(str(tiny_dir), logprobs_mode=mode)
+        sp = fake_vllm.SamplingParams(temperature=1.0, top_p=0.5, max_tokens=8, logprobs=0, seed=3)
+        c = llm.generate([{"prompt_token_ids": ids}], sp)[0].outputs[0]
+        with torch.no_grad():
+            logp_TV = torch.log_softmax(model(torch.tensor([ids + c.token_ids[:-1]])).logits[0, len(ids) - 1:].float(), -1)
+        full = logp_TV[torch.arange(len(c.token_ids)), torch.tensor(c.token_ids)]
+        got[mode] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]) - full
+    assert got["raw_logprobs"].abs().max() < 1e-4
+    assert (got["processed_logprobs"] > -1e-5).all() and got["processed_logprobs"].mean() > 0.05
+
+
+def test_logprob_mode_and_importance_sampling_are_per_cell_settings():
+    from lorarl.signature import train_signature
+
+    with pytest.raises(ValueError, match="renormalises them over the nucleus"):
+        CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"top_p": 0.9}})
+    with pytest.raises(ValueError, match="before temperature"):
+        CellConfig.model_validate({"rollout": {"engine": "vllm", "logprobs_mode": "raw"}, "train": {"temperature": 0.7}})
+    with pytest.raises(ValueError, match="importance_sampling_floor < importance_sampling_cap"):
+        RolloutConfig(importance_sampling="token_truncate", importance_sampling_cap=None)
+    cfg = CellConfig.model_validate({"rollout": {"engine": "vllm", "logprobs_mode": "raw", "importance_sampling": "token_truncate",
+                                                 "importance_sampling_cap": 2.0, "importance_sampling_floor": 0.5},
+                                     "train": {"top_p": 0.9}})
+    assert {k: v for k, v in rollout_fields(cfg.rollout).items() if "importance" in k} == {
+        "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 2.0, "vllm_importance_sampling_clip_min": 0.5}
+    base = CellConfig()
+    assert train_signature(base.model_copy(update={"rollout": RolloutConfig(logprobs_mode="processed")})) == train_signature(base)
+    for change in ({"logprobs_mode": "raw"}, {"importance_sampling": "token_mask"}, {"importance_sampling_cap": 2.0}):
+        assert train_signature(base.model_copy(update={"rollout": RolloutConfig(**change)})) != train_signature(base)
+
+
+@pytest.mark.slow
+def test_top_p_rollouts_with_raw_logprobs_are_fresh_and_processed_ones_are_refused(tiny_dir, tmp_path, monkeypatch, capsys):
+    """top_p = 0.5: the engine returns raw logprobs (the trainer's full-vocabulary ones at temperature 1), so a live
+    engine's gap stays at float noise; processed logprobs would differ by the nucleus mass: refused up front."""
+    rollout = RolloutConfig(engine="vllm", logprobs_mode="raw", freshness_threshold=0.02, freshness_patience=1)
+    trainer, llm = _trainer(tiny_dir, tmp_path, monkeypatch, rollout=rollout, steps=2, top_p=0.5)
+    assert llm.kwargs["logprobs_mode"] == "raw_logprobs"
+    assert trainer.rollout_settings["importance_sampling"] == "sequence_mask" and "logprobs_mode=raw_logprobs" in capsys.readouterr().out
+    trainer.train()
+    diffs = _metric(trainer, "rollout/logp_diff_mean")
+    assert len(diffs) == 2 and max(diffs) < 1e-3, diffs
+    with pytest.raises(ValueError, match="renormalises them over the nucleus"):
+        _trainer(tiny_dir, tmp_path / "p", monkeypatch, rollout=RolloutConfig(engine="vllm"), steps=2, top_p=0.5)

@@ -4,7 +4,11 @@ lorarl does not build its own vLLM integration: ``engine: vllm`` turns on TRL 1.
 ``vllm_mode="colocate"``; trl/generation/vllm_generation.py) and keeps every path it needs — weight sync
 before generation (``sync_weights`` whenever ``global_step`` moved), sleep/wake (``sleep(level=2)`` after
 each generation, ``wake_up(tags=["weights"])`` + a full re-push before the next), and the sampler's
-per-token logprobs (``logprobs=0``, ``logprobs_mode="processed_logprobs"``). This module adds:
+per-token logprobs (``logprobs=0``; ``logprobs_mode`` is the cell's ``rollout.logprobs_mode``). This module adds:
+
+* :func:`engine_kwargs` / :func:`attach_vllm`: the engine's seed, ``enforce_eager`` and logprob mode; after TRL
+  built it, the effective-weight push, the check that the engine's logprobs are comparable with the trainer's
+  (lorarl.sampler_logprobs), the settings applied printed, and the freshness gate.
 
 * :func:`effective_named_params`: what is pushed to vLLM. TRL merges the adapter in place, reads the
   weights, then ``unmerge_adapter()``s — in bf16 ``W + dW - dW != W``, so every sync nudges the frozen
@@ -80,6 +84,43 @@ def llm_extra_kwargs(**extra: Any) -> Iterator[None]:
         yield
     finally:
         vg.LLM = original
+
+
+def engine_kwargs(args: Any, rollout: Any) -> dict[str, Any]:
+    """What lorarl adds to the ``vllm.LLM(...)`` TRL builds: the cell's seed (TRL seeds every colocated engine 0),
+    ``enforce_eager``, and vLLM's ``logprobs_mode`` of ``rollout.logprobs_mode`` (TRL passes processed_logprobs)."""
+    from lorarl.sampler_logprobs import VLLM_LOGPROBS_MODES
+
+    if not args.use_vllm:
+        return {}
+    out = {"seed": int(args.seed), "logprobs_mode": VLLM_LOGPROBS_MODES[getattr(rollout, "logprobs_mode", "processed")]}
+    return {**out, "enforce_eager": True} if getattr(rollout, "enforce_eager", False) else out
+
+
+def attach_vllm(trainer: Any, rollout: Any) -> FreshnessGate:
+    """After TRL built its colocated engine: push EFFECTIVE weights (adapter merged, base restored bit for bit)
+    instead of TRL's merge/unmerge, refuse an engine whose sampled-token logprobs are not comparable with the
+    trainer's (the gate would read the difference as staleness), print what is applied; the freshness gate."""
+    import functools
+
+    from lorarl.sampler_logprobs import VLLM_LOGPROBS_MODES, sampler_logprobs_mismatch
+
+    if trainer.args.vllm_mode != "colocate":
+        raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
+    trainer.vllm_generation._iter_named_params = functools.partial(effective_named_params, trainer.model)
+    engine_mode = trainer.vllm_generation.llm.llm_engine.model_config.logprobs_mode  # what the engine applies
+    mode = {v: k for k, v in VLLM_LOGPROBS_MODES.items()}.get(engine_mode, engine_mode)
+    why = (sampler_logprobs_mismatch(mode, trainer.temperature, trainer.top_p) if mode in VLLM_LOGPROBS_MODES
+           else f"vLLM's logprobs_mode {engine_mode!r} does not return logprobs")
+    if why:
+        raise ValueError(why)
+    trainer.rollout_settings = {
+        "logprobs_mode": engine_mode, "temperature": trainer.temperature, "top_p": trainer.top_p,
+        "importance_sampling": trainer.vllm_importance_sampling_mode if trainer.vllm_importance_sampling_correction else "off",
+        "importance_sampling_cap": trainer.vllm_importance_sampling_clip_max,
+        "importance_sampling_floor": trainer.vllm_importance_sampling_clip_min}
+    print("vLLM rollouts: " + ", ".join(f"{k}={v}" for k, v in trainer.rollout_settings.items()), flush=True)
+    return FreshnessGate(getattr(rollout, "freshness_threshold", 0.05), getattr(rollout, "freshness_patience", 3))
 
 
 def _tuner_layers(model: Any) -> list[tuple[str, Any]]:

@@ -28,7 +28,6 @@ per-group deposit sums gathered across ranks.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -42,7 +41,7 @@ from lorarl.train.divergence import nan_reward_fault
 from lorarl.train.microbatch import MicroBatching
 from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
-from lorarl.train.rollout import FreshnessGate, effective_named_params, llm_extra_kwargs
+from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
 
 class _RegimeReward:
     """Placeholder reward function carrying the regime's name (rewards come from the regime)."""
@@ -107,17 +106,10 @@ class LorarlGRPOTrainer(MicroBatching, LeftTruncation, GRPOTrainer):
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
-        extra_llm = {"seed": int(args.seed), **({"enforce_eager": True} if getattr(rollout, "enforce_eager", False) else {})} if args.use_vllm else {}
-        with llm_extra_kwargs(**extra_llm):  # TRL's vllm.LLM(...) takes no enforce_eager and seeds every engine 0: the cell's seed
+        with llm_extra_kwargs(**engine_kwargs(args, rollout)):  # the cell's seed, enforce_eager, logprobs_mode
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
-        self.freshness: FreshnessGate | None = None
-        if self.use_vllm:
-            if args.vllm_mode != "colocate":
-                raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
-            # push EFFECTIVE weights (adapter merged, base restored bit for bit) instead of TRL's merge/unmerge
-            self.vllm_generation._iter_named_params = functools.partial(effective_named_params, self.model)
-            self.freshness = FreshnessGate(getattr(rollout, "freshness_threshold", 0.05),
-                                           getattr(rollout, "freshness_patience", 3))
+        # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
+        self.freshness: FreshnessGate | None = attach_vllm(self, rollout) if self.use_vllm else None
         if self.accelerator.num_processes > 1:
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime

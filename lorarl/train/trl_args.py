@@ -30,6 +30,10 @@ def rollout_fields(rollout: "RolloutConfig | None", budget: int | None = None) -
         "vllm_max_model_length": rollout.max_model_length or budget,  # both null: the model's own context
         # the freshness gate needs the trainer's logprobs of the sampled tokens: TRL computes them only then
         "vllm_importance_sampling_correction": True,
+        # the correction is part of the loss: chosen per cell, not TRL's defaults (its engine logprobs: engine_kwargs)
+        "vllm_importance_sampling_mode": rollout.importance_sampling,
+        "vllm_importance_sampling_clip_max": rollout.importance_sampling_cap,
+        "vllm_importance_sampling_clip_min": rollout.importance_sampling_floor,
     }
 
 
