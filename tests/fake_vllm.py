@@ -14,8 +14,10 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   list with one per prompt (``_validate_and_add_requests``: a list of another length is a ValueError);
   a ``lora_request`` without ``enable_lora`` is refused, as is an adapter whose rank exceeds
   ``max_lora_rank``. A request with ``seed`` samples from its own generator (vLLM's per-request seed; child j of an n > 1 request: seed + j).
-  Adapters are loaded once per ``lora_int_id`` (again, once per call, only with ``load_inplace=True``),
-  as vLLM's LoRA cache does; ``LLM.apply_adapters = True`` makes the fake apply their weights (default: the base model
+  Adapters are loaded (``adapter_loads``) once per ``lora_int_id`` while cached (LRU, ``max_cpu_loras``), and a
+  ``load_inplace=True`` request at EVERY engine step it runs in (its prefill and each decoded token), as vLLM 0.26
+  and 0.31 do (gpu_model_runner.py ``_prepare_inputs`` -> ``set_active_loras`` -> worker_manager.py
+  ``add_adapter``); ``llm_engine.add_lora`` / ``remove_lora`` / ``list_loras`` as vLLM's LLMEngine; ``LLM.apply_adapters = True`` makes the fake apply their weights (default: the base model
   samples, the request is only checked). Refused while asleep (weights or KV cache released).
 * ``sleep(level)``: level 1 keeps the weights (offloaded), level 2 DISCARDS them (here: NaN), so
   generating after ``wake_up`` without re-pushing the weights gives NaN logprobs, as on a GPU.
@@ -46,32 +48,10 @@ from typing import Any
 
 import torch
 
-LLM_PARAMS = frozenset({  # vllm.LLM.__init__ named parameters (0.31.0)
-    "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
-    "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization",
-    "revision", "tokenizer_revision", "chat_template", "seed", "gpu_memory_utilization", "cpu_offload_gb",
-    "offload_group_size", "offload_num_in_group", "offload_prefetch_step", "offload_params", "enforce_eager",
-    "enable_return_routed_experts", "return_sampling_mask", "disable_custom_all_reduce", "hf_token",
-    "hf_overrides", "mm_processor_kwargs", "pooler_config", "structured_outputs_config", "profiler_config",
-    "attention_config", "kv_cache_memory_bytes", "compilation_config", "quantization_config",
-    "logits_processors", "spec_method", "spec_model", "spec_tokens",
-})
-ENGINE_ARGS = frozenset({  # EngineArgs fields (0.31.0) that TRL 1.16 or lorarl pass through **kwargs
-    "max_model_len", "max_num_seqs", "enable_sleep_mode", "distributed_executor_backend",
-    "max_num_batched_tokens", "logprobs_mode", "model_impl", "enable_lora", "max_loras", "max_lora_rank",
-    "disable_log_stats", "enable_prefix_caching", "max_cpu_loras",
-})
-MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py MaxLoRARanks
-LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
-SAMPLING_FIELDS = frozenset({  # vllm.SamplingParams public fields (0.31.0)
-    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking", "top_p",
-    "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens", "logprobs",
-    "prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids", "flat_logprobs",
-    "detokenize", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-    "output_kind", "stream_interval", "skip_clone", "output_text_buffer_length", "structured_outputs",
-    "logit_bias", "allowed_token_ids", "extra_args", "bad_words", "skip_reading_prefix_cache",
-    "thinking_token_budget", "repetition_detection", "routed_experts_prompt_start", "trace_decode_token_ids",
-})
+try:
+    from fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
+except ImportError:  # imported as tests.fake_vllm without tests/ on the path
+    from tests.fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
 
 
 class VLLMValidationError(ValueError):
@@ -210,6 +190,8 @@ class LLM:
         max_len = kw.get("max_model_len") or self.hf_model.config.max_position_embeddings
         self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(
             max_model_len=max_len, logprobs_mode=kw.get("logprobs_mode", "raw_logprobs")))
+        self.llm_engine.add_lora, self.llm_engine.remove_lora = self._engine_add_lora, self._engine_remove_lora
+        self.llm_engine.list_loras = lambda: set(self.adapters)
         if kw.get("distributed_executor_backend") == "external_launcher":  # in-process engine core only then
             self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(
                 model_runner=SimpleNamespace(model=_Runner(self))))
@@ -276,21 +258,47 @@ class LLM:
             return torch.log_softmax(logits_V.float(), -1) if mode == "raw_logprobs" else logits_V.float()
         return torch.log_softmax(processed_V, -1) if mode == "processed_logprobs" else processed_V
 
-    def _adapter_model(self, lora_request) -> Any:
-        """The model a request samples from: vLLM caches adapters by id (reloaded only when in place)."""
-        if lora_request is None or not LLM.apply_adapters:
-            return self.hf_model
-        rid = lora_request.lora_int_id
-        if rid not in self.adapters or (lora_request.load_inplace and rid not in self._fresh):
+    def _load_adapter(self, req) -> None:
+        """vllm/lora/worker_manager.py ``_load_adapter``: the adapter folder is read from disk (and, with
+        ``LLM.apply_adapters``, applied to a copy of the base); the CPU cache holds ``max_cpu_loras`` (LRU)."""
+        self._check_lora(req)
+        model = None
+        if LLM.apply_adapters:
             import copy
 
             from peft import PeftModel
 
-            base = copy.deepcopy(self.hf_model)
-            self.adapters[rid] = PeftModel.from_pretrained(base, lora_request.lora_path).merge_and_unload().eval()
-            self.adapter_loads += 1
-            self._fresh.add(rid)
-        return self.adapters[rid]
+            model = PeftModel.from_pretrained(copy.deepcopy(self.hf_model), req.lora_path).merge_and_unload().eval()
+        self.adapters.pop(req.lora_int_id, None)
+        self.adapters[req.lora_int_id] = model  # insertion order = LRU order
+        self.adapter_loads += 1
+        while len(self.adapters) > (self.kwargs.get("max_cpu_loras") or self.kwargs.get("max_loras", 1)):
+            self.adapters.pop(next(iter(self.adapters)))
+
+    def _add_adapter(self, req) -> None:
+        """``LRUCacheWorkerLoRAManager.add_adapter``: read when the id is not cached OR the request is
+        ``load_inplace``; else only touched in the LRU order."""
+        if req.lora_int_id not in self.adapters or req.load_inplace:
+            self._load_adapter(req)
+        else:
+            self.adapters[req.lora_int_id] = self.adapters.pop(req.lora_int_id)
+
+    def _adapter_model(self, lora_request) -> Any:
+        """The model a request samples from: base + its adapter (with ``apply_adapters``), else the base."""
+        if lora_request is None or not LLM.apply_adapters:
+            return self.hf_model
+        if lora_request.lora_int_id not in self.adapters:
+            self._add_adapter(lora_request)
+        return self.adapters[lora_request.lora_int_id]
+
+    def _engine_add_lora(self, req) -> bool:
+        if not self.kwargs.get("enable_lora"):
+            raise ValueError("LoRA is not enabled")
+        self._add_adapter(req)
+        return True
+
+    def _engine_remove_lora(self, lora_id: int) -> bool:
+        return self.adapters.pop(lora_id, 0) != 0
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
                  tokenization_kwargs=None, mm_processor_kwargs=None):
@@ -306,7 +314,8 @@ class LLM:
         for lr in loras:
             self._check_lora(lr)
         self.generate_calls += 1
-        self._fresh: set[int] = set()  # adapters (re)loaded for this call: in place = once per call
+        for lr in {lr.lora_int_id: lr for lr in loras if lr is not None}.values():
+            self._add_adapter(lr)  # the first engine step (prefill) applies every request's adapter
         shared = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generate_calls)
         # vLLM: a seeded request samples from its own generator seeded with sp.seed, and a request with n > 1 fans
         # out into n child requests seeded sp.seed + j (v1/engine/parallel_sampling.py); one seeded SamplingParams
@@ -322,6 +331,13 @@ class LLM:
             model = self._adapter_model(lr)
             comps = [self._sample(ids, sp, gen(sp, j), eos, j, model) for j in range(sp.n)]
             outs.append(RequestOutput(str(i), None if isinstance(p, dict) else p, ids, None, comps, True))
+        # every later engine step re-applies the running requests' adapters (gpu_model_runner.py _prepare_inputs ->
+        # set_active_loras -> add_adapter): an in-place request's folder is read again at each of them
+        steps: dict[int, int] = {}
+        for lr, out in zip(loras, outs):
+            if lr is not None and lr.load_inplace:
+                steps[lr.lora_int_id] = max(steps.get(lr.lora_int_id, 0), *(len(c.token_ids) for c in out.outputs))
+        self.adapter_loads += sum(max(n - 1, 0) for n in steps.values())
         return outs
 
     @torch.no_grad()

@@ -45,7 +45,7 @@ def test_one_engine_one_call_routes_each_members_prompts_to_its_adapter(tiny_dir
     assert kw == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 2}
     llm = api.LLM(str(tiny_dir), **kw)
     loras = lora_requests(api, ["a", "b"], dirs)
-    assert [r.lora_int_id for r in loras] == [1, 2] and all(r.load_inplace for r in loras)
+    assert [r.lora_int_id for r in loras] == [1, 2] and not any(r.load_inplace for r in loras)
     prompts = [tok("Q: 1+2=?\nA: ")["input_ids"], tok("Q: 3+4=?\nA: ")["input_ids"]]
     s = settings(tok)
     req = build_requests(api, loras, [prompts, prompts], [torch.Generator().manual_seed(5),
@@ -121,3 +121,35 @@ def test_engine_limits_come_from_the_saved_adapters(tiny_dir, tmp_path):
         with pytest.raises(ValueError, match=f"pack member pissa: .*{why}"):
             saved_engine_lora_kwargs(["lora", "pissa"], dirs)
         cfg_path.write_text(json.dumps(saved))
+
+
+def test_each_members_adapter_is_read_once_per_training_step(tiny_dir, tmp_path, monkeypatch):
+    """vLLM re-applies a running request's adapter at every engine step and re-reads an in-place one from disk each
+    time (the fake counts it: one read per decoded token); EngineAdapters swaps in each step's adapters under fresh
+    ids, so the engine reads each member's folder once per training step, whatever the completion length."""
+    from lorarl.pack.multilora import EngineAdapters, build_requests, engine_lora_kwargs, generate_multilora
+
+    monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
+    api = fake_vllm.api()
+    _, tok = load(tiny_dir)
+    llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4, 4]))
+    prompts = [tok("Q: 1+2=?\nA: ")["input_ids"]]
+    s = settings(tok)
+    adapters = EngineAdapters(api, llm, ["a", "b"])
+    outs = []
+    for step in range(3):  # three training steps: each saves new adapters, then samples
+        dirs = [save_adapter(tiny_dir, tmp_path / f"{n}{step}", 10 * step + k) for k, n in enumerate("ab")]
+        loras = adapters.update(dirs)
+        assert llm.adapter_loads == 2 * (step + 1) and llm.llm_engine.list_loras() == {r.lora_int_id for r in loras}
+        req = build_requests(api, loras, [prompts, prompts], [torch.Generator().manual_seed(5)] * 2, s, generations=2)
+        outs.append(generate_multilora(llm, req, 2))
+        assert llm.adapter_loads == 2 * (step + 1)  # sampling 6 tokens read nothing more
+    assert [r.lora_name for r in loras] == ["a@2", "b@2"] and [r.lora_int_id for r in loras] == [5, 6]
+    assert outs[0][0].completion_ids != outs[1][0].completion_ids  # the new step's adapter is the one sampled
+    # the in-place design it replaces: the same id every step, re-read at every engine step
+    inplace = [api.LoRARequest(lora_name=r.lora_name, lora_int_id=r.lora_int_id, lora_path=r.lora_path, load_inplace=True)
+               for r in loras]
+    before = llm.adapter_loads
+    out = generate_multilora(llm, build_requests(api, inplace, [prompts, prompts], [torch.Generator().manual_seed(5)] * 2,
+                                                 s, generations=2), 2)
+    assert llm.adapter_loads - before == 2 * max(len(c) for c in out[0].completion_ids) == 12

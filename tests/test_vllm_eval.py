@@ -180,7 +180,7 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
     ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
     assert len(fake_vllm.LLM.instances) == 1
     llm = fake_vllm.LLM.instances[0]
-    assert sorted(llm.adapters) == [1, 2] and llm.kwargs["max_lora_rank"] == 16
+    assert llm.adapter_loads == 2 and list(llm.adapters) == [2] and llm.kwargs["max_lora_rank"] == 16  # max_loras 1: LRU
     out = tmp_path / "res" / "s" / "c" / "eval"
     texts = {f.name: [json.loads(line)["completion"] for line in f.read_text().splitlines()]
              for f in out.glob("*.jsonl")}

@@ -1,9 +1,10 @@
 """vLLM multi-LoRA rollouts of a pack (GPU only; built against vLLM 0.31's API, tested with tests/fake_vllm.py).
 
 One colocated engine serves every member: ``LLM(model, enable_lora=True, max_loras=K, max_lora_rank=r,
-max_cpu_loras=K)``; each step each member's current adapter is saved (PEFT folder) and registered under
-ITS OWN ``LoRARequest(name=cell, lora_int_id=k + 1, lora_path, load_inplace=True)`` (same id every step,
-reloaded in place, so the engine holds exactly K adapters), and ONE ``LLM.generate`` call carries all
+max_cpu_loras=K)``; each step each member's current adapter is saved (PEFT folder) and swapped in under a
+fresh ``LoRARequest(name=cell@step, lora_int_id=step * K + k + 1, lora_path)`` by :class:`EngineAdapters`
+(the previous step's removed, the new one read once; ``load_inplace=True`` would make vLLM re-read it at every
+engine step, i.e. every decoded token), so the engine holds exactly K adapters, and ONE ``LLM.generate`` call carries all
 members' prompts with a per-prompt ``lora_request`` list and per-prompt ``SamplingParams`` (n = G,
 ``seed`` drawn from the member's own sampling generator, so a member's samples depend on its own RNG
 stream only). vLLM refuses a ``lora_request`` or params list whose length is not the number of prompts,
@@ -53,12 +54,45 @@ def saved_engine_lora_kwargs(names: list[str], adapter_dirs: list[str | Path]) -
     return engine_lora_kwargs(ranks)
 
 
-def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path]) -> list[Any]:
-    """One request per member, id k + 1, reloaded in place each step (the adapter changed)."""
+def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], version: int = 0) -> list[Any]:
+    """One request per member for the adapters saved at ``version`` (a training step): a fresh id
+    (``version * K + k + 1``) and name per member and version, never ``load_inplace``. vLLM re-applies every
+    running request's adapter at each engine step (vllm/v1/worker/gpu_model_runner.py ``_prepare_inputs`` ->
+    ``set_active_loras``) and ``add_adapter`` re-reads an in-place request's folder from disk every time
+    (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager.add_adapter``): once per decoded token. A new id is
+    read once, when first added."""
     if len(set(names)) != len(names):
         raise ValueError(f"member names must be unique: {names}")
-    return [api.LoRARequest(lora_name=n, lora_int_id=k + 1, lora_path=str(d), load_inplace=True)
+    k_all = len(names)
+    return [api.LoRARequest(lora_name=f"{n}@{version}", lora_int_id=version * k_all + k + 1, lora_path=str(d))
             for k, (n, d) in enumerate(zip(names, adapter_dirs))]
+
+
+class EngineAdapters:
+    """The members' adapters inside one engine, one version per training step.
+
+    :meth:`update` after each optimiser step: the previous version's adapters are removed from the engine
+    (``llm_engine.remove_lora``) and the new ones added (``llm_engine.add_lora``: each folder read once, now),
+    so the engine holds exactly K adapters and reads each member's adapter from disk once per step. vLLM 0.26 and
+    0.31 have no supported in-memory path: ``LoRARequest`` carries a folder (``lora_path``) and
+    ``_load_adapter`` reads it with ``LoRAModel.from_local_checkpoint`` (tensors only through a patched worker,
+    verl's ``TensorLoRARequest``); ``bench/lora_handoff.py`` measures the save + load this costs per step.
+    """
+
+    def __init__(self, api: Any, llm: Any, names: list[str]):
+        self.api, self.llm, self.names = api, llm, list(names)
+        self.version = -1
+        self.requests: list[Any] = []
+
+    def update(self, adapter_dirs: list[str | Path]) -> list[Any]:
+        """Swap in the adapters just saved in ``adapter_dirs``; the new requests, one per member."""
+        for r in self.requests:
+            self.llm.llm_engine.remove_lora(r.lora_int_id)
+        self.version += 1
+        self.requests = lora_requests(self.api, self.names, adapter_dirs, self.version)
+        for r in self.requests:
+            self.llm.llm_engine.add_lora(r)
+        return self.requests
 
 
 @dataclass
