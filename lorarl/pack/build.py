@@ -84,6 +84,21 @@ def _digest(originals: dict[torch.Tensor, torch.Tensor] | None) -> str | None:
     return h.hexdigest()
 
 
+def pack_micro_batch(cells: list[Any]) -> int | None:
+    """Rows of each cell per forward/backward: the smallest ``train.micro_batch_size`` a member sets (a
+    runtime knob; None when no member sets a number)."""
+    from lorarl.train.microbatch import micro_size
+
+    sizes = [m for m in (micro_size(c.config.train.micro_batch_size) for c in cells) if m]
+    return min(sizes) if sizes else None
+
+
+def _checkpoint_base(host: torch.nn.Module) -> None:
+    """Activation checkpointing on the pack's shared base (non-reentrant: no input grads needed)."""
+    base = host.get_base_model() if hasattr(host, "get_base_model") else host
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
                update_cells: int | None = None) -> Pack:
     """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
@@ -98,6 +113,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.main import load_policy, training_dataset
     from lorarl.train.prompt_fit import keep_last, prompt_keep
+    from lorarl.train.trl_args import checkpointing
 
     from lorarl.pack.plan import pack_key
 
@@ -159,5 +175,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                             eos_token_ids=tuple(int(e) for e in eos_ids))
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
-                            update_cells=update_cells)
+                            update_cells=update_cells, micro_batch_size=pack_micro_batch(cells))
+    if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
+        _checkpoint_base(trainer.host)
     return Pack(PackLoop(trainer, members, sample, tok, ref), policies, tok, precision, facts)

@@ -134,11 +134,17 @@ class PackLoop:
         attn = torch.cat([torch.cat([b["prompt_mask"], b["completion_mask"]], 1) for b in batches.values()])
         W = self.sample.prompt_width
         pos = torch.arange(W + T, device=ids.device).unsqueeze(0).expand(ids.size(0), -1)
+        temp = torch.cat([torch.full((b["prompt_ids"].size(0),), self.sample.cell(k)[0], device=ids.device)
+                          for k, b in batches.items()])[:, None, None]  # each cell's temperature
+        R = (self.trainer.micro_batch_size or ids.size(0)) * len(batches)  # rows per forward (micro_batch_size per cell)
+        parts = []
         with torch.no_grad():
-            logits = self.ref(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -T - 1:-1].float()
-            logits = logits / torch.cat([torch.full((b["prompt_ids"].size(0),), self.sample.cell(k)[0], device=ids.device)
-                                         for k, b in batches.items()])[:, None, None]  # each cell's temperature
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+            for lo in range(0, ids.size(0), R):
+                sl = slice(lo, lo + R)
+                logits = self.ref(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, -T - 1:-1]
+                logits = logits.float() / temp[sl]
+                parts.append(torch.log_softmax(logits, -1).gather(-1, ids[sl, -T:].unsqueeze(-1)).squeeze(-1))
+        lp = torch.cat(parts)
         out, start = {}, 0
         for k, b in batches.items():
             n = b["prompt_ids"].size(0)
@@ -152,7 +158,7 @@ class PackLoop:
         full = [batches.get(k) for k in range(len(self.members))]
         idx = list(batches)
         with torch.no_grad():
-            return dict(zip(idx, self.trainer.logps(full, idx)))
+            return dict(zip(idx, self.trainer.logps_chunked(full, idx)))
 
     def _score(self, k: int, ro: Any, student_logps: list[list[float]] | None) -> tuple[torch.Tensor, dict]:
         """Deposits → ``[B, T]`` advantages and the scoring metrics of one cell (as LorarlGRPOTrainer)."""

@@ -15,9 +15,14 @@ Padding: the cells' batches are padded to common widths (prompts on the left, co
 right). Extra left padding shifts positions; ``position_ids`` put every real token at the position it
 has in the cell's own batch, so a packed row computes what the solo trainer computes.
 
-Not here (yet): rollout generation with per-cell sampling RNG and the regime scoring; the update takes
-batches already scored (what ``LorarlGRPOTrainer._generate_and_score_completions`` returns). One
-micro-batch per generation batch (``gradient_accumulation_steps = steps_per_generation = 1``).
+Not here: rollout generation with per-cell sampling RNG and the regime scoring (:mod:`lorarl.pack.steps`);
+the update takes batches already scored (what ``LorarlGRPOTrainer._generate_and_score_completions``
+returns). One optimiser update per generation batch.
+
+Memory: ``update_cells`` cells and ``micro_batch_size`` rows of each per forward/backward. Row chunks are
+scaled by their share of the cell's normaliser (:func:`lorarl.train.microbatch.chunk_share`), so every
+cell's gradient is its unbatched update's. With activation checkpointing the backward recomputes the
+routed forward: it runs inside the same routing as the forward (``Router.route``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 
 from lorarl.pack.loss import LossSettings, cell_loss
 from lorarl.pack.routing import Router
+from lorarl.train.microbatch import chunk_share, split_rows
 
 
 @dataclass
@@ -57,11 +63,34 @@ def _pad_right(x: torch.Tensor, width: int, value: float) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.size(1)), value=value)
 
 
+def _mask(batch: dict) -> torch.Tensor:
+    mask_BT = batch["completion_mask"]
+    return mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT
+
+
+def _row_chunks(batch: dict, m: int | None) -> list[dict]:
+    """A cell's update batch in chunks of ``m`` rows (one chunk when m is None); each chunk carries the
+    whole batch's token count (dapo's normaliser, ``num_items_in_batch``)."""
+    if not m or m >= batch["completion_ids"].size(0):
+        return [batch]
+    if "num_items_in_batch" not in batch:
+        batch = {**batch, "num_items_in_batch": _mask(batch).sum()}
+    return split_rows(batch, m)
+
+
+def _accumulate(out: dict, k: int, loss: torch.Tensor, stats: dict, tokens: float) -> None:
+    """Cell k's update loss (sum of its chunks' shares) and token-weighted stats (means over its tokens)."""
+    prev_loss, prev_stats, prev_tokens = out.get(k, (0.0, {}, 0.0))
+    merged = {n: prev_stats.get(n, 0.0) + v * tokens for n, v in stats.items()}
+    out[k] = (prev_loss + loss, merged, prev_tokens + tokens)
+
+
 class PackedTrainer:
     """Trains K cells that share one frozen base in one batched forward per step."""
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
-                 temperature: float | list[float] = 1.0, update_cells: int | None = None):
+                 temperature: float | list[float] = 1.0, update_cells: int | None = None,
+                 micro_batch_size: int | None = None):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -73,6 +102,8 @@ class PackedTrainer:
         # gives the same result bit for bit; smaller chunks hold fewer activations (memory), one pass is
         # one batched forward (speed on a GPU)
         self.update_cells = update_cells
+        self.micro_batch_size = micro_batch_size  # rows of each cell per forward/backward (None: all)
+        self._sizes: list[int] | None = None  # the routing of the last forward (its backward recomputes it)
         # TRL divides the logits by the cell's temperature (unfused path; the fused head takes one for all)
         temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(cells)
         if len(temps) != len(cells):
@@ -105,6 +136,7 @@ class PackedTrainer:
         sizes = [0] * len(self.cells)
         for k in idx:
             sizes[k] = batches[k]["prompt_ids"].size(0)
+        self._sizes = sizes
         with self.router.route(sizes):
             if self.fused_lm_head:
                 labels = input_ids.masked_fill(attention_mask == 0, -100)
@@ -125,6 +157,20 @@ class PackedTrainer:
             res.append(logp_all[start:start + n, :t_k])
             start += n
         return res
+
+    def logps_chunked(self, batches: list[dict], idx: list[int]) -> list[torch.Tensor]:
+        """:meth:`logps` (no grad) at most ``micro_batch_size`` rows of each cell per forward."""
+        m = self.micro_batch_size
+        if not m:
+            return self.logps(batches, idx)
+        pieces = {k: split_rows(batches[k], m) for k in idx}
+        parts: dict[int, list[torch.Tensor]] = {k: [] for k in idx}
+        for j in range(max(len(v) for v in pieces.values())):
+            sub = [k for k in idx if j < len(pieces[k])]
+            chunk = [pieces[k][j] if k in sub else None for k in range(len(batches))]
+            for k, lp in zip(sub, self.logps(chunk, sub)):
+                parts[k].append(lp)
+        return [torch.cat(parts[k], dim=0) for k in idx]
 
     def losses(self, batches: list[dict]) -> dict[int, tuple[torch.Tensor, dict]]:
         """Cell index → (loss with grad, stats), for the running cells that have a batch (None: no step)."""
@@ -148,17 +194,27 @@ class PackedTrainer:
         idx = [k for k in self.running() if batches[k] is not None]
         chunk = max(1, self.update_cells or len(idx) or 1)
         out: dict[int, tuple[torch.Tensor, dict]] = {}
-        kept: dict[int, torch.Tensor] = {}
+        kept: dict[int, list[torch.Tensor]] = {}
+        rows = {k: _row_chunks(batches[k], self.micro_batch_size) for k in idx}
         for i in range(0, len(idx), chunk):
-            part = set(idx[i:i + chunk])
-            o = self.losses([b if k in part else None for k, b in enumerate(batches)])
-            kept.update(self.last_logps)
-            if o:
-                sum(loss for loss, _ in o.values()).backward()  # frees this chunk's activations
-                out.update(o)
-        self.last_logps = kept
+            part = idx[i:i + chunk]
+            for j in range(max(len(rows[k]) for k in part)):
+                sub = {k: rows[k][j] for k in part if j < len(rows[k])}
+                o = self.losses([sub.get(k) for k in range(len(batches))])
+                for k, lp in self.last_logps.items():
+                    kept.setdefault(k, []).append(lp)
+                if not o:
+                    continue
+                share = {k: chunk_share(self.cells[k].loss.loss_type, _mask(sub[k]), _mask(batches[k]))
+                         for k in o}
+                with self.router.route(self._sizes):  # a checkpointed backward recomputes the routed forward
+                    sum(loss * share[k] for k, (loss, _) in o.items()).backward()  # frees this chunk's activations
+                for k, (loss, stats) in o.items():
+                    _accumulate(out, k, loss.detach() * share[k], stats, float(_mask(sub[k]).sum()))
+        self.last_logps = {k: torch.cat(v, dim=0) for k, v in kept.items()}
         if not out:
             return {}
+        out = {k: (loss, {n: v / max(tokens, 1.0) for n, v in stats.items()}) for k, (loss, stats, tokens) in out.items()}
         metrics: dict[str, dict[str, float]] = {}
         for k, (loss, stats) in out.items():
             c = self.cells[k]

@@ -1,0 +1,143 @@
+"""Micro-batched packed updates (``train.micro_batch_size`` in a pack, lorarl.pack.trainer): each member's
+loss and gradients with chunks of 1, 2 and 3 rows (uneven last chunk) equal its unbatched update's, for
+every loss type x advantage shape x KL setting x ratio level; checkpointing the shared base gives the
+gradients of no checkpointing (the backward recomputes the ROUTED forward); chunked log-probs (policy and
+reference) equal unchunked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lorarl.pack.loss import LossSettings
+from lorarl.pack.trainer import PackCell, PackedTrainer
+from tests.test_grpo import MAXLEN, load, tiny_dir  # noqa: F401
+from tests.test_pack import init_adapter, peft_config, synthetic_batch
+
+LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
+REGIMES = ("outcome", "process", "distillation")
+KL = [(0.0, "k3", True), (0.1, "k1", True), (0.1, "k3", True), (0.1, "k3", False), (0.1, "one_sided", True)]
+LEVELS = ("token", "sequence")
+SEEDS = (1, 2)
+
+
+def _cells(tiny_dir):
+    from peft import get_peft_model
+
+    cells = []
+    for s in SEEDS:
+        m, tok = load(tiny_dir)
+        torch.manual_seed(s)
+        pm = get_peft_model(m, peft_config("lora"))
+        init_adapter(pm, "lora", seed=s)
+        opt = torch.optim.SGD([p for p in pm.parameters() if p.requires_grad], lr=0.0)  # grads only, no move
+        cells.append(PackCell(f"s{s}", pm, opt, LossSettings(max_completion_length=MAXLEN), max_grad_norm=None))
+    return cells, tok
+
+
+def _advantages(regime, mask_BT, seed):
+    B, T = mask_BT.shape
+    g = torch.Generator().manual_seed(seed)
+    if regime == "outcome":
+        return torch.randn(B, 1, generator=g).expand(B, T) * mask_BT
+    if regime == "process":
+        steps_BT = torch.cumsum((torch.rand(B, T, generator=g) < 0.3).float(), dim=1)
+        return torch.sin(steps_BT + torch.arange(B)[:, None]) * mask_BT
+    return torch.randn(B, T, generator=g) * mask_BT
+
+
+@pytest.fixture(scope="module")
+def pack(tiny_dir):  # noqa: F811
+    cells, tok = _cells(tiny_dir)
+    ref, _ = load(tiny_dir)
+    trainer = PackedTrainer(cells, pad_token_id=tok.pad_token_id, fused_lm_head=False)
+    batches = []
+    for k, s in enumerate(SEEDS):
+        b = synthetic_batch(s, 0, ref, tok, ref.config.vocab_size)
+        b = {key: torch.cat([v, v[:1]]) if isinstance(v, torch.Tensor) else v for key, v in b.items()}  # 5 rows
+        batches.append(b)
+    with torch.no_grad():
+        for k, lp in enumerate(trainer.logps(batches, [0, 1])):
+            wiggle_BT = 0.3 * torch.sin(torch.arange(lp.numel(), dtype=torch.float32) + k).view_as(lp)
+            batches[k]["old_per_token_logps"] = (lp - wiggle_BT).detach()  # ratios on both sides of the clip
+    yield trainer, batches
+    trainer.router.remove()
+
+
+def _grads(trainer, batches, m):
+    trainer.micro_batch_size = m
+    metrics = trainer.step(batches)
+    trainer.micro_batch_size = None
+    g = [{n: p.grad.detach().clone() for n, p in c.model.named_parameters() if p.requires_grad and p.grad is not None}
+         for c in trainer.cells]
+    return [metrics[c.name]["loss"] for c in trainer.cells], g
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("beta,estimator,corrected", KL)
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("loss_type", LOSSES)
+def test_packed_micro_batches_give_each_members_unbatched_update(pack, loss_type, regime, beta, estimator,
+                                                                 corrected, level):
+    trainer, batches = pack
+    for k, c in enumerate(trainer.cells):
+        c.loss = dataclasses.replace(c.loss, loss_type=loss_type, beta=beta if k else 0.0, kl_estimator=estimator,
+                                     kl_importance_correction=corrected, importance_sampling_level=level,
+                                     delta=3.0, epsilon_high=0.28)
+        batches[k]["advantages"] = _advantages(regime, batches[k]["completion_mask"].float(), 7 + k)
+    whole, g_whole = _grads(trainer, batches, None)
+    assert all(g for g in g_whole)
+    for m in (1, 2, 3):  # 5 rows: chunks 2+2+1 and 3+2
+        loss, g = _grads(trainer, batches, m)
+        assert loss == pytest.approx(whole, abs=1e-6, rel=1e-6), (m, loss, whole)
+        for k in range(len(SEEDS)):
+            assert g[k].keys() == g_whole[k].keys()
+            for n in g[k]:
+                torch.testing.assert_close(g[k][n], g_whole[k][n], atol=1e-6, rtol=1e-5, msg=f"m={m} cell {k} {n}")
+
+
+def test_chunked_policy_log_probs_equal_unchunked(pack):
+    trainer, batches = pack
+    with torch.no_grad():
+        whole = trainer.logps(batches, [0, 1])
+        for m in (1, 3):
+            trainer.micro_batch_size = m
+            chunked = trainer.logps_chunked(batches, [0, 1])
+            trainer.micro_batch_size = None
+            for a, b in zip(chunked, whole):
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_checkpointing_the_shared_base_gives_the_same_gradients(pack):
+    from lorarl.pack.build import _checkpoint_base
+
+    trainer, batches = pack
+    for k, c in enumerate(trainer.cells):
+        c.loss = dataclasses.replace(c.loss, loss_type="grpo", beta=0.1 * k)
+        batches[k]["advantages"] = _advantages("distillation", batches[k]["completion_mask"].float(), 3 + k)
+    _, off = _grads(trainer, batches, 2)
+    _checkpoint_base(trainer.host)
+    base = trainer.host.get_base_model()
+    try:
+        assert base.is_gradient_checkpointing
+        _, on = _grads(trainer, batches, 2)
+    finally:
+        base.gradient_checkpointing_disable()
+    for k in range(len(SEEDS)):
+        for n in off[k]:
+            torch.testing.assert_close(on[k][n], off[k][n], atol=1e-6, rtol=1e-5, msg=f"cell {k} {n}")
+
+
+def test_pack_micro_batch_is_the_smallest_members():
+    from types import SimpleNamespace
+
+    from lorarl.config import CellConfig
+    from lorarl.pack.build import pack_micro_batch
+
+    def cell(mb):
+        return SimpleNamespace(config=CellConfig.model_validate({"train": {"micro_batch_size": mb}}))
+
+    assert pack_micro_batch([cell(4), cell(2), cell(None)]) == 2
+    assert pack_micro_batch([cell(None), cell("auto")]) is None
