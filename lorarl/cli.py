@@ -1,4 +1,4 @@
-"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor |
+"""`lorarl` command line: cells | run | launch | aggregate | report | base | rescore | status | doctor | memory |
 tracking serve | sync-mlflow.
 
 Light at import: heavy libraries load only inside the command that needs them.
@@ -246,6 +246,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                       args.config)
 
 
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Projected peak memory of every cell shape of a study; what fits (lorarl.memory)."""
+    from lorarl.memory.report import cmd_memory as run
+
+    return run(args)
+
+
 def _tracking_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking", default=None, help="MLflow store: sqlite | http(s)://host:port (the profile's)")
     p.add_argument("--tracking-credentials", default=None, help="credentials file of a server with auth (a path)")
@@ -356,6 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--config", nargs="+", action="extend", default=None, metavar="KEY=VALUE", help="override the profile's "
                     "launcher/slurm/tracking/tracking_credentials as snakemake --config does (VALUE is YAML)")
     dr.set_defaults(fn=cmd_doctor)
+
+    me = sub.add_parser("memory", help="projected peak GPU memory of each cell shape; the micro-batch and "
+                        "generation chunk that fit (exit 1: a cell does not fit, naming the knob)")
+    me.add_argument("study")
+    me.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GiB (H100: 80, H200: 141)")
+    me.add_argument("--gpus", type=int, default=1, help="GPUs per training job: the profile's "
+                    "slurm.train.gpus_per_node (2: teacher/PRM on the second)")
+    me.add_argument("--cell", default=None, help="plan this cell only")
+    me.add_argument("--results", default="results", help="where built local models are (their config.json)")
+    me.add_argument("--verbose", action="store_true", help="every part of every row's peak")
+    me.set_defaults(fn=cmd_memory)
 
     args = p.parse_args(argv)
     from lorarl.tracking.client import TrackingError, TrackingUnavailable

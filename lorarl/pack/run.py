@@ -196,7 +196,10 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
         if slots:
             device = "cpu" if not torch.cuda.is_available() else "cuda"
             chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
-            pack = build_pack([s.cell for s in slots], results_dir=results_dir, device=device, update_cells=chunk)
+            from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
+
+            pack = build_pack([job_cell(s.cell) for s in slots], results_dir=results_dir, device=device,
+                              update_cells=chunk)
             loop, trainer = pack.loop, pack.loop.trainer
             for k, s in enumerate(slots):
                 _start(s, study, results_dir, pack.precision, pack_id)

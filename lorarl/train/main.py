@@ -93,7 +93,9 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = cell.config
+    from lorarl.memory.auto import resolve_job
+
+    cfg = resolve_job(cell.config)  # `auto` memory knobs + teacher/PRM devices for this job's GPUs (lorarl.memory)
     from lorarl.train.rollout import check_engine
 
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written

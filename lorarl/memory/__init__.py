@@ -1,0 +1,11 @@
+"""Memory plan of a study's cells (`lorarl memory`), `auto` knobs at job start, auxiliary-model placement.
+
+    from lorarl.memory import plan_study
+    plans = plan_study("experiments/peft_zoo.yaml", gpu_memory_gb=80)   # one CellPlan per cell shape
+    plans[0].peak_gb, plans[0].fits, plans[0].knobs
+"""
+
+from lorarl.memory.arch import PlanError
+from lorarl.memory.cells import CellPlan, plan, plan_cell, plan_study
+
+__all__ = ["CellPlan", "PlanError", "plan", "plan_cell", "plan_study"]

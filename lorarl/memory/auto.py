@@ -1,0 +1,74 @@
+"""At job start: the memory knobs set to ``auto`` and the teacher / PRM devices, resolved for this job.
+
+* ``train.micro_batch_size: auto`` / ``rollout.generation_batch_size: auto``: on a GPU, the memory plan's
+  largest values for the free memory ``torch.cuda.mem_get_info()`` reports on the job's GPU (before the
+  model loads; the plan counts the weights); on a CPU job, null (the whole batch).
+* ``reward.teacher_device`` / ``reward.prm_device``: where the job's GPUs are. Two or more GPUs: a
+  ``cuda:N`` the job has is kept, anything else on CUDA (null, a ``cuda:N`` it lacks) becomes ``cuda:1``,
+  the second GPU; one GPU: the policy's ``cuda:0`` (null stays null: the policy's device); no GPU: null (the policy's CPU). Other devices
+  (``cpu``) are kept.
+
+Every change is printed (``[lorarl] memory plan: ...``) and lands in the cell's recorded config; none is in
+the training signature (runtime fields, or devices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+AUX_FIELDS = ("teacher_device", "prm_device")
+
+
+def place_aux(setting: str | None, gpus: int) -> str | None:
+    """Where an auxiliary model goes on a job with ``gpus`` GPUs (see the module docstring)."""
+    if setting is not None and not setting.startswith("cuda"):
+        return setting
+    if gpus <= 0:
+        return None
+    if gpus == 1:
+        return None if setting is None else "cuda:0"
+    index = setting.split(":", 1)[1] if setting and ":" in setting else None
+    return setting if index is not None and index.isdigit() and int(index) < gpus else "cuda:1"
+
+
+def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
+                log: Callable[[str], None] = print) -> Any:
+    """``cfg`` with its ``auto`` memory knobs and auxiliary devices resolved for this job (a copy)."""
+    if gpus is None or (gpus > 0 and free_bytes is None):
+        import torch
+
+        gpus = torch.cuda.device_count() if gpus is None else gpus
+        if gpus > 0 and free_bytes is None:
+            free_bytes = torch.cuda.mem_get_info()[0]
+    reward = cfg.reward.model_copy(update={f: place_aux(getattr(cfg.reward, f), gpus) for f in AUX_FIELDS})
+    for f in AUX_FIELDS:
+        if getattr(reward, f) != getattr(cfg.reward, f):
+            log(f"[lorarl] memory plan: reward.{f} {getattr(cfg.reward, f)} -> {getattr(reward, f)} "
+                f"(this job has {gpus} GPU(s))")
+    train, rollout = cfg.train, cfg.rollout
+    wants = train.micro_batch_size == "auto" or rollout.generation_batch_size == "auto"
+    if wants and gpus > 0:
+        from lorarl.memory.cells import plan_cell
+        from lorarl.memory.plan import GIB
+
+        p = plan_cell(cfg, free_bytes / GIB, gpus=min(gpus, 2), device="cuda")
+        m, g = max(p.max_micro_batch, 1), max(p.max_generation_batch, 1)
+        log(f"[lorarl] memory plan: {free_bytes / GIB:.1f} GiB free on the job's GPU; projected peak "
+            f"{p.peak_gb:.1f} GiB at micro-batch {m} of {p.rows}, generation chunk {g} of {p.batch}"
+            + ("" if p.max_micro_batch and (p.max_generation_batch or rollout.engine != "hf") else
+               "; the plan projects that not even 1 sequence fits: running 1 (expect out-of-memory)"))
+    else:
+        m = g = None
+        if wants:
+            log("[lorarl] memory plan: no GPU: micro_batch_size / generation_batch_size auto = the whole batch")
+    if train.micro_batch_size == "auto":
+        train = train.model_copy(update={"micro_batch_size": m})
+    if rollout.generation_batch_size == "auto":
+        rollout = rollout.model_copy(update={"generation_batch_size": g})
+    return cfg.model_copy(update={"train": train, "rollout": rollout, "reward": reward})
+
+
+def job_cell(cell: Any, **kwargs: Any) -> Any:
+    """The cell with :func:`resolve_job`'s config (id, hash and aliases unchanged: runtime settings)."""
+    return replace(cell, config=resolve_job(cell.config, **kwargs))

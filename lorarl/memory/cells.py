@@ -1,0 +1,142 @@
+"""The memory plan of a study: one :class:`CellPlan` per distinct cell shape, with the knob that fixes it.
+
+A cell fits when its projected peak (lorarl.memory.plan) at its own settings stays within ``HEADROOM`` of
+the GPU: ``train.micro_batch_size`` (int, null = the whole update batch, auto = the largest that fits),
+``train.gradient_checkpointing`` (auto = on: a GPU cell), ``rollout.generation_batch_size`` (int, null = the
+whole rollout batch, auto = the largest that fits). The teacher / PRM share the policy's GPU unless the job
+has a second one (``slurm.train.gpus_per_node: 2``; lorarl.memory.auto places them at job start).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lorarl.memory.plan import GIB, HEADROOM, Shape, aux_gpu_bytes, largest, peak_bytes, shape_of
+
+GPUS_KNOB = "slurm.train.gpus_per_node: 2 (the profile's train resources; teacher/PRM on the second GPU)"
+
+
+@dataclass
+class CellPlan:
+    cell: str  # the first cell of this shape
+    cells: int  # how many cells share it
+    model: str
+    method: str
+    rows: int  # sequences per optimiser update
+    batch: int  # sequences per rollout
+    seq: int  # prompt + completion tokens charged
+    micro_batch: int  # the micro-batch the cell runs with (auto resolved; 0 = none fits)
+    generation_batch: int  # the generation chunk it runs with (auto resolved; 0 = none fits)
+    checkpointing: bool
+    peak_gb: float  # projected peak of the policy's GPU (GiB)
+    aux_gpu_gb: float  # projected peak of the second GPU (0: none used)
+    max_micro_batch: int  # the largest micro-batch that fits (10% headroom)
+    max_generation_batch: int  # the largest generation chunk that fits
+    fits: bool
+    knobs: list[str] = field(default_factory=list)  # what to change when it does not fit
+    parts_gb: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def shape_key(cfg: Any) -> str:
+    """Everything the plan reads: cells with equal keys have equal plans."""
+    t, r, rw = cfg.train, cfg.rollout, cfg.reward
+    return json.dumps([cfg.model, cfg.task.name, cfg.adapter.model_dump(mode="json", include={"method", "rank",
+                       "target_modules"}), t.prompts_per_step, t.generations, t.max_completion_length,
+                       t.max_prompt_length, t.updates_per_generation, t.beta, t.kl_monitor_every, t.precision,
+                       t.micro_batch_size, t.gradient_checkpointing, r.engine, r.generation_batch_size,
+                       r.gpu_memory_utilization, r.sleep_mode, rw.regime, rw.prm, rw.prm_model, rw.teacher,
+                       rw.teacher_dtype, rw.teacher_batch_size, rw.prm_batch_size], sort_keys=True)
+
+
+def _setting(value: Any, whole: int, best: int) -> int:
+    if value == "auto":
+        return best
+    return whole if value is None else min(int(value), whole)
+
+
+def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str = "cuda",
+              results_dir: str = "results", cell: str = "", cells: int = 1) -> CellPlan:
+    """The plan of one cell config on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (device cpu: a CPU job)."""
+    shape, notes = shape_of(cfg, device, results_dir)
+    t, ro = cfg.train, cfg.rollout
+    budget = HEADROOM * gpu_memory_gb * GIB
+    aux_here = not (shape.aux and gpus >= 2)
+    ckpt = t.gradient_checkpointing == "on" or (t.gradient_checkpointing == "auto" and device == "cuda")
+    gen_whole = shape.batch if shape.engine == "hf" else 0
+
+    def peak(m: int, g: int, c: bool = ckpt, here: bool = aux_here) -> dict:
+        return peak_bytes(shape, m, g, c, here, gpu_memory_gb * GIB)
+
+    best_m = largest(lambda m: peak(m, 1)["peak"] <= budget, shape.rows)
+    best_g = largest(lambda g: peak(1, g)["peak"] <= budget, gen_whole) if gen_whole else 0
+    m = _setting(t.micro_batch_size, shape.rows, best_m)
+    g = _setting(ro.generation_batch_size, gen_whole, best_g) if gen_whole else 0
+    got = peak(max(m, 1), max(g, 1))
+    aux_gb = aux_gpu_bytes(shape) / GIB if not aux_here else 0.0
+    fits = m > 0 and (g > 0 or not gen_whole) and got["peak"] <= budget and aux_gb * GIB <= budget
+    knobs = [] if fits else _knobs(shape, t, ro, peak, budget, best_m, best_g, m, g, ckpt, aux_here, aux_gb * GIB,
+                                   gen_whole)
+    parts = {k: round(v / GIB, 3) for k, v in got.items() if isinstance(v, float | int) and v}
+    return CellPlan(cell, cells, cfg.model, cfg.adapter.method, shape.rows, shape.batch,
+                    shape.prompt + shape.completion, m, g, ckpt, got["peak"] / GIB, aux_gb, best_m, best_g, fits,
+                    knobs, parts, notes + [f"worst phase: {got['worst_phase']}"])
+
+
+def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int, best_g: int, m: int, g: int,
+           ckpt: bool, aux_here: bool, aux_bytes: float, gen_whole: int) -> list[str]:
+    """The settings that make a cell fit, most specific first."""
+    out = []
+    floor = peak(1, 1)["static"]
+    if aux_here and shape.aux and peak(1, 1)["peak"] > budget and peak(1, 1, here=False)["peak"] <= budget \
+            and aux_gpu_bytes(shape) <= budget:
+        return [GPUS_KNOB]  # nothing else fits the teacher/PRM beside the policy
+    if aux_bytes > budget:
+        out.append(f"the teacher/PRM alone need {aux_bytes / GIB:.1f} GiB on the second GPU: a GPU with more memory")
+    if floor > budget:
+        return out + [f"weights + optimiser state alone need {floor / GIB:.1f} GiB: a GPU with more memory "
+                      f"(--gpu-memory-gb) or a smaller adapter/precision"]
+    if not ckpt and m > best_m:
+        with_ckpt = largest(lambda k: peak(k, 1, c=True)["peak"] <= budget, shape.rows)
+        if with_ckpt >= min(m, 1) and with_ckpt > 0:
+            out.append("train.gradient_checkpointing: on" + (
+                f" (and train.micro_batch_size: {with_ckpt} or auto)" if with_ckpt < m else ""))
+    if m > best_m or m == 0:
+        out.append(f"train.micro_batch_size: {best_m} (or auto)" if best_m else
+                   "train.micro_batch_size: even 1 sequence does not fit: a GPU with more memory "
+                   "(e.g. H200 141 GB) or shorter sequences")
+    if gen_whole and (g > best_g or g == 0):
+        out.append(f"rollout.generation_batch_size: {best_g} (or auto)" if best_g else
+                   "rollout.generation_batch_size: even 1 sequence does not fit: a GPU with more memory")
+    return out
+
+
+def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str | None = None,
+               results_dir: str = "results", device: str = "cuda") -> list[CellPlan]:
+    """One plan per distinct cell shape of the study (or of the one cell ``cell``), in cell order."""
+    from lorarl.memory.arch import PlanError
+    from lorarl.study import find_cell, load_study, study_cells
+
+    st = load_study(study)
+    if st.kind != "grpo":
+        raise PlanError(f"study kind {st.kind!r} trains no model: nothing to plan; allowed: grpo studies")
+    if cell is not None:
+        try:
+            chosen = [find_cell(st, cell)]
+        except (KeyError, ValueError) as err:
+            raise PlanError(f"--cell {cell!r}: {err}") from None
+    else:
+        chosen = study_cells(st)
+    groups: dict[str, list] = {}
+    for c in chosen:
+        groups.setdefault(shape_key(c.config), []).append(c)
+    return [plan_cell(cs[0].config, gpu_memory_gb, gpus, device, results_dir, cs[0].id, len(cs))
+            for cs in groups.values()]
+
+
+plan = plan_study  # the name lorarl.gpucheck looks for as well

@@ -1,0 +1,64 @@
+"""Job start: `auto` memory knobs take the plan's values on the job's GPU (the whole batch on a CPU), and
+the teacher / PRM go where the job's GPUs are (1 GPU: beside the policy; 2: the second)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lorarl.memory import plan_cell
+from lorarl.memory.auto import job_cell, place_aux, resolve_job
+from lorarl.memory.plan import GIB
+from lorarl.study import load_study, study_cells
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def cell(study: str, cell_id: str):
+    return next(c for c in study_cells(load_study(EXPERIMENTS / study)) if c.id == cell_id)
+
+
+@pytest.mark.parametrize("setting,gpus,want", [
+    ("cuda:1", 1, "cuda:0"), (None, 1, None), ("cuda", 1, "cuda:0"), ("cpu", 1, "cpu"),
+    ("cuda:1", 2, "cuda:1"), (None, 2, "cuda:1"), ("cuda:3", 2, "cuda:1"), ("cuda:0", 2, "cuda:0"),
+    ("cuda:1", 0, None), (None, 0, None), ("cpu", 0, "cpu")])
+def test_aux_placement(setting, gpus, want):
+    assert place_aux(setting, gpus) == want
+
+
+@pytest.mark.parametrize("gpus,want", [(1, "cuda:0"), (2, "cuda:1")])
+def test_reward_density_teacher_and_prm_follow_the_device_count(monkeypatch, gpus, want):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * GIB, 80 * GIB))
+    c = cell("reward_density.yaml", "distillation-r1-s0")
+    assert c.config.reward.teacher_device == "cuda:1"  # what the study names
+    lines: list[str] = []
+    cfg = resolve_job(c.config, log=lines.append)
+    assert (cfg.reward.teacher_device, cfg.reward.prm_device) == (want, want)
+    assert any("teacher_device" in line for line in lines) == (want != "cuda:1")
+
+
+def test_auto_takes_the_plans_values_on_a_gpu_and_the_whole_batch_on_a_cpu():
+    c = cell("peft_zoo.yaml", "lora")
+    assert c.config.train.micro_batch_size == "auto" and c.config.rollout.generation_batch_size == "auto"
+    lines: list[str] = []
+    gpu = resolve_job(c.config, gpus=1, free_bytes=int(79.2 * GIB), log=lines.append)
+    want = plan_cell(c.config, 79.2)
+    assert gpu.train.micro_batch_size == want.max_micro_batch >= 1
+    assert gpu.rollout.generation_batch_size == want.max_generation_batch >= 1
+    assert lines and "79.2 GiB free" in lines[-1]
+    small = resolve_job(c.config, gpus=1, free_bytes=40 * GIB, log=lines.append)
+    assert small.rollout.generation_batch_size < gpu.rollout.generation_batch_size  # less memory, smaller chunk
+    cpu = resolve_job(c.config, gpus=0, log=lines.append)
+    assert cpu.train.micro_batch_size is None and cpu.rollout.generation_batch_size is None
+    resolved = job_cell(c, gpus=1, free_bytes=80 * GIB, log=lines.append)
+    assert resolved.hash == c.hash and resolved.id == c.id  # runtime settings: the signature is unchanged
+
+
+def test_settings_that_are_not_auto_are_kept():
+    c = cell("demo.yaml", "r1-kl0-s0")
+    cfg = resolve_job(c.config, gpus=1, free_bytes=80 * GIB, log=lambda s: None)
+    assert cfg.train.micro_batch_size is None and cfg.rollout.generation_batch_size is None
+    assert cfg.model_dump() == c.config.model_dump()
