@@ -122,6 +122,8 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert rep["ok"] and m["device"]["kind"] == "cpu" and m["dtype"] == "float32" and m["peak_memory_gb"] > 0
     assert m["precision"] == "fp32" and list(m["trainable_dtypes"]) == ["float32"]  # from the smoke's summary
     assert "| dtype used | fp32: weights loaded in float32, trainable tensors float32 x" in md
+    assert m["memory_plan"]["peak_gb"] > 0 and "`lorarl memory` projects" in md  # the plan beside the measure
+    assert f"measured/projected {m['peak_memory_gb'] / m['memory_plan']['peak_gb']:.2f}" in md
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",

@@ -79,23 +79,13 @@ def run_doctor(study: Path, work: Path, steps: int, eval_limit: int, threads: in
     return proc.returncode, (json.loads(rep.read_text()) if rep.exists() else None), str(log)
 
 
-def memory_projection(study: Path) -> tuple[float | None, str]:
-    """The memory plan's projected peak (GiB) for the study's first cell, when lorarl.memory exists here."""
-    try:
-        mem = importlib.import_module("lorarl.memory")
-    except ImportError:
-        return None, "no memory plan in this checkout (lorarl.memory absent)"
-    plan = getattr(mem, "plan_study", None) or getattr(mem, "plan", None)
-    if plan is None:
-        return None, "lorarl.memory has no plan_study/plan function this run knows"
-    try:
-        got = plan(str(study))
-    except Exception as err:  # noqa: BLE001 - reported, not raised
-        return None, f"the memory plan failed: {type(err).__name__}: {err}"[:300]
-    cells = got if isinstance(got, list) else [got]
-    first = cells[0] if cells else {}
-    peak = first.get("peak_gb") if isinstance(first, dict) else getattr(first, "peak_gb", None)
-    return (float(peak), "lorarl memory") if peak is not None else (None, "the memory plan gave no peak_gb")
+def memory_projection(measured: dict) -> tuple[float | None, str]:
+    """The memory plan's projected peak (GiB) of the doctor's smoke cell on the device it ran on: the doctor
+    job records lorarl.memory.cells.device_projection as ``measured["memory_plan"]``."""
+    plan = measured.get("memory_plan") or {}
+    if plan.get("peak_gb"):
+        return float(plan["peak_gb"]), "lorarl memory (the smoke cell on this device)"
+    return None, f"no memory plan: {plan.get('error', 'the doctor recorded none')}"[:300]
 
 
 def doctor_checks(twin: Twin, study: Path, work: Path, steps: int, eval_limit: int, threads: int,
@@ -132,7 +122,7 @@ def doctor_checks(twin: Twin, study: Path, work: Path, steps: int, eval_limit: i
     dev = m["device"]
     peak = m.get("peak_memory_gb", 0.0)
     share = peak / dev["memory_gb"] if dev["memory_gb"] else 0.0
-    proj, src = memory_projection(study)
+    proj, src = memory_projection(m)
     vs = f"; projected {proj:.2f} GiB ({src}), measured/projected {peak / proj:.2f}" if proj else f"; projection: {src}"
     out.append(row(f"peak memory: {tag}", "pass" if 0 < share <= HEADROOM else "fail",
                    f"{peak:.2f} of {dev['memory_gb']:.1f} GiB ({share:.0%}, limit {HEADROOM:.0%}){vs}",

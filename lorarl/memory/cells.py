@@ -139,4 +139,19 @@ def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str
             for cs in groups.values()]
 
 
+def device_projection(cfg: Any, kind: str, memory_gb: float, count: int, results_dir: str = "results") -> dict:
+    """The plan's peak for ``cfg`` on the device a job found (`lorarl doctor` prints it beside the measured
+    peak): {"peak_gb", "fits", ...}, or {"error"} when the plan cannot be made (an unknown model)."""
+    from lorarl.memory.arch import PlanError
+
+    device = "cuda" if kind == "cuda" else "cpu"
+    try:
+        p = plan_cell(cfg, memory_gb, gpus=min(max(count, 1), 2) if device == "cuda" else 1, device=device,
+                      results_dir=results_dir)
+    except PlanError as err:
+        return {"error": str(err)}
+    return {"peak_gb": p.peak_gb, "fits": p.fits, "micro_batch": p.micro_batch, "generation_batch": p.generation_batch,
+            "checkpointing": p.checkpointing, "parts_gb": p.parts_gb}
+
+
 plan = plan_study  # the name lorarl.gpucheck looks for as well

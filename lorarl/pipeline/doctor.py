@@ -292,6 +292,9 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
         checks.run("weight diagnostics", lambda: diagnose_cell(study.name, cell, results_dir, threads=threads) and "ok")
         out["diagnose_s"] = time.perf_counter() - t2
     out["peak_memory_gb"] = _peak_memory_gb()
+    from lorarl.memory.cells import device_projection  # the plan's figure beside the measured one
+
+    out["memory_plan"] = device_projection(cfg, dev["kind"], dev["memory_gb"], int(dev["count"] or 1), results_dir)
     share = out["peak_memory_gb"] / dev["memory_gb"] if dev["memory_gb"] else 0.0
     checks.rows.append({"check": "memory headroom", "ok": share <= HEADROOM, "seconds": 0.0,
                         "detail": f"peak {out['peak_memory_gb']:.2f} of {dev['memory_gb']:.1f} GiB ({share:.0%}; "

@@ -158,6 +158,17 @@ def _dtype(m: dict) -> str:
     return f"{m['precision']}: weights loaded in {m.get('dtype', '?')}, trainable tensors {trainable}, {autocast}"
 
 
+def _vs_plan(m: dict, kind: str) -> str:
+    """The memory plan's projection beside the measured peak, with measured/projected (the plan's honesty)."""
+    plan, peak = m.get("memory_plan") or {}, m.get("peak_memory_gb")
+    if "peak_gb" not in plan or not peak:
+        return f"(memory plan: {plan.get('error', 'not made')})"
+    what = ("torch.cuda.max_memory_allocated over the job" if kind == "cuda" else
+            "process RSS peak, which also holds Python and its libraries")
+    return (f"(measured: {what}); `lorarl memory` projects {plan['peak_gb']:.2f} GiB: measured/projected "
+            f"{peak / plan['peak_gb']:.2f}" if plan["peak_gb"] else "")
+
+
 def render_markdown(rep: dict) -> str:
     m, d = rep["measured"], rep["measured"]["device"]
     lines = [f"# lorarl doctor: {rep['study']} / {rep['cell']} ({'OK' if rep['ok'] else 'FAILED'})", "",
@@ -167,7 +178,8 @@ def render_markdown(rep: dict) -> str:
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA / torch | {d['driver']} / {d['cuda']} / {d['torch']} |",
              f"| dtype used | {_dtype(m)} |",
-             f"| peak {'GPU' if d['kind'] == 'cuda' else 'CPU'} memory | {m.get('peak_memory_gb', float('nan')):.2f} GiB |"]
+             f"| peak {'GPU' if d['kind'] == 'cuda' else 'CPU'} memory | {m.get('peak_memory_gb', float('nan')):.2f} GiB "
+             f"{_vs_plan(m, d['kind'])} |"]
     sp = m.get("split")
     if sp:
         lines += [f"| step time | {_fmt_s(sp['step_s'])} |",
