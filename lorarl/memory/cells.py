@@ -110,6 +110,8 @@ def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int,
         out.append(f"train.micro_batch_size: {best_m} (or auto)" if best_m else
                    "train.micro_batch_size: even 1 sequence does not fit: a GPU with more memory "
                    "(e.g. H200 141 GB) or shorter sequences")
+    if shape.aux and aux_here and peak(max(min(m, best_m), 1), 1)["worst_phase"] == "scoring":
+        out.append("reward.teacher_batch_size / reward.prm_batch_size: smaller (their forward is the peak)")
     if gen_whole and (g > best_g or g == 0):
         out.append(f"rollout.generation_batch_size: {best_g} (or auto)" if best_g else
                    "rollout.generation_batch_size: even 1 sequence does not fit: a GPU with more memory")
@@ -122,14 +124,19 @@ def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str
     from lorarl.memory.arch import PlanError
     from lorarl.study import find_cell, load_study, study_cells
 
+    from lorarl.study import cell_table
+
     st = load_study(study)
     if st.kind != "grpo":
-        raise PlanError(f"study kind {st.kind!r} trains no model: nothing to plan; allowed: grpo studies")
+        return []  # the toy study (lorarl.toy) computes on the CPU: no model, nothing to plan
     if cell is not None:
         try:
             chosen = [find_cell(st, cell)]
         except (KeyError, ValueError) as err:
             raise PlanError(f"--cell {cell!r}: {err}") from None
+        if cell_table(st).is_base(chosen[0].id):
+            raise PlanError(f"--cell {cell!r} is a base pseudo-cell (the untrained model): it trains nothing; "
+                            f"allowed: a matrix cell ({', '.join(c.id for c in study_cells(st)[:5])}, ...)")
     else:
         chosen = study_cells(st)
     groups: dict[str, list] = {}

@@ -26,6 +26,9 @@ def table(plans: list[CellPlan]) -> str:
 
 def print_plan(plans: list[CellPlan], gpu_memory_gb: float, gpus: int, verbose: bool, out: Any = None) -> int:
     out = out or sys.stdout
+    if not plans:
+        print("no cell of this study trains a model (the toy study computes on the CPU): nothing to plan", file=out)
+        return 0
     print(f"memory plan: {gpus} GPU(s) of {gpu_memory_gb:g} GiB per training job, 10% headroom "
           f"(budget {0.9 * gpu_memory_gb:.1f} GiB); one row per distinct cell shape", file=out)
     print(table(plans), file=out)
@@ -36,7 +39,7 @@ def print_plan(plans: list[CellPlan], gpu_memory_gb: float, gpus: int, verbose: 
             for n in p.notes:
                 print(f"  note: {n}", file=out)
         if not p.fits:
-            print(f"  does not fit: set {'; '.join(p.knobs) or 'a GPU with more memory'}", file=out)
+            print(f"  does not fit; fix: {'; '.join(p.knobs) or 'a GPU with more memory'}", file=out)
     bad = [p for p in plans if not p.fits]
     print(f"\n{len(plans) - len(bad)} of {len(plans)} cell shapes fit" +
           (f"; {len(bad)} do not (see above)" if bad else ""), file=out)
