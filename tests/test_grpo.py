@@ -107,12 +107,16 @@ def one_step(trainer, inputs):
 
 def make_pair(tiny_dir, tmp_path, beta, loss_type, **kw):
     from trl import GRPOTrainer
+    from lorarl.train.rowsample import ChunkedRollouts
+
+    class Stock(ChunkedRollouts, GRPOTrainer):
+        """Stock TRL with lorarl's HF sampler (lorarl.train.rowsample), so both draw the same generations."""
 
     m1, tok = load(tiny_dir)
     m2, _ = load(tiny_dir)
     a = args(tmp_path, beta=beta, loss_type=loss_type, **kw)
     torch.manual_seed(0)
-    stock = GRPOTrainer(model=m1, reward_funcs=[stock_reward], args=a, train_dataset=dataset(),
+    stock = Stock(model=m1, reward_funcs=[stock_reward], args=a, train_dataset=dataset(),
                         processing_class=tok, peft_config=lora())
     torch.manual_seed(0)
     ours_args = args(tmp_path, loss_type=loss_type, **kw)  # TRL's beta 0: the coefficient is kl_beta

@@ -44,6 +44,11 @@ class Pack:
     data_facts: dict
 
 
+def _int_or_none(value) -> int | None:
+    """``rollout.generation_batch_size``: a number of rows, else None (null; "auto" the memory plan has not resolved)."""
+    return value if isinstance(value, int) else None
+
+
 def sampler_seed(seed: int) -> int:
     return int(seed) * 1_000_003 + SAMPLE_STREAM
 
@@ -172,7 +177,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
                             temperature=tuple(c.config.train.temperature for c in cells),
                             top_p=tuple(c.config.train.top_p for c in cells), pad_token_id=int(pad),
-                            eos_token_ids=tuple(int(e) for e in eos_ids))
+                            eos_token_ids=tuple(int(e) for e in eos_ids),
+                            generation_batch_size=_int_or_none(cfg0.rollout.generation_batch_size))
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells))

@@ -5,15 +5,17 @@ cell's adapter (:class:`lorarl.pack.routing.Router`), each cell sampling from IT
 
 Why a sampler of its own (not ``model.generate``): HF's ``generate`` draws from the global RNG, so the
 cells of a pack would share one stream and a cell's samples would depend on its pack-mates. Here each
-decode step runs ONE forward over all rows (KV cache), then each cell draws its rows' next tokens with
-``torch.multinomial(..., generator=its own)``. A cell draws only while one of its rows is unfinished,
-exactly as it would alone, so a cell's samples do not depend on who else is in the pack.
+cell first draws from ITS OWN generator a table of uniforms (its rows x ``max_new_tokens``; the same
+amount whatever the pack and the chunking), each decode step runs ONE forward over the chunk's rows (KV
+cache), then each row takes its next token by inverse-CDF sampling at its own uniform
+(:mod:`lorarl.train.rowsample`), so a cell's samples depend neither on who else is in the pack nor on
+``generation_batch_size`` (rows generated at once: the KV cache is bounded by the chunk).
 
 Bit-for-bit contract (tests/test_pack_steps.py): the prompt width is a fixed number of columns
 (``settings.prompt_width``: the longest training prompt of the task, the same for every member and for a
-pack of one), so every decode step sees the same key length in a pack of K and in a pack of one; rows
-never interact (causal attention, per-row matmuls), so a pack of K samples exactly what K packs of one
-sample. Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
+pack of one, and for every chunk), so every decode step sees the same key length in a pack of K, in a pack
+of one and in any chunk; rows never interact (causal attention, per-row matmuls), so a pack of K samples
+exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
 (no top-k: TRL's default ``top_k=0``).
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from lorarl.train.rowsample import chunk_slices, draw_uniforms, inverse_cdf, left_pad
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class SampleSettings:
     top_p: float | tuple[float, ...] = 1.0  # why: train.top_p (one for all, or one per cell)
     pad_token_id: int = 0  # why: filler after a row's end (and left padding)
     eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
+    generation_batch_size: int | None = None  # why: rows generated at once (KV-cache memory; samples unchanged)
 
     def cell(self, k: int) -> tuple[float, float]:
         """(temperature, top_p) of cell k."""
@@ -63,33 +68,48 @@ def next_token_probs(logits_BV: torch.Tensor, temperature: float, top_p: float) 
     return scores_BV.softmax(-1)
 
 
-def _left_pad(prompts: list[list[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids_BP = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask_BP = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if len(p) > width:
-            raise ValueError(f"prompt of {len(p)} tokens is wider than the pack's prompt width {width}")
-        if p:
-            ids_BP[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask_BP[i, width - len(p):] = 1
-    return ids_BP, mask_BP
-
-
 @torch.no_grad()
 def generate(router, prompts: list[list[list[int]] | None], generators: list[torch.Generator | None],
              s: SampleSettings) -> list[CellRollouts | None]:
     """Sample one completion per prompt row for every cell whose ``prompts[k]`` is not None (the cells
-    left out keep zero rows). Rows of a prompt group are passed repeated (G copies)."""
-    from transformers import DynamicCache
-
+    left out keep zero rows and draw nothing). Rows of a prompt group are passed repeated (G copies).
+    Each cell first draws its uniform table ``U`` (rows x max_new_tokens) from its own generator, then
+    the rows are generated ``s.generation_batch_size`` at a time (None: all at once)."""
     idx = [k for k, p in enumerate(prompts) if p is not None]
-    sizes = [len(prompts[k]) if prompts[k] is not None else 0 for k in range(len(prompts))]
+    cell_N = [k for k in idx for _ in prompts[k]]
     flat = [row for k in idx for row in prompts[k]]
     if not flat:
         return [None] * len(prompts)
+    u_NT = torch.cat([draw_uniforms(len(prompts[k]), s.max_new_tokens, generators[k]) for k in idx])
+    host = router.host
+    was_training = host.training
+    host.eval()
+    comps: list[list[int]] = []
+    try:
+        for sl in chunk_slices(len(flat), s.generation_batch_size):
+            cells = cell_N[sl]
+            sizes = [cells.count(k) for k in range(len(prompts))]
+            comps += _decode(router, flat[sl], cells, u_NT[sl], sizes, s)
+    finally:
+        host.train(was_training)
+    res: list[CellRollouts | None] = [None] * len(prompts)
+    start = 0
+    for k in idx:
+        n = len(prompts[k])
+        res[k] = CellRollouts(prompt_ids=[list(p) for p in prompts[k]], completion_ids=comps[start:start + n])
+        start += n
+    return res
+
+
+def _decode(router, rows: list[list[int]], cell_N: list[int], u_NT: torch.Tensor, sizes: list[int],
+            s: SampleSettings) -> list[list[int]]:
+    """One chunk: prefill, then one forward per decode step over the chunk's rows (KV cache); row ``i``
+    of cell ``k`` draws its step-``t`` token at ``u_NT[i, t]`` under cell k's temperature and top-p."""
+    from transformers import DynamicCache
+
     host = router.host
     dev = next(host.parameters()).device
-    ids_NP, mask_NP = _left_pad(flat, s.prompt_width, s.pad_token_id)
+    ids_NP, mask_NP = left_pad(rows, s.prompt_width, s.pad_token_id)
     ids_NP, mask_NP = ids_NP.to(dev), mask_NP.to(dev)
     pos_NP = (mask_NP.cumsum(-1) - 1).clamp(min=0)
     N = ids_NP.size(0)
@@ -98,43 +118,30 @@ def generate(router, prompts: list[list[list[int]] | None], generators: list[tor
     out_NT = torch.full((N, s.max_new_tokens), s.pad_token_id, dtype=torch.long, device=dev)
     length_N = torch.zeros(N, dtype=torch.long, device=dev)
     spans = {}
-    start = 0
-    for k in idx:
-        spans[k] = slice(start, start + sizes[k])
-        start += sizes[k]
+    for k in dict.fromkeys(cell_N):
+        first = cell_N.index(k)
+        spans[k] = slice(first, first + cell_N.count(k))
     cache = DynamicCache()
     attn_NL, next_pos_N = mask_NP, pos_NP[:, -1] + 1
-    was_training = host.training
-    host.eval()
-    try:
-        with router.route(sizes):
-            logits = host(input_ids=ids_NP, attention_mask=attn_NL, position_ids=pos_NP, past_key_values=cache,
-                          use_cache=True, logits_to_keep=1).logits[:, -1]
-            for t in range(s.max_new_tokens):
-                tok_N = torch.full((N,), s.pad_token_id, dtype=torch.long, device=dev)
-                for k in idx:
-                    sl = spans[k]
-                    if bool(done_N[sl].all()):
-                        continue  # this cell is finished: it draws nothing more (as it would alone)
-                    probs_BV = next_token_probs(logits[sl], *s.cell(k))
-                    draw_B = torch.multinomial(probs_BV.cpu(), 1, generator=generators[k]).squeeze(1).to(dev)
-                    tok_N[sl] = torch.where(done_N[sl], torch.full_like(draw_B, s.pad_token_id), draw_B)
-                live_N = ~done_N
-                out_NT[:, t] = tok_N
-                length_N += live_N.long()
-                done_N = done_N | (live_N & torch.isin(tok_N, eos))
-                if bool(done_N.all()) or t + 1 == s.max_new_tokens:
-                    break
-                attn_NL = torch.cat([attn_NL, torch.ones((N, 1), dtype=attn_NL.dtype, device=dev)], dim=1)
-                logits = host(input_ids=tok_N.unsqueeze(1), attention_mask=attn_NL,
-                              position_ids=next_pos_N.unsqueeze(1), past_key_values=cache, use_cache=True).logits[:, -1]
-                next_pos_N = next_pos_N + 1
-    finally:
-        host.train(was_training)
+    with router.route(sizes):
+        logits = host(input_ids=ids_NP, attention_mask=attn_NL, position_ids=pos_NP, past_key_values=cache,
+                      use_cache=True, logits_to_keep=1).logits[:, -1]
+        for t in range(s.max_new_tokens):
+            tok_N = torch.full((N,), s.pad_token_id, dtype=torch.long, device=dev)
+            for k, sl in spans.items():
+                if bool(done_N[sl].all()):
+                    continue  # this cell's rows are finished in this chunk: nothing to draw
+                draw_B = inverse_cdf(next_token_probs(logits[sl], *s.cell(k)), u_NT[sl, t].to(dev))
+                tok_N[sl] = torch.where(done_N[sl], torch.full_like(draw_B, s.pad_token_id), draw_B)
+            live_N = ~done_N
+            out_NT[:, t] = tok_N
+            length_N += live_N.long()
+            done_N = done_N | (live_N & torch.isin(tok_N, eos))
+            if bool(done_N.all()) or t + 1 == s.max_new_tokens:
+                break
+            attn_NL = torch.cat([attn_NL, torch.ones((N, 1), dtype=attn_NL.dtype, device=dev)], dim=1)
+            logits = host(input_ids=tok_N.unsqueeze(1), attention_mask=attn_NL,
+                          position_ids=next_pos_N.unsqueeze(1), past_key_values=cache, use_cache=True).logits[:, -1]
+            next_pos_N = next_pos_N + 1
     out_NT, length_N = out_NT.cpu(), length_N.cpu()
-    res: list[CellRollouts | None] = [None] * len(prompts)
-    for k in idx:
-        sl = spans[k]
-        comps = [out_NT[i, : int(length_N[i])].tolist() for i in range(sl.start, sl.stop)]
-        res[k] = CellRollouts(prompt_ids=[list(p) for p in prompts[k]], completion_ids=comps)
-    return res
+    return [out_NT[i, : int(length_N[i])].tolist() for i in range(N)]

@@ -7,8 +7,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   completion (the sum of its deposits) for its own reward metrics.
 * ``_generate_and_score_completions``: replaces TRL's ``[B]`` advantages by the ``[B, T]`` advantages of
   :func:`lorarl.train.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
-  ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`),
-  and runs the reference forward, only when ``beta > 0``.
+  ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`), and runs the reference forward, only when ``beta > 0``.
+* HF rollouts: ``rollout.generation_batch_size`` rows at a time, samples independent of it (:mod:`lorarl.train.rowsample`).
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
 
@@ -42,6 +42,7 @@ from lorarl.train.microbatch import MicroBatching
 from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
+from lorarl.train.rowsample import ChunkedRollouts
 
 class _RegimeReward:
     """Placeholder reward function carrying the regime's name (rewards come from the regime)."""
@@ -75,7 +76,7 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(MicroBatching, LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
@@ -114,6 +115,7 @@ class LorarlGRPOTrainer(MicroBatching, LeftTruncation, GRPOTrainer):
             raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
+        self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
         self.kl_beta = beta
         self.kl_estimator = kl_estimator
         self.kl_importance_correction = bool(args.use_bias_correction_kl)

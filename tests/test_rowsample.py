@@ -1,0 +1,124 @@
+"""HF rollouts in chunks (rollout.generation_batch_size, lorarl.train.rowsample): the solo trainer's and
+the pack's samples are the same whatever the chunk size (1, 3 with an uneven last chunk, null), they still
+depend on the seed, and the sampler draws from the warped distribution."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lorarl.train.rowsample import chunk_slices, inverse_cdf
+from tests.test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401
+
+ROWS, MAXLEN = 8, 10
+CHUNKS = [None, 1, 3, ROWS]  # 3: chunks of 3, 3 and 2 rows
+
+
+def test_chunk_slices():
+    assert chunk_slices(8, None) == [slice(0, 8)] == chunk_slices(8, "auto") == chunk_slices(8, 9)
+    assert chunk_slices(8, 3) == [slice(0, 3), slice(3, 6), slice(6, 8)]
+    with pytest.raises(ValueError, match="generation_batch_size"):
+        chunk_slices(8, 0)
+
+
+def test_inverse_cdf_draws_the_categorical_distribution():
+    probs_V = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    n = 10_000
+    u_N = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # an even grid of uniforms: exact frequencies
+    tok_N = inverse_cdf(probs_V.expand(n, -1), u_N)
+    freq_V = torch.bincount(tok_N, minlength=5).float() / n
+    torch.testing.assert_close(freq_V, probs_V, atol=2 / n, rtol=0)
+    edge = inverse_cdf(probs_V.expand(2, -1), torch.tensor([0.0, torch.nextafter(torch.tensor(1.0, dtype=torch.float64),
+                                                                                  torch.tensor(0.0, dtype=torch.float64))]))
+    assert edge.tolist() == [0, 3]  # never a token of probability 0, even at u ~ 1
+
+
+@pytest.fixture(scope="module")
+def eos_model(tiny_dir):  # noqa: F811
+    """The tiny policy with its EOS made likely, so rows end at different steps inside a chunk."""
+    model, tok = load(tiny_dir)
+    eos = tok.eos_token_id
+
+    def bias(_m, _i, out):
+        out = out.clone()
+        out[..., eos] += 3.0
+        return out
+
+    model.lm_head.register_forward_hook(bias)
+    return model, tok
+
+
+def solo_samples(trainer, tok, chunk, seed):
+    trainer.generation_batch_size = chunk
+    prompts = [tok(f"Q: {i}+{3 * i}=?" + " x" * (i % 3))["input_ids"] for i in range(ROWS)]  # uneven widths
+    torch.manual_seed(seed)  # what the HF Trainer seeds from the cell's seed (and restores on resume)
+    ids, logprobs = trainer._generate_single_turn(prompts, None, {}, 2)
+    assert logprobs is None and len(ids) == ROWS
+    return ids, torch.rand(4)  # the global stream after the rollouts: the same for every chunking
+
+
+def test_solo_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(eos_model, tmp_path):
+    from lorarl.rewards.outcome import OutcomeDeposits
+    from lorarl.train.trainer import LorarlGRPOTrainer
+
+    model, tok = eos_model
+    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score),
+                                args=args(tmp_path, max_steps=1, max_completion_length=MAXLEN, temperature=0.9,
+                                          top_p=0.95), train_dataset=dataset(), processing_class=tok)
+    ref, after = solo_samples(trainer, tok, None, 5)
+    lengths = {len(c) for c in ref}
+    assert len(lengths) > 1 and max(lengths) <= MAXLEN  # rows end at different steps: the test can fail
+    assert all(c[-1] == tok.eos_token_id for c in ref if len(c) < MAXLEN)
+    for chunk in CHUNKS[1:]:
+        ids, rng = solo_samples(trainer, tok, chunk, 5)
+        assert ids == ref, chunk
+        assert torch.equal(rng, after), chunk
+    assert solo_samples(trainer, tok, 3, 6)[0] != ref  # another seed, other samples
+
+
+def test_solo_rollouts_apply_the_sampling_warpers(eos_model, tmp_path):
+    """top_k=1 leaves one token: the rollouts are HF's greedy decoding, whatever the uniforms."""
+    from lorarl.rewards.outcome import OutcomeDeposits
+    from lorarl.train.trainer import LorarlGRPOTrainer
+
+    model, tok = eos_model
+    trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score),
+                                args=args(tmp_path, max_steps=1, max_completion_length=MAXLEN, top_k=1),
+                                train_dataset=dataset(), processing_class=tok)
+    ids, _ = solo_samples(trainer, tok, 3, 5)
+    prompt = tok("Q: 1+3=? x")["input_ids"]
+    greedy = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                            do_sample=False, max_new_tokens=MAXLEN, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+    assert ids[1] == greedy[: len(ids[1])] and len(ids[1]) in (len(greedy), MAXLEN)
+
+
+def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, tmp_path):  # noqa: F811
+    from lorarl.pack.build import build_pack
+    from lorarl.pack.generate import generate
+    from tests.test_pack_steps import cell
+
+    cells = [cell(tiny_dir, "a", 1, temperature=0.9), cell(tiny_dir, "b", 2, top_p=0.9)]
+    for c in cells:
+        c.config.rollout.generation_batch_size = 3
+    pack = build_pack(cells, results_dir=tmp_path)
+    lp = pack.loop
+    assert lp.sample.generation_batch_size == 3  # the cells' rollout.generation_batch_size reaches the sampler
+    prompts = [lp.members[0].prompt_ids[:5], lp.members[1].prompt_ids[2:5]]  # 8 rows: chunks of 3 cross the cells
+
+    def samples(chunk, seeds=(11, 12)):
+        s = dataclasses.replace(lp.sample, generation_batch_size=chunk)
+        gens = [torch.Generator().manual_seed(x) for x in seeds]
+        ros = generate(lp.trainer.router, prompts, gens, s)
+        return [r.completion_ids for r in ros], [g.get_state() for g in gens]
+
+    ref, states = samples(None)
+    assert len({tuple(c) for r in ref for c in r}) == 8  # distinct samples: the comparison can fail
+    for chunk in CHUNKS[1:]:
+        got, st = samples(chunk)
+        assert got == ref, chunk
+        assert all(torch.equal(a, b) for a, b in zip(st, states)), chunk  # each cell's stream consumed alike
+    other, _ = samples(3, seeds=(11, 99))
+    assert other[0] == ref[0] and other[1] != ref[1]  # cell b's seed changes b's samples only
