@@ -62,3 +62,12 @@ def test_settings_that_are_not_auto_are_kept():
     cfg = resolve_job(c.config, gpus=1, free_bytes=80 * GIB, log=lambda s: None)
     assert cfg.train.micro_batch_size is None and cfg.rollout.generation_batch_size is None
     assert cfg.model_dump() == c.config.model_dump()
+
+
+def test_auto_on_a_model_the_plan_does_not_know_is_a_clear_error():
+    from lorarl.config import CellConfig
+
+    cfg = CellConfig.model_validate({"model": "nobody/unknown-model", "train": {"micro_batch_size": "auto"}})
+    with pytest.raises(ValueError, match="micro_batch_size / rollout.generation_batch_size auto need the memory plan"):
+        resolve_job(cfg, gpus=1, free_bytes=80 * GIB, log=lambda s: None)
+    assert resolve_job(cfg, gpus=0, log=lambda s: None).train.micro_batch_size is None  # CPU: the whole batch

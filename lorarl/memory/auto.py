@@ -33,7 +33,7 @@ def place_aux(setting: str | None, gpus: int) -> str | None:
 
 
 def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
-                log: Callable[[str], None] = print) -> Any:
+                log: Callable[[str], None] = print, results_dir: str = "results") -> Any:
     """``cfg`` with its ``auto`` memory knobs and auxiliary devices resolved for this job (a copy)."""
     if gpus is None or (gpus > 0 and free_bytes is None):
         import torch
@@ -49,10 +49,15 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
     train, rollout = cfg.train, cfg.rollout
     wants = train.micro_batch_size == "auto" or rollout.generation_batch_size == "auto"
     if wants and gpus > 0:
+        from lorarl.memory.arch import PlanError
         from lorarl.memory.cells import plan_cell
         from lorarl.memory.plan import GIB
 
-        p = plan_cell(cfg, free_bytes / GIB, gpus=min(gpus, 2), device="cuda")
+        try:
+            p = plan_cell(cfg, free_bytes / GIB, gpus=min(gpus, 2), device="cuda", results_dir=str(results_dir))
+        except PlanError as err:
+            raise ValueError(f"train.micro_batch_size / rollout.generation_batch_size auto need the memory plan: "
+                             f"{err}; or set them to a number of sequences") from None
         m, g = max(p.max_micro_batch, 1), max(p.max_generation_batch, 1)
         log(f"[lorarl] memory plan: {free_bytes / GIB:.1f} GiB free on the job's GPU; projected peak "
             f"{p.peak_gb:.1f} GiB at micro-batch {m} of {p.rows}, generation chunk {g} of {p.batch}"

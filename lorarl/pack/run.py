@@ -198,7 +198,7 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
             chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
             from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
 
-            pack = build_pack([job_cell(s.cell) for s in slots], results_dir=results_dir, device=device,
+            pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir, device=device,
                               update_cells=chunk)
             loop, trainer = pack.loop, pack.loop.trainer
             for k, s in enumerate(slots):

@@ -95,7 +95,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         torch.set_num_threads(threads)
     from lorarl.memory.auto import resolve_job
 
-    cfg = resolve_job(cell.config)  # `auto` memory knobs + teacher/PRM devices for this job's GPUs (lorarl.memory)
+    cfg = resolve_job(cell.config, results_dir=str(results_dir))  # `auto` memory knobs + teacher/PRM devices for this job's GPUs (lorarl.memory)
     from lorarl.train.rollout import check_engine
 
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
