@@ -90,3 +90,15 @@ def test_teacher_on_the_second_gpu_when_one_gpu_cannot_hold_it():
         "slurm.train.gpus_per_node: 2 (the profile's train resources; teacher/PRM on the second GPU)"]
     assert two["distillation-r1-s0"].fits and two["distillation-r1-s0"].aux_gpu_gb > 15  # Qwen3-8B bf16
     assert plans["outcome-r1-s0"].peak_gb == pytest.approx(two["outcome-r1-s0"].peak_gb)  # no aux model
+
+
+def test_the_profile_gives_the_gpus_per_job(tmp_path):
+    study = str(EXPERIMENTS / "reward_density.yaml")
+    prof = tmp_path / "twogpus"
+    prof.mkdir()
+    (prof / "config.yaml").write_text("config:\n  launcher: slurm\n  slurm: {train: {gpus_per_node: 2}}\n")
+    rc, out, _ = run_cli(study, "--gpu-memory-gb", "24", "--profile", "slurm")  # the shipped profile: 1 GPU
+    assert rc == 1 and "slurm.train.gpus_per_node: 2" in out
+    rc, out, _ = run_cli(study, "--gpu-memory-gb", "24", "--profile", str(prof), "--cell", "distillation-r1-s0")
+    assert rc == 0 and "2 GPU(s)" in out
+    assert run_cli(study, "--profile", str(tmp_path / "nope"))[0] == 2

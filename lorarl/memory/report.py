@@ -53,6 +53,11 @@ def cmd_memory(args: Any) -> int:
     if args.gpu_memory_gb <= 0:
         print(f"error: --gpu-memory-gb must be a positive number of GiB; got {args.gpu_memory_gb}", file=sys.stderr)
         return 2
+    if args.gpus is None:  # the profile's train jobs: slurm.train.gpus_per_node (the local launcher: 1)
+        from lorarl.pipeline.doctor_report import read_profile
+
+        train = (read_profile(args.profile)["slurm"].get("train") or {}) if args.profile else {}
+        args.gpus = min(int(train.get("gpus_per_node") or 1), 2)
     if args.gpus not in (1, 2):
         print(f"error: --gpus must be 1 or 2 (the profile's slurm.train.gpus_per_node); got {args.gpus}",
               file=sys.stderr)
