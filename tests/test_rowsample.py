@@ -122,3 +122,14 @@ def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, 
         assert all(torch.equal(a, b) for a, b in zip(st, states)), chunk  # each cell's stream consumed alike
     other, _ = samples(3, seeds=(11, 99))
     assert other[0] == ref[0] and other[1] != ref[1]  # cell b's seed changes b's samples only
+
+
+def test_the_cell_setting_reaches_the_solo_trainer(tiny_dir, tmp_path):  # noqa: F811
+    from lorarl.config import CellConfig
+    from lorarl.memory.measure import tiny_trainer
+
+    cfg = CellConfig.model_validate({"model": str(tiny_dir), "adapter": {"method": "lora", "rank": 2},
+                                     "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 4},
+                                     "rollout": {"generation_batch_size": 3}})
+    trainer, _ = tiny_trainer(str(tiny_dir), cfg, str(tmp_path))
+    assert trainer.generation_batch_size == 3
