@@ -308,6 +308,7 @@ class BenchmarkEval(Strict):
     limit: int | None = Field(None, gt=0)  # first N problems only (smoke runs; recorded in the summary)
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
     grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
+    headline: str | None = Field(None, json_schema_extra={"runtime": True})  # metric of this benchmark's headline column in tables, Avg and figures, e.g. pass@32 (paper 003 Table 1); null = the protocol's first (pass@1 / avg@n); report only: nothing is re-evaluated
     answer_format: AnswerFormat | None = None  # math benchmarks: null = the study's reward.answer_format (prompt and grading agree); 003 grades GSM8K by its last number
 
 

@@ -67,13 +67,17 @@ def check_eval_config(ev: Any) -> None:
         if name not in BENCHMARKS:
             raise EvalPlanError(f"eval.benchmarks: unknown benchmark {name!r}; allowed: {_allowed()}")
         try:
-            protocol_for(name, spec, ev)
+            protocol = protocol_for(name, spec, ev)
         except ValueError as err:
             errors = getattr(err, "errors", None)  # a pydantic ValidationError of Protocol
             msg = "; ".join(e["msg"].removeprefix("Value error, ") for e in errors()) if errors else str(err)
             hint = " (its registry protocol is greedy: set temperature > 0 to sample)" if (
                 get_benchmark(name).protocol.kind == "greedy" and spec.protocol.temperature is None) else ""
             raise EvalPlanError(f"eval.benchmarks.{name}.protocol: {msg}{hint}") from None
+        headline = getattr(spec, "headline", None)
+        if headline is not None and headline not in protocol.metric_names:
+            raise EvalPlanError(f"eval.benchmarks.{name}.headline: {headline!r} is not a metric of its protocol; "
+                                f"allowed: {', '.join(protocol.metric_names)}")
     for name in ev.curve_benchmarks or ():
         if name not in specs:
             raise EvalPlanError(f"eval.curve_benchmarks: {name!r} is not in eval.benchmarks; allowed: "

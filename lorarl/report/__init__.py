@@ -63,10 +63,10 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             df.to_csv(out[name], index=False)
             shown[title] = df
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
-        from lorarl.report.columns import primary_columns
+        from lorarl.report.columns import headlines, primary_columns
 
         shown["base model (untrained), one row per model and prompt"] = data.base[
-            ["base"] + primary_columns(data.base)]
+            ["base"] + primary_columns(data.base, headlines(study))]
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
 
     out.update(drawn)

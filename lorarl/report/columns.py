@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pandas as pd
 
@@ -14,9 +15,26 @@ def eval_metrics(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if EVAL_COL.match(str(c))]
 
 
-def primary_columns(df: pd.DataFrame) -> list[str]:
-    """Each benchmark's headline column (its first metric: pass@1, or avg@n for sampled protocols)."""
+def primary_columns(df: pd.DataFrame, headlines: dict[str, str] | None = None) -> list[str]:
+    """Each benchmark's headline column: the metric the study names (``eval.benchmarks.<b>.headline``, see
+    :func:`headlines`), else its first metric (pass@1, or avg@n for sampled protocols)."""
     first: dict[str, str] = {}
     for c in eval_metrics(df):
         first.setdefault(c.split("/")[0], c)
+    for bench, metric in (headlines or {}).items():
+        if bench in first and f"{bench}/{metric}" in df.columns:
+            first[bench] = f"{bench}/{metric}"
     return list(first.values())
+
+
+def headlines(study: Any) -> dict[str, str]:
+    """Benchmark -> the headline metric a study names for it (``eval.benchmarks.<b>.headline``)."""
+    from lorarl.study import study_cells
+
+    out: dict[str, str] = {}
+    for cell in study_cells(study):
+        ev = getattr(cell.config, "eval", None)  # a toy cell has no evaluation
+        for bench, spec in ((ev.benchmarks or {}) if ev is not None else {}).items():
+            if spec.headline:
+                out.setdefault(bench, spec.headline)
+    return out

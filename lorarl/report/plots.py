@@ -96,10 +96,10 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
 
 def study_figures(study: Study, cells: pd.DataFrame, curves: pd.DataFrame, fdir: Path,
                   base: pd.DataFrame | None = None) -> dict[str, Path]:
-    from lorarl.report.columns import primary_columns
+    from lorarl.report.columns import headlines, primary_columns
 
     made = {"train_reward": reward_curves(study, curves, fdir / "train_reward.png")}
-    for col in primary_columns(cells):  # one accuracy-vs-rank figure per benchmark (its headline metric)
+    for col in primary_columns(cells, headlines(study)):  # one accuracy-vs-rank figure per benchmark (its headline metric)
         bench = col.split("/")[0]
         made[f"pass1_vs_rank_{bench}"] = accuracy_vs_rank(study, cells, fdir / f"pass1_vs_rank_{bench}.png", col, base)
     return {k: v for k, v in made.items() if v is not None}

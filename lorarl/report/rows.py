@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -55,7 +56,14 @@ def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
             files.append((cell.config.train.steps, paths.path("eval_summary", benchmark=bench, **kw)))
             for st, f in files:
                 ev = _read_json(f)
-                m = ev["metrics"][ev["primary_metric"]]
-                rows.append({"cell": cell.id, **cell.axes, "benchmark": bench, "metric": ev["primary_metric"],
+                metric = _headline(cell.config, bench) or ev["primary_metric"]
+                m = ev["metrics"][metric]
+                rows.append({"cell": cell.id, **cell.axes, "benchmark": bench, "metric": metric,
                              "step": st, "value": m["value"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
     return pd.DataFrame(rows)
+
+
+def _headline(cfg: Any, bench: str) -> str | None:
+    """The study's headline metric of ``bench`` (``eval.benchmarks.<b>.headline``), if it names one."""
+    spec = (cfg.eval.benchmarks or {}).get(bench)
+    return spec.headline if spec is not None else None

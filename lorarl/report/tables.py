@@ -48,9 +48,9 @@ def baseline_label(data: StudyData) -> str:
 
 
 def primary_metrics(data: StudyData) -> list[str]:
-    from lorarl.report.columns import primary_columns
+    from lorarl.report.columns import headlines, primary_columns
 
-    return primary_columns(data.cells) if not data.cells.empty else []
+    return primary_columns(data.cells, headlines(data.study)) if not data.cells.empty else []
 
 
 def stats_table(data: StudyData) -> pd.DataFrame:
