@@ -141,3 +141,83 @@ def test_pack_micro_batch_is_the_smallest_members():
 
     assert pack_micro_batch([cell(4), cell(2), cell(None)]) == 2
     assert pack_micro_batch([cell(None), cell("auto")]) is None
+
+
+def _method_config(method):
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM",
+                      use_dora=method == "dora", use_rslora=method == "rslora")
+
+
+@pytest.mark.parametrize("method", ["dora", "rslora"])  # lora: test_checkpointing_the_shared_base_gives_...
+def test_checkpointing_every_packable_method_recomputes_and_keeps_gradients(tiny_dir, method):  # noqa: F811
+    """Each PEFT method a pack takes (lorarl.pack.plan.PACKABLE_METHODS): the checkpointed backward re-runs
+    the decoder layers (counted) and gives each member the gradients of no checkpointing."""
+    from peft import get_peft_model
+
+    from lorarl.pack.build import _checkpoint_base
+    from lorarl.pack.plan import PACKABLE_METHODS
+
+    assert set(PACKABLE_METHODS) == {"lora", "dora", "rslora"}  # a new method needs its row here
+    cells = []
+    for s in SEEDS:
+        m, tok = load(tiny_dir)
+        torch.manual_seed(s)
+        pm = get_peft_model(m, _method_config(method))
+        init_adapter(pm, "lora", seed=s)
+        opt = torch.optim.SGD([p for p in pm.parameters() if p.requires_grad], lr=0.0)
+        cells.append(PackCell(f"s{s}", pm, opt, LossSettings(max_completion_length=MAXLEN, beta=0.1),
+                              max_grad_norm=None))
+    trainer = PackedTrainer(cells, pad_token_id=tok.pad_token_id, fused_lm_head=False)
+    batches = [synthetic_batch(s, 1, cells[0].model.get_base_model(), tok, cells[0].model.config.vocab_size)
+               for s in SEEDS]
+    layer = trainer.host.get_base_model().model.layers[0]
+    calls = []
+    hook = layer.register_forward_pre_hook(lambda *a: calls.append(1))  # (a recompute stops early)
+    try:
+        _, off = _grads(trainer, batches, 3)
+        n_off = len(calls)
+        _checkpoint_base(trainer.host)
+        calls.clear()
+        _, on = _grads(trainer, batches, 3)
+        assert len(calls) == 2 * n_off  # every chunk's forward is recomputed in its backward
+    finally:
+        hook.remove()
+        trainer.host.get_base_model().gradient_checkpointing_disable()
+        trainer.router.remove()
+    for k in range(len(SEEDS)):
+        assert off[k] and off[k].keys() == on[k].keys()
+        for n in off[k]:
+            torch.testing.assert_close(on[k][n], off[k][n], atol=1e-6, rtol=1e-5, msg=f"{method} cell {k} {n}")
+
+
+def test_chunked_reference_log_probs_equal_unchunked(pack):
+    """The pack's frozen-reference forward (PackLoop._ref_logps) at micro_batch_size rows per cell per
+    forward (chunks straddling cells, each cell at its own temperature) equals one forward."""
+    from lorarl.pack.generate import SampleSettings
+    from lorarl.pack.steps import DataOrder, Member, PackLoop
+
+    trainer, batches = pack
+    W = max(b["prompt_ids"].size(1) for b in batches)
+    padded = {}
+    for k, b in enumerate(batches):
+        p = W - b["prompt_ids"].size(1)
+        padded[k] = {**b, "prompt_ids": torch.nn.functional.pad(b["prompt_ids"], (p, 0), value=0),
+                     "prompt_mask": torch.nn.functional.pad(b["prompt_mask"], (p, 0), value=0)}
+    members = [Member(name=c.name, regime=None, prompts=[], prompt_ids=[], answers=[], order=DataOrder(1, 0),
+                      sampler=torch.Generator(), steps=1, prompts_per_step=1, generations=1, beta=0.1)
+               for c in trainer.cells]
+    sample = SampleSettings(prompt_width=W, max_new_tokens=MAXLEN, temperature=(1.0, 0.7))
+    loop = PackLoop(trainer, members, sample, tokenizer=None, ref_model=trainer.host.get_base_model())
+    whole = loop._ref_logps(padded)
+    assert whole[0].shape == batches[0]["completion_ids"].shape
+    assert all(bool((lp < 0).all()) for lp in whole.values())  # real log-probs of a 300-token vocabulary
+    for m in (1, 2, 3):
+        trainer.micro_batch_size = m
+        try:
+            chunked = loop._ref_logps(padded)
+        finally:
+            trainer.micro_batch_size = None
+        for k in whole:
+            torch.testing.assert_close(chunked[k], whole[k], atol=1e-6, rtol=1e-6, msg=f"m={m} cell {k}")
