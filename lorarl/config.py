@@ -6,7 +6,7 @@ Every field carries a one-line comment saying *why* it exists. Unknown fields ar
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from lorarl.numbers import NoBoolNumbers
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
+Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
 AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
 
 
@@ -43,6 +44,7 @@ class TaskConfig(Strict):
     config: str | None = Field(None, json_schema_extra={"signature_omits_default": True})  # dataset: the hub configuration (DAPO-Math-17k-Processed: all / en / cn); None = the dataset's default
     prompt_field: str = "prompt"  # dataset: column holding the question
     answer_field: str = "answer"  # dataset: column holding the gold answer
+    unwrap: Literal["dapo"] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # dataset: the prompt column is this dataset's instructed message (dapo: DAPO-Math's "Answer:" wrapper); the bare problem is taken out of it, so the cell's own template is the one instruction (paper 002)
     prompt_rendered: bool = False  # dataset: the prompt column already is prompt.template's text (DAPO-Math's instructed prompt): checked, not wrapped again
 
     @model_validator(mode="after")
@@ -53,6 +55,9 @@ class TaskConfig(Strict):
             raise ValueError("task.path is required when task.name is 'dataset'")
         if (self.config or self.revision) and (self.name != "dataset" or str(self.path).endswith((".jsonl", ".json", ".parquet"))):
             raise ValueError("task.config / task.revision apply to a hub dataset (id or folder), not to a synthetic task or a .jsonl/.parquet file")
+        if self.unwrap and (self.prompt_rendered or self.name != "dataset"):
+            raise ValueError("task.unwrap applies to task.name 'dataset' and takes the bare problem out of the prompt "
+                             "column; task.prompt_rendered uses the column as the whole message: set one of them")
         if self.prompt_rendered and self.name != "dataset":
             raise ValueError("task.prompt_rendered applies to task.name 'dataset' only (synthetic prompts are raw)")
         return self
@@ -143,7 +148,7 @@ class TrainConfig(Strict):
     max_prompt_length: int | None = Field(None, gt=0)  # training prompts longer than this many tokens are dropped or cut (prompt_overflow; paper 002: 512)
     prompt_overflow: Literal["drop", "truncate_left"] = Field("drop", json_schema_extra={"signature_omits_default": True})  # a prompt over max_prompt_length: dropped, or its last tokens kept (verl's left truncation, papers 002/003/004)
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
-    micro_batch_size: int | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # sequences per forward/backward, gradients accumulated over the update's batch (memory, not results); null = the whole batch, auto = the memory plan's on the job's GPU
+    micro_batch_size: Sequences | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # sequences per forward/backward, gradients accumulated over the update's batch (memory, not results); null = the whole batch, auto = the memory plan's on the job's GPU
     gradient_checkpointing: Literal["auto", "on", "off"] = Field("auto", json_schema_extra={"runtime": True})  # recompute activations in the backward (memory for time); auto = on for GPU cells
 
     @model_validator(mode="after")
@@ -155,8 +160,6 @@ class TrainConfig(Strict):
                              f"train.prompts_per_step ({self.prompts_per_step})")
         if self.prompt_overflow == "truncate_left" and self.max_prompt_length is None:
             raise ValueError("train.prompt_overflow truncate_left needs train.max_prompt_length (how many tokens to keep)")
-        if isinstance(self.micro_batch_size, int) and self.micro_batch_size <= 0:
-            raise ValueError(f"train.micro_batch_size must be a positive number of sequences, 'auto' or null; got {self.micro_batch_size}")
         if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):
             raise ValueError(f"train.dual_clip must exceed 1 + the upper clip ({1 + (self.epsilon_high or self.epsilon)})")
         return self
@@ -248,7 +251,7 @@ class RolloutConfig(Strict):
     sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
         False, json_schema_extra={"runtime": True})
     max_model_length: int | None = Field(None, gt=0)  # vllm: context length; null = train.max_prompt_length + max_completion_length (the model's own when prompts have no limit)
-    generation_batch_size: int | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # hf engine: sequences generated at once (KV-cache memory, not results); null = the whole batch, auto = the memory plan's
+    generation_batch_size: Sequences | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # hf engine: sequences generated at once (KV-cache memory, not results); null = the whole batch, auto = the memory plan's
     enforce_eager: bool = False  # vllm: no CUDA graphs (less memory, slower; kernels differ, so it stays in the hash)
     freshness_threshold: float = Field(0.05, gt=0)  # vllm: mean |logp_sampler - logp_policy| (nats/token) above bf16 noise
     freshness_patience: int = Field(3, ge=1)  # vllm: consecutive stale steps before the cell stops with an error
@@ -258,13 +261,6 @@ class RolloutConfig(Strict):
     importance_sampling: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field("sequence_mask", json_schema_extra={"signature_omits_default": True})  # vllm: TRL's correction of sampler/trainer mismatch in the loss (ratios outside the bounds masked or clipped); TRL's default
     importance_sampling_cap: float | None = Field(3.0, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: upper bound of the IS ratio (TRL's 3.0); null = none
     importance_sampling_floor: float | None = Field(None, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: lower bound of the IS ratio; null = none (TRL's)
-
-    @field_validator("generation_batch_size")
-    @classmethod
-    def _positive_chunk(cls, v: Any) -> Any:
-        if isinstance(v, int) and v <= 0:
-            raise ValueError(f"rollout.generation_batch_size must be a positive number of sequences, 'auto' or null; got {v}")
-        return v
 
     @model_validator(mode="after")
     def _is_bounds(self) -> "RolloutConfig":

@@ -35,8 +35,11 @@ def task_records(task: TaskConfig) -> tuple[list[dict], list[dict]]:
     missing = {task.prompt_field, task.answer_field} - set(rows[0] if rows else {})
     if missing:
         raise ValueError(f"dataset {task.path} lacks field(s) {sorted(missing)}; has {sorted(rows[0])}")
-    recs = [
-        {"id": f"{task.split}-{i}", "prompt": str(r[task.prompt_field]), "answer": str(r[task.answer_field])}
-        for i, r in enumerate(rows)
-    ]
+    prompts = [str(r[task.prompt_field]) for r in rows]
+    if task.unwrap:  # the bare problem out of the dataset's instructed message (the cell's template asks)
+        from lorarl.tasks.prompt import unwrap
+
+        prompts = unwrap(task.unwrap, prompts)
+    recs = [{"id": f"{task.split}-{i}", "prompt": p, "answer": str(r[task.answer_field])}
+            for i, (p, r) in enumerate(zip(prompts, rows))]
     return recs, []

@@ -30,13 +30,15 @@ THINK_INSTRUCTION = ("First think through the problem inside <think> </think> ta
 DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the "
                  "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{question}\n\n"
                  "Remember to put your answer on its own line after \"Answer:\".")  # DAPO-Math-17k's user message (papers 002/003); graded by reward.answer_format answer_line
+WRAPPERS = {"dapo": DAPO_TEMPLATE}  # task.unwrap: a dataset's instructed message, the bare problem at {question}
 Prompt = "str | list[dict[str, str]]"  # plain text, or a conversation for the chat template
 
 
-def default_template(synthetic: bool) -> str:
+def default_template(synthetic: bool, think: bool = False) -> str:
     """The template of a null ``prompt.template``: a synthetic question already is the whole prompt
-    the tiny models were SFT'd on; any other question gets the math instruction."""
-    return "{question}" if synthetic else MATH_TEMPLATE
+    the tiny models were SFT'd on; any other question gets the math instruction, unless ``prompt.think``
+    adds its own (``<think>`` then ``\\boxed{}``): one answer instruction, not two."""
+    return "{question}" if synthetic or think else MATH_TEMPLATE
 
 
 def template_of(cfg: Any, synthetic: bool | None = None) -> str:
@@ -44,7 +46,21 @@ def template_of(cfg: Any, synthetic: bool | None = None) -> str:
     cell's training task; evaluation passes whether the benchmark is the synthetic one)."""
     if cfg.prompt.template is not None:
         return cfg.prompt.template
-    return default_template(cfg.task.name == "synthetic" if synthetic is None else synthetic)
+    return default_template(cfg.task.name == "synthetic" if synthetic is None else synthetic, cfg.prompt.think)
+
+
+def unwrap(wrapper: str, texts: Sequence[str]) -> list[str]:
+    """The bare problems inside a dataset's instructed messages (``task.unwrap``: :data:`WRAPPERS`); a row
+    without the wrapper is an error naming it."""
+    pre, post = WRAPPERS[wrapper].split("{question}")
+    out = []
+    for i, t in enumerate(texts):
+        if not (t.startswith(pre) and t.endswith(post) and len(t) > len(pre) + len(post)):
+            raise ValueError(f"task.unwrap {wrapper}: row {i} is not the {wrapper} wrapper's text (it must begin "
+                             f"{pre[:50]!r} and end {post[-50:]!r}); got {t[:80]!r}... Set task.unwrap: null if the "
+                             "column holds bare problems")
+        out.append(t[len(pre):len(t) - len(post)])
+    return out
 
 
 def user_message(cfg: Any, question: str, *, rendered: bool = False, synthetic: bool | None = None) -> str:
