@@ -2,7 +2,7 @@
 loss and gradients with chunks of 1, 2 and 3 rows (uneven last chunk) equal its unbatched update's, for
 every loss type x advantage shape x KL setting x ratio level; checkpointing the shared base gives the
 gradients of no checkpointing (the backward recomputes the ROUTED forward); chunked log-probs (policy and
-reference) equal unchunked."""
+reference) equal unchunked; full packed steps built from the members' settings end at the same adapters."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def _grads(trainer, batches, m):
     trainer.micro_batch_size = None
     g = [{n: p.grad.detach().clone() for n, p in c.model.named_parameters() if p.requires_grad and p.grad is not None}
          for c in trainer.cells]
-    return [metrics[c.name]["loss"] for c in trainer.cells], g
+    return [metrics[c.name] for c in trainer.cells], g
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -90,8 +90,10 @@ def test_packed_micro_batches_give_each_members_unbatched_update(pack, loss_type
     whole, g_whole = _grads(trainer, batches, None)
     assert all(g for g in g_whole)
     for m in (1, 2, 3):  # 5 rows: chunks 2+2+1 and 3+2
-        loss, g = _grads(trainer, batches, m)
-        assert loss == pytest.approx(whole, abs=1e-6, rel=1e-6), (m, loss, whole)
+        got, g = _grads(trainer, batches, m)
+        for k in range(len(SEEDS)):  # the step's metrics (loss, grad_norm, kl) are the unbatched step's
+            assert got[k].keys() == whole[k].keys() and {"loss", "grad_norm"} <= got[k].keys()
+            assert got[k] == pytest.approx(whole[k], abs=1e-6, rel=1e-6), (m, k, got[k], whole[k])
         for k in range(len(SEEDS)):
             assert g[k].keys() == g_whole[k].keys()
             for n in g[k]:
@@ -221,3 +223,35 @@ def test_chunked_reference_log_probs_equal_unchunked(pack):
             trainer.micro_batch_size = None
         for k in whole:
             torch.testing.assert_close(chunked[k], whole[k], atol=1e-6, rtol=1e-6, msg=f"m={m} cell {k}")
+
+
+def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_adapters(tiny_dir, tmp_path):  # noqa: F811
+    """build_pack reads the members' train.micro_batch_size (the smallest) and gradient_checkpointing: three
+    full steps (rollouts; an outcome member, and a process member with beta > 0 and KL monitors every step;
+    update) with micro-batch 3 of 4 rows and the base checkpointed give the metrics and adapters of the
+    whole-batch pack without checkpointing."""
+    from lorarl.pack.build import build_pack
+    from tests.test_pack_steps import cell, clean, fake_regimes, trained
+
+    def cells(**train):
+        out = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05, regime="process", monitor=1)]
+        for c in out:
+            c.config = c.config.model_copy(update={"train": c.config.train.model_copy(update=train)})
+        return out
+
+    whole = fake_regimes(build_pack(cells(), results_dir=tmp_path))
+    small = cells(gradient_checkpointing="on")
+    small[0].config.train.micro_batch_size = 3
+    micro = fake_regimes(build_pack(small, results_dir=tmp_path))
+    assert micro.loop.trainer.micro_batch_size == 3 and whole.loop.trainer.micro_batch_size is None
+    assert micro.loop.trainer.host.get_base_model().is_gradient_checkpointing
+    assert not whole.loop.trainer.host.get_base_model().is_gradient_checkpointing
+    for _ in range(3):
+        rw, rm = whole.loop.step(), micro.loop.step()
+        assert rw.keys() == rm.keys() == {"a", "b"}
+        for name in rw:
+            assert clean(rm[name]) == pytest.approx(clean(rw[name]), abs=1e-5, rel=1e-5), name
+    for k in range(2):
+        w, m = trained(whole, k), trained(micro, k)
+        for n in w:
+            torch.testing.assert_close(m[n], w[n], atol=1e-5, rtol=1e-5, msg=f"cell {k} {n}")
