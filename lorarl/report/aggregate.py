@@ -141,6 +141,9 @@ def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
     base.to_csv(tdir / "base.csv", index=False)
     out["table_md"].write_text(markdown(study, table, base, cells))
     curves = metric_curves(study, results)
+    from lorarl.report.draw import reset_palette
+
+    reset_palette(study)  # one colour per group in every figure of the study
     out.update(plots.study_figures(study, cells, curves, fdir, base=base))
     evcurves = eval_curve_table(study, results)
     if not evcurves.empty:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from typing import TYPE_CHECKING
 
@@ -47,9 +48,34 @@ def by_series(df: pd.DataFrame, keys: list[str]) -> dict[tuple, pd.DataFrame]:
             for k, g in df.groupby([df[k].astype(str) for k in keys], sort=False)}
 
 
-def colors(n: int):
-    cmap = plt().get_cmap("tab10" if n <= 10 else "tab20")
-    return [cmap(i % cmap.N) for i in range(n)]
+_PALETTE: dict[str, tuple] = {}  # group label -> its colour, for the whole report
+
+
+def palette() -> list[tuple]:
+    """20 distinguishable colours: tab10, then tab20's lighter shades."""
+    t10, t20 = plt().get_cmap("tab10"), plt().get_cmap("tab20")
+    return [t10(i) for i in range(10)] + [t20(2 * i + 1) for i in range(10)]
+
+
+def reset_palette(study: Any) -> None:
+    """A new report: the study's groups (every non-seed axis, in study order) get the first colours, so a
+    group has one colour in every figure and in every process that draws the study's figures."""
+    import itertools
+
+    from lorarl.study import label_of
+
+    _PALETTE.clear()
+    keys = [a for a in study.axes if a != study.seed_axis]
+    for combo in itertools.product(*([label_of(v) for v in study.axes[k].values] for k in keys)):
+        color_of(series_label(dict(zip(keys, combo)), keys))
+
+
+def color_of(label: str) -> tuple:
+    """The colour of a group (its series label) for the whole report; a new label takes the next one."""
+    if label not in _PALETTE:
+        cols = palette()
+        _PALETTE[label] = cols[len(_PALETTE) % len(cols)]
+    return _PALETTE[label]
 
 
 def save(fig, out: Path, table: pd.DataFrame) -> Path:

@@ -36,11 +36,12 @@ def training_dynamics(data: StudyData, out: Path) -> Path | None:
     series = list(dict.fromkeys(map(tuple, table[keys].astype(str).values))) if keys else [()]
     for ax, (m, title) in zip(axes[0], panels):
         parts = draw.by_series(table[table["metric"] == m], keys)
-        for color, grp in zip(draw.colors(len(series)), series):
+        for grp in series:
             if grp not in parts:
                 continue
             g = parts[grp].sort_values("step")
             lab = ", ".join(f"{k}={v}" for k, v in zip(keys, grp)) or "all"
+            color = draw.color_of(lab)
             ax.plot(g["step"], g["mean"], color=color, lw=1.3, label=lab)
             ax.fill_between(g["step"], g["mean"] - g["std"].fillna(0), g["mean"] + g["std"].fillna(0),
                             color=color, alpha=0.12, lw=0)

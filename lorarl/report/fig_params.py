@@ -30,7 +30,7 @@ def accuracy_vs_params(data: StudyData, out: Path) -> Path | None:
     df = df.drop(columns=["_all"], errors="ignore").assign(metric="avg of " + ", ".join(cols))
     plt = draw.plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    cs = draw.colors(len(df))
+    cs = [draw.color_of(draw.series_label(r, keys)) for _, r in df.iterrows()]
     for color, (_, r) in zip(cs, df.iterrows()):
         ax.errorbar(r["pct"], r["mean"], yerr=0 if pd.isna(r["std"]) else r["std"], marker="o", capsize=3,
                     color=color, label=draw.series_label(r, keys))

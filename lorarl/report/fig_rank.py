@@ -31,9 +31,10 @@ def kl_vs_rank(data: StudyData, out: Path) -> Path | None:
     plt = draw.plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     groups = df.groupby(others, sort=False) if others else [((), df)]
-    for color, (_, g) in zip(draw.colors(len(groups)), groups):
-        ax.errorbar(g["x"], g["mean"], yerr=g["std"].fillna(0), marker="o", capsize=3, color=color,
-                    label=draw.series_label(g.iloc[0], others))
+    for _, g in groups:
+        lab = draw.series_label(g.iloc[0], others)
+        ax.errorbar(g["x"], g["mean"], yerr=g["std"].fillna(0), marker="o", capsize=3, color=draw.color_of(lab),
+                    label=lab)
     ax.set_xticks(range(len(order)), order)
     ax.set_yscale("symlog", linthresh=1e-4)
     ax.set_xlabel(f"{rank} (LoRA rank)")
@@ -63,8 +64,9 @@ def pass1_vs_rank_fullft(data: StudyData, out: Path) -> Path | None:
     plt = draw.plt()
     fig, ax = plt.subplots(figsize=(5.8, 3.8))
     groups = df.groupby(others, sort=False) if others else [((), df)]
-    for color, (_, g) in zip(draw.colors(len(groups)), groups):
+    for _, g in groups:
         lab = draw.series_label(g.iloc[0], others)
+        color = draw.color_of(lab)
         lora = g[g[rank] != full].assign(x=lambda d: d[rank].map(order.index)).sort_values("x")
         ax.errorbar(lora["x"], lora["mean"], yerr=lora["std"].fillna(0), marker="o", capsize=3, color=color,
                     label=lab)
@@ -74,7 +76,8 @@ def pass1_vs_rank_fullft(data: StudyData, out: Path) -> Path | None:
             ax.axhline(m, ls="--", color=color, lw=1.2, label=f"{lab}: full FT")
             ax.axhspan(m - s, m + s, color=color, alpha=0.12, lw=0)
     peaks = _peaks(data, rank, others, order, col)
-    for color, (_, g) in zip(draw.colors(len(groups)), groups):
+    for _, g in groups:
+        color = draw.color_of(draw.series_label(g.iloc[0], others))
         key = tuple(g.iloc[0][k] for k in others)
         p = peaks[peaks[others].apply(tuple, axis=1) == key] if others and not peaks.empty else peaks
         if not p.empty:

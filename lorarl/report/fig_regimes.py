@@ -50,9 +50,10 @@ def collapse_truncation(data: StudyData, out: Path) -> Path | None:
     groups = list(dict.fromkeys(map(tuple, table[keys].astype(str).values))) if keys else [()]
     flag_cols = [c for c in data.cells if str(c).startswith("flag/")]
     parts, cell_parts = draw.by_series(table, keys), draw.by_series(data.cells, keys)
-    for color, grp in zip(draw.colors(len(groups)), groups):
+    for grp in groups:
         part = parts.get(grp, table.iloc[:0])
         lab = ", ".join(f"{k}={v}" for k, v in zip(keys, grp)) or "all"
+        color = draw.color_of(lab)
         a = part[part["series"] == "acc"].sort_values("step")
         t = part[part["series"] == "frac_truncated"].sort_values("step")
         ax.plot(a["step"], a["mean"], color=color, marker="o", ms=2, label=lab)
@@ -85,7 +86,7 @@ def adv_std_peak(data: StudyData, out: Path) -> Path | None:
     labels = [draw.series_label(r, keys) for _, r in df.iterrows()]
     plt = draw.plt()
     fig, ax = plt.subplots(figsize=(max(4, 1 + 0.8 * len(df)), 3.6))
-    ax.bar(range(len(df)), df["mean"], yerr=df["std"].fillna(0), capsize=3, color=draw.colors(len(df)))
+    ax.bar(range(len(df)), df["mean"], yerr=df["std"].fillna(0), capsize=3, color=[draw.color_of(lab) for lab in labels])
     ax.axhline(1.0, ls="--", color="0.3", lw=1)
     ax.set_xticks(range(len(df)), labels, rotation=20, ha="right")
     ax.set_ylabel("peak adv/std (per-cell max)")

@@ -35,7 +35,7 @@ def update_sparsity(data: StudyData, out: Path) -> Path | None:
     if table.empty:
         return None
     groups = list(dict.fromkeys(table["group"]))
-    cs = draw.colors(len(groups))
+    cs = [draw.color_of(g) for g in groups]
     plt = draw.plt()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     sp = table[table["metric"] == "bf16_sparsity"].groupby("group", sort=False)["value"].mean().reindex(groups)
@@ -83,7 +83,8 @@ def update_views(data: StudyData, out: Path) -> Path | None:
     groups = list(dict.fromkeys(table["group"]))
     plt = draw.plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for color, g in zip(draw.colors(len(groups)), groups):
+    for g in groups:
+        color = draw.color_of(g)
         for view, label, ls in VIEWS:
             for ax, q in zip(axes, ("p", "cum_energy")):
                 c = table[(table["group"] == g) & (table["metric"] == f"{view}_{q}")]

@@ -27,6 +27,9 @@ def load_all() -> dict[str, FigureSpec]:
 def draw_all(data: StudyData, fdir: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
     """Draw every registered figure the study can have; returns (drawn, skipped: name -> missing needs)."""
     fdir.mkdir(parents=True, exist_ok=True)
+    from lorarl.report.draw import reset_palette
+
+    reset_palette(data.study)  # one colour per group in every figure (the aggregate stage's too)
     drawn, skipped = {}, {}
     for name, spec in load_all().items():
         miss = missing(spec, data)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from lorarl.report.draw import plt as pyplot
-from lorarl.report.draw import series_label, series_labels, spectrum_curves
+from lorarl.report.draw import color_of, series_label, series_labels, spectrum_curves
 from lorarl.study import Study
 
 
@@ -42,11 +42,9 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     stats.to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = pyplot().subplots(figsize=(7, 4))
     groups = stats.groupby(keys, sort=False) if keys else [((), stats)]
-    cmap = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
-    for i, (_, g) in enumerate(groups):
-        color = cmap(i % cmap.N)
+    for _, g in groups:
         label = series_label(g.iloc[0], keys)
-        _band(ax, g["step"], g["mean"], g["std"], color, label)
+        _band(ax, g["step"], g["mean"], g["std"], color_of(label), label)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"train {metric} (rolling mean of {smooth})")
     ax.set_title(f"{study.name}: training {metric}, mean ± sd over {study.seed_axis}")
@@ -79,11 +77,10 @@ def accuracy_vs_rank(study: Study, cells: pd.DataFrame, out: Path, metric: str =
     pd.concat([g, pd.DataFrame(lines)], ignore_index=True).to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = pyplot().subplots(figsize=(6.5, 3.8))
     series = list(dict.fromkeys(g["series"]))
-    cmap = pyplot().get_cmap("tab10" if len(series) <= 10 else "tab20")
-    for i, name in enumerate(series):
+    for name in series:
         sub = g[g["series"] == name]
         ax.errorbar([order.index(v) for v in sub[rank_axis]], sub["mean"], yerr=sub["std"].fillna(0), marker="o",
-                    capsize=3, lw=1.6, color=cmap(i % cmap.N), label=name)
+                    capsize=3, lw=1.6, color=color_of(name), label=name)
     for j, line in enumerate(lines):
         ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * (j % 4)), lw=1.2, label=line["series"])
     ax.set_xticks(range(len(order)), order)
@@ -121,10 +118,9 @@ def eval_curve(study: Study, df: pd.DataFrame, base: pd.DataFrame | None, out: P
     drawn.astype({"step": "Int64", "count": "Int64"}).to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = pyplot().subplots(figsize=(7, 4))
     series = list(dict.fromkeys(stats["series"]))
-    cmap = pyplot().get_cmap("tab10" if len(series) <= 10 else "tab20")
-    for i, name in enumerate(series):
+    for name in series:
         g = stats[stats["series"] == name]
-        color = cmap(i % cmap.N)
+        color = color_of(name)
         _band(ax, g["step"], g["mean"], g["std"], color, name, marker="o", ms=3)
     for j, line in enumerate(lines):
         ax.axhline(line["mean"], ls="--", color=str(0.2 + 0.2 * j), lw=1.2, label=line["series"])
@@ -164,10 +160,9 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     fig, axes = pyplot().subplots(2, 3, figsize=(13, 7))
     axes = axes.ravel()
     groups = list(dict.fromkeys(diag["group"]))
-    cmap = pyplot().get_cmap("tab10" if len(groups) <= 10 else "tab20")
     matrices = list(dict.fromkeys(per_matrix.index.get_level_values("matrix")))
-    for i, g in enumerate(groups):
-        color = cmap(i % cmap.N)
+    for g in groups:
+        color = color_of(g)
         sub = per_matrix.loc[g].reindex(matrices)
         axes[0].plot(range(len(matrices)), sub["spectral_drift"], marker=".", color=color, label=g)
         axes[1].plot(range(len(matrices)), sub["max_angle_left_deg"], marker=".", color=color, label=g)

@@ -124,10 +124,9 @@ def stats_markdown(data: StudyData, table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def runtime_table(data: StudyData) -> pd.DataFrame:
-    """Paper 000 Table 2's runtime column, like with like: mean step time (the trainer's `time/step_s`,
-    which excludes the KL monitors, else the recorder's `step_time_s`) × steps, per cell; then mean ± sd
-    over seeds per group, and the monitors' own time separately."""
+def per_cell_runtime(data: StudyData) -> pd.DataFrame:
+    """Per cell (index): steps, mean step time (`time/step_s`, KL monitors excluded, else `step_time_s`),
+    train_min = the two multiplied, and the monitors' summed seconds."""
     c = data.curves
     if c.empty:
         return pd.DataFrame()
@@ -136,6 +135,17 @@ def runtime_table(data: StudyData) -> pd.DataFrame:
     per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
                                             **{m.split("/")[-1]: (m, "sum") for m in mon})
     per["train_min"] = per["step_s"] * per["steps"] / 60.0
+    return per
+
+
+def runtime_table(data: StudyData) -> pd.DataFrame:
+    """Paper 000 Table 2's runtime column, like with like: mean step time (the trainer's `time/step_s`,
+    which excludes the KL monitors, else the recorder's `step_time_s`) × steps, per cell; then mean ± sd
+    over seeds per group, and the monitors' own time separately."""
+    per = per_cell_runtime(data)
+    if per.empty:
+        return pd.DataFrame()
+    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s") if m in data.curves]
     per = per.join(data.cells.set_index("cell")[data.keys]) if data.keys else per
     keys = data.keys
     if not keys:
