@@ -47,6 +47,11 @@ def test_nonfinite_gradient_skips_the_update_and_marks_the_step():
     d.check_row({"loss": float("nan")}, step=6)  # the first divergence is the one reported
     assert d.step == 5
 
+    four = divergence.Divergence(updates_per_step=4)  # paper 004: 4 optimiser updates per training step
+    four.check_row({"loss": float("inf")}, step=10)  # TRL's global step 10 = the 2nd update of step 3
+    assert four.summary() == {"state": "diverged", "diverged_at_step": 3, "diverged_at_update": 10,
+                              "diverged_reason": "non-finite loss"}
+
     ok = divergence.Divergence()
     lin.zero_grad()
     lin(torch.ones(1, 3)).sum().backward()

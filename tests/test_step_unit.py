@@ -180,3 +180,19 @@ def test_rollout_kl_spans_the_steps_updates(tiny_dir, tmp_path):  # noqa: F811
     assert row["kl_new_old"] == pytest.approx(kl(seen["new"], seen["rollout"]), rel=1e-4)
     assert row["kl_new_old/update"] == pytest.approx(kl(seen["new"], seen["before"]), rel=1e-4)
     assert row["kl_new_old"] != pytest.approx(row["kl_new_old/update"], rel=1e-3)
+
+
+def test_collapse_stop_is_reported_in_training_steps():
+    from lorarl.train import flags as flagmod
+
+    mon = flagmod.monitor(SimpleNamespace(rows=[]), stop=True, updates_per_step=4)
+    mon.on_log(None, SimpleNamespace(global_step=12), SimpleNamespace(should_training_stop=False))
+    assert mon.stopped_at is None  # no flag yet
+    flagmod_detect = flagmod.detect
+    try:
+        flagmod.detect = lambda rows: {"reward_collapse": 3}
+        control = SimpleNamespace(should_training_stop=False)
+        mon.on_log(None, SimpleNamespace(global_step=12), control)
+    finally:
+        flagmod.detect = flagmod_detect
+    assert mon.stopped_at == 3 and control.should_training_stop  # update 12 ends training step 3

@@ -54,9 +54,11 @@ def nan_reward_fault(deposits: Any, step: int) -> None:
 class Divergence:
     """Watches one training run; `state`, `step` and `reason` go into summary.json."""
 
-    def __init__(self) -> None:
-        self.step: int | None = None
+    def __init__(self, updates_per_step: int = 1) -> None:
+        self.step: int | None = None  # the training step (rollout batch, train.steps' unit) that diverged
+        self.update: int | None = None  # the optimiser update inside it (TRL's global step)
         self.reason = ""
+        self.updates_per_step = max(1, int(updates_per_step))
 
     @property
     def state(self) -> str:
@@ -66,12 +68,16 @@ class Divergence:
         out: dict[str, Any] = {"state": self.state}
         if self.step is not None:
             out.update(diverged_at_step=self.step, diverged_reason=self.reason)
+            if self.updates_per_step > 1:
+                out["diverged_at_update"] = self.update
         return out
 
-    def _mark(self, step: int, reason: str) -> None:
+    def _mark(self, update: int, reason: str) -> None:
+        """``update``: the optimiser update (TRL's global step); recorded as its training step."""
         if self.step is None:
-            self.step, self.reason = step, reason
-            print(f"[lorarl] diverged at step {step}: {reason}; stopping this cell (its metrics are kept)",
+            self.step, self.update, self.reason = -(-update // self.updates_per_step), update, reason
+            at = f"step {self.step}" + (f" (update {update})" if self.updates_per_step > 1 else "")
+            print(f"[lorarl] diverged at {at}: {reason}; stopping this cell (its metrics are kept)",
                   file=sys.stderr, flush=True)
 
     def check_grads(self, model: Any, step: int) -> bool:

@@ -103,9 +103,10 @@ def mlflow_tags(flags: Mapping[str, int]) -> dict[str, str]:
     return {f"flag.{k}": str(v) for k, v in flags.items()} | {"lorarl.train.flags": ",".join(sorted(flags)) or "none"}
 
 
-def monitor(recorder: Any, stop: bool) -> Any:
+def monitor(recorder: Any, stop: bool, updates_per_step: int = 1) -> Any:
     """A TrainerCallback reading the MetricsRecorder's rows after each log: records the flags and,
-    with ``stop``, ends training at the first one (``stopped_at``)."""
+    with ``stop``, ends training at the first one (``stopped_at``, a training step: TRL's global step
+    counts optimiser updates, ``updates_per_step`` of them per step)."""
     from transformers import TrainerCallback
 
     class CollapseMonitor(TrainerCallback):
@@ -116,7 +117,7 @@ def monitor(recorder: Any, stop: bool) -> Any:
         def on_log(self, args, state, control, logs=None, **kw):
             self.flags = detect(recorder.rows)
             if stop and self.flags and self.stopped_at is None:
-                self.stopped_at = state.global_step
+                self.stopped_at = -(-int(state.global_step) // max(1, updates_per_step))
                 control.should_training_stop = True
 
     return CollapseMonitor()

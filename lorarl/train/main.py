@@ -131,7 +131,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok,  # eval.eval_every
                               updates_per_step=cfg.train.updates_per_step)
-    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse)  # early collapse flags (lorarl.train.flags)
+    collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse, cfg.train.updates_per_step)  # early collapse flags (lorarl.train.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, ckpt.root, use_cpu, precision), ref_model=ref_model,
@@ -139,7 +139,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
-    divergence = Divergence()  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
+    divergence = Divergence(cfg.train.updates_per_step)  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
     trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
     try:
