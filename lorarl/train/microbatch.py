@@ -27,7 +27,8 @@ Metrics TRL and lorarl log inside the loss (clip ratios, entropy, ``kl``) become
 the update. The KL monitors see the whole batch: the chunks' log-probs are put back together.
 
 Every log-prob forward (policy, old policy, reference) takes at most m rows at a time, so the logits
-peak is bounded by the chunk; the fp32 log-softmax is TRL's, unchanged.
+peak is bounded by the chunk; the fp32 log-softmax is TRL's, unchanged. Teacher and PRM forwards are
+chunked by ``reward.teacher_batch_size`` / ``reward.prm_batch_size`` in their scorers.
 """
 
 from __future__ import annotations
