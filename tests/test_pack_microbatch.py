@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lorarl.pack.loss import LossSettings
+from lorarl.pack.tiled import LOGIT_TOKENS
 from lorarl.pack.trainer import PackCell, PackedTrainer
 from tests.test_grpo import MAXLEN, load, tiny_dir  # noqa: F401
 from tests.test_pack import init_adapter, peft_config, synthetic_batch
@@ -215,14 +216,15 @@ def test_chunked_reference_log_probs_equal_unchunked(pack):
     whole = loop._ref_logps(padded)
     assert whole[0].shape == batches[0]["completion_ids"].shape
     assert all(bool((lp < 0).all()) for lp in whole.values())  # real log-probs of a 300-token vocabulary
-    for m in (1, 2, 3):
+    for m, tokens in ((1, None), (2, None), (3, None), (None, 7), (2, 3)):  # rows; tokens of logits per tile
         trainer.micro_batch_size = m
+        trainer.logit_tokens = tokens or trainer.logit_tokens
         try:
             chunked = loop._ref_logps(padded)
         finally:
-            trainer.micro_batch_size = None
+            trainer.micro_batch_size, trainer.logit_tokens = None, LOGIT_TOKENS
         for k in whole:
-            torch.testing.assert_close(chunked[k], whole[k], atol=1e-6, rtol=1e-6, msg=f"m={m} cell {k}")
+            torch.testing.assert_close(chunked[k], whole[k], atol=1e-6, rtol=1e-6, msg=f"m={m} {tokens} cell {k}")
 
 
 def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_adapters(tiny_dir, tmp_path):  # noqa: F811
@@ -255,3 +257,39 @@ def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_
         w, m = trained(whole, k), trained(micro, k)
         for n in w:
             torch.testing.assert_close(m[n], w[n], atol=1e-5, rtol=1e-5, msg=f"cell {k} {n}")
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 23])  # tiles of 1 column, of 1 column over 5 rows... and uneven tiles
+def test_log_probs_tiled_over_tokens_equal_the_whole_sequence_and_keep_gradients(pack, tokens):
+    """lorarl.pack.tiled: vocabulary logits a tile of tokens at a time (checkpointed under grad) give the
+    whole-sequence log-probs and, through the update, the same gradients; the reference forward too."""
+    trainer, batches = pack
+    for k, c in enumerate(trainer.cells):
+        c.loss = dataclasses.replace(c.loss, loss_type="bnpo", beta=0.1 * k, importance_sampling_level="token")
+        batches[k]["advantages"] = _advantages("process", batches[k]["completion_mask"].float(), 5 + k)
+    trainer.logit_tokens = 10 ** 9  # one tile: the whole-sequence path
+    with torch.no_grad():
+        whole_lp = trainer.logps(batches, [0, 1])
+    whole, g_whole = _grads(trainer, batches, 3)
+    trainer.logit_tokens = tokens
+    try:
+        import lorarl.pack.tiled as tiled
+
+        calls = []
+        real = tiled._tile
+        tiled._tile = lambda *a: calls.append(1) or real(*a)
+        try:
+            with torch.no_grad():
+                lp = trainer.logps(batches, [0, 1])
+        finally:
+            tiled._tile = real
+        assert len(calls) > 1  # really tiled
+        got, g = _grads(trainer, batches, 3)
+    finally:
+        trainer.logit_tokens = LOGIT_TOKENS
+    for a, b in zip(lp, whole_lp):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    for k in range(len(SEEDS)):
+        assert got[k] == pytest.approx(whole[k], abs=1e-6, rel=1e-6)
+        for n in g_whole[k]:
+            torch.testing.assert_close(g[k][n], g_whole[k][n], atol=1e-6, rtol=1e-5, msg=f"cell {k} {n}")

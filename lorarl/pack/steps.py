@@ -35,6 +35,7 @@ import torch
 from lorarl.train import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
+from lorarl.pack.tiled import tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
 
@@ -141,9 +142,12 @@ class PackLoop:
         with torch.no_grad():
             for lo in range(0, ids.size(0), R):
                 sl = slice(lo, lo + R)
-                logits = self.ref(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, -T - 1:-1]
-                logits = logits.float() / temp[sl]
-                parts.append(torch.log_softmax(logits, -1).gather(-1, ids[sl, -T:].unsqueeze(-1)).squeeze(-1))
+                got = tiled_logps(self.ref, ids[sl], attn[sl], pos[sl], T, temp[sl], self.trainer.logit_tokens)
+                if got is None:
+                    logits = self.ref(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, -T - 1:-1]
+                    logits = logits.float() / temp[sl]
+                    got = torch.log_softmax(logits, -1).gather(-1, ids[sl, -T:].unsqueeze(-1)).squeeze(-1)
+                parts.append(got)
         lp = torch.cat(parts)
         out, start = {}, 0
         for k, b in batches.items():

@@ -35,6 +35,7 @@ import torch
 
 from lorarl.pack.loss import LossSettings, cell_loss
 from lorarl.pack.routing import Router
+from lorarl.pack.tiled import LOGIT_TOKENS, tiled_logps
 from lorarl.train.microbatch import chunk_share, split_rows
 
 
@@ -104,6 +105,7 @@ class PackedTrainer:
         self.update_cells = update_cells
         self.micro_batch_size = micro_batch_size  # rows of each cell per forward/backward (None: all)
         self._sizes: list[int] | None = None  # the routing of the last forward (its backward recomputes it)
+        self.logit_tokens = LOGIT_TOKENS  # tokens of fp32 vocabulary logits per tile (lorarl.pack.tiled)
         # TRL divides the logits by the cell's temperature (unfused path; the fused head takes one for all)
         temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(cells)
         if len(temps) != len(cells):
@@ -145,12 +147,17 @@ class PackedTrainer:
                                 labels=labels, fused_lm_head=True)
                 logp_all = out.log_probs[:, -T:]
             else:
-                logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
-                                   position_ids=position_ids).logits[:, -T - 1:-1].float()
+                temp = None
                 if any(self.temperatures[k] != 1.0 for k in idx):  # each cell's rows by its own temperature
-                    logits = logits / torch.cat([torch.full((sizes[k],), self.temperatures[k], device=logits.device)
-                                                 for k in idx])[:, None, None]
-                logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+                    temp = torch.cat([torch.full((sizes[k],), self.temperatures[k], device=input_ids.device)
+                                      for k in idx])[:, None, None]
+                logp_all = tiled_logps(self.host, input_ids, attention_mask, position_ids, T, temp,
+                                       self.logit_tokens)  # vocabulary logits a tile of tokens at a time
+                if logp_all is None:
+                    logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
+                                       position_ids=position_ids).logits[:, -T - 1:-1].float()
+                    logits = logits if temp is None else logits / temp
+                    logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
         res, start = [], 0
         for k in idx:
             n, t_k = sizes[k], batches[k]["completion_ids"].size(1)
