@@ -158,6 +158,9 @@ class TrainConfig(Strict):
         if self.mini_batch_prompts is not None and self.prompts_per_step % self.mini_batch_prompts:
             raise ValueError(f"train.mini_batch_prompts ({self.mini_batch_prompts}) must divide "
                              f"train.prompts_per_step ({self.prompts_per_step})")
+        rows = (self.mini_batch_prompts or self.prompts_per_step) * self.generations  # sequences of one update
+        if isinstance(self.micro_batch_size, int) and self.micro_batch_size > rows:  # a short last chunk is fine
+            raise ValueError(f"train.micro_batch_size ({self.micro_batch_size}) exceeds the update's {rows} sequences; allowed: 1..{rows}, null, auto")
         if self.prompt_overflow == "truncate_left" and self.max_prompt_length is None:
             raise ValueError("train.prompt_overflow truncate_left needs train.max_prompt_length (how many tokens to keep)")
         if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):

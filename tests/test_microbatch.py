@@ -121,6 +121,11 @@ def test_chunks_and_shares():
     with pytest.raises(ValueError, match="grpo, bnpo, dr_grpo, dapo"):
         chunk_share("cispo", mask_BT, mask_BT)
     assert (micro_size(4), micro_size("auto"), micro_size(None)) == (4, None, None)
+    with pytest.raises(ValueError, match=r"train.micro_batch_size \(5\) exceeds the update's 4 sequences; allowed: 1..4"):
+        _cfg(micro_batch_size=5)  # 2 prompts x 2 generations
+    with pytest.raises(ValueError, match=r"micro_batch_size \(5\) exceeds the update's 4 sequences"):
+        _cfg(prompts_per_step=4, mini_batch_prompts=2, micro_batch_size=5)  # a PPO mini-batch is the update
+    assert _cfg(micro_batch_size=3).train.micro_batch_size == 3 and _cfg(micro_batch_size="auto")  # uneven: fine
 
 
 def test_chunked_log_probs_equal_unchunked(setup):
