@@ -191,7 +191,7 @@ def test_a_20_step_cell_with_micro_batches_and_checkpointing_ends_with_the_same_
     """In float64: chunked sums differ from the whole batch's by float rounding, and AdamW turns rounding
     noise on a near-zero gradient coordinate into a full step (update ~ lr g / (|g| + eps)); in fp32 that
     noise is ~1e-7 relative and the 20-step adapters differ by ~2e-5 on this model, in float64 by ~1e-14."""
-    finals = {}
+    finals, logs = {}, {}
     for name, knobs in {"plain": {}, "micro": {"micro_batch_size": 2, "gradient_checkpointing": "on"}}.items():
         cfg = _cfg(steps=20, beta=0.0, lr=0.02, kl_monitor_every=5, **knobs)
         torch.manual_seed(0)
@@ -201,10 +201,15 @@ def test_a_20_step_cell_with_micro_batches_and_checkpointing_ends_with_the_same_
         finals[name] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         rows = [h for h in trainer.state.log_history if "kl_new_old" in h]
         assert len(rows) == 4  # the monitors saw the whole batch at steps 5, 10, 15, 20
+        logs[name] = [(h["loss"], h["grad_norm"], h.get("kl_new_old", -1.0), h.get("kl_new_old/update", -1.0))
+                      for h in trainer.state.log_history if "loss" in h]
     start = {n: p.double() for n, p in _lora(tiny_dir).named_parameters() if p.requires_grad}
     assert max((finals["plain"][n] - start[n]).abs().max().item() for n in start) > 0.05  # the adapter trained
     for n in finals["plain"]:
         torch.testing.assert_close(finals["micro"][n], finals["plain"][n], atol=1e-5, rtol=0, msg=n)
+    assert len(logs["micro"]) == len(logs["plain"]) == 20  # one row per step, the same metrics logged
+    for got, want in zip(logs["micro"], logs["plain"]):
+        assert got == pytest.approx(want, abs=1e-6, rel=1e-6, nan_ok=True)
 
 
 def _forward_backward(model, ids):
