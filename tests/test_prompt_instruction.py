@@ -66,3 +66,25 @@ def test_unwrap_refuses_rows_without_the_wrapper_and_bad_combinations(tmp_path):
         CellConfig.model_validate({"task": {"name": "dataset", "path": "x", "unwrap": "dapo", "prompt_rendered": True}})
     with pytest.raises(ValidationError, match="Input should be 'dapo'"):
         CellConfig.model_validate({"task": {"name": "dataset", "path": "x", "unwrap": "alpaca"}})
+
+
+def test_multiple_choice_with_think_asks_once_for_the_letter(tmp_path):
+    """GPQA under ``prompt.think``: its registry instruction (the letter in \\boxed{}) becomes the think
+    variant, not the letter instruction followed by the generic think/boxed one; without think, as before."""
+    from lorarl.evaluate.benchmarks import CHOICE_TEMPLATE, get_benchmark
+    from lorarl.evaluate.main import load_problems
+
+    gpqa = get_benchmark("gpqa")
+    path = tmp_path / "gpqa.jsonl"
+    path.write_text(json.dumps(dict(gpqa.example)) + "\n")
+    texts = {}
+    for think in (True, False):
+        cfg = CellConfig.model_validate({"prompt": {"think": think},
+                                         "eval": {"benchmarks": {"gpqa": {"path": str(path)}}}})
+        texts[think] = load_problems("gpqa", cfg)[0].prompt
+    on, off = texts[True], texts[False]
+    assert on.count("\\boxed{}") == 1 and on.count("<think>") == 1 and THINK_INSTRUCTION not in on
+    assert on.rstrip().endswith("put the letter of your final answer (A, B, C, D) within \\boxed{}.")
+    assert "Which particle has spin 1/2?" in on and "D) " in on  # the question and its choices are kept
+    assert off.count("\\boxed{}") == 1 and "<think>" not in off
+    assert off.endswith(CHOICE_TEMPLATE.split("{choices}")[1].format(letters="A, B, C, D"))

@@ -29,13 +29,16 @@ from lorarl.evaluate.choice import score_choice
 from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
-           "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE"]
+           "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE", "CHOICE_THINK_TEMPLATE"]
 
 MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
                  "\\boxed{{}}.")
 CHOICE_TEMPLATE = ("Answer the following multiple choice question.\n\n{question}\n\n{choices}\n\n"
                    "Please reason step by step, and put the letter of your final answer "
                    "({letters}) within \\boxed{{}}.")
+CHOICE_THINK_TEMPLATE = ("Answer the following multiple choice question.\n\n{question}\n\n{choices}\n\n"
+                         "First think through the problem inside <think> </think> tags, then put the letter of "
+                         "your final answer ({letters}) within \\boxed{{}}.")  # prompt.think: one instruction, the letter's
 LETTERS = "ABCDEFGHIJ"
 
 Grader = Literal["math", "choice"]

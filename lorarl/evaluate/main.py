@@ -51,8 +51,9 @@ def load_problems(name: str, cfg: Any) -> list:
 
     Each problem's ``prompt`` is the cell's user message (:mod:`lorarl.tasks.prompt`, the one the
     train stage uses): math benchmarks put their question into ``prompt.template``; multiple-choice
-    benchmarks keep their registry template (it lays out the choices), plus the think instruction."""
-    from lorarl.evaluate.benchmarks import get_benchmark
+    benchmarks keep their registry template (it lays out the choices); with ``prompt.think`` the
+    registry's think variant, whose one instruction asks for <think> then the letter in \\boxed{}."""
+    from lorarl.evaluate.benchmarks import CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
     from lorarl.tasks.prompt import user_message
 
     spec = benchmark_specs(cfg)[name]
@@ -63,6 +64,9 @@ def load_problems(name: str, cfg: Any) -> list:
     fmap = dict(spec.field_map) or None
     own = bench.grader == "choice"  # its template carries the choices: keep it
     tpl = None if own else "{question}"
+    think_tpl = own and cfg.prompt.think and bench.template == CHOICE_TEMPLATE
+    if think_tpl:  # one answer instruction: <think>, then the letter in \boxed{} (not the letter AND a think/boxed one)
+        tpl = CHOICE_THINK_TEMPLATE
     if name == SYNTHETIC and spec.path is None:
         from lorarl.tasks import task_records
 
@@ -71,7 +75,8 @@ def load_problems(name: str, cfg: Any) -> list:
     else:
         probs = bench.load(spec.path, field_map=fmap, split=spec.split, revision=spec.revision,
                            limit=spec.limit, template=tpl)
-    return [dataclasses.replace(p, prompt=user_message(cfg, p.prompt, rendered=own, synthetic=name == SYNTHETIC))
+    return [dataclasses.replace(p, prompt=user_message(cfg, p.prompt, rendered=own, synthetic=name == SYNTHETIC,
+                                                        add_think=False if think_tpl else None))
             for p in probs]
 
 

@@ -63,14 +63,16 @@ def unwrap(wrapper: str, texts: Sequence[str]) -> list[str]:
     return out
 
 
-def user_message(cfg: Any, question: str, *, rendered: bool = False, synthetic: bool | None = None) -> str:
+def user_message(cfg: Any, question: str, *, rendered: bool = False, synthetic: bool | None = None,
+                 add_think: bool | None = None) -> str:
     """The user message of ``question``: the cell's template with ``{question}`` replaced (plain text
     replacement: other braces, e.g. ``\\boxed{}``, are literal), plus the think instruction.
     ``rendered=True``: ``question`` already is a whole message (a multiple-choice benchmark's own
     template, which needs its choices); only the think instruction is added. ``synthetic``: see
-    :func:`template_of`."""
+    :func:`template_of`. ``add_think``: append the think instruction (None = ``prompt.think``; False
+    when the rendered message already carries its own, e.g. the multiple-choice think template)."""
     text = question if rendered else template_of(cfg, synthetic).replace("{question}", question)
-    if cfg.prompt.think:
+    if cfg.prompt.think if add_think is None else add_think:
         text = f"{text}\n\n{THINK_INSTRUCTION}"
     return text
 
