@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Quick start 2/2: set up, bring up a one-node Slurm cluster, run the whole test suite, tear down.
+# With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
+# mostly wait on the scheduler and on requeues, then the two longest end-to-end modules) and the rest;
+# BESIDE's report is printed after the main one. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
+# go to one `pytest tests` run with every module.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,5 +12,26 @@ bash scripts/chromium.sh   # headless browser for the report page test (idempote
 . .venv/bin/activate
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
-trap 'bash tests/slurm/cluster.sh down || true' EXIT
-python -m pytest tests --durations=25 "$@"   # the 25 slowest: where to trim if CI grows
+slurm_log=$(mktemp)
+slurm_pid=
+cleanup() {
+  [ -n "$slurm_pid" ] && kill "$slurm_pid" 2>/dev/null || true
+  bash tests/slurm/cluster.sh down || true
+  rm -f "$slurm_log"
+}
+trap cleanup EXIT
+if [ $# -gt 0 ]; then
+  python -m pytest tests --durations=25 "$@"
+  exit
+fi
+BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py)
+python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$slurm_log" 2>&1 &
+slurm_pid=$!
+rc=0
+python -m pytest tests "${BESIDE[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
+slurm_rc=0
+wait "$slurm_pid" || slurm_rc=$?
+slurm_pid=
+echo "======================= ${BESIDE[*]} (run beside the above) ======================="
+cat "$slurm_log"
+[ "$rc" -eq 0 ] && [ "$slurm_rc" -eq 0 ]
