@@ -12,12 +12,12 @@ bash scripts/chromium.sh   # headless browser for the report page test (idempote
 . .venv/bin/activate
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
-slurm_log=$(mktemp)
-slurm_pid=
+beside_log=$(mktemp)
+beside_pid=
 cleanup() {
-  [ -n "$slurm_pid" ] && kill "$slurm_pid" 2>/dev/null || true
+  [ -n "$beside_pid" ] && kill "$beside_pid" 2>/dev/null || true
   bash tests/slurm/cluster.sh down || true
-  rm -f "$slurm_log"
+  rm -f "$beside_log"
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
@@ -25,13 +25,13 @@ if [ $# -gt 0 ]; then
   exit
 fi
 BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py)
-python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$slurm_log" 2>&1 &
-slurm_pid=$!
+python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log" 2>&1 &
+beside_pid=$!
 rc=0
 python -m pytest tests "${BESIDE[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
-slurm_rc=0
-wait "$slurm_pid" || slurm_rc=$?
-slurm_pid=
+beside_rc=0
+wait "$beside_pid" || beside_rc=$?
+beside_pid=
 echo "======================= ${BESIDE[*]} (run beside the above) ======================="
-cat "$slurm_log"
-[ "$rc" -eq 0 ] && [ "$slurm_rc" -eq 0 ]
+cat "$beside_log"
+[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ]
