@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table
 from lorarl.study import Study, base_cells, study_cells
+
+METRIC = re.compile(r"(pass|avg)@([1-9]\d*)")  # an evaluation metric's name (lorarl.report.columns.EVAL_COL)
 
 
 @dataclass
@@ -47,11 +50,11 @@ def _read_json(p: Path) -> dict | None:
         return None
 
 
-_SCORES: dict[tuple[str, str], pd.Series | None] = {}  # (file, sha1 of its text) -> its scores
+_COUNTS: dict[tuple[str, str], pd.DataFrame | None] = {}  # (file, sha1 of its text) -> samples, correct
 
 
-def problem_scores(results: Path, study: str, cell: str, benchmark: str) -> pd.Series | None:
-    """Mean correctness per problem (index = problem id, sorted) of a cell's final evaluation
+def problem_counts(results: Path, study: str, cell: str, benchmark: str) -> pd.DataFrame | None:
+    """Per problem (index = problem id, sorted) of a cell's final evaluation: ``n`` samples, ``c`` correct
     (each samples file parsed once per process while unchanged: the stats table asks per group)."""
     p = paths.path("eval_samples", results=results, study=study, cell=cell, benchmark=benchmark)
     try:
@@ -60,22 +63,51 @@ def problem_scores(results: Path, study: str, cell: str, benchmark: str) -> pd.S
         return None
     key = (str(p), hashlib.sha1(text.encode()).hexdigest())  # content, not mtime: a re-grade can rewrite
     # a file within one mtime tick
-    if key not in _SCORES:
-        _SCORES[key] = _parse_scores(text)
-    return _SCORES[key]
+    if key not in _COUNTS:
+        _COUNTS[key] = _parse_counts(text)
+    return _COUNTS[key]
 
 
-def _parse_scores(text: str) -> pd.Series | None:
+def _parse_counts(text: str) -> pd.DataFrame | None:
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not rows:
         return None
     df = pd.DataFrame(rows, columns=["problem_id", "correct"])
-    return df.groupby(df["problem_id"].astype(str))["correct"].mean().sort_index()
+    g = df.assign(correct=df["correct"].astype(bool)).groupby(df["problem_id"].astype(str))["correct"]
+    return pd.DataFrame({"n": g.size(), "c": g.sum().astype(int)}).sort_index()
 
 
-def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str) -> tuple[np.ndarray, list[str]] | None:
-    """[S, P] per-problem scores of some cells on the problems they all have, or None."""
-    series = [problem_scores(data.results, data.study.name, c, benchmark) for c in cell_ids]
+def problem_scores(results: Path, study: str, cell: str, benchmark: str, metric: str) -> pd.Series | None:
+    """Each problem's score under ``metric`` (index = problem id, sorted), the per-problem terms whose
+    mean over problems is the cell's ``<benchmark>/<metric>`` value (:func:`score_problems`)."""
+    counts = problem_counts(results, study, cell, benchmark)
+    return None if counts is None else score_problems(counts, metric, f"{benchmark} of {cell}")
+
+
+def score_problems(counts: pd.DataFrame, metric: str, what: str = "samples") -> pd.Series:
+    """Per-problem score from ``n`` samples, ``c`` correct (papers 002 and 003: Avg@k, pass@k): ``avg@k``
+    the mean correctness ``c / n``; ``pass@k`` the unbiased ``1 - C(n-c, k) / C(n, k)``
+    (:func:`lorarl.evaluate.protocols.pass_at_k`), which is "any of the n correct" when ``k == n``."""
+    from lorarl.evaluate.protocols import pass_at_k
+
+    m = METRIC.fullmatch(metric)
+    if m is None:
+        raise ValueError(f"metric {metric!r} of {what}: allowed: avg@<k>, pass@<k> (k >= 1)")
+    kind, k = m.group(1), int(m.group(2))
+    n, c = counts["n"].to_numpy(dtype=int), counts["c"].to_numpy(dtype=int)
+    if kind == "avg":
+        return pd.Series(c / n, index=counts.index, dtype=float)
+    short = counts.index[n < k]
+    if len(short):
+        raise ValueError(f"metric {metric!r} of {what}: {len(short)} problems have fewer than {k} samples "
+                         f"(e.g. {short[0]!r} has {int(counts.at[short[0], 'n'])}); allowed: pass@k with k <= n")
+    return pd.Series([pass_at_k(int(ni), int(ci), k) for ni, ci in zip(n, c)], index=counts.index, dtype=float)
+
+
+def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str,
+                  metric: str) -> tuple[np.ndarray, list[str]] | None:
+    """[S, P] per-problem ``metric`` scores of some cells on the problems they all have, or None."""
+    series = [problem_scores(data.results, data.study.name, c, benchmark, metric) for c in cell_ids]
     if not series or any(s is None for s in series):
         return None
     common = sorted(set.intersection(*(set(s.index) for s in series)))

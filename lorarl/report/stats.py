@@ -7,7 +7,10 @@ replicate resamples the seeds of a row with replacement and, independently, the 
 with replacement; the same problem draw is applied to every seed and to every row of a comparison
 (all cells are evaluated on the same problems, so differences are paired on problems while seeds of
 different rows are independent runs). The statistic is the mean over the drawn seeds of the mean
-per-problem score (a problem's score is its mean correctness over its samples: pass@1 greedy, avg@n).
+per-problem score, each problem scored by the column's metric (`lorarl.report.data.score_problems`):
+avg@k and greedy pass@1 its mean correctness over its samples, pass@k the unbiased estimator
+1 - C(n-c, k)/C(n, k) of its n samples (c correct), which is "any of the n correct" when k = n; the
+mean over problems is the cell's value in the table.
 The 95% interval is the 2.5/97.5 percentile of the replicates. A difference is *resolvable* when its
 95% interval excludes 0; the MDE is (z_0.975 + z_0.8) × the bootstrap sd of the difference: the
 smallest true difference this design detects with 80% power at the 5% level.
@@ -24,10 +27,11 @@ import numpy as np
 import pandas as pd
 
 METHOD = ("mean ± sd over seeds [95% interval: bootstrap over seeds and evaluation problems, 2000 "
-          "replicates, problems paired across rows]; vs baseline: difference of means, resolvable if its "
-          "95% bootstrap interval excludes 0; MDE = 2.80 × bootstrap sd of the difference (80% power, α 0.05). "
-          "Columns without per-problem samples (train reward, step time): t interval over seeds, Welch's t for "
-          "the difference")
+          "replicates, problems paired across rows; each problem scored by the column's metric: avg@k its mean "
+          "correctness, pass@k the unbiased estimator, any of n correct at k = n]; vs baseline: difference of "
+          "means, resolvable if its 95% bootstrap interval excludes 0; MDE = 2.80 × bootstrap sd of the "
+          "difference (80% power, α 0.05). Columns without per-problem samples (train reward, step time): "
+          "t interval over seeds, Welch's t for the difference")
 N_BOOT = 2000  # replicates: percentile ends stable to ~0.005 at 2000
 Z_MDE = 1.959964 + 0.841621  # z_{0.975} + z_{0.80}
 

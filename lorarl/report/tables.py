@@ -1,6 +1,7 @@
 """The study's tables with their uncertainty (lorarl.report.stats) and the papers' headline tables.
 
-* `stats_table`: one row per group (non-seed axes), each headline column as mean ± sd [95%] and,
+* `stats_table`: one row per group (non-seed axes), each headline column as mean ± sd [95%] (the
+  bootstrap resamples per-problem scores of the column's own metric: avg@k, pass@k) and,
   when the study declares `baseline:`, the difference to the baseline row of the same group
   (the baseline axes replaced by their baseline labels), resolvable or not, with its MDE.
 * `runtime_table` (paper 000, Table 2): step time × steps without the KL monitors, like with like.
@@ -60,15 +61,15 @@ def stats_table(data: StudyData) -> pd.DataFrame:
     rows: list[dict] = []
     estimates: dict[tuple, dict[str, stats.Estimate]] = {}
     for col in primary_metrics(data):
-        bench = col.split("/")[0]
+        bench, metric = col.split("/")  # each problem scored by the column's own metric
         finished = [c for c in data.cells["cell"] if pd.notna(data.cells.set_index("cell").at[c, col])]
-        common = scores_matrix(data, finished, bench)
+        common = scores_matrix(data, finished, bench, metric)
         draws = stats.problem_draws(len(common[1])) if common else None
         for labels, ids in groups:
             ids = [c for c in ids if c in finished]
             if not ids:
                 continue
-            m = scores_matrix(data, ids, bench) if draws is not None else None
+            m = scores_matrix(data, ids, bench, metric) if draws is not None else None
             if m is not None and m[1] == common[1]:
                 est = stats.bootstrap(m[0], draws)
                 method = "bootstrap seeds x problems"
