@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
-from lorarl.numbers import NoBoolNumbers
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
+from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-exported: the task section lives there)
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
@@ -24,43 +24,6 @@ def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -
     if value is not None and value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
     return value
-
-
-class Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TaskConfig(Strict):
-    name: Literal["synthetic", "dataset"] = "synthetic"  # synthetic arithmetic (CPU) or a real dataset
-    seed: int = 1234  # fixes the train/eval split; shared by all cells so evals are comparable
-    n_train: int = Field(2000, gt=0)  # synthetic: number of training prompts generated
-    n_eval: int = Field(200, gt=0)  # synthetic: held-out problems used for pass@1
-    min_operands: int = Field(2, ge=2)  # synthetic: fewest numbers per problem (1 step)
-    max_operands: int = Field(3, ge=2)  # synthetic: most numbers per problem (= steps + 1)
-    max_value: int = Field(20, ge=2)  # synthetic: operands drawn from [1, max_value] (tiny bases use 20)
-    path: str | None = None  # dataset: hub id or local .jsonl/.parquet path
-    split: str = "train"  # dataset: split to train on
-    revision: str | None = None  # dataset: pin the hub revision (commit/tag) so a dataset update cannot move the numbers
-    config: str | None = Field(None, json_schema_extra={"signature_omits_default": True})  # dataset: the hub configuration (DAPO-Math-17k-Processed: all / en / cn); None = the dataset's default
-    prompt_field: str = "prompt"  # dataset: column holding the question
-    answer_field: str = "answer"  # dataset: column holding the gold answer
-    unwrap: Literal["dapo"] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # dataset: the prompt column is this dataset's instructed message (dapo: DAPO-Math's "Answer:" wrapper); the bare problem is taken out of it, so the cell's own template is the one instruction (paper 002)
-    prompt_rendered: bool = False  # dataset: the prompt column already is prompt.template's text (DAPO-Math's instructed prompt): checked, not wrapped again
-
-    @model_validator(mode="after")
-    def _check(self) -> "TaskConfig":
-        if self.max_operands < self.min_operands:
-            raise ValueError("max_operands must be >= min_operands")
-        if self.name == "dataset" and not self.path:
-            raise ValueError("task.path is required when task.name is 'dataset'")
-        if (self.config or self.revision) and (self.name != "dataset" or str(self.path).endswith((".jsonl", ".json", ".parquet"))):
-            raise ValueError("task.config / task.revision apply to a hub dataset (id or folder), not to a synthetic task or a .jsonl/.parquet file")
-        if self.unwrap and (self.prompt_rendered or self.name != "dataset"):
-            raise ValueError("task.unwrap applies to task.name 'dataset' and takes the bare problem out of the prompt "
-                             "column; task.prompt_rendered uses the column as the whole message: set one of them")
-        if self.prompt_rendered and self.name != "dataset":
-            raise ValueError("task.prompt_rendered applies to task.name 'dataset' only (synthetic prompts are raw)")
-        return self
 
 
 class PromptConfig(Strict):

@@ -2,7 +2,7 @@
 
 * `model` / `reward.teacher`: `local:<recipe>` must name a recipe of lorarl.models; a filesystem path
   (starting with `/`, `./`, `../` or `~`) must exist. Anything else is a hub id, checked when loaded.
-* `task.path` of a `dataset` task: a local file path (path-like, or ending in .jsonl/.json/.parquet/.csv)
+* `task.path` (or each `task.sources[i].path`) of a `dataset` task: a local file path (path-like, or ending in .jsonl/.json/.parquet/.csv)
   must exist. URLs (`hf://...`) are left to the loader.
 Paths that exist only on the compute nodes (not where Snakemake runs): set LORARL_SKIP_PATH_CHECKS=1.
 """
@@ -44,7 +44,7 @@ def _problem(field: str, value: str) -> str | None:
         return None
     if "://" in value:  # a URL (hf://, s3://, https://): the loader checks it
         return None
-    if field == "task.path":
+    if field == "task.path" or field.startswith("task.sources["):
         if (_path_like(value) or value.endswith(_DATA_SUFFIXES)) and not Path(value).expanduser().exists():
             return f"no such file {value!r}; allowed: an existing local file or a hub dataset id"
         return None
@@ -65,6 +65,7 @@ def check_references(study: Any, cells: list[Any], source: str) -> None:
         task = getattr(cfg, "task", None)
         if getattr(task, "name", None) == "dataset":
             refs.append(("task.path", getattr(task, "path", None)))
+            refs += [(f"task.sources[{i}].path", s.path) for i, s in enumerate(getattr(task, "sources", None) or ())]
         for field, value in refs:
             if not isinstance(value, str) or (field, value) in seen:
                 continue

@@ -10,15 +10,15 @@ from lorarl.tasks.synthetic import make_splits
 
 def load_records(path: str, split: str = "train", revision: str | None = None,
                  config: str | None = None) -> list[dict]:
-    """Rows of a local .jsonl/.parquet file, or of a hub dataset (id or folder) by ``load_dataset`` with its
-    configuration and revision."""
+    """Rows of a local (or ``hf://``) .jsonl/.parquet file, or of a hub dataset (id or folder) by
+    ``load_dataset`` with its configuration and revision."""
     import datasets
 
-    p = Path(path)
+    p = Path(path)  # the address itself goes to the loader: Path would fold hf://datasets/... into hf:/datasets/...
     if p.suffix in (".jsonl", ".json"):
-        ds = datasets.load_dataset("json", data_files=str(p), split="train")
+        ds = datasets.load_dataset("json", data_files=path, split="train")
     elif p.suffix == ".parquet":
-        ds = datasets.load_dataset("parquet", data_files=str(p), split="train")
+        ds = datasets.load_dataset("parquet", data_files=path, split="train")
     else:
         ds = datasets.load_dataset(path, config, split=split, revision=revision)
     return [dict(r) for r in ds]
@@ -31,6 +31,10 @@ def task_records(task: TaskConfig) -> tuple[list[dict], list[dict]]:
             task.seed, task.n_train, task.n_eval, task.min_operands, task.max_operands, task.max_value
         )
         return [p.record() for p in train], [p.record() for p in evals]
+    if task.sources is not None:  # a mixture of datasets, each with its own columns (lorarl.tasks.mixture)
+        from lorarl.tasks.mixture import mixture_records
+
+        return mixture_records(task, load_records), []
     rows = load_records(task.path, task.split, task.revision, task.config)
     missing = {task.prompt_field, task.answer_field} - set(rows[0] if rows else {})
     if missing:
