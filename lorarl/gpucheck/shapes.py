@@ -53,7 +53,7 @@ def twins(mode: str) -> list[Twin]:
           "train": {"lr": 3.0e-5, "prompts_per_step": 4, "generations": 4, "max_completion_length": 1536,
                     "temperature": 0.7, "top_p": 0.95, "beta": 0.05, "kl_estimator": "one_sided",
                     "kl_importance_correction": False, "kl_monitor_every": 10, "loss_type": "dapo", "epsilon": 0.2}}
-    pz = {"adapter": {"method": "lora", "rank": 32, "alpha": 64, "dropout": 0.05, "init": "gaussian"},
+    pz = {"adapter": {"method": "lora", "rank": 32, "alpha": 64, "dropout": 0.05, "init": "kaiming"},
           "train": {"lr": 1.0e-5, "prompts_per_step": 16, "generations": 8, "max_prompt_length": 512,
                     "prompt_overflow": "truncate_left", "max_completion_length": 16384, "temperature": 1.0, "loss_type": "dapo", "epsilon": 0.2,
                     "epsilon_high": 0.28, "beta": 0.0}}
