@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lorarl.rewards.outcome import OutcomeDeposits
+from lorarl.train.stop_ids import stop_token_ids
 from lorarl.train.trainer import LorarlGRPOTrainer
 from test_grpo import G, MAXLEN, P, args, dataset, fake_score, raw_batch
 
@@ -67,6 +68,7 @@ def test_training_rollouts_stop_at_every_eos_id_of_the_generation_config(two_eos
     path, turn = two_eos_dir
     trainer, out, tok = _rollout(path, tmp_path, turn)
     assert set(trainer.eos_token_ids) == {tok.eos_token_id, turn}
+    assert stop_token_ids(trainer.model, tok) == tuple(trainer.eos_token_ids)  # the pack's rule is TRL's
     ids, mask = out["completion_ids"], out["completion_mask"]
     assert ids.shape[0] == P * G and (ids[:, 0] == turn).all()
     assert mask.sum(1).tolist() == [1] * (P * G)  # each completion ends at the second stop id
@@ -80,4 +82,5 @@ def test_one_eos_id_runs_on(two_eos_dir, tmp_path):
     _, tok = load_model_and_tokenizer(path)
     trainer, out, _ = _rollout(path, tmp_path / "one", turn, eos_ids=tok.eos_token_id)
     assert trainer.eos_token_ids == [tok.eos_token_id]
+    assert stop_token_ids(trainer.model, tok) == (tok.eos_token_id,)
     assert (out["completion_mask"].sum(1) > 1).any() and out["completion_ids"].shape[1] <= MAXLEN

@@ -118,6 +118,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.main import load_policy, training_dataset
     from lorarl.train.prompt_fit import keep_last, prompt_keep
+    from lorarl.train.stop_ids import stop_token_ids
     from lorarl.train.trl_args import checkpointing
 
     from lorarl.pack.plan import pack_key
@@ -171,8 +172,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
             overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=settings_of(cfg.reward)))
         policies.append(policy)
-    eos = tok.eos_token_id
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    eos_ids = stop_token_ids(base, tok)  # the generation config's EOS ids too (<end_of_turn>), as solo training
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
                             temperature=tuple(c.config.train.temperature for c in cells),
