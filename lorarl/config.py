@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
+from lorarl.prompt_config import BasePrompt, PromptConfig, check_base_prompts  # noqa: F401 (PromptConfig re-exported)
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
 from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-exported: the task section lives there)
 
@@ -24,28 +25,6 @@ def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -
     if value is not None and value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
     return value
-
-
-class PromptConfig(Strict):
-    """How a problem becomes the model's input, identically in the train and evaluate stages
-    (lorarl.tasks.prompt). A study sets it once; a base model is then told what the reward pays."""
-
-    template: str | None = None  # user message with {question}; null = by source: synthetic "{question}", else math + \\boxed{} instruction
-    system: str | None = None  # system prompt (a system message with the chat template, else text + blank line)
-    chat_template: Literal["auto", "on", "off"] = "auto"  # wrap in the tokenizer's chat template (auto = if it has one)
-    think: bool = False  # ask for reasoning inside <think>...</think> before the boxed answer (paper 002's format)
-
-    @field_validator("chat_template", mode="before")
-    @classmethod
-    def _yaml_bool(cls, v: Any) -> Any:  # YAML reads a bare `on`/`off` as true/false
-        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
-
-    @field_validator("template")
-    @classmethod
-    def _has_question(cls, v: str | None) -> str | None:
-        if v is not None and "{question}" not in v:
-            raise ValueError("prompt.template must contain the placeholder {question}")
-        return v
 
 
 class AdapterConfig(Strict):
@@ -282,6 +261,12 @@ class EvalConfig(Strict):
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
+    base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.prompt_config)
+
+    @field_validator("base_prompts", mode="before")
+    @classmethod
+    def _base_rows(cls, v: Any) -> Any:  # keys: base, teacher (an unknown one is named with the allowed)
+        return check_base_prompts(v)
 
     @field_validator("benchmarks", mode="before")
     @classmethod

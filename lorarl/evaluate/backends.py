@@ -154,7 +154,7 @@ class HFBackend:
         train stage tokenises it (:func:`lorarl.tasks.prompt.prompt_ids`)."""
         from lorarl.tasks.prompt import build_prompt, prompt_ids
 
-        return [prompt_ids(self.tokenizer, build_prompt(self.prompt_config, p, self.tokenizer)) for p in prompts]
+        return [prompt_ids(self.tokenizer, build_prompt(self.prompt_config, p, self.tokenizer), self.prompt_config) for p in prompts]
 
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:

@@ -10,6 +10,9 @@ base per model, named as before: ``base`` (one model) or ``base-<model>``.  A st
 axis gets one base per prompt, named after the axis labels that tell the groups apart
 (``base-pchat``, ``base-Qwen2.5-0.5B-pchat``), else after a short hash of the key; each base's
 ``axes`` carry those labels, so tables and figures say which prompt a base row was asked with.
+``eval.base_prompts`` gives a base row its own prompt settings (chat template, thinking mode):
+``base`` for the untrained student rows, ``teacher`` for the teacher row; they are part of that
+row's prompt, hence of its evaluation signature, and of no trained cell's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from typing import Any
 from lorarl.signature import short_hash
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # as lorarl.matrix (cell ids)
+
+
+def row_config(cfg: Any, row: str) -> Any:
+    """A cell config as base row ``row`` (``base``: an untrained student row, ``teacher``) is asked:
+    its prompt with ``eval.base_prompts.<row>`` in place of the study's (lorarl.prompt_config)."""
+    own = (cfg.eval.base_prompts or {}).get(row)
+    prompt = own.apply(cfg.prompt, row) if own is not None else cfg.prompt
+    return cfg if prompt == cfg.prompt else cfg.model_copy(update={"prompt": prompt})
 
 
 def _eval_key(cfg: Any, seed: int) -> tuple[str, ...]:
@@ -52,7 +63,7 @@ def base_cells(study: Any, cells: list[Any], cell_cls: Any) -> list[Any]:
         seed = mine[0].config.seed
         groups: dict[tuple[str, ...], list[Any]] = {}
         for c in mine:
-            groups.setdefault(_eval_key(c.config, seed), []).append(c)
+            groups.setdefault(_eval_key(row_config(c.config, "base"), seed), []).append(c)
         short = _SAFE.sub("_", m.rstrip("/").split("/")[-1].split(":")[-1])
         axes = _distinguishing(study, list(groups.values())) if len(groups) > 1 else []
         for key, members in groups.items():
@@ -63,7 +74,8 @@ def base_cells(study: Any, cells: list[Any], cell_cls: Any) -> list[Any]:
                 frag = "-".join(f"{study.axes[a].prefix}{lab}" for a, lab in labels.items())
                 parts.append(_SAFE.sub("_", frag).strip("_.") or short_hash(key)[:6])
             sig = {"base_model": m} if len(groups) == 1 else {"base_model": m, "eval": list(key)}
-            cfg = first.config if first.config.seed == seed else first.config.model_copy(update={"seed": seed})
+            cfg = row_config(first.config, "base")
+            cfg = cfg if cfg.seed == seed else cfg.model_copy(update={"seed": seed})
             out.append(cell_cls("-".join(parts), {"model": m, **labels}, cfg, short_hash(sig), (),
                                 first.eval_hash))
     return out + _teacher_bases(cells, cell_cls)
@@ -71,7 +83,9 @@ def base_cells(study: Any, cells: list[Any], cell_cls: Any) -> list[Any]:
 
 def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
     """``eval.teacher_benchmarks``: the distillation teacher as one more base row, asked as the students
-    are (their prompt and grading) on those benchmarks only (paper 001 Table 2's teacher column)."""
+    are (their prompt and grading, with ``eval.base_prompts.teacher`` in place of the prompt's settings
+    it names: paper 001's Qwen3-8B answers in its chat format) on those benchmarks only (paper 001
+    Table 2's teacher column)."""
     from lorarl.evaluate.plan import benchmark_specs, eval_signature
 
     out, seen = [], set()
@@ -83,7 +97,7 @@ def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
         seen.add(teacher)
         ev = cfg.eval.model_copy(update={"benchmarks": {b: cfg.eval.benchmarks[b] for b in names},
                                          "curve_benchmarks": None, "eval_every": 0})
-        tcfg = cfg.model_copy(update={"model": teacher, "eval": ev})
+        tcfg = row_config(cfg, "teacher").model_copy(update={"model": teacher, "eval": ev})
         key = tuple(eval_signature(tcfg, b, None, is_base=True) for b in benchmark_specs(tcfg))
         short = _SAFE.sub("_", teacher.rstrip("/").split("/")[-1].split(":")[-1])
         out.append(cell_cls(f"teacher-{short}", {"model": teacher, "role": "teacher"}, tcfg,

@@ -133,7 +133,7 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
         "spec": {k: v for k, v in signature.signature_dump(spec).items() if k not in ("grading", "answer_format")},
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
-        "backend": cfg.eval.backend, "prompt": cfg.prompt.model_dump(mode="json"),
+        "backend": cfg.eval.backend, "prompt": signature.signature_dump(cfg.prompt),  # prompt.thinking only when set
         "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
     }
     if benchmark == SYNTHETIC and spec.path is None:

@@ -230,7 +230,7 @@ class VLLMBackend:
         from lorarl.tasks.prompt import build_prompt, prompt_ids
 
         tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
-        inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer))}
+        inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
                   for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         result = []

@@ -138,8 +138,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         ref.to(torch.bfloat16)
     dataset, facts = training_dataset(cfg0, tok)
     prompts = list(dataset["prompt"])
-    ids = [keep_last(prompt_ids(tok, p), prompt_keep(cfg0.train)) for p in prompts]  # train.prompt_overflow
-    texts = [prompt_text(tok, p) for p in prompts]
+    ids = [keep_last(prompt_ids(tok, p, cfg0.prompt), prompt_keep(cfg0.train)) for p in prompts]  # train.prompt_overflow
+    texts = [prompt_text(tok, p, cfg0.prompt) for p in prompts]
     answers = [str(a) for a in dataset["answer"]]
     models = [base] + [_share_base(base) for _ in cells[1:]]  # before any adapter wraps the base in place
     originals = _residual_originals(base, cfg0)

@@ -41,7 +41,7 @@ def prompt_tokens(cfg: Any, results_dir: str) -> float:
     tok = AutoTokenizer.from_pretrained(str(resolve_model(cfg.model, results_dir)))
     rows = task_records(cfg.task)[0][:PROMPT_SAMPLE]
     prompts = training_prompts(cfg, [r["prompt"] for r in rows], tok)
-    lengths = [len(prompt_ids(tok, p)) for p, keep in zip(prompts, within_length(cfg, prompts, tok)) if keep]
+    lengths = [len(prompt_ids(tok, p, cfg.prompt)) for p, keep in zip(prompts, within_length(cfg, prompts, tok)) if keep]
     if not lengths:
         raise ValueError("every sampled training prompt is longer than train.max_prompt_length")
     return sum(lengths) / len(lengths)

@@ -37,6 +37,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl.io import atomic_write_text
     from lorarl.report import html, tables
     from lorarl.report.data import load
+    from lorarl.report.envelope import capability_table
     from lorarl.report.figures import draw_all
     from lorarl.report.fig_kl import kl_delta_table
     from lorarl.study import load_study
@@ -54,6 +55,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     st.to_csv(out["stats_csv"], index=False)
     atomic_write_text(out["stats_md"], md)
     extra = {"runtime (paper 000 Table 2: step time × steps, KL monitors excluded)": ("runtime", tables.runtime_table),
+             "capability envelope: student and teacher, before training (paper 001 Table 2)": ("capability", capability_table),
              "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
              "Avg over benchmarks (paper 002)": ("avg", tables.avg_columns),
              "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table)}

@@ -9,7 +9,8 @@ A cell's ``prompt:`` section (:class:`lorarl.config.PromptConfig`) gives
   or benchmark, the instruction evaluation always used);
 * ``think``: the ``<think>`` instruction (paper 002's format) appended to the user message;
 * ``system``: a system prompt;
-* ``chat_template``: ``on`` / ``off`` / ``auto`` (auto = on when the tokenizer has a chat template).
+* ``chat_template``: ``on`` / ``off`` / ``auto`` (auto = on when the tokenizer has a chat template);
+* ``thinking``: the chat template's thinking mode (``enable_thinking``, Qwen3's); null = the template's default.
 
 With the chat template, the input is a conversation (a list of messages): TRL tokenises it with
 ``apply_chat_template(add_generation_prompt=True)`` and so does :func:`prompt_ids`. Without it the
@@ -21,6 +22,8 @@ to ``generate``, so both stages see byte-identical ids (tests/test_prompt.py che
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from lorarl.prompt_config import template_kwargs
 
 MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
                  "\\boxed{}.")  # the text of the evaluation registry's math template (lorarl.evaluate.benchmarks)
@@ -99,22 +102,27 @@ def build_prompt(pc: Any, user: str, tokenizer: Any) -> "Prompt":
     if uses_chat_template(pc.chat_template, tokenizer):
         msgs = [{"role": "system", "content": system}] if system else []
         return msgs + [{"role": "user", "content": user}]
+    if getattr(pc, "thinking", None) is not None:
+        raise ValueError(f"prompt.thinking {str(pc.thinking).lower()} is the chat template's thinking mode, but "
+                         "this tokenizer has no chat template (prompt.chat_template auto); allowed: thinking null, "
+                         "or a model whose tokenizer has a chat template")
     return f"{system}\n\n{user}" if system else user
 
 
-def prompt_ids(tokenizer: Any, prompt: "Prompt") -> list[int]:
-    """Token ids of one prompt exactly as TRL 1.16's ``GRPOTrainer._tokenize_prompts`` makes them."""
+def prompt_ids(tokenizer: Any, prompt: "Prompt", pc: Any = None) -> list[int]:
+    """Token ids of one prompt exactly as TRL 1.16's ``GRPOTrainer._tokenize_prompts`` makes them
+    (``pc``: the cell's PromptConfig, whose ``thinking`` is TRL's ``chat_template_kwargs``)."""
     if isinstance(prompt, list):
         out = tokenizer.apply_chat_template(conversation=[prompt], add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)
+                                            return_dict=True, **template_kwargs(pc))
         return [int(t) for t in out["input_ids"][0]]
     return [int(t) for t in tokenizer(text=[prompt])["input_ids"][0]]
 
 
-def prompt_text(tokenizer: Any, prompt: "Prompt") -> str:
+def prompt_text(tokenizer: Any, prompt: "Prompt", pc: Any = None) -> str:
     """A readable form of the prompt (what is stored with evaluation samples)."""
     if isinstance(prompt, list):
-        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False, **template_kwargs(pc))
     return prompt
 
 
@@ -147,4 +155,4 @@ def within_length(cfg: Any, prompts: Sequence["Prompt"], tokenizer: Any) -> list
     limit = cfg.train.max_prompt_length
     if limit is None or getattr(cfg.train, "prompt_overflow", "drop") == "truncate_left":
         return [True] * len(prompts)
-    return [len(prompt_ids(tokenizer, p)) <= limit for p in prompts]
+    return [len(prompt_ids(tokenizer, p, cfg.prompt)) <= limit for p in prompts]

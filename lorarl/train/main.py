@@ -54,7 +54,7 @@ def training_dataset(cfg: CellConfig, tokenizer: Any) -> tuple[Any, dict]:
         raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
     keep = prompt_keep(cfg.train)
     facts = {"prompts_dropped_too_long": len(rows) - len(data),
-             **({"prompts_truncated_left": sum(len(prompt_ids(tokenizer, d["prompt"])) > keep for d in data)}
+             **({"prompts_truncated_left": sum(len(prompt_ids(tokenizer, d["prompt"], cfg.prompt)) > keep for d in data)}
                 if keep is not None else {}),
              "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
     return datasets.Dataset.from_list(data), facts

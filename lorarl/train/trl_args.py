@@ -57,6 +57,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
     trainer (``kl_beta``)."""
     from trl import GRPOConfig
 
+    from lorarl.prompt_config import template_kwargs
     from lorarl.train.precision import autocast_bf16, resolve_precision
 
     t = cfg.train
@@ -96,6 +97,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         dataloader_num_workers=0,
         gradient_checkpointing=checkpointing(t.gradient_checkpointing, use_cpu),  # activations recomputed in the backward
         gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen embeddings (PEFT) and no_grad forwards
+        chat_template_kwargs=template_kwargs(cfg.prompt) or None,  # prompt.thinking: the chat template's enable_thinking
         **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
     )
 
