@@ -18,7 +18,7 @@ import pandas as pd
 
 from lorarl.report import stats
 from lorarl.report.data import StudyData, scores_matrix
-from lorarl.study import label_of
+from lorarl.study import label_of, study_cells
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -126,8 +126,13 @@ def stats_markdown(data: StudyData, table: pd.DataFrame) -> str:
 
 
 def per_cell_runtime(data: StudyData) -> pd.DataFrame:
-    """Per cell (index): steps, mean step time (`time/step_s`, KL monitors excluded, else `step_time_s`),
-    train_min = the two multiplied, and the monitors' summed seconds."""
+    """Per cell (index): training steps, mean time of a training step (`time/step_s`, KL monitors excluded,
+    else `step_time_s`), train_min = the two multiplied, and the monitors' summed seconds.
+
+    A row's ``step`` is a training step (``train.steps``' unit); the trainer logs `time/step_s` per
+    optimiser update (a row holds their mean), so with ``updates_per_step`` updates (PPO mini-batches x
+    epochs) a training step takes that many times a row's `time/step_s`. `step_time_s` is already per
+    training step."""
     c = data.curves
     if c.empty:
         return pd.DataFrame()
@@ -135,6 +140,9 @@ def per_cell_runtime(data: StudyData) -> pd.DataFrame:
     mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s") if m in c]
     per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
                                             **{m.split("/")[-1]: (m, "sum") for m in mon})
+    if step_col == "time/step_s":
+        updates = {cell.id: cell.config.train.updates_per_step for cell in study_cells(data.study)}
+        per["step_s"] = per["step_s"] * pd.Series([updates.get(i, 1) for i in per.index], index=per.index)
     per["train_min"] = per["step_s"] * per["steps"] / 60.0
     return per
 
