@@ -30,8 +30,8 @@ class TaskSource(Strict):
     config: str | None = None  # the hub configuration; None = the dataset's default
     split: str = "train"  # split to draw from
     revision: str | None = None  # pin the hub revision (commit/tag) so a dataset update cannot move the numbers
-    prompt_field: str = "prompt"  # column holding the question
-    answer_field: str = "answer"  # column holding the gold answer
+    prompt_field: str = "prompt"  # column holding the question (a.b: key b of struct column a)
+    answer_field: str = "answer"  # column holding the gold answer (a.b: key b of struct column a)
     unwrap: Literal["dapo"] | None = None  # the prompt column is this dataset's instructed message; the bare problem is taken out (as task.unwrap)
     weight: float | None = Field(None, gt=0)  # share of task.mix_size (rows drawn in proportion; a source smaller than its share repeats whole)
     count: int | Literal["all"] | None = None  # rows drawn from this source (without repeats); all = every row once

@@ -1,6 +1,8 @@
 """Dataset mixtures (task.sources): two local datasets, one in DeepScaleR's schema (problem / answer /
-solution, .jsonl) and one in SimpleRL-Zoo's (question / gt_answer, .parquet), mixed by count and by
-weight; deterministic given task.seed; validated; in the training signature."""
+solution, .jsonl) and one in SimpleRL-Zoo-Data's verl layout (.parquet: data_source, a chat `prompt`,
+reward_model.ground_truth and the bare question and gold in the struct column extra_info, read as
+extra_info.question / extra_info.answer; one row without a gold answer, as the release has), mixed by
+count and by weight; deterministic given task.seed; validated; in the training signature."""
 
 from __future__ import annotations
 
@@ -20,21 +22,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def two_sources(tmp_path):
-    """(DeepScaleR-schema .jsonl with 6 rows, SimpleRL-schema .parquet with 3 rows)."""
+    """(DeepScaleR-schema .jsonl with 6 rows, SimpleRL-Zoo-schema .parquet with 3 rows with a gold answer
+    and one without)."""
     import pandas as pd
 
     ds = tmp_path / "deepscaler.jsonl"
     ds.write_text("".join(json.dumps({"problem": f"ds problem {i}", "answer": str(i),
                                       "solution": f"... so \\boxed{{{i}}}"}) + "\n" for i in range(6)))
     sr = tmp_path / "simplerl.parquet"
-    pd.DataFrame({"question": [f"sr question {i}" for i in range(3)], "gt_answer": [f"{100 + i}" for i in range(3)],
-                  "level": [3, 4, 5]}).to_parquet(sr)
+    qs, golds = [f"sr question {i}" for i in range(4)], [f"{100 + i}" for i in range(3)] + [""]
+    pd.DataFrame({"data_source": ["simplelr"] * 4,
+                  "prompt": [[{"role": "user", "content": f"{q}\nPlease reason step by step, and put your final "
+                                                          "answer within \\boxed{}."}] for q in qs],
+                  "ability": ["math"] * 4,
+                  "reward_model": [{"style": "rule", "ground_truth": g} for g in golds],
+                  "extra_info": [{"question": q, "answer": g} for q, g in zip(qs, golds)]}).to_parquet(sr)
     return str(ds), str(sr)
 
 
 def src(path, **kw):
     cols = ({"prompt_field": "problem", "answer_field": "answer"} if path.endswith(".jsonl")
-            else {"prompt_field": "question", "answer_field": "gt_answer"})
+            else {"prompt_field": "extra_info.question", "answer_field": "extra_info.answer"})
     return {"path": path, **cols, **kw}
 
 
@@ -124,8 +132,11 @@ def test_load_errors_name_the_source(two_sources):
     ds, sr = two_sources
     with pytest.raises(ValueError, match=r"task.sources\[1\].count 5 exceeds the 3 rows"):
         rows_of(mix([src(ds, count=1), src(sr, count=5)]))
-    with pytest.raises(ValueError, match=r"task.sources\[1\] .* lacks field\(s\) \['answer'\]; has .*gt_answer"):
-        rows_of(mix([src(ds, count=1), {"path": sr, "prompt_field": "question", "count": 1}]))
+    with pytest.raises(ValueError, match=r"task.sources\[1\] .* lacks field\(s\) \['answer'\]; "
+                                         r"has .*extra_info\.\{answer, question\}"):
+        rows_of(mix([src(ds, count=1), {"path": sr, "prompt_field": "extra_info.question", "count": 1}]))
+    with pytest.raises(ValueError, match=r"lacks field\(s\) \['extra_info.gold'\]"):
+        rows_of(mix([src(ds, count=1), src(sr, answer_field="extra_info.gold", count=1)]))
 
 
 def test_signature_has_the_sources_and_leaves_one_dataset_tasks_alone(two_sources):
@@ -183,3 +194,13 @@ def test_paper_004_masks_study_trains_on_ds_plus_sr():
         assert [s.path for s in srcs] == ["agentica-org/DeepScaleR-Preview-Dataset",
                                           "hf://datasets/hkust-nlp/SimpleRL-Zoo-Data/simplelr_qwen_level3to5/train.parquet"]
         assert [s.count for s in srcs] == ["all", "all"] and cell.config.task.path is None
+        assert [(s.prompt_field, s.answer_field) for s in srcs] == [("problem", "answer"),
+                                                                   ("extra_info.question", "extra_info.answer")]
+
+
+def test_one_dataset_task_reads_a_struct_column_by_a_dotted_field(two_sources):
+    _, sr = two_sources
+    task = CellConfig(task={"name": "dataset", "path": sr, "prompt_field": "extra_info.question",
+                            "answer_field": "reward_model.ground_truth"}).task
+    rows = rows_of(task)
+    assert [(r["prompt"], r["answer"]) for r in rows[:3]] == [(f"sr question {i}", f"{100 + i}") for i in range(3)]

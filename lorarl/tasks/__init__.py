@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lorarl.config import TaskConfig
+from lorarl.tasks.fields import describe_fields, field_value, missing_fields
 from lorarl.tasks.synthetic import make_splits
 
 
@@ -36,14 +37,14 @@ def task_records(task: TaskConfig) -> tuple[list[dict], list[dict]]:
 
         return mixture_records(task, load_records), []
     rows = load_records(task.path, task.split, task.revision, task.config)
-    missing = {task.prompt_field, task.answer_field} - set(rows[0] if rows else {})
+    missing = missing_fields(rows[0] if rows else {}, [task.prompt_field, task.answer_field])
     if missing:
-        raise ValueError(f"dataset {task.path} lacks field(s) {sorted(missing)}; has {sorted(rows[0])}")
-    prompts = [str(r[task.prompt_field]) for r in rows]
+        raise ValueError(f"dataset {task.path} lacks field(s) {missing}; has {describe_fields(rows[0] if rows else {})}")
+    prompts = [str(field_value(r, task.prompt_field)) for r in rows]
     if task.unwrap:  # the bare problem out of the dataset's instructed message (the cell's template asks)
         from lorarl.tasks.prompt import unwrap
 
         prompts = unwrap(task.unwrap, prompts)
-    recs = [{"id": f"{task.split}-{i}", "prompt": p, "answer": str(r[task.answer_field])}
+    recs = [{"id": f"{task.split}-{i}", "prompt": p, "answer": str(field_value(r, task.answer_field))}
             for i, (p, r) in enumerate(zip(prompts, rows))]
     return recs, []

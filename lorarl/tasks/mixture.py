@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from typing import Any, Callable
+
+from lorarl.tasks.fields import describe_fields, field_value, missing_fields
 
 Loader = Callable[..., list[dict]]  # lorarl.tasks.load_records
 
@@ -23,11 +26,11 @@ def source_records(src: Any, i: int, load: Loader) -> list[dict]:
     rows = load(src.path, src.split, src.revision, src.config)
     if not rows:
         raise ValueError(f"task.sources[{i}] ({src.label()}) has no rows")
-    missing = {src.prompt_field, src.answer_field} - set(rows[0])
+    missing = missing_fields(rows[0], [src.prompt_field, src.answer_field])
     if missing:
-        raise ValueError(f"task.sources[{i}] ({src.label()}) lacks field(s) {sorted(missing)}; has {sorted(rows[0])} "
-                         f"(set task.sources[{i}].prompt_field / answer_field)")
-    prompts = [str(r[src.prompt_field]) for r in rows]
+        raise ValueError(f"task.sources[{i}] ({src.label()}) lacks field(s) {missing}; has {describe_fields(rows[0])} "
+                         f"(set task.sources[{i}].prompt_field / answer_field; a.b reads key b of column a)")
+    prompts = [str(field_value(r, src.prompt_field)) for r in rows]
     if src.unwrap:
         from lorarl.tasks.prompt import unwrap
 
@@ -35,8 +38,17 @@ def source_records(src: Any, i: int, load: Loader) -> list[dict]:
             prompts = unwrap(src.unwrap, prompts)
         except ValueError as e:
             raise ValueError(f"task.sources[{i}] ({src.label()}): {e}") from None
-    return [{"id": f"s{i}-{src.split}-{j}", "prompt": p, "answer": str(r[src.answer_field])}
+    recs = [{"id": f"s{i}-{src.split}-{j}", "prompt": p, "answer": _gold(field_value(r, src.answer_field))}
             for j, (p, r) in enumerate(zip(prompts, rows))]
+    kept = [r for r in recs if r["answer"]]
+    if len(kept) < len(recs):  # e.g. SimpleRL-Zoo's level 3-5 file: two problems ship without a gold answer
+        print(f"[lorarl] task.sources[{i}] ({src.label()}): {len(recs) - len(kept)} of {len(recs)} rows have no "
+              "gold answer and are left out", file=sys.stderr)
+    return kept
+
+
+def _gold(value: Any) -> str:
+    return "" if value is None else str(value).strip()
 
 
 def apportion(total: int, weights: list[float]) -> list[int]:
