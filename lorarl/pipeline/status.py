@@ -125,10 +125,11 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
     return StageStatus("running" if jid and pid_alive(jid) else "interrupted", jid, step, last.get("executor", ""))
 
 
-def study_status(study_path: str, results_dir: str | Path = "results") -> list[CellStatus]:
+def study_status(study_path: str | Path | Any, results_dir: str | Path = "results") -> list[CellStatus]:
+    """`study_path`: a study file, or a loaded Study."""
     from lorarl.study import base_cells, study_cells, load_study
 
-    study = load_study(study_path)
+    study = load_study(study_path) if isinstance(study_path, (str, Path)) else study_path
     results_dir = Path(results_dir)
     cells = [(c, "cell") for c in study_cells(study)] + [(b, "base") for b in base_cells(study)]
     all_ids: list[str] = []

@@ -44,6 +44,8 @@ SUPERSEDED_TAG = "lorarl.superseded"
 START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
 STUDY_RUN_TAG = "lorarl.study_run"  # "true" on the study's parent run: every cell and base run nests under it
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cells under the study run)
+# the experiment's kind: MLflow's UI (3.x) opens an experiment without it as a GenAI one (traces first)
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
 RETRY_ENV = "LORARL_TRACKING_RETRY_S"  # total retry time of a write that must succeed
@@ -194,10 +196,12 @@ class Tracker:
     def _experiment(self) -> str:
         exp = self.client.get_experiment_by_name(self.study)
         if exp is not None:
+            if KIND_TAG not in exp.tags:  # made by an older lorarl: tagged now (a kind set by hand stays)
+                self.client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
             return exp.experiment_id
         where = None if self.server else (self.results_dir.resolve() / "mlartifacts").as_uri()  # not the cwd's mlruns
         try:
-            return self.client.create_experiment(self.study, artifact_location=where)
+            return self.client.create_experiment(self.study, artifact_location=where, tags={KIND_TAG: KIND})
         except Exception as err:  # noqa: BLE001 - another cell created it between our two calls
             if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -208,8 +212,9 @@ class Tracker:
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{STUDY_RUN_TAG}` = 'true'")
         return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))  # the oldest is the study's
 
-    def study_run(self) -> str:
-        """The study's parent run, made by the first job that needs it. sqlite: find-or-create runs under
+    def study_run(self, start_time: int | None = None) -> str:
+        """The study's parent run, made by the first job that needs it, starting now (or at `start_time`,
+        ms: a run rebuilt from the files starts where the study did). sqlite: find-or-create runs under
         the results-dir lock, so one process makes it. A server has no lock: two jobs racing may both
         make one; each then keeps the oldest (the same for both) and deletes its own extra run. A requeued
         or resumed cell finds the same run; a retried create after a lost reply is found by its token."""
@@ -221,7 +226,8 @@ class Tracker:
             runs = self._study_runs()
             if not runs:
                 tags = {"lorarl.study": self.study, STUDY_RUN_TAG: "true", START_TAG: token, **git_state()}
-                made = self.client.create_run(self.experiment_id, run_name=self.study, tags=tags).info.run_id
+                made = self.client.create_run(self.experiment_id, start_time=start_time, run_name=self.study,
+                                              tags=tags).info.run_id
                 self.client.set_terminated(made, status="FINISHED")  # a view, not a job: never "running"
                 runs = self._study_runs()
             for extra in runs[1:]:

@@ -3,7 +3,9 @@
 Every cell and base run nests under one parent run per study (lorarl.tracking.client.Tracker.study_run
 makes it, once, when the first cell starts). `publish` gives it the study's name, its axes and the
 code's git SHA as tags, and the aggregate's outputs as artifacts: report.html, tables/, figures/
-(logged again on every aggregate, so the parent shows the latest). Superseded cell runs are untouched.
+(logged again on every aggregate, so the parent shows the latest), and stretches it over the study:
+from the first job's start to the aggregate's end, with the wall time and cell counts as metrics
+(lorarl.tracking.study_span). Superseded cell runs are untouched.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import paths
-from lorarl.tracking import sqlite_store
+from lorarl.tracking import sqlite_store, study_span
 from lorarl.tracking.client import Tracker, git_state, resolve_tracking
 
 
@@ -39,11 +41,19 @@ def publish(study: Any, results_dir: str | Path = "results", tracking: str | Non
     db = sqlite_store.db_path(resolve_tracking(tracking, results_dir))
     if db is not None and not db.exists():
         return None
-    tracker = Tracker(results_dir, study.name, tracking)
-    run_id = tracker.study_run()
+    return fill(Tracker(results_dir, study.name, tracking), study, results_dir)
+
+
+def fill(tracker: Tracker, study: Any, results_dir: str | Path) -> str:
+    """What `publish` does, with an open Tracker (`lorarl sync-mlflow` too): the parent's tags, artifacts,
+    span and numbers (lorarl.tracking.study_span). Made here if the store has none, starting where the
+    files say the study started."""
+    run_id = tracker.study_run(start_time=study_span.first_start_ms(study, results_dir))
     tracker.run_id = run_id
     tracker.set_tags({"lorarl.study": study.name, "lorarl.axes": axes_tag(study), **git_state()})
-    for local, where in artifacts(study, results_dir):
+    outputs = artifacts(study, results_dir)
+    for local, where in outputs:
         log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact
         tracker._retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
+    study_span.record(tracker, run_id, study, results_dir, [local for local, _ in outputs])
     return run_id

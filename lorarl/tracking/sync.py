@@ -8,7 +8,9 @@ training metrics), summary.json (final reward, wall time, parameter counts at st
 (each at its training step, as lorarl.evaluate.main logs them) and diagnostics.parquet (diag/* means).
 Base pseudo-cells get their shared run (base/mlflow_run.json) and evaluation numbers the same way.
 A new run id is written back into summary.json with its modification time kept (Snakemake's mtime
-trigger must not rerun anything). Run it again: nothing is logged twice.
+trigger must not rerun anything). The study's parent run gets what the aggregate gives it
+(lorarl.tracking.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
+files say the study did. Run it again: nothing is logged twice.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.tracking.client import CELL_TAG, SUPERSEDED_TAG, Tracker
+from lorarl.tracking.study_run import fill
+from lorarl.tracking.study_span import first_start_ms
 
 TRAIN_SUMMARY = ("final_train_reward", "wall_time_s", "params_trainable", "trainable_fraction")
 
@@ -165,7 +169,9 @@ def sync_study(study_path: str | Path, results_dir: str | Path = "results") -> l
 
     study = load_study(study_path)
     tracker = Tracker(results_dir, study.name)
+    tracker.study_run(start_time=first_start_ms(study, results_dir))  # a new parent starts where the study did
     out = [sync_cell(tracker, study, c, results_dir) for c in study_cells(study)]
     if study.kind != "kl_bound_toy":
         out += [sync_base(tracker, study, b, results_dir) for b in base_cells(study)]
+    fill(tracker, study, results_dir)  # the parent as the aggregate leaves it: tags, artifacts, span, counts
     return [r for r in out if r is not None]

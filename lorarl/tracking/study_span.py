@@ -1,0 +1,106 @@
+"""How long a study took and where its cells stand: what the study's MLflow parent run shows in the runs table.
+
+The parent run spans the study: it starts when the study's first job did and ends when its aggregate
+finished, and it carries that duration and its cell counts as metrics. Everything but the start
+comes from the study's files, so `lorarl aggregate` and `lorarl sync-mlflow` (into any store) give the
+parent the same span and the same numbers:
+- start: the parent's start_time, set once when it is made: by the first cell job that opens the
+  store (Tracker.study_run), i.e. the study's first job start. A parent made from the files
+  (`sync-mlflow` into a new store, or an aggregate on a store that has none) starts at
+  `first_start_ms`: the earliest job start the files record (provenance attempts' `started_at`,
+  else a cell's summary.json time less its `wall_time_s`).
+- end: `last_write_ms`: the newest of the aggregate's outputs (report.html, tables/, figures/) and the
+  cells' summary.json and eval/*.json, so when the aggregate finished (or a cell that finished later).
+- counts: the train states of `lorarl status` (lorarl.pipeline.status): finished = done or diverged,
+  failed = failed or incomplete (a job that ended without its outputs), diverged on its own too.
+Each aggregate updates the same parent: its end time, and each metric whose value changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from lorarl import paths
+from lorarl.pipeline.status import study_status
+from lorarl.tracking.client import Tracker
+
+WALL = "study/wall_time_s"
+COUNTS = {"study/cells_finished": ("done", "diverged"), "study/cells_failed": ("failed", "incomplete"),
+          "study/cells_diverged": ("diverged",)}
+STAMP = "%Y-%m-%dT%H:%M:%S%z"  # lorarl.pipeline.provenance.now()
+
+
+def _cells(study: Any) -> list[Any]:
+    from lorarl.study import base_cells, study_cells
+
+    return list(study_cells(study)) + list(base_cells(study))
+
+
+def _stamp_ms(value: Any) -> int | None:
+    try:
+        return int(datetime.strptime(str(value), STAMP).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def first_start_ms(study: Any, results_dir: str | Path) -> int | None:
+    """The earliest job start of the study its files record (ms since the epoch), or None."""
+    starts: list[int] = []
+    for cell in _cells(study):
+        cdir = paths.cell_dir(results_dir, study.name, cell.id)
+        for prov in sorted((cdir / "provenance").glob("*.json")):
+            try:
+                doc = json.loads(prov.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            starts += [ms for sub in doc.get("submissions", []) for a in sub.get("attempts", [])
+                       if (ms := _stamp_ms(a.get("started_at"))) is not None]
+        summary = cdir / "summary.json"
+        try:
+            wall = float(json.loads(summary.read_text()).get("wall_time_s") or 0.0)
+            starts.append(int((summary.stat().st_mtime - wall) * 1000))
+        except (OSError, json.JSONDecodeError, TypeError, ValueError, AttributeError):
+            pass
+    return min(starts, default=None)
+
+
+def last_write_ms(study: Any, results_dir: str | Path, outputs: Iterable[Path] = ()) -> int | None:
+    """The newest write of the aggregate's `outputs` (files or folders) and the cells' results (ms), or None."""
+    files: list[Path] = []
+    for out in outputs:
+        files += [f for f in Path(out).rglob("*") if f.is_file()] if Path(out).is_dir() else [Path(out)]
+    for cell in _cells(study):
+        cdir = paths.cell_dir(results_dir, study.name, cell.id)
+        files += [cdir / "summary.json", *sorted((cdir / "eval").glob("*.json"))]
+    times = [int(f.stat().st_mtime * 1000) for f in files if f.is_file()]
+    return max(times, default=None)
+
+
+def cell_counts(study: Any, results_dir: str | Path) -> dict[str, float]:
+    """study/cells_total, _finished, _failed, _diverged: the study's cells (base rows not counted)."""
+    states = [r.train.state for r in study_status(study, results_dir) if r.kind == "cell"]
+    out = {"study/cells_total": float(len(states))}
+    out.update({name: float(sum(s in wanted for s in states)) for name, wanted in COUNTS.items()})
+    return out
+
+
+def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, outputs: Iterable[Path] = ()) -> dict:
+    """Stretch the parent run `run_id` over the study (end time) and log its wall time and cell counts;
+    a metric is logged again only when its value changed. Returns the values."""
+    from mlflow.entities import Metric
+
+    run = tracker._retry("read the study run", lambda: tracker.client.get_run(run_id))
+    start = run.info.start_time
+    end = max(start, last_write_ms(study, results_dir, outputs) or int(time.time() * 1000))
+    values = {WALL: round((end - start) / 1000.0, 3), **cell_counts(study, results_dir)}
+    ts = int(time.time() * 1000)
+    changed = [Metric(k, v, ts, 0) for k, v in values.items() if run.data.metrics.get(k) != v]
+    if changed:
+        tracker._retry("log the study's numbers", lambda: tracker.client.log_batch(run_id, metrics=changed))
+    if run.info.end_time != end or run.info.status != "FINISHED":
+        tracker._retry("end the study run", lambda: tracker.client.set_terminated(run_id, "FINISHED", end_time=end))
+    return values

@@ -1,0 +1,130 @@
+"""The study in the MLflow UI (real sqlite stores): every experiment lorarl makes or opens is a model-training
+one (`mlflow.experimentKind`), so the UI opens its runs table; the study's parent run spans the study
+(first job start to the aggregate's end) and carries its wall time and cell counts, updated in place by
+each aggregate of a partial study, and rebuilt the same by `sync-mlflow` into a new store."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from lorarl.pipeline.badstudies import VALID
+from lorarl.study import load_study
+from lorarl.tracking import client as tracking
+from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, Tracker
+from lorarl.tracking.study_run import publish
+from lorarl.tracking.sync import sync_study
+
+KIND = ("mlflow.experimentKind", "custom_model_development")  # what MLflow's UI reads (3.x)
+NUMBERS = ("study/wall_time_s", "study/cells_total", "study/cells_finished", "study/cells_failed",
+           "study/cells_diverged")
+
+
+def _at(path: Path, ms: int) -> None:
+    os.utime(path, ns=(ms * 1_000_000, ms * 1_000_000))
+
+
+def _finished(res: Path, cell: str, end_ms: int, wall_s: float = 5.0) -> None:
+    d = res / "bad" / cell
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "summary.json").write_text(json.dumps({"wall_time_s": wall_s, "final_train_reward": 0.5}))
+    _at(d / "summary.json", end_ms)
+
+
+def _aggregated(res: Path, end_ms: int) -> None:
+    (res / "bad" / "tables").mkdir(parents=True, exist_ok=True)
+    (res / "bad" / "tables" / "summary.csv").write_text("cell,reward\nr1-s0,0.5\n")
+    (res / "bad" / "report.html").write_text(f"<html>{end_ms}</html>")
+    _at(res / "bad" / "tables" / "summary.csv", end_ms - 10_000)
+    _at(res / "bad" / "report.html", end_ms)
+
+
+def _parents(client, exp_id: str) -> list:
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs([exp_id], run_view_type=ViewType.ALL)
+    return [r for r in runs if r.data.tags.get(STUDY_RUN_TAG) == "true"]
+
+
+def _history(client, run_id: str) -> dict[str, list[float]]:
+    return {k: [m.value for m in client.get_metric_history(run_id, k)] for k in NUMBERS}
+
+
+def test_every_experiment_is_a_model_training_one(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    t = Tracker(tmp_path, "fresh")
+    c = t.client
+    assert c.get_experiment(t.experiment_id).tags[KIND[0]] == KIND[1]
+    older = c.create_experiment("older")  # made by an older lorarl: no kind, so the UI opens it as GenAI
+    hand = c.create_experiment("hand", tags={KIND[0]: "finetuning"})  # a kind the user chose in the UI
+    assert Tracker(tmp_path, "older").experiment_id == older and Tracker(tmp_path, "hand").experiment_id == hand
+    assert c.get_experiment(older).tags[KIND[0]] == KIND[1]
+    assert c.get_experiment(hand).tags[KIND[0]] == "finetuning"
+
+
+def test_parent_run_spans_the_study_and_sync_rebuilds_it(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(VALID))
+    study = load_study(tmp_path / "study.yaml")  # 4 cells: r1-s0 r1-s1 r2-s0 r2-s1
+    res = tmp_path / "results"
+    t = Tracker(res, study.name)
+    t.start("r1-s0", "r1-s0", {}, {})
+    t.finish()
+    c, parent = t.client, t.parent_id
+    start = c.get_run(parent).info.start_time  # made by the first cell job: the study's first start
+    first = (start // 1000 - 30) * 1000  # a job of r1-s1 started before any cell opened the store
+    _finished(res, "r1-s0", start + 60_000)
+    prov = res / "bad" / "r1-s1" / "provenance" / "train.json"
+    prov.parent.mkdir(parents=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(first / 1000))
+    prov.write_text(json.dumps({"submissions": [{"executor": "local", "job_id": "999999999", "attempts": [
+        {"job_id": "999999999", "started_at": stamp, "ended_at": stamp, "outcome": "failed: OOM"}]}]}))
+    (res / "bad" / "r1-s1" / "logs").mkdir()
+    (res / "bad" / "r1-s1" / "logs" / "train.log").write_text("[lorarl] error: CUDA out of memory\n")
+    _aggregated(res, start + 100_000)
+
+    assert publish(study, res) == parent
+    run = c.get_run(parent)
+    assert run.info.status == "FINISHED" and run.info.start_time == start
+    assert abs(run.info.end_time - (start + 100_000)) <= 1  # the aggregate's end, not 10 ms after the start
+    assert run.data.metrics == pytest.approx({"study/wall_time_s": 100.0, "study/cells_total": 4,
+                                              "study/cells_finished": 1, "study/cells_failed": 1,
+                                              "study/cells_diverged": 0}, abs=2e-3)
+
+    # the study goes on: one more cell, the aggregate again; the same parent, its end and counts move
+    _finished(res, "r2-s0", start + 200_000)
+    _aggregated(res, start + 250_000)
+    assert publish(study, res) == parent
+    run = c.get_run(parent)
+    assert abs(run.info.end_time - (start + 250_000)) <= 1
+    assert run.data.metrics["study/wall_time_s"] == pytest.approx(250.0, abs=2e-3)
+    hist = _history(c, parent)
+    assert hist["study/cells_finished"] == [1, 2] and hist["study/cells_failed"] == [1]  # changed values only
+    assert publish(study, res) == parent and _history(c, parent) == hist  # nothing new: nothing logged
+    assert [r.info.run_id for r in _parents(c, t.experiment_id)] == [parent]
+
+    # a new store rebuilt from the files: one parent, starting where the files say, ending the same
+    new_uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
+    (tmp_path / "new").mkdir()
+    monkeypatch.setenv(tracking.TRACKING_ENV, new_uri)
+    sync_study(tmp_path / "study.yaml", res)
+    new = mlflow.MlflowClient(new_uri)
+    exp = new.get_experiment_by_name("bad")
+    assert exp.tags[KIND[0]] == KIND[1]
+    [rebuilt] = _parents(new, exp.experiment_id)
+    assert rebuilt.info.start_time == first and rebuilt.info.end_time == run.info.end_time
+    assert rebuilt.data.tags["lorarl.axes"] == run.data.tags["lorarl.axes"]
+    wall = (run.info.end_time - first) / 1000  # 280 s and the start's milliseconds
+    assert rebuilt.data.metrics == pytest.approx({**run.data.metrics, "study/wall_time_s": wall}, abs=2e-3)
+    cells = new.search_runs([exp.experiment_id], "tags.`lorarl.cell_id` != ''")
+    assert sorted(r.data.tags["lorarl.cell_id"] for r in cells) == ["r1-s0", "r2-s0"]
+    assert {r.data.tags[PARENT_TAG] for r in cells} == {rebuilt.info.run_id}
+    again = _history(new, rebuilt.info.run_id)
+    sync_study(tmp_path / "study.yaml", res)  # again: the same parent, nothing logged twice
+    assert len(_parents(new, exp.experiment_id)) == 1 and _history(new, rebuilt.info.run_id) == again
