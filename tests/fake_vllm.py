@@ -23,6 +23,9 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   generating after ``wake_up`` without re-pushing the weights gives NaN logprobs, as on a GPU.
 * ``llm_engine.model_executor.driver_worker.model_runner.model.load_weights([(name, tensor)])``: the
   path TRL's colocate sync uses; an unknown name raises KeyError, a wrong shape raises, like vLLM's loaders.
+  On vLLM's CPU build (``api(cpu=True)``) a linear layer's weight raises AttributeError (no ``weight_loader``
+  after the CPU repacking); ``model_runner.reload_weights(weights_iterator=...)`` loads on both
+  (tests/fake_vllm_weights.py).
   It exists only for an in-process engine core (``distributed_executor_backend="external_launcher"``, as TRL
   builds it: vllm/config/parallel.py then sets VLLM_ENABLE_V1_MULTIPROCESSING=0, and only then does
   vllm/v1/engine/llm_engine.py set ``self.model_executor``); a default engine runs its core in another process.
@@ -50,8 +53,10 @@ import torch
 
 try:
     from fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
+    from fake_vllm_weights import Runner, reload_weights
 except ImportError:  # imported as tests.fake_vllm without tests/ on the path
     from tests.fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
+    from tests.fake_vllm_weights import Runner, reload_weights
 
 
 class VLLMValidationError(ValueError):
@@ -126,33 +131,11 @@ class RequestOutput:
         self.prompt_logprobs, self.outputs, self.finished = prompt_logprobs, outputs, finished
 
 
-class _Runner:
-    """``model_runner.model``: the engine's weights, loaded by name like vLLM's ``load_weights``."""
-
-    def __init__(self, llm: "LLM"):
-        self.llm = llm
-
-    def load_weights(self, weights) -> set[str]:
-        params = dict(self.llm.hf_model.named_parameters())
-        loaded = set()
-        for name, tensor in weights:
-            if name not in params:
-                raise KeyError(name)  # vLLM: params_dict[name] for a name the model does not have
-            if tuple(params[name].shape) != tuple(tensor.shape):
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
-            self.llm.loaded.append(name)
-            loaded.add(name)
-            if not self.llm.stale:
-                with torch.no_grad():
-                    params[name].copy_(tensor.to(params[name].dtype))
-        self.llm.load_calls += 1
-        return loaded
-
-
 class LLM:
     instances: list["LLM"] = []
     stale_default = False  # tests flip it to build engines that ignore weight updates
     apply_adapters = False  # tests flip it: LoRA requests sample from base + that adapter
+    cpu_build = False  # vLLM's CPU build: model.load_weights cannot reach the repacked linear layers
 
     def __init__(self, model: str, **kw: Any):
         unknown = set(kw) - LLM_PARAMS - ENGINE_ARGS
@@ -194,7 +177,7 @@ class LLM:
         self.llm_engine.list_loras = lambda: set(self.adapters)
         if kw.get("distributed_executor_backend") == "external_launcher":  # in-process engine core only then
             self.llm_engine.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(
-                model_runner=SimpleNamespace(model=_Runner(self))))
+                model_runner=SimpleNamespace(model=Runner(self), reload_weights=lambda **kw: reload_weights(self, **kw))))
         LLM.instances.append(self)
 
     # ---------------------------------------------------------------- engine control
@@ -382,6 +365,7 @@ def install(monkeypatch, stale: bool = False) -> type[LLM]:
     LLM.instances = []
     LLM.stale_default = stale
     LLM.apply_adapters = False
+    LLM.cpu_build = False
     monkeypatch.setattr(vg, "is_vllm_available", lambda *a, **k: True, raising=False)
     monkeypatch.setattr(vg, "LLM", LLM, raising=False)
     monkeypatch.setattr(vg, "SamplingParams", SamplingParams, raising=False)
@@ -389,6 +373,7 @@ def install(monkeypatch, stale: bool = False) -> type[LLM]:
     return LLM
 
 
-def api() -> SimpleNamespace:
-    """The namespace lorarl.evaluate.vllm_backend takes in place of ``vllm``."""
-    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest)
+def api(cpu: bool = False) -> SimpleNamespace:
+    """The namespace lorarl.evaluate.vllm_backend takes in place of ``vllm`` (``cpu``: vLLM's CPU build)."""
+    LLM.cpu_build = cpu
+    return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest, cpu=cpu)

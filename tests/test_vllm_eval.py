@@ -186,3 +186,16 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
              for f in out.glob("*.jsonl")}
     assert sorted(texts) == ["synthetic.jsonl", "synthetic@5.jsonl"]
     assert texts["synthetic@5.jsonl"] != texts["synthetic.jsonl"]
+
+
+def test_merged_pushes_on_vllms_cpu_build_use_the_layerwise_reload(tiny, tmp_path):
+    """vLLM's CPU build repacks its linear layers and drops their weight_loader: model.load_weights raises there
+    (tests/vllm_real checks it on the real engine); the backend pushes through model_runner.reload_weights."""
+    api = fake_vllm.api(cpu=True)
+    plan = [(tiny["base"], tiny["dora"]), (tiny["base"], None)]
+    backend = VLLMBackend(tiny["base"], tiny["dora"], plan=plan, merge_dir=tmp_path / "d", api=api)
+    runner = backend.llm.llm_engine.model_executor.driver_worker.model_runner
+    with pytest.raises(AttributeError, match="weight_loader"):
+        runner.model.load_weights(list(backend.llm.hf_model.named_parameters()))
+    backend.select(tiny["base"], None)
+    assert backend.pushes == 1 and _greedy(backend) == _greedy(HFBackend(tiny["base"]))

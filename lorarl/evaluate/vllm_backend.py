@@ -123,11 +123,18 @@ def model_weights(model_dir: str | Path) -> Iterator[tuple[str, Any]]:
         yield from load_file(str(f)).items()
 
 
-def push_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> None:
-    """Load weights into a running in-process engine (TRL's colocated sync path), then drop the prefix cache
-    (its KV entries were computed with the previous weights)."""
-    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-    model.load_weights(list(weights))
+def push_weights(llm: Any, weights: Iterable[tuple[str, Any]], cpu: bool = False) -> None:
+    """Load weights into a running in-process engine, then drop the prefix cache (its KV entries were computed
+    with the previous weights). On a GPU: the model's ``load_weights`` (TRL's colocated sync path). On vLLM's CPU
+    build (``cpu``): the CPU backend repacks every linear layer after loading and leaves its ``weight`` empty with
+    no ``weight_loader`` (vllm/model_executor/layers/utils.py ``dispatch_cpu_unquantized_gemm``), so
+    ``load_weights`` raises AttributeError there; the model runner's ``reload_weights`` (layerwise reload: load,
+    then the post-load processing again) takes the whole state instead."""
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    if cpu:
+        runner.reload_weights(weights_iterator=iter(list(weights)))
+    else:
+        runner.model.load_weights(list(weights))
     llm.reset_prefix_cache()
 
 
@@ -135,7 +142,10 @@ def _vllm_api() -> Any:
     import vllm  # noqa: PLC0415 - GPU-only dependency
     from vllm.lora.request import LoRARequest
 
-    return SimpleNamespace(LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest)
+    from vllm.platforms import current_platform
+
+    return SimpleNamespace(LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest,
+                           cpu=current_platform.is_cpu())  # vLLM's CPU build: weights are pushed another way
 
 
 class VLLMBackend:
@@ -147,10 +157,13 @@ class VLLMBackend:
     :meth:`select` moves it from one weight set to the next: as LoRA requests (every set is the base plus a
     servable LoRA: one ``lora_int_id`` per adapter, ``max_lora_rank`` fitting the largest) or as merged weights
     pushed into the engine (a set vLLM cannot serve as a LoRA, a full fine-tuning snapshot, ``merge``): the
-    first set is what the engine loads, every later one is pushed (``load_weights``, the path TRL's colocated
-    sync uses; it needs vLLM's in-process executor, :func:`inprocess_engine_kwargs`).
+    first set is what the engine loads, every later one is pushed (:func:`push_weights`: ``load_weights``, the path TRL's
+    colocated sync uses, or ``reload_weights`` on vLLM's CPU build; it needs vLLM's in-process executor,
+    :func:`inprocess_engine_kwargs`).
     ``merge_dir``: where a merged model is written (default ``<adapter>/merged``). ``llm_kwargs`` go to
-    ``vllm.LLM`` (e.g. ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``).
+    ``vllm.LLM`` (e.g. ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``). ``llm``: an
+    in-process engine this process already built, used instead of a new one (LoRA mode: its base and LoRA
+    settings must fit the plan; merged mode: the first weight set is pushed into it too).
     """
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
@@ -158,7 +171,7 @@ class VLLMBackend:
                  merge: bool = False, merge_dir: str | Path | None = None,
                  max_lora_rank: int | None = None, dtype: str = "auto", seed: int = 0,
                  use_chat_template: bool | None = None, prompt_config: Any = None, api: Any = None,
-                 **llm_kwargs: Any) -> None:
+                 llm: Any = None, **llm_kwargs: Any) -> None:
         self.api = api if api is not None else _vllm_api()
         from lorarl.evaluate.backends import plain_prompt_config
 
@@ -183,7 +196,9 @@ class VLLMBackend:
             if len({(str(m), str(a)) for m, a in plan}) > 1:
                 llm_args.update(inprocess_engine_kwargs())  # later sets are pushed into this process's engine
         self.llm_args = llm_args
-        self.llm = self.api.LLM(**llm_args)
+        if llm is not None and self.mode == "merged":
+            self.loaded = ""  # whatever the engine holds: the first weight set is pushed by select
+        self.llm = llm if llm is not None else self.api.LLM(**llm_args)
         self.select(model_path, adapter_path, merge_dir)
 
     def _plain_dir(self, model_path: str | Path, adapter: str | Path | None, merge_dir: str | Path | None) -> str:
@@ -215,7 +230,7 @@ class VLLMBackend:
         if key not in self._dirs:
             self._dirs[key] = self._plain_dir(model_path, adapter_path, merge_dir)
         if self._dirs[key] != self.loaded:
-            push_weights(self.llm, model_weights(self._dirs[key]))
+            push_weights(self.llm, model_weights(self._dirs[key]), cpu=getattr(self.api, "cpu", False))
             self.loaded = self._dirs[key]
             self.pushes += 1
 
