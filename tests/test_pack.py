@@ -220,7 +220,7 @@ def _cell(cid, **over):
 def test_plan_groups_by_compatibility_key():
     from lorarl.pack.plan import pack_key, plan_packs
 
-    cells = [_cell("a", train__beta=0.0), _cell("b", train__beta=0.05, train__lr=1e-2), _cell("c", adapter__rank=4),
+    cells = [_cell("a", train__beta=0.0), _cell("b", train__beta=0.05, train__lr=1e-2), _cell("c", adapter__init="gaussian"),
              _cell("d", reward__regime="process"), _cell("e", adapter__dropout=0.05),
              _cell("f", adapter__method="ia3", adapter__rank=None, adapter__alpha=None, adapter__dropout=None),
              _cell("g", train__temperature=0.7), _cell("h")]

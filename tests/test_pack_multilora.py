@@ -11,12 +11,12 @@ from tests import fake_vllm
 from tests.test_grpo import load, tiny_dir  # noqa: F401
 
 
-def save_adapter(tiny_dir, path, seed, r=4):
+def save_adapter(tiny_dir, path, seed, r=4, alpha=None):
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import LoraLayer
 
     m, _ = load(tiny_dir)
-    pm = get_peft_model(m, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM"))
+    pm = get_peft_model(m, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules="all-linear", task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, layer in sorted(pm.named_modules(), key=lambda x: x[0]):

@@ -1,27 +1,32 @@
 """Which cells may share a pack: the compatibility key, and the grouping of a study's cells.
 
 Packing is a runtime choice, not science: a pack's members must agree on everything that fixes the
-shared frozen base and the shape of the batched forward (model, adapter method, rank, alpha, init,
-target modules, dropout, precision, lengths, task, prompt, rollout engine) and may differ in the rest
-(seed, beta, learning rate, reward regime, ...). Cells that cannot pack (methods outside the LoRA
-family, which have no LoRA layers to route, and adapter dropout > 0, whose masks would come from one
-RNG stream shared by the pack) get a pack of their own.
+shared frozen base and the shape of the batched forward (model, adapter method, init, target modules,
+dropout, precision, lengths, task, prompt, rollout engine) and may differ in the rest (seed, beta,
+learning rate, reward regime, ...). Adapter rank and alpha may differ too: the router applies each
+member's own LoRA layers and scaling (lorarl.pack.routing), and a multi-LoRA engine's ``max_lora_rank``
+is the largest member's (lorarl.pack.multilora) -- except for residual inits, below. Cells that cannot
+pack (methods outside the LoRA family, which have no LoRA layers to route, and adapter dropout > 0, whose
+masks would come from one RNG stream shared by the pack) get a pack of their own.
 
 ``train.temperature`` and ``top_p`` may differ: each cell samples its rows with its own, and its log-probs
 (policy and reference) divide its rows' logits by its own temperature.
 Choices (stricter than the issue, so the packed update stays exactly the solo one):
 ``train.steps`` and the batch shape (prompts_per_step, generations, num_iterations, mini-batches),
 so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, OLoRA, ...) rewrite the
-frozen base with W0 − s·B0A0, which the key fixes (model, adapter rank/alpha/init/targets; SVD inits draw
-no random numbers): their residual bases are identical, so they pack (lorarl.pack.build checks it bit
-for bit). Masks (sparse updates of the base itself) run solo. ``num_iterations > 1``, PPO mini-batches, DAPO
-dynamic sampling and ``rollout.engine: vllm`` run solo too (the packed step loop does not do them).
+frozen base with W0 − s·B0A0, a function of the rank and alpha: for them the key keeps rank and alpha and
+so fixes the residual (model, adapter rank/alpha/init/targets; SVD inits draw no random numbers): their
+residual bases are identical, so they pack (lorarl.pack.build checks it bit for bit). Masks (sparse
+updates of the base itself) run solo. ``num_iterations > 1``, PPO mini-batches, DAPO dynamic sampling
+and ``rollout.engine: vllm`` run solo too (the packed step loop does not do them).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from lorarl.adapters.names import RESIDUAL_INITS
 
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
 
@@ -40,9 +45,13 @@ def pack_key(cfg: Any) -> str | None:
         return None  # the packed step loop takes one update per rollout batch, no refill rounds
     if cfg.rollout.engine != "hf":
         return None  # vLLM multi-LoRA rollouts are built (lorarl.pack.multilora) but not wired into the loop
+    adapter = a.model_dump(mode="json")
+    if a.init not in RESIDUAL_INITS:  # the base stays W0 whatever the rank: mixed ranks and alphas share a pack
+        adapter.pop("rank")
+        adapter.pop("alpha")
     key = {
         "model": cfg.model,
-        "adapter": a.model_dump(mode="json"),
+        "adapter": adapter,
         "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS},
         "task": cfg.task.model_dump(mode="json"),
         "prompt": cfg.prompt.model_dump(mode="json"),
