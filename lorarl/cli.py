@@ -366,14 +366,9 @@ def main(argv: list[str] | None = None) -> int:
 
     me = sub.add_parser("memory", help="projected peak GPU memory of each cell shape; the micro-batch and "
                         "generation chunk that fit (exit 1: a cell does not fit, naming the knob)")
-    me.add_argument("study")
-    me.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GiB (H100: 80, H200: 141)")
-    me.add_argument("--gpus", type=int, default=None, help="GPUs per training job (2: teacher/PRM on the second); "
-                    "default: --profile's slurm.train.gpus_per_node, else 1")
-    me.add_argument("--profile", default=None, help="Snakemake profile the study runs with (default, slurm or a folder)")
-    me.add_argument("--cell", default=None, help="plan this cell only")
-    me.add_argument("--results", default="results", help="where built local models are (their config.json)")
-    me.add_argument("--verbose", action="store_true", help="every part of every row's peak")
+    from lorarl.memory.report import add_arguments
+
+    add_arguments(me)  # study, --gpu-memory-gb, --gpus, --nodes, --profile, --cell, --results, --verbose
     me.set_defaults(fn=cmd_memory)
 
     args = p.parse_args(argv)

@@ -50,8 +50,11 @@ def test_bad_input_exits_2(tmp_path):
     assert rc == 2 and "base pseudo-cell" in err
     rc, _, err = run_cli(demo, "--gpu-memory-gb", "0")
     assert rc == 2 and "--gpu-memory-gb" in err
-    rc, _, err = run_cli(demo, "--gpus", "3")
-    assert rc == 2 and "gpus_per_node" in err
+    for flag in ("--gpus", "--nodes"):
+        rc, _, err = run_cli(demo, flag, "0")
+        assert rc == 2 and f"{flag} must be a whole number >= 1" in err and "slurm.train." in err
+    rc, _, err = run_cli(demo, "--gpus", "8", "--nodes", "8")  # 64 ranks, the demo's update has 32 rows
+    assert rc == 2 and "64 training ranks" in err and "--gpus x --nodes" in err
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("name: unknown\ndefaults:\n  model: nobody/no-such-model-anywhere\n")
     rc, _, err = run_cli(str(unknown))
@@ -89,7 +92,9 @@ def test_teacher_on_the_second_gpu_when_one_gpu_cannot_hold_it():
     assert not distil.fits and distil.knobs == [
         "slurm.train.gpus_per_node: 2 (the profile's train resources; teacher/PRM on the second GPU)"]
     assert two["distillation-r1-s0"].fits and two["distillation-r1-s0"].aux_gpu_gb > 15  # Qwen3-8B bf16
-    assert plans["outcome-r1-s0"].peak_gb == pytest.approx(two["outcome-r1-s0"].peak_gb)  # no aux model
+    # no aux model: 2 GPUs are 2 DDP ranks, each a replica updating on half the rows
+    assert (two["outcome-r1-s0"].ranks, two["outcome-r1-s0"].strategy, two["distillation-r1-s0"].ranks) == (2, "ddp", 1)
+    assert two["outcome-r1-s0"].rank_rows * 2 == plans["outcome-r1-s0"].rank_rows == plans["outcome-r1-s0"].rows
 
 
 def test_the_profile_gives_the_gpus_per_job(tmp_path):

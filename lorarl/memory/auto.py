@@ -2,7 +2,8 @@
 
 * ``train.micro_batch_size: auto`` / ``rollout.generation_batch_size: auto``: on a GPU, the memory plan's
   largest values for the free memory ``torch.cuda.mem_get_info()`` reports on the job's GPU (before the
-  model loads; the plan counts the weights); on a CPU job, null (the whole batch).
+  model loads; the plan counts the weights), per rank when the job runs ``WORLD_SIZE`` ranks (each its
+  share of the batch); on a CPU job, null (the whole batch).
 * ``reward.teacher_device`` / ``reward.prm_device``: where the job's GPUs are. Two or more GPUs: a
   ``cuda:N`` the job has is kept, anything else on CUDA (null, a ``cuda:N`` it lacks) becomes ``cuda:1``,
   the second GPU; one GPU: the policy's ``cuda:0`` (null stays null: the policy's device); no GPU: null (the policy's CPU). Other devices
@@ -32,6 +33,13 @@ def place_aux(setting: str | None, gpus: int) -> str | None:
     return setting if index is not None and index.isdigit() and int(index) < gpus else "cuda:1"
 
 
+def world_size() -> int:
+    """Training ranks of this job: torchrun's ``WORLD_SIZE`` (1 when unset: one process)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE") or 1)
+
+
 def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
                 log: Callable[[str], None] = print, results_dir: str = "results") -> Any:
     """``cfg`` with its ``auto`` memory knobs and auxiliary devices resolved for this job (a copy)."""
@@ -54,7 +62,8 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
         from lorarl.memory.plan import GIB
 
         try:
-            p = plan_cell(cfg, free_bytes / GIB, gpus=min(gpus, 2), device="cuda", results_dir=str(results_dir))
+            p = plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
+                          world=world_size())  # per rank: its share of the batch
         except PlanError as err:
             raise ValueError(f"train.micro_batch_size / rollout.generation_batch_size auto need the memory plan: "
                              f"{err}; or set them to a number of sequences") from None

@@ -4,16 +4,19 @@ A cell fits when its projected peak (lorarl.memory.plan) at its own settings sta
 the GPU: ``train.micro_batch_size`` (int, null = the whole update batch, auto = the largest that fits),
 ``train.gradient_checkpointing`` (auto = on: a GPU cell), ``rollout.generation_batch_size`` (int, null = the
 whole rollout batch, auto = the largest that fits). The teacher / PRM share the policy's GPU unless the job
-has a second one (``slurm.train.gpus_per_node: 2``; lorarl.memory.auto places them at job start).
+has a second one (``slurm.train.gpus_per_node: 2``; lorarl.memory.auto places them at job start). On a
+layout of several GPUs (``gpus`` per node x ``nodes``) the figures are one rank's (lorarl.memory.ranks).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lorarl.memory.plan import GIB, HEADROOM, Shape, aux_gpu_bytes, largest, peak_bytes, shape_of
+from lorarl.memory.arch import PlanError
+from lorarl.memory.ranks import Layout, has_aux, share, strategy_for
+from lorarl.memory.plan import GIB, HEADROOM, Shape, aux_gpu_bytes, largest, peak_bytes, shape_of, static_parts
 
 GPUS_KNOB = "slurm.train.gpus_per_node: 2 (the profile's train resources; teacher/PRM on the second GPU)"
 
@@ -38,6 +41,11 @@ class CellPlan:
     knobs: list[str] = field(default_factory=list)  # what to change when it does not fit
     parts_gb: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    gpus: int = 1  # GPUs per node of the layout planned
+    nodes: int = 1
+    ranks: int = 1  # training ranks (lorarl.memory.ranks.Layout.ranks)
+    strategy: str = "single"  # single | ddp | fsdp2
+    rank_rows: int = 0  # one rank's share of the update's rows (micro_batch is per rank)
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -61,12 +69,27 @@ def _setting(value: Any, whole: int, best: int) -> int:
 
 
 def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str = "cuda",
-              results_dir: str = "results", cell: str = "", cells: int = 1) -> CellPlan:
-    """The plan of one cell config on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (device cpu: a CPU job)."""
+              results_dir: str = "results", cell: str = "", cells: int = 1, nodes: int = 1,
+              world: int | None = None) -> CellPlan:
+    """The plan of one cell config on ``nodes`` x ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (device cpu: a
+    CPU job); ``world``: the training ranks when known (a running job's), else the layout's rule."""
+    layout = Layout(gpus, nodes)
     shape, notes = shape_of(cfg, device, results_dir)
     t, ro = cfg.train, cfg.rollout
     budget = HEADROOM * gpu_memory_gb * GIB
-    aux_here = not (shape.aux and gpus >= 2)
+    ranks = layout.ranks(has_aux(cfg)) if world is None else world
+    aux_here = not (shape.aux and ranks == 1 and layout.gpus >= 2)
+    strategy = strategy_for(cfg.adapter.method, ranks, sum(static_parts(shape, aux_here).values())
+                            + shape.vllm_share * gpu_memory_gb * GIB, budget)
+    if ranks > 1:
+        if ranks > shape.rows:
+            raise PlanError(f"{ranks} training ranks but only {shape.rows} sequences per optimiser update: "
+                            f"allowed: at most {shape.rows} GPUs (--gpus x --nodes)")
+        if shape.rows % ranks:
+            notes.append(f"{shape.rows} rows per update do not split evenly over {ranks} ranks: the largest "
+                         f"share ({share(shape.rows, ranks)}) is planned")
+        shape = replace(shape, rows=share(shape.rows, ranks), batch=share(shape.batch, ranks), world=ranks,
+                        strategy=strategy)
     ckpt = t.gradient_checkpointing == "on" or (t.gradient_checkpointing == "auto" and device == "cuda")
     gen_whole = shape.batch if shape.engine == "hf" else 0
 
@@ -83,9 +106,17 @@ def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str 
     knobs = [] if fits else _knobs(shape, t, ro, peak, budget, best_m, best_g, m, g, ckpt, aux_here, aux_gb * GIB,
                                    gen_whole)
     parts = {k: round(v / GIB, 3) for k, v in got.items() if isinstance(v, float | int) and v}
-    return CellPlan(cell, cells, cfg.model, cfg.adapter.method, shape.rows, shape.batch,
+    rows, batch = _global(cfg)
+    return CellPlan(cell, cells, cfg.model, cfg.adapter.method, rows, batch,
                     shape.prompt + shape.completion, m, g, ckpt, got["peak"] / GIB, aux_gb, best_m, best_g, fits,
-                    knobs, parts, notes + [f"worst phase: {got['worst_phase']}"])
+                    knobs, parts, notes + [f"worst phase: {got['worst_phase']}"], gpus, nodes, ranks, strategy,
+                    shape.rows)
+
+
+def _global(cfg: Any) -> tuple[int, int]:
+    """(rows per optimiser update, sequences per rollout) of the whole job."""
+    t = cfg.train
+    return t.prompts_per_step * t.generations // t.updates_per_generation, t.prompts_per_step * t.generations
 
 
 def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int, best_g: int, m: int, g: int,
@@ -100,7 +131,8 @@ def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int,
         out.append(f"the teacher/PRM alone need {aux_bytes / GIB:.1f} GiB on the second GPU: a GPU with more memory")
     if floor > budget:
         return out + [f"weights + optimiser state alone need {floor / GIB:.1f} GiB: a GPU with more memory "
-                      f"(--gpu-memory-gb) or a smaller adapter/precision"]
+                      f"(--gpu-memory-gb), more GPUs (--gpus / --nodes: FSDP2 shards them; "
+                      f"lorarl.memory.layout.smallest_layout) or a smaller adapter/precision"]
     if not ckpt and m > best_m:
         with_ckpt = largest(lambda k: peak(k, 1, c=True)["peak"] <= budget, shape.rows)
         if with_ckpt >= min(m, 1) and with_ckpt > 0:
@@ -119,9 +151,9 @@ def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int,
 
 
 def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str | None = None,
-               results_dir: str = "results", device: str = "cuda") -> list[CellPlan]:
-    """One plan per distinct cell shape of the study (or of the one cell ``cell``), in cell order."""
-    from lorarl.memory.arch import PlanError
+               results_dir: str = "results", device: str = "cuda", nodes: int = 1) -> list[CellPlan]:
+    """One plan per distinct cell shape of the study (or of the one cell ``cell``), in cell order, on
+    ``nodes`` x ``gpus`` GPUs per training job."""
     from lorarl.study import find_cell, load_study, study_cells
 
     from lorarl.study import cell_table
@@ -142,23 +174,25 @@ def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str
     groups: dict[str, list] = {}
     for c in chosen:
         groups.setdefault(shape_key(c.config), []).append(c)
-    return [plan_cell(cs[0].config, gpu_memory_gb, gpus, device, results_dir, cs[0].id, len(cs))
+    return [plan_cell(cs[0].config, gpu_memory_gb, gpus, device, results_dir, cs[0].id, len(cs), nodes)
             for cs in groups.values()]
 
 
 def device_projection(cfg: Any, kind: str, memory_gb: float, count: int, results_dir: str = "results") -> dict:
     """The plan's peak for ``cfg`` on the device a job found (`lorarl doctor` prints it beside the measured
-    peak): {"peak_gb", "fits", ...}, or {"error"} when the plan cannot be made (an unknown model)."""
-    from lorarl.memory.arch import PlanError
+    peak): {"peak_gb", "fits", ...}, or {"error"} when the plan cannot be made (an unknown model). The job's
+    training ranks: ``WORLD_SIZE`` (torchrun's; 1 when unset), the rank's share of the batch on each."""
+    import os
 
     device = "cuda" if kind == "cuda" else "cpu"
+    world = int(os.environ.get("WORLD_SIZE") or 1)
     try:
-        p = plan_cell(cfg, memory_gb, gpus=min(max(count, 1), 2) if device == "cuda" else 1, device=device,
-                      results_dir=results_dir)
+        p = plan_cell(cfg, memory_gb, gpus=max(count, 1) if device == "cuda" else 1, device=device,
+                      results_dir=results_dir, world=world if device == "cuda" else 1)
     except PlanError as err:
         return {"error": str(err)}
     return {"peak_gb": p.peak_gb, "fits": p.fits, "micro_batch": p.micro_batch, "generation_batch": p.generation_batch,
-            "checkpointing": p.checkpointing, "parts_gb": p.parts_gb}
+            "checkpointing": p.checkpointing, "parts_gb": p.parts_gb, "ranks": p.ranks, "strategy": p.strategy}
 
 
 plan = plan_study  # the name lorarl.gpucheck looks for as well

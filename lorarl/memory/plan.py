@@ -21,6 +21,11 @@ Per token and layer, activations keep ``5h + q + 2 kv + 4 i`` values in the comp
 attention input/output, q/k/v, the MLP's gate, up, activation and product) and the two RMSNorm inputs in
 fp32; without a fused attention kernel (CPU) the attention scores and probabilities add ``2 heads S``.
 Budget = ``HEADROOM`` x the device's memory (10% left to the allocator, CUDA context and fragmentation).
+
+On ``W`` ranks (lorarl.memory.ranks) every figure is one rank's GPU: ``rows`` and ``batch`` are the rank's
+share of the global batch; DDP keeps a full replica plus its flat gradient buckets (one more copy of the
+trainable gradients); FSDP2 keeps ``1/W`` of the weights, trainable state and reference plus the
+unsharded buffers of :func:`fsdp_gather_bytes`. The teacher / PRM are not sharded.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ class Shape:
     aux: list[tuple[str, Arch, int, int]] = field(default_factory=list)  # (role, arch, bytes/param, batch)
     vllm_share: float = 0.0  # colocated vLLM's reserved share of the GPU during the update
     engine: str = "hf"
+    world: int = 1  # training ranks (lorarl.memory.ranks); rows and batch above are one rank's share
+    strategy: str = "single"  # single | ddp | fsdp2 (lorarl.memory.ranks.strategy_for)
 
 
 def _adapter_counts(arch: Arch, adapter: Any) -> tuple[int, int]:
@@ -150,9 +157,25 @@ def static_parts(s: Shape, aux_here: bool) -> dict[str, float]:
     parts = {"weights": p * wbytes + s.frozen_fp32 * 4,
              "trainable_state": s.trainable * (tbytes * 3 if full else tbytes * 4),  # (master) + grad + 2 moments
              "reference": p * (4 if s.precision == "fp32" else 2) if s.reference else 0}
+    if s.strategy == "fsdp2":  # each rank keeps 1/W of parameters, gradients, AdamW states (and the reference)
+        parts = {k: v / s.world for k, v in parts.items()}
+        parts["fsdp_gather"] = fsdp_gather_bytes(s)
+    elif s.strategy == "ddp":  # the reducer's flat gradient buckets: one more copy of the trainable gradients
+        parts["ddp_buckets"] = s.trainable * tbytes
     for role, arch, nbytes, _ in s.aux:
         parts[role] = arch.params() * nbytes if aux_here else 0
     return parts
+
+
+def fsdp_gather_bytes(s: Shape) -> float:
+    """FSDP2's unsharded buffers on a rank: the root module's parameters (embedding, final norm, an untied
+    LM head: gathered for the whole forward and backward) and one decoder layer's, all-gathered in the
+    compute dtype; full fine-tuning also holds that layer's and the root's unsharded gradients until the
+    reduce-scatter."""
+    a = s.arch
+    layer = sum(i * o for _, i, o in a.linears()) + 2 * a.hidden
+    root = a.vocab * a.hidden * (1 if a.tie_embeddings else 2) + a.hidden
+    return (root + layer) * compute_bytes(s) * (2 if s.method == "full" else 1)
 
 
 def lm_head_bytes(s: Shape, arch: Arch, rows: int, cb: int, grad: bool) -> float:

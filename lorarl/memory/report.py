@@ -1,4 +1,5 @@
-"""`lorarl memory <study>`: the plan as a table; exit 0 every cell fits, 1 one does not, 2 bad input."""
+"""`lorarl memory <study> [--gpus N] [--nodes M]`: the plan as a table, one rank's GPU per row; exit 0 every
+cell fits, 1 one does not, 2 bad input."""
 
 from __future__ import annotations
 
@@ -7,12 +8,28 @@ from typing import Any
 
 from lorarl.memory.cells import CellPlan
 
-COLUMNS = ["cell", "cells", "model", "method", "rows/update", "tokens", "micro", "max micro", "ckpt", "gen chunk",
-           "max gen", "peak GiB", "2nd GPU GiB", "fits"]
+COLUMNS = ["cell", "cells", "model", "method", "ranks", "strategy", "rows/update", "rows/rank", "tokens", "micro",
+           "max micro", "ckpt", "gen chunk", "max gen", "peak GiB/GPU", "2nd GPU GiB", "fits"]
+
+
+def add_arguments(me: Any) -> None:
+    """The options of `lorarl memory` (lorarl.cli builds the subcommand)."""
+    me.add_argument("study")
+    me.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GiB (H100: 80, H200: 141)")
+    me.add_argument("--gpus", type=int, default=None, help="GPUs per node of a training job (one rank each; a "
+                    "teacher/PRM cell on one node of 2: one rank, teacher/PRM on the second); default: --profile's "
+                    "slurm.train.gpus_per_node, else 1")
+    me.add_argument("--nodes", type=int, default=None, help="nodes per training job; default: --profile's "
+                    "slurm.train.nodes, else 1")
+    me.add_argument("--profile", default=None, help="Snakemake profile the study runs with (default, slurm or a folder)")
+    me.add_argument("--cell", default=None, help="plan this cell only")
+    me.add_argument("--results", default="results", help="where built local models are (their config.json)")
+    me.add_argument("--verbose", action="store_true", help="every part of every row's peak")
 
 
 def _row(p: CellPlan) -> list[str]:
-    return [p.cell, str(p.cells), p.model.split("/")[-1], p.method, str(p.rows), str(p.seq),
+    return [p.cell, str(p.cells), p.model.split("/")[-1], p.method, str(p.ranks), p.strategy, str(p.rows),
+            str(p.rank_rows), str(p.seq),
             str(p.micro_batch or "-"), str(p.max_micro_batch), "on" if p.checkpointing else "off",
             str(p.generation_batch or "-"), str(p.max_generation_batch), f"{p.peak_gb:.1f}",
             f"{p.aux_gpu_gb:.1f}" if p.aux_gpu_gb else "-", "yes" if p.fits else "NO"]
@@ -24,13 +41,16 @@ def table(plans: list[CellPlan]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def print_plan(plans: list[CellPlan], gpu_memory_gb: float, gpus: int, verbose: bool, out: Any = None) -> int:
+def print_plan(plans: list[CellPlan], gpu_memory_gb: float, gpus: int, verbose: bool, out: Any = None,
+               nodes: int = 1) -> int:
     out = out or sys.stdout
     if not plans:
         print("no cell of this study trains a model (the toy study computes on the CPU): nothing to plan", file=out)
         return 0
-    print(f"memory plan: {gpus} GPU(s) of {gpu_memory_gb:g} GiB per training job, 10% headroom "
-          f"(budget {0.9 * gpu_memory_gb:.1f} GiB); one row per distinct cell shape", file=out)
+    print(f"memory plan: {nodes} node(s) x {gpus} GPU(s) of {gpu_memory_gb:g} GiB per training job, 10% headroom "
+          f"(budget {0.9 * gpu_memory_gb:.1f} GiB); one row per distinct cell shape; peak, micro-batch and "
+          f"generation chunk are one rank's (its share of the batch; ddp: a full replica, fsdp2: weights, "
+          f"gradients and optimiser states sharded over the ranks)", file=out)
     print(table(plans), file=out)
     for p in plans:
         if verbose or not p.fits:
@@ -53,18 +73,26 @@ def cmd_memory(args: Any) -> int:
     if args.gpu_memory_gb <= 0:
         print(f"error: --gpu-memory-gb must be a positive number of GiB; got {args.gpu_memory_gb}", file=sys.stderr)
         return 2
-    if args.gpus is None:  # the profile's train jobs: slurm.train.gpus_per_node (the local launcher: 1)
+    if args.gpus is None or args.nodes is None:  # the profile's train jobs (the local launcher: 1 x 1)
         from lorarl.pipeline.doctor_report import read_profile
 
         train = (read_profile(args.profile)["slurm"].get("train") or {}) if args.profile else {}
-        args.gpus = min(int(train.get("gpus_per_node") or 1), 2)
-    if args.gpus not in (1, 2):
-        print(f"error: --gpus must be 1 or 2 (the profile's slurm.train.gpus_per_node); got {args.gpus}",
-              file=sys.stderr)
-        return 2
+        for flag, key in (("gpus", "gpus_per_node"), ("nodes", "nodes")):
+            if getattr(args, flag) is None:
+                try:
+                    setattr(args, flag, int(train.get(key) or 1))
+                except (TypeError, ValueError):
+                    print(f"error: the profile's slurm.train.{key} must be a whole number >= 1; got "
+                          f"{train.get(key)!r}", file=sys.stderr)
+                    return 2
+    for flag, key in (("gpus", "gpus_per_node"), ("nodes", "nodes")):
+        if getattr(args, flag) < 1:
+            print(f"error: --{flag} must be a whole number >= 1 (the profile's slurm.train.{key}); got "
+                  f"{getattr(args, flag)}", file=sys.stderr)
+            return 2
     try:
-        plans = plan_study(args.study, args.gpu_memory_gb, args.gpus, args.cell, args.results)
+        plans = plan_study(args.study, args.gpu_memory_gb, args.gpus, args.cell, args.results, nodes=args.nodes)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return print_plan(plans, args.gpu_memory_gb, args.gpus, args.verbose)
+    return print_plan(plans, args.gpu_memory_gb, args.gpus, args.verbose, nodes=args.nodes)

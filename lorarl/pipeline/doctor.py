@@ -199,7 +199,10 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     checks = _Checks()
     dev = device_info()
     device = "cuda" if dev["kind"] == "cuda" else "cpu"
-    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info()}
+    from lorarl.memory.auto import world_size  # the ranks the smoke trains on (the projection scales from them)
+
+    out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info(),
+                           "train_ranks": world_size()}
 
     checks.run("MLflow store", lambda: tracking_check(results_dir))
     checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here")

@@ -11,6 +11,13 @@ Cost model of one optimiser step of a cell ``c``, from the smoke cell's split (`
 ``prompt`` is the mean token length of the cell's training prompts as its own tokenizer and prompt
 settings make them (measured in the job by :func:`prompt_tokens_by_cell`). Every assumption is written
 into the report.
+
+Layout (:func:`stage_layouts`): a stage's job has the profile's ``slurm.<stage>`` ``nodes`` x
+``gpus_per_node`` GPUs. A cell trains on ``W_c`` ranks (lorarl.memory.ranks.Layout.ranks); the smoke on
+``W_0`` (its job's ``WORLD_SIZE``): every part of a step (generation, scoring, reference forward, policy
+forward/backward + optimiser) works on a rank's share of the batch and is scaled by ``W_0 / W_c``, ideal
+data-parallel scaling (gradient all-reduce, FSDP2 gathers and stragglers not charged); model loads, KL
+monitors, evaluations and diagnostics are not. GPU-hours = job seconds x the job's GPUs.
 """
 
 from __future__ import annotations
@@ -142,6 +149,24 @@ def step_seconds(cfg: Any, split: dict[str, float], smoke_cfg: Any, prompt: floa
     return step, rounds
 
 
+def stage_layouts(profile: dict, device_kind: str) -> dict[str, Any]:
+    """The :class:`~lorarl.memory.ranks.Layout` of each stage's jobs from the profile's slurm resources (no
+    GPUs asked on a CPU smoke: None)."""
+    from lorarl.memory.ranks import Layout
+
+    slurm = profile.get("slurm") or {}
+    out = {}
+    for stage in ("train", "evaluate", "diagnose"):
+        res = slurm.get(stage) or {}
+        gpus = int(res.get("gpus_per_node", 1 if device_kind == "cuda" else 0))
+        out[stage] = Layout(gpus, int(res.get("nodes") or 1)) if gpus > 0 else None
+    return out
+
+
+def _gpus(layout: Any) -> int:
+    return layout.gpus if layout is not None else 0
+
+
 def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
     from lorarl.evaluate.plan import benchmark_specs
     from lorarl.evaluate.main import load_problems
@@ -172,17 +197,25 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         smoke_prompt = 0.0
     rate = split.get("degenerate_rate")
     load_s = m.get("model_load_s", 0.0)
-    train_s = eval_s = 0.0
+    from lorarl.memory.ranks import Layout, has_aux
+
+    lay = stage_layouts(profile, m["device"]["kind"])
+    w0 = int(m.get("train_ranks") or 1)
+    train_s = eval_s = train_gpu_s = 0.0
     n_eval_jobs = 0
     detail = []
     for c in cells:
         t = c.config.train
         prompt = prompts.get(c.id, smoke_prompt)
         step_s, rounds = step_seconds(c.config, split, chosen.config, prompt, smoke_prompt, rate)
+        ranks = (lay["train"] or Layout()).ranks(has_aux(c.config))
+        step_s *= w0 / ranks  # each rank works on its share of the batch: ideal data-parallel scaling
         monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
-        train_s += load_s + t.optimizer_updates * step_s + monitors  # step_s: per optimiser update
+        cell_s = load_s + t.optimizer_updates * step_s + monitors  # step_s: per optimiser update
+        train_s += cell_s
+        train_gpu_s += cell_s * _gpus(lay["train"])
         detail.append({"cell": c.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
-                       "step_s": step_s, "steps": t.steps})
+                       "step_s": step_s, "steps": t.steps, "ranks": ranks})
     for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
         for name, _step in eval_targets(c.config, is_base):
             e = evals.get(name)
@@ -192,11 +225,9 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
             eval_s += load_s + e["seconds_per_problem"] * counts.get(name, e["problems"])
             n_eval_jobs += 1
     diag_s = m.get("diagnose_s", 0.0) * len(cells)
-    slurm = profile["slurm"] or {}
-    gpus = {s: int((slurm.get(s) or {}).get("gpus_per_node", 1 if m["device"]["kind"] == "cuda" else 0))
-            for s in ("train", "evaluate", "diagnose")}
+    gpus = {s: _gpus(v) for s, v in lay.items()}
     total = train_s + eval_s + diag_s
-    gpu_h = (train_s * gpus["train"] + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
+    gpu_h = (train_gpu_s + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
     jobs = max(1, min(profile["jobs"], len(cells)))
     if not chosen.config.train.kl_monitor_every and any(c.config.train.kl_monitor_every for c in cells):
         notes.append("KL monitors: the smoke cell runs none (kl_monitor_every 0), so other cells' monitors are "
@@ -218,6 +249,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         "train_h": train_s / 3600, "eval_h": eval_s / 3600, "diagnostics_h": diag_s / 3600,
         "serial_h": total / 3600, "wall_h": total / 3600 / jobs, "concurrent_jobs": jobs,
         "gpu_hours": gpu_h, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
+        "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
         "per_cell": detail,
         "assumptions": [
             f"a step of the smoke cell costs {split['step_s']:.3g}s (warm-up step excluded); another cell's step is "
@@ -237,8 +269,14 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
             "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "
             "token budget) times the benchmark's full problem count; snapshots cost as much as finals",
             f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell",
-            f"GPU-hours = job seconds x the profile's gpus_per_node per stage ({gpus}); wall time = serial time "
-            f"/ min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
+            f"layout: training jobs on {lay['train'] or 'CPUs'} (the profile's slurm.train nodes x gpus_per_node); "
+            f"the smoke trained on {w0} rank(s), a cell on W ranks (a teacher/PRM cell on one node of 2 GPUs: one "
+            f"rank, the teacher/PRM on the second GPU): its step time x {w0}/W, assuming ideal data-parallel "
+            "scaling of generation, scoring, reference forward and the update (each rank its share of the batch; "
+            "gradient all-reduce, FSDP2 all-gathers and the slowest rank not charged: a lower bound); model "
+            "loads, KL monitors, evaluations and diagnostics do not scale",
+            f"GPU-hours = job seconds x the job's GPUs (nodes x gpus_per_node) per stage ({gpus}); wall time = "
+            f"serial time / min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
             *notes,
         ],
     }

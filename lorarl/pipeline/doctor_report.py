@@ -204,7 +204,8 @@ def render_markdown(rep: dict) -> str:
                   f"{p['cells']} cells, {p['steps']} training steps, {p['eval_jobs']} evaluation jobs: "
                   f"train {_fmt_h(p['train_h'])} + evaluation {_fmt_h(p['eval_h'])} + diagnostics "
                   f"{_fmt_h(p['diagnostics_h'])} = **{_fmt_h(p['serial_h'])} serial**, about **{_fmt_h(p['wall_h'])} "
-                  f"wall** with {p['concurrent_jobs']} concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**.", "",
+                  f"wall** with {p['concurrent_jobs']} concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**"
+                  + (f" (training jobs on {p['layout']['train']})" if p.get("layout") else "") + ".", "",
                   f"Projected step time per cell {_fmt_s(min(steps_s))} to {_fmt_s(max(steps_s))}; generation rounds "
                   f"per rollout {min(rounds):.2f} to {max(rounds):.2f} (degenerate prompt groups in the smoke: "
                   f"{'not measured' if rate is None else f'{rate:.0%}'}).", "", "Assumptions:", ""]
