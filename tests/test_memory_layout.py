@@ -148,3 +148,20 @@ def test_auto_knobs_are_per_rank_under_torchrun(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")  # one process (today's trainer): the whole update on this GPU
     assert resolve_job(cfg, gpus=8, free_bytes=80 * GIB, log=lambda s: None).train.micro_batch_size == \
         plan_cell(cfg, 80, world=1).max_micro_batch == 20
+
+
+PUBLISHED = sorted(p for p in EXPERIMENTS.glob("*.yaml")
+                   if not p.stem.endswith("_cpu") and p.stem not in ("demo", "kl_bound_toy"))
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.stem)
+def test_fidelity_layout_row_is_the_smallest_layout_on_the_papers_gpu(path):
+    import re
+
+    rows = [line for line in path.read_text().splitlines() if line.startswith("# | layout |")]
+    assert len(rows) == 1, f"{path.name}: one fidelity row 'layout' (the paper's layout and lorarl's)"
+    got = re.search(r"smallest layout on (\d+) GiB: (\d+) node\(s\) x (\d+) GPU\(s\)", rows[0])
+    assert got, rows[0]
+    gb, nodes, gpus = (int(x) for x in got.groups())
+    lay, plans = smallest_study_layout(str(path), gb)
+    assert (lay.nodes, lay.gpus_per_node) == (nodes, gpus) and plans and all(p.fits for p in plans)
