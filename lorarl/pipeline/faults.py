@@ -5,9 +5,11 @@ evaluation, diagnostics, aggregate; `--cells N`) runs once uninterrupted (the re
 after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs processes, one planned at
 a time, each at a random point of its life (the others keep going); `snakemake all` runs again after
 every invocation with a kill (after `snakemake --unlock` when Snakemake itself died) until the study
-completes. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the
-submitit worker); aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on,
-orphaned); host = the submit host dies (Snakemake and every `lorarl launch` at once).
+completes: the commands the docs give a user, word for word (lorarl.pipeline.recovery), in a folder
+laid out as a repo root, so cores, keep-going and rerun-incomplete come from profiles/default. Kill
+targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
+aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on, orphaned); host = the
+submit host dies (Snakemake and every `lorarl launch` at once).
 The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
 is killed at a point uniform over [0, 90% of that stage's shortest lifetime seen (reference run and
 every run since)], counted from the process's own start (/proc), so the short aggregate is hit too; a
@@ -40,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from lorarl.io import pid_alive
+from lorarl.pipeline import recovery
 from lorarl.pipeline.fault_checks import SUMS, check, merge, report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +50,7 @@ STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
 STEPS = 4
 KILL_WINDOW = 0.9  # kill points are uniform over [0, this x the stage's shortest reference lifetime]
 POLL_S = 0.05  # how often the monitor looks at /proc
+UNLOCK, RUN = recovery.COMMANDS["local"]  # every run and recovery: the commands the docs give a user
 
 
 def study_spec(cells: int = 2) -> dict:
@@ -133,12 +137,6 @@ def _kill(pid: int) -> bool:
 
 # ---- snakemake ------------------------------------------------------------------------------------
 
-def _snakemake_cmd(workdir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(workdir / "config.yaml"), "--cores", "2", "--keep-going", "--rerun-incomplete",
-            *args]
-
-
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LORARL_FAULT"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -178,7 +176,7 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
     ends the invocation). No kill is planned after `stop_at` (time.time()). Killed processes' lifetimes
     are not reported."""
     with open(log, "a") as fh:
-        proc = subprocess.Popen(_snakemake_cmd(workdir, "all"), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(recovery.argv(RUN), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
                                 env=_env())
     seen: dict[int, tuple[str, float]] = {}  # pid -> (stage, start)
     life: dict[str, list[float]] = {}
@@ -236,9 +234,8 @@ def prepare(root: Path, cells: int = 2) -> tuple[Path, Path, dict[str, float]]:
     template = root / "template"
     template.mkdir(parents=True, exist_ok=True)
     (template / "study.yaml").write_text(yaml.safe_dump(study_spec(cells)))
-    (template / "config.yaml").write_text(yaml.safe_dump({"studies": [str(template / "study.yaml")],
-                                                          "results": "results", "launcher": "local", "slurm": {}}))
-    subprocess.run(_snakemake_cmd(template, "results/models/tiny-test/config.json"), cwd=template, env=_env(),
+    recovery.workspace(template, _config(template))
+    subprocess.run(["snakemake", "results/models/tiny-test/config.json"], cwd=template, env=_env(),
                    check=True, capture_output=True)
     ref = clone(template, root / "reference")
     inv = run_snakemake(ref, {}, {}, random.Random(0), ref / "snakemake.log")
@@ -253,9 +250,12 @@ def clone(template: Path, dest: Path) -> Path:
     """A copy of the template (absolute study path rewritten: every run is self-contained)."""
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(template, dest, symlinks=True)
-    (dest / "config.yaml").write_text(yaml.safe_dump({"studies": [str(dest / "study.yaml")], "results": "results",
-                                                      "launcher": "local", "slurm": {}}))
+    recovery.write_config(dest, _config(dest))
     return dest
+
+
+def _config(root: Path) -> dict:
+    return {"studies": [str(root / "study.yaml")], "results": "results", "launcher": "local", "slurm": {}}
 
 
 def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict[str, float], rng: random.Random,
@@ -274,8 +274,8 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
         delays["host"] = delays.get("launcher", delays.get("host", 30.0))
         for stage in inv.killed:
             kills[stage] = kills.get(stage, 0) + 1
-        if "host" in inv.killed:  # Snakemake died holding its lock: what a user does after a lost session
-            subprocess.run(_snakemake_cmd(dest, "--unlock"), cwd=dest, env=_env(), capture_output=True)
+        if "host" in inv.killed:  # Snakemake died holding its lock: the documented recovery (then RUN again)
+            recovery.run(UNLOCK, dest, _env(), log)
         if inv.killed:
             continue
         if inv.rc == 0:
