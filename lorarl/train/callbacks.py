@@ -21,8 +21,10 @@ SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "tra
 class MetricsRecorder(TrainerCallback):
     """Collects TRL's per-step logs, adds `step_time_s`, appends to CSV, batches to MLflow."""
 
-    def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10, updates_per_step: int = 1):
+    def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10, updates_per_step: int = 1,
+                 write: bool = True):
         self.csv_path = Path(csv_path)
+        self.write = write  # False on ranks other than 0: rows kept (the monitors read them), nothing written
         self.updates_per_step = int(updates_per_step)  # optimiser updates per training step (TrainConfig)
         self.tracker = tracker
         self.flush_every = flush_every
@@ -56,6 +58,9 @@ class MetricsRecorder(TrainerCallback):
             self.flush()
 
     def flush(self) -> None:
+        if not self.write:
+            self._pending = []
+            return
         self._write_csv()
         if self.tracker is not None and self._pending:
             self.tracker.log_metrics(self._pending, wait=False)  # store away: train on, send later
@@ -68,6 +73,8 @@ class MetricsRecorder(TrainerCallback):
         self.flush()
 
     def _write_csv(self) -> None:
+        if not self.write:
+            return
         cols = ["step"] + sorted({k for r in self.rows for k in r} - {"step"})
         tmp = self.csv_path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="") as fh:

@@ -76,8 +76,13 @@ def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
 
 
 def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
-    """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last)."""
+    """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last). On several
+    ranks (torchrun, submitit's tasks: lorarl.train.dist) every rank trains its share and rank 0 alone
+    writes files and MLflow (lorarl.train.ranks); the other ranks return ``{"cell", "rank"}``."""
     import torch
+
+    from lorarl.train import ranks
+    from lorarl.train.rank_checkpoints import FollowerCheckpoints
 
     from lorarl.adapters import build_adapter
     from lorarl.train.callbacks import MetricsRecorder, NoStepPastTheEnd, ResumedAtEnd
@@ -93,6 +98,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
 
     if threads:
         torch.set_num_threads(threads)
+    ranks.init()  # several ranks: join the job's process group (collective timeout) before any GPU work
+    main = ranks.is_main()
     from lorarl.memory.auto import resolve_job
 
     cfg = resolve_job(cell.config, results_dir=str(results_dir))  # `auto` memory knobs + teacher/PRM devices for this job's GPUs (lorarl.memory)
@@ -101,13 +108,15 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     t_start = time.time()
     final = paths.cell_dir(results_dir, study, cell.id)
-    ckpt = CellCheckpoints(results_dir, study, cell)  # results/<study>/.checkpoints/<cell>/ (no Snakemake output)
-    done = _finished_meanwhile(ckpt, final, cell)
+    # results/<study>/.checkpoints/<cell>/ (no Snakemake output); rank 0 owns it, the others follow
+    ckpt = CellCheckpoints(results_dir, study, cell) if main else FollowerCheckpoints(results_dir, study, cell)
+    done = ranks.broadcast(_finished_meanwhile(ckpt, final, cell) if main else None)
     if done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
         return done
     work = final / ".train.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    if main:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
 
     use_cpu = not torch.cuda.is_available()
     precision = resolve_precision(cfg.train.precision, "cpu" if use_cpu else "cuda")  # logged as resolved
@@ -118,14 +127,18 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         ref_model.to(torch.bfloat16)
     dataset, data_facts = training_dataset(cfg, tok)
 
-    tracker = Tracker(results_dir, study)
+    tracker = Tracker(results_dir, study) if main else None
     flat = cell.flat_config()
-    run_id = ckpt.resume_run(tracker) or tracker.start(  # a requeued/killed cell reopens its own run
+    run_id = (ckpt.resume_run(tracker) or tracker.start(  # a requeued/killed cell reopens its own run
         cell.id, run_name=cell.id,
         tags={"lorarl.config_hash": cell.hash, **{f"axis.{k}": v for k, v in cell.axes.items()}},
-        params={**flat, "train.precision_resolved": precision},
-    )
-    recorder = MetricsRecorder(work / "metrics.csv", tracker, updates_per_step=cfg.train.updates_per_step)
+        params={**flat, "train.precision_resolved": precision, "train.ranks": ranks.world_size()},
+    )) if main else None
+    run_id, resume_from = ranks.broadcast((run_id, ckpt.resume_from))  # every rank resumes rank 0's choice
+    if not main:
+        ckpt.resume_from = resume_from
+    recorder = MetricsRecorder(work / "metrics.csv", tracker, updates_per_step=cfg.train.updates_per_step,
+                               write=main)
     ckpt.restore(recorder, run_id)  # rows trained before a resume; MLflow gets any it missed
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
@@ -135,13 +148,17 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, ckpt.root, use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, snapshots, collapse],
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, *([snapshots] if main else []), collapse],
         results_dir=str(results_dir),
     )
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     divergence = Divergence(cfg.train.updates_per_step)  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
     trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
+    if main and ranks.world_size() > 1:
+        from lorarl.train.rank_checkpoints import attach_sync
+
+        attach_sync(trainer, recorder, ckpt)  # the other ranks save and stop with rank 0
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
             try:
@@ -150,9 +167,13 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
                 pass
     except BaseException as err:
         ckpt.release()
-        tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
+        if tracker is not None:
+            tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     recorder.flush()
+    if not main:  # rank 0 writes the cell's outputs
+        ranks.barrier()
+        return {"cell": cell.id, "rank": ranks.rank()}
     if collapse.stopped_at is not None:
         snapshots.fill_after_stop(trainer.model)
     policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
@@ -192,4 +213,5 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         os.replace(work / name, dst)
     shutil.rmtree(work, ignore_errors=True)
     ckpt.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
+    ranks.barrier()
     return summary

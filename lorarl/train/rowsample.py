@@ -21,6 +21,9 @@ only when a uniform falls on a CDF boundary).
   returns a one-hot score for the drawn token, which ``generate`` (``do_sample=False``) takes. ``U_NT``
   comes from the global CPU RNG, which the HF Trainer seeds from the cell's seed and saves/restores in
   its checkpoints (a resumed run samples what the uninterrupted run samples: tests/test_resume.py).
+* Several ranks (lorarl.train.ranks): the table is drawn for the rows of every rank from rank 0's stream and
+  each rank takes its rows (row ``i`` of the generation batch gets row ``i`` of the table: :func:`batch_uniforms`),
+  prompts padded to the widest over the ranks, so the samples do not depend on the number of ranks either.
 * Packed trainer (:mod:`lorarl.pack.generate`): the same table, drawn from each cell's own generator.
 """
 
@@ -82,6 +85,23 @@ def sampling_warpers(cfg: Any) -> list:
     return out
 
 
+def batch_uniforms(accelerator: Any, rows: int, steps: int) -> torch.Tensor:
+    """This rank's rows of ``U_NT``. One process: drawn from the global CPU RNG. Several ranks (TRL seeds each
+    rank's RNG differently): the table of the whole generation batch is drawn from rank 0's stream (rank 0
+    draws it from its global RNG, as one process does; the others from a copy of that state) and each rank
+    takes its rows, so row ``i`` gets row ``i`` of the one-process table."""
+    if accelerator.num_processes == 1:
+        return draw_uniforms(rows, steps)
+    from lorarl.train.ranks import broadcast, row_slice
+
+    total, mine = row_slice(accelerator, rows)
+    state = broadcast(torch.get_rng_state())
+    gen = None if accelerator.process_index == 0 else torch.Generator()
+    if gen is not None:
+        gen.set_state(state)
+    return draw_uniforms(total, steps, gen)[mine]
+
+
 class RowSampler:
     """Last logits processor of a chunk's ``generate``: warp, then draw row ``i``'s step-``t`` token at
     ``u_NT[i, t]``; returns scores that are 0 at the drawn token and -inf elsewhere (argmax takes it)."""
@@ -128,12 +148,14 @@ class ChunkedRollouts:
     def _chunked_generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         from trl.models import unwrap_model_for_generation
 
+        from lorarl.train.ranks import global_max
+
         dev, pad = self.accelerator.device, self._tokenizer.pad_token_id
-        width = max(len(p) for p in prompt_ids)
+        width = global_max(self.accelerator, max(len(p) for p in prompt_ids))  # over every rank (lorarl.train.ranks)
         m = self.pad_to_multiple_of
         width = -(-width // m) * m if m else width
         steps = int(self.generation_config.max_new_tokens)
-        u_NT = draw_uniforms(len(prompt_ids), steps)  # the whole call's stream, before any chunk
+        u_NT = batch_uniforms(self.accelerator, len(prompt_ids), steps)  # the whole call's stream, before any chunk
         eos_E = torch.tensor(self.eos_token_ids, device=dev)
         out: list[list[int]] = []
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,

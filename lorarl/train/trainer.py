@@ -22,8 +22,8 @@ and ``kl_new_old/update``: the last update's alone (equal with one update per st
 ``num_iterations > 1`` a later pass's forward gives it free). Monitor costs are logged as ``time/*``,
 outside ``time/step_s`` and outside the MetricsRecorder's ``step_time_s``.
 
-Single process only (a prompt group must live on one rank); multi-GPU data parallelism would need
-per-group deposit sums gathered across ranks.
+Several processes (torch.distributed through accelerate, :mod:`lorarl.train.ranks`): each rank scores whole
+prompt groups, lorarl's metrics are reduced over the ranks and the PPO mini-batches are the one-process ones.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from lorarl.train import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.train.divergence import nan_reward_fault
 from lorarl.train.microbatch import MicroBatching
+from lorarl.train.monitors import KLMonitors
+from lorarl.train.ranks import RankSharding
 from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
@@ -76,7 +78,7 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
@@ -111,8 +113,8 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
         self.freshness: FreshnessGate | None = attach_vllm(self, rollout) if self.use_vllm else None
-        if self.accelerator.num_processes > 1:
-            raise NotImplementedError("LorarlGRPOTrainer runs on one process: a prompt group must live on one rank")
+        if self.accelerator.num_processes > 1:  # a prompt group on one rank; not yet wired: vLLM, dynamic sampling
+            _check_ranks(self, args, dynamic_sampling)
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
@@ -185,7 +187,7 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
         out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
         mode = "train" if self.model.training else "eval"
         self._log("time/generate_s", time.perf_counter() - t0, mode)
-        self._log("rollout/tokens", float(sum(len(ids) for ids in out[1])), mode)
+        self._log("rollout/tokens", self._gsum(sum(len(ids) for ids in out[1]))[0], mode)  # every rank's
         self._prompt_ids_list = out[0]
         return out
 
@@ -228,22 +230,22 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
         from lorarl.rewards.answer_formats import has_answer
 
         eos = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-        n = max(len(texts), 1)
+        n = len(texts)  # means over the completions (deposits) of every rank (lorarl.train.ranks)
         if accuracy is not None:
-            self._log("accuracy", sum(accuracy) / n, mode)
-        self._log("frac_boxed", sum(extract_boxed(t) is not None for t in texts) / n, mode)
+            self._log_mean("accuracy", sum(accuracy), n, mode)
+        self._log_mean("frac_boxed", sum(extract_boxed(t) is not None for t in texts), n, mode)
         fmt = getattr(self.grading, "answer_format", "boxed")  # answers the reward's format can read
-        self._log("frac_answered", sum(has_answer(fmt, t) for t in texts) / n, mode)
-        self._log("frac_truncated", sum(bool(ids) and ids[-1] not in eos for ids in rollouts.completion_ids) / n,
-                  mode)
-        self._log("deposits/per_completion", sum(dep.counts) / n, mode)
+        self._log_mean("frac_answered", sum(has_answer(fmt, t) for t in texts), n, mode)
+        self._log_mean("frac_truncated", sum(bool(ids) and ids[-1] not in eos for ids in rollouts.completion_ids), n,
+                       mode)
+        self._log_mean("deposits/per_completion", sum(dep.counts), n, mode)
         all_vals = [v for vals in dep.values for v in vals]
-        self._log("deposits/mean", sum(all_vals) / max(len(all_vals), 1), mode)
+        self._log_mean("deposits/mean", sum(all_vals), len(all_vals), mode)
         if self.overlong_buffer:
-            self._log("overlong/frac_penalized", penalized / n, mode)
+            self._log_mean("overlong/frac_penalized", penalized, n, mode)
         self._log("time/reward_s", time.perf_counter() - t0, mode)
         rewards = torch.tensor(dep.totals, dtype=torch.float32, device=self.accelerator.device)
-        return rewards.unsqueeze(1)  # [B, 1]: one "reward function" whose value is each completion's return
+        return self.accelerator.gather(rewards.unsqueeze(1))  # [B, 1] of every rank, as TRL's own (it slices)
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
@@ -275,17 +277,18 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
         adv = advantages_from_deposits(row_D, pos_D, val_D, valid_BT, group, dense=dep.dense,
                                        scale=self.scale_rewards != "none")
         adv_BT = adv.adv_BT
-        vals = adv_BT[valid_BT]
-        if vals.numel():
-            std = vals.std().item() if vals.numel() > 1 else 0.0
+        vals = adv_BT[valid_BT].double()  # statistics over the valid tokens of every rank
+        k, s1, s2 = self._gsum(vals.numel(), vals.sum(), (vals * vals).sum())
+        if k:
+            std = max(s2 - s1 * s1 / k, 0.0) ** 0.5 / (k - 1) ** 0.5 if k > 1 else 0.0
             self._adv_std_peak = max(self._adv_std_peak, std) if mode == "train" else self._adv_std_peak
             self._log("adv/std", std, mode)
             self._log("adv/std_peak", self._adv_std_peak, mode)
-            self._log("adv/abs_max", vals.abs().max().item(), mode)
+            self._log("adv/abs_max", self._gmax(vals.abs().max().item() if vals.numel() else 0.0), mode)
         out["advantages"] = adv_BT
         degenerate_P = adv.stats.degenerate_P
-        if mode == "train" and degenerate_P.numel():  # any cell: the doctor projects DAPO refills from it
-            self._log("rollout/degenerate_rate", degenerate_P.float().mean().item(), mode)
+        if mode == "train":  # any cell: the doctor projects DAPO refills from it
+            self._log_mean("rollout/degenerate_rate", degenerate_P.float().sum().item(), degenerate_P.numel(), mode)
         return out, degenerate_P.tolist()
 
     def _refill(self, first: dict, degenerate: list[bool]) -> dict:
@@ -339,7 +342,7 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
                 steps_per_generation=self.args.steps_per_generation if train else 1,
                 num_processes=self.accelerator.num_processes)
             loss = loss + self.kl_beta * term
-            self._log("kl", klmod.masked_mean(kl_BT.detach(), mask_BT).item(), mode)
+            self._log("kl", self._gmasked_mean(kl_BT.detach(), mask_BT), mode)
             self._log_kl_ref(logp_BT.detach(), ref_BT, mask_BT, mode)
         if mode == "train" and torch.is_grad_enabled():
             if self._micro_parts is not None:  # one chunk of a micro-batched update (lorarl.train.microbatch)
@@ -348,47 +351,14 @@ class LorarlGRPOTrainer(ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrai
                 self._remember_batch(inputs, logp_BT.detach(), mask_BT)
         return loss
 
-    # ------------------------------------------------------------------ monitors
-    def _log_kl_ref(self, logp_BT, ref_BT, mask_BT, mode="train") -> None:
-        self._log("kl_ref/k1", klmod.masked_mean(klmod.k1(logp_BT, ref_BT), mask_BT).item(), mode)
-        self._log("kl_ref/k3", klmod.masked_mean(klmod.k3(logp_BT, ref_BT), mask_BT).item(), mode)
-        self._log("kl_ref/one_sided", klmod.masked_mean(klmod.one_sided(logp_BT, ref_BT), mask_BT).item(), mode)
-        if self.kl_beta > 0:
-            est = klmod.estimator(self.kl_estimator)(logp_BT, ref_BT)
-            self._log("kl_ref/penalty", (self.kl_beta * klmod.masked_mean(est, mask_BT)).item(), mode)
 
-    def _log_kl_new_old(self, new_BT, old_BT, mask_BT, which: str = "") -> None:
-        """KL(pi_new || pi_old) on tokens sampled from pi_old: mean of rho*log(rho) - rho + 1 (>= 0, unbiased).
-        ``which``: "" = rollout policy -> updated policy (``kl_new_old``), "/update" = one optimiser update."""
-        log_rho = (new_BT - old_BT).float()
-        rho = torch.exp(log_rho)
-        self._log(f"kl_new_old{which}", klmod.masked_mean(rho * log_rho - rho + 1, mask_BT).item())
-        self._log(f"kl_new_old{which}/logratio", klmod.masked_mean(log_rho, mask_BT).item())
-
-    def _after_optimizer_step(self, global_step: int) -> None:
-        """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""
-        wall = time.perf_counter() - self._step_t0
-        self._log("time/step_s", wall)
-        self._log("tokens_per_s", self._step_tokens / wall if wall > 0 else 0.0)
-        self._step_tokens = 0.0
-        every = self.kl_monitor_every * self.args.steps_per_generation * self.num_iterations  # in updates
-        if not every or global_step % every or self._last_batch is None:
-            return
-        dev = self.accelerator.device
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            self._monitors()  # no gradients, and the RNG stream of training is left exactly as it was
-
-    def _monitors(self) -> None:
-        batch, logp_BT = self._last_batch
-        mask_BT = batch["completion_mask"]
-        if self.kl_beta == 0 and self.reference_model is not None:
-            t0 = time.perf_counter()
-            ref_BT = self._forward_logps(self.reference_model, batch)
-            self._log_kl_ref(logp_BT, ref_BT, mask_BT)
-            self._log("time/kl_monitor_s", time.perf_counter() - t0)
-        t0 = time.perf_counter()  # the end of a training step (_after_optimizer_step): its last update is done
-        new_BT = self._forward_logps(self.model, batch)
-        self._log_kl_new_old(new_BT, logp_BT, mask_BT, "/update")  # the last update alone
-        rollout_BT = batch.get("old_per_token_logps")  # the rollout policy's; None: one update per step
-        self._log_kl_new_old(new_BT, logp_BT if rollout_BT is None else rollout_BT, mask_BT)
-        self._log("time/kl_new_old_s", time.perf_counter() - t0)
+def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any, dynamic_sampling: bool) -> None:
+    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; HF rollouts, no refills."""
+    if trainer.use_vllm:
+        raise ValueError("rollout.engine: 'vllm' on several ranks is not wired yet; allowed with ranks > 1: hf")
+    if dynamic_sampling:
+        raise ValueError("train.dynamic_sampling on several ranks is not wired yet; allowed with ranks > 1: false")
+    if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
+        raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
+                         f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "
+                         f"the {trainer.accelerator.num_processes} ranks")

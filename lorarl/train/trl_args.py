@@ -47,26 +47,35 @@ def checkpointing(setting: str, use_cpu: bool) -> bool:
     return setting == "on" or (setting == "auto" and not use_cpu)
 
 
-def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None) -> Any:
+def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precision: str | None = None,
+              ranks: int | None = None) -> Any:
     """GRPOConfig from the cell config: one training step = one generation batch of P prompts x G
     completions, split into ``train.updates_per_generation`` PPO mini-batches and passed over
     ``num_iterations`` times (one optimiser update each). ``train.steps`` counts training steps (the
     papers' unit: paper 004 App. C.1 "steps of 4 gradient updates", verl's steps in paper 003), so TRL's
     ``max_steps`` (optimiser updates) is ``train.optimizer_updates``; warm-up and the schedule span those,
     and one logged row averages one step's updates. TRL's ``beta`` is 0: the KL coefficient goes to the
-    trainer (``kl_beta``)."""
+    trainer (``kl_beta``). ``ranks`` (default: this job's WORLD_SIZE): the processes one training job runs on;
+    each gets ``1/ranks`` of every update's sequences, so the global batch is the study's on any layout
+    (lorarl.train.ranks)."""
     from trl import GRPOConfig
+
+    from lorarl.train import ranks as rankmod
 
     from lorarl.prompt_config import template_kwargs
     from lorarl.train.precision import autocast_bf16, resolve_precision
 
     t = cfg.train
     precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
+    n = rankmod.world_size() if ranks is None else int(ranks)
+    update_rows = (t.mini_batch_prompts or t.prompts_per_step) * t.generations
+    rankmod.check_layout(t.prompts_per_step, t.generations, update_rows, n)
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=t.lr,
         max_steps=t.optimizer_updates,  # train.steps rollout steps x updates_per_step
-        per_device_train_batch_size=(t.mini_batch_prompts or t.prompts_per_step) * t.generations,
+        per_device_train_batch_size=update_rows // n,  # one update's sequences, split over the ranks
+        ddp_timeout=rankmod.collective_timeout_s(),  # a dead rank fails the others after this, not a hang
         gradient_accumulation_steps=1,
         steps_per_generation=t.updates_per_generation,
         importance_sampling_level=t.importance_sampling_level,
