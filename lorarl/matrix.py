@@ -4,6 +4,8 @@ Built once per study per process by :func:`lorarl.study.cell_table` (use that, n
 expansion, validation, registry-default resolution, merging and hashing happen here, once; every
 lookup afterwards (`CellTable.cell`, `.ids`, `.bases`, `.eval_signature`) is a dictionary access.
 
+First the axes' sizes are multiplied: a study past the cell cap ($LORARL_MAX_CELLS, default
+100,000; `check_size`) is refused before any cell is expanded, naming each axis's size and the cap.
 Per cell, in order: the axis values are written into the defaults (a field may be written by one
 axis only: lorarl.study checks that); fields that do not apply to the cell's method are dropped
 (study kind hook); the config is validated (errors name `axes.<name>.values[<i>] = <value>` or
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import re
 from dataclasses import dataclass, field
 import typing
@@ -26,6 +30,8 @@ from lorarl.kinds import Kind, get_kind
 from lorarl.signature import signatures
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+MAX_CELLS_ENV = "LORARL_MAX_CELLS"  # the cap on a study's cells (runtime setting, not science)
+MAX_CELLS = 100_000  # its default: published studies have at most a few hundred cells
 NOT_APPLICABLE = "n/a"  # axis label of a cell whose method the axis does not apply to
 
 
@@ -200,8 +206,36 @@ def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
     return base_cells(study, cells, Cell)
 
 
+def max_cells() -> int:
+    """The cell cap: $LORARL_MAX_CELLS, else MAX_CELLS."""
+    raw = os.environ.get(MAX_CELLS_ENV, "").strip()
+    if not raw:
+        return MAX_CELLS
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise StudyError(f"{MAX_CELLS_ENV}={raw!r}: allowed: a positive whole number of cells (default {MAX_CELLS:,})")
+    return value
+
+
+def check_size(study: Any, source: str = "<study>") -> int:
+    """Refuse a study whose axes multiply past the cell cap, before any cell is expanded; returns the count."""
+    sizes = {n: len(ax.values) for n, ax in study.axes.items()}
+    total = math.prod(sizes.values())
+    cap = max_cells()
+    if total > cap:
+        shown = " x ".join(f"axes.{n} ({k:,})" for n, k in sizes.items())
+        raise StudyError(f"invalid study {source}: the axes multiply to {total:,} cells: {shown}; allowed: at most "
+                         f"{cap:,} cells (before exclude): fewer axis values, or raise the cap with "
+                         f"{MAX_CELLS_ENV}=<cells> in the environment if the study is meant to be that large")
+    return total
+
+
 def build_table(study: Any, source: str = "<study>") -> CellTable:
     """Expand, validate, resolve, sign and merge every cell of ``study`` (a lorarl.study.Study)."""
+    check_size(study, source)
     kind = get_kind(study.kind)
     cls = kind.config()
     try:
