@@ -5,13 +5,15 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
 
 * One engine per process: vLLM does not free an engine's GPU memory on ``del``, so a second ``LLM`` in a process
   fails its startup memory check (vllm/v1/worker/utils.py ``request_memory``); the fake refuses any second ``LLM``
-  (``LLM.instances``; tests/conftest.py empties it per test: one test, one process).
+  (``LLM.instances``; tests/conftest.py empties it per test: one test, one process). vLLM's CPU build builds a
+  second in-process engine when host memory holds both KV caches (tests/vllm_real): this refusal is the GPU's.
 * ``LLM(model, **kw)``: ``kw`` must be one of LLM's named parameters or an ``EngineArgs`` field
   (else TypeError, as the EngineArgs dataclass raises); ``max_lora_rank`` in vLLM's Literal set;
   ``logprobs_mode`` in its Literal set; ``gpu_memory_utilization`` in (0, 1].
 * ``LLM.generate(prompts, sampling_params=None, *, use_tqdm, lora_request, ...)``: prompts are strings
   or ``{"prompt_token_ids": [...]}``; ``sampling_params`` and ``lora_request`` may be one object or a
-  list with one per prompt (``_validate_and_add_requests``: a list of another length is a ValueError);
+  list with one per prompt (a list of another length is refused with VLLMValidationError, which in vLLM 0.31 is
+  not a ValueError: vllm/exceptions.py);
   a ``lora_request`` without ``enable_lora`` is refused, as is an adapter whose rank exceeds
   ``max_lora_rank``. A request with ``seed`` samples from its own generator (vLLM's per-request seed; child j of an n > 1 request: seed + j).
   Adapters are loaded (``adapter_loads``) once per ``lora_int_id`` while cached (LRU, ``max_cpu_loras``), and a
@@ -59,7 +61,15 @@ except ImportError:  # imported as tests.fake_vllm without tests/ on the path
     from tests.fake_vllm_weights import Runner, reload_weights
 
 
-class VLLMValidationError(ValueError):
+class VLLMError(Exception):  # vllm/exceptions.py (0.31): vLLM's own errors are not ValueErrors
+    pass
+
+
+class VLLMClientError(VLLMError):
+    pass
+
+
+class VLLMValidationError(VLLMClientError):
     pass
 
 
@@ -91,7 +101,7 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise VLLMValidationError(f"top_p must be in (0, 1], got {self.top_p}.")
         if not isinstance(self.top_k, int):
-            raise VLLMValidationError(f"top_k must be an integer, got {type(self.top_k).__name__}")
+            raise TypeError(f"top_k must be an integer, got {type(self.top_k).__name__}")  # vLLM: None < -1
         if self.top_k < -1:
             raise VLLMValidationError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
@@ -209,7 +219,7 @@ class LLM:
         if lora_request is None:
             return
         if not self.kwargs.get("enable_lora"):
-            raise ValueError(f"LoRA request {lora_request.lora_name} but LoRA is not enabled")
+            raise VLLMValidationError(f"Got lora_request {lora_request.lora_name} but LoRA is not enabled!")
         r = json.loads((Path(lora_request.lora_path) / "adapter_config.json").read_text())["r"]
         if r > self.kwargs.get("max_lora_rank", 16):
             raise ValueError(f"LoRA rank {r} is greater than max_lora_rank {self.kwargs.get('max_lora_rank', 16)}")
@@ -289,9 +299,11 @@ class LLM:
             raise RuntimeError(f"engine is asleep ({sorted(self.asleep)} released): call wake_up() first")
         prompts = prompts if isinstance(prompts, list) else [prompts]
         if isinstance(sampling_params, list) and len(sampling_params) != len(prompts):
-            raise ValueError("The lengths of prompts and params must be the same.")
+            raise VLLMValidationError(f"The lengths of prompts ({len(prompts)}) and params ({len(sampling_params)}) "
+                                      "must be the same.")
         if isinstance(lora_request, list) and len(lora_request) != len(prompts):
-            raise ValueError("The lengths of prompts and lora_request must be the same.")
+            raise VLLMValidationError(f"The lengths of prompts ({len(prompts)}) and lora_request ({len(lora_request)}) "
+                                      "must be the same.")
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         for lr in loras:

@@ -77,14 +77,14 @@ def test_fake_refuses_what_vllm_refuses(tiny_dir, tmp_path):
     llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4]))
     p = [{"prompt_token_ids": [5, 6, 7]}] * 2
     reqs = lora_requests(api, ["s", "b"], [small, big])
-    with pytest.raises(ValueError, match="lengths of prompts and lora_request"):
+    with pytest.raises(fake_vllm.VLLMValidationError, match=r"lengths of prompts \(2\) and lora_request \(1\)"):
         llm.generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs[:1])
-    with pytest.raises(ValueError, match="lengths of prompts and params"):
+    with pytest.raises(fake_vllm.VLLMValidationError, match=r"lengths of prompts \(2\) and params \(1\)"):
         llm.generate(p, [api.SamplingParams(max_tokens=2)], lora_request=reqs[0])
     with pytest.raises(ValueError, match="greater than max_lora_rank"):
         llm.generate(p, api.SamplingParams(max_tokens=2), lora_request=reqs)
     fake_vllm.fresh_process()  # each engine below in a process of its own (vLLM: one engine per process)
-    with pytest.raises(ValueError, match="LoRA is not enabled"):
+    with pytest.raises(fake_vllm.VLLMValidationError, match="LoRA is not enabled"):  # vLLM's: not a ValueError
         api.LLM(str(tiny_dir)).generate(p[:1], api.SamplingParams(max_tokens=2), lora_request=reqs[0])
     with pytest.raises(ValueError, match="largest max_lora_rank"):
         engine_lora_kwargs([600])

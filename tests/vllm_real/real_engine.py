@@ -1,5 +1,6 @@
-"""One real vLLM CPU engine per test process, shared by the real-engine tests (vLLM builds one engine per process:
-a second one fails its memory check, tests/vllm_real/test_fake_contract.py), and the tiny local models it serves.
+"""One real vLLM CPU engine per test process, shared by the real-engine tests (each engine reserves its share of host
+memory for a KV cache, and on a GPU a second engine in a process fails vLLM's startup memory check), and the tiny
+local models it serves.
 
 The models: a Qwen2 of head_dim 32 (vLLM's CPU attention refuses head_dim 16) on the character tokenizer of
 tests/test_eval_backends.py, two LoRA snapshots (ranks 8 and 12, B moved off zero) and a DoRA adapter (merged
