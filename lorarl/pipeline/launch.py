@@ -28,7 +28,7 @@ from typing import Any
 
 import submitit
 
-from lorarl.pipeline import inflight, provenance
+from lorarl.pipeline import inflight, oom, provenance, train_layout
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
@@ -56,7 +56,10 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
     spec = get_stage(stage)  # unknown names fail before anything runs
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    return spec.run(Job(study_path, cell_id, results_dir, threads))
+    job = oom.job_for_attempt(stage, Job(study_path, cell_id, results_dir, threads))  # out-of-memory retries
+    out = spec.run(job)
+    oom.annotate(stage, job)
+    return out
 
 
 class StageJob(submitit.helpers.Checkpointable):
@@ -70,10 +73,12 @@ class StageJob(submitit.helpers.Checkpointable):
         self.provenance_file, self.submission = provenance_file, submission
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
-                                                "LORARL_PACK_UPDATE_CELLS") if k in os.environ}
+                                                "LORARL_PACK_UPDATE_CELLS", oom.ATTEMPT_ENV) if k in os.environ}
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
+        if self.stage == "train" and train_layout.export_ranks() > 1 and int(os.environ["RANK"]) > 0:
+            return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)  # rank > 0
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
@@ -114,6 +119,8 @@ def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] |
         params.update(slurm_params)
     else:
         params["timeout_min"] = 24 * 60
+        if kind == "local" and int((slurm or {}).get("tasks_per_node", 1)) > 1:  # a training job's ranks
+            params["tasks_per_node"] = int(slurm["tasks_per_node"])
     ex.update_parameters(**params)
     return ex
 
@@ -203,11 +210,16 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         slurm = coerce(slurm or {})
         threads = int(slurm.get("cpus_per_task", threads or 1))
     threads = max(1, int(threads or 1))
+    if stage == "train":  # the profile's layout for this cell (per-study/per-model overrides), ranks made explicit
+        cfg = cell_table(study).cell(cell_id).config
+        slurm = train_layout.job_resources(train_layout.train_resources(slurm, study.name, cfg.model), cfg, executor)
     name = f"lorarl-{key}-{study_name or 'models'}-{cell_id}"
     prov = provenance.provenance_path(results_dir, study_name, cell_id if stage != "toy" else ".toy", stage)
     if key != stage:
         prov = prov.with_name(f"{key}.json")
     t0 = time.time()
+    if (refused := oom.before_attempt(folder, key, cell_id)) is not None:  # a retry that is not an OOM's
+        return refused
     if _adopted(executor, folder, name, prov, key, stage, results_dir, study_name, cell_id, config_hash):
         return 0
     _clear_stale_results(folder)
@@ -244,6 +256,8 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         threads = max(1, int(threads or 1))
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
+        if (refused := oom.before_attempt(folder, "pack", pid)) is not None:
+            return refused
         if _adopted(executor, folder, name, prov, "pack", "pack", results_dir, study.name, pid, None):
             return 0
         _clear_stale_results(folder)
@@ -290,7 +304,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     print(f"[lorarl] tail of {job.paths.stderr}:\n{tail(job.paths.stderr)}", file=sys.stderr)
     print(f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
           f"stderr {job.paths.stderr}", file=sys.stderr, flush=True)
-    return 1
+    return oom.after_failure(Path(job.paths.folder), error_summary(error))  # OOM_EXIT: Snakemake retries it
 
 
 def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseException | None:
@@ -330,7 +344,7 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
         return RuntimeError(f"job {job.job_id} ended without a result: sacct has no state (unavailable?), "
                             f"slurmctld says {ended}")
     try:
-        job.result()
+        job.results()  # every task's (a training job of several ranks: one per rank)
     except Exception as err:  # noqa: BLE001 - FailedJobError, UncompletedJobError, ...
         return err
     return None

@@ -89,6 +89,17 @@ LAUNCH = (
 )
 
 
+# Out of memory (lorarl.pipeline.oom): train, evaluate and train_pack jobs are retried OOM_RETRIES times; the
+# attempt number reaches the job as $LORARL_ATTEMPT through a resource (not a param: never a rerun trigger),
+# and each retry after an out-of-memory failure runs one rung down the memory ladder (lorarl.memory.ladder).
+OOM_RETRIES = 3
+OOM_ATTEMPT = "LORARL_ATTEMPT={resources.oom_attempt} "
+
+
+def oom_attempt(wildcards, attempt):
+    return attempt
+
+
 def parent_model_input(wildcards):
     """A recipe that continues another's SFT (`init_from`) needs that model built first."""
     parent = parent_recipe(wildcards.name)

@@ -2,7 +2,7 @@
 # trained cell, and per benchmark of a study's `base` pseudo-cell. Every sample is kept
 # (<cell>/eval/<benchmark>[@step].jsonl) next to its summary (.json); lorarl.evaluate.main runs it.
 
-EVAL_LAUNCH = "LORARL_EVAL_TARGET={params.eval_target} " + LAUNCH
+EVAL_LAUNCH = OOM_ATTEMPT + "LORARL_EVAL_TARGET={params.eval_target} " + LAUNCH
 
 
 rule evaluate:
@@ -23,6 +23,9 @@ rule evaluate:
         launcher=config["launcher"],
         slurm=slurm_json("evaluate"),
     threads: 1
+    retries: OOM_RETRIES
+    resources:
+        oom_attempt=oom_attempt,
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/evaluate-{{benchmark}}.log",
     shell:
@@ -48,6 +51,9 @@ rule evaluate_step:
         launcher=config["launcher"],
         slurm=slurm_json("evaluate"),
     threads: 1
+    retries: OOM_RETRIES
+    resources:
+        oom_attempt=oom_attempt,
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/evaluate-{{benchmark}}@{{step}}.log",
     shell:

@@ -76,7 +76,10 @@ rule train_pack:
         update_cells=PACK_UPDATE_CELLS,
     priority: 100
     threads: 1
+    retries: OOM_RETRIES
+    resources:
+        oom_attempt=oom_attempt,
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + LAUNCH
+        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + LAUNCH

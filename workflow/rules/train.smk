@@ -21,7 +21,10 @@ rule train:
         launcher=config["launcher"],
         slurm=slurm_json("train"),
     threads: 1
+    retries: OOM_RETRIES
+    resources:
+        oom_attempt=oom_attempt,
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/train.log",
     shell:
-        LAUNCH
+        OOM_ATTEMPT + LAUNCH

@@ -1,0 +1,211 @@
+"""CUDA out of memory: the workflow retries the job one rung down the memory ladder (lorarl.memory.ladder).
+
+The train, evaluate and train_pack rules have `retries:`; Snakemake's attempt number reaches `lorarl launch`
+as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never in a signature). Then:
+
+* launcher: an attempt's failure is recorded in `<stage log folder>/oom-attempts.json`; one that died of
+  CUDA out of memory (:func:`is_oom`) exits with :data:`OOM_EXIT`, any other with 1. Attempt k > 1 is
+  submitted only when attempt k-1 ran out of memory; otherwise it fails at once, repeating attempt k-1's
+  error (a retry never hides the real failure; `lorarl status` shows it). Past the ladder's last rung: "no
+  larger layout allowed by the profile".
+* job: :func:`job_for_attempt` hands the stage cells that run the attempt's rung (train/pack: `auto`
+  resolved for the job first, then the rung's micro-batch, generation chunk, checkpointing; evaluate:
+  eval.batch_size), each change printed; after success :func:`annotate` adds `"oom_retries"` (one entry per
+  retry: attempt and the settings it ran) to the cell's summary.json (or the evaluation's summary) and the
+  MLflow tag `lorarl.oom_retries` (`lorarl.oom_retries.<target>` for an evaluation).
+
+Test hook: LORARL_FAULT="oom_above:N" makes a train / pack / evaluate job raise torch.OutOfMemoryError at
+its start while its load exceeds N sequences: training, the micro-batch (half of it with gradient
+checkpointing on: activations are what checkpointing saves); evaluation, eval.batch_size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from lorarl.io import read_json, write_json
+from lorarl.memory import ladder
+
+ATTEMPT_ENV = "LORARL_ATTEMPT"  # Snakemake's attempt number of the job (set by the rules)
+FAULT_ENV = "LORARL_FAULT"
+RECORD = "oom-attempts.json"  # in the stage's log folder: one entry per failed attempt
+OOM_EXIT = 3  # `lorarl launch` exit status of an attempt that ran out of memory
+MAX_ATTEMPTS = 4  # the rules' retries + 1: rungs 1-3, then the layout rung
+STAGES = ("train", "evaluate", "pack")
+_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory")
+
+
+def attempt() -> int:
+    raw = os.environ.get(ATTEMPT_ENV, "1").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${ATTEMPT_ENV} must be a whole number >= 1; got {raw!r}")
+    return int(raw)
+
+
+def is_oom(err: BaseException | str | None) -> bool:
+    """A CUDA out-of-memory error: torch.OutOfMemoryError (also as the text of a job's traceback)."""
+    while isinstance(err, BaseException):
+        if type(err).__name__ == "OutOfMemoryError" or any(m in str(err) for m in _MARKERS):
+            return True
+        err = err.__cause__ or err.__context__
+    return isinstance(err, str) and any(m in err for m in _MARKERS)
+
+
+# ---- launcher side --------------------------------------------------------------------------------
+
+def before_attempt(folder: Path, key: str, target: str) -> int | None:
+    """None: submit this attempt. Else the exit status of a retry that is not run (printed why)."""
+    n = attempt()
+    record = Path(folder) / RECORD
+    if n == 1:
+        record.unlink(missing_ok=True)
+        return None
+    prev = next((e for e in read_json(record) or [] if e.get("attempt") == n - 1), None)
+    if prev is None or not prev.get("oom"):
+        why = prev["error"] if prev else "its outcome was not recorded"
+        print(f"[lorarl] error: {why}", file=sys.stderr)
+        print(f"[lorarl] {key} {target} FAILED: attempt {n} not run: attempt {n - 1} did not run out of memory; "
+              f"only out-of-memory failures are retried", file=sys.stderr, flush=True)
+        return 1
+    if n > MAX_ATTEMPTS - 1:
+        print(f"[lorarl] error: {prev['error']}", file=sys.stderr)
+        print(f"[lorarl] {key} {target} FAILED: out of memory at attempt {n - 1} on the smallest settings; "
+              f"attempt {n} would need a larger layout: {ladder.NO_LAYOUT}", file=sys.stderr, flush=True)
+        return 1
+    print(f"[lorarl] {key} {target}: attempt {n} after out of memory in attempt {n - 1} ({prev['error'][:300]}): "
+          f"retrying one rung down the memory ladder (lorarl.memory.ladder)", flush=True)
+    return None
+
+
+def after_failure(folder: Path, error: str) -> int:
+    """Record this attempt's failure; the launcher's exit status (OOM_EXIT for out of memory)."""
+    oom = is_oom(error)
+    record = Path(folder) / RECORD
+    entries = [e for e in read_json(record) or [] if e.get("attempt") != attempt()]
+    write_json(record, entries + [{"attempt": attempt(), "oom": oom, "error": error[:1000]}])
+    return OOM_EXIT if oom else 1
+
+
+# ---- job side -------------------------------------------------------------------------------------
+
+def fault_threshold() -> int | None:
+    raw = os.environ.get(FAULT_ENV, "")
+    if not raw.startswith("oom_above:"):
+        return None
+    value = raw.split(":", 1)[1]
+    if not value.isdigit():
+        raise ValueError(f"LORARL_FAULT oom_above:N needs a whole number of sequences; got {raw!r}")
+    return int(value)
+
+
+def _raise_oom(what: str, load: float, limit: int) -> None:
+    import torch
+
+    raise torch.OutOfMemoryError(f"CUDA out of memory: {what} {load:g} sequences > {limit} "
+                                 f"(test hook LORARL_FAULT=oom_above:{limit})")
+
+
+class _LadderTable:
+    """The study's cell table, its cells running this attempt's rung (ids and hashes unchanged)."""
+
+    def __init__(self, table: Any, stage: str, n: int, results_dir: str):
+        self._table, self.stage, self.n, self.results_dir = table, stage, n, results_dir
+        self.retries: dict[str, list[dict]] = {}  # cell id -> its "oom_retries" entries
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def cell(self, cell_id: str) -> Any:
+        cell = self._table.cell(cell_id)
+        cfg, limit = cell.config, fault_threshold()
+        if self.stage == "evaluate":
+            steps = ladder.eval_ladder(cfg.eval.batch_size, cfg.eval.backend)
+            size = ladder.rung(steps, self.n)
+            self.retries[cell.id] = [{"attempt": k, "eval.batch_size": steps[k - 1]} for k in range(2, self.n + 1)]
+            if size != cfg.eval.batch_size:
+                print(f"[lorarl] out-of-memory retry, attempt {self.n}: {cell.id}: eval.batch_size "
+                      f"{cfg.eval.batch_size} -> {size}", flush=True)
+                cfg = ladder.eval_config(cfg, size)
+            if limit is not None and size > limit:
+                _raise_oom("eval.batch_size", size, limit)
+            return replace(cell, config=cfg)
+        import torch
+
+        from lorarl.memory.auto import resolve_job
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        cfg = resolve_job(cfg, results_dir=self.results_dir)
+        steps = ladder.train_ladder(ladder.planned_train(cfg, device))
+        r = ladder.rung(steps, self.n)
+        self.retries[cell.id] = [{"attempt": k, **steps[k - 1].record()} for k in range(2, self.n + 1)]
+        if self.n > 1:
+            print(f"[lorarl] out-of-memory retry, attempt {self.n}: {cell.id}: "
+                  + ", ".join(f"{k} {a} -> {b}" for (k, a), b in zip(steps[0].record().items(), r.record().values())
+                              if a != b), flush=True)
+            cfg = ladder.train_config(cfg, r)
+        load = r.micro_batch_size / (2 if r.gradient_checkpointing else 1)
+        if limit is not None and load > limit:
+            _raise_oom("micro-batch" + (" (halved by checkpointing)" if r.gradient_checkpointing else ""), load, limit)
+        return replace(cell, config=cfg)
+
+
+def job_for_attempt(stage: str, job: Any) -> Any:
+    """``job`` whose cells run this attempt's rung (unchanged at attempt 1 without the fault hook)."""
+    if stage in STAGES and (attempt() > 1 or fault_threshold() is not None):
+        job._table = _LadderTable(job.table, stage, attempt(), job.results_dir)
+    return job
+
+
+def annotate(stage: str, job: Any) -> None:
+    """After a successful retry: ``oom_retries`` into each retried cell's summary and MLflow run."""
+    table = job._table
+    if not isinstance(table, _LadderTable) or table.n == 1:
+        return
+    from lorarl import paths
+
+    study = job.study.name
+    for cell_id, entries in table.retries.items():
+        cdir = paths.cell_dir(job.results_dir, study, cell_id)
+        if stage == "evaluate":
+            from lorarl.evaluate.main import requested_targets
+            from lorarl.evaluate.plan import format_target
+
+            cell = table._table.cell(cell_id)
+            for bench, step in requested_targets(cell.config, table._table.is_base(cell_id)):
+                target = format_target(bench, step)
+                _add(cdir / "eval" / f"{target}.json", entries)
+                _tag(job.results_dir, study, cdir, f"lorarl.oom_retries.{target.replace('@', '_at_')}", entries)
+            continue
+        summary = cdir / (".packed/summary.json" if stage == "pack" else "summary.json")
+        if _add(summary, entries):
+            _tag(job.results_dir, study, cdir, "lorarl.oom_retries", entries, summary)
+
+
+def _add(path: Path, entries: list[dict]) -> bool:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return False
+    write_json(path, {**data, "oom_retries": entries})
+    print(f"[lorarl] out-of-memory retries recorded in {path}: {json.dumps(entries)}", flush=True)
+    return True
+
+
+def _tag(results_dir: str, study: str, cdir: Path, key: str, entries: list[dict], summary: Path | None = None) -> None:
+    """The cell's MLflow run (a trained cell's, or the base pseudo-cell's) gets the retries as a tag."""
+    run = (read_json(summary or cdir / "summary.json") or read_json(cdir / "mlflow_run.json") or {})
+    run_id = run.get("mlflow_run_id") or run.get("run_id")
+    if not run_id:
+        return
+    try:
+        from lorarl.tracking.client import Tracker
+
+        tracker = Tracker(results_dir, study)
+        tracker.run_id = run_id
+        tracker.set_tags({key: json.dumps(entries)})
+    except Exception as err:  # noqa: BLE001 - the summary is the record; a tag must never fail the job
+        print(f"[lorarl] MLflow tag {key}: {type(err).__name__}: {err}", file=sys.stderr)
