@@ -250,8 +250,23 @@ def test_cells_the_packed_loop_cannot_train_run_solo():
     assert pack_key(_cell("a").config) is not None
     assert pack_key(_cell("p", adapter__init="pissa").config) is not None  # residual inits pack (test_pack_steps)
     for over in ({"train__num_iterations": 2}, {"train__dynamic_sampling": True},
-                 {"train__mini_batch_prompts": 4}, {"rollout__engine": "vllm"}):
+                 {"train__mini_batch_prompts": 4}):
         assert pack_key(_cell("x", **over).config) is None, over
+
+
+def test_vllm_cells_pack_when_vllm_serves_their_adapters_as_loras():
+    """rollout.engine: vllm cells pack (one multi-LoRA engine per pack, lorarl.pack.vllm_rollouts); vLLM serves LoRA
+    and rsLoRA adapters, not DoRA (its cells sample from merged weights, solo); vLLM and HF cells never share a pack."""
+    from lorarl.pack.plan import pack_key, plan_packs
+
+    for method in ("lora", "rslora"):
+        lo = _cell("a", rollout__engine="vllm", adapter__method=method, adapter__rank=1, adapter__alpha=2)
+        hi = _cell("b", rollout__engine="vllm", adapter__method=method, adapter__rank=32, train__beta=0.05)
+        assert pack_key(lo.config) is not None and pack_key(lo.config) == pack_key(hi.config), method
+        assert pack_key(lo.config) != pack_key(_cell("h", adapter__method=method).config)
+    assert pack_key(_cell("d", rollout__engine="vllm", adapter__method="dora").config) is None
+    cells = [_cell(c, rollout__engine="vllm", adapter__rank=r) for c, r in (("a", 1), ("b", 8), ("c", 32))]
+    assert plan_packs(cells + [_cell("h")], 4) == [["a", "b", "c"], ["h"]]
 
 
 def test_pack_setting_parsing():

@@ -105,9 +105,11 @@ def _checkpoint_base(host: torch.nn.Module) -> None:
 
 
 def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
-               update_cells: int | None = None) -> Pack:
+               update_cells: int | None = None, llm: Any = None) -> Pack:
     """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
-    cells per forward/backward of the update (None: all at once; same result, less memory when smaller)."""
+    cells per forward/backward of the update (None: all at once; same result, less memory when smaller).
+    ``rollout.engine: vllm``: the members sample through one multi-LoRA engine (``llm``, else the process's,
+    :func:`lorarl.pack.vllm_rollouts.pack_engine`)."""
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
@@ -184,4 +186,11 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells))
     if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
         _checkpoint_base(trainer.host)
-    return Pack(PackLoop(trainer, members, sample, tok, ref), policies, tok, precision, facts)
+    rollouts = None
+    if cfg0.rollout.engine == "vllm":
+        from lorarl.models import resolve_model
+        from lorarl.pack.vllm_rollouts import VLLMRollouts
+
+        rollouts = VLLMRollouts.build(cells, policies, [p.model for p in policies],
+                                      str(resolve_model(cfg0.model, results_dir)), sample, llm=llm)
+    return Pack(PackLoop(trainer, members, sample, tok, ref, rollouts), policies, tok, precision, facts)

@@ -53,6 +53,7 @@ class CellRollouts:
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
+    logprobs: list[list[float]] | None = None  # why: the sampler's logprob of each sampled token (vLLM), else None
 
 
 def next_token_probs(logits_BV: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""vLLM multi-LoRA rollouts of a pack (GPU only; built against vLLM 0.31's API, tested with tests/fake_vllm.py).
+"""vLLM multi-LoRA rollouts of a pack (built against vLLM 0.31's API).
 
 One colocated engine serves every member: ``LLM(model, enable_lora=True, max_loras=K, max_lora_rank=r,
 max_cpu_loras=K)``; each step each member's current adapter is saved (PEFT folder) and swapped in under a
@@ -10,10 +10,10 @@ members' prompts with a per-prompt ``lora_request`` list and per-prompt ``Sampli
 stream only). vLLM refuses a ``lora_request`` or params list whose length is not the number of prompts,
 a LoRA rank above ``max_lora_rank``, and LoRA requests without ``enable_lora``; so does the fake.
 
-Not wired into :class:`lorarl.pack.steps.PackLoop` here (no GPU, no vLLM on these machines): cells with
-``rollout.engine: vllm`` run solo (:func:`lorarl.pack.plan.pack_key`). What is built and tested is the
-request building and the routing of outputs back to the members; :func:`saved_engine_lora_kwargs` builds the
-engine from the members' saved adapters (each checked with ``lora_servable``, the rank limit from the saved rank).
+The step loop uses it through :class:`lorarl.pack.vllm_rollouts.VLLMRollouts` (cells with ``rollout.engine: vllm``
+pack; the engine and the per-step handover live there); :func:`saved_engine_lora_kwargs` gives the engine's
+limits from the members' saved adapters (each checked with ``lora_servable``, the rank limit from the saved rank).
+Run on vLLM's real CPU engine by tests/vllm_real/test_pack_vllm_real.py; tests/fake_vllm.py in the main suite.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def saved_engine_lora_kwargs(names: list[str], adapter_dirs: list[str | Path]) -
     return engine_lora_kwargs(ranks)
 
 
-def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], version: int = 0) -> list[Any]:
+def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], version: int = 0,
+                  first_id: int = 0) -> list[Any]:
     """One request per member for the adapters saved at ``version`` (a training step): a fresh id
-    (``version * K + k + 1``) and name per member and version, never ``load_inplace``. vLLM re-applies every
+    (``first_id + version * K + k + 1``) and name per member and version, never ``load_inplace``. vLLM re-applies every
     running request's adapter at each engine step (vllm/v1/worker/gpu_model_runner.py ``_prepare_inputs`` ->
     ``set_active_loras``) and ``add_adapter`` re-reads an in-place request's folder from disk every time
     (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager.add_adapter``): once per decoded token. A new id is
@@ -64,7 +65,8 @@ def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], ve
     if len(set(names)) != len(names):
         raise ValueError(f"member names must be unique: {names}")
     k_all = len(names)
-    return [api.LoRARequest(lora_name=f"{n}@{version}", lora_int_id=version * k_all + k + 1, lora_path=str(d))
+    return [api.LoRARequest(lora_name=f"{n}@{version}", lora_int_id=first_id + version * k_all + k + 1,
+                            lora_path=str(d))
             for k, (n, d) in enumerate(zip(names, adapter_dirs))]
 
 
@@ -77,21 +79,29 @@ class EngineAdapters:
     0.31 have no supported in-memory path: ``LoRARequest`` carries a folder (``lora_path``) and
     ``_load_adapter`` reads it with ``LoRAModel.from_local_checkpoint`` (tensors only through a patched worker,
     verl's ``TensorLoRARequest``); ``bench/lora_handoff.py`` measures the save + load this costs per step.
+
+    The engine is the pack's: adapters a previous pack left in it are removed, and ids continue after the
+    largest one the engine has seen (vLLM caches an adapter by id: a repeated id would serve the old weights).
     """
 
     def __init__(self, api: Any, llm: Any, names: list[str]):
         self.api, self.llm, self.names = api, llm, list(names)
         self.version = -1
         self.requests: list[Any] = []
+        left = set(llm.llm_engine.list_loras()) if llm is not None else set()
+        for i in left:
+            llm.llm_engine.remove_lora(i)
+        self.first_id = max([getattr(llm, "_lorarl_last_lora_id", 0), *left]) if llm is not None else 0
 
     def update(self, adapter_dirs: list[str | Path]) -> list[Any]:
         """Swap in the adapters just saved in ``adapter_dirs``; the new requests, one per member."""
         for r in self.requests:
             self.llm.llm_engine.remove_lora(r.lora_int_id)
         self.version += 1
-        self.requests = lora_requests(self.api, self.names, adapter_dirs, self.version)
+        self.requests = lora_requests(self.api, self.names, adapter_dirs, self.version, self.first_id)
         for r in self.requests:
             self.llm.llm_engine.add_lora(r)
+        self.llm._lorarl_last_lora_id = max(r.lora_int_id for r in self.requests)
         return self.requests
 
 
@@ -106,8 +116,10 @@ class PackRequests:
 
 
 def build_requests(api: Any, loras: list[Any], prompts: list[list[list[int]] | None],
-                   generators: list[torch.Generator | None], s: SampleSettings, generations: int) -> PackRequests:
-    """``prompts[k]``: member k's P prompt groups (each ONCE; vLLM samples n = G per prompt), or None."""
+                   generators: list[torch.Generator | None], s: SampleSettings, generations: int,
+                   logprobs: int | None = None) -> PackRequests:
+    """``prompts[k]``: member k's P prompt groups (each ONCE; vLLM samples n = G per prompt), or None.
+    ``logprobs=0``: vLLM returns each sampled token's logprob (the engine's ``logprobs_mode``)."""
     req = PackRequests([], [], [], [])
     for k, groups in enumerate(prompts):
         if groups is None:
@@ -118,7 +130,8 @@ def build_requests(api: Any, loras: list[Any], prompts: list[list[list[int]] | N
             req.prompts.append({"prompt_token_ids": list(ids)})
             req.params.append(api.SamplingParams(n=generations, temperature=temperature, top_p=top_p, top_k=0,
                                                  max_tokens=s.max_new_tokens, seed=int(seed),
-                                                 stop_token_ids=list(s.eos_token_ids) or None))
+                                                 stop_token_ids=list(s.eos_token_ids) or None,
+                                                 **({} if logprobs is None else {"logprobs": logprobs})))
             req.loras.append(loras[k])
             req.owner.append(k)
     return req
@@ -132,9 +145,11 @@ def generate_multilora(llm: Any, req: PackRequests, n_members: int) -> list[Cell
         raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(req.prompts)} prompts")
     res: list[CellRollouts | None] = [None] * n_members
     for p, o, k in zip(req.prompts, outs, req.owner):
-        cell = res[k] or CellRollouts([], [])
+        cell = res[k] or CellRollouts([], [], [] if o.outputs and o.outputs[0].logprobs is not None else None)
         res[k] = cell
         for c in o.outputs:
             cell.prompt_ids.append(list(p["prompt_token_ids"]))
             cell.completion_ids.append(list(c.token_ids))
+            if cell.logprobs is not None:  # the sampled token's logprob at each position
+                cell.logprobs.append([float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)])
     return res

@@ -17,8 +17,9 @@ so every member takes the same optimiser steps. Residual inits (PiSSA, MiLoRA, O
 frozen base with W0 − s·B0A0, a function of the rank and alpha: for them the key keeps rank and alpha and
 so fixes the residual (model, adapter rank/alpha/init/targets; SVD inits draw no random numbers): their
 residual bases are identical, so they pack (lorarl.pack.build checks it bit for bit). Masks (sparse
-updates of the base itself) run solo. ``num_iterations > 1``, PPO mini-batches, DAPO dynamic sampling
-and ``rollout.engine: vllm`` run solo too (the packed step loop does not do them).
+updates of the base itself) run solo. ``num_iterations > 1``, PPO mini-batches and DAPO dynamic sampling
+run solo too (the packed step loop does not do them). ``rollout.engine: vllm`` cells pack (one multi-LoRA
+engine per pack: lorarl.pack.vllm_rollouts) when vLLM serves their adapters as LoRAs (LoRA, rsLoRA; DoRA solo).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from lorarl.adapters.names import RESIDUAL_INITS
 
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
+VLLM_PACKABLE_METHODS = ("lora", "rslora")  # what one multi-LoRA engine serves (lorarl.pack.vllm_rollouts)
 
 _TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "prompt_overflow", "precision", "steps",
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
@@ -43,8 +45,8 @@ def pack_key(cfg: Any) -> str | None:
         return None  # a mask trains the base itself; the pack shares ONE copy of it
     if t.num_iterations > 1 or t.updates_per_generation > 1 or t.dynamic_sampling:
         return None  # the packed step loop takes one update per rollout batch, no refill rounds
-    if cfg.rollout.engine != "hf":
-        return None  # vLLM multi-LoRA rollouts are built (lorarl.pack.multilora) but not wired into the loop
+    if cfg.rollout.engine == "vllm" and a.method not in VLLM_PACKABLE_METHODS:
+        return None  # vLLM serves LoRA adapters only: a DoRA cell samples from merged weights, solo
     adapter = a.model_dump(mode="json")
     if a.init not in RESIDUAL_INITS:  # the base stays W0 whatever the rank: mixed ranks and alphas share a pack
         adapter.pop("rank")

@@ -7,7 +7,8 @@ One step, for every member still running and below its ``steps``:
 1. the member draws its P prompts from ITS OWN data order (a permutation per epoch from its own
    ``torch.Generator`` seeded by the cell's seed);
 2. one batched generation over all members' rows (:func:`lorarl.pack.generate.generate`, each cell
-   sampling from its own generator);
+   sampling from its own generator), or with ``rollout.engine: vllm`` every member's current adapter handed to
+   the pack's engine and ONE multi-LoRA ``generate`` call (:class:`lorarl.pack.vllm_rollouts.VLLMRollouts`);
 3. per member: its regime's reward deposits (:mod:`lorarl.rewards`: outcome, process, distillation),
    DAPO's overlong penalty, ``[B, T]`` advantages (:func:`lorarl.train.advantages.advantages_from_deposits`),
    the metrics the solo trainer logs (accuracy, frac_boxed, deposits, adv/*);
@@ -37,6 +38,7 @@ from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.tiled import tiled_logps
 from lorarl.pack.trainer import PackedTrainer
+from lorarl.pack.vllm_rollouts import logp_gap
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
 
 
@@ -99,10 +101,11 @@ class PackLoop:
     """Runs full GRPO steps for the members of one PackedTrainer."""
 
     def __init__(self, trainer: PackedTrainer, members: list[Member], sample: SampleSettings, tokenizer: Any,
-                 ref_model: Any = None):
+                 ref_model: Any = None, rollouts: Any = None):
         if len(members) != len(trainer.cells):
             raise ValueError(f"{len(members)} members for {len(trainer.cells)} cells")
         self.trainer, self.members, self.sample, self.tok, self.ref = trainer, members, sample, tokenizer, ref_model
+        self.rollouts = rollouts  # None: HF rollouts (generate); else lorarl.pack.vllm_rollouts.VLLMRollouts
         if ref_model is None and any(m.beta > 0 or m.kl_monitor_every for m in members):
             raise ValueError("beta > 0 or kl_monitor_every > 0 needs the frozen reference model")
         self.eos = set(sample.eos_token_ids) | {sample.pad_token_id}
@@ -229,8 +232,13 @@ class PackLoop:
             m.extra["rows_idx"] = [i for i in rows for _ in range(m.generations)]
             prompts[k] = [m.prompt_ids[i] for i in m.extra["rows_idx"]]
         t_gen = time.perf_counter()
-        ros = generate(self.trainer.router, prompts, [self.members[k].sampler if prompts[k] is not None else None
-                                                      for k in range(len(self.members))], self.sample)
+        gens = [self.members[k].sampler if prompts[k] is not None else None for k in range(len(self.members))]
+        if self.rollouts is None:
+            ros = generate(self.trainer.router, prompts, gens, self.sample)
+        else:  # vLLM: each member's adapter handed over once, then one call; each prompt once, n = G
+            self.rollouts.handover()
+            groups = [None if p is None else p[::self.members[k].generations] for k, p in enumerate(prompts)]
+            ros = self.rollouts(groups, gens, self.members[idx[0]].generations)
         t_gen = time.perf_counter() - t_gen
         t_score = time.perf_counter()
         pre = {k: self._batch(k, ros[k], torch.zeros(len(ros[k].completion_ids), self.sample.max_new_tokens))
@@ -281,6 +289,8 @@ class PackLoop:
                    "pack/cells": float(len(idx))}
             if "kl" in u:
                 row["kl"] = u["kl"]
+            if ros[k].logprobs is not None and k in self.trainer.last_logps:  # vLLM: sampler vs trainer
+                row.update(logp_gap(ros[k].logprobs, self.trainer.last_logps[k]))
             if m.beta > 0 and k in ref and k in self.trainer.last_logps:
                 self._kl_ref_metrics(row, k, batches[k], ref[k], self.trainer.last_logps[k])
             out[m.name] = row
