@@ -3,7 +3,8 @@
 
 push: one engine; a policy of the twin's shape (base in bf16 + a LoRA whose B is non-zero, as after
 training) merged and pushed through the path TRL's colocated sync uses
-(``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``) with lorarl's exact
+(``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``; on vLLM's CPU build the model
+runner's ``reload_weights``) with lorarl's exact
 merge (:func:`lorarl.train.rollout.effective_named_params`), timed; then the engine samples and the
 policy scores the same tokens: the mean |logp_engine - logp_policy| is the freshness gap of the trained
 LoRA (a push that did not land shows the LoRA's whole effect).
@@ -33,14 +34,17 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
                   **inprocess_engine_kwargs())  # load_weights needs the engine core in this process
     policy = _trained_lora(model_dir, rank, alpha, device)
     _draw_b(policy, 0, 0.02)  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
-    target = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
     times = []
     for _ in range(pushes):
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            target.load_weights(list(effective_named_params(policy)))
+            if getattr(api, "cpu", False):  # vLLM's CPU build: load_weights cannot reach its repacked linear layers
+                runner.reload_weights(weights_iterator=iter(list(effective_named_params(policy))))
+            else:
+                runner.model.load_weights(list(effective_named_params(policy)))
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -125,12 +129,9 @@ def main() -> None:
     kind, model_dir, rank, alpha = sys.argv[1:5]
     if kind not in ("push", "multilora"):
         raise SystemExit(f"vllmjob: kind {kind!r}; allowed: push, multilora")
-    from types import SimpleNamespace
+    from lorarl.evaluate.vllm_backend import _vllm_api
 
-    import vllm  # noqa: PLC0415 - GPU-only dependency
-    from vllm.lora.request import LoRARequest
-
-    api = SimpleNamespace(LLM=vllm.LLM, SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest)
+    api = _vllm_api()  # vllm's LLM, SamplingParams, LoRARequest, and whether this is its CPU build
     if kind == "push":
         print(json.dumps(push_check(api, model_dir, int(rank), int(alpha))))
     else:
