@@ -1,4 +1,4 @@
-"""vLLM generation backend (GPU only; it has not yet run on a GPU: docs/gpus.md says what has).
+"""vLLM generation backend (a GPU, or vLLM's CPU build: tests/vllm_real runs it there; docs/gpus.md says what has run).
 
 Every call is checked against vLLM 0.31.0's source (the pinned ``.[gpu]`` extra) and exercised on the
 CPU with tests/fake_vllm.py, which refuses what vLLM refuses:
