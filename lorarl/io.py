@@ -60,3 +60,12 @@ def pid_alive(pid: str | int) -> bool:
         return Path(f"/proc/{int(pid)}/stat").read_text().split(") ")[-1][:1] != "Z"
     except OSError:
         return True
+
+
+def disk_full_hook(path: Path) -> None:
+    """Test hook LORARL_FAULT=disk_full: the write of `path` fails as on a full disk (ENOSPC); the
+    launcher's handling is in lorarl.pipeline.diskfull."""
+    if os.environ.get("LORARL_FAULT") == "disk_full":
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device (LORARL_FAULT=disk_full)", str(path))

@@ -46,7 +46,7 @@ from lorarl.config import one_of
 from lorarl.kinds import KINDS
 from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
-from lorarl.pipeline.preflight import check_references
+from lorarl.preflight import check_references
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "parse_study", "study_cells"]

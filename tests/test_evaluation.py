@@ -193,7 +193,7 @@ def study(tmp_path, monkeypatch):
     """A study file, fake trained cells (adapter + snapshot folders, summary with an MLflow run), and
     `make_backend` replaced by the oracle: evaluate_cell runs without any model."""
     import lorarl.evaluate.main as ev
-    from lorarl.pipeline.preflight import SKIP_ENV
+    from lorarl.preflight import SKIP_ENV
     from lorarl.tracking.client import Tracker
 
     monkeypatch.setenv(SKIP_ENV, "1")  # the model path is never loaded here (the oracle backend)

@@ -71,3 +71,16 @@ def test_auto_on_a_model_the_plan_does_not_know_is_a_clear_error():
     with pytest.raises(ValueError, match="micro_batch_size / rollout.generation_batch_size auto need the memory plan"):
         resolve_job(cfg, gpus=1, free_bytes=80 * GIB, log=lambda s: None)
     assert resolve_job(cfg, gpus=0, log=lambda s: None).train.micro_batch_size is None  # CPU: the whole batch
+
+
+def test_the_trainer_takes_a_resolved_config_and_refuses_auto():
+    """Resources are resolved where the job starts (lorarl.pipeline.stages); the trainer resolves nothing
+    and refuses a config with an `auto` knob left, naming it."""
+    from lorarl.train.main import job_config
+
+    c = study_cells(load_study(EXPERIMENTS / "init_geometry.yaml"))[0]
+    assert c.config.train.micro_batch_size == "auto"
+    with pytest.raises(ValueError, match=r"train.micro_batch_size, rollout.generation_batch_size still auto"):
+        job_config(c, None)
+    resolved = resolve_job(c.config, gpus=0, log=lambda s: None)
+    assert job_config(c, resolved) is resolved and resolved.train.micro_batch_size is None

@@ -162,3 +162,30 @@ def test_readme_layout_names_every_package():
     assert "lorarl/train" in packages and "lorarl/pipeline" in packages
     missing = [p for p in packages if f"{p}/" not in layout]
     assert not missing, f"README Layout does not name these packages: {missing}"
+
+
+LOWER_THAN_TRAIN = ("lorarl.memory", "lorarl.pipeline")  # the floors above the trainer: planners, launchers
+
+
+def test_train_reaches_nothing_above_it():
+    """The trainer receives a resolved config (auto knobs, devices, ranks resolved where the job starts)
+    and never reaches up: no lorarl.train module imports lorarl.memory or lorarl.pipeline, directly or
+    through the modules it imports."""
+    graph = import_graph(REPO)
+    parent: dict[str, str] = {}
+    stack = [m for m in graph if m.startswith("lorarl.train")]
+    assert "lorarl.train.main" in stack
+    while stack:
+        v = stack.pop()
+        for w in graph[v]:
+            if w not in parent and not w.startswith("lorarl.train"):
+                parent[w] = v
+                stack.append(w)
+    walks = []
+    for w in sorted(parent):
+        if w.startswith(LOWER_THAN_TRAIN):
+            path = [w]
+            while not path[-1].startswith("lorarl.train"):
+                path.append(parent[path[-1]])
+            walks.append(" <- ".join(path))
+    assert not walks, "lorarl.train reaches up (hand it a resolved config instead):\n" + "\n".join(walks)

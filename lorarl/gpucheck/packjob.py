@@ -26,9 +26,11 @@ def main() -> None:
 
         train_pack(st.name, [table.cell(c) for c in ids], results, threads=int(threads), pack_id="pack-gpucheck")
     elif kind == "solo":
+        from lorarl.memory.auto import resolve_job
         from lorarl.train.main import train_cell
 
-        train_cell(st.name, table.cell(ids[0]), results, threads=int(threads))
+        cell = table.cell(ids[0])
+        train_cell(st.name, cell, results, threads=int(threads), config=resolve_job(cell.config, results_dir=results))
     else:
         raise SystemExit(f"packjob: kind {kind!r}; allowed: pack, solo")
     if torch.cuda.is_available():

@@ -9,17 +9,10 @@ Test hook: LORARL_FAULT=disk_full makes the write of a train cell's summary.json
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-
-def disk_full_hook(path: Path) -> None:
-    """LORARL_FAULT=disk_full: the write of `path` fails as on a full disk (ENOSPC)."""
-    if os.environ.get("LORARL_FAULT") == "disk_full":
-        import errno
-
-        raise OSError(errno.ENOSPC, "No space left on device (LORARL_FAULT=disk_full)", str(path))
+from lorarl.io import disk_full_hook  # noqa: F401 - the hook itself sits below the trainer
 
 
 def is_disk_full(err: BaseException) -> bool:

@@ -260,8 +260,11 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
         return _write(results_dir, out)
 
     t0 = time.perf_counter()
-    summary = checks.run("smoke training", lambda: train_cell(study.name, cell, results_dir, threads=threads) and
-                         f"{cfg.train.steps} steps")
+    from lorarl.memory.auto import resolve_job
+
+    summary = checks.run("smoke training", lambda: train_cell(
+        study.name, cell, results_dir, threads=threads,
+        config=resolve_job(cfg, results_dir=str(results_dir))) and f"{cfg.train.steps} steps")
     out["train_wall_s"] = time.perf_counter() - t0
     cdir = Path(results_dir) / study.name / cell.id
     if summary is not None:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 from lorarl.gitrepo import REPO, git, head_sha, tracked_diff, untracked_files
 
-ENV_PATH = "LORARL_PROVENANCE"  # set inside a job: where that job's provenance file is
+from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
@@ -152,13 +152,6 @@ def update(path: str | Path, fn: Callable[[dict], None]) -> dict:
     return doc
 
 
-def read(path: str | Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def record_submission(path: str | Path, *, stage: str, study: str | None, cell: str, config_hash: str | None,
                       executor: str, slurm: dict | None) -> int:
     """At submit time (before the job exists): code, packages, submit host. Returns its index."""
@@ -222,17 +215,6 @@ def record_attempt_end(path: str | Path, index: int | None, outcome: str) -> Non
             mine[-1].update({"ended_at": now(), "outcome": outcome[:2000]})
 
     update(path, add)
-
-
-def job_ids(doc_or_path: dict | str | Path) -> list[str]:
-    """Every job id of this stage, in order: submissions (reruns) and their requeued attempts."""
-    doc = doc_or_path if isinstance(doc_or_path, dict) else read(doc_or_path)
-    out: list[str] = []
-    for sub in doc.get("submissions", []):
-        for jid in [sub.get("job_id")] + [a.get("job_id") for a in sub.get("attempts", [])]:
-            if jid and str(jid) not in out:
-                out.append(str(jid))
-    return out
 
 
 def attempts(doc_or_path: dict | str | Path) -> list[dict]:

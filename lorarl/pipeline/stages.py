@@ -83,9 +83,12 @@ def _base(job: Job) -> dict:
 
 @register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)")
 def _train(job: Job) -> dict:
+    from lorarl.memory.auto import resolve_job
     from lorarl.train.main import train_cell
 
-    return train_cell(job.study.name, job.cell(), job.results_dir, threads=job.threads)
+    cell = job.cell()  # resources resolved here, where the job starts; the trainer gets a resolved config
+    config = resolve_job(cell.config, results_dir=str(job.results_dir))
+    return train_cell(job.study.name, cell, job.results_dir, threads=job.threads, config=config)
 
 
 @register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell ($LORARL_EVAL_TARGET)")

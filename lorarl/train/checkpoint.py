@@ -349,12 +349,12 @@ class CellCheckpoints:
 
 def _tag_provenance(tracker: Any) -> None:
     """Every job id that worked on this run so far (across requeues and reruns), and the host."""
-    from lorarl.pipeline import provenance
+    from lorarl import jobids
 
-    path = os.environ.get(provenance.ENV_PATH)
+    path = os.environ.get(jobids.ENV_PATH)
     if tracker is None or not path:
         return
-    ids = provenance.job_ids(path)
+    ids = jobids.job_ids(path)
     tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
     if ids:
         tags["lorarl.job_ids"] = ",".join(ids)

@@ -75,10 +75,27 @@ def _finished_meanwhile(ckpt: Any, final: Path, cell: Cell) -> dict | None:
     return summary
 
 
-def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
-    """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last). On several
-    ranks (torchrun, submitit's tasks: lorarl.train.dist) every rank trains its share and rank 0 alone
-    writes files and MLflow (lorarl.train.ranks); the other ranks return ``{"cell", "rank"}``."""
+RUNTIME_KNOBS = (("train", "micro_batch_size"), ("rollout", "generation_batch_size"))  # may be `auto` in a study
+
+
+def job_config(cell: Cell, config: CellConfig | None) -> CellConfig:
+    """The config this job trains with: ``config`` (the cell's, resolved for the job's GPUs where the job
+    starts: lorarl.memory.auto.resolve_job), else the cell's own; either way with no ``auto`` left."""
+    cfg = cell.config if config is None else config
+    left = [f"{sec}.{name}" for sec, name in RUNTIME_KNOBS if getattr(getattr(cfg, sec), name) == "auto"]
+    if left:
+        raise ValueError(f"cell {cell.id}: {', '.join(left)} still auto; the job resolves it before training "
+                         "(lorarl.memory.auto.resolve_job / job_cell, called by the stage that starts the job)")
+    return cfg
+
+
+def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None, *,
+               config: CellConfig | None = None) -> dict:
+    """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last). ``config``:
+    the cell's config resolved for this job (``auto`` knobs, teacher/PRM devices) by whoever starts the
+    job; the trainer resolves nothing itself. On several ranks (torchrun, submitit's tasks:
+    lorarl.train.dist) every rank trains its share and rank 0 alone writes files and MLflow
+    (lorarl.train.ranks); the other ranks return ``{"cell", "rank"}``."""
     import torch
 
     from lorarl.train import ranks
@@ -88,7 +105,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     from lorarl.train.callbacks import MetricsRecorder, NoStepPastTheEnd, ResumedAtEnd
     from lorarl.train.checkpoint import CellCheckpoints
     from lorarl.train.divergence import Divergence
-    from lorarl.pipeline.diskfull import disk_full_hook
+    from lorarl.io import disk_full_hook
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.train.snapshots import SnapshotSaver
     from lorarl.train.kl import frozen_reference, needs_reference
@@ -100,9 +117,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         torch.set_num_threads(threads)
     ranks.init()  # several ranks: join the job's process group (collective timeout) before any GPU work
     main = ranks.is_main()
-    from lorarl.memory.auto import resolve_job
-
-    cfg = resolve_job(cell.config, results_dir=str(results_dir))  # `auto` memory knobs + teacher/PRM devices for this job's GPUs (lorarl.memory)
+    cfg = job_config(cell, config)  # resolved where the job starts (auto knobs, teacher/PRM devices)
     from lorarl.train.rollout import check_engine
 
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
@@ -204,7 +219,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     tracker.finish()
     _write_json(work / "cell.json", {"id": cell.id, "axes": cell.axes, "hash": cell.hash, "eval_hash": cell.eval_hash,
                                       "aliases": list(cell.aliases), "config": cfg.model_dump(mode="json")})
-    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.diskfull)
+    disk_full_hook(work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.io; handled in lorarl.pipeline.diskfull)
     _write_json(work / "summary.json", summary)
     for name in ("cell.json", "metrics.csv", "adapter", "summary.json"):  # summary.json last: the "done" mark
         dst = final / name
