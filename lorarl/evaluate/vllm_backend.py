@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from lorarl.evaluate.backends import Completion
 from lorarl.evaluate.protocols import Protocol
+from lorarl.vllm_push import push_weights
 
 __all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "serving_mode", "VLLM_LORA_RANKS"]
 
@@ -123,21 +124,6 @@ def model_weights(model_dir: str | Path) -> Iterator[tuple[str, Any]]:
         yield from load_file(str(f)).items()
 
 
-def push_weights(llm: Any, weights: Iterable[tuple[str, Any]], cpu: bool = False) -> None:
-    """Load weights into a running in-process engine, then drop the prefix cache (its KV entries were computed
-    with the previous weights). On a GPU: the model's ``load_weights`` (TRL's colocated sync path). On vLLM's CPU
-    build (``cpu``): the CPU backend repacks every linear layer after loading and leaves its ``weight`` empty with
-    no ``weight_loader`` (vllm/model_executor/layers/utils.py ``dispatch_cpu_unquantized_gemm``), so
-    ``load_weights`` raises AttributeError there; the model runner's ``reload_weights`` (layerwise reload: load,
-    then the post-load processing again) takes the whole state instead."""
-    runner = llm.llm_engine.model_executor.driver_worker.model_runner
-    if cpu:
-        runner.reload_weights(weights_iterator=iter(list(weights)))
-    else:
-        runner.model.load_weights(list(weights))
-    llm.reset_prefix_cache()
-
-
 def _vllm_api() -> Any:
     import vllm  # noqa: PLC0415 - GPU-only dependency
     from vllm.lora.request import LoRARequest
@@ -157,9 +143,8 @@ class VLLMBackend:
     :meth:`select` moves it from one weight set to the next: as LoRA requests (every set is the base plus a
     servable LoRA: one ``lora_int_id`` per adapter, ``max_lora_rank`` fitting the largest) or as merged weights
     pushed into the engine (a set vLLM cannot serve as a LoRA, a full fine-tuning snapshot, ``merge``): the
-    first set is what the engine loads, every later one is pushed (:func:`push_weights`: ``load_weights``, the path TRL's
-    colocated sync uses, or ``reload_weights`` on vLLM's CPU build; it needs vLLM's in-process executor,
-    :func:`inprocess_engine_kwargs`).
+    first set is what the engine loads, every later one is pushed (:func:`lorarl.vllm_push.push_weights`, the trainer's push:
+    the model runner's ``reload_weights``; it needs vLLM's in-process executor, :func:`inprocess_engine_kwargs`).
     ``merge_dir``: where a merged model is written (default ``<adapter>/merged``). ``llm_kwargs`` go to
     ``vllm.LLM`` (e.g. ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``). ``llm``: an
     in-process engine this process already built, used instead of a new one (LoRA mode: its base and LoRA
@@ -230,7 +215,7 @@ class VLLMBackend:
         if key not in self._dirs:
             self._dirs[key] = self._plain_dir(model_path, adapter_path, merge_dir)
         if self._dirs[key] != self.loaded:
-            push_weights(self.llm, model_weights(self._dirs[key]), cpu=getattr(self.api, "cpu", False))
+            push_weights(self.llm, model_weights(self._dirs[key]))
             self.loaded = self._dirs[key]
             self.pushes += 1
 

@@ -2,9 +2,8 @@
 ``python -m lorarl.gpucheck.vllmjob push|multilora MODEL_DIR RANK ALPHA``. Prints one JSON line.
 
 push: one engine; a policy of the twin's shape (base in bf16 + a LoRA whose B is non-zero, as after
-training) merged and pushed through the path TRL's colocated sync uses
-(``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``; on vLLM's CPU build the model
-runner's ``reload_weights``) with lorarl's exact
+training) merged and pushed as the trainer pushes (:func:`lorarl.vllm_push.push_weights`: the model runner's
+``reload_weights``, on a GPU and on vLLM's CPU build alike) with lorarl's exact
 merge (:func:`lorarl.train.rollout.effective_named_params`), timed; then the engine samples and the
 policy scores the same tokens: the mean |logp_engine - logp_policy| is the freshness gap of the trained
 LoRA (a push that did not land shows the LoRA's whole effect).
@@ -27,6 +26,7 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
 
     from lorarl.evaluate.vllm_backend import inprocess_engine_kwargs
     from lorarl.train.rollout import effective_named_params
+    from lorarl.vllm_push import push_weights
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -34,17 +34,13 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
                   **inprocess_engine_kwargs())  # load_weights needs the engine core in this process
     policy = _trained_lora(model_dir, rank, alpha, device)
     _draw_b(policy, 0, 0.02)  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
-    runner = llm.llm_engine.model_executor.driver_worker.model_runner
     times = []
     for _ in range(pushes):
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            if getattr(api, "cpu", False):  # vLLM's CPU build: load_weights cannot reach its repacked linear layers
-                runner.reload_weights(weights_iterator=iter(list(effective_named_params(policy))))
-            else:
-                runner.model.load_weights(list(effective_named_params(policy)))
+            push_weights(llm, effective_named_params(policy))  # the trainer's push (lorarl.vllm_push)
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

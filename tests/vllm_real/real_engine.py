@@ -72,6 +72,7 @@ def shared() -> SimpleNamespace:
 
 def restore_base(s: SimpleNamespace) -> None:
     """Push the base weights back (a test that pushed other weights leaves the shared engine as it found it)."""
-    from lorarl.evaluate.vllm_backend import model_weights, push_weights
+    from lorarl.evaluate.vllm_backend import model_weights
+    from lorarl.vllm_push import push_weights
 
-    push_weights(s.llm, model_weights(s.paths["base"]), cpu=s.api.cpu)
+    push_weights(s.llm, model_weights(s.paths["base"]))
