@@ -3,7 +3,9 @@
 (1) For the same batches, each packed cell's loss and gradients equal LorarlGRPOTrainer's (the solo,
     TRL-based trainer) to <= 1e-6 in fp32: outcome and process regimes, beta = 0 and beta > 0, LoRA,
     DoRA and an orthonormal init (DCT rows), cells with different prompts (different padding).
-(2) A pack of K cells trained for N steps equals K packed trainers with K = 1, bit for bit (CPU).
+(2) A pack of K cells trained for N steps equals K packed trainers with K = 1 to float32 rounding (CPU): bit
+    for bit where the CPU's matrix kernels are batch-invariant (AVX-512 machines), within a few ulps where they
+    block a K-cell batch differently from a one-cell batch (AVX2: up to 5e-7 on parameters of size ~1).
 """
 
 from __future__ import annotations
@@ -145,7 +147,15 @@ def synthetic_batch(seed, step, ref_model, tok, vocab):
     return b
 
 
-def test_pack_of_k_equals_k_packs_of_one_bit_for_bit(tiny_dir):
+ROUNDING = 2e-6  # absolute, on parameters of size ~1: a few float32 ulps, far below one update (lr 1e-2)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to float32 rounding of a different batch blocking (bit for bit on batch-invariant kernels)."""
+    return torch.allclose(a, b, rtol=0, atol=ROUNDING)
+
+
+def test_pack_of_k_equals_k_packs_of_one_to_rounding(tiny_dir):
     n_steps, seeds = 3, [1, 2, 3, 4]
     ref, tok = load(tiny_dir)
     vocab = ref.config.vocab_size
@@ -164,8 +174,8 @@ def test_pack_of_k_equals_k_packs_of_one_bit_for_bit(tiny_dir):
         mine = dict(cells[k].model.named_parameters())
         trained = {n: p for n, p in solo.model.named_parameters() if p.requires_grad}
         assert trained.keys() == start[k].keys()
-        assert all(torch.equal(p, mine[n]) for n, p in trained.items()), s  # bit for bit
-        assert any(not torch.equal(p, start[k][n]) for n, p in trained.items())  # and it did train
+        assert all(same(p, mine[n]) for n, p in trained.items()), s  # float32 rounding (bit for bit on AVX-512)
+        assert any((p - start[k][n]).abs().max() > 1000 * ROUNDING for n, p in trained.items())  # and it did train
         assert solo.scheduler.get_last_lr() == cells[k].scheduler.get_last_lr()
 
 
@@ -182,12 +192,13 @@ def test_nan_cell_is_stopped_and_the_others_go_on(tiny_dir):
     assert m["s2"]["diverged"] == 1.0 and cells[1].state == "diverged" and cells[1].diverged_at == 1
     assert all(torch.equal(p, before[n]) for n, p in cells[1].model.named_parameters() if p.requires_grad)
     assert pack.running() == [0, 2]
-    # the healthy cells got exactly the update they get without the NaN cell in the pack
+    # the healthy cells got the update they get without the NaN cell in the pack (to float32 rounding)
     alone, _ = make_pack_cells(tiny_dir, 2, [1, 3])
     PackedTrainer(alone, pad_token_id=tok.pad_token_id, fused_lm_head=False).step([b[0], b[2]])
     for c, a in zip([cells[0], cells[2]], alone):
         pa = dict(a.model.named_parameters())
-        assert all(torch.equal(p, pa[n]) for n, p in c.model.named_parameters() if p.requires_grad)
+        assert all(same(p, pa[n]) for n, p in c.model.named_parameters() if p.requires_grad)
+        assert all(torch.isfinite(p).all() for p in c.model.parameters())
     m2 = pack.step([synthetic_batch(s, 1, ref, tok, vocab) for s in seeds])
     assert set(m2) == {"s1", "s3"}
 
