@@ -1,0 +1,105 @@
+"""The layout of a cell's training job (nodes x ranks per node): runtime, from the profile, never the study.
+
+The profile's ``slurm.train`` resources say how many nodes and GPUs one training job gets; one rank (one
+process, one submitit task) per GPU, so a job of ``nodes x gpus_per_node`` GPUs trains on that many ranks
+(lorarl.memory.ranks: DDP for an adapter cell, FSDP2 for full fine-tuning). ``tasks_per_node`` set
+explicitly wins (CPU ranks in the tests: no GPUs). A cell with a teacher / HF PRM on one node of 2 GPUs
+trains on one rank and puts the teacher on the second GPU (paper 001; lorarl.memory.auto.place_aux).
+
+A study gets the layout its size needs without editing ``slurm.train`` for each study::
+
+    slurm:
+      train:
+        gpus_per_node: 1
+        layouts:                      # overrides of the keys above for the cells they match
+          by_model:  {Qwen/Qwen2.5-7B: {gpus_per_node: 8}}
+          by_study:  {paper004_h200: {nodes: 4, gpus_per_node: 8}}   # a study's wins over its model's
+
+The layout never enters a cell's training signature (it is not in the cell config), so the same cell trained
+on 1 GPU or on 32 is the same cell, and its outputs are the same to float rounding (tests/test_distributed.py).
+
+In a job of several tasks, :func:`export_ranks` sets torch.distributed's rendezvous (MASTER_ADDR/PORT, RANK,
+WORLD_SIZE, LOCAL_RANK) from submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``);
+each rank then runs ``train_cell`` under accelerate (lorarl.train.ranks).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+OVERRIDES = ("by_model", "by_study")
+
+
+def train_resources(resources: dict[str, Any] | None, study: str, model: str) -> dict[str, Any]:
+    """``slurm.train`` of the profile with the per-model, then per-study override applied (``layouts`` removed)."""
+    res = dict(resources or {})
+    layouts = res.pop("layouts", None) or {}
+    if not isinstance(layouts, dict) or set(layouts) - set(OVERRIDES):
+        bad = sorted(set(layouts) - set(OVERRIDES)) if isinstance(layouts, dict) else layouts
+        raise ValueError(f"slurm.train.layouts: unknown keys {bad}; allowed: {', '.join(OVERRIDES)}")
+    for key, name in (("by_model", model), ("by_study", study)):
+        over = (layouts.get(key) or {}).get(name)
+        if over is not None:
+            if not isinstance(over, dict):
+                raise ValueError(f"slurm.train.layouts.{key}.{name}: a mapping of slurm.train keys; got {over!r}")
+            res.update(over)
+    return res
+
+
+def _positive(res: dict[str, Any], key: str, default: int) -> int:
+    value = res.get(key, default)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ValueError(f"slurm.train.{key}: a positive number of {key.split('_')[0]}; got {value!r}")
+    return n
+
+
+def tasks_per_node(res: dict[str, Any], cfg: Any = None) -> int:
+    """Ranks per node: ``tasks_per_node`` if set, else one per GPU (``gpus_per_node``), except a cell with a
+    teacher / PRM on one node of 2 GPUs (one rank, the teacher on the other GPU)."""
+    if "tasks_per_node" in res:
+        return _positive(res, "tasks_per_node", 1)
+    gpus = _positive(res, "gpus_per_node", 1)
+    if cfg is not None and gpus == 2 and _positive(res, "nodes", 1) == 1:
+        from lorarl.memory.ranks import has_aux
+
+        if has_aux(cfg):
+            return 1
+    return gpus
+
+
+def ranks(res: dict[str, Any], cfg: Any = None) -> int:
+    """Ranks of the job: nodes x ranks per node."""
+    return _positive(res, "nodes", 1) * tasks_per_node(res, cfg)
+
+
+def job_resources(res: dict[str, Any], cfg: Any, executor: str) -> dict[str, Any]:
+    """The submitit parameters of one cell's training job: ``tasks_per_node`` made explicit; the local
+    executor runs one node (its ``tasks_per_node`` processes on this machine)."""
+    out = dict(res)
+    out["tasks_per_node"] = tasks_per_node(res, cfg)
+    if executor != "slurm" and _positive(res, "nodes", 1) > 1:
+        raise ValueError(f"slurm.train.nodes={res['nodes']}: the {executor} executor runs one node; use the slurm "
+                         "executor for several nodes")
+    return out
+
+
+def export_ranks() -> int:
+    """In a submitit job of several tasks: export torch.distributed's environment for this task (its rank,
+    the world size, the rendezvous on the job's first node). Returns the world size (1: nothing set)."""
+    import submitit
+
+    try:
+        env = submitit.JobEnvironment()
+        tasks = env.num_tasks
+    except RuntimeError:  # not inside a submitit job (lorarl run, torchrun)
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if tasks <= 1:
+        return 1
+    # every rank sees the node's GPUs; accelerate puts rank r on cuda:LOCAL_RANK
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    return tasks

@@ -1,0 +1,67 @@
+"""A cell's training layout is runtime (lorarl.pipeline.train_layout): the profile's slurm.train with
+per-model / per-study overrides, one rank per GPU, and never part of the cell's training signature."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorarl.pipeline import train_layout as tl
+from lorarl.study import parse_study, study_cells
+
+TRAIN = {"partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 8,
+         "layouts": {"by_model": {"big/model": {"gpus_per_node": 8}},
+                     "by_study": {"huge": {"nodes": 4, "gpus_per_node": 8}, "cpu2": {"tasks_per_node": 2}}}}
+
+
+def cell(study: str = "s", model: str = "local:tiny-test", **reward):
+    defaults = {"model": model, **({"reward": reward} if reward else {})}
+    return study_cells(parse_study({"name": study, "defaults": defaults}))[0]
+
+
+def test_overrides_by_model_then_by_study():
+    assert tl.train_resources(TRAIN, "s", "small/model") == {"partition": "gpu", "gpus_per_node": 1,
+                                                             "cpus_per_task": 8}
+    assert tl.ranks(tl.train_resources(TRAIN, "s", "big/model")) == 8  # one rank per GPU
+    huge = tl.train_resources(TRAIN, "huge", "big/model")  # the study's wins over the model's
+    assert huge["nodes"] == 4 and tl.ranks(huge) == 32 and huge["partition"] == "gpu"
+    cpu = tl.job_resources(tl.train_resources(TRAIN, "cpu2", "x"), None, "local")
+    assert cpu["tasks_per_node"] == 2  # CPU ranks: tasks_per_node set explicitly
+    assert "layouts" not in TRAIN["layouts"] and "layouts" in TRAIN  # the profile's mapping is left as it was
+
+
+def test_bad_layouts_name_the_field():
+    with pytest.raises(ValueError, match=r"slurm.train.layouts: unknown keys \['by_node'\]; allowed: by_model"):
+        tl.train_resources({"layouts": {"by_node": {}}}, "s", "m")
+    with pytest.raises(ValueError, match=r"slurm.train.gpus_per_node: a positive number"):
+        tl.ranks({"gpus_per_node": 0})
+    with pytest.raises(ValueError, match="runs one node"):
+        tl.job_resources({"nodes": 2, "gpus_per_node": 2}, None, "local")
+
+
+def test_teacher_on_the_second_gpu_of_two_keeps_one_rank():
+    teacher = cell(regime="distillation", teacher="local:tiny-test").config
+    assert tl.tasks_per_node({"gpus_per_node": 2}, teacher) == 1
+    assert tl.tasks_per_node({"gpus_per_node": 2}, cell().config) == 2
+    assert tl.tasks_per_node({"gpus_per_node": 4}, teacher) == 4
+
+
+def test_the_layout_is_not_in_the_training_signature():
+    one, big = cell("huge"), cell("huge")
+    assert tl.ranks(tl.train_resources(TRAIN, "huge", one.config.model)) == 32
+    assert tl.ranks(tl.train_resources({"gpus_per_node": 1}, "huge", one.config.model)) == 1
+    assert one.hash == big.hash  # same study, any layout: the same cell
+    assert not {"nodes", "tasks_per_node", "gpus_per_node", "layouts"} & set(one.flat_config())
+
+
+def test_local_executor_starts_one_process_per_rank(tmp_path):
+    from lorarl.pipeline.launch import make_executor
+
+    ex = make_executor("local", tmp_path, 1, {"tasks_per_node": 2, "partition": "gpu"})
+    assert ex._executor.parameters["tasks_per_node"] == 2
+    assert make_executor("local", tmp_path, 1, {})._executor.parameters.get("tasks_per_node", 1) == 1
+
+
+def test_export_ranks_outside_a_submitit_job_changes_nothing(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert tl.export_ranks() == 1
