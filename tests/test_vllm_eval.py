@@ -199,3 +199,22 @@ def test_merged_pushes_on_vllms_cpu_build_use_the_layerwise_reload(tiny, tmp_pat
         runner.model.load_weights(list(backend.llm.hf_model.named_parameters()))
     backend.select(tiny["base"], None)
     assert backend.pushes == 1 and _greedy(backend) == _greedy(HFBackend(tiny["base"]))
+
+
+def test_an_evaluation_engine_on_vllms_cpu_build_gets_a_kv_cache_it_can_have(tiny, tmp_path, monkeypatch):
+    """vLLM's CPU build refuses its default gpu_memory_utilization (0.92 of host memory) on a machine in use:
+    the backend gives the engine VLLM_CPU_KVCACHE_SPACE=1 GiB unless the job set one; a GPU engine is left alone."""
+    import os
+
+    def build(cpu: bool) -> None:
+        fake_vllm.LLM.instances = []  # one engine per job: each case is its own job
+        VLLMBackend(tiny["base"], None, api=fake_vllm.api(cpu=cpu))
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    build(cpu=False)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    build(cpu=True)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    build(cpu=True)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"

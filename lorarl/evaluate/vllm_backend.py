@@ -134,6 +134,23 @@ def _vllm_api() -> Any:
                            cpu=current_platform.is_cpu())  # vLLM's CPU build: weights are pushed another way
 
 
+CPU_KVCACHE_GIB = "1"  # vLLM's CPU build: the KV cache an evaluation engine gets unless the job sets one
+
+
+def cpu_kv_cache_default(llm_args: dict[str, Any]) -> None:
+    """vLLM's CPU build reads ``gpu_memory_utilization`` as a share of host memory for the KV cache and refuses
+    vLLM's default 0.92 on a machine in use; unless the job sets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or passes
+    ``gpu_memory_utilization``, the engine gets a 1 GiB KV cache (said on stderr)."""
+    import os
+    import sys
+
+    if "gpu_memory_utilization" in llm_args or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = CPU_KVCACHE_GIB
+    print(f"[lorarl] vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE={CPU_KVCACHE_GIB} (GiB of KV cache; set it to change)",
+          file=sys.stderr)
+
+
 class VLLMBackend:
     """vLLM ``LLM.generate`` over one engine per evaluation job, with an optional adapter.
 
@@ -183,6 +200,8 @@ class VLLMBackend:
         self.llm_args = llm_args
         if llm is not None and self.mode == "merged":
             self.loaded = ""  # whatever the engine holds: the first weight set is pushed by select
+        if llm is None and getattr(self.api, "cpu", False):
+            cpu_kv_cache_default(llm_args)
         self.llm = llm if llm is not None else self.api.LLM(**llm_args)
         self.select(model_path, adapter_path, merge_dir)
 
