@@ -84,3 +84,23 @@ def test_one_eos_id_runs_on(two_eos_dir, tmp_path):
     assert trainer.eos_token_ids == [tok.eos_token_id]
     assert stop_token_ids(trainer.model, tok) == (tok.eos_token_id,)
     assert (out["completion_mask"].sum(1) > 1).any() and out["completion_ids"].shape[1] <= MAXLEN
+
+
+def test_evaluation_stops_where_training_stops(two_eos_dir, tmp_path):
+    """The HF evaluation backend merges the generation config's EOS ids with the tokenizer's as training does
+    (TRL's rule): a generation config listing only <end_of_turn> still stops at the tokenizer's EOS too."""
+    import json
+    import shutil
+
+    from lorarl.evaluate.backends import HFBackend
+
+    src, turn = two_eos_dir
+    d = tmp_path / "turn_only"
+    shutil.copytree(src, d)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["eos_token_id"] = [turn]
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    backend = HFBackend(str(d))
+    assert backend.eos_ids == [backend.tokenizer.eos_token_id, turn]
+    assert tuple(backend.eos_ids) == stop_token_ids(backend.model, backend.tokenizer)
+    assert HFBackend(src).eos_ids == [backend.tokenizer.eos_token_id, turn]  # both listed: kept as listed

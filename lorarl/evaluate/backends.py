@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lorarl.evaluate.protocols import Protocol
+from lorarl.train.stop_ids import stop_token_ids
 
 __all__ = ["Completion", "HFBackend", "merge_adapter", "completions_from_ids", "format_prompt"]
 
@@ -124,7 +125,7 @@ class HFBackend:
         # keep only the special-token ids of the model's generation defaults: since transformers 5
         # its other fields (top-k, repetition penalty, ...) would fill whatever a call leaves unset
         src = model.generation_config
-        eos = src.eos_token_id if src.eos_token_id is not None else self.tokenizer.eos_token_id
+        eos = list(stop_token_ids(model, self.tokenizer))  # TRL's rule, as training stops (lorarl.train.stop_ids)
         model.generation_config = GenerationConfig(eos_token_id=eos, bos_token_id=src.bos_token_id,
                                                    pad_token_id=self.tokenizer.pad_token_id)
         if adapter_path is not None:
@@ -136,7 +137,7 @@ class HFBackend:
         self.model = model.to(self.device).eval()
         self.batch_size = batch_size
         self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
-        self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        self.eos_ids: list[int] = eos
 
     def _generation_config(self, protocol: Protocol) -> Any:
         from transformers import GenerationConfig
