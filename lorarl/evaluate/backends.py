@@ -126,7 +126,8 @@ class HFBackend:
         # its other fields (top-k, repetition penalty, ...) would fill whatever a call leaves unset
         src = model.generation_config
         eos = list(stop_token_ids(model, self.tokenizer))  # TRL's rule, as training stops (lorarl.train.stop_ids)
-        model.generation_config = GenerationConfig(eos_token_id=eos, bos_token_id=src.bos_token_id,
+        model.generation_config = GenerationConfig(eos_token_id=eos[0] if len(eos) == 1 else eos,
+                                                   bos_token_id=src.bos_token_id,
                                                    pad_token_id=self.tokenizer.pad_token_id)
         if adapter_path is not None:
             from peft import PeftModel
