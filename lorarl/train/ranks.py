@@ -123,6 +123,24 @@ class RankSharding:
         s, n = self._gsum(float((x_BT * m).sum()), float(m.sum()))
         return s / max(n, 1.0)
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """CPU ranks (the tests' gloo): the HF Trainer loads the optimiser with ``map_location=args.device``, which
+        accelerate sets to ``cpu:<index>`` and torch.load refuses; load it to "cpu" (the tensors are the same)."""
+        if self.accelerator.num_processes == 1 or self.accelerator.device.type != "cpu":
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        real = torch.load
+
+        def load(*args, map_location=None, **kwargs):
+            if isinstance(map_location, torch.device) and map_location.type == "cpu":
+                map_location = "cpu"
+            return real(*args, map_location=map_location, **kwargs)
+
+        torch.load = load
+        try:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            torch.load = real
+
     # ------------------------------------------------------------------ one-process mini-batches
     def _prepare_inputs(self, generation_batch: dict) -> dict:
         if self.accelerator.num_processes == 1 or not self.model.training:

@@ -1,0 +1,195 @@
+"""One cell on several ranks (lorarl.train.ranks): the ranks train exactly what one process trains.
+
+Fast: the layout checks and per-rank batch of grpo_args. Slow (`slow`): the cell trained by
+`torchrun --nproc_per_node 2` (gloo, CPU) equals the same cell trained by one process, step by step
+(loss, grad norm, KL, rewards, lorarl's metrics) and in its final weights, for a LoRA cell with two PPO
+mini-batches per rollout (the gathered one-process mini-batches) and for full fine-tuning (DDP).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorarl.train import ranks
+from test_resume import build_models
+
+STEPS = 2
+# compared step by step: TRL's loss/grad norm/rewards and lorarl's own (reduced over the ranks) metrics
+SAME = ["loss", "grad_norm", "reward", "reward_std", "kl", "kl_ref/k3", "kl_ref/k1", "kl_new_old", "kl_new_old/update",
+        "adv/std", "adv/abs_max", "deposits/mean", "deposits/per_completion", "frac_truncated", "rollout/tokens",
+        "num_tokens", "learning_rate"]
+
+
+# ---- fast ----------------------------------------------------------------------------------------
+
+def test_layout_keeps_prompt_groups_whole_and_names_the_field():
+    ranks.check_layout(4, 8, 32, 4)  # 4 prompts, 4 ranks: one group each
+    with pytest.raises(ValueError, match=r"train.prompts_per_step \(2\).*3 ranks"):
+        ranks.check_layout(2, 4, 8, 3)
+    with pytest.raises(ValueError, match=r"one update's 2 sequences.*4 ranks"):
+        ranks.check_layout(4, 2, 2, 4)  # mini-batches of one prompt cannot split over 4 ranks
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ranks.check_layout(4, 2, 8, 0)
+
+
+def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
+    from lorarl.study import parse_study, study_cells
+    from lorarl.train.trl_args import grpo_args
+
+    cell = study_cells(parse_study({"name": "r", "defaults": {
+        "model": "local:tiny-test", "train": {"prompts_per_step": 4, "generations": 2, "mini_batch_prompts": 2}}}))[0]
+    one, two = grpo_args(cell.config, tmp_path, True, ranks=1), grpo_args(cell.config, tmp_path, True, ranks=2)
+    assert one.per_device_train_batch_size == 4 and two.per_device_train_batch_size == 2  # 2 prompts x 2 per update
+    assert one.steps_per_generation == two.steps_per_generation == 2
+    assert two.ddp_timeout == ranks.collective_timeout_s()
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        grpo_args(cell.config, tmp_path, True, ranks=3)
+
+
+def test_ranks_default_to_the_job_environment(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert ranks.world_size() == 1 and ranks.is_main()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert ranks.world_size() == 4 and ranks.rank() == 3 and not ranks.is_main()
+    assert ranks.broadcast({"x": 1}) == {"x": 1}  # no process group: the value itself
+
+
+# ---- slow: one process vs two ranks ----------------------------------------------------------------
+
+def study(root: Path, teacher: Path, base: Path, adapter: dict, **train) -> Path:
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    if not (root / "models" / "tiny-test").exists():
+        os.symlink(base, root / "models" / "tiny-test")
+    d = {"name": "dist", "defaults": {
+        "model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8}, "adapter": adapter,
+        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
+                  "beta": 0.05, "kl_monitor_every": 1, **train},
+        "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it really learns
+        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
+    (root / "study.yaml").write_text(yaml.safe_dump(d))
+    return root / "study.yaml"
+
+
+def train(study_file: Path, nproc: int) -> Path:
+    root = study_file.parent
+    cmd = ["-m", "lorarl.cli", "run", str(study_file), "s3", "--stages", "train", "--results", str(root),
+           "--threads", "1"]
+    if nproc > 1:
+        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + cmd  # a free port
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root / "dist" / "s3"
+
+
+def weights(cell: Path, adapter: bool = True) -> dict:
+    from safetensors.torch import load_file
+
+    folder = cell / "adapter" if adapter else cell
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def assert_same_cell(one: Path, two: Path, start: dict) -> None:
+    """Same metrics step by step, same final weights; ``start``: the base weights (full fine-tuning), or
+    empty for LoRA (its B starts at 0): the weights moved, so the comparison can fail."""
+    import json
+
+    import pandas as pd
+    import torch
+
+    a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
+    assert a["step"].tolist() == b["step"].tolist() == list(range(1, STEPS + 1))
+    for key in SAME:
+        assert key in a and key in b, key
+        assert (a[key] - b[key]).abs().max() <= 1e-5 * max(1.0, a[key].abs().max()), (key, a[key].tolist(),
+                                                                                       b[key].tolist())
+    assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
+    x, y = weights(one), weights(two)
+    assert x.keys() == y.keys()
+    moved = [x[k] - start[k] for k in x if k in start] if start else [x[k] for k in x if "lora_B" in k]  # B0 = 0
+    assert moved and max(float(d.abs().max()) for d in moved) > 1e-5  # it did learn
+    for k in x:
+        torch.testing.assert_close(y[k], x[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    return build_models(tmp_path_factory.mktemp("dist_models"))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_one_process_lora_cell(models, tmp_path: Path):
+    """Two PPO mini-batches per rollout: each rank trains its half of the one-process mini-batch."""
+    base, teacher = models
+    cfg = dict(adapter={"rank": 2, "alpha": 4}, mini_batch_prompts=1)
+    one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
+    two = train(study(tmp_path / "two", teacher, base, **cfg), 2)
+    assert_same_cell(one, two, {})
+    assert not (tmp_path / "two" / "dist" / ".checkpoints" / "s3").exists()
+    shutil.rmtree(tmp_path)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path: Path):
+    """Full fine-tuning on two ranks: DDP (FSDP2 is not run here: see docs/distributed.md)."""
+    base, teacher = models
+    cfg = dict(adapter={"method": "full"}, lr=1e-5)
+    one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
+    two = train(study(tmp_path / "two", teacher, base, **cfg), 2)
+    assert_same_cell(one, two, weights(base, adapter=False))
+    shutil.rmtree(tmp_path)
+
+
+def launch(study_file: Path, **env) -> tuple[subprocess.CompletedProcess, float]:
+    """`lorarl launch train` on the local executor with 2 tasks: submitit's ranks, as a Slurm job of 2 tasks."""
+    import time
+
+    root = study_file.parent
+    cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study_file), "s3", "--results", str(root),
+           "--executor", "local", "--threads", "1", "--slurm", '{"tasks_per_node": 2}', "--tracking", "sqlite"]
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT", "LORARL_FAULT")}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**clean, **env}, timeout=900)
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_two_task_job_in_bounded_time_and_the_rerun_resumes(models, tmp_path: Path):
+    import json
+
+    import mlflow
+    import pandas as pd
+
+    base, teacher = models
+    study_file = study(tmp_path, teacher, base, {"rank": 2, "alpha": 4}, steps=3, checkpoint_every=1)
+    # rank 0 is SIGKILLed at the end of step 2 (checkpoint 1 complete); rank 1 waits in a collective until
+    # the collective timeout, then fails: the job fails instead of hanging
+    killed, took = launch(study_file, LORARL_FAULT="kill_at_step:2", LORARL_COLLECTIVE_TIMEOUT_S="30")
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert took < 300, took
+    logs = tmp_path / "dist" / "s3" / "logs" / "train"
+    assert "Error" in "".join(p.read_text() for p in logs.glob("*_1_log.err"))  # rank 1 failed too (no hang)
+    assert not (tmp_path / "dist" / "s3" / "summary.json").exists()
+
+    done, _ = launch(study_file)
+    assert done.returncode == 0, done.stderr[-4000:]
+    cell = tmp_path / "dist" / "s3"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["resumed_from_steps"] == [1] and summary["steps"] == 3
+    assert pd.read_csv(cell / "metrics.csv")["step"].tolist() == [1, 2, 3]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["train.ranks"] == "2" and run.info.status == "FINISHED"
+    for key in ("loss", "reward", "grad_norm"):  # every step logged once, across the kill
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
