@@ -9,7 +9,14 @@
 # the main suite leaves most of a core idle, so it runs beside the others. Its report and time come last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase_start=$SECONDS
+phases=""
+phase() {  # phase NAME: the seconds since the last mark, printed at the end (where CI's time goes)
+  phases+="$(printf '%-34s %5d s' "$1" $((SECONDS - phase_start)))"$'\n'
+  phase_start=$SECONDS
+}
 bash scripts/setup.sh
+phase "setup .venv"
 vllm_log=$(mktemp)
 vllm_pid=
 if [ $# -eq 0 ]; then
@@ -25,10 +32,12 @@ if [ $# -eq 0 ]; then
   vllm_pid=$!
 fi
 bash scripts/py312.sh       # second venv on Python 3.12: install + a fast subset of the tests
+phase "Python 3.12 venv + its subset"
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
+phase "chromium, PostgreSQL, Slurm up"
 beside_log=$(mktemp)
 beside_pid=
 cleanup() {
@@ -47,9 +56,11 @@ python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log
 beside_pid=$!
 rc=0
 python -m pytest tests "${BESIDE[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
+phase "main pytest"
 beside_rc=0
 wait "$beside_pid" || beside_rc=$?
 beside_pid=
+phase "waiting for the beside process"
 echo "======================= ${BESIDE[*]} (run beside the above) ======================="
 cat "$beside_log"
 vllm_rc=0
@@ -57,4 +68,7 @@ wait "$vllm_pid" || vllm_rc=$?
 vllm_pid=
 echo "======================= .venv-vllm: tests/vllm_real (vLLM's CPU engine; run beside the above) ======================="
 grep -v -e '^(MainProcess' -e '^\[rank0\]:\[W' -e '^Loading ' "$vllm_log" || true
+phase "waiting for the vLLM process"
+echo "======================= where the time went (wall seconds, in order; the beside and vLLM processes overlap the main pytest) ======================="
+printf '%s' "$phases"
 [ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]
