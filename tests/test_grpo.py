@@ -36,19 +36,9 @@ stock_reward.__name__ = "outcome"
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
+    from tests.tiny_model import save_tiny
 
-    d = tmp_path_factory.mktemp("tiny")
-    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "0123456789+-=?\nQA: \\boxed{}"] * 20,
-                          vocab_size=300)
-    torch.manual_seed(0)
-    model = build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64), len(tok),
-                       tok.eos_token_id, tok.pad_token_id)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
 
 
 def load(tiny_dir):

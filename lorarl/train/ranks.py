@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from lorarl.train.dynamic_sampling import _pad_to  # one padding rule for batches joined along rows
+
 TIMEOUT_ENV = "LORARL_COLLECTIVE_TIMEOUT_S"  # a rank that stops answering fails the job after this long
 DEFAULT_TIMEOUT_S = 600
 
@@ -203,14 +205,6 @@ def _take(v: Any, perm: torch.Tensor) -> Any:
     if isinstance(v, torch.Tensor) and v.dim() >= 1:
         return v[perm.to(v.device)]
     return [v[i] for i in perm.tolist()] if isinstance(v, list) else v
-
-
-def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
-    extra = width - x.size(1)
-    if extra <= 0:
-        return x
-    pad = torch.full((x.size(0), extra, *x.shape[2:]), value, dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x] if left else [x, pad], dim=1)
 
 
 def rank_rows(batch: dict, r: int, n: int) -> dict:

@@ -28,19 +28,9 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
-    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
+    from tests.tiny_model import save_tiny
 
-    d = tmp_path_factory.mktemp("tiny32")
-    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "0123456789+-=?\nQA: \\boxed{}"] * 20,
-                          vocab_size=300)
-    torch.manual_seed(0)
-    model = build_tiny(TinyRecipe(hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128), len(tok),
-                       tok.eos_token_id, tok.pad_token_id)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
+    return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
 
 
 def vllm_cells(model_dir: str, steps: int = 3) -> list:
