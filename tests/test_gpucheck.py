@@ -37,6 +37,27 @@ def test_twins_keep_the_published_studies_shapes(mode):
     assert (a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.vocab) == (1536, 28, 12, 2, 8960, 151936)
 
 
+@pytest.mark.parametrize("mode", ["full", "quick", "large", "cpu-smoke"])
+def test_every_twin_study_is_a_valid_study_on_either_engine(mode, tmp_path, monkeypatch):
+    """The studies gpucheck writes load as a user's would (the vLLM twin once had processed logprobs with
+    top_p 0.95, which lorarl refuses, so its doctor exited 2 wherever vLLM ran); a top_p < 1 twin samples the
+    whole distribution on vLLM."""
+    import yaml
+
+    from lorarl.gpucheck.shapes import twin_study
+
+    monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
+    for twin in twins(mode):
+        for engine in ("hf", "vllm"):
+            doc = twin_study(twin, str(tmp_path / "model"), steps=2, seeds=1, eval_limit=2, engine=engine)
+            path = tmp_path / f"{doc['name']}.yaml"
+            path.write_text(yaml.safe_dump(doc))
+            cfg = study_cells(load_study(path))[0].config
+            assert (cfg.rollout.engine, cfg.eval.backend) == ((engine, engine) if engine == "vllm" else ("hf", "hf"))
+            want = twin.cell["train"].get("top_p", 1.0) if engine == "hf" else 1.0
+            assert cfg.train.top_p == want
+
+
 @pytest.mark.parametrize("stale", [False, True])
 def test_vllm_push_check_sees_whether_the_engine_samples_the_pushed_lora(tmp_path, stale, monkeypatch):
     """The push job's work against tests/fake_vllm.py (vLLM's load_weights path): a live engine samples the
@@ -96,7 +117,7 @@ def test_bad_input_exits_2(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_check_for_real(tmp_path):
-    proc = _run("--cpu-smoke", out=tmp_path, timeout=600)
+    proc = _run("--cpu-smoke", out=tmp_path, timeout=1500)  # with vLLM's CPU build: ~10 min on 2 busy cores
     res = json.loads((tmp_path / "gpucheck.json").read_text())
     md = (tmp_path / "gpucheck.md").read_text()
     assert proc.returncode == (0 if res["ok"] else 1), proc.stdout + proc.stderr

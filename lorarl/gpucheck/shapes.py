@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lorarl.sampler_logprobs import sampler_logprobs_mismatch
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -81,6 +83,8 @@ def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: i
     train = {**twin.cell["train"], "steps": steps, "max_completion_length": completion,
              "precision": "bf16-mixed", "checkpoint_every": 0}
     backend = "vllm" if engine == "vllm" else "hf"
+    if engine == "vllm" and sampler_logprobs_mismatch("processed", train.get("temperature", 1.0), train.get("top_p", 1.0)):
+        train["top_p"] = 1.0  # vLLM's processed logprobs are renormalised over a nucleus: the vLLM twin samples all of it
     return {"name": f"gpucheck_{twin.study}" + ("_vllm" if engine == "vllm" else ""),
             "defaults": {
                 "model": model_dir,
