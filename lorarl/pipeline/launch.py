@@ -298,13 +298,14 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     detail = ", ".join(f"{k.lower()} {info[k]}" for k in ("ExitCode", "Reason", "Elapsed", "NodeList")
                        if info.get(k) not in (None, "", "None"))
     ids = ",".join(provenance.job_ids(prov)) or job.job_id
-    print(f"[lorarl] error: {error_summary(error)}", file=sys.stderr)
-    print(f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),
-          file=sys.stderr)
-    print(f"[lorarl] tail of {job.paths.stderr}:\n{tail(job.paths.stderr)}", file=sys.stderr)
-    print(f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
-          f"stderr {job.paths.stderr}", file=sys.stderr, flush=True)
-    return oom.after_failure(Path(job.paths.folder), error_summary(error))  # OOM_EXIT: Snakemake retries it
+    failed = "\n".join([  # the failure report; a refused retry repeats it (Snakemake rewrites the stage log)
+        f"[lorarl] error: {error_summary(error)}",
+        f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),
+        f"[lorarl] tail of {job.paths.stderr}:\n{tail(job.paths.stderr)}",
+        f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
+        f"stderr {job.paths.stderr}"])
+    print(failed, file=sys.stderr, flush=True)
+    return oom.after_failure(Path(job.paths.folder), error_summary(error), failed)  # OOM_EXIT: Snakemake retries it
 
 
 def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseException | None:

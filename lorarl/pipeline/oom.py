@@ -65,11 +65,18 @@ def before_attempt(folder: Path, key: str, target: str) -> int | None:
     if n == 1:
         record.unlink(missing_ok=True)
         return None
-    prev = next((e for e in read_json(record) or [] if e.get("attempt") == n - 1), None)
-    if prev is None or not prev.get("oom"):
-        why = prev["error"] if prev else "its outcome was not recorded"
-        print(f"[lorarl] error: {why}", file=sys.stderr)
-        print(f"[lorarl] {key} {target} FAILED: attempt {n} not run: attempt {n - 1} did not run out of memory; "
+    entries = read_json(record) or []
+    prev = next((e for e in entries if e.get("attempt") == n - 1), None)
+    if prev is None:  # the launcher of that attempt left no record (it died): its own lines are all there is
+        print(f"[lorarl] {key} {target}: attempt {n} not run: attempt {n - 1} left no out-of-memory record; "
+              f"only out-of-memory failures are retried", file=sys.stderr, flush=True)
+        return 1
+    if not prev.get("oom"):  # the stage log holds only this attempt: repeat the failure, carry it to the next retry
+        write_json(record, [e for e in entries if e.get("attempt") != n] + [{**prev, "attempt": n}])
+        if prev.get("failed"):
+            print(prev["failed"], file=sys.stderr)
+        print(f"[lorarl] error: {prev['error']}", file=sys.stderr)
+        print(f"[lorarl] {key} {target}: attempt {n} not run: attempt {n - 1} did not run out of memory; "
               f"only out-of-memory failures are retried", file=sys.stderr, flush=True)
         return 1
     if n > MAX_ATTEMPTS - 1:
@@ -82,12 +89,13 @@ def before_attempt(folder: Path, key: str, target: str) -> int | None:
     return None
 
 
-def after_failure(folder: Path, error: str) -> int:
-    """Record this attempt's failure; the launcher's exit status (OOM_EXIT for out of memory)."""
+def after_failure(folder: Path, error: str, failed: str | None = None) -> int:
+    """Record this attempt's failure (``failed``: the launcher's FAILED line, repeated by refused retries); the
+    launcher's exit status (OOM_EXIT for out of memory)."""
     oom = is_oom(error)
     record = Path(folder) / RECORD
     entries = [e for e in read_json(record) or [] if e.get("attempt") != attempt()]
-    write_json(record, entries + [{"attempt": attempt(), "oom": oom, "error": error[:1000]}])
+    write_json(record, entries + [{"attempt": attempt(), "oom": oom, "error": error[:1000], "failed": failed}])
     return OOM_EXIT if oom else 1
 
 
