@@ -66,17 +66,22 @@ def test_step_split_and_projection_arithmetic(tmp_path):
     cells = study_cells(study)
     m = {"split": sp, "model_load_s": 1.0, "diagnose_s": 3.0, "device": {"kind": "cuda"},
          "evaluation": {"synthetic": {"seconds_per_problem": 0.5, "problems": 4}}}
-    prof = {"name": "slurm", "launcher": "slurm", "jobs": 4, "slurm": {"train": {"gpus_per_node": 2}}}
     smoke = next(c for c in cells if c.config.train.beta > 0)  # measured its reference forward (0.3 s)
-    p = project(study, smoke, m, prof)
     t = smoke.config.train
     # every demo cell has the same token budget; the 4 cells with beta 0 run no reference forward
-    train_s = 8 * (1.0 + (t.steps // t.kl_monitor_every) * 0.5) + 4 * t.steps * 2.0 + 4 * t.steps * 1.7
+    fixed_s = 8 * (1.0 + (t.steps // t.kl_monitor_every) * 0.5)  # model load + KL monitors: not split over ranks
+    steps_s = 4 * t.steps * 2.0 + 4 * t.steps * 1.7
     eval_s = 9 * (1.0 + 0.5 * 200)  # 8 cells + 1 base, synthetic n_eval 200
-    assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
-    assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
-    assert p["gpu_hours"] == pytest.approx((2 * train_s + eval_s + 24) / 3600)  # evaluate/diagnose: 1 GPU default
-    assert p["wall_h"] == pytest.approx((train_s + eval_s + 24) / 3600 / 4)
+    # 2 GPUs per node = 2 data-parallel ranks (ideal scaling: each step in half the time, on two GPUs);
+    # tasks_per_node 1 = one process holding 2 GPUs (the step time of one rank, GPU-hours of two)
+    for train, ranks in [({"gpus_per_node": 2}, 2), ({"gpus_per_node": 2, "tasks_per_node": 1}, 1)]:
+        prof = {"name": "slurm", "launcher": "slurm", "jobs": 4, "slurm": {"train": train}}
+        p = project(study, smoke, m, prof)
+        train_s = fixed_s + steps_s / ranks
+        assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
+        assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
+        assert p["gpu_hours"] == pytest.approx((2 * train_s + eval_s + 24) / 3600)  # evaluate/diagnose: 1 GPU
+        assert p["wall_h"] == pytest.approx((train_s + eval_s + 24) / 3600 / 4)
 
 
 @pytest.mark.parametrize("argv,msg", [(["--cell", "nope"], "no cell 'nope'"), (["--steps", "0"], "--steps"),

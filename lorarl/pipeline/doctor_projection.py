@@ -163,6 +163,21 @@ def stage_layouts(profile: dict, device_kind: str) -> dict[str, Any]:
     return out
 
 
+def _train_ranks_and_gpus(profile: dict, study: str, cfg: Any, on_gpus: bool) -> tuple[int, int]:
+    """A cell's training ranks and GPUs by the launcher's own rule (lorarl.pipeline.train_layout: the per-model
+    and per-study overrides, ``tasks_per_node``, the teacher's GPU); no GPUs on a CPU smoke."""
+    from lorarl.pipeline import train_layout
+
+    res = train_layout.train_resources((profile.get("slurm") or {}).get("train"), study, cfg.model)
+    if not on_gpus and "gpus_per_node" not in res:
+        return (train_layout.ranks(res, cfg) if "tasks_per_node" in res else 1), 0
+    res.setdefault("gpus_per_node", 1)
+    gpus = int(res.get("nodes") or 1) * int(res["gpus_per_node"] or 0)
+    if gpus < 1:  # a CPU job (gpus_per_node 0): its tasks are its ranks
+        return (train_layout.ranks(res, cfg) if "tasks_per_node" in res else 1), 0
+    return train_layout.ranks(res, cfg), gpus
+
+
 def _gpus(layout: Any) -> int:
     return layout.gpus if layout is not None else 0
 
@@ -197,8 +212,6 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         smoke_prompt = 0.0
     rate = split.get("degenerate_rate")
     load_s = m.get("model_load_s", 0.0)
-    from lorarl.memory.ranks import Layout, has_aux
-
     lay = stage_layouts(profile, m["device"]["kind"])
     w0 = int(m.get("train_ranks") or 1)
     train_s = eval_s = train_gpu_s = 0.0
@@ -208,12 +221,12 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         t = c.config.train
         prompt = prompts.get(c.id, smoke_prompt)
         step_s, rounds = step_seconds(c.config, split, chosen.config, prompt, smoke_prompt, rate)
-        ranks = (lay["train"] or Layout()).ranks(has_aux(c.config))
+        ranks, cell_gpus = _train_ranks_and_gpus(profile, study.name, c.config, lay["train"] is not None)
         step_s *= w0 / ranks  # each rank works on its share of the batch: ideal data-parallel scaling
         monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
         cell_s = load_s + t.optimizer_updates * step_s + monitors  # step_s: per optimiser update
         train_s += cell_s
-        train_gpu_s += cell_s * _gpus(lay["train"])
+        train_gpu_s += cell_s * cell_gpus
         detail.append({"cell": c.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps, "ranks": ranks})
     for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
