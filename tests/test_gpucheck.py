@@ -115,6 +115,17 @@ def test_bad_input_exits_2(tmp_path):
     assert not (tmp_path / "gpucheck.json").exists()
 
 
+def test_vllm_only_without_vllm_fails_saying_why(tmp_path):
+    if vllm_importable() is None:
+        pytest.skip("vllm importable here: tests/vllm_real/test_gpucheck_real.py runs --vllm-only for real")
+    proc = _run("--cpu-smoke", "--vllm-only", out=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    res = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert [(r["check"], r["status"]) for r in res["checks"]] == [("device", "pass"), ("vllm import", "fail")]
+    assert res["checks"][1]["why"].startswith("--vllm-only: vllm not importable")
+    assert "--cpu-smoke --vllm-only`" in (tmp_path / "gpucheck.md").read_text() and not (tmp_path / "work").exists()
+
+
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_check_for_real(tmp_path):
     proc = _run("--cpu-smoke", out=tmp_path, timeout=1500)  # with vLLM's CPU build: ~10 min on 2 busy cores

@@ -1,4 +1,4 @@
-"""`python -m lorarl.gpucheck [--quick] [--large] [--cpu-smoke] [--out DIR]`: run the checks, write the report.
+"""`python -m lorarl.gpucheck [--quick] [--large] [--cpu-smoke] [--vllm-only] [--out DIR]`: run the checks, write the report.
 
 Exit status: 0 when no check failed (a check that could not run is listed with why, and is not a pass),
 1 when one failed, 2 on bad input.
@@ -27,7 +27,7 @@ def settings(mode: str) -> dict[str, int]:
         mode, {"steps": 3, "eval_limit": 4, "pack_steps": 2, "pack_completion": 256})
 
 
-def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
+def run(mode: str, out: Path, threads: int, vllm_only: bool = False) -> dict[str, Any]:
     import os
 
     import torch
@@ -49,7 +49,12 @@ def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
     st = settings(mode)
     work = out / "work"
     vllm_why = ck.vllm_importable()
+    if vllm_only and vllm_why is not None:  # asked for the vLLM checks alone: a missing vLLM fails the run
+        rows.append(ck.row("vllm import", "fail", why=f"--vllm-only: {vllm_why}"))
+        return _result(mode, env, rows, t_start, vllm_only)
     for twin in twins(mode):
+        if vllm_only and twin.study != "reward_density":  # only that twin carries the vLLM checks
+            continue
         mdir = work / "models" / twin.arch
         try:
             info = build_model(twin.arch, mdir, device)
@@ -59,25 +64,27 @@ def run(mode: str, out: Path, threads: int) -> dict[str, Any]:
         rows.append(ck.row(f"model build: {twin.arch}", "pass",
                            f"{info['params'] / 1e6:,.1f} M parameters ({info['layers']} layers, hidden {info['hidden']}, "
                            f"vocab {info['vocab']}), random weights, built in {info['build_s']:.1f} s", model=info))
-        seeds = ck.PACK_K if twin.study == "reward_density" else 1
-        study = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], seeds, st["eval_limit"])
-        rows += ck.doctor_checks(twin, study, work, st["steps"], st["eval_limit"], threads)
-        if twin.study == "reward_density":  # LoRA without dropout: the twin that packs
+        if not vllm_only:
+            seeds = ck.PACK_K if twin.study == "reward_density" else 1
+            study = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], seeds, st["eval_limit"])
+            rows += ck.doctor_checks(twin, study, work, st["steps"], st["eval_limit"], threads)
+        if twin.study == "reward_density" and not vllm_only:  # LoRA without dropout: the twin that packs
             pstudy = ck.write_study(twin, str(mdir.resolve()), work / "pack", st["pack_steps"], ck.PACK_K,
                                     st["eval_limit"], completion=st["pack_completion"])
             rows.append(ck.packed_check(pstudy, work, threads))
+        if twin.study == "reward_density":
             if vllm_why is None:
                 vstudy = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], 1, st["eval_limit"], "vllm")
                 rows += ck.doctor_checks(twin, vstudy, work, st["steps"], st["eval_limit"], threads, " (vLLM)")
                 rows += ck.vllm_checks(twin, str(mdir.resolve()), work)
     if vllm_why is not None:
         rows += [ck.not_run(name, vllm_why) for name in VLLM_CHECKS]
-    return _result(mode, env, rows, t_start)
+    return _result(mode, env, rows, t_start, vllm_only)
 
 
-def _result(mode: str, env: dict, rows: list[dict], t_start: float) -> dict[str, Any]:
+def _result(mode: str, env: dict, rows: list[dict], t_start: float, vllm_only: bool = False) -> dict[str, Any]:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
-    return {"mode": mode, "ok": counts["fail"] == 0, "counts": counts, "wall_s": time.perf_counter() - t_start,
+    return {"mode": mode, "vllm_only": vllm_only, "ok": counts["fail"] == 0, "counts": counts, "wall_s": time.perf_counter() - t_start,
             "environment": env, "checks": rows}
 
 
@@ -87,7 +94,8 @@ def render(res: dict[str, Any]) -> str:
     lines = [f"# lorarl gpucheck ({res['mode']}): {'OK' if res['ok'] else 'FAILED'}", "",
              f"{c['pass']} passed, {c['fail']} failed, {c['not run']} not run, in {res['wall_s']:.0f} s "
              f"(`python -m lorarl.gpucheck" + {"cpu-smoke": " --cpu-smoke", "quick": " --quick",
-                                                "large": " --large"}.get(res["mode"], "") + "`)", "",
+                                                "large": " --large"}.get(res["mode"], "")
+             + (" --vllm-only" if res.get("vllm_only") else "") + "`)", "",
              "| item | value |", "|---|---|",
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA | {d['driver']} / {d['cuda']} |",
@@ -108,13 +116,16 @@ def main(argv: list[str] | None = None) -> None:
     size.add_argument("--cpu-smoke", action="store_true", help="the same code path at tiny shapes on a CPU")
     ap.add_argument("--out", default="gpucheck", help="folder for gpucheck.md, gpucheck.json and work/")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per job (torch.set_num_threads)")
+    ap.add_argument("--vllm-only", action="store_true",
+                    help="only the vLLM checks (the reward_density twin's model, its vLLM doctor, the push and "
+                         "multi-LoRA jobs): where only the vLLM install is in question")
     a = ap.parse_args(argv)
     if a.threads < 1:
         ap.error(f"--threads must be >= 1 (got {a.threads})")
     mode = "cpu-smoke" if a.cpu_smoke else "quick" if a.quick else "large" if a.large else "full"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = run(mode, out, a.threads)
+    res = run(mode, out, a.threads, a.vllm_only)
     (out / "gpucheck.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     md = render(res)
     (out / "gpucheck.md").write_text(md)

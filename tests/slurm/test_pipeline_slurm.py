@@ -208,7 +208,11 @@ def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path)
         log.close()
     cell = wd / "results" / "rq" / "s5"
     train_log = (cell / "logs" / "train.log").read_text()
-    assert f"FAILED: job {job} state CANCELLED" in train_log.splitlines()[-1], train_log[-2000:]
+    lines = train_log.splitlines()  # the last FAILED line is the job's; then, at most, the workflow's retries
+    fails = [i for i, line in enumerate(lines) if "FAILED: job" in line]  # refused (not out of memory)
+    assert fails and f"FAILED: job {job} state CANCELLED" in lines[fails[-1]], train_log[-2000:]
+    after = [line for line in lines[fails[-1] + 1:] if line.startswith("[lorarl] train")]
+    assert all("only out-of-memory failures are retried" in line for line in after), train_log[-2000:]
     row = status(wd)["s5"]["train"]
     assert row["state"] == "failed" and "CANCELLED" in row["detail"] and "resumes from step" in row["detail"], row
     assert not (cell / "summary.json").exists()
@@ -273,7 +277,11 @@ def test_failing_cell_is_reported_and_the_other_completes(models, tmp_path: Path
     assert f"tail of {res / 'missing' / 'logs' / 'train' / f'{job}_0_log.err'}" in log
     tail = log.split("tail of", 1)[1]
     assert 'File "' in tail and "OSError: " in tail  # the job's stderr tail: the end of its traceback
-    assert log.rstrip().splitlines()[-1].startswith(f"[lorarl] train missing FAILED: job {job} state FAILED")
+    lines = log.rstrip().splitlines()  # the job's FAILED line; each retry after it refused (not out of memory)
+    last = max(i for i, line in enumerate(lines) if "FAILED: job" in line)
+    assert lines[last].startswith(f"[lorarl] train missing FAILED: job {job} state FAILED"), log[-3000:]
+    after = [line for line in lines[last + 1:] if line.startswith("[lorarl] train")]
+    assert all("only out-of-memory failures are retried" in line for line in after), log[-3000:]
     # the default profile is quiet about rules; the onerror handler lists every failed stage at the end
     assert "[lorarl] bad: FAILED missing train" in proc.stderr + proc.stdout
     rows = status(wd)
