@@ -66,12 +66,12 @@ def workdir_for(tmp: Path, models: tuple[Path, Path], study: dict) -> Path:
     return tmp
 
 
-def snakemake_cmd(workdir: Path) -> list[str]:
+def snakemake_cmd(workdir: Path, slurm: dict = SLURM) -> list[str]:
     # launcher: slurm comes from the profile (profiles/slurm/cluster.yaml); only the resources shrink
     studies = json.dumps([str(workdir / "study.yaml")])
     return [sys.executable, "-m", "snakemake", "all", "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(workdir), "--config", f"studies={studies}", "results=results",
-            "slurm=" + json.dumps(SLURM), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
+            "slurm=" + json.dumps(slurm), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
 
 
 def env() -> dict[str, str]:
@@ -79,9 +79,9 @@ def env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_POLL_S": "3"}
 
 
-def snakemake(workdir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, timeout: float = 900, slurm: dict = SLURM) -> subprocess.CompletedProcess:
     # cwd = the repo root: `--profile slurm` is looked up there (./slurm -> profiles/slurm)
-    return subprocess.run(snakemake_cmd(workdir), cwd=REPO, capture_output=True, text=True, env=env(),
+    return subprocess.run(snakemake_cmd(workdir, slurm), cwd=REPO, capture_output=True, text=True, env=env(),
                           timeout=timeout)
 
 
