@@ -14,6 +14,7 @@ import pytest
 from lorarl.cli import main
 from lorarl.memory import PlanError, plan_cell
 from lorarl.memory.layout import Layout, layouts, smallest_layout, smallest_study_layout, strategy_for  # re-exported
+from lorarl.memory.ranks import NOT_WIRED, RUNS
 from lorarl.memory.plan import fsdp_gather_bytes, shape_of, static_parts
 from lorarl.memory.report import COLUMNS
 from lorarl.study import load_study, study_cells
@@ -82,6 +83,20 @@ def test_strategy_the_trainer_picks():
     # Qwen2.5-7B LoRA on 16 GiB GPUs: bf16 weights + reference alone exceed a GPU, so FSDP2 on 8 ranks
     cfg = cell("peft_zoo_7b.yaml", method="lora")
     assert plan_cell(cfg, 16, gpus=8).strategy == "fsdp2" and plan_cell(cfg, 80, gpus=8).strategy == "ddp"
+
+
+def test_a_running_job_is_planned_as_the_ddp_it_runs_and_a_planned_fsdp2_says_so():
+    """FSDP2 is planned, not wired: a job on 2 ranks sizes its auto knobs by the DDP replica it runs (full
+    weights, gradients and AdamW states on every rank), so its plan is never the sharded one's."""
+    cfg = with_train(cell("peft_zoo.yaml", method="full"), micro_batch_size=None)
+    planned, running = plan_cell(cfg, 80, gpus=2), plan_cell(cfg, 80, gpus=2, world=2)
+    assert (planned.strategy, running.strategy) == ("fsdp2", "ddp")
+    assert NOT_WIRED in planned.notes and NOT_WIRED not in running.notes
+    assert running.parts_gb["trainable_state"] == pytest.approx(2 * planned.parts_gb["trainable_state"], abs=0.01)
+    assert running.parts_gb["weights"] == pytest.approx(2 * planned.parts_gb["weights"], abs=0.01)  # not 1/W
+    assert strategy_for("full", 2, 0.0, 1.0, running=True) == "ddp"
+    assert strategy_for("lora", 8, 2.0, 1.0, running=True) == "ddp"
+    assert plan_cell(cell("peft_zoo.yaml", method="lora"), 80, gpus=2).strategy in RUNS  # adapters: DDP as run
 
 
 def test_smallest_layout_is_the_fewest_gpus_that_fit():

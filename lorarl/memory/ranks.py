@@ -28,6 +28,9 @@ from typing import Any
 from lorarl.memory.arch import PlanError
 
 STRATEGIES = ("single", "ddp", "fsdp2")
+RUNS = ("single", "ddp")  # what lorarl's trainer runs today: FSDP2 is planned, not wired (docs/distributed.md)
+NOT_WIRED = ("FSDP2 is planned here but not wired in lorarl's trainer, which runs DDP on several ranks (a full "
+             "replica per rank; docs/distributed.md): a job on this layout is sized by its DDP plan")
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,14 @@ def share(total: int, ranks: int) -> int:
     return math.ceil(total / ranks)
 
 
-def strategy_for(method: str, ranks: int, replica_bytes: float, budget_bytes: float) -> str:
+def strategy_for(method: str, ranks: int, replica_bytes: float, budget_bytes: float, running: bool = False) -> str:
     """single | ddp | fsdp2 for ``ranks`` ranks (see the module docstring); ``replica_bytes``: what a DDP
-    replica holds for the whole job (lorarl.memory.plan.static_parts at world 1)."""
+    replica holds for the whole job (lorarl.memory.plan.static_parts at world 1). ``running``: the strategy
+    a running job's trainer uses (one of :data:`RUNS`), which sizes its ``auto`` knobs."""
     if ranks <= 1:
         return "single"
+    if running:
+        return "ddp"
     if method == "full" or replica_bytes > budget_bytes:
         return "fsdp2"
     return "ddp"
