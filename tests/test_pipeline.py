@@ -108,6 +108,11 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):
 
     second = snakemake(workdir, "all")
     assert "Nothing to be done" in second.stderr + second.stdout
+    # runtime settings are not science: another training layout, partition or time limit reruns nothing
+    layout = json.dumps({"train": {"tasks_per_node": 2, "partition": "big", "timeout_min": 9},
+                         "evaluate": {"mem_gb": 9}})
+    moved = snakemake(workdir, "all", "--config", f"slurm={layout}", "-n")
+    assert "Nothing to be done" in moved.stderr + moved.stdout, moved.stderr[-3000:]
 
     s0_before = (res / "e2e" / "s0" / "summary.json").stat().st_mtime_ns
     s1_run = json.loads((res / "e2e" / "s1" / "summary.json").read_text())["mlflow_run_id"]

@@ -1,4 +1,4 @@
-"""`python -m lorarl.gpucheck [--quick] [--large] [--cpu-smoke] [--vllm-only] [--out DIR]`: run the checks, write the report.
+"""`python -m lorarl.gpucheck [--quick|--large|--cpu-smoke] [--vllm-only] [--out DIR]`: run the checks, write the report.
 
 Exit status: 0 when no check failed (a check that could not run is listed with why, and is not a pass),
 1 when one failed, 2 on bad input.

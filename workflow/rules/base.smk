@@ -13,9 +13,8 @@ rule base_model:
         recipe=recipe_param,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("base"),
     threads: 2
     log:
         f"{RESULTS}/models/.logs/{{name}}.log",
     shell:
-        LAUNCH
+        launch("base")

@@ -80,13 +80,19 @@ def slurm_json(stage):
     return json.dumps(config.get("slurm", {}).get(stage, {}))
 
 
-# The MLflow store (`tracking:` of the profile) is read from config inside the command, not passed as a
-# param: switching sqlite <-> server never reruns a cell (params are a rerun trigger, this text is not).
-LAUNCH = (
-    "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
-    "--executor {params.launcher} --threads {threads} --slurm {params.slurm:q} "
-    "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
-)
+# Runtime settings reach the command from config, not as params: params are a rerun trigger, this text is
+# not, so switching the MLflow store (`tracking:`) or a stage's Slurm resources (`slurm:`: partition, time,
+# the training layout) never reruns a finished cell (tests/test_pipeline.py).
+SLURM_JSON = {stage: slurm_json(stage) for stage in ("base", "train", "evaluate", "diagnose", "toy")}
+
+
+def launch(stage):
+    """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<stage>`` resources."""
+    return (
+        "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
+        "--executor {params.launcher} --threads {threads} --slurm {SLURM_JSON[" + stage + "]:q} "
+        "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
+    )
 
 
 # Out of memory (lorarl.pipeline.oom): train, evaluate and train_pack jobs are retried OOM_RETRIES times; the

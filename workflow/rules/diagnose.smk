@@ -16,9 +16,8 @@ rule diagnose:
         config_hash=cell_hash,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("diagnose"),
     threads: 1
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/diagnose.log",
     shell:
-        LAUNCH
+        launch("diagnose")

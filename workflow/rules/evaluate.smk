@@ -2,7 +2,7 @@
 # trained cell, and per benchmark of a study's `base` pseudo-cell. Every sample is kept
 # (<cell>/eval/<benchmark>[@step].jsonl) next to its summary (.json); lorarl.evaluate.main runs it.
 
-EVAL_LAUNCH = OOM_ATTEMPT + "LORARL_EVAL_TARGET={params.eval_target} " + LAUNCH
+EVAL_LAUNCH = OOM_ATTEMPT + "LORARL_EVAL_TARGET={params.eval_target} " + launch("evaluate")
 
 
 rule evaluate:
@@ -21,7 +21,6 @@ rule evaluate:
         config_hash=eval_hash,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("evaluate"),
     threads: 1
     retries: OOM_RETRIES
     resources:
@@ -49,7 +48,6 @@ rule evaluate_step:
         config_hash=eval_hash,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("evaluate"),
     threads: 1
     retries: OOM_RETRIES
     resources:

@@ -72,7 +72,6 @@ rule train_pack:
         config_hash=pack_hashes,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("train"),
         update_cells=PACK_UPDATE_CELLS,
     priority: 100
     threads: 1
@@ -82,4 +81,4 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + LAUNCH
+        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + launch("train")

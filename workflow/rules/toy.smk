@@ -16,9 +16,8 @@ for _toy in TOY_STUDIES:
             hashes=",".join(c.hash for c in TABLES[_toy].cells),
             results=RESULTS,
             launcher=config["launcher"],
-            slurm=slurm_json("toy"),
         threads: 1
         log:
             f"{RESULTS}/{_toy}/.toy/run.log",
         shell:
-            LAUNCH
+            launch("toy")

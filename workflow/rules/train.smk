@@ -19,7 +19,6 @@ rule train:
         config_hash=cell_hash,
         results=RESULTS,
         launcher=config["launcher"],
-        slurm=slurm_json("train"),
     threads: 1
     retries: OOM_RETRIES
     resources:
@@ -27,4 +26,4 @@ rule train:
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/train.log",
     shell:
-        OOM_ATTEMPT + LAUNCH
+        OOM_ATTEMPT + launch("train")
