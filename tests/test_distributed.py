@@ -3,7 +3,7 @@
 Fast: the layout checks and per-rank batch of grpo_args. Slow (`slow`): the cell trained by
 `torchrun --nproc_per_node 2` (gloo, CPU) equals the same cell trained by one process, step by step
 (loss, grad norm, KL, rewards, lorarl's metrics) and in its final weights, for a LoRA cell with two PPO
-mini-batches per rollout (the gathered one-process mini-batches) and for full fine-tuning (DDP).
+mini-batches per rollout (the gathered one-process mini-batches) and DAPO refills, and for full fine-tuning (DDP).
 """
 
 from __future__ import annotations
@@ -79,15 +79,16 @@ def study(root: Path, teacher: Path, base: Path, adapter: dict, **train) -> Path
     return root / "study.yaml"
 
 
-def train(study_file: Path, nproc: int) -> Path:
+def train(study_file: Path, nproc: int, **env_vars: str) -> Path:
     root = study_file.parent
     cmd = ["-m", "lorarl.cli", "run", str(study_file), "s3", "--stages", "train", "--results", str(root),
            "--threads", "1"]
     if nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + cmd  # a free port
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                            "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env, timeout=900)
+                                                            "MASTER_PORT", "LORARL_FAULT")}
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env={**env, **env_vars},
+                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root / "dist" / "s3"
 
@@ -129,12 +130,20 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_two_ranks_train_the_one_process_lora_cell(models, tmp_path: Path):
-    """Two PPO mini-batches per rollout: each rank trains its half of the one-process mini-batch."""
+    """Two PPO mini-batches per rollout: each rank trains its half of the one-process mini-batch; DAPO dynamic
+    sampling refills the batch with the one process's rounds and groups (the test hook flattens the rewards
+    of about half the prompts, so groups go degenerate the same way on 1 and 2 ranks)."""
+    import pandas as pd
+
     base, teacher = models
-    cfg = dict(adapter={"rank": 2, "alpha": 4}, mini_batch_prompts=1)
-    one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
-    two = train(study(tmp_path / "two", teacher, base, **cfg), 2)
+    cfg = dict(adapter={"rank": 2, "alpha": 4}, mini_batch_prompts=1, dynamic_sampling=True)
+    one = train(study(tmp_path / "one", teacher, base, **cfg), 1, LORARL_FAULT="flat_prompts:2")
+    two = train(study(tmp_path / "two", teacher, base, **cfg), 2, LORARL_FAULT="flat_prompts:2")
     assert_same_cell(one, two, {})
+    a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
+    refill = ["dynamic_sampling/rounds", "dynamic_sampling/frac_groups_dropped", "dynamic_sampling/frac_groups_degenerate"]
+    assert a[refill].equals(b[refill]), (a[refill], b[refill])
+    assert (a["dynamic_sampling/rounds"] > 1).any() and (a["dynamic_sampling/frac_groups_dropped"] > 0).any()
     assert not (tmp_path / "two" / "dist" / ".checkpoints" / "s3").exists()
     shutil.rmtree(tmp_path)
 

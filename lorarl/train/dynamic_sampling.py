@@ -11,11 +11,19 @@ shrinks, so PPO mini-batches (``train.mini_batch_prompts``) stay valid.
 
 Pure functions on the trainer's batch dicts (tensors ``[B, ...]`` with ``B = groups x G``, groups
 contiguous) plus a seeded prompt sampler.
+
+Test hook: LORARL_FAULT="flat_prompts:N" sets every reward deposit of the completions of a prompt whose
+text's CRC-32 is divisible by N to 0 (a group every sample solves, or fails, alike: degenerate), so a tiny
+model's dense rewards give the mix of degenerate and live groups that refills need, the same on any
+number of ranks (it depends on the prompt's text alone).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import sys
+import zlib
 from typing import Any, Sequence
 
 import torch
@@ -97,3 +105,17 @@ def plan_refill(kept: list[tuple[int, int]], degenerate: list[tuple[int, int]], 
     the earliest rounds when too few were kept."""
     chosen = kept[:want]
     return chosen + degenerate[: want - len(chosen)]
+
+
+def flat_prompts_fault(deposits: Any, prompts: Sequence[str]) -> None:
+    """The ``flat_prompts:N`` test hook (module docstring): those prompts' completions' deposits set to 0."""
+    raw = os.environ.get("LORARL_FAULT", "")
+    if not raw.startswith("flat_prompts:"):
+        return
+    n = raw.split(":", 1)[1]
+    if not n.isdigit() or int(n) < 1:
+        raise ValueError(f"LORARL_FAULT flat_prompts:N needs a whole number N >= 1; got {raw!r}")
+    flat = [i for i, p in enumerate(prompts) if zlib.crc32(p.encode()) % int(n) == 0]
+    for i in flat:
+        deposits.values[i][:] = [0.0] * len(deposits.values[i])
+    print(f"[lorarl] LORARL_FAULT: {len(flat)} of {len(prompts)} completions' rewards set to 0", file=sys.stderr)

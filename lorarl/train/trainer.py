@@ -38,6 +38,7 @@ from trl import GRPOTrainer
 from lorarl.train import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.train.divergence import nan_reward_fault
+from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
 from lorarl.train.monitors import KLMonitors
 from lorarl.train.ranks import RankSharding
@@ -114,7 +115,7 @@ class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
         self.freshness: FreshnessGate | None = attach_vllm(self, rollout) if self.use_vllm else None
         if self.accelerator.num_processes > 1:  # a prompt group on one rank; not yet wired: vLLM, dynamic sampling
-            _check_ranks(self, args, dynamic_sampling)
+            _check_ranks(self, args)
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
@@ -206,8 +207,9 @@ class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
         dep = self.regime.deposits(rollouts)
-        if mode == "train":  # test hook LORARL_FAULT=nan_reward_at_step:N (lorarl.train.divergence)
+        if mode == "train":  # test hooks LORARL_FAULT=nan_reward_at_step:N, flat_prompts:N
             nan_reward_fault(dep, int(self.state.global_step) + 1)
+            flat_prompts_fault(dep, rollouts.prompts)
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
@@ -294,26 +296,44 @@ class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching
     def _refill(self, first: dict, degenerate: list[bool]) -> dict:
         """DAPO dynamic sampling (lorarl.train.dynamic_sampling): sample more prompt groups until the batch
         holds as many groups with signal as it has slots, at most ``dynamic_sampling_max_batches``
-        rounds; degenerate groups fill what is left."""
+        rounds; degenerate groups fill what is left. On several ranks the decisions are the one process's:
+        every rank sees every group's flag (rank order = the one-process batch), samples its rows of each
+        round, and takes its share of the chosen groups from the rounds gathered over the ranks."""
         from lorarl.train.dynamic_sampling import concat_batches, plan_refill, take_groups
+        from lorarl.train.ranks import gather_batch, rank_rows
 
-        G, P = self.num_generations, len(degenerate)
+        W, me, pad = self.accelerator.num_processes, self.accelerator.process_index, self._tokenizer.pad_token_id
+        G, degenerate = self.num_generations, self._every_group(degenerate)
+        P = len(degenerate)
         self._log("dynamic_sampling/frac_groups_dropped", sum(degenerate) / P)
         rounds = [first]
         kept = [(0, g) for g in range(P) if not degenerate[g]]
         degen = [(0, g) for g in range(P) if degenerate[g]]
         while len(kept) < P and len(rounds) < self.dynamic_sampling_max_batches:
             r = len(rounds)
-            out, deg = self._score_round(self._prompt_sampler.draw(P, G, self.state.global_step, r), "train")
+            rows = self._prompt_sampler.draw(P, G, self.state.global_step, r)
+            out, deg = self._score_round(rows[me * len(rows) // W:(me + 1) * len(rows) // W], "train")
+            deg = self._every_group(deg)
             rounds.append(out)
             kept += [(r, g) for g in range(len(deg)) if not deg[g]]
             degen += [(r, g) for g in range(len(deg)) if deg[g]]
         chosen = plan_refill(kept, degen, P)
+        if W > 1:  # every rank's rows of every round (collective: the same rounds on every rank)
+            rounds = [gather_batch(self.accelerator, o, pad) for o in rounds]
         parts = [take_groups(o, [g for rr, g in chosen if rr == r], G) for r, o in enumerate(rounds)
                  if any(rr == r for rr, _ in chosen)]
         self._log("dynamic_sampling/rounds", len(rounds))
         self._log("dynamic_sampling/frac_groups_degenerate", max(P - len(kept), 0) / P)
-        return concat_batches(parts, self._tokenizer.pad_token_id)
+        whole = concat_batches(parts, pad)
+        return whole if W == 1 else rank_rows(whole, me, W)
+
+    def _every_group(self, flags: list[bool]) -> list[bool]:
+        """Every rank's per-group flags in rank order (one process: its own)."""
+        if self.accelerator.num_processes == 1:
+            return flags
+        from accelerate.utils import gather_object
+
+        return [bool(f) for f in gather_object(list(flags))]
 
     def _compute_loss(self, model, inputs):
         self._captured = []
@@ -352,12 +372,10 @@ class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching
         return loss
 
 
-def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any, dynamic_sampling: bool) -> None:
-    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; HF rollouts, no refills."""
+def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:
+    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; HF rollouts."""
     if trainer.use_vllm:
         raise ValueError("rollout.engine: 'vllm' on several ranks is not wired yet; allowed with ranks > 1: hf")
-    if dynamic_sampling:
-        raise ValueError("train.dynamic_sampling on several ranks is not wired yet; allowed with ranks > 1: false")
     if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
         raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
                          f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "
