@@ -169,11 +169,8 @@ def _train_ranks_and_gpus(profile: dict, study: str, cfg: Any, on_gpus: bool) ->
     from lorarl.pipeline import train_layout
 
     res = train_layout.train_resources((profile.get("slurm") or {}).get("train"), study, cfg.model)
-    if not on_gpus and "gpus_per_node" not in res:
-        return (train_layout.ranks(res, cfg) if "tasks_per_node" in res else 1), 0
-    res.setdefault("gpus_per_node", 1)
-    gpus = int(res.get("nodes") or 1) * int(res["gpus_per_node"] or 0)
-    if gpus < 1:  # a CPU job (gpus_per_node 0): its tasks are its ranks
+    gpus = int(res.get("nodes") or 1) * int(res.get("gpus_per_node", 1 if on_gpus else 0) or 0)
+    if gpus < 1:  # a CPU job: its tasks are its ranks
         return (train_layout.ranks(res, cfg) if "tasks_per_node" in res else 1), 0
     return train_layout.ranks(res, cfg), gpus
 

@@ -114,7 +114,7 @@ class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
         self.freshness: FreshnessGate | None = attach_vllm(self, rollout) if self.use_vllm else None
-        if self.accelerator.num_processes > 1:  # a prompt group on one rank; not yet wired: vLLM, dynamic sampling
+        if self.accelerator.num_processes > 1:  # a prompt group on one rank; not yet wired: vLLM
             _check_ranks(self, args)
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
