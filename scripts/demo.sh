@@ -4,6 +4,7 @@
 # one stage at a time, with a progress line after each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset PYTHONDONTWRITEBYTECODE  # cache the bytecode of what the jobs import (scripts/setup.sh installs with --no-compile)
 bash scripts/setup.sh
 . .venv/bin/activate
 STUDY=experiments/demo.yaml

@@ -5,7 +5,9 @@
 # torch comes first, pinned: here `pip install torch==2.13.0` takes the CPU wheel on local disk for
 # Python 3.11; any other route (Python 3.12 included) pulls the CUDA build of the same version.
 # --no-compile: no byte-compiling of every installed module (minutes of CPU on 2 cores, beside the tests);
-# Python compiles the modules it imports on first use.
+# Python compiles the modules it imports on first use and caches them, unless PYTHONDONTWRITEBYTECODE is set:
+# then every process compiles torch, transformers and TRL again (about 11 s of CPU more per process here),
+# so scripts/test.sh and scripts/demo.sh unset it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}

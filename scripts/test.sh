@@ -12,6 +12,7 @@
 # the vLLM one ran 55 min and its gpucheck test hit its 1500 s timeout, and CI got slower, not faster.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset PYTHONDONTWRITEBYTECODE  # cache the bytecode of what the jobs import (scripts/setup.sh installs with --no-compile)
 phase_start=$SECONDS
 phases=""
 phase() {  # phase NAME: the seconds since the last mark, printed at the end (where CI's time goes)

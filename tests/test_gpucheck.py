@@ -48,12 +48,13 @@ def test_every_twin_study_is_a_valid_study_on_either_engine(mode, tmp_path, monk
 
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     for twin in twins(mode):
-        for engine in ("hf", "vllm"):
-            doc = twin_study(twin, str(tmp_path / "model"), steps=2, seeds=1, eval_limit=2, engine=engine)
+        for engine, eager in (("hf", False), ("vllm", False), ("vllm", True)):
+            doc = twin_study(twin, str(tmp_path / "model"), steps=2, seeds=1, eval_limit=2, engine=engine, eager=eager)
             path = tmp_path / f"{doc['name']}.yaml"
             path.write_text(yaml.safe_dump(doc))
             cfg = study_cells(load_study(path))[0].config
             assert (cfg.rollout.engine, cfg.eval.backend) == ((engine, engine) if engine == "vllm" else ("hf", "hf"))
+            assert cfg.rollout.enforce_eager is eager  # vLLM's CPU build: eager (no inductor compile)
             want = twin.cell["train"].get("top_p", 1.0) if engine == "hf" else 1.0
             assert cfg.train.top_p == want
 

@@ -201,19 +201,19 @@ def test_merged_pushes_on_vllms_cpu_build_use_the_layerwise_reload(tiny, tmp_pat
     assert backend.pushes == 1 and _greedy(backend) == _greedy(HFBackend(tiny["base"]))
 
 
-def test_an_evaluation_engine_on_vllms_cpu_build_gets_a_kv_cache_it_can_have(tiny, tmp_path, monkeypatch):
+def test_an_evaluation_engine_on_vllms_cpu_build_gets_a_kv_cache_it_can_have_and_runs_eager(tiny, tmp_path, monkeypatch):
     """vLLM's CPU build refuses its default gpu_memory_utilization (0.92 of host memory) on a machine in use:
     the backend gives the engine VLLM_CPU_KVCACHE_SPACE=1 GiB unless the job set one; a GPU engine is left alone."""
     import os
 
-    def build(cpu: bool) -> None:
+    def build(cpu: bool) -> VLLMBackend:
         fake_vllm.LLM.instances = []  # one engine per job: each case is its own job
-        VLLMBackend(tiny["base"], None, api=fake_vllm.api(cpu=cpu))
+        return VLLMBackend(tiny["base"], None, api=fake_vllm.api(cpu=cpu))
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    build(cpu=False)
+    assert "enforce_eager" not in build(cpu=False).llm_args  # a GPU engine keeps its compiled graphs
     assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
-    build(cpu=True)
+    assert build(cpu=True).llm_args["enforce_eager"] is True  # CPU build: no inductor compile at start
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     build(cpu=True)

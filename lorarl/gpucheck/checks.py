@@ -58,7 +58,10 @@ def vllm_importable() -> str | None:
 
 def write_study(twin: Twin, model_dir: str, work: Path, steps: int, seeds: int, eval_limit: int,
                 engine: str = "hf", completion: int | None = None) -> Path:
-    doc = twin_study(twin, model_dir, steps, seeds, eval_limit, engine, completion)
+    import torch
+
+    doc = twin_study(twin, model_dir, steps, seeds, eval_limit, engine, completion,
+                     eager=not torch.cuda.is_available())  # vLLM's CPU build: no inductor compile (minutes here)
     path = work / "studies" / f"{doc['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -76,9 +76,10 @@ def _with(cell: dict, train: dict) -> dict:
 
 
 def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: int, engine: str = "hf",
-               completion: int | None = None) -> dict:
+               completion: int | None = None, eager: bool = False) -> dict:
     """The twin as a study document: the twin's shape on the synthetic task, one cell per seed
-    (``completion``: another budget than the twin's, e.g. the pack check's shorter one)."""
+    (``completion``: another budget than the twin's, e.g. the pack check's shorter one; ``eager``: vLLM
+    rollouts without compiled graphs, as on vLLM's CPU build)."""
     completion = completion or twin.completion
     train = {**twin.cell["train"], "steps": steps, "max_completion_length": completion,
              "precision": "bf16-mixed", "checkpoint_every": 0}
@@ -89,7 +90,8 @@ def twin_study(twin: Twin, model_dir: str, steps: int, seeds: int, eval_limit: i
             "defaults": {
                 "model": model_dir,
                 "task": {"name": "synthetic", "seed": 1234, "n_train": 200, "n_eval": max(eval_limit, 4)},
-                "adapter": twin.cell["adapter"], "train": train, "rollout": {"engine": engine},
+                "adapter": twin.cell["adapter"], "train": train,
+                "rollout": {"engine": engine, **({"enforce_eager": True} if engine == "vllm" and eager else {})},
                 "eval": {"max_new_tokens": completion, "backend": backend,
                          "benchmarks": {"synthetic": {"limit": eval_limit}}}},
             "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(seeds))}}}
