@@ -348,6 +348,32 @@ def test_svd_cache_grows_for_larger_ranks(tmp_path):
     assert SVDCache(tmp_path, "k").get("w", W, 70).K == 128  # and shared from then on
 
 
+def _ranks_get(root: str, queue) -> None:  # one "rank": every module's spectrum from the shared cache
+    from lorarl.adapters.svd_cache import SVDCache
+
+    c = SVDCache(root, "k")
+    gen = torch.Generator().manual_seed(0)
+    S = [c.get(f"m{i}", torch.randn(96, 64, generator=gen), 8).S for i in range(6)]
+    queue.put((c.stats["misses"], c.stats["hits"], torch.stack(S).tolist()))
+
+
+def test_svd_cache_computes_each_module_once_across_concurrent_ranks(tmp_path):
+    """Ranks of one job share results/svd_cache; its file lock makes each module's SVD one rank's work, and
+    every rank gets the same spectrum (tests/slurm/test_distributed_slurm.py checks it in a 2-task job)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_ranks_get, args=(str(tmp_path), q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert sum(m for m, _, _ in got) == 6 and all(m + h == 6 for m, h, _ in got), [g[:2] for g in got]
+    assert got[0][2] == got[1][2]  # the same spectra, bit for bit
+
+
 @pytest.mark.parametrize("method,init", [("lora", "pissa"), ("dora", "milora"), ("rslora", "olora_tail"),
                                          ("lora", "rlpo")])
 def test_saved_adapter_on_the_original_base_reproduces_the_trained_policy(base, ids, tmp_path, method, init):

@@ -157,6 +157,10 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     ckpt.restore(recorder, run_id)  # rows trained before a resume; MLflow gets any it missed
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
+    svd = policy.fingerprint.get("svd_cache")
+    if svd:  # SVD inits: one on-disk cache, a file lock per module: each module's SVD is computed by one rank
+        print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
+              f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok,  # eval.eval_every
                               updates_per_step=cfg.train.updates_per_step)
     collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse, cfg.train.updates_per_step)  # early collapse flags (lorarl.train.flags)

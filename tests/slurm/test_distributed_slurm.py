@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.slurm
 
 def test_two_task_training_job_runs_a_cell_end_to_end(models, tmp_path: Path):  # noqa: F811
     spec = study("dd", {"seed": {"field": "seed", "prefix": "s", "values": [3]}}, checkpoint_every=0)
+    spec["defaults"]["adapter"]["init"] = "pissa"  # an SVD init: each module's SVD computed by one rank only
     wd = workdir_for(tmp_path, models, spec)
     # the layout is the profile's (runtime): 2 tasks on one node of the cpu partition, one CPU each
     slurm = {**SLURM, "train": {"partition": "cpu", "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 4,
@@ -32,6 +34,13 @@ def test_two_task_training_job_runs_a_cell_end_to_end(models, tmp_path: Path):  
     assert steps.get(f"{job}.0") == ["2", "COMPLETED"], acct  # srun's step: the two ranks
     logs = cell / "logs" / "train"
     assert (logs / f"{job}_0_log.out").exists() and (logs / f"{job}_1_log.out").exists(), sorted(logs.iterdir())
+    svd = [re.findall(r"rank (\d): SVD cache: (\d+) computed, (\d+) read", (logs / f"{job}_{r}_log.out").read_text())
+           for r in (0, 1)]
+    assert [len(x) for x in svd] == [1, 1], svd  # one line per rank
+    (r0, c0, h0), (r1, c1, h1) = (tuple(map(int, x[0])) for x in svd)
+    modules = c0 + h0
+    assert (r0, r1) == (0, 1) and modules > 0 and c1 + h1 == modules  # every rank inits every module
+    assert c0 + c1 == modules, svd  # ... from SVDs computed once: whichever rank locked a module first
     client = mlflow_client(wd)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.params["train.ranks"] == "2" and run.info.status == "FINISHED"
