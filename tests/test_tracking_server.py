@@ -79,6 +79,21 @@ def test_server_refuses_unauthenticated_requests_and_hides_its_secret(server):
     # the password is on no command line and in no environment (`ps`, `ps e`): only in 0600 files
     assert showing(creds["password"]) == []
     assert oct((server.state / "basic_auth.ini").stat().st_mode & 0o777) == "0o600"
+    group = group_commands(server.proc.pid)  # the server's processes: MLflow and PostgreSQL, no job workers
+    assert any("mlflow" in c and "server" in c for c in group) and not [c for c in group if "huey" in c], group
+
+
+def group_commands(pgid: int) -> list[str]:
+    """Command lines of the processes in process group `pgid`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[2]) == pgid:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def showing(secret: str) -> list[str]:

@@ -248,6 +248,9 @@ def serve(host: str = "127.0.0.1", port: int = 5000, state: str | Path = "result
     auth = force_auth or not is_loopback(host)  # loopback is shared by every user of a host: --auth
     pg = None if backend else Postgres(state / "postgres")
     env = {**os.environ}
+    # MLflow's server-side jobs (GenAI evaluation and prompt optimisation: lorarl runs none) start Huey worker
+    # processes that each import MLflow; off unless the environment turns them on
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     mlflow_proc: subprocess.Popen | None = None
     stopping = []
 
