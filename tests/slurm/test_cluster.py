@@ -80,7 +80,8 @@ def test_result_on_cpu_and_gpu_partitions(tmp_path: Path) -> None:
     env = _bounded(gpu_job.result)
     assert env["SLURM_JOB_PARTITION"] == "gpu"
     assert env["CUDA_VISIBLE_DEVICES"] is not None  # set by Slurm from the fake gres devices
-    assert cpu_job.get_info(mode="force")["State"] == "COMPLETED"
+    # sacct reads slurmdbd, which can lag the job under load (it once still said PENDING after the result)
+    assert _wait_state(cpu_job, {"COMPLETED"}) == "COMPLETED"
 
 
 def test_exception_surfaces_as_failed_job_error(tmp_path: Path) -> None:
