@@ -101,7 +101,7 @@ def weights_for(cfg: Any, results_dir: str | Path, study: str, cell_id: str, is_
 
 def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_dir: Path,
                  plan: list | None = None) -> Any:
-    """The generation backend of ``eval.backend`` (``vllm``: GPU only, tested with tests/fake_vllm.py).
+    """The generation backend of ``eval.backend`` (``vllm``: a GPU, or vLLM's CPU build; tests/vllm_real).
 
     ``plan``: every (model path, adapter) the job evaluates; the vLLM backend builds ONE engine for all of them
     (:meth:`lorarl.evaluate.vllm_backend.VLLMBackend.select` moves it on), HF one model per weight set."""
