@@ -31,7 +31,7 @@ def push_check(api: Any, model_dir: str, rank: int, alpha: int, pushes: int = 3,
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(model_dir)
     llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0,
-                  enforce_eager=device == "cpu",  # CPU build: no inductor compile (minutes on a small CPU)
+                  enforce_eager=bool(getattr(api, "cpu", False)),  # CPU build: no inductor compile (as VLLMBackend)
                   **inprocess_engine_kwargs())  # load_weights needs the engine core in this process
     policy = _trained_lora(model_dir, rank, alpha, device)
     _draw_b(policy, 0, 0.02)  # a trained LoRA: B moved off zero (|dW| ~ alpha/r * |B||A|)
@@ -103,7 +103,7 @@ def multilora_check(api: Any, model_dir: str, rank: int, alpha: int, work: str, 
         policy.save_pretrained(dirs[-1])
     del policy
     llm = api.LLM(model=model_dir, dtype="bfloat16", gpu_memory_utilization=0.3, max_model_len=512, seed=0,
-                  enforce_eager=device == "cpu", **saved_engine_lora_kwargs([f"m{k}" for k in range(members)], dirs))
+                  enforce_eager=bool(getattr(api, "cpu", False)), **saved_engine_lora_kwargs([f"m{k}" for k in range(members)], dirs))
     loras = [api.LoRARequest(lora_name=f"m{k}", lora_int_id=k + 1, lora_path=d) for k, d in enumerate(dirs)]
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:groups]]
     s = SampleSettings(prompt_width=max(map(len, prompts)), max_new_tokens=tokens, temperature=1.0, top_p=1.0,
