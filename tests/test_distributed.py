@@ -3,7 +3,7 @@
 Fast: the layout checks and per-rank batch of grpo_args. Slow (`slow`): the cell trained by
 `torchrun --nproc_per_node 2` (gloo, CPU) equals the same cell trained by one process, step by step
 (loss, grad norm, KL, rewards, lorarl's metrics) and in its final weights, for a LoRA cell with two PPO
-mini-batches per rollout (the gathered one-process mini-batches) and DAPO refills, and for full fine-tuning (DDP).
+mini-batches per rollout (the gathered one-process mini-batches) and DAPO refills, and for full fine-tuning (FSDP2, killed mid-run and resumed).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def study(root: Path, teacher: Path, base: Path, adapter: dict, **train) -> Path
     return root / "study.yaml"
 
 
-def train(study_file: Path, nproc: int, **env_vars: str) -> Path:
+def train(study_file: Path, nproc: int, expect_ok: bool = True, **env_vars: str) -> Path:
+    """Train the cell (``torchrun`` for ``nproc`` > 1); its output is kept in ``<root>/train-<n>.log``."""
     root = study_file.parent
     cmd = ["-m", "lorarl.cli", "run", str(study_file), "s3", "--stages", "train", "--results", str(root),
            "--threads", "1"]
@@ -89,7 +90,9 @@ def train(study_file: Path, nproc: int, **env_vars: str) -> Path:
                                                             "MASTER_PORT", "LORARL_FAULT")}
     proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env={**env, **env_vars},
                           timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    n = len(list(root.glob("train-*.log")))
+    (root / f"train-{n}.log").write_text(proc.stdout + proc.stderr)
+    assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
     return root / "dist" / "s3"
 
 
@@ -150,12 +153,27 @@ def test_two_ranks_train_the_one_process_lora_cell(models, tmp_path: Path):
 
 @pytest.mark.slow
 def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path: Path):
-    """Full fine-tuning on two ranks: DDP (FSDP2 is not run here: see docs/distributed.md)."""
+    """Full fine-tuning on two ranks: FSDP2 (each rank holds a shard of every parameter and its AdamW state),
+    killed at the end of step 2 and resumed from step 1's checkpoint: the sharded weights and optimiser
+    states come back exactly, so the cell still equals the one-process cell."""
+    import json
+    import re
+
     base, teacher = models
-    cfg = dict(adapter={"method": "full"}, lr=1e-5)
+    cfg = dict(adapter={"method": "full"}, lr=1e-5, checkpoint_every=1)
     one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
-    two = train(study(tmp_path / "two", teacher, base, **cfg), 2)
+    two_study = study(tmp_path / "two", teacher, base, **cfg)
+    train(two_study, 2, expect_ok=False, LORARL_FAULT="kill_at_step:2")
+    two = train(two_study, 2)
+    assert json.loads((two / "summary.json").read_text())["resumed_from_steps"] == [1]
     assert_same_cell(one, two, weights(base, adapter=False))
+    for log in ("train-0.log", "train-1.log"):  # both attempts: every rank held a shard, not the whole model
+        lines = re.findall(r"rank (\d): FSDP2 over 2 ranks: (\d+) of (\d+) parameter elements held",
+                           (tmp_path / "two" / log).read_text())
+        assert sorted(r for r, _, _ in lines) == ["0", "1"], log
+        assert all(0 < int(held) < int(total) for _, held, total in lines), lines
+        assert sum(int(held) for _, held, _ in lines) >= int(lines[0][2]), lines  # the shards cover the model
+    assert "FSDP2" not in (tmp_path / "one" / "train-0.log").read_text()  # one process: nothing to shard
     shutil.rmtree(tmp_path)
 
 

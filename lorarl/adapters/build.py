@@ -110,14 +110,17 @@ class AdaptedPolicy:
             "adapter.peft_config": json.dumps(fp.get("peft_config"), sort_keys=True)[:5000],
         }
 
-    def save(self, path: str | Path, model: Any | None = None) -> Path:
+    def save(self, path: str | Path, model: Any | None = None, state_dict: dict | None = None) -> Path:
         """Save what evaluation loads on the ORIGINAL base: the adapter (residual inits converted to a
-        plain rank-2r adapter) or, for full fine-tuning, the model; plus `lorarl_adapter.json`."""
+        plain rank-2r adapter) or, for full fine-tuning, the model; plus `lorarl_adapter.json`.
+        ``state_dict``: the full weights gathered from a sharded model (lorarl.train.sharding)."""
         model = model if model is not None else self.model
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.ctx is not None and self.ctx.init_factors:
             _save_residual_converted(model, self.ctx.init_factors, path)
+        elif state_dict is not None:
+            model.save_pretrained(path, state_dict=state_dict)
         else:
             model.save_pretrained(path)
         meta = {"fingerprint": self.fingerprint,

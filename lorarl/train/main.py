@@ -6,6 +6,7 @@ recorder, and writes the cell's outputs atomically (a crash never leaves a file 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -111,6 +112,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     from lorarl.train.kl import frozen_reference, needs_reference
     from lorarl.train.trl_args import build_trainer, grpo_args
     from lorarl.train.precision import resolve_precision, trainable_dtypes
+    from lorarl.train.sharding import gathered_state_dict, uses_fsdp
     from lorarl.tracking.client import Tracker
 
     if threads:
@@ -161,15 +163,18 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if svd:  # SVD inits: one on-disk cache, a file lock per module: each module's SVD is computed by one rank
         print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
               f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
+    sharded = uses_fsdp(cfg.adapter.method, ranks.world_size())  # full fine-tuning on several ranks: FSDP2
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok,  # eval.eval_every
                               updates_per_step=cfg.train.updates_per_step)
     collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse, cfg.train.updates_per_step)  # early collapse flags (lorarl.train.flags)
     model, peft_cfg = policy.model, None  # already adapted: the trainer must not wrap it again
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=model, tokenizer=tok, args=grpo_args(cfg, ckpt.root, use_cpu, precision), ref_model=ref_model,
-        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, *([snapshots] if main else []), collapse],
+        train_dataset=dataset, peft_config=peft_cfg, callbacks=[NoStepPastTheEnd(), recorder, *([snapshots] if main or sharded else []), collapse],
         results_dir=str(results_dir),
     )
+    if sharded:  # FSDP2: every rank gathers the weights a snapshot saves (lorarl.train.sharding)
+        snapshots.gather = functools.partial(gathered_state_dict, trainer)
     counts = policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     divergence = Divergence(cfg.train.updates_per_step)  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
     trainer.add_callback(divergence.callback())
@@ -190,12 +195,13 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
             tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     recorder.flush()
+    weights = gathered_state_dict(trainer)  # FSDP2: the full weights, gathered by every rank (else None)
     if not main:  # rank 0 writes the cell's outputs
         ranks.barrier()
         return {"cell": cell.id, "rank": ranks.rank()}
     if collapse.stopped_at is not None:
-        snapshots.fill_after_stop(trainer.model)
-    policy.save(work / "adapter", trainer.model)  # residual inits saved relative to the original base
+        snapshots.fill_after_stop(trainer.model, weights)
+    policy.save(work / "adapter", trainer.model, state_dict=weights)  # residual inits saved relative to the original base
     if cfg.adapter.method == "full":
         tok.save_pretrained(work / "adapter")
     shutil.rmtree(work / "trainer", ignore_errors=True)

@@ -46,6 +46,7 @@ from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
 from lorarl.train.rowsample import ChunkedRollouts
+from lorarl.train.sharding import Fsdp2Sharding
 
 class _RegimeReward:
     """Placeholder reward function carrying the regime's name (rewards come from the regime)."""
@@ -79,7 +80,7 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(KLMonitors, RankSharding, ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
