@@ -53,6 +53,26 @@ def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
         grpo_args(cell.config, tmp_path, True, ranks=3)
 
 
+def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
+    """Full fine-tuning on 2 ranks: FSDP2 (weights gathered into the saved files); adapters and one rank: none."""
+    import torch
+
+    from lorarl.study import parse_study, study_cells
+    from lorarl.train.sharding import shard_sizes
+    from lorarl.train.trl_args import grpo_args
+
+    def args(method: str, n: int):
+        cell = study_cells(parse_study({"name": "r", "defaults": {"model": "local:tiny-test", "adapter": {
+            "method": method}, "train": {"prompts_per_step": 4, "generations": 2}}}))[0]
+        return grpo_args(cell.config, tmp_path, True, ranks=n)
+
+    full = args("full", 2)
+    assert full.fsdp_plugin_args["fsdp_version"] == 2 and full.fsdp_plugin_args["reshard_after_forward"]
+    assert full.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
+    assert all(a.fsdp_plugin_args is None for a in (args("full", 1), args("lora", 2)))
+    assert shard_sizes(torch.nn.Linear(3, 2)) == (8, 8)  # an unsharded module holds all of itself
+
+
 def test_ranks_default_to_the_job_environment(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
@@ -65,7 +85,7 @@ def test_ranks_default_to_the_job_environment(monkeypatch):
 
 # ---- slow: one process vs two ranks ----------------------------------------------------------------
 
-def study(root: Path, teacher: Path, base: Path, adapter: dict, **train) -> Path:
+def study(root: Path, teacher: Path, base: Path, adapter: dict, evaluate: dict | None = None, **train) -> Path:
     (root / "models").mkdir(parents=True, exist_ok=True)
     if not (root / "models" / "tiny-test").exists():
         os.symlink(base, root / "models" / "tiny-test")
@@ -73,7 +93,8 @@ def study(root: Path, teacher: Path, base: Path, adapter: dict, **train) -> Path
         "model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8}, "adapter": adapter,
         "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
                   "beta": 0.05, "kl_monitor_every": 1, **train},
-        "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it really learns
+        "reward": {"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it really learns
+        **({"eval": evaluate} if evaluate else {})},
         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
     (root / "study.yaml").write_text(yaml.safe_dump(d))
     return root / "study.yaml"
@@ -159,14 +180,20 @@ def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path:
     import json
     import re
 
+    import torch
+
     base, teacher = models
-    cfg = dict(adapter={"method": "full"}, lr=1e-5, checkpoint_every=1)
+    cfg = dict(adapter={"method": "full"}, lr=1e-5, checkpoint_every=1, evaluate={"eval_every": 1})  # a snapshot
     one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
     two_study = study(tmp_path / "two", teacher, base, **cfg)
     train(two_study, 2, expect_ok=False, LORARL_FAULT="kill_at_step:2")
     two = train(two_study, 2)
     assert json.loads((two / "summary.json").read_text())["resumed_from_steps"] == [1]
     assert_same_cell(one, two, weights(base, adapter=False))
+    snap_one, snap_two = (weights(c / "snapshots" / "step-1", adapter=False) for c in (one, two))  # gathered
+    assert snap_one.keys() == snap_two.keys() and "lm_head.weight" not in snap_two  # tied: saved once, as 1 rank
+    for k in snap_one:
+        torch.testing.assert_close(snap_two[k], snap_one[k], rtol=1e-5, atol=1e-5)
     for log in ("train-0.log", "train-1.log"):  # both attempts: every rank held a shard, not the whole model
         lines = re.findall(r"rank (\d): FSDP2 over 2 ranks: (\d+) of (\d+) parameter elements held",
                            (tmp_path / "two" / log).read_text())

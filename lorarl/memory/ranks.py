@@ -28,9 +28,15 @@ from typing import Any
 from lorarl.memory.arch import PlanError
 
 STRATEGIES = ("single", "ddp", "fsdp2")
-RUNS = ("single", "ddp")  # what lorarl's trainer runs today: FSDP2 is planned, not wired (docs/distributed.md)
-NOT_WIRED = ("FSDP2 is planned here but not wired in lorarl's trainer, which runs DDP on several ranks (a full "
-             "replica per rank; docs/distributed.md): a job on this layout is sized by its DDP plan")
+NOT_WIRED = ("FSDP2 for an adapter cell is planned here but not wired in lorarl's trainer, which trains adapter cells "
+             "with DDP on several ranks (a full replica per rank; docs/distributed.md): a job on this layout is sized "
+             "by its DDP plan")
+
+
+def runs(strategy: str, method: str) -> bool:
+    """The trainer runs this strategy: one process, DDP, and FSDP2 for full fine-tuning (lorarl.train.sharding);
+    FSDP2 of an adapter cell (a base too large for one GPU) is planned only."""
+    return strategy != "fsdp2" or method == "full"
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,12 @@ def share(total: int, ranks: int) -> int:
 def strategy_for(method: str, ranks: int, replica_bytes: float, budget_bytes: float, running: bool = False) -> str:
     """single | ddp | fsdp2 for ``ranks`` ranks (see the module docstring); ``replica_bytes``: what a DDP
     replica holds for the whole job (lorarl.memory.plan.static_parts at world 1). ``running``: the strategy
-    a running job's trainer uses (one of :data:`RUNS`), which sizes its ``auto`` knobs."""
+    a running job's trainer uses (:func:`runs`: FSDP2 for full fine-tuning, DDP for adapters), which sizes its
+    ``auto`` knobs."""
     if ranks <= 1:
         return "single"
     if running:
-        return "ddp"
+        return "fsdp2" if method == "full" else "ddp"
     if method == "full" or replica_bytes > budget_bytes:
         return "fsdp2"
     return "ddp"
