@@ -204,13 +204,13 @@ def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path:
     shutil.rmtree(tmp_path)
 
 
-def launch(study_file: Path, **env) -> tuple[subprocess.CompletedProcess, float]:
+def launch(study_file: Path, slurm: str = '{"tasks_per_node": 2}', **env) -> tuple[subprocess.CompletedProcess, float]:
     """`lorarl launch train` on the local executor with 2 tasks: submitit's ranks, as a Slurm job of 2 tasks."""
     import time
 
     root = study_file.parent
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study_file), "s3", "--results", str(root),
-           "--executor", "local", "--threads", "1", "--slurm", '{"tasks_per_node": 2}', "--tracking", "sqlite"]
+           "--executor", "local", "--threads", "1", "--slurm", slurm, "--tracking", "sqlite"]
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT", "LORARL_FAULT")}
     t0 = time.monotonic()
@@ -247,3 +247,32 @@ def test_a_killed_rank_fails_the_two_task_job_in_bounded_time_and_the_rerun_resu
     assert run.data.params["train.ranks"] == "2" and run.info.status == "FINISHED"
     for key in ("loss", "reward", "grad_norm"):  # every step logged once, across the kill
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
+
+
+@pytest.mark.slow
+def test_the_last_out_of_memory_retry_runs_on_the_larger_layout_the_profile_allows(models, tmp_path: Path):
+    """A model that fits only on 2 ranks (test hook oom_ranks_below:2): attempt 1 runs out of memory on one rank;
+    attempts 2 and 3 (smaller settings, recorded here as out of memory too) would as well; attempt 4 runs on the
+    profile's `layouts.on_oom` layout, 2 tasks, and trains the cell; its summary names the retries and the ranks."""
+    import json
+
+    from lorarl.pipeline import oom
+
+    base, teacher = models
+    study_file = study(tmp_path, teacher, base, {"rank": 2, "alpha": 4}, steps=1)
+    profile = json.dumps({"layouts": {"on_oom": {"tasks_per_node": 2}}})
+    first, _ = launch(study_file, profile, LORARL_ATTEMPT="1", LORARL_FAULT="oom_ranks_below:2")
+    assert first.returncode == oom.OOM_EXIT, first.stderr[-3000:]
+    assert "LORARL_FAULT=oom_ranks_below:2" in first.stderr
+    logs = tmp_path / "dist" / "s3" / "logs" / "train"
+    record = json.loads((logs / oom.RECORD).read_text())
+    assert [(e["attempt"], e["oom"]) for e in record] == [(1, True)]
+    (logs / oom.RECORD).write_text(json.dumps(record + [{**record[0], "attempt": k} for k in (2, 3)]))
+    last, _ = launch(study_file, profile, LORARL_ATTEMPT="4", LORARL_FAULT="oom_ranks_below:2")
+    assert last.returncode == 0, last.stderr[-4000:]
+    assert "retrying on the larger layout the profile allows: 2 ranks (1 node(s))" in last.stdout
+    summary = json.loads((tmp_path / "dist" / "s3" / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["oom_retries"][-1]["attempt"] == 4
+    assert summary["oom_retries"][-1]["ranks"] == 2 and "ranks" not in summary["oom_retries"][0]
+    assert len(list(logs.glob("*_1_log.out"))) == 1  # the second task's log: one job of 2 tasks
+    shutil.rmtree(tmp_path)

@@ -101,6 +101,12 @@ def test_only_an_out_of_memory_failure_is_retried(tmp_path: Path, monkeypatch, c
     monkeypatch.setenv(oom.ATTEMPT_ENV, "4")
     assert oom.before_attempt(tmp_path, "train", "c") == 1
     assert "no larger layout allowed by the profile" in capsys.readouterr().err
+    assert oom.before_attempt(tmp_path, "train", "c", larger="2 ranks (1 node(s))") is None  # the profile's on_oom
+    assert "retrying on the larger layout the profile allows: 2 ranks (1 node(s))" in capsys.readouterr().out
+    assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory") == oom.OOM_EXIT
+    monkeypatch.setenv(oom.ATTEMPT_ENV, "5")  # past the ladder: refused whatever the profile allows
+    assert oom.before_attempt(tmp_path, "train", "c", larger="2 ranks (1 node(s))") == 1
+    assert "the larger layout ran out of memory too" in capsys.readouterr().err
     monkeypatch.setenv(oom.ATTEMPT_ENV, "x")
     with pytest.raises(ValueError, match="LORARL_ATTEMPT must be a whole number"):
         oom.attempt()
@@ -145,6 +151,15 @@ def test_the_fault_hook_raises_cuda_out_of_memory_above_its_threshold(tmp_path: 
     monkeypatch.setenv("LORARL_FAULT", "oom_above:x")
     with pytest.raises(ValueError, match="oom_above:N needs a whole number"):
         oom.fault_threshold()
+    monkeypatch.setenv("LORARL_FAULT", "oom_ranks_below:2")  # a job of fewer ranks runs out of memory
+    monkeypatch.setenv(oom.ATTEMPT_ENV, "1")
+    with pytest.raises(torch.OutOfMemoryError, match="1 rank\\(s\\) < 2"):
+        oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1)).cell()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1)).cell().id == "s0"
+    monkeypatch.setenv("LORARL_FAULT", "oom_ranks_below:y")
+    with pytest.raises(ValueError, match="oom_ranks_below:N needs a whole number"):
+        oom.fault_ranks()
 
 
 class _Job:

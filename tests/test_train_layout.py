@@ -38,6 +38,19 @@ def test_bad_layouts_name_the_field():
         tl.job_resources({"nodes": 2, "gpus_per_node": 2}, None, "local")
 
 
+def test_the_larger_layout_of_the_last_out_of_memory_retry():
+    """layouts.on_oom: applied over the cell's own layout; None when absent or not more ranks than the cell's."""
+    prof = {**TRAIN, "layouts": {**TRAIN["layouts"], "on_oom": {"gpus_per_node": 8}}}
+    assert tl.oom_resources(TRAIN, "s", "small/model") is None  # the profile allows none
+    big = tl.oom_resources(prof, "s", "small/model")
+    assert tl.ranks(big) == 8 and big["partition"] == "gpu" and "layouts" not in big
+    assert tl.oom_resources(prof, "s", "big/model") is None  # 8 GPUs already: not larger
+    assert tl.oom_resources(prof, "huge", "big/model") is None  # 4 nodes x 8 GPUs already: on_oom adds none
+    assert tl.train_resources(prof, "s", "small/model") == tl.train_resources(TRAIN, "s", "small/model")
+    with pytest.raises(ValueError, match="slurm.train.layouts.on_oom: a mapping"):
+        tl.oom_resources({"layouts": {"on_oom": 2}}, "s", "m")
+
+
 def test_teacher_on_the_second_gpu_of_two_keeps_one_rank():
     teacher = cell(regime="distillation", teacher="local:tiny-test").config
     assert tl.tasks_per_node({"gpus_per_node": 2}, teacher) == 1

@@ -9,8 +9,9 @@ of a pack):
 2. the next smaller micro-batch and generation chunk: half of each, rounded up (null = the whole batch:
    half of the update's rows / of the rollout's sequences; the vllm engine has no generation chunk);
 3. rung 2 + gradient checkpointing; a cell that checkpoints already: half again instead;
-4. the next larger layout the profile allows. The profiles give every training job a fixed layout, so
-   there is none: :class:`LadderExhausted` ("no larger layout allowed by the profile").
+4. the last rung's settings on the next larger layout the profile allows (``slurm.train.layouts.on_oom``,
+   lorarl.pipeline.train_layout.oom_resources); without one the launcher refuses the attempt ("no larger
+   layout allowed by the profile"). A job past its ladder otherwise: :class:`LadderExhausted`.
 
 A rung that would change nothing (a micro-batch of 1 cannot shrink) is left out, so every retry differs from
 the attempt before. Evaluation (``eval.backend: hf``): ``eval.batch_size`` halved at rungs 2 and 3 (no

@@ -210,15 +210,20 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         slurm = coerce(slurm or {})
         threads = int(slurm.get("cpus_per_task", threads or 1))
     threads = max(1, int(threads or 1))
+    larger = None
     if stage == "train":  # the profile's layout for this cell (per-study/per-model overrides), ranks made explicit
         cfg = cell_table(study).cell(cell_id).config
-        slurm = train_layout.job_resources(train_layout.train_resources(slurm, study.name, cfg.model), cfg, executor)
+        big = train_layout.oom_resources(slurm, study.name, cfg.model, cfg)  # layouts.on_oom: the last OOM retry's
+        if big is not None and oom.attempt() >= oom.MAX_ATTEMPTS:
+            larger = f"{train_layout.ranks(big, cfg)} ranks ({big.get('nodes', 1)} node(s))"
+        slurm = train_layout.job_resources(big if larger else train_layout.train_resources(slurm, study.name, cfg.model),
+                                           cfg, executor)
     name = f"lorarl-{key}-{study_name or 'models'}-{cell_id}"
     prov = provenance.provenance_path(results_dir, study_name, cell_id if stage != "toy" else ".toy", stage)
     if key != stage:
         prov = prov.with_name(f"{key}.json")
     t0 = time.time()
-    if (refused := oom.before_attempt(folder, key, cell_id)) is not None:  # a retry that is not an OOM's
+    if (refused := oom.before_attempt(folder, key, cell_id, larger)) is not None:  # a retry that is not an OOM's
         return refused
     if _adopted(executor, folder, name, prov, key, stage, results_dir, study_name, cell_id, config_hash):
         return 0

@@ -6,8 +6,9 @@ as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never i
 * launcher: an attempt's failure is recorded in `<stage log folder>/oom-attempts.json`; one that died of
   CUDA out of memory (:func:`is_oom`) exits with :data:`OOM_EXIT`, any other with 1. Attempt k > 1 is
   submitted only when attempt k-1 ran out of memory; otherwise it fails at once, repeating attempt k-1's
-  error (a retry never hides the real failure; `lorarl status` shows it). Past the ladder's last rung: "no
-  larger layout allowed by the profile".
+  error (a retry never hides the real failure; `lorarl status` shows it). The last attempt (4) of a training
+  job runs on the profile's larger layout (``slurm.train.layouts.on_oom``, more ranks than the cell's), on
+  the smallest settings; without one, and for evaluate and pack jobs: "no larger layout allowed by the profile".
 * job: :func:`job_for_attempt` hands the stage cells that run the attempt's rung (train/pack: `auto`
   resolved for the job first, then the rung's micro-batch, generation chunk, checkpointing; evaluate:
   eval.batch_size), each change printed; after success :func:`annotate` adds `"oom_retries"` (one entry per
@@ -17,6 +18,7 @@ as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never i
 Test hook: LORARL_FAULT="oom_above:N" makes a train / pack / evaluate job raise torch.OutOfMemoryError at
 its start while its load exceeds N sequences: training, the micro-batch (half of it with gradient
 checkpointing on: activations are what checkpointing saves); evaluation, eval.batch_size.
+LORARL_FAULT="oom_ranks_below:N": a training job of fewer than N ranks runs out of memory.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def is_oom(err: BaseException | str | None) -> bool:
 
 # ---- launcher side --------------------------------------------------------------------------------
 
-def before_attempt(folder: Path, key: str, target: str) -> int | None:
-    """None: submit this attempt. Else the exit status of a retry that is not run (printed why)."""
+def before_attempt(folder: Path, key: str, target: str, larger: str | None = None) -> int | None:
+    """None: submit this attempt. Else the exit status of a retry that is not run (printed why). ``larger``:
+    the larger layout the profile allows this job (train: ``slurm.train.layouts.on_oom``), said at the last
+    attempt, which runs on it; None: there is none, and the last attempt is refused."""
     n = attempt()
     record = Path(folder) / RECORD
     if n == 1:
@@ -79,11 +83,17 @@ def before_attempt(folder: Path, key: str, target: str) -> int | None:
         print(f"[lorarl] {key} {target}: attempt {n} not run: attempt {n - 1} did not run out of memory; "
               f"only out-of-memory failures are retried", file=sys.stderr, flush=True)
         return 1
-    if n > MAX_ATTEMPTS - 1:
+    if n > MAX_ATTEMPTS or (n == MAX_ATTEMPTS and larger is None):
         print(f"[lorarl] error: {prev['error']}", file=sys.stderr)
         print(f"[lorarl] {key} {target} FAILED: out of memory at attempt {n - 1} on the smallest settings; "
-              f"attempt {n} would need a larger layout: {ladder.NO_LAYOUT}", file=sys.stderr, flush=True)
+              f"attempt {n} would need a larger layout: "
+              f"{ladder.NO_LAYOUT if n == MAX_ATTEMPTS else 'the larger layout ran out of memory too'}",
+              file=sys.stderr, flush=True)
         return 1
+    if n == MAX_ATTEMPTS:
+        print(f"[lorarl] {key} {target}: attempt {n} after out of memory in attempt {n - 1} ({prev['error'][:300]}): "
+              f"retrying on the larger layout the profile allows: {larger} (the smallest settings)", flush=True)
+        return None
     print(f"[lorarl] {key} {target}: attempt {n} after out of memory in attempt {n - 1} ({prev['error'][:300]}): "
           f"retrying one rung down the memory ladder (lorarl.memory.ladder)", flush=True)
     return None
@@ -109,6 +119,27 @@ def fault_threshold() -> int | None:
     if not value.isdigit():
         raise ValueError(f"LORARL_FAULT oom_above:N needs a whole number of sequences; got {raw!r}")
     return int(value)
+
+
+def fault_ranks() -> int | None:
+    """Test hook LORARL_FAULT=oom_ranks_below:N: a training job of fewer than N ranks runs out of memory (a
+    model that fits only when sharded over N GPUs)."""
+    raw = os.environ.get(FAULT_ENV, "")
+    if not raw.startswith("oom_ranks_below:"):
+        return None
+    value = raw.split(":", 1)[1]
+    if not value.isdigit():
+        raise ValueError(f"LORARL_FAULT oom_ranks_below:N needs a whole number of ranks; got {raw!r}")
+    return int(value)
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _ranks_of(k: int) -> dict[str, int]:
+    """The layout an attempt's record names: the last attempt's ranks (it ran on the larger layout)."""
+    return {"ranks": _world()} if k == MAX_ATTEMPTS else {}
 
 
 def _raise_oom(what: str, load: float, limit: int) -> None:
@@ -149,22 +180,32 @@ class _LadderTable:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         cfg = resolve_job(cfg, results_dir=self.results_dir)
         steps = ladder.train_ladder(ladder.planned_train(cfg, device))
-        r = ladder.rung(steps, self.n)
-        self.retries[cell.id] = [{"attempt": k, **steps[k - 1].record()} for k in range(2, self.n + 1)]
+        # the last attempt runs on the profile's larger layout (the launcher refuses it without one), on the
+        # smallest settings; the other attempts run their rung
+        at = [len(steps) if k == MAX_ATTEMPTS else k for k in range(1, self.n + 1)]
+        r = ladder.rung(steps, at[-1])
+        self.retries[cell.id] = [{"attempt": k, **steps[i - 1].record(), **_ranks_of(k)}
+                                 for k, i in enumerate(at, 1) if k > 1]
         if self.n > 1:
             print(f"[lorarl] out-of-memory retry, attempt {self.n}: {cell.id}: "
                   + ", ".join(f"{k} {a} -> {b}" for (k, a), b in zip(steps[0].record().items(), r.record().values())
-                              if a != b), flush=True)
+                              if a != b)
+                  + (f"; on the larger layout: {_world()} rank(s)" if self.n == MAX_ATTEMPTS else ""), flush=True)
             cfg = ladder.train_config(cfg, r)
         load = r.micro_batch_size / (2 if r.gradient_checkpointing else 1)
         if limit is not None and load > limit:
             _raise_oom("micro-batch" + (" (halved by checkpointing)" if r.gradient_checkpointing else ""), load, limit)
+        if (need := fault_ranks()) is not None and _world() < need:
+            import torch
+
+            raise torch.OutOfMemoryError(f"CUDA out of memory: {_world()} rank(s) < {need} "
+                                         f"(test hook LORARL_FAULT=oom_ranks_below:{need})")
         return replace(cell, config=cfg)
 
 
 def job_for_attempt(stage: str, job: Any) -> Any:
     """``job`` whose cells run this attempt's rung (unchanged at attempt 1 without the fault hook)."""
-    if stage in STAGES and (attempt() > 1 or fault_threshold() is not None):
+    if stage in STAGES and (attempt() > 1 or fault_threshold() is not None or fault_ranks() is not None):
         job._table = _LadderTable(job.table, stage, attempt(), job.results_dir)
     return job
 

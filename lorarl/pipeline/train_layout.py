@@ -14,6 +14,7 @@ A study gets the layout its size needs without editing ``slurm.train`` for each 
         layouts:                      # overrides of the keys above for the cells they match
           by_model:  {Qwen/Qwen2.5-7B: {gpus_per_node: 8}}
           by_study:  {paper004_h200: {nodes: 4, gpus_per_node: 8}}   # a study's wins over its model's
+          on_oom:    {gpus_per_node: 4}   # the larger layout of the last out-of-memory retry (lorarl.pipeline.oom)
 
 The layout never enters a cell's training signature (it is not in the cell config), so the same cell trained
 on 1 GPU or on 32 is the same cell, and its outputs are the same to float rounding (tests/test_distributed.py).
@@ -28,16 +29,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-OVERRIDES = ("by_model", "by_study")
+OVERRIDES = ("by_model", "by_study", "on_oom")
 
 
-def train_resources(resources: dict[str, Any] | None, study: str, model: str) -> dict[str, Any]:
-    """``slurm.train`` of the profile with the per-model, then per-study override applied (``layouts`` removed)."""
+def _layouts(resources: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     res = dict(resources or {})
     layouts = res.pop("layouts", None) or {}
     if not isinstance(layouts, dict) or set(layouts) - set(OVERRIDES):
         bad = sorted(set(layouts) - set(OVERRIDES)) if isinstance(layouts, dict) else layouts
         raise ValueError(f"slurm.train.layouts: unknown keys {bad}; allowed: {', '.join(OVERRIDES)}")
+    return res, layouts
+
+
+def train_resources(resources: dict[str, Any] | None, study: str, model: str) -> dict[str, Any]:
+    """``slurm.train`` of the profile with the per-model, then per-study override applied (``layouts`` removed)."""
+    res, layouts = _layouts(resources)
+    if layouts.get("on_oom") is not None and not isinstance(layouts["on_oom"], dict):
+        raise ValueError(f"slurm.train.layouts.on_oom: a mapping of slurm.train keys; got {layouts['on_oom']!r}")
     for key, name in (("by_model", model), ("by_study", study)):
         over = (layouts.get(key) or {}).get(name)
         if over is not None:
@@ -45,6 +53,17 @@ def train_resources(resources: dict[str, Any] | None, study: str, model: str) ->
                 raise ValueError(f"slurm.train.layouts.{key}.{name}: a mapping of slurm.train keys; got {over!r}")
             res.update(over)
     return res
+
+
+def oom_resources(resources: dict[str, Any] | None, study: str, model: str, cfg: Any = None) -> dict[str, Any] | None:
+    """The larger layout of the out-of-memory ladder's last rung: the cell's resources with
+    ``layouts.on_oom`` applied; None when the profile gives none, or none with more ranks than the cell's."""
+    base = train_resources(resources, study, model)
+    over = _layouts(resources)[1].get("on_oom")
+    if not over:
+        return None
+    larger = {**base, **over}
+    return larger if ranks(larger, cfg) > ranks(base, cfg) else None
 
 
 def _positive(res: dict[str, Any], key: str, default: int) -> int:
