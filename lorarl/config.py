@@ -92,6 +92,7 @@ class TrainConfig(Strict):
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
     micro_batch_size: Sequences | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # sequences per forward/backward, gradients accumulated over the update's batch (memory, not results); null = the whole batch, auto = the memory plan's on the job's GPU
     gradient_checkpointing: Literal["auto", "on", "off"] = Field("auto", json_schema_extra={"runtime": True})  # recompute activations in the backward (memory for time); auto = on for GPU cells
+    sharding: Literal["auto", "ddp", "fsdp2"] = Field("auto", json_schema_extra={"runtime": True})  # several ranks: ddp = a full replica per rank, fsdp2 = weights/grads/optimiser sharded; auto = fsdp2 for full fine-tuning and for an adapter cell whose replica does not fit the job's GPU (memory plan), else ddp
 
     @model_validator(mode="after")
     def _check_overlong(self) -> "TrainConfig":

@@ -54,22 +54,23 @@ def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
 
 
 def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
-    """Full fine-tuning on 2 ranks: FSDP2 (weights gathered into the saved files); adapters and one rank: none."""
+    """train.sharding auto on 2 ranks: FSDP2 for full fine-tuning, DDP for adapters; as set otherwise."""
     import torch
 
     from lorarl.study import parse_study, study_cells
     from lorarl.train.sharding import shard_sizes
     from lorarl.train.trl_args import grpo_args
 
-    def args(method: str, n: int):
+    def args(method: str, n: int, sharding: str = "auto"):
         cell = study_cells(parse_study({"name": "r", "defaults": {"model": "local:tiny-test", "adapter": {
-            "method": method}, "train": {"prompts_per_step": 4, "generations": 2}}}))[0]
+            "method": method}, "train": {"prompts_per_step": 4, "generations": 2, "sharding": sharding}}}))[0]
         return grpo_args(cell.config, tmp_path, True, ranks=n)
 
     full = args("full", 2)
     assert full.fsdp_plugin_args["fsdp_version"] == 2 and full.fsdp_plugin_args["reshard_after_forward"]
     assert full.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
-    assert all(a.fsdp_plugin_args is None for a in (args("full", 1), args("lora", 2)))
+    assert all(a.fsdp_plugin_args is None for a in (args("full", 1), args("lora", 2), args("full", 2, "ddp")))
+    assert args("lora", 2, "fsdp2").fsdp_plugin_args["fsdp_version"] == 2  # an adapter cell on a sharded base
     assert shard_sizes(torch.nn.Linear(3, 2)) == (8, 8)  # an unsharded module holds all of itself
 
 
@@ -201,6 +202,22 @@ def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path:
         assert all(0 < int(held) < int(total) for _, held, total in lines), lines
         assert sum(int(held) for _, held, _ in lines) >= int(lines[0][2]), lines  # the shards cover the model
     assert "FSDP2" not in (tmp_path / "one" / "train-0.log").read_text()  # one process: nothing to shard
+    shutil.rmtree(tmp_path)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_the_one_process_pissa_cell_on_fsdp2(models, tmp_path: Path):
+    """train.sharding fsdp2 for an adapter cell (a base too large for one GPU): the frozen base and the adapter
+    sharded; the residual-init adapter saved from the gathered weights equals the one process's."""
+    import re
+
+    base, teacher = models
+    cfg = dict(adapter={"rank": 2, "alpha": 4, "init": "pissa"}, sharding="fsdp2")
+    one = train(study(tmp_path / "one", teacher, base, **cfg), 1)
+    two = train(study(tmp_path / "two", teacher, base, **cfg), 2)
+    held = re.findall(r"rank \d: FSDP2 over 2 ranks: (\d+) of (\d+)", (tmp_path / "two" / "train-0.log").read_text())
+    assert len(held) == 2 and all(int(h) < int(t) for h, t in held), held
+    assert_same_cell(one, two, {})
     shutil.rmtree(tmp_path)
 
 

@@ -14,7 +14,6 @@ import pytest
 from lorarl.cli import main
 from lorarl.memory import PlanError, plan_cell
 from lorarl.memory.layout import Layout, layouts, smallest_layout, smallest_study_layout, strategy_for  # re-exported
-from lorarl.memory.ranks import NOT_WIRED
 from lorarl.memory.plan import fsdp_gather_bytes, shape_of, static_parts
 from lorarl.memory.report import COLUMNS
 from lorarl.study import load_study, study_cells
@@ -85,25 +84,30 @@ def test_strategy_the_trainer_picks():
     assert plan_cell(cfg, 16, gpus=8).strategy == "fsdp2" and plan_cell(cfg, 80, gpus=8).strategy == "ddp"
 
 
-def test_a_running_job_is_planned_as_the_strategy_it_runs_and_a_planned_adapter_fsdp2_says_so():
-    """Full fine-tuning on 2 ranks runs FSDP2 (lorarl.train.sharding): planned and running alike, 1/W of the
-    weights and trainable state per rank. An adapter cell too large for one GPU is planned on FSDP2, which is
-    not wired for adapters: its running job sizes its auto knobs by the DDP replica it runs, and the plan says so."""
+def test_a_running_job_runs_the_planned_strategy_and_train_sharding_overrides_it(monkeypatch):
+    """train.sharding auto: the job's plan resolves it (FSDP2 for full fine-tuning, and for an adapter cell whose
+    replica exceeds the GPU; else DDP), so a running job is sized by the strategy it runs; ddp / fsdp2 as set."""
+    from lorarl.memory.auto import resolve_job
+
     cfg = with_train(cell("peft_zoo.yaml", method="full"), micro_batch_size=None)
     planned, running = plan_cell(cfg, 80, gpus=2), plan_cell(cfg, 80, gpus=2, world=2)
-    assert (planned.strategy, running.strategy) == ("fsdp2", "fsdp2")
-    assert NOT_WIRED not in planned.notes and NOT_WIRED not in running.notes
-    assert running.parts_gb == planned.parts_gb
+    assert (planned.strategy, running.strategy) == ("fsdp2", "fsdp2") and running.parts_gb == planned.parts_gb
     single = plan_cell(cfg, 80, gpus=1)
     assert running.parts_gb["trainable_state"] == pytest.approx(single.parts_gb["trainable_state"] / 2, abs=0.01)
-    assert strategy_for("full", 2, 0.0, 1.0, running=True) == "fsdp2"
-    assert strategy_for("lora", 8, 2.0, 1.0, running=True) == "ddp"
-    lora7 = cell("peft_zoo_7b.yaml", method="lora")  # bf16 weights + reference exceed a 16 GiB GPU: FSDP2 planned
-    planned, running = plan_cell(lora7, 16, gpus=8), plan_cell(lora7, 16, gpus=8, world=8)
-    assert (planned.strategy, running.strategy) == ("fsdp2", "ddp")
-    assert NOT_WIRED in planned.notes and NOT_WIRED not in running.notes
-    assert running.parts_gb["weights"] == pytest.approx(8 * planned.parts_gb["weights"], rel=0.05)  # not 1/W
-    assert plan_cell(cell("peft_zoo.yaml", method="lora"), 80, gpus=2).strategy == "ddp"  # adapters: DDP as run
+    ddp = plan_cell(with_train(cfg, sharding="ddp"), 80, gpus=2)
+    assert ddp.strategy == "ddp" and ddp.parts_gb["trainable_state"] > 1.9 * planned.parts_gb["trainable_state"]
+    assert strategy_for("lora", 8, 2.0, 1.0, "ddp") == "ddp" and strategy_for("lora", 8, 0.5, 1.0, "fsdp2") == "fsdp2"
+    lora7 = cell("peft_zoo_7b.yaml", method="lora")  # bf16 weights + reference exceed a 16 GiB GPU
+    assert plan_cell(lora7, 16, gpus=8).strategy == "fsdp2" and plan_cell(lora7, 80, gpus=8).strategy == "ddp"
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    gib = 1024 ** 3
+    assert resolve_job(lora7, gpus=1, free_bytes=16 * gib, log=lambda s: None).train.sharding == "fsdp2"
+    assert resolve_job(lora7, gpus=1, free_bytes=80 * gib, log=lambda s: None).train.sharding == "ddp"
+    assert resolve_job(lora7, gpus=0, log=lambda s: None).train.sharding == "ddp"  # CPU ranks: no budget
+    assert resolve_job(cfg, gpus=0, log=lambda s: None).train.sharding == "fsdp2"
+    assert resolve_job(with_train(lora7, sharding="fsdp2"), gpus=0, log=lambda s: None).train.sharding == "fsdp2"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert resolve_job(lora7, gpus=0, log=lambda s: None).train.sharding == "auto"  # one process: nothing to shard
 
 
 def test_smallest_layout_is_the_fewest_gpus_that_fit():

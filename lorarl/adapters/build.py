@@ -118,7 +118,7 @@ class AdaptedPolicy:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.ctx is not None and self.ctx.init_factors:
-            _save_residual_converted(model, self.ctx.init_factors, path)
+            _save_residual_converted(model, self.ctx.init_factors, path, state_dict)
         elif state_dict is not None:
             model.save_pretrained(path, state_dict=state_dict)
         else:
@@ -131,13 +131,16 @@ class AdaptedPolicy:
         return path
 
 
-def _save_residual_converted(model: Any, init_factors: dict, path: Path) -> None:
+def _save_residual_converted(model: Any, init_factors: dict, path: Path, state_dict: dict | None = None) -> None:
     """ΔW relative to the original W0 is s(BA − B0A0) = s [B, −B0] [A; A0]: save that as a rank-2r
-    LoRA with the same scale (alpha doubled, or ×√2 for rsLoRA, as peft's own PiSSA conversion)."""
+    LoRA with the same scale (alpha doubled, or ×√2 for rsLoRA, as peft's own PiSSA conversion).
+    ``state_dict``: the model's full weights gathered from its shards (FSDP2), else read from the model."""
     from peft.utils import get_peft_model_state_dict
+
     from safetensors.torch import save_file
 
-    sd = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    sd = {k: v.detach().cpu().clone()
+          for k, v in get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=ADAPTER).items()}
     for name, (A0, B0) in init_factors.items():
         key_a, key_b = f"{name}.lora_A.weight", f"{name}.lora_B.weight"
         if key_a not in sd or key_b not in sd:

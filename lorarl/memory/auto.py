@@ -56,14 +56,31 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
                 f"(this job has {gpus} GPU(s))")
     train, rollout = cfg.train, cfg.rollout
     wants = train.micro_batch_size == "auto" or rollout.generation_batch_size == "auto"
+    p = None
+    if train.sharding == "auto" and world_size() > 1:  # DDP or FSDP2: the plan's strategy, what the trainer runs
+        sharding = "fsdp2" if cfg.adapter.method == "full" else "ddp"  # no GPU: no budget to exceed
+        if gpus > 0:
+            from lorarl.memory.arch import PlanError
+            from lorarl.memory.cells import plan_cell
+            from lorarl.memory.plan import GIB
+
+            try:
+                p = plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
+                              world=world_size())
+                sharding = "fsdp2" if p.strategy == "fsdp2" else "ddp"
+            except PlanError as err:
+                log(f"[lorarl] memory plan: {err}; train.sharding auto by the method alone")
+        log(f"[lorarl] memory plan: train.sharding auto -> {sharding} ({world_size()} ranks)")
+        train = train.model_copy(update={"sharding": sharding})
+        cfg = cfg.model_copy(update={"train": train})
     if wants and gpus > 0:
         from lorarl.memory.arch import PlanError
         from lorarl.memory.cells import plan_cell
         from lorarl.memory.plan import GIB
 
         try:
-            p = plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
-                          world=world_size())  # per rank: its share of the batch
+            p = p or plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
+                               world=world_size())  # per rank: its share of the batch
         except PlanError as err:
             raise ValueError(f"train.micro_batch_size / rollout.generation_batch_size auto need the memory plan: "
                              f"{err}; or set them to a number of sequences") from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lorarl.memory.arch import PlanError
-from lorarl.memory.ranks import NOT_WIRED, Layout, has_aux, runs, share, strategy_for
+from lorarl.memory.ranks import Layout, has_aux, share, strategy_for
 from lorarl.memory.plan import GIB, HEADROOM, Shape, aux_gpu_bytes, largest, peak_bytes, shape_of, static_parts
 
 GPUS_KNOB = "slurm.train.gpus_per_node: 2 (the profile's train resources; teacher/PRM on the second GPU)"
@@ -80,9 +80,7 @@ def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str 
     ranks = layout.ranks(has_aux(cfg)) if world is None else world
     aux_here = not (shape.aux and ranks == 1 and layout.gpus >= 2)
     strategy = strategy_for(cfg.adapter.method, ranks, sum(static_parts(shape, aux_here).values())
-                            + shape.vllm_share * gpu_memory_gb * GIB, budget, running=world is not None)
-    if not runs(strategy, cfg.adapter.method):
-        notes.append(NOT_WIRED)
+                            + shape.vllm_share * gpu_memory_gb * GIB, budget, getattr(t, "sharding", "auto"))
     if ranks > 1:
         if ranks > shape.rows:
             raise PlanError(f"{ranks} training ranks but only {shape.rows} sequences per optimiser update: "

@@ -28,15 +28,7 @@ from typing import Any
 from lorarl.memory.arch import PlanError
 
 STRATEGIES = ("single", "ddp", "fsdp2")
-NOT_WIRED = ("FSDP2 for an adapter cell is planned here but not wired in lorarl's trainer, which trains adapter cells "
-             "with DDP on several ranks (a full replica per rank; docs/distributed.md): a job on this layout is sized "
-             "by its DDP plan")
 
-
-def runs(strategy: str, method: str) -> bool:
-    """The trainer runs this strategy: one process, DDP, and FSDP2 for full fine-tuning (lorarl.train.sharding);
-    FSDP2 of an adapter cell (a base too large for one GPU) is planned only."""
-    return strategy != "fsdp2" or method == "full"
 
 
 @dataclass(frozen=True)
@@ -76,15 +68,15 @@ def share(total: int, ranks: int) -> int:
     return math.ceil(total / ranks)
 
 
-def strategy_for(method: str, ranks: int, replica_bytes: float, budget_bytes: float, running: bool = False) -> str:
+def strategy_for(method: str, ranks: int, replica_bytes: float, budget_bytes: float, sharding: str = "auto") -> str:
     """single | ddp | fsdp2 for ``ranks`` ranks (see the module docstring); ``replica_bytes``: what a DDP
-    replica holds for the whole job (lorarl.memory.plan.static_parts at world 1). ``running``: the strategy
-    a running job's trainer uses (:func:`runs`: FSDP2 for full fine-tuning, DDP for adapters), which sizes its
-    ``auto`` knobs."""
+    replica holds for the whole job (lorarl.memory.plan.static_parts at world 1). ``sharding``: the cell's
+    ``train.sharding`` (ddp / fsdp2 as set; auto: FSDP2 for full fine-tuning or a replica over the budget). The
+    job's plan resolves ``auto`` to this (lorarl.memory.auto.resolve_job), so the trainer runs what is planned."""
     if ranks <= 1:
         return "single"
-    if running:
-        return "fsdp2" if method == "full" else "ddp"
+    if sharding in ("ddp", "fsdp2"):
+        return sharding
     if method == "full" or replica_bytes > budget_bytes:
         return "fsdp2"
     return "ddp"

@@ -163,7 +163,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     if svd:  # SVD inits: one on-disk cache, a file lock per module: each module's SVD is computed by one rank
         print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
               f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
-    sharded = uses_fsdp(cfg.adapter.method, ranks.world_size())  # full fine-tuning on several ranks: FSDP2
+    sharded = uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size())  # full fine-tuning on several ranks: FSDP2
     snapshots = SnapshotSaver(final / "snapshots", snapshot_steps(cfg), policy.save, tok,  # eval.eval_every
                               updates_per_step=cfg.train.updates_per_step)
     collapse = flagmod.monitor(recorder, cfg.train.stop_on_collapse, cfg.train.updates_per_step)  # early collapse flags (lorarl.train.flags)

@@ -1,8 +1,9 @@
 """FSDP2 for full fine-tuning on several ranks: parameters, gradients and AdamW states sharded over the ranks.
 
 The engine is accelerate's FSDP2 (``fully_shard`` per decoder layer, the model's ``_no_split_modules``), turned
-on through the HF Trainer's ``fsdp`` arguments, as TRL documents it. An adapter cell stays on DDP: its trained
-state is small, and every rank holds the frozen base.
+on through the HF Trainer's ``fsdp`` arguments, as TRL documents it. ``train.sharding`` (runtime) chooses: an
+adapter cell runs DDP (its trained state is small; every rank holds the frozen base) unless its replica does not
+fit the job's GPU (the memory plan's ``auto``) or ``fsdp2`` is asked for: then the frozen base is sharded too.
 
 CPU ranks (gloo, the tests): torch 2.13 runs ``fully_shard`` on a CPU device mesh, but accelerate 1.15 turns
 FSDP on only for GPU-type process groups (``AcceleratorState``: ``MULTI_CPU`` never becomes ``FSDP``).
@@ -21,14 +22,15 @@ FSDP_CONFIG = {
 }
 
 
-def uses_fsdp(method: str, ranks: int) -> bool:
-    """Full fine-tuning on several ranks is sharded (the memory plan's per-GPU peak assumes it)."""
-    return method == "full" and ranks > 1
+def uses_fsdp(sharding: str, method: str, ranks: int) -> bool:
+    """FSDP2 on several ranks: ``train.sharding`` fsdp2 (the job's memory plan resolves ``auto`` to fsdp2 or
+    ddp on GPUs: lorarl.memory.auto), or ``auto`` left for the trainer (no plan ran): full fine-tuning."""
+    return ranks > 1 and (sharding == "fsdp2" or (sharding == "auto" and method == "full"))
 
 
-def fsdp_fields(method: str, ranks: int) -> dict[str, Any]:
+def fsdp_fields(sharding: str, method: str, ranks: int) -> dict[str, Any]:
     """The Trainer's FSDP arguments for a cell (empty: DDP or one process)."""
-    return {"fsdp": "full_shard", "fsdp_config": dict(FSDP_CONFIG)} if uses_fsdp(method, ranks) else {}
+    return {"fsdp": "full_shard", "fsdp_config": dict(FSDP_CONFIG)} if uses_fsdp(sharding, method, ranks) else {}
 
 
 class Fsdp2Sharding:

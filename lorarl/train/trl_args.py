@@ -109,7 +109,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen embeddings (PEFT) and no_grad forwards
         chat_template_kwargs=template_kwargs(cfg.prompt) or None,  # prompt.thinking: the chat template's enable_thinking
         **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
-        **fsdp_fields(cfg.adapter.method, n),  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
+        **fsdp_fields(t.sharding, cfg.adapter.method, n),  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
     )
 
 
