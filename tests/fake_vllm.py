@@ -89,6 +89,12 @@ class SamplingParams:
         if self.temperature < 1e-5:  # greedy
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
+    def clone(self) -> "SamplingParams":
+        """vLLM's ``SamplingParams.clone`` (a deep copy)."""
+        import copy
+
+        return copy.deepcopy(self)
+
     def _verify(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise VLLMValidationError(f"n must be at least 1, got {self.n}.")

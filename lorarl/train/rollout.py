@@ -7,7 +7,8 @@ each generation, ``wake_up(tags=["weights"])`` + a full re-push before the next)
 per-token logprobs (``logprobs=0``; ``logprobs_mode`` is the cell's ``rollout.logprobs_mode``). This module adds:
 
 * :func:`engine_kwargs` / :func:`attach_vllm`: the engine's seed, ``enforce_eager`` and logprob mode; after TRL
-  built it, the effective-weight push (through vLLM's ``reload_weights``: lorarl.train.vllm_sync), the check that the engine's logprobs are comparable with the trainer's
+  built it, one request seed per generation row (lorarl.train.vllm_seeds: rollouts independent of the number
+  of ranks), the effective-weight push (through vLLM's ``reload_weights``: lorarl.train.vllm_sync), the check that the engine's logprobs are comparable with the trainer's
   (lorarl.sampler_logprobs), the settings applied printed, and the freshness gate.
 
 * :func:`effective_named_params`: what is pushed to vLLM. TRL merges the adapter in place, reads the
@@ -130,8 +131,11 @@ def attach_vllm(trainer: Any, rollout: Any) -> FreshnessGate:
         raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
     from lorarl.train.vllm_sync import sync_weights  # whole effective state through vLLM's reload_weights
 
+    from lorarl.train.vllm_seeds import seed_rows
+
     gen = trainer.vllm_generation
     gen.sync_weights = functools.partial(sync_weights, gen, functools.partial(effective_named_params, trainer.model))
+    seed_rows(trainer)  # one request seed per generation row: rollouts independent of the number of ranks
     engine_mode = trainer.vllm_generation.llm.llm_engine.model_config.logprobs_mode  # what the engine applies
     mode = {v: k for k, v in VLLM_LOGPROBS_MODES.items()}.get(engine_mode, engine_mode)
     why = (sampler_logprobs_mismatch(mode, trainer.temperature, trainer.top_p) if mode in VLLM_LOGPROBS_MODES
@@ -217,20 +221,28 @@ def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield out, p.detach()
 
 
-def masked_logp_stats(sampler_BT: torch.Tensor, trainer_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
-    """|logp_sampler - logp_trainer| and importance-ratio statistics over the real (masked, non-NaN) tokens."""
+def masked_logp_stats(sampler_BT: torch.Tensor, trainer_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      gsum: Any = None, gmax: Any = None) -> dict[str, float]:
+    """|logp_sampler - logp_trainer| and importance-ratio statistics over the real (masked, non-NaN) tokens;
+    ``gsum`` / ``gmax`` (several ranks: sums and maxima over the ranks, lorarl.train.ranks) make them the whole
+    batch's, the same on every rank, so the freshness gate stops every rank together."""
     diff_BT = (trainer_BT.float() - sampler_BT.float())
     keep_BT = mask_BT.bool() & ~torch.isnan(diff_BT)
-    d = diff_BT[keep_BT]
-    if d.numel() == 0:
-        return {}
+    d = diff_BT[keep_BT].double()
     ratio = torch.exp(d)
+    n, s_abs, s_ratio = float(d.numel()), float(d.abs().sum()), float(ratio.sum())
+    big = [float(d.abs().max()), float(ratio.max()), -float(ratio.min())] if d.numel() else [-math.inf] * 3
+    if gsum is not None:
+        n, s_abs, s_ratio = gsum(n, s_abs, s_ratio)
+        big = [gmax(v) for v in big]
+    if n == 0:
+        return {}
     return {
-        "rollout/logp_diff_mean": d.abs().mean().item(),
-        "rollout/logp_diff_max": d.abs().max().item(),
-        "rollout/is_ratio_mean": ratio.mean().item(),
-        "rollout/is_ratio_min": ratio.min().item(),
-        "rollout/is_ratio_max": ratio.max().item(),
+        "rollout/logp_diff_mean": s_abs / n,
+        "rollout/logp_diff_max": big[0],
+        "rollout/is_ratio_mean": s_ratio / n,
+        "rollout/is_ratio_min": -big[2],
+        "rollout/is_ratio_max": big[1],
     }
 
 
@@ -250,8 +262,8 @@ class FreshnessGate:
         self.stale_steps: list[int] = []  # steps of the current run of stale batches
 
     def update(self, step: int, sampler_BT: torch.Tensor, trainer_BT: torch.Tensor,
-               mask_BT: torch.Tensor) -> dict[str, float]:
-        stats = masked_logp_stats(sampler_BT, trainer_BT, mask_BT)
+               mask_BT: torch.Tensor, gsum: Any = None, gmax: Any = None) -> dict[str, float]:
+        stats = masked_logp_stats(sampler_BT, trainer_BT, mask_BT, gsum, gmax)
         if not stats:
             return stats
         if stats["rollout/logp_diff_mean"] > self.threshold:

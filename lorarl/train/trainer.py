@@ -270,7 +270,9 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         sampler_BT, policy_BT = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
         if self.freshness is not None and mode == "train" and sampler_BT is not None and policy_BT is not None:
             mask_BT = out["completion_mask"] * out.get("tool_mask", 1)
-            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT).items():
+            several = self.accelerator.num_processes > 1  # the whole batch's statistics on every rank
+            for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT,
+                                                     *((self._gsum, self._gmax) if several else ())).items():
                 self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
@@ -374,9 +376,11 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
 
 
 def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:
-    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; HF rollouts."""
-    if trainer.use_vllm:
-        raise ValueError("rollout.engine: 'vllm' on several ranks is not wired yet; allowed with ranks > 1: hf")
+    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; vLLM with DDP and one engine per
+    rank (each pushes its full replica; per-row seeds: lorarl.train.vllm_seeds)."""
+    if trainer.use_vllm and getattr(trainer, "is_fsdp_enabled", False):
+        raise ValueError("rollout.engine: 'vllm' on FSDP2 ranks is not wired (each rank's engine is pushed the full "
+                         "weights); allowed with vllm on several ranks: train.sharding ddp")
     if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
         raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
                          f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "

@@ -1,0 +1,83 @@
+"""A vLLM cell on two ranks equals the one-process cell (lorarl.train.vllm_seeds): ``torchrun --nproc_per_node 2``
+(gloo) runs one colocated vLLM CPU engine per rank, each sampling its half of the generation batch with one request
+seed per row, so the rollouts, the metrics step by step and the final adapter are the one process's (1e-5)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the 2-rank comparison of test_distributed
+
+from test_distributed import STEPS, assert_same_cell  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    """Two untrained models of the ``local:tiny-arith`` shape (head_dim 32, as vLLM's CPU kernels need): the
+    policy's base and a distillation teacher of other weights (dense rewards that differ from row to row)."""
+    import torch
+
+    from lorarl.models import RECIPES, build_tiny, build_tokenizer
+    from lorarl.tasks.synthetic import make_splits
+
+    root = tmp_path_factory.mktemp("vllm_ranks")
+    recipe = RECIPES["tiny-arith"]
+    train, _ = make_splits(recipe.task_seed, 200, 1, max_ops=recipe.max_operands, max_value=recipe.max_value)
+    tok = build_tokenizer([p.prompt + p.solution for p in train] + ["0123456789+-=?\nQA: \\boxed{}"])
+    net = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
+    net.generation_config.eos_token_id, net.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    net.save_pretrained(root / "tiny-arith")
+    tok.save_pretrained(root / "tiny-arith")
+    gen = torch.Generator().manual_seed(0)  # the teacher: a perturbed copy (build_tiny seeds itself)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    net.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
+    return root / "tiny-arith", root / "teacher"
+
+
+def train(root: Path, models: tuple[Path, Path], nproc: int) -> Path:
+    model, teacher = models
+    (root / "models").mkdir(parents=True)
+    os.symlink(model, root / "models" / "tiny-arith")
+    spec = {"name": "dist", "defaults": {
+        "model": "local:tiny-arith", "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
+        "adapter": {"rank": 2, "alpha": 4},
+        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
+                  "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0},
+        "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True},
+        "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it learns
+        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
+    (root / "study.yaml").write_text(yaml.safe_dump(spec))
+    cmd = ["-m", "lorarl.cli", "run", str(root / "study.yaml"), "s3", "--stages", "train", "--results", str(root),
+           "--threads", "1"]
+    if nproc > 1:
+        cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + cmd
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT", "LORARL_FAULT")}
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=env, timeout=900)
+    (root / "train.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return root / "dist" / "s3"
+
+
+def test_two_ranks_with_one_engine_each_train_the_one_process_vllm_cell(models, tmp_path: Path):
+    import pandas as pd
+
+    one, two = train(tmp_path / "one", models, 1), train(tmp_path / "two", models, 2)
+    assert_same_cell(one, two, {})
+    a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
+    for key in ("rollout/logp_diff_mean", "rollout/logp_diff_max"):  # the sampler's logprobs: the whole batch's
+        assert (a[key] - b[key]).abs().max() <= 1e-5, (key, a[key].tolist(), b[key].tolist())
+    assert (a["rollout/logp_diff_mean"] < 0.05).all()  # the engines sampled the trained policy
+    assert (tmp_path / "two" / "train.log").read_text().count("vLLM rollouts:") == 2  # an engine per rank
+    assert (a["grad_norm"] > 1e-3).all()  # it learned: the comparison can fail
+    shutil.rmtree(tmp_path)
