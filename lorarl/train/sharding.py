@@ -1,4 +1,4 @@
-"""FSDP2 for full fine-tuning on several ranks: parameters, gradients and AdamW states sharded over the ranks.
+"""FSDP2 on several ranks: parameters, gradients and AdamW states sharded over the ranks (``train.sharding``).
 
 The engine is accelerate's FSDP2 (``fully_shard`` per decoder layer, the model's ``_no_split_modules``), turned
 on through the HF Trainer's ``fsdp`` arguments, as TRL documents it. ``train.sharding`` (runtime) chooses: an
