@@ -119,10 +119,8 @@ class AdaptedPolicy:
         path.mkdir(parents=True, exist_ok=True)
         if self.ctx is not None and self.ctx.init_factors:
             _save_residual_converted(model, self.ctx.init_factors, path, state_dict)
-        elif state_dict is not None:
-            model.save_pretrained(path, state_dict=state_dict)
         else:
-            model.save_pretrained(path)
+            model.save_pretrained(path, state_dict=state_dict)  # None: the model's own
         meta = {"fingerprint": self.fingerprint,
                 "residual_converted": bool(self.ctx and self.ctx.init_factors)}
         tmp = path / "lorarl_adapter.json.tmp"
@@ -136,7 +134,6 @@ def _save_residual_converted(model: Any, init_factors: dict, path: Path, state_d
     LoRA with the same scale (alpha doubled, or ×√2 for rsLoRA, as peft's own PiSSA conversion).
     ``state_dict``: the model's full weights gathered from its shards (FSDP2), else read from the model."""
     from peft.utils import get_peft_model_state_dict
-
     from safetensors.torch import save_file
 
     sd = {k: v.detach().cpu().clone()

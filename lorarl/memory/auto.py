@@ -57,13 +57,13 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
     train, rollout = cfg.train, cfg.rollout
     wants = train.micro_batch_size == "auto" or rollout.generation_batch_size == "auto"
     p = None
+    from lorarl.memory.arch import PlanError
+    from lorarl.memory.cells import plan_cell
+    from lorarl.memory.plan import GIB
+
     if train.sharding == "auto" and world_size() > 1:  # DDP or FSDP2: the plan's strategy, what the trainer runs
         sharding = "fsdp2" if cfg.adapter.method == "full" else "ddp"  # no GPU: no budget to exceed
         if gpus > 0:
-            from lorarl.memory.arch import PlanError
-            from lorarl.memory.cells import plan_cell
-            from lorarl.memory.plan import GIB
-
             try:
                 p = plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
                               world=world_size())
@@ -74,10 +74,6 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
         train = train.model_copy(update={"sharding": sharding})
         cfg = cfg.model_copy(update={"train": train})
     if wants and gpus > 0:
-        from lorarl.memory.arch import PlanError
-        from lorarl.memory.cells import plan_cell
-        from lorarl.memory.plan import GIB
-
         try:
             p = p or plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
                                world=world_size())  # per rank: its share of the batch

@@ -30,7 +30,6 @@ from lorarl.memory.arch import PlanError
 STRATEGIES = ("single", "ddp", "fsdp2")
 
 
-
 @dataclass(frozen=True)
 class Layout:
     """A training job's GPUs: ``nodes`` nodes of ``gpus_per_node`` GPUs each."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from lorarl.io import read_json, write_json
 from lorarl.memory import ladder
+from lorarl.memory.auto import world_size
 
 ATTEMPT_ENV = "LORARL_ATTEMPT"  # Snakemake's attempt number of the job (set by the rules)
 FAULT_ENV = "LORARL_FAULT"
@@ -111,35 +112,31 @@ def after_failure(folder: Path, error: str, failed: str | None = None) -> int:
 
 # ---- job side -------------------------------------------------------------------------------------
 
-def fault_threshold() -> int | None:
+def _fault_number(hook: str, unit: str) -> int | None:
+    """N of the test hook LORARL_FAULT="<hook>:N", None when another (or no) fault is set."""
     raw = os.environ.get(FAULT_ENV, "")
-    if not raw.startswith("oom_above:"):
+    if not raw.startswith(f"{hook}:"):
         return None
     value = raw.split(":", 1)[1]
     if not value.isdigit():
-        raise ValueError(f"LORARL_FAULT oom_above:N needs a whole number of sequences; got {raw!r}")
+        raise ValueError(f"LORARL_FAULT {hook}:N needs a whole number of {unit}; got {raw!r}")
     return int(value)
+
+
+def fault_threshold() -> int | None:
+    """Test hook LORARL_FAULT=oom_above:N (the module docstring)."""
+    return _fault_number("oom_above", "sequences")
 
 
 def fault_ranks() -> int | None:
     """Test hook LORARL_FAULT=oom_ranks_below:N: a training job of fewer than N ranks runs out of memory (a
     model that fits only when sharded over N GPUs)."""
-    raw = os.environ.get(FAULT_ENV, "")
-    if not raw.startswith("oom_ranks_below:"):
-        return None
-    value = raw.split(":", 1)[1]
-    if not value.isdigit():
-        raise ValueError(f"LORARL_FAULT oom_ranks_below:N needs a whole number of ranks; got {raw!r}")
-    return int(value)
-
-
-def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return _fault_number("oom_ranks_below", "ranks")
 
 
 def _ranks_of(k: int) -> dict[str, int]:
     """The layout an attempt's record names: the last attempt's ranks (it ran on the larger layout)."""
-    return {"ranks": _world()} if k == MAX_ATTEMPTS else {}
+    return {"ranks": world_size()} if k == MAX_ATTEMPTS else {}
 
 
 def _raise_oom(what: str, load: float, limit: int) -> None:
@@ -190,15 +187,15 @@ class _LadderTable:
             print(f"[lorarl] out-of-memory retry, attempt {self.n}: {cell.id}: "
                   + ", ".join(f"{k} {a} -> {b}" for (k, a), b in zip(steps[0].record().items(), r.record().values())
                               if a != b)
-                  + (f"; on the larger layout: {_world()} rank(s)" if self.n == MAX_ATTEMPTS else ""), flush=True)
+                  + (f"; on the larger layout: {world_size()} rank(s)" if self.n == MAX_ATTEMPTS else ""), flush=True)
             cfg = ladder.train_config(cfg, r)
         load = r.micro_batch_size / (2 if r.gradient_checkpointing else 1)
         if limit is not None and load > limit:
             _raise_oom("micro-batch" + (" (halved by checkpointing)" if r.gradient_checkpointing else ""), load, limit)
-        if (need := fault_ranks()) is not None and _world() < need:
+        if (need := fault_ranks()) is not None and world_size() < need:
             import torch
 
-            raise torch.OutOfMemoryError(f"CUDA out of memory: {_world()} rank(s) < {need} "
+            raise torch.OutOfMemoryError(f"CUDA out of memory: {world_size()} rank(s) < {need} "
                                          f"(test hook LORARL_FAULT=oom_ranks_below:{need})")
         return replace(cell, config=cfg)
 

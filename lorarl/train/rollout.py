@@ -129,9 +129,8 @@ def attach_vllm(trainer: Any, rollout: Any) -> FreshnessGate:
 
     if trainer.args.vllm_mode != "colocate":
         raise ValueError("lorarl runs vLLM colocated in the trainer (rollout.engine: vllm); server mode is not wired")
-    from lorarl.train.vllm_sync import sync_weights  # whole effective state through vLLM's reload_weights
-
     from lorarl.train.vllm_seeds import seed_rows
+    from lorarl.train.vllm_sync import sync_weights  # whole effective state through vLLM's reload_weights
 
     gen = trainer.vllm_generation
     gen.sync_weights = functools.partial(sync_weights, gen, functools.partial(effective_named_params, trainer.model))
