@@ -41,8 +41,10 @@ def world_size() -> int:
 
 
 def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None,
-                log: Callable[[str], None] = print, results_dir: str = "results") -> Any:
-    """``cfg`` with its ``auto`` memory knobs and auxiliary devices resolved for this job (a copy)."""
+                log: Callable[[str], None] = print, results_dir: str = "results", world: int | None = None) -> Any:
+    """``cfg`` with its ``auto`` memory knobs and auxiliary devices resolved for this job (a copy). ``world``:
+    the ranks that share this cell's batch (default ``WORLD_SIZE``; a pack rank trains its members alone: 1)."""
+    world = world_size() if world is None else world
     if gpus is None or (gpus > 0 and free_bytes is None):
         import torch
 
@@ -61,22 +63,22 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
     from lorarl.memory.cells import plan_cell
     from lorarl.memory.plan import GIB
 
-    if train.sharding == "auto" and world_size() > 1:  # DDP or FSDP2: the plan's strategy, what the trainer runs
+    if train.sharding == "auto" and world > 1:  # DDP or FSDP2: the plan's strategy, what the trainer runs
         sharding = "fsdp2" if cfg.adapter.method == "full" else "ddp"  # no GPU: no budget to exceed
         if gpus > 0:
             try:
                 p = plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
-                              world=world_size())
+                              world=world)
                 sharding = "fsdp2" if p.strategy == "fsdp2" else "ddp"
             except PlanError as err:
                 log(f"[lorarl] memory plan: {err}; train.sharding auto by the method alone")
-        log(f"[lorarl] memory plan: train.sharding auto -> {sharding} ({world_size()} ranks)")
+        log(f"[lorarl] memory plan: train.sharding auto -> {sharding} ({world} ranks)")
         train = train.model_copy(update={"sharding": sharding})
         cfg = cfg.model_copy(update={"train": train})
     if wants and gpus > 0:
         try:
             p = p or plan_cell(cfg, free_bytes / GIB, gpus=gpus, device="cuda", results_dir=str(results_dir),
-                               world=world_size())  # per rank: its share of the batch
+                               world=world)  # per rank: its share of the batch
         except PlanError as err:
             raise ValueError(f"train.micro_batch_size / rollout.generation_batch_size auto need the memory plan: "
                              f"{err}; or set them to a number of sequences") from None

@@ -178,7 +178,43 @@ def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_i
 
 def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results", threads: int | None = None,
                pack_id: str = "pack") -> dict:
-    """Train the members of one pack; stage each member's outputs; write the pack's record."""
+    """Train the members of one pack; stage each member's outputs; write the pack's record. On several ranks
+    (a pack job of W tasks) each rank trains its share of the members (lorarl.pack.ranks) and rank 0 writes
+    the record."""
+    from lorarl.pack import ranks
+
+    rank, world = ranks.world()
+    meet = ranks.Rendezvous(pack_id, rank, world) if world > 1 else None
+    try:
+        out = _train_members(study, ranks.place(cells, rank, world), results_dir, threads, pack_id,
+                             {"id": pack_id, "members": [c.id for c in cells], **({"rank": rank} if meet else {})})
+    except BaseException as err:
+        if meet is not None:
+            try:
+                meet.report({"error": f"{type(err).__name__}: {err}"})
+            except Exception:  # noqa: BLE001 - rank 0 gone too: the job fails anyway
+                pass
+        raise
+    if meet is not None:
+        meet.report(out)
+        if rank > 0:
+            return out
+        reports = meet.gather()
+        out = {"trained": sorted(c for r in reports for c in r["trained"]),
+               "left_out": {k: v for r in reports for k, v in r["left_out"].items()},
+               "states": {k: v for r in reports for k, v in r["states"].items()},
+               "wall_time_s": max(r["wall_time_s"] for r in reports),
+               "ranks": [r["trained"] for r in reports]}
+    out = {"pack": pack_id, "study": study, **out}
+    record = paths.cell_dir(results_dir, study, ".packs") / f"{pack_id}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(record, out)
+    return out
+
+
+def _train_members(study: str, cells: list[Any], results_dir: str | Path, threads: int | None, pack_id: str,
+                   info: dict) -> dict:
+    """Train these members as one pack in this process (their outputs staged); the rank's outcome."""
     import torch
 
     from lorarl.train import flags as flagmod
@@ -189,7 +225,6 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
     if threads:
         torch.set_num_threads(threads)
     t_start = time.time()
-    record = paths.cell_dir(results_dir, study, ".packs") / f"{pack_id}.json"
     slots, left_out = _claim_members(study, cells, results_dir, pack_id)
     summaries: dict[str, dict] = {}
     try:
@@ -198,7 +233,8 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
             chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
             from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
 
-            pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir, device=device,
+            pack = build_pack([job_cell(s.cell, results_dir=str(results_dir), world=1) for s in slots],  # batch not split
+                              results_dir=results_dir, device=device,
                               update_cells=chunk)
             loop, trainer = pack.loop, pack.loop.trainer
             for k, s in enumerate(slots):
@@ -207,7 +243,8 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
                     _load_state(s.ckpt.resumed.path, trainer.cells[k], loop.members[k])
                 s.snapshots = SnapshotSaver(paths.cell_dir(results_dir, study, s.cell.id) / "snapshots",
                                             snapshot_steps(s.cell.config), pack.policies[k].save, pack.tokenizer)
-            print(f"[lorarl] pack {pack_id}: training {', '.join(s.cell.id for s in slots)}"
+            where = f" rank {info['rank']}" if "rank" in info else ""
+            print(f"[lorarl] pack {pack_id}{where}: training {', '.join(s.cell.id for s in slots)}"
                   + (f" (left out: {left_out})" if left_out else ""), flush=True)
             with slots[0].ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
                 stop = False
@@ -236,15 +273,12 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
             for k, s in enumerate(slots):
                 summaries[s.cell.id] = _finish(s, study, results_dir, pack.policies[k], trainer.cells[k], loop.members[k],
                                                pack.data_facts, pack.precision,
-                                               {"id": pack_id, "members": [x.cell.id for x in slots]}, t_start)
+                                               info, t_start)
     except BaseException as err:
         for s in slots:
             s.ckpt.release()
             if s.tracker is not None:
                 s.tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
-    out = {"pack": pack_id, "study": study, "trained": sorted(summaries), "left_out": left_out,
-           "states": {c: s["state"] for c, s in summaries.items()}, "wall_time_s": round(time.time() - t_start, 2)}
-    record.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(record, out)
-    return out
+    return {"trained": sorted(summaries), "left_out": left_out, "states": {c: s["state"] for c, s in summaries.items()},
+            "wall_time_s": round(time.time() - t_start, 2)}

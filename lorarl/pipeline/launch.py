@@ -77,8 +77,13 @@ class StageJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
-        if self.stage == "train" and train_layout.export_ranks() > 1 and int(os.environ["RANK"]) > 0:
-            return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)  # rank > 0
+        if self.stage in ("train", "pack") and train_layout.export_ranks() > 1:
+            if self.stage == "pack":
+                from lorarl.pack.ranks import pin_gpu
+
+                pin_gpu()  # a pack rank trains its members alone on its GPU
+            if int(os.environ["RANK"]) > 0:
+                return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
@@ -240,8 +245,8 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
 def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
                  slurm: dict[str, Any] | None) -> int:
     """`lorarl launch pack <study> <c1,c2,...>`: claim the members (lorarl.pack.publish), submit ONE job
-    that trains them all (lorarl.pack.run), wait, release the claims. The job's Slurm resources are
-    the train stage's. Its record: results/<study>/.packs/<pack id>.json."""
+    that trains them all (lorarl.pack.run), wait, release the claims. The job's layout is its members'
+    training layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
     from lorarl.pack import publish
     from lorarl.pack.plan import pack_id
     from lorarl.study import cell_table
@@ -259,6 +264,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
             slurm = coerce(slurm or {})
             threads = int(slurm.get("cpus_per_task", threads or 1))
         threads = max(1, int(threads or 1))
+        slurm = train_layout.pack_resources(slurm, study.name, [table.cell(c).config for c in ids], executor)
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
         if (refused := oom.before_attempt(folder, "pack", pid)) is not None:

@@ -107,6 +107,22 @@ def job_resources(res: dict[str, Any], cfg: Any, executor: str) -> dict[str, Any
     return out
 
 
+def pack_resources(res: dict[str, Any] | None, study: str, cfgs: list[Any], executor: str) -> dict[str, Any]:
+    """The submitit parameters of a pack job: its members' training layout (they share a model), with no more
+    ranks than members (each rank trains its share of the members as a pack of its own: lorarl.pack.ranks)."""
+    out = job_resources(train_resources(res, study, cfgs[0].model), cfgs[0], executor)
+    tasks, nodes = out["tasks_per_node"], _positive(out, "nodes", 1)
+    if nodes * tasks > len(cfgs):
+        nodes = -(-len(cfgs) // tasks)
+        fewer = len(cfgs) if nodes == 1 else tasks
+        if out.get("gpus_per_node") is not None and _positive(out, "gpus_per_node", 1) == tasks:
+            out["gpus_per_node"] = fewer
+        out["tasks_per_node"] = fewer
+        if "nodes" in out:
+            out["nodes"] = nodes
+    return out
+
+
 def export_ranks() -> int:
     """In a submitit job of several tasks: export torch.distributed's environment for this task (its rank,
     the world size, the rendezvous on the job's first node). Returns the world size (1: nothing set)."""
