@@ -193,7 +193,8 @@ class RolloutConfig(Strict):
     engine: Literal["hf", "vllm"] = "hf"  # sampler: transformers generate (CPU/GPU) or vLLM in the trainer (a GPU, or vLLM's CPU build)
     gpu_memory_utilization: float = Field(  # vllm: share of GPU memory vLLM may take (memory, not results)
         0.3, gt=0, le=1, json_schema_extra={"runtime": True})
-    tensor_parallel_size: Literal[1] = 1  # vllm: one GPU per cell (a prompt group must live on one rank)
+    tensor_parallel_size: int = Field(  # vllm: ranks per colocated engine (TRL's tensor-parallel groups; a layout: resolved per job, capped by its ranks)
+        1, ge=1, json_schema_extra={"runtime": True})
     sleep_mode: bool = Field(  # vllm: free weights + KV cache during the optimiser step; re-pushed before sampling
         False, json_schema_extra={"runtime": True})
     max_model_length: int | None = Field(None, gt=0)  # vllm: context length; null = train.max_prompt_length + max_completion_length (the model's own when prompts have no limit)
@@ -208,8 +209,16 @@ class RolloutConfig(Strict):
     importance_sampling_cap: float | None = Field(3.0, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: upper bound of the IS ratio (TRL's 3.0); null = none
     importance_sampling_floor: float | None = Field(None, gt=0, json_schema_extra={"signature_omits_default": True})  # vllm: lower bound of the IS ratio; null = none (TRL's)
 
+    def signature_extras(self) -> dict[str, int]:
+        """``tensor_parallel_size`` is a layout (runtime) but was a signature field fixed at 1: the key stays, at 1,
+        so the cells trained before keep their hashes."""
+        return {"tensor_parallel_size": 1}
+
     @model_validator(mode="after")
     def _is_bounds(self) -> "RolloutConfig":
+        if self.tensor_parallel_size > 1 and self.engine != "vllm":
+            raise ValueError(f"rollout.tensor_parallel_size {self.tensor_parallel_size} needs rollout.engine 'vllm' "
+                             "(ranks per vLLM engine); allowed with engine 'hf': 1")
         lo, hi = self.importance_sampling_floor, self.importance_sampling_cap  # TRL's GRPOConfig checks, named
         if (lo is None and hi is None and self.importance_sampling.endswith("truncate")) or (lo or 0) >= (hi or float("inf")):
             raise ValueError(f"rollout.importance_sampling {self.importance_sampling!r} needs importance_sampling_floor "

@@ -191,3 +191,26 @@ def test_fidelity_layout_row_is_the_smallest_layout_on_the_papers_gpu(path):
     gb, nodes, gpus = (int(x) for x in got.groups())
     lay, plans = smallest_study_layout(str(path), gb)
     assert (lay.nodes, lay.gpus_per_node) == (nodes, gpus) and plans and all(p.fits for p in plans)
+
+
+def test_rollout_tensor_parallel_size_is_a_layout_knob_capped_by_the_jobs_ranks():
+    """rollout.tensor_parallel_size: runtime (the cell's hash is the one of 1, as before the knob existed),
+    resolved per job to a divisor of its ranks, refused by name with the HF engine."""
+    from pydantic import ValidationError
+
+    from lorarl.config import RolloutConfig
+    from lorarl.memory.auto import resolve_job
+    from lorarl.signature import train_signature
+
+    base = cell("peft_zoo.yaml", method="lora")
+    vllm = base.model_copy(update={"rollout": base.rollout.model_copy(update={"engine": "vllm"})})
+    tp = {t: vllm.model_copy(update={"rollout": vllm.rollout.model_copy(update={"tensor_parallel_size": t})})
+          for t in (1, 2, 4)}
+    assert len({train_signature(c) for c in tp.values()}) == 1
+    seen = []
+    for t, world, want in ((2, 1, 1), (2, 2, 2), (4, 2, 2), (4, 6, 2), (4, 8, 4), (1, 8, 1)):
+        got = resolve_job(tp[t], gpus=0, world=world, log=seen.append).rollout.tensor_parallel_size
+        assert got == want, (t, world, got)
+    assert "[lorarl] memory plan: rollout.tensor_parallel_size 2 -> 1 (1 ranks)" in seen
+    with pytest.raises(ValidationError, match="rollout.tensor_parallel_size 2 needs rollout.engine 'vllm'"):
+        RolloutConfig(tensor_parallel_size=2)

@@ -15,6 +15,7 @@ the training signature (runtime fields, or devices).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -57,6 +58,10 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
             log(f"[lorarl] memory plan: reward.{f} {getattr(cfg.reward, f)} -> {getattr(reward, f)} "
                 f"(this job has {gpus} GPU(s))")
     train, rollout = cfg.train, cfg.rollout
+    if rollout.tensor_parallel_size > 1 and world % rollout.tensor_parallel_size:  # groups of whole ranks
+        tp = math.gcd(rollout.tensor_parallel_size, world)
+        log(f"[lorarl] memory plan: rollout.tensor_parallel_size {rollout.tensor_parallel_size} -> {tp} ({world} ranks)")
+        rollout = rollout.model_copy(update={"tensor_parallel_size": tp})
     wants = train.micro_batch_size == "auto" or rollout.generation_batch_size == "auto"
     p = None
     from lorarl.memory.arch import PlanError

@@ -44,7 +44,7 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
     return root / "tiny-arith", root / "teacher"
 
 
-def train(root: Path, models: tuple[Path, Path], nproc: int) -> Path:
+def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1) -> Path:
     model, teacher = models
     (root / "models").mkdir(parents=True)
     os.symlink(model, root / "models" / "tiny-arith")
@@ -53,7 +53,8 @@ def train(root: Path, models: tuple[Path, Path], nproc: int) -> Path:
         "adapter": {"rank": 2, "alpha": 4},
         "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
                   "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0},
-        "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True},
+        "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True,
+                    "tensor_parallel_size": tp},
         "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it learns
         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
     (root / "study.yaml").write_text(yaml.safe_dump(spec))
@@ -69,15 +70,33 @@ def train(root: Path, models: tuple[Path, Path], nproc: int) -> Path:
     return root / "dist" / "s3"
 
 
-def test_two_ranks_with_one_engine_each_train_the_one_process_vllm_cell(models, tmp_path: Path):
+@pytest.fixture(scope="module")
+def one_process(models, tmp_path_factory) -> Path:
+    return train(tmp_path_factory.mktemp("one"), models, 1, tp=2)  # a layout knob: resolved to 1 on one rank
+
+
+def assert_same_rollouts(one: Path, two: Path) -> None:
     import pandas as pd
 
-    one, two = train(tmp_path / "one", models, 1), train(tmp_path / "two", models, 2)
     assert_same_cell(one, two, {})
     a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
     for key in ("rollout/logp_diff_mean", "rollout/logp_diff_max"):  # the sampler's logprobs: the whole batch's
         assert (a[key] - b[key]).abs().max() <= 1e-5, (key, a[key].tolist(), b[key].tolist())
     assert (a["rollout/logp_diff_mean"] < 0.05).all()  # the engines sampled the trained policy
-    assert (tmp_path / "two" / "train.log").read_text().count("vLLM rollouts:") == 2  # an engine per rank
     assert (a["grad_norm"] > 1e-3).all()  # it learned: the comparison can fail
+
+
+def test_two_ranks_with_one_engine_each_train_the_one_process_vllm_cell(models, one_process, tmp_path: Path):
+    two = train(tmp_path / "two", models, 2)
+    assert_same_rollouts(one_process, two)
+    assert (tmp_path / "two" / "train.log").read_text().count("vLLM rollouts:") == 2  # an engine per rank
+    shutil.rmtree(tmp_path)
+
+
+def test_two_ranks_sharing_one_tensor_parallel_engine_train_the_one_process_vllm_cell(models, one_process, tmp_path):
+    """``rollout.tensor_parallel_size: 2``: both ranks form one TP group (TRL's), one engine sharded over them; a
+    runtime knob: the same cell (hash) as the one-process run, which resolves it to 1."""
+    two = train(tmp_path / "two", models, 2, tp=2)
+    assert_same_rollouts(one_process, two)
+    assert "rollout.tensor_parallel_size 2 -> 1 (1 ranks)" in (one_process.parents[1] / "train.log").read_text()
     shutil.rmtree(tmp_path)
