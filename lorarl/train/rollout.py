@@ -181,11 +181,13 @@ def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
     PEFT model: each tuner layer is merged alone, its weights read (copied), then its base weight and
     bias restored from a saved copy (no ``unmerge``: exact in any dtype). Plain model (full
-    fine-tuning): the parameters themselves. Single process only (no FSDP/ZeRO-3 gathering).
+    fine-tuning): the parameters themselves; an FSDP2 shard is gathered whole first (``full_tensor``: a
+    collective, every rank iterates the same parameters in the same order). PEFT models are not sharded here.
     """
     if not hasattr(model, "peft_config"):
         for name, p in model.named_parameters():
-            yield name.replace("_checkpoint_wrapped_module.", ""), p.detach()
+            w = p.detach()
+            yield name.replace("_checkpoint_wrapped_module.", ""), (w.full_tensor() if hasattr(w, "full_tensor") else w)
         return
     prefix = getattr(model, "prefix", None)
     merged_names: set[str] = set()

@@ -15,7 +15,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the 2-rank comparison of test_distributed
 
-from test_distributed import STEPS, assert_same_cell  # noqa: E402
+from test_distributed import STEPS, assert_same_cell, weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +44,15 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
     return root / "tiny-arith", root / "teacher"
 
 
-def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1) -> Path:
+def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1, adapter: dict | None = None,
+          lr: float = 1e-3) -> Path:
     model, teacher = models
     (root / "models").mkdir(parents=True)
     os.symlink(model, root / "models" / "tiny-arith")
     spec = {"name": "dist", "defaults": {
         "model": "local:tiny-arith", "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
+        "adapter": adapter or {"rank": 2, "alpha": 4},
+        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": lr,
                   "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0},
         "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True,
                     "tensor_parallel_size": tp},
@@ -75,10 +76,10 @@ def one_process(models, tmp_path_factory) -> Path:
     return train(tmp_path_factory.mktemp("one"), models, 1, tp=2)  # a layout knob: resolved to 1 on one rank
 
 
-def assert_same_rollouts(one: Path, two: Path) -> None:
+def assert_same_rollouts(one: Path, two: Path, start: dict | None = None) -> None:
     import pandas as pd
 
-    assert_same_cell(one, two, {})
+    assert_same_cell(one, two, start or {})
     a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
     for key in ("rollout/logp_diff_mean", "rollout/logp_diff_max"):  # the sampler's logprobs: the whole batch's
         assert (a[key] - b[key]).abs().max() <= 1e-5, (key, a[key].tolist(), b[key].tolist())
@@ -99,4 +100,17 @@ def test_two_ranks_sharing_one_tensor_parallel_engine_train_the_one_process_vllm
     two = train(tmp_path / "two", models, 2, tp=2)
     assert_same_rollouts(one_process, two)
     assert "rollout.tensor_parallel_size 2 -> 1 (1 ranks)" in (one_process.parents[1] / "train.log").read_text()
+    shutil.rmtree(tmp_path)
+
+
+def test_full_fine_tuning_on_two_fsdp2_ranks_pushes_the_gathered_weights_to_each_engine(models, tmp_path: Path):
+    """Full fine-tuning with vLLM on 2 ranks: FSDP2 (train.sharding auto), each rank gathers every parameter
+    whole (a collective) and pushes it to its own engine; equals the one-process cell."""
+    full = {"method": "full"}  # lr 1e-4: AdamW turns an element's gradient near its eps into a step of ~lr whatever
+    # its rounding, so the weights agree to ~1% of lr (1e-3 left one element of 16,384 at 1.2e-5)
+    one = train(tmp_path / "one", models, 1, adapter=full, lr=1e-4)
+    two = train(tmp_path / "two", models, 2, adapter=full, lr=1e-4)
+    assert_same_rollouts(one, two, weights(models[0], adapter=False))
+    log = (tmp_path / "two" / "train.log").read_text()
+    assert log.count("FSDP2 over 2 ranks") >= 2 and log.count("vLLM rollouts:") == 2  # shards, an engine per rank
     shutil.rmtree(tmp_path)
