@@ -74,21 +74,6 @@ def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
     assert shard_sizes(torch.nn.Linear(3, 2)) == (8, 8)  # an unsharded module holds all of itself
 
 
-def test_vllm_on_fsdp2_ranks_runs_full_fine_tuning_and_refuses_an_adapter_cell_by_name():
-    """Full fine-tuning gathers each FSDP2 shard whole before the push (tests/vllm_real/test_vllm_ranks.py);
-    an adapter cell's merge would read whole base weights: refused, naming the setting that runs it."""
-    from types import SimpleNamespace
-
-    from lorarl.train.trainer import _check_ranks
-
-    args = SimpleNamespace(per_device_train_batch_size=2, steps_per_generation=1)
-    full = SimpleNamespace(use_vllm=True, is_fsdp_enabled=True, model=object(), num_generations=2)
-    _check_ranks(full, args)
-    lora = SimpleNamespace(**{**vars(full), "model": SimpleNamespace(peft_config={})})
-    with pytest.raises(ValueError, match="adapter cell on FSDP2 ranks is not wired.*train.sharding ddp"):
-        _check_ranks(lora, args)
-
-
 def test_ranks_default_to_the_job_environment(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)

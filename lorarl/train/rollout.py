@@ -177,17 +177,32 @@ def _adapter_only(name: str, tuner_names: set[str]) -> bool:
 
 @torch.no_grad()
 def effective_named_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`_effective` of the whole model: an FSDP2-sharded model is unsharded for the push (every rank
+    gathers its modules' parameters whole, in the same order: a collective), then resharded; the weights are
+    copies then (vLLM's reload may read a layer's weights after the iterator ends, the reshard frees them)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    shards = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in shards:
+        m.unshard()
+    try:
+        for name, w in _effective(model):
+            yield name, (w.clone() if shards else w)
+    finally:
+        for m in shards:
+            m.reshard()
+
+
+def _effective(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """(vLLM name, effective weight) of every parameter; the model is left bit-identical.
 
     PEFT model: each tuner layer is merged alone, its weights read (copied), then its base weight and
     bias restored from a saved copy (no ``unmerge``: exact in any dtype). Plain model (full
-    fine-tuning): the parameters themselves; an FSDP2 shard is gathered whole first (``full_tensor``: a
-    collective, every rank iterates the same parameters in the same order). PEFT models are not sharded here.
+    fine-tuning): the parameters themselves.
     """
     if not hasattr(model, "peft_config"):
         for name, p in model.named_parameters():
-            w = p.detach()
-            yield name.replace("_checkpoint_wrapped_module.", ""), (w.full_tensor() if hasattr(w, "full_tensor") else w)
+            yield name.replace("_checkpoint_wrapped_module.", ""), p.detach()
         return
     prefix = getattr(model, "prefix", None)
     merged_names: set[str] = set()

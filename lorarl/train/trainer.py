@@ -376,11 +376,9 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
 
 
 def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:
-    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank; vLLM with DDP and one engine per
-    rank (each pushes its full replica; per-row seeds: lorarl.train.vllm_seeds)."""
-    if trainer.use_vllm and getattr(trainer, "is_fsdp_enabled", False) and hasattr(trainer.model, "peft_config"):
-        raise ValueError("rollout.engine: 'vllm' for an adapter cell on FSDP2 ranks is not wired (the merge before the "
-                         "push reads whole base weights); allowed: train.sharding ddp (full fine-tuning: fsdp2 too)")
+    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank (vLLM: one engine per rank or per
+    tensor-parallel group, pushed the whole effective weights, FSDP2 shards gathered; per-row seeds:
+    lorarl.train.vllm_seeds)."""
     if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
         raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
                          f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "

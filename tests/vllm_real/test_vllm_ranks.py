@@ -45,7 +45,7 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1, adapter: dict | None = None,
-          lr: float = 1e-3) -> Path:
+          lr: float = 1e-3, sharding: str = "auto") -> Path:
     model, teacher = models
     (root / "models").mkdir(parents=True)
     os.symlink(model, root / "models" / "tiny-arith")
@@ -53,7 +53,7 @@ def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1, adapte
         "model": "local:tiny-arith", "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
         "adapter": adapter or {"rank": 2, "alpha": 4},
         "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": lr,
-                  "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0},
+                  "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0, "sharding": sharding},
         "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True,
                     "tensor_parallel_size": tp},
         "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it learns
@@ -113,4 +113,14 @@ def test_full_fine_tuning_on_two_fsdp2_ranks_pushes_the_gathered_weights_to_each
     assert_same_rollouts(one, two, weights(models[0], adapter=False))
     log = (tmp_path / "two" / "train.log").read_text()
     assert log.count("FSDP2 over 2 ranks") >= 2 and log.count("vLLM rollouts:") == 2  # shards, an engine per rank
+    shutil.rmtree(tmp_path)
+
+
+def test_an_adapter_cell_on_two_fsdp2_ranks_pushes_its_merged_weights_to_each_engine(models, one_process, tmp_path):
+    """LoRA on a sharded base (``train.sharding: fsdp2``, runtime: the same cell): each rank unshards the model for
+    the push, merges the adapter into the whole weights, pushes them to its engine and reshards."""
+    two = train(tmp_path / "two", models, 2, sharding="fsdp2")
+    assert_same_rollouts(one_process, two)
+    log = (tmp_path / "two" / "train.log").read_text()
+    assert log.count("FSDP2 over 2 ranks") >= 2 and log.count("vLLM rollouts:") == 2
     shutil.rmtree(tmp_path)
