@@ -49,6 +49,20 @@ def pin_gpu() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if local < len(visible) else str(local)
 
 
+def one_process() -> None:
+    """From here this process is a one-process job: torch.distributed's variables say world 1 on a free local
+    port, so what reads them (vLLM's in-process ``external_launcher`` engine) starts as in a one-rank pack.
+    Call after the :class:`Rendezvous` has read the job's."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
+
 def _timeout_s() -> float:
     return float(os.environ.get("LORARL_COLLECTIVE_TIMEOUT_S", "600") or 600)
 
@@ -58,18 +72,18 @@ class Rendezvous:
 
     def __init__(self, pack_id: str, rank: int, world: int):
         self.rank, self.world, self.prefix = rank, world, f"lorarl/{pack_id}/"
+        self.host, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        self.agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts the store itself
         self.store = self._connect(rank == 0)
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._beating, daemon=True)
         self._beat.start()
 
-    @staticmethod
-    def _connect(master: bool) -> Any:
+    def _connect(self, master: bool) -> Any:
         from torch.distributed import TCPStore
 
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts the store itself
-        return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=master and not agent,
-                        wait_for_workers=False, timeout=timedelta(seconds=max(_timeout_s(), 60)))
+        return TCPStore(self.host, self.port, is_master=master and not self.agent, wait_for_workers=False,
+                        timeout=timedelta(seconds=max(_timeout_s(), 60)))
 
     def _beating(self) -> None:
         store = self._connect(False)  # a client of its own: the main thread's store stays free

@@ -185,6 +185,8 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
 
     rank, world = ranks.world()
     meet = ranks.Rendezvous(pack_id, rank, world) if world > 1 else None
+    if meet is not None:
+        ranks.one_process()  # each rank's pack (and its vLLM engine) is a one-process job
     try:
         out = _train_members(study, ranks.place(cells, rank, world), results_dir, threads, pack_id,
                              {"id": pack_id, "members": [c.id for c in cells], **({"rank": rank} if meet else {})})
@@ -233,9 +235,8 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
             chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
             from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
 
-            pack = build_pack([job_cell(s.cell, results_dir=str(results_dir), world=1) for s in slots],  # batch not split
-                              results_dir=results_dir, device=device,
-                              update_cells=chunk)
+            pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir,
+                              device=device, update_cells=chunk)
             loop, trainer = pack.loop, pack.loop.trainer
             for k, s in enumerate(slots):
                 _start(s, study, results_dir, pack.precision, pack_id)

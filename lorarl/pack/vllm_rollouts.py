@@ -69,6 +69,8 @@ def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
     if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs):
         return got["llm"]
     llm = api.LLM(model=str(model_dir), **kwargs)
+    print(f"[lorarl] pack: vLLM engine for {model_dir} (max_loras {kwargs.get('max_loras')}, max_lora_rank "
+          f"{kwargs.get('max_lora_rank')})", flush=True)
     _ENGINE.clear()
     _ENGINE.update(llm=llm, model=str(model_dir), kwargs=dict(kwargs))
     return llm

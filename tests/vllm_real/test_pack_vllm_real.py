@@ -205,3 +205,14 @@ def test_greedy_members_in_the_pack_equal_their_solo_and_hf_greedy(model_dir, tm
         _near_tie(_hf_model(model_dir, pack.loop.rollouts._dirs[0]), prompts[0], packed[0][0], swapped)
     print(f"near-ties: pack vs solo {ties['solo']}, vLLM vs HF {ties['hf']} of {3 * len(prompts)} rows")
     assert ties["solo"] <= len(prompts) and ties["hf"] <= len(prompts)
+
+
+def test_a_two_rank_pack_job_runs_an_engine_per_rank(model_dir, tmp_path):
+    """A 2-member vLLM pack as a 2-task job: each rank a one-process pack with its own engine (its process is a
+    one-process job for vLLM's in-process launcher); every member's outputs equal the one-task pack's."""
+    from tests.test_pack_job_ranks import _study, assert_two_rank_pack_equals_one
+
+    logs = assert_two_rank_pack_equals_one(_study(tmp_path, model_dir, kls=(0.0, 0.05), rollout=ROLLOUT), tmp_path)
+    text = "".join(p.read_text() for p in logs.glob("*_log.out")) + "".join(p.read_text() for p in logs.glob("*_log.err"))
+    assert text.count("[lorarl] pack: vLLM engine for") == 2, text[-3000:]  # one engine per rank, 1 adapter each
+    assert text.count("(max_loras 1, max_lora_rank") == 2
