@@ -36,6 +36,12 @@ def test_members_are_placed_round_robin_and_the_job_has_no_more_ranks_than_membe
     multi = pack_resources({"nodes": 4, "gpus_per_node": 8}, "s", cfgs(10), "slurm")
     assert (multi["nodes"], multi["tasks_per_node"]) == (2, 8)  # 10 members need 2 nodes of 8, not 4
     assert "layouts" not in one
+    from lorarl.pipeline.train_layout import pack_layout
+
+    prof = {"tasks_per_node": 1, "layouts": {"on_oom": {"tasks_per_node": 8}}}
+    assert pack_layout(prof, "s", cfgs(3), "local", False) == ({"tasks_per_node": 1}, None)
+    assert pack_layout(prof, "s", cfgs(3), "local", True) == ({"tasks_per_node": 3}, "3 ranks (1 node(s))")
+    assert pack_layout(prof, "s", cfgs(1), "local", True)[1] is None  # one member: no more ranks to use
 
 
 def _free_port() -> int:
@@ -96,13 +102,13 @@ def _study(tmp_path, tiny_dir, kls=(0.0, 0.05, 0.1), rollout=None):
     return p
 
 
-def _launch_pack(study, members, results, tasks):
+def _launch_pack(study, members, results, tasks=1, slurm=None, **env):
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), ",".join(members), "--results",
-           str(results), "--executor", "local", "--threads", "1", "--slurm", json.dumps({"tasks_per_node": tasks}),
-           "--tracking", "sqlite"]
+           str(results), "--executor", "local", "--threads", "1", "--slurm",
+           json.dumps(slurm if slurm is not None else {"tasks_per_node": tasks}), "--tracking", "sqlite"]
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT", "LORARL_FAULT")}
-    return subprocess.run(cmd, capture_output=True, text=True, env=clean, timeout=900)
+                                                              "MASTER_PORT", "LORARL_FAULT", "LORARL_ATTEMPT")}
+    return subprocess.run(cmd, capture_output=True, text=True, env={**clean, **env}, timeout=900)
 
 
 def assert_two_rank_pack_equals_one(study, results):
@@ -143,3 +149,31 @@ def assert_two_rank_pack_equals_one(study, results):
 @pytest.mark.slow
 def test_a_two_rank_pack_job_trains_what_the_one_process_pack_trains(tiny_dir, tmp_path):
     assert_two_rank_pack_equals_one(_study(tmp_path, tiny_dir), tmp_path)
+
+
+@pytest.mark.slow
+def test_the_last_out_of_memory_retry_of_a_pack_runs_on_more_ranks(tiny_dir, tmp_path):
+    """The ladder's last rung for a pack job: the profile's larger layout (``layouts.on_oom``), so each rank holds
+    fewer members; without one the attempt is refused. Test hook: a pack job of fewer than 2 ranks runs out
+    of memory."""
+    from lorarl.pack.plan import pack_id
+    from lorarl.pipeline import oom
+    from lorarl.study import cell_table, load_study
+
+    study = _study(tmp_path, tiny_dir, kls=(0.0, 0.05))
+    ids = [c.id for c in cell_table(load_study(str(study))).cells]
+    logs = tmp_path / "pk" / ".packs" / pack_id(ids) / "logs"
+    logs.mkdir(parents=True)
+    error = "torch.OutOfMemoryError: CUDA out of memory: 1 rank(s) < 2 (test hook LORARL_FAULT=oom_ranks_below:2)"
+    (logs / oom.RECORD).write_text(json.dumps([{"attempt": k, "oom": True, "error": error, "failed": None}
+                                               for k in (1, 2, 3)]))
+    hook = {"LORARL_ATTEMPT": "4", "LORARL_FAULT": "oom_ranks_below:2"}
+    refused = _launch_pack(study, ids, tmp_path, slurm={}, **hook)
+    assert refused.returncode == 1 and "no larger layout allowed by the profile" in refused.stderr
+    last = _launch_pack(study, ids, tmp_path, slurm={"layouts": {"on_oom": {"tasks_per_node": 4}}}, **hook)
+    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-3000:]
+    assert "retrying on the larger layout the profile allows: 2 ranks (1 node(s))" in last.stdout  # 2 members: 2
+    for c in ids:
+        summary = json.loads((tmp_path / "pk" / c / ".packed" / "summary.json").read_text())
+        assert summary["state"] == "done" and summary["oom_retries"][-1]["attempt"] == 4
+        assert summary["oom_retries"][-1]["ranks"] == 2 and "ranks" not in summary["oom_retries"][0]

@@ -264,10 +264,11 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
             slurm = coerce(slurm or {})
             threads = int(slurm.get("cpus_per_task", threads or 1))
         threads = max(1, int(threads or 1))
-        slurm = train_layout.pack_resources(slurm, study.name, [table.cell(c).config for c in ids], executor)
+        slurm, larger = train_layout.pack_layout(slurm, study.name, [table.cell(c).config for c in ids], executor,
+                                                 oom.attempt() >= oom.MAX_ATTEMPTS)
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
-        if (refused := oom.before_attempt(folder, "pack", pid)) is not None:
+        if (refused := oom.before_attempt(folder, "pack", pid, larger)) is not None:
             return refused
         if _adopted(executor, folder, name, prov, "pack", "pack", results_dir, study.name, pid, None):
             return 0

@@ -7,8 +7,9 @@ as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never i
   CUDA out of memory (:func:`is_oom`) exits with :data:`OOM_EXIT`, any other with 1. Attempt k > 1 is
   submitted only when attempt k-1 ran out of memory; otherwise it fails at once, repeating attempt k-1's
   error (a retry never hides the real failure; `lorarl status` shows it). The last attempt (4) of a training
-  job runs on the profile's larger layout (``slurm.train.layouts.on_oom``, more ranks than the cell's), on
-  the smallest settings; without one, and for evaluate and pack jobs: "no larger layout allowed by the profile".
+  job runs on the profile's larger layout (``slurm.train.layouts.on_oom``, more ranks than the cell's; a pack
+  job: more ranks than its own layout, so fewer members per rank, lorarl.pack.ranks), on the smallest settings;
+  without one, and for evaluate jobs: "no larger layout allowed by the profile".
 * job: :func:`job_for_attempt` hands the stage cells that run the attempt's rung (train/pack: `auto`
   resolved for the job first, then the rung's micro-batch, generation chunk, checkpointing; evaluate:
   eval.batch_size), each change printed; after success :func:`annotate` adds `"oom_retries"` (one entry per
@@ -18,7 +19,7 @@ as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never i
 Test hook: LORARL_FAULT="oom_above:N" makes a train / pack / evaluate job raise torch.OutOfMemoryError at
 its start while its load exceeds N sequences: training, the micro-batch (half of it with gradient
 checkpointing on: activations are what checkpointing saves); evaluation, eval.batch_size.
-LORARL_FAULT="oom_ranks_below:N": a training job of fewer than N ranks runs out of memory.
+LORARL_FAULT="oom_ranks_below:N": a training (or pack) job of fewer than N ranks runs out of memory.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class _LadderTable:
         from lorarl.memory.auto import resolve_job
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        cfg = resolve_job(cfg, results_dir=self.results_dir)
+        cfg = resolve_job(cfg, results_dir=self.results_dir, world=1 if self.stage == "pack" else None)  # a member alone
         steps = ladder.train_ladder(ladder.planned_train(cfg, device))
         # the last attempt runs on the profile's larger layout (the launcher refuses it without one), on the
         # smallest settings; the other attempts run their rung

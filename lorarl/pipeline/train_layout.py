@@ -123,6 +123,20 @@ def pack_resources(res: dict[str, Any] | None, study: str, cfgs: list[Any], exec
     return out
 
 
+def pack_layout(res: dict[str, Any] | None, study: str, cfgs: list[Any], executor: str,
+                last_attempt: bool) -> tuple[dict[str, Any], str | None]:
+    """A pack job's resources, and on the out-of-memory ladder's last attempt the larger layout ``on_oom`` gives
+    (more ranks: fewer members per rank) with its description; None when it has no more ranks."""
+    out = pack_resources(res, study, cfgs, executor)
+    big = oom_resources(res, study, cfgs[0].model, cfgs[0])
+    if big is None or not last_attempt:
+        return out, None
+    wide = pack_resources(big, study, cfgs, executor)
+    if ranks(wide) <= ranks(out):
+        return out, None
+    return wide, f"{ranks(wide)} ranks ({wide.get('nodes', 1)} node(s))"
+
+
 def export_ranks() -> int:
     """In a submitit job of several tasks: export torch.distributed's environment for this task (its rank,
     the world size, the rendezvous on the job's first node). Returns the world size (1: nothing set)."""
