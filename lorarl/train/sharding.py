@@ -30,7 +30,7 @@ def uses_fsdp(sharding: str, method: str, ranks: int) -> bool:
 
 def fsdp_fields(sharding: str, method: str, ranks: int) -> dict[str, Any]:
     """The Trainer's FSDP arguments for a cell (empty: DDP or one process)."""
-    return {"fsdp": "full_shard", "fsdp_config": dict(FSDP_CONFIG)} if uses_fsdp(sharding, method, ranks) else {}
+    return {"fsdp": True, "fsdp_config": dict(FSDP_CONFIG)} if uses_fsdp(sharding, method, ranks) else {}  # fsdp as a string: deprecated
 
 
 class Fsdp2Sharding:
