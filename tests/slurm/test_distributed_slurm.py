@@ -1,48 +1,92 @@
 """One cell on two ranks through the user's command, `snakemake --profile slurm`: a Slurm job of 2 tasks
-(submitit's ranks, torch.distributed over gloo on the test node's CPUs), every stage after it as usual."""
+(submitit's ranks, torch.distributed over gloo on the test node's CPUs), preempted once (Slurm's USR2) and
+requeued, every stage after it as usual."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_pipeline_slurm import SLURM, mlflow_client, models, snakemake, study, workdir_for  # noqa: F401
+from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, mlflow_client, models, snakemake_cmd,  # noqa: F401
+                                             study, workdir_for)
 
 pytestmark = pytest.mark.slurm
 
 
-def test_two_task_training_job_runs_a_cell_end_to_end(models, tmp_path: Path):  # noqa: F811
-    spec = study("dd", {"seed": {"field": "seed", "prefix": "s", "values": [3]}}, checkpoint_every=0)
+def test_a_preempted_two_task_job_runs_a_cell_end_to_end_and_resumes_every_rank_into_one_run(models, tmp_path: Path):  # noqa: F811
+    """Slurm's USR2 (preemption) to a 2-task training job: rank 0 checkpoints (every rank writes its part), every
+    rank stops, submitit requeues the one job; its 2 tasks resume from that checkpoint into the same MLflow run
+    and every step is logged once (what a multi-node job does: this cluster has one node). The cell's PiSSA
+    init computes each module's SVD on one rank only."""
+    import pandas as pd
+
+    steps = 24
+    spec = study("dd", {"seed": {"field": "seed", "prefix": "s", "values": [3]}}, steps=steps, checkpoint_every=4)
     spec["defaults"]["adapter"]["init"] = "pissa"  # an SVD init: each module's SVD computed by one rank only
     wd = workdir_for(tmp_path, models, spec)
     # the layout is the profile's (runtime): 2 tasks on one node of the cpu partition, one CPU each
     slurm = {**SLURM, "train": {"partition": "cpu", "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 4,
-                                "timeout_min": 30}}
-    proc = snakemake(wd, slurm=slurm)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+                                "timeout_min": 30, "signal_delay_s": 30}}
+    progress = wd / "results" / "dd" / ".checkpoints" / "s3" / "progress.json"
+
+    def wait(min_step: int, not_pid: int | None) -> dict:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                p = json.loads(progress.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                p = None
+            if p and p["step"] >= min_step and p["pid"] != not_pid:
+                return p
+            if proc.poll() is not None:
+                pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {p}")
+            time.sleep(0.1)
+        pytest.fail(f"not at step >= {min_step} from a new process after 300 s")
+
+    log = (tmp_path / "snakemake.log").open("w")
+    proc = subprocess.Popen(snakemake_cmd(wd, slurm), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env=env())
+    try:
+        p = wait(5, None)
+        subprocess.run(["scancel", "--signal=USR2", p["job_id"]], check=True, timeout=30)  # what preemption does
+        q = wait(p["step"] + 2, p["pid"])  # requeued: the same job, new processes, training on
+        assert q["job_id"] == p["job_id"]
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert rc == 0, (tmp_path / "snakemake.log").read_text()[-5000:]
     cell = wd / "results" / "dd" / "s3"
     summary = json.loads((cell / "summary.json").read_text())
-    assert summary["steps"] == 3 and (cell / "eval" / "synthetic.json").exists()
-    job = json.loads((cell / "provenance" / "train.json").read_text())["submissions"][0]["job_id"]
+    assert summary["steps"] == steps and len(summary["resumed_from_steps"]) == 1, summary
+    assert (cell / "eval" / "synthetic.json").exists()
+    assert pd.read_csv(cell / "metrics.csv")["step"].tolist() == list(range(1, steps + 1))
+    job = p["job_id"]
     acct = subprocess.run(["sacct", "-j", job, "-n", "-P", "--format=JobID,NTasks,State"], capture_output=True,
                           text=True, timeout=60).stdout
-    steps = {line.split("|")[0]: line.split("|")[1:] for line in acct.splitlines() if line}
-    assert steps.get(f"{job}.0") == ["2", "COMPLETED"], acct  # srun's step: the two ranks
-    logs = cell / "logs" / "train"
-    assert (logs / f"{job}_0_log.out").exists() and (logs / f"{job}_1_log.out").exists(), sorted(logs.iterdir())
-    svd = [re.findall(r"rank (\d): SVD cache: (\d+) computed, (\d+) read", (logs / f"{job}_{r}_log.out").read_text())
-           for r in (0, 1)]
-    assert [len(x) for x in svd] == [1, 1], svd  # one line per rank
-    (r0, c0, h0), (r1, c1, h1) = (tuple(map(int, x[0])) for x in svd)
-    modules = c0 + h0
-    assert (r0, r1) == (0, 1) and modules > 0 and c1 + h1 == modules  # every rank inits every module
-    assert c0 + c1 == modules, svd  # ... from SVDs computed once: whichever rank locked a module first
+    steps_of = {line.split("|")[0]: line.split("|")[1:] for line in acct.splitlines() if line}
+    assert steps_of.get(f"{job}.0") == ["2", "COMPLETED"], acct  # srun's step: the two ranks
     client = mlflow_client(wd)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.params["train.ranks"] == "2" and run.info.status == "FINISHED"
-    for key in ("loss", "reward", "grad_norm"):  # rank 0 alone logs: every step once
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
+    for key in ("loss", "reward", "grad_norm"):  # rank 0 alone logs: one run, every step once across the requeue
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == list(range(1, steps + 1))
+    logs = cell / "logs" / "train"
+    first, second = ((logs / f"{job}_{r}_log.out").read_text() for r in (0, 1))
+    assert first.count("Starting with JobEnvironment") == second.count("Starting with JobEnvironment") == 2
+    assert f"Requeued job {job}" in first and "Not checkpointing nor requeuing since I am a slave" in second
+    assert "[lorarl] rank 1: rank 0 stopped for a preemption; checkpoint saved, exiting" in second
+    assert "[lorarl] resuming from" in first and f"into MLflow run {run.info.run_id}" in first
+    svd = [re.findall(r"rank (\d): SVD cache: (\d+) computed, (\d+) read", text) for text in (first, second)]
+    assert [len(x) for x in svd] == [2, 2], svd  # one line per rank and start
+    (r0, c0, h0), (r1, c1, h1) = (tuple(map(int, x[0])) for x in svd)  # the first start
+    modules = c0 + h0
+    assert (r0, r1) == (0, 1) and modules > 0 and c1 + h1 == modules  # every rank inits every module
+    assert c0 + c1 == modules, svd  # ... from SVDs computed once: whichever rank locked a module first
+    assert all(x[1][1] == "0" for x in svd), svd  # after the requeue: every SVD read from the cache
