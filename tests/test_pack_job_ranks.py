@@ -44,6 +44,18 @@ def test_members_are_placed_round_robin_and_the_job_has_no_more_ranks_than_membe
     assert pack_layout(prof, "s", cfgs(1), "local", True)[1] is None  # one member: no more ranks to use
 
 
+def test_a_pack_rank_sees_only_its_gpu(monkeypatch):
+    from lorarl.pack.ranks import pin_gpu
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # Slurm's grant on this node
+    pin_gpu()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # no grant named: the node's own numbering
+    pin_gpu()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
