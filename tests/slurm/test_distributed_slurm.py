@@ -25,7 +25,7 @@ def test_a_preempted_two_task_job_runs_a_cell_end_to_end_and_resumes_every_rank_
     init computes each module's SVD on one rank only."""
     import pandas as pd
 
-    steps = 24
+    steps = 12
     spec = study("dd", {"seed": {"field": "seed", "prefix": "s", "values": [3]}}, steps=steps, checkpoint_every=4)
     spec["defaults"]["adapter"]["init"] = "pissa"  # an SVD init: each module's SVD computed by one rank only
     wd = workdir_for(tmp_path, models, spec)
