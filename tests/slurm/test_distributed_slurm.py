@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, mlflow_client, models, snakemake_cmd,  # noqa: F401
-                                             study, workdir_for)
+                                             study, wait_progress, workdir_for)
 
 pytestmark = pytest.mark.slurm
 
@@ -35,18 +34,7 @@ def test_a_preempted_two_task_job_runs_a_cell_end_to_end_and_resumes_every_rank_
     progress = wd / "results" / "dd" / ".checkpoints" / "s3" / "progress.json"
 
     def wait(min_step: int, not_pid: int | None) -> dict:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                p = json.loads(progress.read_text())
-            except (FileNotFoundError, json.JSONDecodeError):
-                p = None
-            if p and p["step"] >= min_step and p["pid"] != not_pid:
-                return p
-            if proc.poll() is not None:
-                pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {p}")
-            time.sleep(0.1)
-        pytest.fail(f"not at step >= {min_step} from a new process after 300 s")
+        return wait_progress([progress], min_step, not_pid, proc)
 
     log = (tmp_path / "snakemake.log").open("w")
     proc = subprocess.Popen(snakemake_cmd(wd, slurm), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,

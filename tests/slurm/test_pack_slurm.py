@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,31 +14,16 @@ import pytest
 from mlflow.entities import ViewType
 
 from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
-                                             snakemake_cmd, study, workdir_for)
+                                             snakemake_cmd, study, wait_progress, workdir_for)
 
 pytestmark = pytest.mark.slurm
 CELLS = ("s0", "s1")
 
 
-def _progress(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _wait(wd: Path, min_step: int, not_pid: int | None, proc: subprocess.Popen, timeout: float = 300) -> dict:
+def _wait(wd: Path, min_step: int, not_pid: int | None, proc: subprocess.Popen) -> dict:
     """Progress of both members at step >= min_step, written by a process other than `not_pid`."""
-    deadline = time.monotonic() + timeout
-    paths = [wd / "results" / "pk" / ".checkpoints" / c / "progress.json" for c in CELLS]
-    while time.monotonic() < deadline:
-        ps = [_progress(p) for p in paths]
-        if all(p and p["step"] >= min_step and p["pid"] != not_pid for p in ps):
-            return ps[0]
-        if proc.poll() is not None:
-            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {ps}")
-        time.sleep(0.1)
-    pytest.fail(f"members not at step >= {min_step} (from a new process) after {timeout} s: {[_progress(p) for p in paths]}")
+    return wait_progress([wd / "results" / "pk" / ".checkpoints" / c / "progress.json" for c in CELLS], min_step,
+                         not_pid, proc)
 
 
 def test_preempted_pack_requeues_and_resumes_every_member_exactly_once(models, tmp_path: Path):

@@ -74,6 +74,21 @@ def snakemake_cmd(workdir: Path, slurm: dict = SLURM) -> list[str]:
             "slurm=" + json.dumps(slurm), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
 
 
+def wait_progress(paths: list[Path], min_step: int, not_pid: int | None, proc: subprocess.Popen,
+                  timeout: float = 300) -> dict:
+    """The first cell's progress.json once every cell in ``paths`` is at step >= min_step, written by a process
+    other than ``not_pid`` (a requeued job's); fails when snakemake ends first or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ps = [_progress(p) for p in paths]
+        if all(p and p["step"] >= min_step and p["pid"] != not_pid for p in ps):
+            return ps[0]
+        if proc.poll() is not None:
+            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {ps}")
+        time.sleep(0.1)
+    pytest.fail(f"not at step >= {min_step} (from a new process) after {timeout} s: {[_progress(p) for p in paths]}")
+
+
 def env() -> dict[str, str]:
     # LORARL_POLL_S: a cancelled job is noticed within seconds (default: a minute)
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_POLL_S": "3"}
