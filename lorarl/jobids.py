@@ -17,11 +17,14 @@ def read(path: str | Path) -> dict:
         return {}
 
 
-def job_ids(doc_or_path: dict | str | Path) -> list[str]:
-    """Every job id of this stage, in order: submissions (reruns) and their requeued attempts."""
+def job_ids(doc_or_path: dict | str | Path, executor: str | None = None) -> list[str]:
+    """Every job id of this stage, in order: submissions (reruns) and their requeued attempts; with
+    ``executor``, only that executor's submissions (``"slurm"``: the ids Slurm knows)."""
     doc = doc_or_path if isinstance(doc_or_path, dict) else read(doc_or_path)
     out: list[str] = []
     for sub in doc.get("submissions", []):
+        if executor is not None and sub.get("executor") != executor:
+            continue
         for jid in [sub.get("job_id")] + [a.get("job_id") for a in sub.get("attempts", [])]:
             if jid and str(jid) not in out:
                 out.append(str(jid))

@@ -60,7 +60,12 @@ def test_status_of_each_kind_of_cell(tmp_path: Path, monkeypatch):
     (res / "st" / "s3").mkdir(parents=True)
     (res / "st" / "s3" / "summary.json").write_text(json.dumps({"config_hash": "0123456789"}))
 
+    from lorarl.pipeline import status as status_mod
+
+    asked = []  # local jobs only: Slurm is not asked (a local job id is a pid, and an unreachable controller
+    monkeypatch.setattr(status_mod, "_run", lambda cmd: asked.append(cmd))  # makes each call wait its timeout)
     rows = {r.cell: r for r in study_status(str(tmp_path / "study.yaml"), res)}
+    assert asked == []
     assert rows["s0"].train.state == "done"
     assert rows["s1"].train.state == "running" and rows["s1"].train.step == "11/20"
     assert rows["s2"].train.state == "failed"
@@ -93,6 +98,11 @@ def test_provenance_keeps_every_job_and_attempt(tmp_path: Path, monkeypatch):
     provenance.record_job_id(prov, j, "57")
     doc = provenance.read(prov)
     assert provenance.job_ids(doc) == ["41", "57"]
+    k = provenance.record_submission(prov, stage="train", study="st", cell="s0", config_hash="h", executor="local",
+                                     slurm=None)
+    provenance.record_job_id(prov, k, "4242")
+    doc = provenance.read(prov)
+    assert provenance.job_ids(doc) == ["41", "57", "4242"] and provenance.job_ids(doc, executor="slurm") == ["41", "57"]
     assert [(a["restart_count"], a["outcome"]) for a in provenance.attempts(doc)] == [(0, "interrupted"),
                                                                                         (1, "completed")]
     sub = doc["submissions"][0]

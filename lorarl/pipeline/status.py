@@ -132,12 +132,14 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
     study = load_study(study_path) if isinstance(study_path, (str, Path)) else study_path
     results_dir = Path(results_dir)
     cells = [(c, "cell") for c in study_cells(study)] + [(b, "base") for b in base_cells(study)]
-    all_ids: list[str] = []
+    slurm_ids: list[str] = []  # only Slurm submissions are looked up: a local job id is a pid on this machine
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"
         for f in pdir.glob("*.json"):
-            all_ids += provenance.job_ids(f)
-    queue, acct = slurm_snapshot(all_ids)
+            slurm_ids += provenance.job_ids(f, executor="slurm")
+    # no Slurm job in the study: squeue/sacct are not called (where Slurm's clients are installed but no
+    # controller answers, each call waits for its timeout)
+    queue, acct = slurm_snapshot(slurm_ids) if slurm_ids else ({}, {})
     out = []
     for c, kind in cells:
         cdir = paths.cell_dir(results_dir, study.name, c.id)
