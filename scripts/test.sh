@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start 2/2: set up, bring up a one-node Slurm cluster, run the whole test suite, tear down.
+# Quick start 2/2: set up, bring up the two-node Slurm test cluster, run the whole test suite, tear down.
 # With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
 # mostly wait on the scheduler and on requeues, then the two longest end-to-end modules, the dependency
 # checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run and the multi-rank

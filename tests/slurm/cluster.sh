@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# A real single-node Slurm cluster (slurmctld + slurmd + slurmdbd/mariadb + munge)
-# on this host, for the `slurm`-marked tests.  Debian 12, root, no systemd.
+# A real Slurm cluster (slurmctld + slurmd + slurmdbd/mariadb + munge) on this host, for the
+# `slurm`-marked tests.  Debian 12, root, no systemd.
+#
+# Two nodes: this host ($HOST: partitions cpu and gpu) and a second slurmd ($NODE2) started in its own
+# UTS namespace (`unshare --uts`: its own hostname, so slurmd takes it for that node; its own slurmd
+# port) on the same machine; partition `multi` = both, for jobs of several nodes. Slurm 22.05 as
+# packaged is not built with --enable-multiple-slurmd, hence the namespace. $NODE2 resolves to
+# 127.0.0.1 (a line added to /etc/hosts), as a job's rendezvous on its first node needs.
 #
 #   bash tests/slurm/cluster.sh up|down|status|heal
 #
@@ -23,6 +29,8 @@ DB_PORT=${LORARL_SLURM_DB_PORT:-13306}              # not 3306: don't clash with
 DB_PASS=lorarl-slurm-test                           # local, loopback-only throwaway DB
 CLUSTER=lorarl
 HOST=$(hostname -s)
+NODE2=${LORARL_SLURM_NODE2:-lorarl-node2}          # the second node's name (and hostname in its namespace)
+NODE2_PORT=${LORARL_SLURM_NODE2_PORT:-6828}         # its slurmd's port (slurmctld 6817, slurmd 6818, slurmdbd 6819)
 PACKAGES=(slurm-wlm munge mariadb-server slurmdbd)
 
 die() { echo "cluster.sh: ERROR: $*" >&2; exit 1; }
@@ -118,9 +126,9 @@ ReturnToService=2
 KillWait=5
 MinJobAge=30
 StateSaveLocation=$SPOOL/ctld
-SlurmdSpoolDir=$SPOOL/d
+SlurmdSpoolDir=$SPOOL/d/%n
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
 # sacct (which submitit polls) needs accounting storage, i.e. slurmdbd.
@@ -129,11 +137,13 @@ AccountingStorageHost=$HOST
 JobCompType=jobcomp/none
 GresTypes=gpu
 NodeName=$HOST $hw RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+NodeName=$NODE2 NodeHostname=$NODE2 NodeAddr=127.0.0.1 Port=$NODE2_PORT $hw RealMemory=$mem Gres=gpu:2 State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
+PartitionName=multi Nodes=$HOST,$NODE2 MaxTime=INFINITE State=UP
 EOF
   cat >"$ETC/gres.conf" <<EOF
-NodeName=$HOST Name=gpu File=$STATE/dev/nvidia[0-1]
+NodeName=$HOST,$NODE2 Name=gpu File=$STATE/dev/nvidia[0-1]
 EOF
   cat >"$ETC/cgroup.conf" <<EOF
 # Unused (no cgroup plugins configured); present so Slurm doesn't look for one.
@@ -198,7 +208,14 @@ start_mariadb() {
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" || die "mariadb setup failed"
 }
 
-node_idle() { [[ $(sinfo -h -N -n "$HOST" -o %t 2>/dev/null | sort -u) == idle ]]; }
+node_idle() { [[ $(sinfo -h -N -n "$HOST,$NODE2" -o %t 2>/dev/null | sort -u) == idle ]]; }
+
+# The second node: its name resolves here (a job's first node hosts its rendezvous), and its slurmd runs in
+# a UTS namespace whose hostname is $NODE2 (slurmd finds its NodeName by hostname), logging to its own file.
+start_node2() {
+  grep -qE "^127\.0\.0\.1[[:space:]].*\b$NODE2\b" /etc/hosts || echo "127.0.0.1 $NODE2  # lorarl test cluster" >>/etc/hosts
+  start slurmd2 unshare --uts sh -c "hostname $NODE2 && exec slurmd -D -L $LOG/slurmd-$NODE2.log"
+}
 
 up() {
   [[ $EUID -eq 0 ]] || die "must run as root"
@@ -207,7 +224,7 @@ up() {
   install_packages
   down quiet                          # idempotent: `up` on a running cluster restarts it fresh
   rm -rf "$SPOOL" "$LOG"
-  mkdir -p "$ETC" "$RUN" "$LOG" "$SPOOL/ctld" "$SPOOL/d"
+  mkdir -p "$ETC" "$RUN" "$LOG" "$SPOOL/ctld" "$SPOOL/d/$HOST" "$SPOOL/d/$NODE2"
   write_configs
   start_munge
   start_mariadb
@@ -217,10 +234,11 @@ up() {
   start slurmctld slurmctld -D -i   # -i: ignore any state left in StateSaveLocation
   wait_for 30 slurmctld scontrol ping || { tail "$LOG/slurmctld.log" >&2; die "slurmctld did not come up"; }
   start slurmd slurmd -D
-  if ! wait_for 60 "idle node" node_idle; then
-    sinfo -N -l >&2 || true; scontrol show node "$HOST" | grep -i reason >&2 || true
-    tail "$LOG/slurmd.log" >&2 || true
-    die "node $HOST is not idle"
+  start_node2
+  if ! wait_for 60 "idle nodes" node_idle; then
+    sinfo -N -l >&2 || true; scontrol show node "$HOST,$NODE2" | grep -i reason >&2 || true
+    tail "$LOG/slurmd.log" "$LOG/slurmd-$NODE2.log" >&2 || true
+    die "nodes $HOST, $NODE2 are not idle"
   fi
   wait_for 30 sacct sacct -n -X || die "sacct does not work (see $LOG/slurmdbd.log)"
   sinfo
@@ -256,12 +274,12 @@ down() {
       wait_for 15 "jobs gone" bash -c '[[ -z $(squeue -h -o %i) ]]' || true
     fi
   fi
-  stop "$RUN/slurmd.pid" "$RUN/slurmctld.pid" "$RUN/slurmdbd.pid"
+  stop "$RUN/slurmd.pid" "$RUN/slurmd2.pid" "$RUN/slurmctld.pid" "$RUN/slurmdbd.pid"
   stop "$RUN/mariadb.pid" "$RUN/munged.pid"   # after the Slurm daemons, which use them
   [[ -n $quiet ]] || log "cluster down"
 }
 
-node_usable() { [[ $(sinfo -h -N -n "$HOST" -o %t 2>/dev/null | sort -u) =~ ^(idle|mix|alloc|comp)$ ]]; }
+node_usable() { [[ $(sinfo -h -N -n "$1" -o %t 2>/dev/null | sort -u) =~ ^(idle|mix|alloc|comp)$ ]]; }
 
 heal() {
   [[ $EUID -eq 0 ]] || die "must run as root"
@@ -282,17 +300,21 @@ heal() {
     wait_for 30 slurmctld scontrol ping || die "slurmctld did not come up"
   fi
   if ! alive "$RUN/slurmd.pid"; then log "restarting slurmd"; start slurmd slurmd -D; fi
-  if ! wait_for 20 "usable node" node_usable; then
-    log "resuming node $HOST"; scontrol update nodename="$HOST" state=resume || true
-    wait_for 60 "usable node" node_usable || die "node $HOST is not usable: $(sinfo -h -N -o '%t %E')"
-  fi
+  if ! alive "$RUN/slurmd2.pid"; then log "restarting slurmd of $NODE2"; start_node2; fi
+  local node
+  for node in "$HOST" "$NODE2"; do
+    if ! wait_for 20 "usable node" node_usable "$node"; then
+      log "resuming node $node"; scontrol update nodename="$node" state=resume || true
+      wait_for 60 "usable node" node_usable "$node" || die "node $node is not usable: $(sinfo -h -N -o '%N %t %E')"
+    fi
+  done
   wait_for 30 sacct sacct -n -X || die "sacct does not work (see $LOG/slurmdbd.log)"
   log "cluster healthy"
 }
 
 status() {
   local name
-  for name in munged mariadb slurmdbd slurmctld slurmd; do
+  for name in munged mariadb slurmdbd slurmctld slurmd slurmd2; do
     local f=$RUN/$name.pid
     if alive "$f"; then echo "$name: running (pid $(cat "$f"))"; else echo "$name: stopped"; fi
   done

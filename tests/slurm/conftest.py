@@ -1,4 +1,4 @@
-"""Every module here needs the single-node Slurm test cluster (tests/slurm/cluster.sh): checked once per
+"""Every module here needs the Slurm test cluster (tests/slurm/cluster.sh): checked once per
 module, before its first test, so a cluster that is not up fails loudly instead of hanging a job."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End-to-end checks of submitit against the real single-node Slurm cluster.
+"""End-to-end checks of submitit against the real Slurm test cluster.
 
 Bring the cluster up first (CI does):  bash tests/slurm/cluster.sh up
 These tests fail loudly, not skip, when it is not up.

@@ -1,4 +1,4 @@
-"""Faults of the Slurm cluster itself, on the real single-node test cluster (issue 16).
+"""Faults of the Slurm cluster itself, on the real Slurm test cluster (issue 16).
 
 * accounting unavailable (slurmdbd stopped: `sacct` fails, submitit reads every state as UNKNOWN):
   a job that ends without its outputs is never counted as a success (the launcher asks slurmctld,

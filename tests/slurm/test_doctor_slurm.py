@@ -1,4 +1,4 @@
-"""`lorarl doctor --profile slurm` against the real single-node Slurm cluster.
+"""`lorarl doctor --profile slurm` against the real Slurm test cluster.
 
 Bring the cluster up first (CI does):  bash tests/slurm/cluster.sh up
 These tests fail loudly, not skip, when it is not up.

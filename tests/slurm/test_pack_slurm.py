@@ -1,4 +1,4 @@
-"""A pack job on the real single-node Slurm cluster, preempted (issue 14): Slurm's USR2 (what preemption
+"""A pack job on the real Slurm test cluster, preempted (issue 14): Slurm's USR2 (what preemption
 sends; submitit requeues) makes every member checkpoint, the requeued job resumes each member from its
 own checkpoint, and each cell ends with every (metric, step) exactly once in metrics.csv and in its one
 MLflow run. Then `scontrol requeue` (SIGTERM, no checkpoint call) and the same guarantees."""

@@ -1,4 +1,4 @@
-"""The MLflow tracking server as a Slurm job, on the single-node test cluster (tests/slurm/cluster.sh up).
+"""The MLflow tracking server as a Slurm job, on the Slurm test cluster (tests/slurm/cluster.sh up).
 
 `lorarl tracking serve --slurm` submits the server (MLflow + its own PostgreSQL) as a job, waits for it
 to serve and prints its URI; a 2-cell study then runs with `snakemake --profile slurm --config
