@@ -122,6 +122,11 @@ def doctor_checks(twin: Twin, study: Path, work: Path, steps: int, eval_limit: i
                    f"{t['prompts_per_step']}x{t['generations']}x{twin.completion} tokens",
                    why="" if fill >= 0.99 else "completions stopped before the budget (EOS sampled)",
                    tokens_per_s=sp["rollout_tokens_per_s"], fill=fill))
+    trained = sp["rollout_tokens_per_step"] / sp["policy_forward_backward_s"] if sp["policy_forward_backward_s"] else 0.0
+    out.append(row(f"training tokens/s: {tag}", "pass" if trained > 0 else "fail",
+                   f"{trained:.1f} completion tokens/s through the policy's forward + backward "
+                   f"({sp['rollout_tokens_per_step']:.0f} tokens in {sp['policy_forward_backward_s']:.2f} s per step)",
+                   tokens_per_s=trained))
     dev = m["device"]
     peak = m.get("peak_memory_gb", 0.0)
     share = peak / dev["memory_gb"] if dev["memory_gb"] else 0.0
@@ -188,6 +193,65 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
                why="" if ratio < 1.0 else "the pack was not faster than its members one after another",
                packed_wall_s=pw, solo_wall_s=sw, ratio=ratio, packed_peak_gb=pm, solo_peak_gb=sm,
                memory_kind=packed["memory_kind"])
+
+
+COMPARED = ("loss", "kl", "entropy", "grad_norm")  # per-step metrics the 1-GPU torchrun job is held to
+
+
+def dist_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
+    """The 1-GPU path of the distributed launcher: ``torchrun --standalone --nproc_per_node 1`` runs the pack
+    check's first cell as a solo job (torch.distributed's environment set, world 1: what a rank of a larger
+    layout runs) and is held to the one-process solo job of the same cell (same steps; the largest per-step
+    difference of its metrics and of the trained adapter are the figures)."""
+    import torch
+
+    from lorarl.study import load_study, study_cells
+
+    cell = study_cells(load_study(study))[0].id
+    res = work / "pack-results" / "torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
+           "lorarl.gpucheck.packjob", "solo", str(study), cell, str(res), str(threads)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "logs" / "torchrun-1gpu.log").write_text(proc.stdout + proc.stderr)
+    name = yaml.safe_load(study.read_text())["name"]
+    got, ref = res / name / cell, work / "pack-results" / "solo" / name / cell
+    if proc.returncode or not (got / "summary.json").exists():
+        return row("distributed launcher, 1 GPU", "fail", f"torchrun exit {proc.returncode}, no summary.json",
+                   why=proc.stderr.strip()[-300:])
+    mine, theirs = _metrics(got / "metrics.csv"), _metrics(ref / "metrics.csv")
+    figure = f"torchrun world 1: {len(mine)} steps in {wall:.0f} s"
+    if not theirs:
+        return row("distributed launcher, 1 GPU", "pass", figure + "; no one-process job to compare (pack check not run)",
+                   wall_s=wall)
+    same = len(mine) == len(theirs)
+    dm = max((abs(a[k] - b[k]) for a, b in zip(mine, theirs) for k in COMPARED if k in a and k in b), default=0.0)
+    da = _adapter_diff(got / "adapter", ref / "adapter", torch)
+    return row("distributed launcher, 1 GPU", "pass" if same else "fail",
+               figure + f"; against the one-process job: max |diff| of {'/'.join(COMPARED)} per step {dm:.2e}, "
+               f"of the trained adapter {da:.2e}", why="" if same else "a different number of steps",
+               wall_s=wall, metric_diff=dm, adapter_diff=da)
+
+
+def _metrics(path: Path) -> list[dict[str, float]]:
+    import csv
+
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(f)]
+
+
+def _adapter_diff(a: Path, b: Path, torch: Any) -> float:
+    from safetensors.torch import load_file
+
+    fa, fb = a / "adapter_model.safetensors", b / "adapter_model.safetensors"
+    if not (fa.exists() and fb.exists()):
+        return float("nan")
+    x, y = load_file(str(fa)), load_file(str(fb))
+    return max((float((x[k].float() - y[k].float()).abs().max()) for k in x if k in y), default=float("nan"))
 
 
 def vllm_job(kind: str, twin: Twin, model_dir: str, work: Path) -> tuple[dict | None, str]:

@@ -1,4 +1,4 @@
-"""`python -m lorarl.gpucheck [--quick|--large|--cpu-smoke] [--vllm-only] [--out DIR]`: run the checks, write the report.
+"""`python -m lorarl.gpucheck [--quick|--large|--cpu-smoke] [--vllm-only] [--minutes M] [--out DIR]`: run the checks, write the report.
 
 Exit status: 0 when no check failed (a check that could not run is listed with why, and is not a pass),
 1 when one failed, 2 on bad input.
@@ -27,14 +27,23 @@ def settings(mode: str) -> dict[str, int]:
         mode, {"steps": 3, "eval_limit": 4, "pack_steps": 2, "pack_completion": 256})
 
 
-def run(mode: str, out: Path, threads: int, vllm_only: bool = False) -> dict[str, Any]:
+DOCTOR_ROWS = ("doctor", "step split", "rollout tokens/s", "training tokens/s", "peak memory", "bf16-mixed precision",
+               "evaluation tokens/s")
+
+
+def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: float | None = None) -> dict[str, Any]:
+    """The checks in order of value (the reward_density twin's doctor, its pack, the 1-GPU torchrun path, the
+    peft_zoo twin, the vLLM checks, the 7B twin), each started only when its estimate fits ``minutes``."""
     import os
 
     import torch
 
+    from lorarl.gpucheck import budget as bd
+
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # no network on a GPU node:
         os.environ.setdefault(var, "1")  # nothing here may reach a hub (the jobs inherit it)
     t_start = time.perf_counter()
+    clock = bd.Budget(minutes, t_start)
     env = ck.environment()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # vLLM's CPU build: a 1 GiB KV cache per engine (its default, 92% of host memory, is refused)
@@ -43,7 +52,7 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False) -> dict[str
     if mode != "cpu-smoke" and device != "cuda":
         rows.append(ck.row("device", "fail", f"no CUDA device ({env['device']['name']})",
                            why="the real-shape run needs a GPU; on a CPU use --cpu-smoke"))
-        return _result(mode, env, rows, t_start)
+        return _result(mode, env, rows, t_start, vllm_only, minutes)
     rows.append(ck.row("device", "pass", f"{env['device']['kind']}: {env['device']['name']} "
                                          f"({env['device']['memory_gb']:.1f} GiB)"))
     st = settings(mode)
@@ -51,41 +60,70 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False) -> dict[str
     vllm_why = ck.vllm_importable()
     if vllm_only and vllm_why is not None:  # asked for the vLLM checks alone: a missing vLLM fails the run
         rows.append(ck.row("vllm import", "fail", why=f"--vllm-only: {vllm_why}"))
-        return _result(mode, env, rows, t_start, vllm_only)
+        return _result(mode, env, rows, t_start, vllm_only, minutes)
+    start_s = bd.job_start_s()
+    rows.append(ck.row("job start-up", "pass", f"{start_s:.1f} s to import a training job's stack in a fresh process",
+                       start_s=start_s))
+
+    def gated(names: list[str], estimate: float, work_fn: Any) -> None:
+        """Run ``work_fn`` (-> rows) if its estimate fits the budget; else its rows are 'not run: budget'."""
+        if not clock.fits(estimate):
+            rows.extend(ck.not_run(n, clock.why_not(estimate)) for n in names)
+            return
+        t0 = time.perf_counter()
+        got = work_fn()
+        if got:
+            bd.record(got[0], estimate, time.perf_counter() - t0)
+        rows.extend(got)
+
     for twin in twins(mode):
         if vllm_only and twin.study != "reward_density":  # only that twin carries the vLLM checks
             continue
+        t = twin.cell["train"]
+        n_rows = t["prompts_per_step"] * t["generations"]
+        tag = twin.study
         mdir = work / "models" / twin.arch
         try:
             info = build_model(twin.arch, mdir, device)
+            speed = bd.calibrate(str(mdir.resolve()), n_rows, device)
         except Exception as err:  # noqa: BLE001 - reported as the twin's failure
             rows.append(ck.row(f"model build: {twin.arch}", "fail", f"{type(err).__name__}: {err}"[:300]))
             continue
         rows.append(ck.row(f"model build: {twin.arch}", "pass",
                            f"{info['params'] / 1e6:,.1f} M parameters ({info['layers']} layers, hidden {info['hidden']}, "
-                           f"vocab {info['vocab']}), random weights, built in {info['build_s']:.1f} s", model=info))
+                           f"vocab {info['vocab']}), random weights, built in {info['build_s']:.1f} s; "
+                           f"{speed.decode_s_per_token * 1e3:.1f} ms per decoded token ({n_rows} rows), "
+                           f"{speed.train_s_per_token * 1e6:.2f} us per trained token", model=info,
+                           speed=speed.__dict__))
+        model = str(mdir.resolve())
         if not vllm_only:
-            seeds = ck.PACK_K if twin.study == "reward_density" else 1
-            study = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], seeds, st["eval_limit"])
-            rows += ck.doctor_checks(twin, study, work, st["steps"], st["eval_limit"], threads)
-        if twin.study == "reward_density" and not vllm_only:  # LoRA without dropout: the twin that packs
-            pstudy = ck.write_study(twin, str(mdir.resolve()), work / "pack", st["pack_steps"], ck.PACK_K,
-                                    st["eval_limit"], completion=st["pack_completion"])
-            rows.append(ck.packed_check(pstudy, work, threads))
-        if twin.study == "reward_density":
-            if vllm_why is None:
-                vstudy = ck.write_study(twin, str(mdir.resolve()), work, st["steps"], 1, st["eval_limit"], "vllm")
-                rows += ck.doctor_checks(twin, vstudy, work, st["steps"], st["eval_limit"], threads, " (vLLM)")
-                rows += ck.vllm_checks(twin, str(mdir.resolve()), work)
+            seeds = ck.PACK_K if tag == "reward_density" else 1
+            est = bd.doctor_estimate(start_s, speed, n_rows, twin.completion, st["steps"], st["eval_limit"])
+            gated([f"{c}: {tag}" for c in DOCTOR_ROWS], est, lambda: ck.doctor_checks(
+                twin, ck.write_study(twin, model, work, st["steps"], seeds, st["eval_limit"]), work, st["steps"],
+                st["eval_limit"], threads))
+        if tag == "reward_density" and not vllm_only:  # LoRA without dropout: the twin that packs
+            pstudy = ck.write_study(twin, model, work / "pack", st["pack_steps"], ck.PACK_K, st["eval_limit"],
+                                    completion=st["pack_completion"])
+            est = bd.pack_estimate(start_s, speed, n_rows, st["pack_completion"], st["pack_steps"], ck.PACK_K)
+            gated(["packed K=4 vs 4 solo"], est, lambda: [ck.packed_check(pstudy, work, threads)])
+            est = bd.dist_estimate(start_s, speed, n_rows, st["pack_completion"], st["pack_steps"])
+            gated(["distributed launcher, 1 GPU"], est, lambda: [ck.dist_check(pstudy, work, threads)])
+        if tag == "reward_density" and vllm_why is None:
+            est = bd.doctor_estimate(start_s, speed, n_rows, twin.completion, st["steps"], st["eval_limit"]) + 4 * start_s
+            gated([f"doctor: {tag} (vLLM)", *VLLM_CHECKS[2:]], est, lambda: ck.doctor_checks(
+                twin, ck.write_study(twin, model, work, st["steps"], 1, st["eval_limit"], "vllm"), work, st["steps"],
+                st["eval_limit"], threads, " (vLLM)") + ck.vllm_checks(twin, model, work))
     if vllm_why is not None:
         rows += [ck.not_run(name, vllm_why) for name in VLLM_CHECKS]
-    return _result(mode, env, rows, t_start, vllm_only)
+    return _result(mode, env, rows, t_start, vllm_only, minutes)
 
 
-def _result(mode: str, env: dict, rows: list[dict], t_start: float, vllm_only: bool = False) -> dict[str, Any]:
+def _result(mode: str, env: dict, rows: list[dict], t_start: float, vllm_only: bool = False,
+            minutes: float | None = None) -> dict[str, Any]:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
-    return {"mode": mode, "vllm_only": vllm_only, "ok": counts["fail"] == 0, "counts": counts, "wall_s": time.perf_counter() - t_start,
-            "environment": env, "checks": rows}
+    return {"mode": mode, "vllm_only": vllm_only, "minutes": minutes, "ok": counts["fail"] == 0, "counts": counts,
+            "wall_s": time.perf_counter() - t_start, "environment": env, "checks": rows}
 
 
 def render(res: dict[str, Any]) -> str:
@@ -95,16 +133,19 @@ def render(res: dict[str, Any]) -> str:
              f"{c['pass']} passed, {c['fail']} failed, {c['not run']} not run, in {res['wall_s']:.0f} s "
              f"(`python -m lorarl.gpucheck" + {"cpu-smoke": " --cpu-smoke", "quick": " --quick",
                                                 "large": " --large"}.get(res["mode"], "")
-             + (" --vllm-only" if res.get("vllm_only") else "") + "`)", "",
+             + (" --vllm-only" if res.get("vllm_only") else "")
+             + (f" --minutes {res['minutes']:g}" if res.get("minutes") is not None else "") + "`)", "",
              "| item | value |", "|---|---|",
              f"| device | {d['kind']}: {d['name']} x{d['count']} ({d['memory_gb']:.1f} GiB) |",
              f"| driver / CUDA | {d['driver']} / {d['cuda']} |",
              f"| Python | {env['python']} |"]
     lines += [f"| {k} | {v or 'not installed'} |" for k, v in env["libraries"].items()]
-    lines += ["", "| check | result | figure | why |", "|---|---|---|---|"]
+    lines += ["", "| check | result | figure | why | estimated / took (s) |", "|---|---|---|---|---|"]
     for r in res["checks"]:
         mark = {"pass": "pass", "fail": "**FAIL**", "not run": "not run"}[r["status"]]
-        lines.append(f"| {r['check']} | {mark} | {r['figure']} | {r['why']} |")
+        d = r.get("data") or {}
+        took = f"{d['estimate_s']:.0f} / {d['wall_s']:.0f}" if "estimate_s" in d else ""
+        lines.append(f"| {r['check']} | {mark} | {r['figure']} | {r['why']} | {took} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,13 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm-only", action="store_true",
                     help="only the vLLM checks (the reward_density twin's model, its vLLM doctor, the push and "
                          "multi-LoRA jobs): where only the vLLM install is in question")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="time budget: checks run in order of value, each only if its estimate fits (the rest: "
+                         "'not run: budget'); default: no budget")
     a = ap.parse_args(argv)
     if a.threads < 1:
         ap.error(f"--threads must be >= 1 (got {a.threads})")
+    if a.minutes is not None and not a.minutes > 0:
+        ap.error(f"--minutes must be > 0 (got {a.minutes:g})")
     mode = "cpu-smoke" if a.cpu_smoke else "quick" if a.quick else "large" if a.large else "full"
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = run(mode, out, a.threads, a.vllm_only)
+    res = run(mode, out, a.threads, a.vllm_only, a.minutes)
     (out / "gpucheck.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     md = render(res)
     (out / "gpucheck.md").write_text(md)
