@@ -24,6 +24,28 @@ HEADROOM = 0.90  # peak memory above this share of the device fails (as lorarl d
 PACK_K = 4  # members of the packed job, against as many solo jobs of the same shape
 
 
+DEADLINE: list[float] = []  # the run's end (time.monotonic) under --minutes: a job still running then is killed
+GRACE_S = 30.0
+
+
+def sub(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run one check's process (its own session, so its job processes go with it); past the run's deadline
+    (plus a grace) the whole group is killed and the result says so (returncode -9)."""
+    import os
+    import signal
+
+    timeout = max(DEADLINE[0] - time.monotonic(), 0.0) + GRACE_S if DEADLINE else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nkilled: still running {GRACE_S:.0f} s past the --minutes budget"
+        return subprocess.CompletedProcess(cmd, -9, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def row(name: str, status: str, figure: str = "", why: str = "", **data: Any) -> dict[str, Any]:
     return {"check": name, "status": status, "figure": figure, "why": why, "data": data}
 
@@ -73,7 +95,7 @@ def run_doctor(study: Path, work: Path, steps: int, eval_limit: int, threads: in
     res = work / "results"
     cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(study), "--steps", str(steps), "--results", str(res),
            "--eval-limit", str(eval_limit), "--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = sub(cmd)
     log = work / "logs" / f"doctor-{study.stem}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(proc.stdout + proc.stderr)
@@ -169,7 +191,7 @@ def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
 
     def job(kind: str, ids: list[str], res: Path) -> dict:
         cmd = [sys.executable, "-m", "lorarl.gpucheck.packjob", kind, str(study), ",".join(ids), str(res), str(threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = sub(cmd)
         (work / "logs").mkdir(parents=True, exist_ok=True)
         (work / "logs" / f"pack-{kind}-{ids[0]}.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode:
@@ -212,7 +234,7 @@ def dist_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
            "lorarl.gpucheck.packjob", "solo", str(study), cell, str(res), str(threads)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = sub(cmd)
     wall = time.perf_counter() - t0
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "logs" / "torchrun-1gpu.log").write_text(proc.stdout + proc.stderr)
@@ -261,7 +283,7 @@ def vllm_job(kind: str, twin: Twin, model_dir: str, work: Path) -> tuple[dict | 
     scratch.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "lorarl.gpucheck.vllmjob", kind, model_dir, str(a["rank"]), str(a["alpha"]),
            str(scratch)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = sub(cmd)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "logs" / f"vllm-{kind}-{twin.study}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:

@@ -44,11 +44,13 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
         os.environ.setdefault(var, "1")  # nothing here may reach a hub (the jobs inherit it)
     t_start = time.perf_counter()
     clock = bd.Budget(minutes, t_start)
+    if minutes is not None:
+        ck.DEADLINE[:] = [time.monotonic() + minutes * 60]
     env = ck.environment()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # vLLM's CPU build: a 1 GiB KV cache per engine (its default, 92% of host memory, is refused)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    rows: list[dict[str, Any]] = []
+    rows = Progress(out, lambda: _result(mode, env, list(rows), t_start, vllm_only, minutes))
     if mode != "cpu-smoke" and device != "cuda":
         rows.append(ck.row("device", "fail", f"no CUDA device ({env['device']['name']})",
                            why="the real-shape run needs a GPU; on a CPU use --cpu-smoke"))
@@ -119,6 +121,32 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
     return _result(mode, env, rows, t_start, vllm_only, minutes)
 
 
+class Progress(list):
+    """The rows so far: each one printed as it comes and the report rewritten (a run cut short keeps its figures)."""
+
+    def __init__(self, out: Path, result: Any) -> None:
+        super().__init__()
+        self.out, self.result = out, result
+
+    def append(self, r: dict[str, Any]) -> None:
+        super().append(r)
+        print(f"[gpucheck] {r['status']:>7}  {r['check']}: {r['figure'] or r['why']}", flush=True)
+        write(self.out, self.result())
+
+    def extend(self, rs: Any) -> None:
+        for r in rs:
+            self.append(r)
+
+    def __iadd__(self, rs: Any) -> "Progress":
+        self.extend(rs)
+        return self
+
+
+def write(out: Path, res: dict[str, Any]) -> None:
+    (out / "gpucheck.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    (out / "gpucheck.md").write_text(render(res))
+
+
 def _result(mode: str, env: dict, rows: list[dict], t_start: float, vllm_only: bool = False,
             minutes: float | None = None) -> dict[str, Any]:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
@@ -172,10 +200,6 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = run(mode, out, a.threads, a.vllm_only, a.minutes)
-    (out / "gpucheck.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    md = render(res)
-    (out / "gpucheck.md").write_text(md)
-    for r in res["checks"]:
-        print(f"[gpucheck] {r['status']:>7}  {r['check']}: {r['figure'] or r['why']}", flush=True)
+    write(out, res)
     print(f"[gpucheck] wrote {out / 'gpucheck.md'} and {out / 'gpucheck.json'}")
     raise SystemExit(0 if res["ok"] else 1)
