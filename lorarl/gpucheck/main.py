@@ -85,6 +85,9 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
         n_rows = t["prompts_per_step"] * t["generations"]
         tag = twin.study
         mdir = work / "models" / twin.arch
+        if not clock.fits(2 * start_s):  # not even the model's build and calibration fit: the twin's rows
+            rows.extend(ck.not_run(n, clock.why_not(2 * start_s)) for n in twin_rows(tag, vllm_only, vllm_why))
+            continue
         try:
             info = build_model(twin.arch, mdir, device)
             speed = bd.calibrate(str(mdir.resolve()), n_rows, device)
@@ -119,6 +122,15 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
     if vllm_why is not None:
         rows += [ck.not_run(name, vllm_why) for name in VLLM_CHECKS]
     return _result(mode, env, rows, t_start, vllm_only, minutes)
+
+
+def twin_rows(tag: str, vllm_only: bool, vllm_why: str | None) -> list[str]:
+    """The rows a twin's checks give (listed as not run when the budget leaves no room for the twin at all)."""
+    names = [] if vllm_only else [f"{c}: {tag}" for c in DOCTOR_ROWS]
+    if tag == "reward_density":
+        names += [] if vllm_only else ["packed K=4 vs 4 solo", "distributed launcher, 1 GPU"]
+        names += [f"doctor: {tag} (vLLM)", *VLLM_CHECKS[2:]] if vllm_why is None else []
+    return names
 
 
 class Progress(list):

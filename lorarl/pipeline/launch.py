@@ -128,7 +128,9 @@ def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] |
             params["tasks_per_node"] = int(slurm["tasks_per_node"])
         if kind == "local":  # submitit's local jobs see only the GPUs asked for (none by default: CPU)
             gpus = local_gpus((slurm or {}).get("gpus_per_node"))
-            params.update(gpus_per_node=len(gpus), visible_gpus=gpus)
+            params["gpus_per_node"] = len(gpus)  # submitit exports CUDA_VISIBLE_DEVICES=0..n-1
+            if gpus != tuple(range(len(gpus))):  # the launcher sees other indices: the job sees the same
+                params["local_setup"] = [f"export CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}"]
     ex.update_parameters(**params)
     return ex
 
