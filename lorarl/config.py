@@ -41,6 +41,8 @@ class AdapterConfig(Strict):
     mask: str | None = None  # full only: sparse fine-tuning mask (principal, safe, ...)
     mask_alpha: float | None = Field(None, gt=0, lt=1)  # mask density alpha (default 0.5)
     mask_rank: int | None = Field(None, gt=0)  # rank k of the principal-mask SVD reconstruction (16)
+    mask_low_alpha: float | None = Field(None, gt=0, lt=1, json_schema_extra={"signature_omits_default": True})  # safe/random masks: density of the low-magnitude part (null = mask_alpha); paper 004: 58.59% beside a 50% principal mask
+    budget: Literal["allocate", "fixed"] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # adalora: allocate = peft's budget allocation init_r ceil(1.5 r) -> r + orthogonality penalty; fixed = rank r, never reallocated, no penalty (TRL's stock trainer: paper 002's run); null = allocate
 
     @field_validator("method", "init", "mask")
     @classmethod
