@@ -17,7 +17,7 @@ from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
-AnswerFormat = Literal["boxed", "answer_line", "last_number"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
+AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
 
 
 def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:
@@ -41,6 +41,8 @@ class AdapterConfig(Strict):
     mask: str | None = None  # full only: sparse fine-tuning mask (principal, safe, ...)
     mask_alpha: float | None = Field(None, gt=0, lt=1)  # mask density alpha (default 0.5)
     mask_rank: int | None = Field(None, gt=0)  # rank k of the principal-mask SVD reconstruction (16)
+    mask_low_alpha: float | None = Field(None, gt=0, lt=1, json_schema_extra={"signature_omits_default": True})  # safe/random masks: density of the low-magnitude part (null = mask_alpha); paper 004: 58.59% beside a 50% principal mask
+    budget: Literal["allocate", "fixed"] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # adalora: allocate = peft's budget allocation init_r ceil(1.5 r) -> r + orthogonality penalty; fixed = rank r, never reallocated, no penalty (TRL's stock trainer: paper 002's run); null = allocate
 
     @field_validator("method", "init", "mask")
     @classmethod
@@ -155,6 +157,7 @@ class RewardConfig(Strict):
     answer_format: AnswerFormat = "boxed"  # what the prompt asks for and is graded: final \\boxed{} | DAPO's last "Answer:" line (003) | last number; evaluation grades the same way
     grading: GradingOverride = GradingOverride()  # math-verify settings of the training reward (boxed format; null = math-verify's defaults)
     incorrect_reward: float = Field(0.0, le=0)  # outcome reward of a wrong/missing answer (right = 1); DAPO's rule: -1 (changes the overlong penalty's relative weight)
+    terms: dict[str, float] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # outcome: the reward as a weighted sum of registered terms, name: weight (TRL's reward_funcs + reward_weights; lorarl.rewards.terms), deposited as the 1/0 grade is; null = the 1/0 grade (paper 000's reading: the GSM8K GRPO recipe, max 4.0)
     step_separator: str = Field("\n", min_length=1)  # process: a step ends at this string (paper 001: newline)
     prm: Literal["rule", "hf"] = "rule"  # process: synthetic-task step checker, or a Math-Shepherd-style HF PRM
     rule_check: Literal["arithmetic", "chain"] = "arithmetic"  # rule PRM: any true equation, or the question's chain
@@ -177,8 +180,23 @@ class RewardConfig(Strict):
 
         return one_of(v, regime_names(), "reward regime")
 
+    @field_validator("terms")
+    @classmethod
+    def _known_terms(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        from lorarl.rewards.terms import check_terms  # imports every term family (light)
+
+        if v is not None:
+            check_terms(v)
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
+        if self.terms is not None and self.regime != "outcome":
+            raise ValueError(f"reward.terms applies to reward.regime 'outcome' (the sum is deposited on the last token "
+                             f"as its grade is); allowed with regime {self.regime!r}: terms null")
+        if self.terms is not None and self.incorrect_reward != 0:
+            raise ValueError(f"reward.terms replaces the 1 / incorrect_reward grade by the terms' weighted sum; allowed "
+                             f"with terms: incorrect_reward 0 (got {self.incorrect_reward})")
         if self.regime == "distillation" and not self.teacher:
             raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
         if self.regime == "process" and self.prm == "hf" and not self.prm_model:

@@ -27,6 +27,24 @@ ROWS = [
     ("off_principal_lora_pissa", None, "train.prompt_overflow", "truncate_left", "004 silent: verl's DAPO recipe"),
     ("kl_free", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
     ("kl_free_gemma_ablation", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
+    # issue 37: 002's AdaLoRA as its authors' code ran it; 002's rank rows at the text's alpha; 004's verl defaults;
+    # 001's log-prob temperature
+    ("peft_zoo", {"method": ["adalora"]}, "adapter.budget", "fixed",
+     "002 §2.4 rank 32 + the authors' code (AdaLoraConfig(init_r=r) in TRL's stock trainer): fixed rank"),
+    ("peft_zoo_cpu", {"method": ["adalora"]}, "adapter.budget", "fixed", "as peft_zoo"),
+    ("peft_zoo_ablations", {"ablation": ["main", "r1", "r8", "r16"]}, "adapter.alpha", 64,
+     "002 §2.4: alpha 64 for all PEFT methods"),
+    ("peft_zoo_ablations_cpu", {"ablation": ["main", "r1", "r2", "r4"]}, "adapter.alpha", 16,
+     "the main row's alpha at every rank, as the study"),
+    ("off_principal_masks", None, "train.dual_clip", 10.0, "004 on verl: dual-clip, c of verl's DAPO recipe"),
+    ("off_principal_masks", None, "train.weight_decay", 0.01, "004 on verl: the actor's AdamW default"),
+    ("off_principal_lora_pissa", None, "train.dual_clip", 10.0, "as off_principal_masks"),
+    ("off_principal_lora_pissa", None, "train.weight_decay", 0.01, "as off_principal_masks"),
+    ("off_principal_masks_cpu", None, "train.dual_clip", 10.0, "as the study"),
+    ("off_principal_masks_cpu", None, "train.weight_decay", 0.01, "as the study"),
+    ("off_principal_lora_pissa_cpu", None, "train.dual_clip", 10.0, "as the study"),
+    ("off_principal_lora_pissa_cpu", None, "train.weight_decay", 0.01, "as the study"),
+    ("reward_density", None, "train.temperature", 0.7, "001 Table 1: log-probs at the sampling temperature (TRL's)"),
 ]
 
 
@@ -40,3 +58,12 @@ def test_published_setting(study, where, field, value, why):
         for part in field.split("."):
             obj = getattr(obj, part)
         assert obj == value, (cell.id, field, why)
+
+
+def test_paper_001_states_the_log_prob_temperature():
+    """Paper 001 Table 1 samples at 0.7 and its loss equals TRL's (Delta = 0), which takes log-probs at the
+    sampling temperature: the teacher's, the reference's and the policy's log-probs are all at 0.7."""
+    from tests.test_published_studies import fidelity_table
+
+    row = fidelity_table(ROOT / "experiments" / "reward_density.yaml")["log-prob temperature"]
+    assert "0.7" in row[0] and "TRL" in row[0] and "teacher" in row[1] and "train.temperature" in row[1]

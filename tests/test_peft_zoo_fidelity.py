@@ -17,7 +17,7 @@ import torch
 from lorarl.adapters import build_adapter
 from lorarl.adapters.a_init import mixed_a_init, random_a_inits
 from lorarl.adapters.catalog import check_config
-from lorarl.adapters.counts import param_counts, trainable_fraction
+from lorarl.adapters.counts import base_params, param_counts, trainable_fraction
 from lorarl.config import AdapterConfig, CellConfig
 from lorarl.memory.arch import PUBLISHED, from_config
 from lorarl.study import load_study, study_cells
@@ -72,7 +72,7 @@ def tiny_qwen2():
 
 
 BUNDLES = [("full", {}), ("lora", {}), ("dora", {}), ("rslora", {"init": "gaussian"}), ("lora_plus", {}),
-           ("lora_fa", {}), ("lora", {"init": "pissa"}), ("adalora", {}), ("vera", {"rank": 8}),
+           ("lora_fa", {}), ("lora", {"init": "pissa"}), ("adalora", {}), ("adalora", {"budget": "fixed"}), ("vera", {"rank": 8}),
            ("vera", {"rank": 8, "target_modules": ["q_proj", "v_proj"]}), ("miss", {"rank": 8}),
            ("miss", {"rank": 8, "target_modules": ["q_proj", "v_proj"]}), ("ia3", {}), ("ln_tuning", {}),
            ("lora", {"rank": 1, "alpha": 2, "target_modules": ["q_proj", "v_proj"]})]
@@ -142,3 +142,37 @@ def test_vera_on_q_v_is_what_table4_counts():
                             QWEN2_QKV_BIAS)
     every = trainable_fraction(arch, check_config({"method": "vera", "rank": 32}), QWEN2_QKV_BIAS)
     assert _agrees("0.0029%", qv) and not _agrees("0.0029%", every)
+
+
+def test_adalora_runs_as_the_authors_code_a_fixed_rank_adapter():
+    """Paper 002: §2.4 sets rank 32 for every PEFT method; the authors' code builds AdaLoraConfig(init_r=r) and
+    trains with TRL's stock trainer, which never calls update_and_allocate and never adds the orthogonality
+    penalty: a fixed rank-r P diag(E) Q adapter. Both studies run that (adapter.budget fixed)."""
+    for study in ("peft_zoo", "peft_zoo_cpu"):
+        cells = {c.axes["method"]: c for c in study_cells(load_study(EXPERIMENTS / f"{study}.yaml"))}
+        assert check_config(cells["adalora"].config.adapter.model_dump())["budget"] == "fixed", study
+    fixed = build_adapter(tiny_qwen2(), CellConfig(adapter=AdapterConfig(method="adalora", rank=4, budget="fixed")))
+    assert fixed.callbacks == []  # no update_and_allocate, no penalty
+    assert fixed.model.peft_config["default"].init_r == 4
+    assert {tuple(p.shape) for n, p in fixed.model.named_parameters() if "lora_E" in n} == {(4, 1)}
+    allocating = build_adapter(tiny_qwen2(), CellConfig(adapter=AdapterConfig(method="adalora", rank=4)))
+    assert [type(c).__name__ for c in allocating.callbacks] == ["AdaLoraCallback"]
+    assert {tuple(p.shape) for n, p in allocating.model.named_parameters() if "lora_E" in n} == {(6, 1)}
+
+
+def test_table4_lora_is_six_of_seven_modules_over_the_base_count():
+    """Table 4's 1.55% (LoRA, rank 32) is rank 32 on all linear modules but one MLP projection divided by the
+    base model's count (1.5489%); the fidelity tables say so, and why all-linear (§2.4's text) stays."""
+    arch = PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]
+    base = base_params(arch, QWEN2_QKV_BIAS)
+    for mlp in ("gate_proj", "up_proj", "down_proj"):
+        six = [n for n, _, _ in arch.linears() if n != mlp]
+        trainable, total = param_counts(arch, check_config({"method": "lora", "rank": 32, "target_modules": six}),
+                                        QWEN2_QKV_BIAS)
+        assert f"{100 * trainable / base:.4f}%" == "1.5489%" and _agrees("1.55%", trainable / base)
+        assert not _agrees("1.55%", trainable / total)  # lorarl's fraction (of the adapted model): 1.53%
+    every, _ = param_counts(arch, check_config({"method": "lora", "rank": 32}), QWEN2_QKV_BIAS)
+    assert not _agrees("1.55%", every / base)
+    for study, row in (("peft_zoo", "lora"), ("peft_zoo_ablations", "main")):
+        reason = fraction_table(EXPERIMENTS / f"{study}.yaml")[row][2]
+        assert "1.5489%" in reason and "one MLP projection" in reason and "all-linear stays" in reason, study

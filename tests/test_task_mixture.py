@@ -194,8 +194,8 @@ def test_paper_004_masks_study_trains_on_ds_plus_sr():
         assert [s.path for s in srcs] == ["agentica-org/DeepScaleR-Preview-Dataset",
                                           "hf://datasets/hkust-nlp/SimpleRL-Zoo-Data/simplelr_qwen_level3to5/train.parquet"]
         assert [s.count for s in srcs] == ["all", "all"] and cell.config.task.path is None
-        assert [(s.prompt_field, s.answer_field) for s in srcs] == [("problem", "answer"),
-                                                                   ("extra_info.question", "extra_info.answer")]
+        assert [(s.prompt_field, s.answer_field) for s in srcs] == [  # SimpleRL: either layout (test_dataset_pins.py)
+            ("problem", "answer"), (["question", "extra_info.question"], "extra_info.answer")]
 
 
 def test_one_dataset_task_reads_a_struct_column_by_a_dotted_field(two_sources):

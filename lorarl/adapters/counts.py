@@ -12,7 +12,7 @@ What each method trains, as peft 0.21 builds it (and lorarl's methods configure 
     full        every parameter
     lora family r (in + out) per target (lora_A, lora_B); DoRA adds a magnitude vector (out);
                 LoRA-FA's lora_A is frozen but still a parameter
-    adalora     R = ceil(1.5 r) (init_r): lora_A R x in, lora_B out x R, lora_E R; ranknum (1) frozen
+    adalora     R = ceil(1.5 r) (init_r; budget fixed: r): lora_A R x in, lora_B out x R, lora_E R; ranknum (1) frozen
     vera        lambda_b (out) + lambda_d (r) per target; the shared A, B are buffers, not parameters
     miss        miss_block r x out per target
     ia3         one vector per target: k_proj, v_proj outputs, down_proj's input (feed-forward)
@@ -62,7 +62,8 @@ def param_counts(arch: Any, settings: dict, qkv_bias: bool = False) -> tuple[int
         trainable = b + mag + (0 if method == "lora_fa" else a)
         return trainable, base + a + b + mag
     if method == "adalora":
-        lin, R = _targets(arch, settings["target_modules"]), math.ceil(1.5 * settings["rank"])
+        r = settings["rank"]
+        lin, R = _targets(arch, settings["target_modules"]), (r if settings.get("budget") == "fixed" else math.ceil(1.5 * r))
         trainable = L * sum(R * (i + o + 1) for _, i, o in lin)
         return trainable, base + trainable + L * len(lin)  # + ranknum, frozen
     if method == "vera":

@@ -4,11 +4,14 @@ shape, True where the weight is TRAINED; everything else is frozen (receives no 
     principal      Top_α(|W0^(k)|), W0^(k) = U_k Σ_k V_kᵀ the rank-k SVD reconstruction
     nonprincipal   its complement
     low_magnitude  Bottom_α(|W0|)
-    safe           low_magnitude ∪ nonprincipal
+    safe           low_magnitude ∪ nonprincipal (the low-magnitude part at β)
     random         uniformly random positions with the same density as `safe` for this matrix
 
-α = `adapter.mask_alpha` (paper 004 uses 50% for the principal mask), k = `adapter.mask_rank`.
-Top/Bottom select exactly round(α·m·n) entries (ties broken by torch.topk).
+α = `adapter.mask_alpha` (paper 004 uses 50% for the principal mask), k = `adapter.mask_rank`, β =
+`adapter.mask_low_alpha` for the low-magnitude part of `safe` / `random` (null: α; paper 004's Table 4: 58.59%).
+Top/Bottom select exactly round(α·m·n) entries (ties broken by torch.topk), so the density of `principal`,
+`nonprincipal` and `low_magnitude` follows from the shapes alone (:func:`shape_density`); the union's
+depends on the weights (how far the two parts overlap).
 """
 
 from __future__ import annotations
@@ -39,8 +42,19 @@ def low_magnitude(W0: torch.Tensor, alpha: float) -> torch.Tensor:
     return top_fraction(-W0.detach().float().abs(), alpha)
 
 
+def shape_density(kind: str, shapes: list[tuple[int, int]], alpha: float) -> float:
+    """Trained fraction of the entries of matrices of these shapes under a mask whose density follows from
+    the shapes (principal, nonprincipal, low_magnitude: round(α·m·n) entries each); paper 004's "#params"."""
+    if kind not in ("principal", "nonprincipal", "low_magnitude"):
+        raise ValueError(f"mask {kind!r}: its density depends on the weights; allowed: principal, nonprincipal, "
+                         "low_magnitude")
+    total = sum(m * n for m, n in shapes)
+    top = sum(int(round(alpha * m * n)) for m, n in shapes)
+    return (total - top if kind == "nonprincipal" else top) / total
+
+
 def make_mask(kind: str, W0: torch.Tensor, *, alpha: float, k: int, spectrum: Spectrum | None,
-              gen: torch.Generator) -> torch.Tensor:
+              gen: torch.Generator, low_alpha: float | None = None) -> torch.Tensor:
     if kind not in MASKS:
         raise ValueError(f"unknown mask {kind!r}; allowed: {', '.join(MASKS)}")
     if kind in NEEDS_SVD and spectrum is None:
@@ -52,7 +66,7 @@ def make_mask(kind: str, W0: torch.Tensor, *, alpha: float, k: int, spectrum: Sp
         return princ
     if kind == "nonprincipal":
         return ~princ
-    safe = low_magnitude(W0, alpha) | ~princ
+    safe = low_magnitude(W0, alpha if low_alpha is None else low_alpha) | ~princ
     if kind == "safe":
         return safe
     density = float(safe.double().mean())  # random: same density as `safe` for this matrix

@@ -108,7 +108,7 @@ def apply_masks(model: torch.nn.Module, a: dict, ctx: BuildContext) -> None:
         W = mod.weight
         spec = ctx.spectrum(name, W, a["mask_rank"]) if kind in NEEDS_SVD else None
         mask = make_mask(kind, W, alpha=a["mask_alpha"], k=a["mask_rank"], spectrum=spec,
-                         gen=seeded_generator(ctx.seed, name)).to(W.device)
+                         gen=seeded_generator(ctx.seed, name), low_alpha=a.get("mask_low_alpha")).to(W.device)
         W.register_hook(lambda g, m=mask: g.masked_fill(~m, 0))
         ctx.masks[name] = (W, mask)
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Mapping
 from lorarl.adapters.names import INITS, MASKS, METHODS
 
 # Every AdapterConfig field besides `method`, in resolution order (a default may read earlier fields).
-FIELDS = ("rank", "alpha", "dropout", "target_modules", "init", "lr_ratio", "mask", "mask_alpha", "mask_rank")
+FIELDS = ("rank", "alpha", "dropout", "target_modules", "init", "lr_ratio", "mask", "mask_alpha", "mask_rank",
+          "mask_low_alpha", "budget")
 
 class AdapterSpecError(ValueError):
     """A method spec or an adapter config is inconsistent; the message names the field."""

@@ -16,6 +16,10 @@
   last run of digits, ``.`` and ``,`` (with an optional leading ``-``) that is not just ``.``; correct
   iff it equals the gold text exactly (commas in the completion are kept: ``1,000`` is not ``1000``,
   and a sentence-final ``42.`` is not ``42``, exactly as in verl).
+* ``xml_answer``: the widely used GSM8K GRPO recipe's rule (paper 000's reading, ``experiments/kl_free.yaml``):
+  the text after the last ``<answer>`` up to the next ``</answer>``, stripped; correct iff it equals the
+  gold text exactly (``extract_xml_answer(r) == a``). A completion without ``<answer>`` gives no answer
+  (the recipe then compares the whole stripped text, which only a bare gold number equals: kept).
 
 The rules are pure string code (no sympy, no worker process; ``answer_line`` reads at most 300
 characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading. :mod:`lorarl.evaluate.grading` dispatches to it for every format but ``boxed``, so the
@@ -27,12 +31,10 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from lorarl.evaluate.answers import extract_boxed
-
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
-           "verdict", "has_answer", "INVALID"]
+           "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number")  # boxed = math-verify (lorarl.evaluate.grading)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer")  # boxed = math-verify (lorarl.evaluate.grading)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
 
@@ -88,9 +90,21 @@ def last_number(completion: str, gold: str) -> tuple[bool, str | None]:
     return found[-1] == gold.strip(), found[-1]
 
 
+def extract_xml_answer(completion: str) -> str:
+    """The GSM8K GRPO recipe's extraction: after the last ``<answer>``, before the next ``</answer>``, stripped."""
+    return completion.split("<answer>")[-1].split("</answer>")[0].strip()
+
+
+def xml_answer(completion: str, gold: str) -> tuple[bool, str | None]:
+    """The recipe's verdict: ``(extracted == gold, the extraction or None without an <answer> tag)``."""
+    got = extract_xml_answer(completion)
+    return got == gold.strip(), (got if "<answer>" in completion else None)
+
+
 TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
     "answer_line": answer_line,
     "last_number": last_number,
+    "xml_answer": xml_answer,
 }
 
 
@@ -107,9 +121,22 @@ def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str |
 def has_answer(answer_format: str, completion: str) -> bool:
     """Does the completion give an answer the format can read (right or wrong)? The training metric
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
-    (answer_line), a number (last_number)."""
+    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
+        from lorarl.evaluate.answers import extract_boxed  # here: lorarl.evaluate's grading imports this module
+
         return extract_boxed(completion or "") is not None
     return verdict(answer_format, completion, "")[1] is not None  # the rule's own extraction (None: no answer)
+
+
+def extracted_answer(answer_format: str, completion: str) -> str | None:
+    """The answer text the format reads in a completion (the final boxed content for boxed), or None."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
+    if answer_format == "boxed":
+        from lorarl.evaluate.answers import extract_boxed
+
+        return extract_boxed(completion or "")
+    return verdict(answer_format, completion, "")[1]

@@ -10,7 +10,9 @@ never a crash and never more than `timeout_s` per completion.
 
 * :class:`OutcomeDeposits` is the ``outcome`` regime: that same value deposited on the last
   completion token (the group-normalised reward-to-go of a single last-token deposit is TRL's GRPO
-  advantage on every token).
+  advantage on every token). With ``reward.terms`` the deposit is the terms' weighted sum instead
+  (:mod:`lorarl.rewards.terms`: TRL's ``reward_funcs`` with ``reward_weights``), the grade still being
+  the accuracy metric and the ``correct`` term.
 """
 
 from __future__ import annotations
@@ -57,12 +59,15 @@ class OutcomeDeposits:
 
     def __init__(self, timeout_s: float = 5.0,
                  score_fn: Callable[[list[str], list[str]], list[float]] | None = None,
-                 settings: GradingSettings | None = None, incorrect: float = 0.0):
+                 settings: GradingSettings | None = None, incorrect: float = 0.0,
+                 terms: dict[str, float] | None = None):
         self.timeout_s = timeout_s
         self.score_fn = score_fn
         self.settings = settings  # answer format + math-verify settings (None = boxed, defaults)
         self.incorrect = float(incorrect)  # reward of a wrong answer (DAPO: -1)
+        self.terms = dict(terms) if terms else None  # reward.terms: name -> weight (None: the 1/0 grade)
         self.last_correct: list[float] = []  # 1/0 verdicts of the last batch (the accuracy metric)
+        self.last_terms: dict[str, list[float]] = {}  # each term's values on the last batch (logged as reward_terms/<term>)
 
     def deposits(self, rollouts: Rollouts) -> Deposits:
         if rollouts.answers is None:
@@ -72,7 +77,14 @@ class OutcomeDeposits:
         else:
             scores = grade(rollouts.completions, rollouts.answers, self.timeout_s, self.settings)
         self.last_correct = list(scores)  # the grade (1/0; a score_fn may grade in between)
-        scores = [self.incorrect + (1.0 - self.incorrect) * s for s in scores]  # 1 -> 1, 0 -> incorrect
+        if self.terms:
+            from lorarl.rewards.terms import TermContext, score
+
+            golds = [gold_answer(a) for a in rollouts.answers]
+            fmt = self.settings.answer_format if self.settings is not None else "boxed"
+            scores, self.last_terms = score(self.terms, list(rollouts.completions), golds, TermContext(fmt, scores))
+        else:
+            scores = [self.incorrect + (1.0 - self.incorrect) * s for s in scores]  # 1 -> 1, 0 -> incorrect
         # An empty completion still deposits (at position 0, outside its mask) so that, as in TRL, its
         # reward counts in the group statistics while it has no token to train.
         positions = [[max(len(ids) - 1, 0)] for ids in rollouts.completion_ids]
@@ -83,4 +95,5 @@ class OutcomeDeposits:
 def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
           temperature: float = 1.0) -> OutcomeDeposits:
     """``reward.regime: outcome``: math-verify (or the answer format's rule) under ``reward.grading``."""
-    return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg), incorrect=cfg.incorrect_reward)
+    return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg), incorrect=cfg.incorrect_reward,
+                           terms=getattr(cfg, "terms", None))

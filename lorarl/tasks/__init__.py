@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 from lorarl.config import TaskConfig
+from lorarl.taskconfig import FILE_SUFFIXES, HUB_FILE
 from lorarl.tasks.fields import describe_fields, field_value, missing_fields
 from lorarl.tasks.synthetic import make_splits
+
+
+def pinned_address(path: str, revision: str | None) -> str:
+    """``hf://datasets/<org>/<name>/<file>`` at ``revision`` (``<name>@<rev>``, URL-quoted); other paths unchanged."""
+    if revision is None or not path.startswith(HUB_FILE):
+        return path
+    org, name, rest = path[len(HUB_FILE):].split("/", 2)
+    return f"{HUB_FILE}{org}/{name}@{quote(revision, safe='')}/{rest}"
 
 
 def load_records(path: str, split: str = "train", revision: str | None = None,
                  config: str | None = None) -> list[dict]:
     """Rows of a local (or ``hf://``) .jsonl/.parquet file, or of a hub dataset (id or folder) by
-    ``load_dataset`` with its configuration and revision."""
+    ``load_dataset`` with its configuration and revision (a hub file's revision goes into its address)."""
     import datasets
 
+    if path.startswith(HUB_FILE) and path.endswith(FILE_SUFFIXES):
+        path, revision = pinned_address(path, revision), None
     p = Path(path)  # the address itself goes to the loader: Path would fold hf://datasets/... into hf:/datasets/...
     if p.suffix in (".jsonl", ".json"):
         ds = datasets.load_dataset("json", data_files=path, split="train")

@@ -29,7 +29,7 @@ def source_records(src: Any, i: int, load: Loader) -> list[dict]:
     missing = missing_fields(rows[0], [src.prompt_field, src.answer_field])
     if missing:
         raise ValueError(f"task.sources[{i}] ({src.label()}) lacks field(s) {missing}; has {describe_fields(rows[0])} "
-                         f"(set task.sources[{i}].prompt_field / answer_field; a.b reads key b of column a)")
+                         f"(set task.sources[{i}].prompt_field / answer_field; a.b reads key b of column a, a list tries alternatives)")
     prompts = [str(field_value(r, src.prompt_field)) for r in rows]
     if src.unwrap:
         from lorarl.tasks.prompt import unwrap

@@ -236,6 +236,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         n = len(texts)  # means over the completions (deposits) of every rank (lorarl.train.ranks)
         if accuracy is not None:
             self._log_mean("accuracy", sum(accuracy), n, mode)
+        for term, values in (getattr(self.regime, "last_terms", None) or {}).items():  # reward.terms, unweighted
+            self._log_mean(f"reward_terms/{term}", sum(values), n, mode)
         self._log_mean("frac_boxed", sum(extract_boxed(t) is not None for t in texts), n, mode)
         fmt = getattr(self.grading, "answer_format", "boxed")  # answers the reward's format can read
         self._log_mean("frac_answered", sum(has_answer(fmt, t) for t in texts), n, mode)

@@ -14,12 +14,15 @@ class Full(Method):
     name = "full"
     summary = "full fine-tuning; with `mask`, only the masked-in entries of the target weights move"
     peft_type = None
-    fields = ("mask", "mask_alpha", "mask_rank", "target_modules")
+    fields = ("mask", "mask_alpha", "mask_rank", "target_modules", "mask_low_alpha")
     defaults = {"mask": None, "mask_alpha": 0.5, "mask_rank": 16, "target_modules": "all-linear"}
     masks = MASKS
+    UNIONS = ("safe", "random")  # masks with a low-magnitude part beside the principal one (mask_low_alpha)
 
     def applicable(self, values: dict) -> tuple[str, ...]:
-        return self.fields if values.get("mask") is not None else ("mask",)
+        if values.get("mask") is None:
+            return ("mask",)
+        return self.fields if values["mask"] in self.UNIONS else self.fields[:-1]
 
     def build(self, model: Any, a: dict, ctx: Any) -> Any:
         from lorarl.adapters.ops import apply_masks
