@@ -86,8 +86,8 @@ def _previous(previous: dict[str, Any] | None, digest: str) -> dict[int, dict[st
     """Rung step -> {"decided": {name: decision}, "promoted": [order]} of a previous ledger of the same inputs."""
     if not previous or previous.get("inputs_hash") != digest:
         return {}
-    return {int(r["step"]): {"decided": dict(r.get("decided", {})), "promoted": list(r.get("promoted", []))}
-            for r in previous.get("rungs", [])}
+    return {int(r["step"]): {"decided": dict(r.get("decided", {})), "promoted": list(r.get("promoted", [])),
+                             "basis": dict(r.get("basis", {}))} for r in previous.get("rungs", [])}
 
 
 def _fresh(alive: list[str], status: dict[str, tuple], rank, rule: str, eta: int, min_kept: int,
@@ -149,7 +149,7 @@ def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
         complete = prev_complete and all(status[n][0] != "missing" for n in alive)
         decided, order, basis, keep = _fresh(alive, status, _ranker(sign, history), sp.get("rule", "sha"),
                                              eta, min_kept, complete)
-        before = prev.get(step, {"decided": {}, "promoted": []})
+        before = prev.get(step, {"decided": {}, "promoted": [], "basis": {}})
         for n, d in before["decided"].items():
             if n in by_name and decided.get(n) != d:
                 conflicts.append({"setting": n, "rung": step, "kept": d, "records_say": decided.get(n)})
@@ -159,7 +159,8 @@ def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
         promoted += [n for n in order if n not in promoted and final.get(n) == PROMOTE]
         for n in alive:
             if n in final:
-                why = "earlier decision (ledger)" if n in before["decided"] else basis[n]
+                why = before["basis"].get(n, "earlier decision (ledger)") if n in before["decided"] else basis[n]
+                basis[n] = why
                 decisions.append({"setting": n, "rung": step, "decision": final[n], "value": status[n][1],
                                   "basis": why})
                 if final[n] != PROMOTE:
@@ -171,6 +172,7 @@ def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
             "values": {n: ({"mean": status[n][1], "cells": status[n][2]} if status[n][0] != "failed" else None)
                        for n in alive},
             "decided": {n: final[n] for n in alive if n in final}, "promoted": promoted,
+            "basis": {n: basis[n] for n in alive if n in final},
         })
         alive, prev_complete = promoted, complete
     for n in alive:  # promoted at the last rung: trains to the end

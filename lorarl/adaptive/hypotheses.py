@@ -86,7 +86,7 @@ def hypothesis_state(spec: Any, observations: Sequence[tuple[str, Any]], censore
             break
         if d != FAILED:
             usable.append((seed, float(d)))
-    started = sum(1 for _, d in observations if d is not None) + (1 if pending else 0)
+    started = len(observations)  # seeds the study has cells for, recorded or not
     looks: list[dict[str, Any]] = []
     decision, at = UNDECIDED, None
     for n in range(lo_n, min(len(usable), hi_n) + 1):

@@ -82,11 +82,14 @@ def critical_value(n: int, min_seeds: int, max_seeds: int, alpha: float, rho: fl
 
 
 def interval(d: Sequence[float], c: float) -> tuple[float, float, float]:
-    """(mean, lower, upper) of the repeated interval mean ± c sd / sqrt(n) of differences ``d``."""
+    """(mean, lower, upper) of the repeated interval mean ± c sd / sqrt(n) of differences ``d``; unbounded
+    before the first look (c infinite) and while the differences have no spread (sd 0)."""
     n = len(d)
     mean = math.fsum(d) / n
     if not math.isfinite(c) or n < 2:
         return mean, -math.inf, math.inf
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
+    if sd <= 1e-12:  # equal differences (a few problems, discrete scores): no spread measured, no evidence yet
+        return mean, -math.inf, math.inf
     half = c * sd / math.sqrt(n)
     return mean, mean - half, mean + half
