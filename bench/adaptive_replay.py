@@ -14,8 +14,8 @@ step 15). Three kinds of real processes run at once:
   record ``eval/synthetic@<step>.json`` atomically (the evaluate stage's format), 50-250 ms apart;
 * this driver: the cluster and the user. It starts the controller (again after it died), starts a job for
   every cell whose plan needs a record it lacks, and SIGKILLs (``os.kill(pid, SIGKILL)``) the controller
-  or a running job (a fair coin, every 50-500 ms; a controller lives a random 0.5-3 s, so some kills land
-  while it starts and most inside its decision loop, reading records or writing the ledger).
+  or a running job (a fair coin, every 50-500 ms; a controller dies 1 time in 5 while it starts, else
+  0-300 ms into its decision loop, reading records or writing the ledger).
 
 Per rule (sha, asha) the study runs once without kills, then again and again with kills (each a whole
 study, in a fresh folder) until ``--kills`` SIGKILLs are spent. The decisions of every final ledger
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import signal
@@ -123,7 +124,15 @@ def controller(wd: Path) -> None:
 
 def spawn(wd: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, __file__, "--workdir", str(wd), *args], env=env)
+    proc = subprocess.Popen([sys.executable, __file__, "--workdir", str(wd), *args], env=env)
+    proc.start = time.monotonic()  # type: ignore[attr-defined]
+    return proc
+
+
+def controller_kill(rng: random.Random) -> tuple[str, float]:
+    """When the next controller dies if it is the target: while starting (1 in 5, 0-2 s after its start),
+    else 0-300 ms after it entered its decision loop (reading records or writing the ledger)."""
+    return ("starting", rng.uniform(0.0, 2.0)) if rng.random() < 0.2 else ("deciding", rng.uniform(0.0, 0.3))
 
 
 def replay(wd: Path, rule: str, kills: int, rng: random.Random) -> dict:
@@ -138,7 +147,8 @@ def replay(wd: Path, rule: str, kills: int, rng: random.Random) -> dict:
     cells = {c.id: c for c in table.cells}
     (wd / "truth.json").write_text(json.dumps(truth(list(cells))))
     steps = {c: 60 for c in cells}
-    ctl, ctl_dies = spawn(wd, "--role", "controller"), time.monotonic() + rng.uniform(0.5, 3.0)
+    ctl, plan_kill = spawn(wd, "--role", "controller"), controller_kill(rng)
+    up_since = None  # when this controller was first seen in its decision loop
     jobs: dict[str, subprocess.Popen] = {}
     killed = {"controller": 0, "controller in its loop": 0, "job": 0}
     restarts, launched = 0, 0
@@ -150,7 +160,7 @@ def replay(wd: Path, rule: str, kills: int, rng: random.Random) -> dict:
             if ctl.returncode == 0 and not jobs:
                 break
             if ctl.returncode != 0:
-                ctl, ctl_dies = spawn(wd, "--role", "controller"), time.monotonic() + rng.uniform(0.5, 3.0)
+                ctl, plan_kill, up_since = spawn(wd, "--role", "controller"), controller_kill(rng), None
                 restarts += 1
         ledger = read(search_path(wd / "results", "replay"))
         if ledger:
@@ -163,8 +173,12 @@ def replay(wd: Path, rule: str, kills: int, rng: random.Random) -> dict:
                                       "--until", str(p["until"]))
                     launched += 1
         now = time.monotonic()
-        if target == "controller":  # a controller lives a random 0.5-3 s: some die starting, most deciding
-            victims = [ctl] if ctl.poll() is None and now >= max(next_kill, ctl_dies) else []
+        if up_since is None and (wd / f"controller-{ctl.pid}").exists():
+            up_since = now
+        if target == "controller":  # 1 in 5 while it starts, the others 0-300 ms into its decision loop
+            when, delay = plan_kill
+            due = ctl.start + delay if when == "starting" else (up_since + delay if up_since else math.inf)
+            victims = [ctl] if ctl.poll() is None and now >= max(next_kill, due) else []
         else:  # a job kill waits for a running job
             victims = [p for p in jobs.values() if p.poll() is None] if now >= next_kill else []
         if kills and victims:

@@ -12,6 +12,9 @@ YAML shape (see experiments/demo.yaml):
     exclude:
       - {rank: full, kl: 0.05}    # drop cells matching all listed axis labels
 
+`search:` and `hypotheses:` (docs/adaptive.md) are study-level blocks: validated here (lorarl.adaptive.spec),
+never part of a cell's config or signature.
+
 A bundle value (`{label, set}`) sets several fields at once. A field may be written by one axis only.
 A field an axis sets that does not apply to the cell's method (``adapter.rank`` on ``full``) is
 dropped for that cell (the axis leaves the cell's id, its label becomes ``n/a``); cells whose resolved

@@ -175,6 +175,8 @@ def resolved_search(study: Any, table: Any) -> SearchSpec:
 
 
 def _check_search(study: Any, table: Any, source: str) -> None:
+    from lorarl.evaluate.plan import snapshot_steps
+
     s = study.search
     for ax in s.paired or [study.seed_axis]:
         if ax not in study.axes:
@@ -182,8 +184,6 @@ def _check_search(study: Any, table: Any, source: str) -> None:
                                 f"{', '.join(study.axes) or '(the study has no axes)'}")
     rungs = s.rungs or _derived_rungs(table, s.eta, source)
     for cell in table.cells:
-        from lorarl.evaluate.plan import snapshot_steps
-
         steps, snaps = cell.config.train.steps, snapshot_steps(cell.config)
         for r in rungs:
             if r >= steps:
