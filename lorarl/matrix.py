@@ -317,6 +317,9 @@ def _fields_at(model: Any, loc: tuple) -> list[str]:
         if typing.get_origin(ann) is dict and parts:  # dict[str, Model]: skip the key (e.g. an axis name)
             ann = typing.get_args(ann)[1]
             parts.pop(0)
+        models = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1 and type(None) in typing.get_args(ann):  # `Model | None`: the model's fields
+            ann = models[0]
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []
         model = ann

@@ -25,6 +25,8 @@ PATTERNS = {
     "table_csv": "{results}/{study}/tables/summary.csv",
     "table_md": "{results}/{study}/tables/summary.md",
     "figures": "{results}/{study}/figures",
+    "search_ledger": "{results}/{study}/adaptive/search.json",  # successive-halving decisions (lorarl.adaptive.ledger)
+    "hypotheses_ledger": "{results}/{study}/adaptive/hypotheses.json",  # sequential comparisons (lorarl.adaptive.ledger)
 }
 
 

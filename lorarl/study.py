@@ -12,6 +12,9 @@ YAML shape (see experiments/demo.yaml):
     exclude:
       - {rank: full, kl: 0.05}    # drop cells matching all listed axis labels
 
+`search:` and `hypotheses:` (docs/adaptive.md) are study-level blocks: validated here (lorarl.adaptive.spec),
+never part of a cell's config or signature.
+
 A bundle value (`{label, set}`) sets several fields at once. A field may be written by one axis only.
 A field an axis sets that does not apply to the cell's method (``adapter.rank`` on ``full``) is
 dropped for that cell (the axis leaves the cell's id, its label becomes ``n/a``); cells whose resolved
@@ -42,6 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl import yamlpos
+from lorarl.adaptive.spec import HypothesisSpec, SearchSpec, check_blocks
 from lorarl.config import one_of
 from lorarl.kinds import KINDS
 from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
@@ -63,6 +67,8 @@ class Study(BaseModel):
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
     seed_axis: str = "seed"  # which axis aggregates average over (mean ± sd)
     baseline: dict[str, Any] | None = None  # axis -> label of the row every other row is compared to (stats)
+    search: SearchSpec | None = None  # successive halving over rungs (docs/adaptive.md): study-level, in no cell's signature
+    hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)  # named comparisons tested seed by seed (docs/adaptive.md)
     _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
     _source: str = PrivateAttr(default="<study>")  # the file, named in errors
 
@@ -158,6 +164,7 @@ def load_study(path: str | Path) -> Study:
         study = parse_study(raw, str(path))
         table = cell_table(study)  # validates every resolved cell now, before anything runs
         check_references(study, table.cells, str(path))  # local recipes, model/teacher/data paths exist
+        check_blocks(study, table, str(path))  # search: / hypotheses: against the axes and cells (lorarl.adaptive)
     except StudyError as err:
         raise StudyError(yamlpos.annotate(str(err), text)) from None  # + (line N) of the field named
     _LOADED[key] = study

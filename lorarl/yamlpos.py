@@ -129,7 +129,7 @@ def lines(text: str) -> dict[str, int]:
     return out
 
 
-_PATH = re.compile(r"\b(?:defaults|axes|exclude|baseline|name|kind|seed_axis)(?:\.[A-Za-z0-9_\-]+|\[\d+\])*")
+_PATH = re.compile(r"\b(?:defaults|axes|exclude|baseline|name|kind|seed_axis|search|hypotheses)(?:\.[A-Za-z0-9_\-]+|\[\d+\])*")
 
 
 def _nearest(path: str, where: dict[str, int]) -> int | None:

@@ -1,0 +1,19 @@
+"""Adaptive studies: spend training where it still decides something (docs/adaptive.md).
+
+Every module is a small pure layer; none imports the workflow, the report or MLflow:
+
+* ``spec``: the study-language blocks ``search:`` and ``hypotheses:`` (pydantic) and their checks
+  against the study's axes and cells (``check_blocks``, called by ``lorarl.study.load_study``);
+* ``settings``: cells grouped into settings (cells that differ only in the paired axes, e.g. seed);
+* ``records``: the files a decision reads (rung values from the cells' own ``eval/<b>@<step>.json``,
+  failures from ``summary.json``, per-problem scores from the final ``eval/<b>.jsonl``);
+* ``halving``: ``decide(spec, settings, records, previous)``: successive halving (sync or async),
+  a pure function of the records;
+* ``ledger``: the ledger file ``results/<study>/adaptive/search.json`` (atomic, byte-identical on a rerun)
+  and the per-cell plan the workflow reads (train to a rung, to the end, stopped, failed);
+* ``sequential``: the group-sequential boundaries (alpha spending, t statistics) and repeated intervals;
+* ``hypotheses``: per hypothesis the paired difference per seed, its interval, its decision and
+  whether it needs another seed.
+
+Nothing here is imported at package import (``lorarl.study`` imports ``lorarl.adaptive.spec`` only).
+"""
