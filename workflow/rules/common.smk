@@ -10,7 +10,7 @@ from snakemake.utils import validate
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
-from lorarl.study import StudyError, cell_table, load_study
+from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.evaluate import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
@@ -26,12 +26,15 @@ wildcard_constraints:
 
 
 def _load_studies(files):
+    """Each study, validated, its hub models and datasets cached or reachable (unless the profile's `hub_check:
+    false`). A bad study exits 2 here, as `lorarl cells` does, before any job runs or anything is written."""
     out = {}
     for f in files:
         try:
-            s = load_study(f)
+            s = load_study_to_run(f, config.get("hub_check", True))
         except StudyError as err:
-            raise WorkflowError(str(err))
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         out[s.name] = (f, s)
     return out
 
