@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from lorarl.gitrepo import REPO, git, head_sha, tracked_diff, untracked_files
+from lorarl.gitrepo import REPO, code_state, git
 
 from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
 
@@ -72,12 +72,12 @@ def git_info(repo: str | Path = REPO, max_file_bytes: int = 512_000) -> dict[str
     """HEAD sha, dirty flag, the dirty diff as text (tracked changes + untracked text files as new-file
     patches) and the untracked file names."""
     repo = str(repo)
-    sha = head_sha(repo)
-    if sha is None:
+    state = code_state(repo)  # sha and dirty as the MLflow tags and the report give them
+    if state["sha"] is None:
         return {"sha": "unknown", "dirty": None, "diff": "", "untracked": []}
-    untracked = untracked_files(repo)
-    diff = tracked_diff(repo) + "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
-    return {"sha": sha, "dirty": bool(diff.strip()), "diff": diff, "untracked": untracked}
+    untracked = state["untracked"]
+    diff = state["diff"] + "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
+    return {"sha": state["sha"], "dirty": state["dirty"], "diff": diff, "untracked": untracked}
 
 
 def store_blob(folder: Path, text: str, suffix: str) -> str:

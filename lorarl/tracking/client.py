@@ -35,7 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from lorarl.gitrepo import REPO, head_sha, tracked_diff
+from lorarl.gitrepo import REPO, code_state
 from lorarl.tracking import sqlite_store
 from lorarl.tracking.errors import TrackingError, TrackingUnavailable
 
@@ -125,12 +125,12 @@ def transient(err: BaseException) -> bool:
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, str]:
-    """MLflow tags of the code that runs: HEAD sha and whether tracked files differ from it."""
-    repo = repo or REPO
-    sha = head_sha(repo)
-    if sha is None:
+    """MLflow tags (and the report's provenance) of the code that runs: HEAD sha and whether it is dirty, as
+    the job's provenance says (lorarl.gitrepo.code_state: a tracked change or an untracked file)."""
+    state = code_state(repo or REPO)
+    if state["sha"] is None:
         return {"git.sha": "unknown", "git.dirty": "unknown"}
-    return {"git.sha": sha, "git.dirty": str(bool(tracked_diff(repo).strip())).lower()}
+    return {"git.sha": state["sha"], "git.dirty": str(state["dirty"]).lower()}
 
 
 def package_versions() -> dict[str, str]:
