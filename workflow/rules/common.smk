@@ -15,6 +15,18 @@ from lorarl.evaluate import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
 
+# Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)
+from snakemake.logging import logger as _snakemake_logger
+from lorarl.pipeline.snakelog import install as _name_jobs
+
+
+
+def _dryrun():
+    return workflow.dryrun
+
+
+_name_jobs(_snakemake_logger, workflow.output_settings.quiet if workflow.output_settings else None, _dryrun)
+
 RESULTS = config["results"]
 
 
