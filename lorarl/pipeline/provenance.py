@@ -6,7 +6,7 @@ failed or rerun stage never loses it. It is appended to, never rewritten from sc
 
     {"stage": "train", "study": ..., "cell": ..., "config_hash": ...,
      "submissions": [                                  # one per `lorarl launch` (Snakemake run)
-        {"submitted_at": ..., "host": <submit host>, "executor": "slurm", "slurm": {...params},
+        {"submitted_at": ..., "invocation": <the `snakemake` run: $LORARL_INVOCATION>, "host": <submit host>, "executor": "slurm", "slurm": {...params},
          "job_id": "12", "git": {"sha": ..., "dirty": true, "diff": "blobs/<sha256>.diff",
          "untracked": [...]}, "pip_freeze": "blobs/<sha256>.txt", "python": ...,
          "attempts": [                                 # one per start of the job (requeues included)
@@ -37,6 +37,9 @@ from typing import Any, Callable, Iterator
 from lorarl.gitrepo import REPO, code_state, git
 
 from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
+
+
+INVOCATION_ENV = "LORARL_INVOCATION"  # set by workflow/rules/common.smk: which `snakemake` run submitted a job
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
@@ -158,7 +161,8 @@ def record_submission(path: str | Path, *, stage: str, study: str | None, cell: 
     path = Path(path)
     git = git_info()
     git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
-    entry = {"submitted_at": now(), "host": socket.gethostname(), "executor": executor, "slurm": slurm or {},
+    entry = {"submitted_at": now(), "invocation": os.environ.get(INVOCATION_ENV), "host": socket.gethostname(),
+             "executor": executor, "slurm": slurm or {},
              "python": sys.executable, "cwd": os.getcwd(), "git": git,
              "pip_freeze": store_blob(path.parent, "\n".join(pip_freeze()) + "\n", ".txt"),
              "job_id": None, "attempts": []}

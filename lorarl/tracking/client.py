@@ -44,7 +44,8 @@ SUPERSEDED_TAG = "lorarl.superseded"
 START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
 STUDY_RUN_TAG = "lorarl.study_run"  # "true" on the study's parent run: every cell and base run nests under it
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cells under the study run)
-# the experiment's kind: MLflow's UI (3.x) opens an experiment without it as a GenAI one (traces first)
+# the experiment's kind (the UI's kind selector shows it); MLflow 3.17's UI picks the view it opens from the link
+# or the browser's switch, not from this tag (lorarl.report.mlflow_links.VIEW; docs/tracking.md)
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)

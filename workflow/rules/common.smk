@@ -2,23 +2,30 @@
 # Each study's cell table is built ONCE here (lorarl.study.cell_table); every input function and
 # param below is a dictionary access into it, so planning stays linear in the number of cells.
 import json
+import os
 import re
+import socket
 import sys
+import time
 
 from snakemake.utils import validate
 
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
+from lorarl.pipeline.provenance import INVOCATION_ENV
 from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.evaluate import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
 
+# This `snakemake` run, recorded with every job it submits (lorarl.pipeline.provenance): a study's last complete
+# run is timed from it (study/last_run_wall_time_s, lorarl.tracking.study_span).
+os.environ[INVOCATION_ENV] = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+
 # Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)
 from snakemake.logging import logger as _snakemake_logger
 from lorarl.pipeline.snakelog import install as _name_jobs
-
 
 
 def _dryrun():
