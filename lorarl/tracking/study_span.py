@@ -18,8 +18,8 @@ Each aggregate updates the same parent: its end time, and each metric whose valu
 The parent's duration counts every gap between reruns, so beside it `study/last_run_wall_time_s` times the
 study's last complete run: the newest `snakemake` invocation that submitted a job of the study (every job
 submission records its invocation, $LORARL_INVOCATION, set by workflow/rules/common.smk), logged once every
-cell has finished. It runs from that invocation's first job submission to the end of the aggregate that ran
-in the same invocation (the end above). An aggregate of another invocation (one that only re-aggregated),
+cell has finished. It runs from the first start of that invocation's jobs (the parent's clock: a job's start,
+not its time in a queue) to the end of the aggregate that ran in the same invocation (the end above). An aggregate of another invocation (one that only re-aggregated),
 `lorarl aggregate` by hand and `sync-mlflow` reuse `results/<study>/.last_run.json`, written by that
 aggregate; without it (Snakemake died before its aggregate) the run ends at its last job's end.
 """
@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 from lorarl import paths
 from lorarl.io import read_json, write_json
-from lorarl.pipeline.provenance import INVOCATION_ENV, provenance_path
+from lorarl.pipeline.provenance import INVOCATION_ENV
 from lorarl.pipeline.status import study_status
 from lorarl.tracking.client import Tracker
 
@@ -94,21 +94,13 @@ def last_write_ms(study: Any, results_dir: str | Path, outputs: Iterable[Path] =
 
 
 def submissions(study: Any, results_dir: str | Path) -> list[dict]:
-    """Every job submission the study's provenance records: its cells and base rows, packs, the toy batch job,
-    and the local base models its cells use."""
-    from lorarl.models import recipe_name
-
+    """Every job submission the study's provenance records: its cells and base rows, packs, the toy batch job."""
     sdir = Path(results_dir) / study.name
     files = [f for cell in _cells(study) for f in sorted((sdir / cell.id / "provenance").glob("*.json"))]
     files += sorted(sdir.glob(".packs/*/provenance/*.json")) + sorted(sdir.glob(".toy/provenance/*.json"))
-    recipes: set[str] = set()
-    for c in _cells(study):
-        teacher = getattr(getattr(c.config, "reward", None), "teacher", None)
-        recipes |= {r for m in (getattr(c.config, "model", None), teacher) if m and (r := recipe_name(str(m)))}
-    files += [provenance_path(results_dir, None, name, "base") for name in sorted(recipes)]
     out = []
     for f in files:
-        doc = read_json(f) if f.is_file() else None
+        doc = read_json(f)
         out += doc.get("submissions", []) if isinstance(doc, dict) else []
     return out
 
@@ -122,14 +114,17 @@ def last_run(study: Any, results_dir: str | Path, end_ms: int) -> dict | None:
     if not subs:
         return None
     newest = max(subs, key=lambda x: x[0])[1]["invocation"]
-    mine = [(ms, s) for ms, s in subs if s["invocation"] == newest]
-    start = min(ms for ms, _ in mine)
+    mine = [s for _, s in subs if s["invocation"] == newest]
+    starts = [t for s in mine for a in s.get("attempts", []) if (t := _stamp_ms(a.get("started_at"))) is not None]
+    if not starts:
+        return None
+    start = min(starts)
     current, path = os.environ.get(INVOCATION_ENV), Path(results_dir) / study.name / LAST_FILE
     if current != newest:  # not that run's aggregate: as its aggregate recorded it, else up to its last job's end
         saved = read_json(path)
         if isinstance(saved, dict) and saved.get("invocation") == newest:
             return saved
-        ends = [e for _, s in mine for a in s.get("attempts", []) if (e := _stamp_ms(a.get("ended_at"))) is not None]
+        ends = [e for s in mine for a in s.get("attempts", []) if (e := _stamp_ms(a.get("ended_at"))) is not None]
         end_ms = max(ends, default=start)
     run = {"invocation": newest, "start_ms": start, "end_ms": end_ms,
            "wall_time_s": round((end_ms - start) / 1000.0, 3)}
