@@ -96,10 +96,11 @@ def _hub_id(value: Any) -> bool:
     return "://" not in value and not value.endswith(_DATA_SUFFIXES) and value.count("/") <= 1
 
 
-def _hf_file(field: str, value: str) -> Ref | None:
-    """`hf://datasets/<org>/<name>[@rev]/<file>` as a file reference (None for other addresses)."""
+def _hf_file(field: str, value: str, revision: str | None = None) -> Ref | None:
+    """`hf://datasets/<org>/<name>[@rev]/<file>` as a file reference, at the address's revision or `revision`
+    (the study's, which the loader writes into the address); None for other addresses."""
     m = re.match(r"^hf://datasets/([^/@]+/[^/@]+)(?:@([^/]+))?/(.+)$", value)
-    return Ref(field, value, "file", m.group(1), m.group(2), None, m.group(3)) if m else None
+    return Ref(field, value, "file", m.group(1), m.group(2) or revision, None, m.group(3)) if m else None
 
 
 def references(cfg: Any) -> list[Ref]:
@@ -121,7 +122,7 @@ def references(cfg: Any) -> list[Ref]:
         for field, path, rev, config in sources:
             if _hub_id(path):
                 out.append(Ref(field, path, "dataset", path, rev, config))
-            elif isinstance(path, str) and (ref := _hf_file(field, path)):
+            elif isinstance(path, str) and (ref := _hf_file(field, path, rev)):
                 out.append(ref)
     out += _benchmark_refs(cfg)
     return out

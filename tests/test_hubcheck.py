@@ -105,6 +105,9 @@ def test_references_name_every_model_and_dataset_with_its_revision(tmp_path, hf)
     pinned = cell_table(masks).cells[0].config.model_copy(deep=True)
     pinned.task.sources[0].revision = SHA
     assert [r.revision for r in hubcheck.references(pinned) if r.field == "task.sources[0].path"] == [SHA]
+    at = hubcheck._hf_file("task.path", f"hf://datasets/openai/gsm8k@{OTHER}/main/train.parquet", SHA)
+    assert (at.repo, at.revision, at.filename) == ("openai/gsm8k", OTHER, "main/train.parquet")  # the address's
+    assert hubcheck._hf_file("task.path", "hf://datasets/openai/gsm8k/main/train.parquet", SHA).revision == SHA
     assert hubcheck.references(cell_table(load_study("experiments/demo.yaml")).cells[0].config) == []
 
 
@@ -125,6 +128,13 @@ def test_a_dataset_is_cached_at_the_pinned_revision_only(hf):
     assert hubcheck.cached(hubcheck.Ref(**{**ref.__dict__, "revision": "v1"}))
     assert [why for _, why in hubcheck.problems([hubcheck.Ref(**{**ref.__dict__, "revision": OTHER})])] == [
         "the hub is not asked (HF_HUB_OFFLINE is set)"]
+    snap = hf / "hub" / "datasets--openai--gsm8k" / "snapshots" / SHA / "main"  # an hf:// file: the hub cache
+    snap.mkdir(parents=True)
+    (snap / "train.parquet").write_text("p")
+    (hf / "hub" / "datasets--openai--gsm8k" / "refs").mkdir()
+    (hf / "hub" / "datasets--openai--gsm8k" / "refs" / "main").write_text(SHA)
+    for rev, there in ((None, True), (SHA, True), (OTHER, False)):
+        assert hubcheck.cached(hubcheck._hf_file("task.path", "hf://datasets/openai/gsm8k/main/train.parquet", rev)) is there
 
 
 class Hub(http.server.BaseHTTPRequestHandler):
