@@ -26,6 +26,7 @@ hub_check=false`), or `LORARL_HUB_CHECK=0` in the environment; the jobs then res
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -65,7 +66,7 @@ class Ref:
 
 def enabled(setting: Any = True) -> bool:
     """The profile's `hub_check` (Snakemake config; true when absent) and `$LORARL_HUB_CHECK` both allow it."""
-    if str(setting).strip().lower() in _FALSE | {"none"}:
+    if str(setting).strip().lower() in _FALSE:
         return False
     return os.environ.get(ENV, "1").strip().lower() not in _FALSE
 
@@ -169,8 +170,6 @@ def _model_cached(ref: Ref) -> bool:
     snap = Path(config).parent
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (snap / index).is_file():
-            import json
-
             try:
                 shards = set(json.loads((snap / index).read_text())["weight_map"].values())
             except (OSError, ValueError, KeyError, AttributeError):

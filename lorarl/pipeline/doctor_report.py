@@ -59,7 +59,8 @@ def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -
     jobs = int(prof.get("jobs") or prof.get("cores") or 1)
     return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
             "jobs": jobs, "tracking": merged.get("tracking") or "sqlite",
-            "tracking_credentials": merged.get("tracking_credentials") or "", "hub_check": merged.get("hub_check", True)}
+            "tracking_credentials": merged.get("tracking_credentials") or "",
+            "hub_check": merged.get("hub_check", True)}
 
 
 def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:

@@ -6,7 +6,8 @@ failed or rerun stage never loses it. It is appended to, never rewritten from sc
 
     {"stage": "train", "study": ..., "cell": ..., "config_hash": ...,
      "submissions": [                                  # one per `lorarl launch` (Snakemake run)
-        {"submitted_at": ..., "invocation": <the `snakemake` run: $LORARL_INVOCATION>, "host": <submit host>, "executor": "slurm", "slurm": {...params},
+        {"submitted_at": ..., "invocation": <the `snakemake` run: $LORARL_INVOCATION, else null>,
+         "host": <submit host>, "executor": "slurm", "slurm": {...params},
          "job_id": "12", "git": {"sha": ..., "dirty": true, "diff": "blobs/<sha256>.diff",
          "untracked": [...]}, "pip_freeze": "blobs/<sha256>.txt", "python": ...,
          "attempts": [                                 # one per start of the job (requeues included)
@@ -162,8 +163,7 @@ def record_submission(path: str | Path, *, stage: str, study: str | None, cell: 
     git = git_info()
     git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
     entry = {"submitted_at": now(), "invocation": os.environ.get(INVOCATION_ENV), "host": socket.gethostname(),
-             "executor": executor, "slurm": slurm or {},
-             "python": sys.executable, "cwd": os.getcwd(), "git": git,
+             "executor": executor, "slurm": slurm or {}, "python": sys.executable, "cwd": os.getcwd(), "git": git,
              "pip_freeze": store_blob(path.parent, "\n".join(pip_freeze()) + "\n", ".txt"),
              "job_id": None, "attempts": []}
     box: dict[str, int] = {}

@@ -3,9 +3,10 @@
 `COMMANDS[profile]` = (unlock, run): the commands word for word as docs/slurm.md and docs/reliability.md
 give them, run from the repo root (tests/test_docs.py checks that both pages show each one), `{study}` being
 the study file that was running (the pages write `experiments/<study>.yaml`): `--config studies=...` names it,
-so the recovery reruns that study, not config/config.yaml's default one. `run` is also how a study is started. They work on every profile because `rerun-incomplete` is set in profiles/default,
-the workflow profile Snakemake applies on top of any `--profile`: without it `snakemake all` stops at once
-with Snakemake's IncompleteFilesException after a kill.
+so the recovery reruns that study, not config/config.yaml's default one. `run` is also how a study is started.
+They work on every profile because `rerun-incomplete` is set in profiles/default, the workflow profile
+Snakemake applies on top of any `--profile`: without it `snakemake all` stops at once with Snakemake's
+IncompleteFilesException after a kill.
 
 The fault driver (lorarl.pipeline.faults) and tests/test_faults.py start and recover studies with exactly
 these commands, in a folder laid out as a repo root (`workspace`): the Snakefile, workflow/ and profiles/
@@ -69,7 +70,8 @@ def run(command: str, root: Path, env: dict[str, str], log: Path, study: str) ->
     with open(log, "a") as fh:
         fh.write(f"$ {shown(command, study)}\n")
         fh.flush()
-        return subprocess.run(argv(command, study), cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+        return subprocess.run(argv(command, study), cwd=root, env=env, stdout=fh,
+                              stderr=subprocess.STDOUT).returncode
 
 
 def recover(root: Path, env: dict[str, str], log: Path, study: str, profile: str = "local") -> int:

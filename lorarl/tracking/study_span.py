@@ -19,9 +19,10 @@ The parent's duration counts every gap between reruns, so beside it `study/last_
 study's last complete run: the newest `snakemake` invocation that submitted a job of the study (every job
 submission records its invocation, $LORARL_INVOCATION, set by workflow/rules/common.smk), logged once every
 cell has finished. It runs from the first start of that invocation's jobs (the parent's clock: a job's start,
-not its time in a queue) to the end of the aggregate that ran in the same invocation (the end above). An aggregate of another invocation (one that only re-aggregated),
-`lorarl aggregate` by hand and `sync-mlflow` reuse `results/<study>/.last_run.json`, written by that
-aggregate; without it (Snakemake died before its aggregate) the run ends at its last job's end.
+not its time in a queue) to the end of the aggregate that ran in the same invocation (the end above). An
+aggregate of another invocation (one that only re-aggregated), `lorarl aggregate` by hand and `sync-mlflow`
+reuse `results/<study>/.last_run.json`, written by that aggregate; without it (Snakemake died before its
+aggregate) the run ends at its last job's end.
 """
 
 from __future__ import annotations
