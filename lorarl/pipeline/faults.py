@@ -6,8 +6,8 @@ after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs pro
 a time, each at a random point of its life (the others keep going); `snakemake all --config studies=...`
 runs again after every invocation with a kill (after `snakemake --unlock --config studies=...` when Snakemake
 itself died) until the study completes: the commands the docs give a user, word for word
-(lorarl.pipeline.recovery), in a folder laid out as a repo root, so cores, keep-going and rerun-incomplete come from profiles/default. Kill
-targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
+(lorarl.pipeline.recovery), in a folder laid out as a repo root, so cores, keep-going and rerun-incomplete
+come from profiles/default. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
 aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on, orphaned); host = the
 submit host dies (Snakemake and every `lorarl launch` at once).
 The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
