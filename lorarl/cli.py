@@ -12,11 +12,11 @@ import sys
 
 from lorarl.kinds import KINDS, entry, get_kind
 from lorarl.pipeline.stages import launchable
-from lorarl.study import StudyError, cell_table, load_study
+from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
-    study = load_study(args.study)
+    study = load_study_to_run(args.study)  # what Snakemake would refuse, refused here (hub references included)
     table = cell_table(study)
     cells = table.cells
     axes = list(study.axes)
@@ -83,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bad:  # before anything runs or is written
         print(f"error: --stages {','.join(bad)}: unknown; allowed: {', '.join(STAGES)}", file=sys.stderr)
         return 2
+    load_study_to_run(args.study)  # a model or dataset neither cached nor reachable: exit 2 before anything runs
     use_tracking(args)
     for stage in args.stages.split(","):
         out = run_stage(stage, args.study, args.cell, args.results, args.threads)

@@ -48,6 +48,11 @@ class AdapterConfig(Strict):
     @classmethod
     def _known_name(cls, v: str | None, info: ValidationInfo) -> str | None:
         allowed = {"method": METHODS, "init": INITS, "mask": MASKS}[info.field_name]
+        if info.field_name == "method" and v not in METHODS and (v in INITS or v in MASKS):  # pissa: an init, not a method
+            other = "init" if v in INITS else "mask"
+            base = "lora" if other == "init" else "full"
+            raise ValueError(f"unknown method {v!r}: {v} is an adapter.{other}, not a method; write adapter.method: "
+                             f"{base} and adapter.{other}: {v}; allowed methods: {', '.join(METHODS)}")
         return one_of(v, allowed, info.field_name)
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """Files and names a study refers to, checked when it is loaded (before anything runs or is written).
 
-* `model` / `reward.teacher`: `local:<recipe>` must name a recipe of lorarl.models; a filesystem path
-  (starting with `/`, `./`, `../` or `~`) must exist. Anything else is a hub id, checked when loaded.
+* `model` / `reward.teacher` / `reward.prm_model`: `local:<recipe>` must name a recipe of lorarl.models; a
+  filesystem path (starting with `/`, `./`, `../` or `~`) must exist. Anything else is a hub id: lorarl.hubcheck
+  finds it in the local Hugging Face cache or on the hub before a study runs.
 * `task.path` (or each `task.sources[i].path`) of a `dataset` task: a local file path (path-like, or ending in .jsonl/.json/.parquet/.csv)
   must exist. URLs (`hf://...`) are left to the loader.
 Paths that exist only on the compute nodes (not where Snakemake runs): set LORARL_SKIP_PATH_CHECKS=1.
@@ -23,7 +24,7 @@ def _path_like(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~"))
 
 
-def _where(study: Any, field: str, value: Any) -> str:
+def where(study: Any, field: str, value: Any) -> str:
     """The place in the study that sets `field` to `value`: an axis value, else the defaults."""
     for name, ax in study.axes.items():
         for i, v in enumerate(ax.values):
@@ -62,6 +63,7 @@ def check_references(study: Any, cells: list[Any], source: str) -> None:
         refs = [("model", getattr(cfg, "model", None))]
         reward = getattr(cfg, "reward", None)
         refs.append(("reward.teacher", getattr(reward, "teacher", None)))
+        refs.append(("reward.prm_model", getattr(reward, "prm_model", None)))
         task = getattr(cfg, "task", None)
         if getattr(task, "name", None) == "dataset":
             refs.append(("task.path", getattr(task, "path", None)))
@@ -74,7 +76,7 @@ def check_references(study: Any, cells: list[Any], source: str) -> None:
                 continue
             why = _problem(field, value)
             if why:
-                raise StudyError(f"invalid study {source}: {_where(study, field, value)}: {why}")
+                raise StudyError(f"invalid study {source}: {where(study, field, value)}: {why}")
 
 
 def recipe_name_of(value: str) -> str | None:

@@ -24,6 +24,7 @@ How to use it (every lookup is a dictionary access; the table is built once per 
 
     from lorarl.study import cell_table, load_study
     study = load_study("experiments/demo.yaml")   # validated (cached per file in this process)
+    study = load_study_to_run(path)                # + its hub models/datasets cached or reachable (lorarl.hubcheck)
     table = cell_table(study)                      # the same object on every call for this study
     table.cells                                    # matrix cells in axis order (`Cell`)
     table.bases                                    # base pseudo-cells: the untrained model(s)
@@ -53,7 +54,7 @@ from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_tabl
 from lorarl.preflight import check_references
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
-           "find_cell", "flatten", "label_of", "load_study", "parse_study", "study_cells"]
+           "find_cell", "flatten", "label_of", "load_study", "load_study_to_run", "parse_study", "study_cells"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -71,6 +72,7 @@ class Study(BaseModel):
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)  # named comparisons tested seed by seed (docs/adaptive.md)
     _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
     _source: str = PrivateAttr(default="<study>")  # the file, named in errors
+    _hub_checked: bool = PrivateAttr(default=False)  # its hub references were found (lorarl.hubcheck), once
 
     @field_validator("kind")
     @classmethod
@@ -168,6 +170,25 @@ def load_study(path: str | Path) -> Study:
     except StudyError as err:
         raise StudyError(yamlpos.annotate(str(err), text)) from None  # + (line N) of the field named
     _LOADED[key] = study
+    return study
+
+
+def load_study_to_run(path: str | Path, hub_check: Any = True) -> Study:
+    """`load_study`, then (once per study in this process) every hub model and dataset its cells name must be in
+    the local Hugging Face cache or answer on the hub (lorarl.hubcheck), unless `hub_check` (the profile's
+    setting) or $LORARL_HUB_CHECK turns that off: what runs a study (`lorarl cells/run/doctor`, Snakemake)
+    loads it this way, so a missing model is refused before anything runs or is written."""
+    from lorarl import hubcheck
+
+    study = load_study(path)
+    if study._hub_checked or not hubcheck.enabled(hub_check):
+        return study
+    table = cell_table(study)
+    try:
+        hubcheck.check_study(study, [*table.cells, *table.bases], str(path))
+    except StudyError as err:
+        raise StudyError(yamlpos.annotate(str(err), Path(path).read_text())) from None
+    study._hub_checked = True
     return study
 
 

@@ -179,20 +179,26 @@ def test_fault_injection_small_run(tmp_path: Path):
 
 @pytest.mark.slow
 def test_a_killed_snakemake_all_recovers_with_the_documented_commands(tmp_path: Path):
-    """`snakemake all`'s whole process group SIGKILLed once its job wrote a first output (lock and "incomplete"
-    marks left on outputs that exist): the documented `snakemake --unlock`, then `snakemake all` (default
-    profile only) complete the study; without rerun-incomplete there it stops with IncompleteFilesException."""
+    """`snakemake all --config studies=[tk]`'s whole process group SIGKILLed once its job wrote a first output
+    (lock and "incomplete" marks left on outputs that exist), config/config.yaml naming another study (the
+    demo, as in a fresh clone): the documented recovery, `snakemake --unlock` then `snakemake all`, each with the
+    killed study's `--config studies=...` (default profile only), completes tk and runs nothing of the demo;
+    without rerun-incomplete there it stops with IncompleteFilesException."""
     from lorarl.pipeline import faults, recovery
 
     spec = {"name": "tk", "kind": "kl_bound_toy", "defaults": {"toy": {"epochs": 2, "lr": 1.0e-3}},  # seconds
             "axes": {"rank": {"field": "rank", "prefix": "r", "values": [1, 2, 4, 8]},
                      "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}}
+    study = str(tmp_path / "study.yaml")
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(spec))
-    root = recovery.workspace(tmp_path, {"studies": [str(tmp_path / "study.yaml")]})
-    assert recovery.COMMANDS["local"] == ("snakemake --unlock", "snakemake all") == (faults.UNLOCK, faults.RUN)
+    root = recovery.workspace(tmp_path, {})  # config/config.yaml as in the repository: the demo
+    assert recovery.COMMANDS["local"] == (faults.UNLOCK, faults.RUN)
+    assert [recovery.shown(c) for c in (faults.UNLOCK, faults.RUN)] == [  # as the pages give them
+        """snakemake --unlock --config studies='["experiments/<study>.yaml"]'""",
+        """snakemake all --config studies='["experiments/<study>.yaml"]'"""]
     log, marks = tmp_path / "snakemake.log", tmp_path / ".snakemake" / "incomplete"
     with open(log, "a") as fh:
-        proc = subprocess.Popen(recovery.argv(faults.RUN), cwd=root, env=faults._env(), stdout=fh,
+        proc = subprocess.Popen(recovery.argv(faults.RUN, study), cwd=root, env=faults._env(), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 300
     while not any(tmp_path.glob("results/tk/*/summary.json")) and proc.poll() is None and time.time() < deadline:
@@ -200,10 +206,11 @@ def test_a_killed_snakemake_all_recovers_with_the_documented_commands(tmp_path: 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert any(marks.iterdir()) and any((tmp_path / ".snakemake" / "locks").iterdir()), log.read_text()
-    assert recovery.recover(root, faults._env(), log) == 0, log.read_text()[-3000:]
+    assert recovery.recover(root, faults._env(), log, study) == 0, log.read_text()[-3000:]
     assert "IncompleteFilesException" not in log.read_text()
     cells = sorted(json.loads(p.read_text())["cell"] for p in tmp_path.glob("results/tk/*/summary.json"))
     assert cells == sorted(f"r{r}-s{s}" for r in (1, 2, 4, 8) for s in (0, 1, 2))
+    assert not (tmp_path / "results" / "demo").exists() and not (tmp_path / "results" / "models").exists()
 
 
 def test_fault_driver_plans(tmp_path: Path):

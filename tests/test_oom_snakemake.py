@@ -36,7 +36,7 @@ def test_out_of_memory_jobs_are_retried_down_the_ladder(tmp_path: Path):
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["LORARL_FAULT"] = "oom_above:1"
     log = tmp_path / "snakemake.log"
-    rc = recovery.run(recovery.COMMANDS["local"][1], root, env, log)
+    rc = recovery.run(recovery.COMMANDS["local"][1], root, env, log, str(tmp_path / "study.yaml"))
     assert rc == 0, log.read_text()[-6000:]
 
     cdir = root / "results" / "oomy" / "s0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,14 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):
     assert "data:image/png;base64," in (res / "e2e" / "report.html").read_text()
     assert "bootstrap over seeds and evaluation problems" in (res / "e2e" / "tables" / "stats.md").read_text()
     assert "output:" not in first.stderr and "steps (100%) done" in first.stderr
+    for line in ("(Rule: train): e2e/s0", "(Rule: train): e2e/s1", "(Rule: evaluate): e2e/base synthetic",
+                 "(Rule: base_model): models/tiny-test", "(Rule: aggregate): e2e"):  # each progress line names its job
+        assert re.search(rf"^Finished jobid: \d+ {re.escape(line)}$", first.stderr, re.M), (line, first.stderr[-3000:])
+    [parent] = [r for r in client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+                if r.data.tags.get("lorarl.study_run") == "true"]
+    # one invocation, no gap: about the parent's duration (its first job started before it opened the store)
+    last, wall = parent.data.metrics["study/last_run_wall_time_s"], parent.data.metrics["study/wall_time_s"]
+    assert 0 < last <= wall + 120, parent.data.metrics
     from tests.cdp import chromium, load_page
 
     if chromium():  # the page of a real run renders in a browser: every figure decoded, no console error

@@ -17,7 +17,7 @@ import pytest
 
 from lorarl.tracking import client as tracking, server as tracking_server
 from lorarl.report import html
-from lorarl.report.mlflow_links import UI_ENV, run_url, ui_target
+from lorarl.report.mlflow_links import UI_ENV, VIEW, run_url, ui_target
 
 CREDS = {"username": "lorarl", "password": "s3cret-pw"}
 
@@ -67,9 +67,10 @@ def test_sqlite_links_point_to_mlflow_ui_with_the_experiment(tmp_path: Path, stu
     target = ui_target(res, "lk")
     assert target["base"] == "http://127.0.0.1:5000" and target["experiment_id"] == t.experiment_id
     assert f"mlflow ui --backend-store-uri sqlite:///{res.resolve()}/mlflow.db" in target["hint"]
-    assert run_url(target, run) == f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs/{run}"
+    # every link carries the model-training view: MLflow 3.17 opens the runs, not the GenAI overview (test_mlflow_ui.py)
+    assert run_url(target, run) == f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs/{run}{VIEW}"
     line = html.mlflow_line(target, "lk")
-    assert f'href="http://127.0.0.1:5000/#/experiments/{t.experiment_id}"' in line and "mlflow ui" in line
+    assert f'href="http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs{VIEW}"' in line and "mlflow ui" in line
 
 
 def test_server_setting_links_to_the_server_with_its_experiment_id(tmp_path: Path, stub, monkeypatch):
@@ -79,12 +80,12 @@ def test_server_setting_links_to_the_server_with_its_experiment_id(tmp_path: Pat
     target = ui_target(tmp_path / "results", "my study")
     assert target == {"base": uri, "experiment_id": "42", "source": "tracking setting", "hint": ""}
     assert seen[-1][0] == "/api/2.0/mlflow/experiments/get-by-name" and seen[-1][1] == {"experiment_name": ["my study"]}
-    assert run_url(target, "abc123") == f"{uri}/#/experiments/42/runs/abc123"
-    assert html.run_link(target, "abc123def") == f'<a href="{uri}/#/experiments/42/runs/abc123def">abc123de</a>'
+    assert run_url(target, "abc123") == f"{uri}/#/experiments/42/runs/abc123{VIEW}"
+    assert html.run_link(target, "abc123def") == f'<a href="{uri}/#/experiments/42/runs/abc123def{VIEW}">abc123de</a>'
     # wrong password: the server refuses (401), so no experiment id: the UI's direct run route
     monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path, "wrong")))
     target = ui_target(tmp_path / "results", "my study")
-    assert target["experiment_id"] is None and run_url(target, "abc") == f"{uri}/#/runs/abc"
+    assert target["experiment_id"] is None and run_url(target, "abc") == f"{uri}/#/runs/abc{VIEW}"
     # a server that is gone: the same, without waiting long
     monkeypatch.setenv(tracking.TRACKING_ENV, "http://127.0.0.1:9")
     assert ui_target(tmp_path / "results", "my study")["experiment_id"] is None

@@ -144,3 +144,13 @@ def test_every_shipped_study_builds_a_dag(study_file, tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "total" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_an_init_or_mask_given_as_the_method_says_where_it_goes():
+    """`adapter.method: pissa` (an init, as papers 003/004 name their rows) says to write method lora + init pissa;
+    a sparse mask given as the method says method full + mask."""
+    with pytest.raises(StudyError) as err:
+        study_cells(parse_study(study(defaults={"model": "local:tiny-test", "adapter": {"method": "pissa"}})))
+    assert "pissa is an adapter.init" in str(err.value) and "adapter.method: lora and adapter.init: pissa" in str(err.value)
+    with pytest.raises(StudyError, match="principal is an adapter.mask.*adapter.method: full and adapter.mask: principal"):
+        study_cells(parse_study(study(defaults={"model": "local:tiny-test", "adapter": {"method": "principal"}})))

@@ -1,7 +1,8 @@
-"""The study in the MLflow UI (real sqlite stores): every experiment lorarl makes or opens is a model-training
-one (`mlflow.experimentKind`), so the UI opens its runs table; the study's parent run spans the study
-(first job start to the aggregate's end) and carries its wall time and cell counts, updated in place by
-each aggregate of a partial study, and rebuilt the same by `sync-mlflow` into a new store."""
+"""The study in MLflow (real sqlite stores): every experiment lorarl makes or opens is a model-training one
+(`mlflow.experimentKind`; the view the UI opens comes from the link: tests/test_mlflow_ui.py); the study's
+parent run spans the study (first job start to the aggregate's end) and carries its wall time and cell counts,
+updated in place by each aggregate of a partial study, and rebuilt the same by `sync-mlflow` into a new store;
+beside it, the wall time of the study's last complete run, without the gaps between reruns."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, Tracker
 from lorarl.tracking.study_run import publish
 from lorarl.tracking.sync import sync_study
 
-KIND = ("mlflow.experimentKind", "custom_model_development")  # what MLflow's UI reads (3.x)
+KIND = ("mlflow.experimentKind", "custom_model_development")  # the experiment's kind (the UI's kind selector)
 NUMBERS = ("study/wall_time_s", "study/cells_total", "study/cells_finished", "study/cells_failed",
            "study/cells_diverged")
 
@@ -128,3 +129,66 @@ def test_parent_run_spans_the_study_and_sync_rebuilds_it(tmp_path: Path, monkeyp
     again = _history(new, rebuilt.info.run_id)
     sync_study(tmp_path / "study.yaml", res)  # again: the same parent, nothing logged twice
     assert len(_parents(new, exp.experiment_id)) == 1 and _history(new, rebuilt.info.run_id) == again
+
+
+def _submitted(res: Path, cell: str, invocation: str, at_s: float, took_s: float) -> None:
+    """One job of `cell` submitted by the `snakemake` run `invocation` at `at_s`, ending `took_s` later."""
+    prov = res / "bad" / cell / "provenance" / "train.json"
+    prov.parent.mkdir(parents=True, exist_ok=True)
+    doc = json.loads(prov.read_text()) if prov.exists() else {"submissions": []}
+    stamp = lambda s: time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(s))  # noqa: E731
+    doc["submissions"].append({"submitted_at": stamp(at_s), "invocation": invocation, "attempts": [
+        {"started_at": stamp(at_s + 1), "ended_at": stamp(at_s + took_s), "outcome": "completed"}]})
+    prov.write_text(json.dumps(doc))
+
+
+def test_the_last_complete_run_is_timed_without_the_gaps_between_reruns(tmp_path: Path, monkeypatch):
+    """Four cells run in one `snakemake all` (A); four days later one is rerun (B): the parent spans four days,
+    `study/last_run_wall_time_s` only B, from its first job's start to the end of its aggregate; an aggregate by
+    hand and `sync-mlflow` into a new store give the same number (results/<study>/.last_run.json)."""
+    from lorarl.pipeline.provenance import INVOCATION_ENV
+
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(VALID))
+    study = load_study(tmp_path / "study.yaml")
+    res = tmp_path / "results"
+    t = Tracker(res, study.name)
+    t.start("r1-s0", "r1-s0", {}, {})
+    t.finish()
+    start = t.client.get_run(t.parent_id).info.start_time // 1000  # whole seconds, as provenance stamps
+    later = start + 4 * 86_400
+    for cell in ("r1-s0", "r1-s1", "r2-s0", "r2-s1"):
+        _submitted(res, cell, "host-1-A", start, 60)
+        _finished(res, cell, (start + 60) * 1000)
+    monkeypatch.setenv(INVOCATION_ENV, "host-1-A")  # A's own aggregate, at start + 70 s
+    _aggregated(res, (start + 70) * 1000)
+    publish(study, res)
+    assert t.client.get_run(t.parent_id).data.metrics["study/last_run_wall_time_s"] == pytest.approx(69.0)  # from the 1st job's start
+    _submitted(res, "r2-s1", "host-2-B", later, 30)  # B reruns one cell (started 1 s after its submission)
+    _finished(res, "r2-s1", (later + 30) * 1000)
+    monkeypatch.setenv(INVOCATION_ENV, "host-2-B")
+    _aggregated(res, (later + 40) * 1000)
+    publish(study, res)
+    metrics = t.client.get_run(t.parent_id).data.metrics
+    assert metrics["study/wall_time_s"] > 4 * 86_400 and metrics["study/last_run_wall_time_s"] == pytest.approx(39.0)
+    assert json.loads((res / "bad" / ".last_run.json").read_text())["invocation"] == "host-2-B"
+    monkeypatch.setenv(INVOCATION_ENV, "host-3-C")  # an invocation that only re-aggregates: B stays the last run
+    _aggregated(res, (later + 500) * 1000)
+    publish(study, res)
+    assert _history(t.client, t.parent_id)["study/cells_total"] == [4]
+    assert [m.value for m in t.client.get_metric_history(t.parent_id, "study/last_run_wall_time_s")] == [69.0, 39.0]
+    monkeypatch.delenv(INVOCATION_ENV)
+    new_uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"  # a new store rebuilt from the files: the same number
+    (tmp_path / "new").mkdir()
+    monkeypatch.setenv(tracking.TRACKING_ENV, new_uri)
+    sync_study(tmp_path / "study.yaml", res)
+    new = mlflow.MlflowClient(new_uri)
+    [rebuilt] = _parents(new, new.get_experiment_by_name("bad").experiment_id)
+    assert rebuilt.data.metrics["study/last_run_wall_time_s"] == pytest.approx(39.0)
+    (res / "bad" / ".last_run.json").unlink()  # B's aggregate never recorded: B ends with its last job
+    (res / "bad" / "r1-s0" / "summary.json").unlink()  # and a study that is not complete has no last run
+    from lorarl.tracking.study_span import last_run
+
+    assert last_run(study, res, 0)["wall_time_s"] == pytest.approx(29.0)
+    publish(study, res)  # not complete: the last run's number is not logged again
+    assert [m.value for m in new.get_metric_history(rebuilt.info.run_id, "study/last_run_wall_time_s")] == [39.0]

@@ -27,6 +27,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
 
+from lorarl.report.mlflow_links import VIEW  # noqa: E402
 from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -251,4 +252,4 @@ def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path:
         assert len(client.search_runs([exp.experiment_id], f"tags.`lorarl.cell_id` = '{cell}'")) == 1
         # report.html links to the server's UI (from the tracking setting), with the experiment id it looked up
         report = (wd / "results" / "srv" / "report.html").read_text()
-        assert f'href="{server.uri}/#/experiments/{exp.experiment_id}/runs/{run_id}"' in report
+        assert f'href="{server.uri}/#/experiments/{exp.experiment_id}/runs/{run_id}{VIEW}"' in report

@@ -15,7 +15,7 @@ import yaml
 from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.pipeline.doctor_projection import project
 from lorarl.kinds import KINDS, get_kind
-from lorarl.study import StudyError, find_cell, load_study, study_cells
+from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,8 @@ def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -
     jobs = int(prof.get("jobs") or prof.get("cores") or 1)
     return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
             "jobs": jobs, "tracking": merged.get("tracking") or "sqlite",
-            "tracking_credentials": merged.get("tracking_credentials") or ""}
+            "tracking_credentials": merged.get("tracking_credentials") or "",
+            "hub_check": merged.get("hub_check", True)}
 
 
 def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
@@ -223,14 +224,14 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
 
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
-    study = load_study(study_path)
+    prof = read_profile(profile, parse_overrides(overrides))
+    study = load_study_to_run(study_path, prof["hub_check"])  # hub models/datasets: as Snakemake with this profile
     if "train" not in get_kind(study.kind).cell_stages:
         allowed = ", ".join(k.name for k in KINDS.values() if "train" in k.cell_stages)
         raise StudyError(f"lorarl doctor runs studies whose cells train; {study.name} is kind {study.kind!r} "
                          f"(allowed: {allowed})")
     cells = study_cells(study)
     cell = find_cell(study, cell_id) if cell_id else cells[0]
-    prof = read_profile(profile, parse_overrides(overrides))
     out_dir = Path(results_dir) / study.name / "doctor"
     smoke_dir = out_dir / "run"
     use_profile_tracking(prof, str(smoke_dir))  # bad store: exit 2, nothing written yet

@@ -3,11 +3,11 @@
 A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
 evaluation, diagnostics, aggregate; `--cells N`) runs once uninterrupted (the reference). Then, pass
 after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs processes, one planned at
-a time, each at a random point of its life (the others keep going); `snakemake all` runs again after
-every invocation with a kill (after `snakemake --unlock` when Snakemake itself died) until the study
-completes: the commands the docs give a user, word for word (lorarl.pipeline.recovery), in a folder
-laid out as a repo root, so cores, keep-going and rerun-incomplete come from profiles/default. Kill
-targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
+a time, each at a random point of its life (the others keep going); `snakemake all --config studies=...`
+runs again after every invocation with a kill (after `snakemake --unlock --config studies=...` when Snakemake
+itself died) until the study completes: the commands the docs give a user, word for word
+(lorarl.pipeline.recovery), in a folder laid out as a repo root, so cores, keep-going and rerun-incomplete
+come from profiles/default. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
 aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on, orphaned); host = the
 submit host dies (Snakemake and every `lorarl launch` at once).
 The first process seen of a stage with kills left (a launcher: launcher or host, drawn by kills left)
@@ -176,8 +176,8 @@ def run_snakemake(workdir: Path, remaining: dict[str, int], delays: dict[str, fl
     ends the invocation). No kill is planned after `stop_at` (time.time()). Killed processes' lifetimes
     are not reported."""
     with open(log, "a") as fh:
-        proc = subprocess.Popen(recovery.argv(RUN), cwd=workdir, stdout=fh, stderr=subprocess.STDOUT,
-                                env=_env())
+        proc = subprocess.Popen(recovery.argv(RUN, str(workdir / "study.yaml")), cwd=workdir, stdout=fh,
+                                stderr=subprocess.STDOUT, env=_env())
     seen: dict[int, tuple[str, float]] = {}  # pid -> (stage, start)
     life: dict[str, list[float]] = {}
     plan: dict[int, tuple[str, float]] = {}  # pid -> (kill, when)
@@ -275,7 +275,7 @@ def one_pass(template: Path, dest: Path, remaining: dict[str, int], delays: dict
         for stage in inv.killed:
             kills[stage] = kills.get(stage, 0) + 1
         if "host" in inv.killed:  # Snakemake died holding its lock: the documented recovery (then RUN again)
-            recovery.run(UNLOCK, dest, _env(), log)
+            recovery.run(UNLOCK, dest, _env(), log, str(dest / "study.yaml"))
         if inv.killed:
             continue
         if inv.rc == 0:

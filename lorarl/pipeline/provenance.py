@@ -6,7 +6,8 @@ failed or rerun stage never loses it. It is appended to, never rewritten from sc
 
     {"stage": "train", "study": ..., "cell": ..., "config_hash": ...,
      "submissions": [                                  # one per `lorarl launch` (Snakemake run)
-        {"submitted_at": ..., "host": <submit host>, "executor": "slurm", "slurm": {...params},
+        {"submitted_at": ..., "invocation": <the `snakemake` run: $LORARL_INVOCATION, else null>,
+         "host": <submit host>, "executor": "slurm", "slurm": {...params},
          "job_id": "12", "git": {"sha": ..., "dirty": true, "diff": "blobs/<sha256>.diff",
          "untracked": [...]}, "pip_freeze": "blobs/<sha256>.txt", "python": ...,
          "attempts": [                                 # one per start of the job (requeues included)
@@ -34,9 +35,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from lorarl.gitrepo import REPO, git, head_sha, tracked_diff, untracked_files
+from lorarl.gitrepo import REPO, code_state, git
 
 from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
+
+
+INVOCATION_ENV = "LORARL_INVOCATION"  # set by workflow/rules/common.smk: which `snakemake` run submitted a job
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
@@ -72,12 +76,12 @@ def git_info(repo: str | Path = REPO, max_file_bytes: int = 512_000) -> dict[str
     """HEAD sha, dirty flag, the dirty diff as text (tracked changes + untracked text files as new-file
     patches) and the untracked file names."""
     repo = str(repo)
-    sha = head_sha(repo)
-    if sha is None:
+    state = code_state(repo)  # sha and dirty as the MLflow tags and the report give them
+    if state["sha"] is None:
         return {"sha": "unknown", "dirty": None, "diff": "", "untracked": []}
-    untracked = untracked_files(repo)
-    diff = tracked_diff(repo) + "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
-    return {"sha": sha, "dirty": bool(diff.strip()), "diff": diff, "untracked": untracked}
+    untracked = state["untracked"]
+    diff = state["diff"] + "".join(_untracked_patch(repo, name, max_file_bytes) for name in untracked)
+    return {"sha": state["sha"], "dirty": state["dirty"], "diff": diff, "untracked": untracked}
 
 
 def store_blob(folder: Path, text: str, suffix: str) -> str:
@@ -158,8 +162,8 @@ def record_submission(path: str | Path, *, stage: str, study: str | None, cell: 
     path = Path(path)
     git = git_info()
     git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
-    entry = {"submitted_at": now(), "host": socket.gethostname(), "executor": executor, "slurm": slurm or {},
-             "python": sys.executable, "cwd": os.getcwd(), "git": git,
+    entry = {"submitted_at": now(), "invocation": os.environ.get(INVOCATION_ENV), "host": socket.gethostname(),
+             "executor": executor, "slurm": slurm or {}, "python": sys.executable, "cwd": os.getcwd(), "git": git,
              "pip_freeze": store_blob(path.parent, "\n".join(pip_freeze()) + "\n", ".txt"),
              "job_id": None, "attempts": []}
     box: dict[str, int] = {}

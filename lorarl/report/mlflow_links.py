@@ -80,12 +80,17 @@ def ui_target(results: str | Path, study: str) -> dict[str, Any]:
             "hint": hint}
 
 
+# MLflow's UI (3.17) picks its view from the address's `workflowType`, else from the browser's remembered sidebar
+# switch (GenAI on a fresh browser: an experiment opens on the GenAI overview); not from the experiment's tags.
+VIEW = "?workflowType=machine_learning"  # the model-training view: the experiment opens on its runs table
+
+
 def run_url(target: dict[str, Any], run_id: str) -> str:
     if target.get("experiment_id"):
-        return f"{target['base']}/#/experiments/{target['experiment_id']}/runs/{run_id}"
-    return f"{target['base']}/#/runs/{run_id}"  # the UI's direct route: it finds the experiment
+        return f"{target['base']}/#/experiments/{target['experiment_id']}/runs/{run_id}{VIEW}"
+    return f"{target['base']}/#/runs/{run_id}{VIEW}"  # the UI's direct route: it finds the experiment
 
 
 def experiment_url(target: dict[str, Any]) -> str | None:
     exp = target.get("experiment_id")
-    return f"{target['base']}/#/experiments/{exp}" if exp else None
+    return f"{target['base']}/#/experiments/{exp}/runs{VIEW}" if exp else None

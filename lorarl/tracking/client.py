@@ -35,7 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from lorarl.gitrepo import REPO, head_sha, tracked_diff
+from lorarl.gitrepo import REPO, code_state
 from lorarl.tracking import sqlite_store
 from lorarl.tracking.errors import TrackingError, TrackingUnavailable
 
@@ -44,7 +44,8 @@ SUPERSEDED_TAG = "lorarl.superseded"
 START_TAG = "lorarl.start_token"  # makes a retried create_run idempotent (a lost reply never makes 2 runs)
 STUDY_RUN_TAG = "lorarl.study_run"  # "true" on the study's parent run: every cell and base run nests under it
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cells under the study run)
-# the experiment's kind: MLflow's UI (3.x) opens an experiment without it as a GenAI one (traces first)
+# the experiment's kind (the UI's kind selector shows it); MLflow 3.17's UI picks the view it opens from the link
+# or the browser's switch, not from this tag (lorarl.report.mlflow_links.VIEW; docs/tracking.md)
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
@@ -125,12 +126,12 @@ def transient(err: BaseException) -> bool:
 
 
 def git_state(repo: str | Path | None = None) -> dict[str, str]:
-    """MLflow tags of the code that runs: HEAD sha and whether tracked files differ from it."""
-    repo = repo or REPO
-    sha = head_sha(repo)
-    if sha is None:
+    """MLflow tags (and the report's provenance) of the code that runs: HEAD sha and whether it is dirty, as
+    the job's provenance says (lorarl.gitrepo.code_state: a tracked change or an untracked file)."""
+    state = code_state(repo or REPO)
+    if state["sha"] is None:
         return {"git.sha": "unknown", "git.dirty": "unknown"}
-    return {"git.sha": sha, "git.dirty": str(bool(tracked_diff(repo).strip())).lower()}
+    return {"git.sha": state["sha"], "git.dirty": str(state["dirty"]).lower()}
 
 
 def package_versions() -> dict[str, str]:

@@ -14,21 +14,35 @@ parent the same span and the same numbers:
 - counts: the train states of `lorarl status` (lorarl.pipeline.status): finished = done or diverged,
   failed = failed or incomplete (a job that ended without its outputs), diverged on its own too.
 Each aggregate updates the same parent: its end time, and each metric whose value changed.
+
+The parent's duration counts every gap between reruns, so beside it `study/last_run_wall_time_s` times the
+study's last complete run: the newest `snakemake` invocation that submitted a job of the study (every job
+submission records its invocation, $LORARL_INVOCATION, set by workflow/rules/common.smk), logged once every
+cell has finished. It runs from the first start of that invocation's jobs (the parent's clock: a job's start,
+not its time in a queue) to the end of the aggregate that ran in the same invocation (the end above). An
+aggregate of another invocation (one that only re-aggregated), `lorarl aggregate` by hand and `sync-mlflow`
+reuse `results/<study>/.last_run.json`, written by that aggregate; without it (Snakemake died before its
+aggregate) the run ends at its last job's end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
 from lorarl import paths
+from lorarl.io import read_json, write_json
+from lorarl.pipeline.provenance import INVOCATION_ENV
 from lorarl.pipeline.status import study_status
 from lorarl.tracking.client import Tracker
 
 WALL = "study/wall_time_s"
+LAST = "study/last_run_wall_time_s"  # the study's last complete run (one `snakemake` invocation), no gaps
+LAST_FILE = ".last_run.json"  # results/<study>/.last_run.json: that run, as its aggregate measured it
 COUNTS = {"study/cells_finished": ("done", "diverged"), "study/cells_failed": ("failed", "incomplete"),
           "study/cells_diverged": ("diverged",)}
 STAMP = "%Y-%m-%dT%H:%M:%S%z"  # lorarl.pipeline.provenance.now()
@@ -80,6 +94,46 @@ def last_write_ms(study: Any, results_dir: str | Path, outputs: Iterable[Path] =
     return max(times, default=None)
 
 
+def submissions(study: Any, results_dir: str | Path) -> list[dict]:
+    """Every job submission the study's provenance records: its cells and base rows, packs, the toy batch job."""
+    sdir = Path(results_dir) / study.name
+    files = [f for cell in _cells(study) for f in sorted((sdir / cell.id / "provenance").glob("*.json"))]
+    files += sorted(sdir.glob(".packs/*/provenance/*.json")) + sorted(sdir.glob(".toy/provenance/*.json"))
+    out = []
+    for f in files:
+        doc = read_json(f)
+        out += doc.get("submissions", []) if isinstance(doc, dict) else []
+    return out
+
+
+def last_run(study: Any, results_dir: str | Path, end_ms: int) -> dict | None:
+    """The study's last complete run ending at `end_ms` if this process is the aggregate of its invocation, else
+    as `.last_run.json` recorded it, else ending at its last job's end: {invocation, start_ms, end_ms,
+    wall_time_s}; None before any job of a `snakemake` run (`lorarl run`, or files older than the invocation)."""
+    subs = [(ms, s) for s in submissions(study, results_dir)
+            if s.get("invocation") and (ms := _stamp_ms(s.get("submitted_at"))) is not None]
+    if not subs:
+        return None
+    newest = max(subs, key=lambda x: x[0])[1]["invocation"]
+    mine = [s for _, s in subs if s["invocation"] == newest]
+    starts = [t for s in mine for a in s.get("attempts", []) if (t := _stamp_ms(a.get("started_at"))) is not None]
+    if not starts:
+        return None
+    start = min(starts)
+    current, path = os.environ.get(INVOCATION_ENV), Path(results_dir) / study.name / LAST_FILE
+    if current != newest:  # not that run's aggregate: as its aggregate recorded it, else up to its last job's end
+        saved = read_json(path)
+        if isinstance(saved, dict) and saved.get("invocation") == newest:
+            return saved
+        ends = [e for s in mine for a in s.get("attempts", []) if (e := _stamp_ms(a.get("ended_at"))) is not None]
+        end_ms = max(ends, default=start)
+    run = {"invocation": newest, "start_ms": start, "end_ms": end_ms,
+           "wall_time_s": round((end_ms - start) / 1000.0, 3)}
+    if current == newest:
+        write_json(path, run)
+    return run
+
+
 def cell_counts(study: Any, results_dir: str | Path) -> dict[str, float]:
     """study/cells_total, _finished, _failed, _diverged: the study's cells (base rows not counted)."""
     states = [r.train.state for r in study_status(study, results_dir) if r.kind == "cell"]
@@ -97,6 +151,10 @@ def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, o
     start = run.info.start_time
     end = max(start, last_write_ms(study, results_dir, outputs) or int(time.time() * 1000))
     values = {WALL: round((end - start) / 1000.0, 3), **cell_counts(study, results_dir)}
+    if values["study/cells_total"] and values["study/cells_finished"] == values["study/cells_total"]:
+        last = last_run(study, results_dir, end)  # complete: the run that completed it, timed without the gaps
+        if last is not None:
+            values[LAST] = last["wall_time_s"]
     ts = int(time.time() * 1000)
     changed = [Metric(k, v, ts, 0) for k, v in values.items() if run.data.metrics.get(k) != v]
     if changed:

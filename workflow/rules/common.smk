@@ -2,18 +2,37 @@
 # Each study's cell table is built ONCE here (lorarl.study.cell_table); every input function and
 # param below is a dictionary access into it, so planning stays linear in the number of cells.
 import json
+import os
 import re
+import socket
 import sys
+import time
 
 from snakemake.utils import validate
 
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
-from lorarl.study import StudyError, cell_table, load_study
+from lorarl.pipeline.provenance import INVOCATION_ENV
+from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.evaluate import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
+
+# This `snakemake` run, recorded with every job it submits (lorarl.pipeline.provenance): a study's last complete
+# run is timed from it (study/last_run_wall_time_s, lorarl.tracking.study_span).
+os.environ[INVOCATION_ENV] = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+
+# Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)
+from snakemake.logging import logger as _snakemake_logger
+from lorarl.pipeline.snakelog import install as _name_jobs
+
+
+def _dryrun():
+    return workflow.dryrun
+
+
+_name_jobs(_snakemake_logger, workflow.output_settings.quiet if workflow.output_settings else None, _dryrun)
 
 RESULTS = config["results"]
 
@@ -26,12 +45,15 @@ wildcard_constraints:
 
 
 def _load_studies(files):
+    """Each study, validated, its hub models and datasets cached or reachable (unless the profile's `hub_check:
+    false`). A bad study exits 2 here, as `lorarl cells` does, before any job runs or anything is written."""
     out = {}
     for f in files:
         try:
-            s = load_study(f)
+            s = load_study_to_run(f, config.get("hub_check", True))
         except StudyError as err:
-            raise WorkflowError(str(err))
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         out[s.name] = (f, s)
     return out
 

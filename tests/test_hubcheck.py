@@ -1,0 +1,185 @@
+"""Hub references checked before a study runs (lorarl.hubcheck): a model, teacher, PRM or dataset that is neither
+in the local Hugging Face cache nor reachable refuses the study with exit 2, naming it and its field, before
+anything runs or is written (`lorarl cells` and Snakemake alike); a cached one passes; `hub_check: false` /
+LORARL_HUB_CHECK=0 lets it through. No test touches the network: the hub is HF_HUB_OFFLINE or a local server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lorarl import hubcheck
+from lorarl.pipeline import recovery
+from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
+
+QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def study_file(tmp_path: Path, **defaults) -> Path:
+    spec = {"name": "mine", "defaults": {"model": QWEN, **defaults},
+            "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture
+def hf(tmp_path: Path, monkeypatch) -> Path:
+    """An empty Hugging Face home, offline: nothing is cached and the hub is never asked."""
+    home = tmp_path / "hf"
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", hubcheck.ENV, "TRANSFORMERS_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
+def cache_model(home: Path, repo: str, files: dict[str, str]) -> Path:
+    """A model in the hub cache's layout (refs/main -> snapshots/<sha>/...), as `hf download` leaves it."""
+    root = home / "hub" / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(SHA)
+    snap = root / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    for name, text in {"config.json": "{}", **files}.items():
+        (snap / name).write_text(text)
+    return snap
+
+
+def test_an_uncached_model_is_refused_by_lorarl_cells_and_snakemake_before_anything_is_written(tmp_path, hf):
+    study = study_file(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    cells = subprocess.run([sys.executable, "-m", "lorarl.cli", "cells", str(study)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert cells.returncode == 2, cells.stdout + cells.stderr
+    assert QWEN in cells.stderr and "defaults.model" in cells.stderr and "HF_HUB_OFFLINE" in cells.stderr
+    root = recovery.workspace(tmp_path / "ws", {"studies": [str(study)]})
+    snake = subprocess.run(["snakemake", "all"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert snake.returncode == 2, snake.stdout[-2000:] + snake.stderr[-2000:]
+    assert QWEN in snake.stderr and "defaults.model" in snake.stderr
+    assert not (root / "results").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_cached_model_passes_and_an_incomplete_one_does_not(tmp_path, hf):
+    snap = cache_model(hf, QWEN, {"model.safetensors.index.json": json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}),
+        "model-00001-of-00002.safetensors": "w"})
+    study = study_file(tmp_path)
+    with pytest.raises(StudyError, match="Qwen2.5-0.5B-Instruct"):  # a shard the index names is missing
+        load_study_to_run(study)
+    (snap / "model-00002-of-00002.safetensors").write_text("w")
+    assert load_study_to_run(study).name == "mine"
+
+
+def test_the_switch_lets_an_uncached_model_through(tmp_path, hf, monkeypatch):
+    study = study_file(tmp_path)
+    assert load_study_to_run(study, hub_check="false").name == "mine"  # the profile's `hub_check: false`
+    monkeypatch.setenv(hubcheck.ENV, "0")
+    assert load_study_to_run(study).name == "mine"
+    assert not hubcheck.enabled(True) and not hubcheck.enabled(False)
+
+
+def test_references_name_every_model_and_dataset_with_its_revision(tmp_path, hf):
+    rd = load_study("experiments/reward_density.yaml")  # student, Qwen3-8B teacher, Math-Shepherd PRM, MATH data
+    refs = {(r.field, r.kind, r.repo) for c in cell_table(rd).cells for r in hubcheck.references(c.config)}
+    assert {("model", "model", "Qwen/Qwen3-1.7B-Base"), ("reward.teacher", "model", "Qwen/Qwen3-8B"),
+            ("reward.prm_model", "model", "peiyi9979/math-shepherd-mistral-7b-prm"),
+            ("task.path", "dataset", "DigitalLearningGmbH/MATH-lighteval"),
+            ("eval.benchmarks.math500", "dataset", "HuggingFaceH4/MATH-500")} <= refs
+    masks = load_study("experiments/off_principal_masks.yaml")  # a mixture with an hf:// parquet file
+    refs = {r for r in hubcheck.references(cell_table(masks).cells[0].config)}
+    assert any(r.kind == "file" and r.repo == "hkust-nlp/SimpleRL-Zoo-Data" and r.filename.endswith(".parquet")
+               for r in refs)
+    pinned = cell_table(masks).cells[0].config.model_copy(deep=True)
+    pinned.task.sources[0].revision = SHA
+    assert [r.revision for r in hubcheck.references(pinned) if r.field == "task.sources[0].path"] == [SHA]
+    at = hubcheck._hf_file("task.path", f"hf://datasets/openai/gsm8k@{OTHER}/main/train.parquet", SHA)
+    assert (at.repo, at.revision, at.filename) == ("openai/gsm8k", OTHER, "main/train.parquet")  # the address's
+    assert hubcheck._hf_file("task.path", "hf://datasets/openai/gsm8k/main/train.parquet", SHA).revision == SHA
+    assert hubcheck.references(cell_table(load_study("experiments/demo.yaml")).cells[0].config) == []
+
+
+def test_a_dataset_is_cached_at_the_pinned_revision_only(hf):
+    # the datasets cache's folder names (datasets.naming.camelcase_to_snakecase, 5.2.0, as it names them)
+    assert [hubcheck._snake(n) for n in ("DeepScaleR-Preview-Dataset", "MATH-500", "MyMath")] == [
+        "deep_scale_r-preview-dataset", "math-500", "my_math"]
+    prepared = hf / "datasets" / "org___my_math" / "main" / "0.0.0" / SHA  # datasets' prepared-arrow layout
+    prepared.mkdir(parents=True)
+    (prepared / "dataset_info.json").write_text("{}")
+    ref = hubcheck.Ref("task.path", "org/MyMath", "dataset", "org/MyMath", None, "main")
+    assert hubcheck.cached(ref) and hubcheck.cached(hubcheck.Ref(**{**ref.__dict__, "revision": SHA}))
+    assert not hubcheck.cached(hubcheck.Ref(**{**ref.__dict__, "revision": OTHER}))
+    assert not hubcheck.cached(hubcheck.Ref(**{**ref.__dict__, "config": "other"}))
+    refs = hf / "hub" / "datasets--org--MyMath" / "refs"  # a tag is resolved through the hub cache's refs
+    refs.mkdir(parents=True)
+    (refs / "v1").write_text(SHA)
+    assert hubcheck.cached(hubcheck.Ref(**{**ref.__dict__, "revision": "v1"}))
+    assert [why for _, why in hubcheck.problems([hubcheck.Ref(**{**ref.__dict__, "revision": OTHER})])] == [
+        "the hub is not asked (HF_HUB_OFFLINE is set)"]
+    snap = hf / "hub" / "datasets--openai--gsm8k" / "snapshots" / SHA / "main"  # an hf:// file: the hub cache
+    snap.mkdir(parents=True)
+    (snap / "train.parquet").write_text("p")
+    (hf / "hub" / "datasets--openai--gsm8k" / "refs").mkdir()
+    (hf / "hub" / "datasets--openai--gsm8k" / "refs" / "main").write_text(SHA)
+    for rev, there in ((None, True), (SHA, True), (OTHER, False)):
+        assert hubcheck.cached(hubcheck._hf_file("task.path", "hf://datasets/openai/gsm8k/main/train.parquet", rev)) is there
+
+
+class Hub(http.server.BaseHTTPRequestHandler):
+    """A local stand-in for the hub's API: one model exists, everything else is 404 RepoNotFound."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        found = self.path.startswith(f"/api/models/{QWEN}")
+        body = json.dumps({"id": QWEN, "sha": SHA} if found else {"error": "Repository not found"}).encode()
+        self.send_response(200 if found else 404)
+        if not found:
+            self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_uncached_model_the_hub_answers_for_passes_a_missing_or_silent_one_does_not(tmp_path, hf, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        assert load_study_to_run(study_file(tmp_path)).name == "mine"
+        (tmp_path / "b").mkdir()
+        with pytest.raises(StudyError, match="nobody/nothing.*no such repository"):
+            load_study_to_run(study_file(tmp_path / "b", model="nobody/nothing"))
+    finally:
+        server.shutdown()
+    silent = socket.socket()  # accepts connections, never answers: the check gives up at its deadline
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setattr(hubcheck, "TIMEOUT_S", 0.5)
+        (tmp_path / "c").mkdir()
+        with pytest.raises(StudyError, match=r"Qwen2.5-0.5B-Instruct.*the hub is unreachable .*no answer in 0.5 s"):
+            load_study_to_run(study_file(tmp_path / "c"))
+    finally:
+        silent.close()
