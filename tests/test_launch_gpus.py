@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from lorarl.pipeline.launch import local_gpus, make_executor
+from lorarl.pipeline.executor import local_gpus, make_executor
 
 
 @pytest.mark.parametrize("env, driver, asked, want", [
