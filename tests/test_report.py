@@ -96,7 +96,7 @@ def test_stats_table_rows_read_like_the_issue(tmp_path):
     assert re.fullmatch(r"0\.\d{3} ± 0\.\d{3} \[0\.\d\d, 0\.\d\d\]  vs full: [+−]0\.\d{3}, "
                         r"(not )?resolvable \(MDE 0\.\d\d\)", row["text"]), row["text"]
     assert row["ci_low"] < row["mean"] < row["ci_high"] and row["n_problems"] == 100 and row["n_seeds"] == 3
-    assert row["method"] == "bootstrap seeds x problems"
+    assert row["interval"] == "bootstrap seeds x problems"
     full = t[(t["rank"] == "full") & (t["metric"] == "synthetic/pass@1")]
     assert full["text"].str.endswith("(baseline)").all()
     # process (pass@1 ≈ 0.05) vs outcome (≈ 0.55) is not a declared comparison: rows compare within a regime
@@ -105,7 +105,7 @@ def test_stats_table_rows_read_like_the_issue(tmp_path):
     assert "bootstrap over seeds and evaluation problems" in md and "| regime | rank |" in md
     # train reward: t interval over seeds
     tr = t[t["metric"] == "final_train_reward"].iloc[0]
-    assert tr["method"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]
+    assert tr["interval"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]
 
 
 def test_study_baseline_is_validated(tmp_path):

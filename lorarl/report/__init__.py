@@ -13,7 +13,8 @@ __all__ = ["build"]
 
 # The aggregate's own figures (lorarl/report/plots.py), by file-name prefix: their captions on the page.
 AGGREGATE_FIGURES = {
-    "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds.",
+    "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds (clipped "
+                    "to the reward's range where it is known).",
     "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per setting of the other "
                       "axes (β, prompt, ...), ± sd over seeds; dashed = each base row (one per prompt).",
     "eval_curve_": "Held-out headline metric of one benchmark at the eval_every snapshots, band ± sd over seeds.",
@@ -22,11 +23,12 @@ AGGREGATE_FIGURES = {
 }
 
 
-def caption(stem: str) -> str:
+def caption(stem: str, data=None) -> str:
+    """A figure's caption on the page; with the study's data, its study-dependent parts filled in."""
     from lorarl.report.registry import REGISTRY
 
     if stem in REGISTRY:
-        return f"[{REGISTRY[stem].paper}] {REGISTRY[stem].caption}"
+        return f"[{REGISTRY[stem].paper}] {REGISTRY[stem].caption_for(data)}"
     return next((c for prefix, c in AGGREGATE_FIGURES.items() if stem.startswith(prefix)), "")
 
 
@@ -75,7 +77,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
 
     out.update(drawn)
     pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
-    figs = [(p, caption(p.stem)) for p in pngs]
+    figs = [(p, caption(p.stem, data)) for p in pngs]
     rows = status.study_status(str(study_path), results)
     prov = {**tracking.git_state(), **tracking.package_versions(), "study file": str(study_path),
             "results": str(results.resolve()), "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}
