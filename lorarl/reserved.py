@@ -32,7 +32,7 @@ STATS = ("metric", "interval", "mean", "sd", "ci_low", "ci_high", "n_problems", 
 LONG = ("benchmark", "step", "update", "value", "matrix", "index", "group", "series", "std", "count", "pct",
         "kl_metric", "window_steps", "kl_mean", "kl_sd", "reward_mean", "reward_sd", "x", "acc")
 # training metrics the report reads by name (metrics.csv)
-TRAIN = ("reward", "accuracy", "grad_norm", "kl_new_old", "frac_truncated", "step_time_s")
+TRAIN = ("reward", "accuracy", "grad_norm", "kl_new_old", "frac_truncated", "step_time_s", "ppo_kl")
 # weight-space diagnostics (lorarl.diagnose.weights): tables/diagnostics.csv has one column per metric
 DIAG = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_right_deg", "bf16_sparsity",
         "subspace_sim_top", "subspace_sim_bottom", "overlap_principal", "overlap_principal_baseline",
