@@ -87,6 +87,8 @@ def test_every_table_has_one_row_per_setting_labelled_with_its_axes(path, tmp_pa
         page = build(path, res)["report"].read_text()
     page_rows = _html_stats_rows(page)
     assert [r[:len(keys)] for r in page_rows] == [list(s.values()) for s in want]
+    for f in sorted((res / study.name / "tables").glob("*.csv")):  # and no table column an axis could take
+        assert _stray(study, f.name, _columns(pd.read_csv(f))) == [], f.name
 
 
 def test_axis_named_like_a_report_column_is_refused_at_load(tmp_path):
@@ -133,9 +135,15 @@ def test_every_report_column_beside_the_axes_is_reserved(tmp_path):
         seen[name] = _columns(getattr(data, name))
     seen["curves"] = _columns(data.curves) - metrics
     assert len(seen) > 20  # the tables and every figure's CSV
-    allowed = set(study.axes) | REPORT_COLUMNS
-    # a base row names its model under `model`, the column a `model` axis (paper 000's) fills with the same thing
-    stray = {where: sorted(c for c in cols - ({"model"} if "base" in where else set())
-                           if c not in allowed and "/" not in c and not c.startswith("_"))
-             for where, cols in seen.items()}
+    stray = {where: _stray(study, where, cols) for where, cols in seen.items()}
     assert not any(stray.values()), {k: v for k, v in stray.items() if v}
+
+
+def _stray(study, where: str, cols: set[str]) -> list[str]:
+    """Columns that are neither an axis, nor a `/` or `_` name, nor reserved (lorarl.reserved). A base row
+    names its model under `model`, the column a `model` axis (paper 000's) fills with the same thing; the
+    capability table's columns are its base rows' labels."""
+    if "capability" in where:
+        return []
+    allowed = set(study.axes) | REPORT_COLUMNS | ({"model"} if "base" in where else set())
+    return sorted(c for c in cols if c not in allowed and "/" not in c and not c.startswith("_"))

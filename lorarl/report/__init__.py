@@ -42,6 +42,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl.report.envelope import capability_table
     from lorarl.report.figures import draw_all
     from lorarl.report.fig_kl import kl_delta_table
+    from lorarl.report.masks import mask_tables
+    from lorarl.report.masks import titles as mask_titles
     from lorarl.study import load_study
 
     study = load_study(study_path)
@@ -68,6 +70,11 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             out[name] = tdir / f"{name}.csv"
             df.to_csv(out[name], index=False)
             shown[title] = df
+    masks = mask_tables(data)  # paper 004 Tables 4-5: at each snapshot step and the final one, with #params
+    for name, title in mask_titles(data, masks).items():
+        out[name] = tdir / f"{name}.csv"
+        masks[name].to_csv(out[name], index=False)
+        shown[title] = masks[name]
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
         from lorarl.report.columns import headlines, primary_columns
 
