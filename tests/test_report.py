@@ -130,7 +130,7 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
     out = build(sp, res)
     assert set(REGISTRY) == {"kl_vs_rank", "pass1_vs_rank_fullft", "collapse_truncation", "adv_std_peak",
                              "accuracy_vs_params", "training_dynamics", "update_sparsity", "update_views", "reward_vs_kl",
-                             "subspace_similarity"}
+                             "subspace_similarity", "heldout_by_regime", "heldout_vs_baseline"}
     for name in REGISTRY:
         assert out[name].stat().st_size > 5000, name
         assert not pd.read_csv(out[name].with_suffix(".csv")).empty, name
