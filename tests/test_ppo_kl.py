@@ -45,3 +45,16 @@ def test_ppo_kl_is_logged_per_update_before_it(tiny_dir, tmp_path):  # noqa: F81
     # one row per training step (lorarl.train.trl_args logs per rollout batch): the mean over its updates, as
     # verl's step metrics are the mean over the step's mini-batches
     assert got == [pytest.approx(sum(want) / 2, rel=1e-3)]
+
+
+def test_packed_cell_loss_reports_the_same_ppo_kl():
+    """A packed cell (lorarl.pack.loss) logs ppo_kl under the solo trainer's name and definition."""
+    from lorarl.pack.loss import LossSettings, cell_loss
+
+    new = torch.tensor([[-1.0, -2.0, -0.3], [-0.5, -0.7, -0.1]], requires_grad=True)
+    old = torch.tensor([[-1.5, -1.0, -0.2], [-0.5, -1.5, -9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    _, stats = cell_loss(LossSettings(), new, {"completion_mask": mask, "advantages": torch.tensor([1.0, -1.0]),
+                                               "old_per_token_logps": old})
+    assert stats["ppo_kl"] == pytest.approx(float(klmod.masked_mean(klmod.ppo_kl(new.detach(), old), mask)))
+    assert stats["ppo_kl"] == pytest.approx((-0.5 + 1.0 + 0.1 + 0.0 - 0.8) / 5)
