@@ -41,7 +41,7 @@ def test_diagnose_cell_reads_the_snapshots(tmp_path):
     from lorarl.tracking.client import Tracker
 
     base = tmp_path / "base"
-    build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=48), 40, 0, 0).save_pretrained(base)
+    build_tiny(TinyRecipe(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=48), 40, 0, 0).save_pretrained(base)
     study = parse_study({"name": "diag", "defaults": {"model": str(base), "adapter": {"rank": 2, "alpha": 4},
                                                       "train": {"steps": 4}, "eval": {"eval_every": 2}}})
     cell = study_cells(study)[0]
@@ -63,10 +63,10 @@ def test_diagnose_cell_reads_the_snapshots(tmp_path):
     diagnose_cell("diag", cell, res)
     df = pd.read_parquet(paths.path("diagnostics", **kw))
     top = df[df["metric"] == "subspace_sim_top_step"]
-    assert sorted(top["index"].unique()) == [2, 4] and top["matrix"].nunique() == 14  # 7 modules x 2 layers
+    assert sorted(top["index"].unique()) == [2, 4] and top["matrix"].nunique() == 7  # q k v o gate up down
     w0 = dict(AutoModelForCausalLM.from_pretrained(base).named_modules())
     for step in (2, 4):
-        for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+        for name in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"):
             want = dg.subspace_similarity(saved[step][name], w0[name].weight)["sim_top"]
             got = top[(top["index"] == step) & (top["matrix"] == name)]["value"].item()
             assert got == pytest.approx(want, rel=1e-5)
