@@ -52,6 +52,7 @@ from lorarl.kinds import KINDS
 from lorarl.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
 from lorarl.preflight import check_references
+from lorarl.reserved import check_axis_name
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "load_study_to_run", "parse_study", "study_cells"]
@@ -118,6 +119,9 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
     for name, ax in study.axes.items():
         if not _NAME.match(name):
             raise StudyError(f"invalid study {source}: axis name {name!r} must be letters/digits/_/-")
+        why = check_axis_name(name)  # lorarl.reserved: the report's own columns
+        if why:
+            raise StudyError(f"invalid study {source}: axes.{name}: {why}")
     for i, rule in enumerate(study.exclude):
         for ax, lab in rule.items():
             if ax not in study.axes:

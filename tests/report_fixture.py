@@ -49,6 +49,7 @@ def trace(collapsing: bool, seed: int) -> pd.DataFrame:
     mon = steps % 5 == 0
     df["kl_ref/k3"] = np.where(mon, 1e-3 * steps, np.nan)
     df["kl_new_old"] = np.where(mon, 1e-4 * (1 + adv), np.nan)
+    df["ppo_kl"] = 5e-5 * (1 + adv)  # verl's, every step
     df["time/kl_monitor_s"] = np.where(mon, 0.05, np.nan)
     return df
 
@@ -103,6 +104,10 @@ def make_study(tmp: Path, done: set[str] | None = None, study: dict | None = Non
                     ("spectral_drift", 0.01), ("overlap_principal", 0.02), ("overlap_principal_baseline", 0.05),
                     ("overlap_low_magnitude", 0.06), ("overlap_low_magnitude_baseline", 0.05),
                     ("overlap_principal_not_low", 0.02), ("overlap_principal_not_low_baseline", 0.05))]
+        if not full:  # paper 003 Fig. 7: a LoRA A's similarity with W0's top/bottom singular vectors, per layer
+            rows += [{"matrix": f"model.layers.{i}.q_proj", "metric": f"subspace_sim_{w}{sfx}", "index": step,
+                      "value": val - 0.01 * i} for i in range(2) for w, val in (("top", 0.6), ("bottom", 0.2))
+                     for sfx, step in [("", 0)] + [("_step", s) for s in (10, 20, 30, STEPS)]]
         views = ("update",) if full else ("update", "product_update")  # the adapter product: LoRA cells
         rows += [{"matrix": "model.layers.0.q_proj", "metric": f"{v}_{q}", "index": i, "value": val}
                  for v in views for i in range(4)

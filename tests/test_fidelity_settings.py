@@ -25,6 +25,7 @@ ROWS = [
     ("peft_zoo_ablations", None, "adapter.init", "kaiming", "as peft_zoo"),
     ("off_principal_masks", None, "train.prompt_overflow", "truncate_left", "004 silent: verl's DAPO recipe"),
     ("off_principal_lora_pissa", None, "train.prompt_overflow", "truncate_left", "004 silent: verl's DAPO recipe"),
+    ("off_principal_lora_pissa", None, "eval.eval_every", 20, "004 Figs. 10-11: the held-out curve (collapses early)"),
     ("kl_free", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
     ("kl_free_gemma_ablation", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
     # issue 37: 002's AdaLoRA as its authors' code ran it; 002's rank rows at the text's alpha; 004's verl defaults;

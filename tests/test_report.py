@@ -96,7 +96,7 @@ def test_stats_table_rows_read_like_the_issue(tmp_path):
     assert re.fullmatch(r"0\.\d{3} ± 0\.\d{3} \[0\.\d\d, 0\.\d\d\]  vs full: [+−]0\.\d{3}, "
                         r"(not )?resolvable \(MDE 0\.\d\d\)", row["text"]), row["text"]
     assert row["ci_low"] < row["mean"] < row["ci_high"] and row["n_problems"] == 100 and row["n_seeds"] == 3
-    assert row["method"] == "bootstrap seeds x problems"
+    assert row["interval"] == "bootstrap seeds x problems"
     full = t[(t["rank"] == "full") & (t["metric"] == "synthetic/pass@1")]
     assert full["text"].str.endswith("(baseline)").all()
     # process (pass@1 ≈ 0.05) vs outcome (≈ 0.55) is not a declared comparison: rows compare within a regime
@@ -105,7 +105,7 @@ def test_stats_table_rows_read_like_the_issue(tmp_path):
     assert "bootstrap over seeds and evaluation problems" in md and "| regime | rank |" in md
     # train reward: t interval over seeds
     tr = t[t["metric"] == "final_train_reward"].iloc[0]
-    assert tr["method"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]
+    assert tr["interval"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]
 
 
 def test_study_baseline_is_validated(tmp_path):
@@ -129,7 +129,8 @@ def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
     sp, res = make_study(tmp_path)
     out = build(sp, res)
     assert set(REGISTRY) == {"kl_vs_rank", "pass1_vs_rank_fullft", "collapse_truncation", "adv_std_peak",
-                             "accuracy_vs_params", "training_dynamics", "update_sparsity", "update_views", "reward_vs_kl"}
+                             "accuracy_vs_params", "training_dynamics", "update_sparsity", "update_views", "reward_vs_kl",
+                             "subspace_similarity", "heldout_by_regime", "heldout_vs_baseline"}
     for name in REGISTRY:
         assert out[name].stat().st_size > 5000, name
         assert not pd.read_csv(out[name].with_suffix(".csv")).empty, name

@@ -1,5 +1,5 @@
 """Paper 000's with/without-KL views in the report: Fig. 3b (reward against KL, each the mean over a cell's
-last 50 training steps, one point per setting) and Tables 2-4's Δ Average row (mean over ranks of
+last 50 training steps, all of a shorter run, one point per setting) and Tables 2-4's Δ Average row (mean over ranks of
 without KL − with KL); and one colour per group across every figure of the report."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_reward_vs_kl_points_and_one_colour_per_group_in_every_figure(tmp_path, 
     sp, res = _kl_study(tmp_path)
     out = build(sp, res)
     df = pd.read_csv(out["reward_vs_kl"].with_suffix(".csv"), dtype={"kl": str, "rank": str})
-    assert len(df) == 4 and (df["window_steps"] == 50).all() and (df["kl_metric"] == "kl_ref/k3").all()
+    assert len(df) == 4 and (df["window_steps"] == 40).all() and (df["kl_metric"] == "kl_ref/k3").all()  # 40 steps
     data = load(load_study(sp), res)
     c = data.curves
     cells = data.cells[(data.cells["kl"] == "0.05") & (data.cells["rank"] == "16")]["cell"]

@@ -70,7 +70,7 @@ def test_stats_table_scores_problems_by_the_headline_metric(tmp_path, metric):
     col = f"{BENCH}/{metric}"
     row, base = (t[(t["metric"] == col) & (t["rank"] == r)].iloc[0] for r in ("r16", "full"))
     exp = {r: np.stack([_expected(f"{r}-s{s}", metric) for s in (0, 1)]) for r in ("r16", "full")}
-    assert row["method"] == "bootstrap seeds x problems" and row["n_problems"] == 4 and row["n_seeds"] == 2
+    assert row["interval"] == "bootstrap seeds x problems" and row["n_problems"] == 4 and row["n_seeds"] == 2
     # the printed value is the column's metric (the mean over seeds of the cell table's values) ...
     assert row["mean"] == pytest.approx(exp["r16"].mean())
     assert row["mean"] == pytest.approx(data.cells.loc[data.cells["rank"] == "r16", col].mean())

@@ -4,16 +4,21 @@ W0 is always the ORIGINAL base weight (loaded fresh from the base model, never p
 rewritten residual), W+ the effective weight after training (adapter merged, or the fully
 fine-tuned weight). For residual inits (PiSSA, MiLoRA, OLoRA, ...) W+ − W0 = (α/r)(BA − B0A0), so the
 adapter product (α/r)BA, the matrix paper 003 Fig. 3 decomposes, is diagnosed too (``product_update_*``
-rows beside the ``update_*`` rows of W+ − W0). The math lives in lorarl.diagnose.weights (pure functions).
+rows beside the ``update_*`` rows of W+ − W0). The LoRA A of each eval_every snapshot the cell saved and of the
+final adapter gives paper 003 Fig. 7's subspace similarity through training (``subspace_sim_*_step`` rows,
+index = training step; W0's SVD shared). The math lives in lorarl.diagnose.weights (pure functions).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from lorarl import paths
 from lorarl.study import Cell
+
+LORA_A = re.compile(r"base_model\.model\.(.+)\.lora_A(?:\.default)?\.weight")  # a saved adapter's A
 
 SUMMARY_METRICS = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_right_deg",
                    "bf16_sparsity", "subspace_sim_top", "subspace_sim_bottom", "overlap_principal",
@@ -59,6 +64,41 @@ def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tup
     return {n: (w0[n], mods[n].weight.detach(), a_mats.get(n), p_mats.get(n)) for n in names}
 
 
+def lora_factors(adapter_dir: Path) -> dict:
+    """{module name: trained LoRA A} of a saved adapter (a snapshot or the final one), read from its safetensors
+    without building a model; a residual init's converted adapter holds [A; A0]: A is its first half.
+    Empty for adapters without a LoRA A (full fine-tuning, IA3, VeRA's shared ones...)."""
+    from safetensors.torch import load_file
+
+    f = adapter_dir / "adapter_model.safetensors"
+    if not f.exists():
+        return {}
+    meta = adapter_dir / "lorarl_adapter.json"
+    converted = meta.exists() and bool(json.loads(meta.read_text()).get("residual_converted"))
+    out = {}
+    for key, t in load_file(str(f)).items():
+        m = LORA_A.fullmatch(key)
+        if m:
+            out[m.group(1)] = t[: t.shape[0] // 2] if converted else t
+    return out
+
+
+def factors_through_training(study: str, cell: Cell, results_dir: str | Path, pairs: dict) -> dict:
+    """Module name -> {training step: A}: the eval_every snapshots the cell saved, and the final A at the last
+    step (paper 003 Fig. 7 through training); empty for cells without a LoRA A."""
+    from lorarl.evaluate.plan import snapshot_steps
+
+    out: dict[str, dict[int, object]] = {}
+    for step in snapshot_steps(cell.config):
+        snap = paths.path("snapshot", results=results_dir, study=study, cell=cell.id, step=step)
+        for name, a in lora_factors(snap).items():
+            out.setdefault(name, {})[step] = a
+    for name, (_, _, a, *_) in pairs.items():
+        if a is not None:
+            out.setdefault(name, {})[cell.config.train.steps] = a
+    return out
+
+
 def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     import torch
 
@@ -73,7 +113,7 @@ def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", t
     pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
                          full=cfg.adapter.method == "full")
     k = min(16, min(min(w[0].shape) for w in pairs.values()))
-    df = diagnose_model(pairs, k=k)
+    df = diagnose_model(pairs, factors_through_training(study, cell, results_dir, pairs), k=k)
     out = paths.path("diagnostics", **kw)
     write_parquet(df, out)
     scalars = df[df["metric"].isin(SUMMARY_METRICS)].groupby("metric")["value"].mean()

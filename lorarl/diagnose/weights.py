@@ -159,7 +159,7 @@ def mask_overlap(update_mask, reference_mask) -> dict:
 
 def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
                     k: int = DEFAULT_K, alpha: float = DEFAULT_ALPHA, eta: float = BF16_ETA,
-                    vectors: bool = True, P_DN=None) -> list[dict]:
+                    vectors: bool = True, P_DN=None, A_steps: Mapping[int, object] | None = None) -> list[dict]:
     """All diagnostics of one matrix as long-format rows {matrix, metric, index, value}.
 
     Scalar metrics have index 0; vector metrics (singular values, cosines, c/p/cum_energy) one row
@@ -167,6 +167,9 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
     LoRA A; `rank` (default A's row count) sets its r. Two SVDs (W0, W+) are shared by all metrics.
     `P_DN`: the adapter product (α/r)BA (residual inits, where it differs from W+ − W0): its
     SVD-aligned distribution along W0's directions is added as ``product_update_c/p/cum_energy``.
+    `A_steps`: training step -> the LoRA A at that step (snapshots and the final adapter): paper 003 Fig. 7's
+    similarity through training, as ``subspace_sim_top_step`` / ``subspace_sim_bottom_step`` rows whose
+    index is the training step (W0's SVD shared).
     """
     W0 = _f64(W0_DN)
     W1 = _f64(W1_DN).to(W0.device)
@@ -191,6 +194,11 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
     if A_RN is not None:
         ss = subspace_similarity(A_RN, W0, rank, svd0=svd0)
         scalars["subspace_sim_top"], scalars["subspace_sim_bottom"] = ss["sim_top"], ss["sim_bottom"]
+    steps = []
+    for step, A in sorted((A_steps or {}).items()):
+        ss = subspace_similarity(A, W0, rank, svd0=svd0)
+        steps += [{"matrix": name, "metric": f"subspace_sim_{w}_step", "index": int(step), "value": ss[f"sim_{w}"]}
+                  for w in ("top", "bottom")]
     changed = bf16_changed_mask(W0, W1, eta)
     scalars["bf16_sparsity"] = 1.0 - float(changed.double().mean())
     m_princ, m_low = principal_mask(W0, k, alpha, svd0=svd0), low_magnitude_mask(W0, alpha)
@@ -198,7 +206,7 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
                      ("principal_not_low", m_princ & ~m_low)):
         ov = mask_overlap(changed, ref)
         scalars[f"overlap_{tag}"], scalars[f"overlap_{tag}_baseline"] = ov["overlap"], ov["baseline"]
-    rows = [{"matrix": name, "metric": m, "index": 0, "value": float(v)} for m, v in scalars.items()]
+    rows = [{"matrix": name, "metric": m, "index": 0, "value": float(v)} for m, v in scalars.items()] + steps
     if vectors:
         for m, v in vecs.items():
             rows += [{"matrix": name, "metric": m, "index": i, "value": float(x)}
@@ -206,12 +214,15 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
     return rows
 
 
-def diagnose_model(pairs: Mapping[str, tuple], **kwargs) -> pd.DataFrame:
-    """Diagnostics of many matrices: pairs maps name -> (W0, W1, A_or_None[, (α/r)BA or None]); kwargs go
-    to `diagnose_matrix`. Returns a long DataFrame with columns matrix, metric, index, value."""
+def diagnose_model(pairs: Mapping[str, tuple], A_steps: Mapping[str, Mapping[int, object]] | None = None,
+                   **kwargs) -> pd.DataFrame:
+    """Diagnostics of many matrices: pairs maps name -> (W0, W1, A_or_None[, (α/r)BA or None]); A_steps name ->
+    {training step: A} (`diagnose_matrix`); kwargs go to `diagnose_matrix`. Returns a long DataFrame with
+    columns matrix, metric, index, value."""
     rows: list[dict] = []
     for name, (W0, W1, A, *product) in pairs.items():
-        rows += diagnose_matrix(name, W0, W1, A, P_DN=product[0] if product else None, **kwargs)
+        rows += diagnose_matrix(name, W0, W1, A, P_DN=product[0] if product else None,
+                                A_steps=(A_steps or {}).get(name), **kwargs)
     df = pd.DataFrame(rows, columns=["matrix", "metric", "index", "value"])
     return df.astype({"matrix": "string", "metric": "string", "index": "int64", "value": "float64"})
 

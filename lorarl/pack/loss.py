@@ -80,7 +80,7 @@ def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict) -> tuple[torc
     else:  # dapo
         normalizer = torch.as_tensor(n_items).clamp(min=1.0) / 1
         loss = (per_token_BT * mask_BT).sum() / normalizer
-    stats: dict[str, float] = {}
+    stats: dict[str, float] = {"ppo_kl": klmod.masked_mean(klmod.ppo_kl(logp_BT.detach(), old_BT), mask_BT).item()}
     if s.beta > 0:
         ref_BT = batch["lorarl_ref_logps"]
         weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, s.importance_sampling_level) \

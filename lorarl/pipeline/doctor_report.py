@@ -129,8 +129,8 @@ def smoke_study(study: Any, cell: Any, steps: int, eval_limit: int, results_dir:
     for b in benches.values():
         b["limit"] = min(b.get("limit") or eval_limit, eval_limit)
     d["eval"]["benchmarks"] = benches
-    return {"name": study.name + SMOKE_SUFFIX, "defaults": d,
-            "axes": {"cell": {"values": [{"label": cell.id, "set": {"seed": d["seed"]}}]}}}
+    return {"name": study.name + SMOKE_SUFFIX, "defaults": d,  # axis `smoke`: `cell` is a report column
+            "axes": {"smoke": {"values": [{"label": cell.id, "set": {"seed": d["seed"]}}]}}}
 
 
 def _fmt_s(s: float) -> str:

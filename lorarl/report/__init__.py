@@ -13,7 +13,8 @@ __all__ = ["build"]
 
 # The aggregate's own figures (lorarl/report/plots.py), by file-name prefix: their captions on the page.
 AGGREGATE_FIGURES = {
-    "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds.",
+    "train_reward": "Training reward vs step (rolling mean of 5), one line per group, band ± sd over seeds (clipped "
+                    "to the reward's range where it is known).",
     "pass1_vs_rank_": "Held-out headline metric of one benchmark vs adapter rank, one line per setting of the other "
                       "axes (β, prompt, ...), ± sd over seeds; dashed = each base row (one per prompt).",
     "eval_curve_": "Held-out headline metric of one benchmark at the eval_every snapshots, band ± sd over seeds.",
@@ -22,11 +23,12 @@ AGGREGATE_FIGURES = {
 }
 
 
-def caption(stem: str) -> str:
+def caption(stem: str, data=None) -> str:
+    """A figure's caption on the page; with the study's data, its study-dependent parts filled in."""
     from lorarl.report.registry import REGISTRY
 
     if stem in REGISTRY:
-        return f"[{REGISTRY[stem].paper}] {REGISTRY[stem].caption}"
+        return f"[{REGISTRY[stem].paper}] {REGISTRY[stem].caption_for(data)}"
     return next((c for prefix, c in AGGREGATE_FIGURES.items() if stem.startswith(prefix)), "")
 
 
@@ -40,6 +42,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl.report.envelope import capability_table
     from lorarl.report.figures import draw_all
     from lorarl.report.fig_kl import kl_delta_table
+    from lorarl.report.masks import mask_tables
+    from lorarl.report.masks import titles as mask_titles
     from lorarl.study import load_study
 
     study = load_study(study_path)
@@ -66,6 +70,11 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
             out[name] = tdir / f"{name}.csv"
             df.to_csv(out[name], index=False)
             shown[title] = df
+    masks = mask_tables(data)  # paper 004 Tables 4-5: at each snapshot step and the final one, with #params
+    for name, title in mask_titles(data, masks).items():
+        out[name] = tdir / f"{name}.csv"
+        masks[name].to_csv(out[name], index=False)
+        shown[title] = masks[name]
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
         from lorarl.report.columns import headlines, primary_columns
 
@@ -75,7 +84,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
 
     out.update(drawn)
     pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
-    figs = [(p, caption(p.stem)) for p in pngs]
+    figs = [(p, caption(p.stem, data)) for p in pngs]
     rows = status.study_status(str(study_path), results)
     prov = {**tracking.git_state(), **tracking.package_versions(), "study file": str(study_path),
             "results": str(results.resolve()), "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}

@@ -9,10 +9,10 @@ import pandas as pd
 
 from lorarl import paths
 from lorarl.report import readcache
-from lorarl.report.columns import eval_metrics
+from lorarl.report.columns import eval_metrics, is_baseline_row
 from lorarl.report.stats import mean_sd
 from lorarl.train.divergence import DIVERGED, cell_state
-from lorarl.report.rows import base_row, eval_columns, eval_curve_table  # noqa: F401 (also this module's API)
+from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes  # noqa: F401 (also this module's API)
 from lorarl.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
@@ -75,6 +75,8 @@ def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
                        .rename("n_diverged"))
     out = out.reset_index()
     out = out.sort_values(keys, key=lambda col: col.map(order[col.name])).reset_index(drop=True)
+    if study.baseline:  # the rows the stats table compares the others with
+        out["is_baseline"] = [is_baseline_row(study, {k: r[k] for k in keys}) for _, r in out.iterrows()]
     return out.drop(columns=["_all"], errors="ignore")
 
 
@@ -93,6 +95,9 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
         lines.append("| " + " | ".join(vals) + " |")
     for _, r in table.iterrows():
         vals = [str(r[k]) for k in keys] or ["all"]
+        if bool(r.get("is_baseline", False)):  # marked at the first axis the baseline names
+            i = keys.index(next(k for k in study.baseline if k in keys))
+            vals[i] += " (baseline)"
         for m in metrics:
             mu, sd = r[f"{m}_mean"], r[f"{m}_sd"]
             fmt = "{:.3g}" if m == "trainable_fraction" else ("{:.1f}" if "time" in m else "{:.3f}")
@@ -117,7 +122,7 @@ def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
     frames = []
     for cell in study_cells(study):
         df = readcache.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
-        frames.append(df.assign(cell=cell.id, **cell.axes))
+        frames.append(with_axes(df, cell))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -38,3 +38,12 @@ def headlines(study: Any) -> dict[str, str]:
             if spec.headline:
                 out.setdefault(bench, spec.headline)
     return out
+
+
+def is_baseline_row(study: Any, labels: dict) -> bool:
+    """Whether a row with these axis labels is a baseline row: it takes the study's `baseline:` label on every
+    axis the baseline names (one baseline row per setting of the other axes)."""
+    from lorarl.study import label_of
+
+    base = getattr(study, "baseline", None)
+    return bool(base) and all(str(labels.get(k)) == label_of(v) for k, v in base.items())

@@ -17,7 +17,7 @@ import pandas as pd
 
 from lorarl import paths
 from lorarl.report import readcache
-from lorarl.report.rows import base_row, eval_columns, eval_curve_table
+from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes
 from lorarl.study import Study, base_cells, study_cells
 
 METRIC = re.compile(r"(pass|avg)@([1-9]\d*)")  # an evaluation metric's name (lorarl.report.columns.EVAL_COL)
@@ -38,6 +38,11 @@ class StudyData:
     def keys(self) -> list[str]:
         """The non-seed axes (a table row / figure series each)."""
         return [a for a in self.study.axes if a != self.study.seed_axis]
+
+    def train_column(self, metric: str) -> str:
+        """The column of a training metric in ``curves``: its name, or `train/<name>` where an axis has the
+        name (lorarl.report.rows.with_axes)."""
+        return f"train/{metric}" if metric in self.study.axes else metric
 
     def axis_by_field(self, fld: str) -> str | None:
         return next((n for n, a in self.study.axes.items() if a.field == fld), None)
@@ -137,7 +142,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
         rows.append(row)
         m = paths.path("metrics", **kw)
         if m.exists():
-            frames.append(readcache.read_csv(m).assign(cell=cell.id, **cell.axes))
+            frames.append(with_axes(readcache.read_csv(m), cell))
     base_rows = []
     for b in base_cells(study):
         try:

@@ -2,7 +2,9 @@
 gradient over trainable parameters (TRL/transformers' `grad_norm`, before clipping), KL to the base
 (`kl_ref/k3`, Figs. 2, 6) and KL(π_new‖π_old) between the rollout policy and the policy after all of
 a training step's updates (`kl_new_old`, the paper's Figs. 5/6 quantity; measured every
-`train.kl_monitor_every` steps). The KL of one optimiser update (`kl_new_old/update`) is logged too;
+`train.kl_monitor_every` steps), and verl's `ppo_kl` (every step; lorarl.train.kl.ppo_kl: the mean over the
+step's mini-batches of log π_old − log π on their response tokens, each before its update: what paper 003's
+verl runs logged as KL(π_new‖π_old)). The KL of one optimiser update (`kl_new_old/update`) is logged too;
 with PPO mini-batches it is smaller, and it is not drawn here."""
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ from lorarl.report.data import StudyData
 from lorarl.report.registry import register
 
 PANELS = (("reward", "training reward"), ("grad_norm", "gradient norm ‖g‖_F"),
-          ("kl_ref/k3", "KL(π‖π_base), k3"), ("kl_new_old", "KL(π_new‖π_old), rollout → updated policy"))
+          ("kl_ref/k3", "KL(π‖π_base), k3"), ("kl_new_old", "KL(π_new‖π_old),\nrollout → updated policy"),
+          ("ppo_kl", "verl's ppo_kl: log π_old − log π,\nbefore each update"))
 
 
-@register("training_dynamics", "003 Figs. 2, 5, 6", ("curve:reward", "curve:grad_norm|curve:kl_new_old|curve:kl_ref/k3"),
-          "Per setting, mean over seeds (band ± sd): training reward, gradient norm, KL to the base, and "
-          "KL(π_new‖π_old) from the rollout policy to the policy after the step's updates. Paper 003: PiSSA/MiLoRA collapse with larger gradient norm and KL.")
+@register("training_dynamics", "003 Figs. 2, 5, 6",
+          ("curve:reward", "curve:grad_norm|curve:kl_new_old|curve:kl_ref/k3|curve:ppo_kl"),
+          "Per setting, mean over seeds (band ± sd): training reward, gradient norm, KL to the base, "
+          "KL(π_new‖π_old) from the rollout policy to the policy after the step's updates (a monitor, every "
+          "kl_monitor_every steps), and verl's ppo_kl (every step: the mean over the step's mini-batches of "
+          "log π_old − log π on their response tokens, each taken before its update; the KL paper 003's verl "
+          "logs). Paper 003: PiSSA/MiLoRA collapse with larger gradient norm and KL.")
 def training_dynamics(data: StudyData, out: Path) -> Path | None:
     keys = data.keys
     panels = [(m, t) for m, t in PANELS if m in data.curves and data.curves[m].notna().any()]
@@ -47,8 +54,7 @@ def training_dynamics(data: StudyData, out: Path) -> Path | None:
                             color=color, alpha=0.12, lw=0)
         ax.set_title(title)
         ax.set_xlabel("training step")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7)
-    fig.subplots_adjust(right=0.8)
+    handles, labels = axes[0][0].get_legend_handles_labels()  # beside the last panel, never on it
+    axes[0][-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7)
     fig.suptitle(f"{data.study.name}: training dynamics")
     return draw.save(fig, out, table)

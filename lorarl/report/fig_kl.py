@@ -1,5 +1,5 @@
 """Paper 000's with/without-KL comparisons: Fig. 3b (reward as a function of KL, one point per setting from
-the last 50 training steps) and Tables 2-4's "Δ Average" row (the mean over the other settings, e.g. ranks,
+the last 50 training steps, or the whole of a shorter run: the caption says which) and Tables 2-4's "Δ Average" row (the mean over the other settings, e.g. ranks,
 of the difference without KL − with KL, per benchmark and for the runtime)."""
 
 from __future__ import annotations
@@ -16,31 +16,54 @@ WINDOW = 50  # paper 000 Fig. 3b: "the average KL and reward over the last 50 tr
 
 
 def _kl_metric(data: StudyData) -> str:
-    return next(m for m in ("kl_ref/k3", "kl") if m in data.curves and data.curves[m].notna().any())
+    return next(m for m in ("kl_ref/k3", data.train_column("kl")) if m in data.curves and data.curves[m].notna().any())
 
 
 def last_steps_mean(data: StudyData, metric: str, window: int = WINDOW) -> pd.DataFrame:
-    """Per cell: the mean of ``metric`` over its last ``window`` training steps (the values logged there)."""
+    """Per cell: the mean of ``metric`` over its last ``window`` training steps (the values logged there), and
+    ``window_steps``: how many training steps that window really spans (all of a shorter run)."""
     c = data.curves.dropna(subset=[metric])
     last = c.groupby("cell")["step"].transform("max")
-    v = c[c["step"] > last - window].groupby("cell", sort=False)[metric].mean().rename("value")
+    g = c[c["step"] > last - window].groupby("cell", sort=False)
+    v = g[metric].mean().rename("value").to_frame().join(real_window(data, window))
     return data.cells.set_index("cell")[[*data.study.axes]].join(v, how="inner").reset_index()
 
 
+def real_window(data: StudyData, window: int = WINDOW) -> pd.Series:
+    """Per cell: the training steps the last-``window`` mean spans: ``window``, or the whole run when shorter."""
+    last = data.curves.groupby("cell", sort=False)["step"].max()
+    return last.clip(upper=window).astype(int).rename("window_steps")
+
+
+def window_text(data: StudyData | None) -> str:
+    """The window the figure really averages over: "last 50 training steps", "last 30 training steps (the
+    whole run; the paper's window is 50)", or a range when cells differ."""
+    if data is None or data.curves.empty:
+        return f"last {WINDOW} training steps"
+    w = sorted(set(real_window(data).tolist()))
+    text = f"last {w[0]}" + (f"-{w[-1]}" if len(w) > 1 else "") + " training steps"
+    return text if w[-1] >= WINDOW else text + f" (the whole run; the paper's window is {WINDOW})"
+
+
+def _caption_vars(data: StudyData) -> dict:
+    return {"window": window_text(data)}
+
+
 @register("reward_vs_kl", "000 Fig. 3b", ("curve:reward", "curve:kl_ref/k3|curve:kl"),
-          "Training reward against KL(π‖π_base) (k3), each the mean over a cell's last 50 training steps, one "
+          "Training reward against KL(π‖π_base) (k3), each the mean over a cell's {window}, one "
           "point per setting (mean ± sd over seeds in both directions). Paper 000: LoRA keeps its reward "
-          "without the KL term where full fine-tuning collapses.")
+          "without the KL term where full fine-tuning collapses.", caption_vars=_caption_vars)
 def reward_vs_kl(data: StudyData, out: Path) -> Path | None:
     kl = _kl_metric(data)
     keys = data.keys
     x = draw.over_seeds(last_steps_mean(data, kl), keys).rename(columns={"mean": "kl_mean", "std": "kl_sd"})
-    y = draw.over_seeds(last_steps_mean(data, "reward"), keys).rename(columns={"mean": "reward_mean",
-                                                                             "std": "reward_sd"})
+    rw = last_steps_mean(data, "reward")
+    y = draw.over_seeds(rw, keys).rename(columns={"mean": "reward_mean", "std": "reward_sd"})
     if x.empty or y.empty:
         return None
+    y["window_steps"] = draw.over_seeds(rw, keys, "window_steps")["mean"].round().astype(int)  # the real window
     df = x.drop(columns="count").merge(y, on=keys) if keys else pd.concat([x.drop(columns="count"), y], axis=1)
-    df = df.assign(kl_metric=kl, window_steps=WINDOW)
+    df = df.assign(kl_metric=kl)
     plt = draw.plt()
     fig, ax = plt.subplots(figsize=(5.8, 4))
     for _, r in df.iterrows():
@@ -48,8 +71,8 @@ def reward_vs_kl(data: StudyData, out: Path) -> Path | None:
         ax.errorbar(r["kl_mean"], r["reward_mean"], xerr=_sd(r["kl_sd"]), yerr=_sd(r["reward_sd"]), marker="o",
                     ms=6, capsize=3, ls="none", color=draw.color_of(lab), label=lab)
     ax.set_xscale("symlog", linthresh=1e-4)
-    ax.set_xlabel(f"{kl} over the last {WINDOW} steps")
-    ax.set_ylabel(f"train reward over the last {WINDOW} steps")
+    ax.set_xlabel(f"{kl}, mean over the {window_text(data)}")
+    ax.set_ylabel("train reward, same window")
     ax.set_title(f"{data.study.name}: reward vs KL to the base")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return draw.save(fig, out, df)

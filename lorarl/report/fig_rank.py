@@ -13,7 +13,7 @@ from lorarl.report.registry import register
 
 
 def _kl_metric(data: StudyData) -> str:
-    return next(m for m in ("kl_ref/k3", "kl") if m in data.curves and data.curves[m].notna().any())
+    return next(m for m in ("kl_ref/k3", data.train_column("kl")) if m in data.curves and data.curves[m].notna().any())
 
 
 @register("kl_vs_rank", "000 Fig. 2", ("axis:adapter.rank", "curve:kl_ref/k3|curve:kl"),

@@ -18,11 +18,13 @@ def _save(fig, out: Path) -> Path:
     return out
 
 
-def _band(ax, x, mean, sd, color, label: str, **line) -> None:
-    """A mean line with a ± sd band (sd NaN = one seed: no band)."""
+def _band(ax, x, mean, sd, color, label: str, bounds: tuple[float, float] | None = None, **line) -> None:
+    """A mean line with a ± sd band (sd NaN = one seed: no band), clipped to the metric's range."""
     ax.plot(x, mean, color=color, lw=1.6, label=label, **line)
     sd = sd.fillna(0)
-    ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.15, lw=0)
+    lo, hi = (mean - sd, mean + sd) if bounds is None else ((mean - sd).clip(lower=bounds[0]),
+                                                              (mean + sd).clip(upper=bounds[1]))
+    ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
 
 
 def _axis_by_field(study: Study, field: str) -> str | None:
@@ -31,9 +33,14 @@ def _axis_by_field(study: Study, field: str) -> str | None:
 
 def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "reward",
                   smooth: int = 5) -> Path | None:
-    """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds."""
+    """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds, clipped to the
+    reward's range where lorarl knows it (lorarl.report.bounds)."""
+    from lorarl.report.bounds import consistent, reward_bounds
+    from lorarl.study import study_cells
+
     if metric not in curves:
         return None
+    cfg = {c.id: c.config for c in study_cells(study)}
     keys = [a for a in study.axes if a != study.seed_axis]
     df = curves.sort_values("step").copy()
     df["smoothed"] = df.groupby("cell")[metric].transform(lambda s: s.rolling(smooth, min_periods=1).mean())
@@ -42,9 +49,13 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     stats.to_csv(out.with_suffix(".csv"), index=False)
     fig, ax = pyplot().subplots(figsize=(7, 4))
     groups = stats.groupby(keys, sort=False) if keys else [((), stats)]
+    row_label = series_labels(df, keys)
     for _, g in groups:
         label = series_label(g.iloc[0], keys)
-        _band(ax, g["step"], g["mean"], g["std"], color_of(label), label)
+        mine = df[row_label == label]  # the group's cells: the reward's range is theirs
+        rng = consistent(reward_bounds(cfg[c] for c in mine["cell"].unique()), mine[metric]) \
+            if metric == "reward" else None
+        _band(ax, g["step"], g["mean"], g["std"], color_of(label), label, rng)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"train {metric} (rolling mean of {smooth})")
     ax.set_title(f"{study.name}: training {metric}, mean ± sd over {study.seed_axis}")
@@ -173,8 +184,8 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
         ax.set_xticks(range(len(matrices)), [m.replace("model.layers.", "L").replace("self_attn.", "").replace("mlp.", "")
                                                for m in matrices], rotation=90, fontsize=6)
         ax.set_title(title)
-    for ax, title in ((axes[3], "update distribution p_i = c_i / Σ c_j of ΔW = W+ − W0"),
-                      (axes[4], "cumulative energy Σ_{j≤i} c_j² / Σ c_j² of ΔW = W+ − W0")):
+    for ax, title in ((axes[3], "update distribution p_i = c_i / Σ c_j\nof ΔW = W+ − W0"),  # two lines: one
+                      (axes[4], "cumulative energy Σ_{j≤i} c_j² / Σ c_j²\nof ΔW = W+ − W0")):  # ran into the next
         ax.set_xscale("log")
         ax.set_xlabel("singular direction i of W0 (by σ, descending)")
         ax.set_title(title)

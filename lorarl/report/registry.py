@@ -27,18 +27,26 @@ class FigureSpec:
     name: str  # file stem under results/<study>/figures/
     paper: str  # which headline figure it reproduces, e.g. "001 Fig. 4"
     needs: tuple[str, ...]  # requirements (see module doc)
-    caption: str  # shown under the figure in the report
+    caption: str  # shown under the figure in the report; `{name}` fields are filled by `caption_vars`
     draw: Callable[[StudyData, Path], Path | None]  # (data, png path) -> the png, or None if nothing to draw
+    caption_vars: Callable[[StudyData], dict] | None = None  # what the caption says that depends on the study
+
+    def caption_for(self, data: StudyData | None) -> str:
+        """The caption with its study-dependent fields (e.g. the real averaging window) filled in."""
+        if self.caption_vars is None:
+            return self.caption
+        return self.caption.format(**self.caption_vars(data)) if data is not None else self.caption
 
 
 REGISTRY: dict[str, FigureSpec] = {}
 
 
-def register(name: str, paper: str, needs: tuple[str, ...], caption: str):
+def register(name: str, paper: str, needs: tuple[str, ...], caption: str,
+             caption_vars: Callable[[StudyData], dict] | None = None):
     def deco(fn: Callable[[StudyData, Path], Path | None]):
         if name in REGISTRY:
             raise ValueError(f"figure {name!r} registered twice")
-        REGISTRY[name] = FigureSpec(name, paper, needs, caption, fn)
+        REGISTRY[name] = FigureSpec(name, paper, needs, caption, fn, caption_vars)
         return fn
     return deco
 
@@ -48,6 +56,7 @@ def _has_one(data: StudyData, need: str) -> bool:
     if kind == "axis":
         return data.axis_by_field(arg) is not None
     if kind == "curve":
+        arg = data.train_column(arg)  # a metric named like an axis lives at train/<name>
         return not data.curves.empty and arg in data.curves and data.curves[arg].notna().any()
     if kind == "cell":
         return not data.cells.empty and arg in data.cells and data.cells[arg].notna().any()

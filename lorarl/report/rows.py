@@ -42,6 +42,14 @@ def base_row(b) -> dict:
             "base": base_label(b.config.model, b.axes)}
 
 
+def with_axes(metrics: pd.DataFrame, cell) -> pd.DataFrame:
+    """A cell's per-step metrics (metrics.csv) with its id and axis labels attached. A metric named like an
+    axis (lorarl's own `kl` term beside paper 000's `kl` axis) moves to `train/<name>` first, so the axis
+    label never overwrites its values (`StudyData.train_column` finds it)."""
+    clash = {c: f"train/{c}" for c in metrics.columns if c in cell.axes}
+    return metrics.rename(columns=clash).assign(cell=cell.id, **cell.axes)
+
+
 def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
     """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
     one row per cell x curve benchmark x step; empty when no cell saves snapshots."""

@@ -14,8 +14,9 @@ mean over problems is the cell's value in the table.
 The 95% interval is the 2.5/97.5 percentile of the replicates. A difference is *resolvable* when its
 95% interval excludes 0; the MDE is (z_0.975 + z_0.8) × the bootstrap sd of the difference: the
 smallest true difference this design detects with 80% power at the 5% level.
-Columns without per-problem samples (train reward, times) get a t interval over seeds, and their
-differences Welch's t interval (MDE = 2.80 × its standard error).
+Columns without per-problem samples (train reward, times) get a t interval over seeds, clipped to the
+column's range where it is bounded (lorarl.report.bounds: with two seeds the t interval is mean ± 9 sd), and
+their differences Welch's t interval (MDE = 2.80 × its standard error).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ METHOD = ("mean ± sd over seeds [95% interval: bootstrap over seeds and evaluat
           "correctness, pass@k the unbiased estimator, any of n correct at k = n]; vs baseline: difference of "
           "means, resolvable if its 95% bootstrap interval excludes 0; MDE = 2.80 × bootstrap sd of the "
           "difference (80% power, α 0.05). Columns without per-problem samples (train reward, step time): "
-          "t interval over seeds, Welch's t for the difference")
+          "t interval over seeds clipped to the column's range where it is bounded, Welch's t for the difference")
 N_BOOT = 2000  # replicates: percentile ends stable to ~0.005 at 2000
 Z_MDE = 1.959964 + 0.841621  # z_{0.975} + z_{0.80}
 
@@ -84,8 +85,9 @@ def bootstrap(scores_SP: np.ndarray, draws_BP: np.ndarray, seed: int = 1) -> Est
                     float(lo), float(hi), S, P, boot_B)
 
 
-def t_interval(values: list[float] | np.ndarray) -> Estimate:
-    """Mean ± sd over seeds with a Student-t 95% interval (no problem-level samples)."""
+def t_interval(values: list[float] | np.ndarray, bounds: tuple[float, float] | None = None) -> Estimate:
+    """Mean ± sd over seeds with a Student-t 95% interval (no problem-level samples), clipped to ``bounds``,
+    the column's range where it is bounded (lorarl.report.bounds)."""
     from scipy import stats
 
     v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
@@ -97,7 +99,9 @@ def t_interval(values: list[float] | np.ndarray) -> Estimate:
         return Estimate(mean, float("nan"), float("nan"), float("nan"), 1, 0)
     sd = float(v.std(ddof=1))
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    return Estimate(mean, sd, mean - half, mean + half, n, 0)
+    if bounds is None:
+        return Estimate(mean, sd, mean - half, mean + half, n, 0)
+    return Estimate(mean, sd, max(mean - half, bounds[0]), min(mean + half, bounds[1]), n, 0)
 
 
 def compare(row: Estimate, base: Estimate) -> Comparison:

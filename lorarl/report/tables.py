@@ -16,7 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from lorarl.report import stats
+from lorarl.report import bounds, stats
+from lorarl.report.columns import is_baseline_row
 from lorarl.report.data import StudyData, scores_matrix
 from lorarl.study import label_of, study_cells
 
@@ -54,9 +55,19 @@ def primary_metrics(data: StudyData) -> list[str]:
     return primary_columns(data.cells, headlines(data.study)) if not data.cells.empty else []
 
 
+def _bounds(data: StudyData, col: str, ids: list[str], vals) -> bounds.Bounds | None:
+    """The range of a row's column (lorarl.report.bounds: the train reward's from its cells' reward settings)
+    unless one of its values lies outside it."""
+    want = set(ids)
+    cfgs = [c.config for c in study_cells(data.study) if c.id in want] if col == "final_train_reward" else []
+    return bounds.consistent(bounds.column_bounds(col, cfgs), vals)
+
+
 def stats_table(data: StudyData) -> pd.DataFrame:
-    """Long table: one row per (group, metric) with mean, sd, lo, hi, n_seeds, n_problems, method and,
-    against the baseline, diff, diff_lo, diff_hi, mde, resolvable and the formatted `text`."""
+    """Long table: one row per (group, metric) with mean, sd, ci_low, ci_high, n_seeds, n_problems, `interval`
+    (how the interval was computed), is_baseline and, against the baseline, diff, diff_low, diff_high, mde,
+    resolvable and the formatted `text`. Its own column names are reserved (lorarl.reserved): an axis can
+    never overwrite them, nor they an axis label."""
     groups = _groups(data)
     rows: list[dict] = []
     estimates: dict[tuple, dict[str, stats.Estimate]] = {}
@@ -72,26 +83,27 @@ def stats_table(data: StudyData) -> pd.DataFrame:
             m = scores_matrix(data, ids, bench, metric) if draws is not None else None
             if m is not None and m[1] == common[1]:
                 est = stats.bootstrap(m[0], draws)
-                method = "bootstrap seeds x problems"
+                interval = "bootstrap seeds x problems"
             else:
-                est = stats.t_interval(data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy())
-                method = "t over seeds"
+                vals = data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy()
+                est = stats.t_interval(vals, bounds=_bounds(data, col, ids, vals))
+                interval = "t over seeds"
             estimates.setdefault(tuple(labels.values()), {})[col] = est
-            rows.append({**labels, "metric": col, "method": method, "est": est})
+            rows.append({**labels, "metric": col, "interval": interval, "est": est})
     for col in NON_EVAL:
         if col not in data.cells:
             continue
         for labels, ids in groups:
             vals = data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy()
-            est = stats.t_interval(vals)
+            est = stats.t_interval(vals, bounds=_bounds(data, col, ids, vals))
             estimates.setdefault(tuple(labels.values()), {})[col] = est
-            rows.append({**labels, "metric": col, "method": "t over seeds", "est": est})
+            rows.append({**labels, "metric": col, "interval": "t over seeds", "est": est})
     out = []
     for r in rows:
         est: stats.Estimate = r.pop("est")
         labels = {k: r[k] for k in data.keys}
         row = {**r, "mean": est.mean, "sd": est.sd, "ci_low": est.lo, "ci_high": est.hi,
-               "n_seeds": est.n_seeds, "n_problems": est.n_problems}
+               "n_seeds": est.n_seeds, "n_problems": est.n_problems, "is_baseline": is_baseline_row(data.study, labels)}
         text = stats.fmt_estimate(est, 3)
         bkey = baseline_key(data, labels)
         if bkey is not None and bkey != tuple(labels.values()) and r["metric"] in estimates.get(bkey, {}):

@@ -70,6 +70,13 @@ def importance_weight(logp_BT: torch.Tensor, old_BT: torch.Tensor, mask_BT: torc
     raise ValueError(f"importance sampling level {level!r}; allowed: token, sequence")
 
 
+def ppo_kl(logp_BT: torch.Tensor, old_BT: torch.Tensor) -> torch.Tensor:
+    """verl's ``actor/ppo_kl`` per token: ``old - new`` log-prob of the sampled token, the log-ratio clamped to
+    [-20, 20] as verl's ``compute_policy_loss`` does; its mean over a mini-batch's response tokens, taken in the
+    loss forward before that mini-batch's update, is the KL(π_old‖π_new) k1 estimate verl logs (paper 003)."""
+    return -(logp_BT - old_BT).clamp(-20.0, 20.0)
+
+
 def masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """Mean over the masked (response) tokens of the whole batch."""
     m = mask_BT.to(x_BT.dtype)

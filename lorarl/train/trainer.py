@@ -354,6 +354,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             mask_BT = mask_BT * inputs["tool_mask"]
         old_BT = inputs.get("old_per_token_logps")
         old_BT = logp_BT.detach() if old_BT is None else old_BT
+        if mode == "train":  # verl's ppo_kl: before this update, over its (micro-)batch (lorarl.train.kl.ppo_kl)
+            self._log("ppo_kl", self._gmasked_mean(klmod.ppo_kl(logp_BT.detach(), old_BT), mask_BT), mode)
         if self.kl_beta > 0:
             ref_BT = inputs["lorarl_ref_logps"]
             weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, self.importance_sampling_level) \
