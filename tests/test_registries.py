@@ -38,6 +38,8 @@ def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_p
     monkeypatch.setitem(stages.STAGES, "echo", stages.Stage("echo", echo, "test stage"))
     assert run_stage("echo", "s.yaml", "c1", str(tmp_path), 3) == {"echo": "c1"}
     assert seen == [("s.yaml", "c1", str(tmp_path), 3)]
+    monkeypatch.chdir(tmp_path)  # `lorarl run` loads the study first (a missing model: exit 2 before running)
+    (tmp_path / "s.yaml").write_text("name: s\ndefaults: {model: local:tiny-arith, task: {name: synthetic}}\n")
     assert main(["run", "s.yaml", "c2", "--stages", "echo", "--results", str(tmp_path)]) == 0
     assert seen[-1][1] == "c2" and '"echo": "c2"' in capsys.readouterr().out
     assert main(["run", "s.yaml", "c2", "--stages", "echo,nope", "--results", str(tmp_path)]) == 2
