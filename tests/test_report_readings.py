@@ -55,15 +55,18 @@ def test_two_seed_train_reward_interval_stays_in_the_reward_range(tmp_path):
 
 
 def test_reward_ranges():
-    def cfg(regime="outcome", incorrect=0.0, buffer=0, factor=1.0, fields=("regime",)):
-        return SimpleNamespace(reward=SimpleNamespace(regime=regime, incorrect_reward=incorrect,
+    def cfg(regime="outcome", incorrect=0.0, buffer=0, factor=1.0, fields=("regime",), terms=None):
+        return SimpleNamespace(reward=SimpleNamespace(regime=regime, incorrect_reward=incorrect, terms=terms,
                                                       model_fields_set=set(fields)),
                                train=SimpleNamespace(overlong_buffer=buffer, overlong_factor=factor))
 
     assert bounds.outcome_bounds(cfg()) == (0.0, 1.0)
     assert bounds.outcome_bounds(cfg(incorrect=-1.0, buffer=1024, factor=1.0)) == (-2.0, 1.0)  # DAPO +1/-1, shaping
     assert bounds.outcome_bounds(cfg(regime="process")) is None
-    assert bounds.outcome_bounds(cfg(fields=("regime", "terms"))) is None  # a way of paying this rule does not know
+    assert bounds.outcome_bounds(cfg(fields=("regime", "new_way"))) is None  # a way of paying this rule does not know
+    recipe = {"correct": 2.0, "integer_answer": 0.5, "strict_format": 0.5, "soft_format": 0.5, "xml_count": 0.5}
+    assert bounds.outcome_bounds(cfg(fields=("regime", "terms"), terms=recipe)) == (-math.inf, 4.0)  # paper 000's
+    assert bounds.outcome_bounds(cfg(fields=("regime", "terms"))) == (0.0, 1.0)  # terms unset: the 1/0 grade
     assert bounds.reward_bounds([cfg(), cfg(incorrect=-1.0)]) == (-1.0, 1.0)
     assert bounds.reward_bounds([cfg(), cfg(regime="distillation")]) is None
     assert bounds.column_bounds("aime24/pass@32", []) == (0.0, 1.0)

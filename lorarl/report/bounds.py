@@ -8,7 +8,8 @@ end is then the range's end, not an estimate: the interval still covers what the
 * evaluation columns (``<benchmark>/pass@k``, ``avg@k``): [0, 1];
 * times (``*_time_s``, ``*_s``): [0, ∞);
 * the train reward: the reward regime's range where lorarl knows it (``outcome``: a right answer pays 1, a
-  wrong one ``reward.incorrect_reward``, DAPO's overlong shaping adds down to ``-overlong_factor``); none for
+  wrong one ``reward.incorrect_reward``, DAPO's overlong shaping adds down to ``-overlong_factor``; with
+  ``reward.terms``, at most the terms' weighted maximum, e.g. 4.0 for paper 000's recipe, and no floor); none for
   the dense regimes (process, distillation: unbounded sums) or a reward section with settings this rule does
   not know (``REWARD_FIELDS``). A range contradicted by an observed value is not used.
 """
@@ -28,7 +29,7 @@ Bounds = tuple[float, float]
 REWARD_FIELDS = frozenset({
     "regime", "grading_timeout_s", "answer_format", "grading", "incorrect_reward", "step_separator", "prm",
     "rule_check", "prm_model", "prm_step_tag", "prm_good_token", "prm_bad_token", "prm_device", "prm_batch_size",
-    "prm_max_length", "teacher", "teacher_device", "teacher_dtype", "teacher_batch_size"})
+    "prm_max_length", "teacher", "teacher_device", "teacher_dtype", "teacher_batch_size", "terms"})
 
 
 def outcome_bounds(cfg: Any) -> Bounds | None:
@@ -37,7 +38,12 @@ def outcome_bounds(cfg: Any) -> Bounds | None:
     if r.regime != "outcome" or set(r.model_fields_set) - REWARD_FIELDS:
         return None
     t = cfg.train
-    low = min(float(r.incorrect_reward), 0.0) - (float(t.overlong_factor) if t.overlong_buffer else 0.0)
+    shaping = float(t.overlong_factor) if t.overlong_buffer else 0.0
+    if getattr(r, "terms", None):  # a weighted sum of reward terms: at most every term at its maximum; no floor
+        from lorarl.rewards.terms import reward_maximum  # (a term such as XML count can go below zero)
+
+        return -math.inf, reward_maximum(r.terms)
+    low = min(float(r.incorrect_reward), 0.0) - shaping
     return low, 1.0
 
 
