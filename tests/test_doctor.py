@@ -81,7 +81,11 @@ def test_step_split_and_projection_arithmetic(tmp_path):
         assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
         assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
         assert p["gpu_hours"] == pytest.approx((2 * train_s + eval_s + 24) / 3600)  # evaluate/diagnose: 1 GPU
-        assert p["wall_h"] == pytest.approx((train_s + eval_s + 24) / 3600 / 4)
+        # every job the study runs, scheduled on the profile's 4 job slots (tests/test_doctor_jobs.py: the schedule)
+        assert p["jobs"] == {"base_model": 1, "train": 8, "evaluate": 9, "diagnose": 8, "aggregate": 1}
+        assert p["serial_h"] == pytest.approx((train_s + eval_s + 24) / 3600)  # base and aggregate: not measured
+        assert p["serial_h"] / 4 < p["wall_h"] < p["serial_h"] and p["concurrent_jobs"] == 4
+        assert "base jobs: not measured" in " ".join(p["assumptions"])
 
 
 @pytest.mark.parametrize("argv,msg", [(["--cell", "nope"], "no cell 'nope'"), (["--steps", "0"], "--steps"),
