@@ -102,8 +102,10 @@ def test_makespan_schedules_slots_dependencies_threads_and_a_shared_machine():
     p, m1, m2 = _jobs(("pack", "p", (), ""), ("publish", "x", (), "pack:p:"), ("publish", "y", (), "pack:p:"))
     secs.update({"pack:p:": 10.0, "publish:x:": 1.0, "publish:y:": 1.0})
     assert makespan([m1, m2, p], cost, slots=2) == pytest.approx(11.0)  # pack first, x waits beside it; x, y after
-    # jobs already running go first, with what is left of them
+    # jobs already running go first, with what is left of them, and run once (a running job that the plan has
+    # waiting for another is not started again when that one ends)
     assert makespan([a, b, c], cost, slots=1, started={"train:b:": 0.0}) == pytest.approx(25.0)
+    assert makespan([a, c], cost, slots=1, started={"diagnose:a:": 0.5}) == pytest.approx(2.5 + 10.0)
     loop = [PlannedJob("train", "a", after=("diagnose:a:",)), PlannedJob("diagnose", "a", after=("train:a:",))]
     with pytest.raises(ValueError, match="never runs"):
         makespan(loop, cost, slots=1)
@@ -119,6 +121,10 @@ def test_a_session_gets_its_fair_share_of_the_cpus():
     assert share(2, 2, [(1.0, 1)], False) == pytest.approx(1.0)  # the other session's one thread takes one CPU
     assert share(2, 2, [(1.0, 8)], False) == pytest.approx(1.0) and share(0, 2, [], False) == 0.0
     assert share(1, 2, [(1.25 ** -5, 1)] * 2, False) == pytest.approx(1.0)  # niced sessions weigh less
+    # two runnable threads of our own session that are not the study's (e.g. another test process): the session's
+    # 2/5 of the CPUs split between them and the study's thread
+    assert share(1, 2, others, per_thread=False, mates=2) == pytest.approx(0.4 / 3)
+    assert share(2, 2, [], per_thread=False, mates=2) == pytest.approx(1.0)  # alone: 2 CPUs over 4 threads
 
 
 def measurements(load: dict) -> dict:
@@ -132,7 +138,7 @@ def measurements(load: dict) -> dict:
                    "eval:synthetic": half(1.0 + 4 * 0.5), "diagnose": half(4.0)},
         "clock": {"proc_s": 1.0, "process_start_epoch": 101.0, "entry_epoch": 102.0, "end_epoch": 150.0},
         "login": {"launcher": {"wall_s": 2.0, "cpu_s": 1.0, "study_s": 0.5}, "submitted_epoch": 100.0,
-                  "returned_epoch": 153.0, "aggregate": half(6.0)},
+                  "returned_epoch": 153.0, "aggregate": half(6.0), "snakemake": half(5.0)},
         "load": load}
 
 
@@ -157,7 +163,7 @@ def test_projection_arithmetic_on_hand_made_measurements(tmp_path, monkeypatch):
     assert p["startup"]["per launched job"] == pytest.approx(launched)
     assert p["train_h"] * 3600 == pytest.approx(2 * train) and p["eval_h"] * 3600 == pytest.approx(3 * evaluate)
     assert p["diagnostics_h"] * 3600 == pytest.approx(2 * diagnose) and p["aggregate_h"] * 3600 == pytest.approx(6.0)
-    serial = 2 * train + 3 * evaluate + 2 * diagnose + 6.0
+    serial = 5.0 + 2 * train + 3 * evaluate + 2 * diagnose + 6.0  # Snakemake's start (its dry run), the jobs
     assert p["serial_h"] * 3600 == pytest.approx(serial)
     # half a CPU for the session whatever runs: two jobs side by side each go at a quarter, nothing is won
     assert p["wall_h"] * 3600 == pytest.approx(serial)
@@ -165,12 +171,28 @@ def test_projection_arithmetic_on_hand_made_measurements(tmp_path, monkeypatch):
     # two at a time: the trainings; s0's evaluation and diagnostics, each followed by one of s1's; the base's
     # evaluation alone (it was ready from the start, but later in the rules' order); the aggregation
     t, e, d = train / 2, evaluate / 2, diagnose / 2
-    assert p["wall_idle_h"] * 3600 == pytest.approx(t + d + e + e + 3.0)
+    assert p["wall_idle_h"] * 3600 == pytest.approx(2.5 + t + d + e + e + 3.0)
     assert wall_under(p, {"cores": 2, "capacity": {"1": 1.0, "2": 2.0}}) == pytest.approx(p["wall_idle_h"] * 3600)
     assert wall_under(p, half_cpu) == pytest.approx(serial)
     text = "\n".join(p["assumptions"])
     assert "its session got 0.50 CPUs with one runnable thread and 0.50 with two" in text
     # a Slurm profile: jobs do not share a machine, each takes its measured time, 2 at a time
+    # a sqlite store's schema check is what each job pays to open the store; its creation, the first job only
+    m = measurements(half_cpu)
+    m["phases"]["mlflow_open"] = {"wall_s": 3.0, "cpu_s": 1.5}
+    once = project(study, smoke, m, prof, str(res))
+    assert once["serial_h"] * 3600 == pytest.approx(serial - 7 * (4.0 - 3.0) + 4.0)
+    assert once["train_h"] * 3600 == pytest.approx(2 * (train - 1.0) + 4.0)
+    (res / "mlflow.db").write_text("")  # the study's store exists already: nobody creates it
+    assert project(study, smoke, m, prof, str(res))["serial_h"] * 3600 == pytest.approx(serial - 7 * 1.0)
     slurm = project(study, smoke, measurements(half_cpu), {**prof, "launcher": "slurm"}, str(res))
     assert slurm["serial_h"] == pytest.approx(p["serial_h"]) and not slurm["shared_machine"]
-    assert slurm["wall_h"] * 3600 == pytest.approx(train + diagnose + evaluate + evaluate + 6.0)
+    assert slurm["wall_h"] * 3600 == pytest.approx(5.0 + train + diagnose + evaluate + evaluate + 6.0)
+
+
+def test_job_stats_of_a_snakemake_log():
+    from lorarl.pipeline.doctor_jobs import parse_job_stats
+
+    log = ("Building DAG of jobs...\nJob stats:\njob          count\n---------  -------\nevaluate         3\n"
+           "train            2\naggregate        1\nall              1\ntotal            7\n\nSelect jobs to execute...\n")
+    assert parse_job_stats(log) == {"evaluate": 3, "train": 2, "aggregate": 1} and parse_job_stats("nothing") == {}

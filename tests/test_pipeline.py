@@ -84,7 +84,7 @@ def doctor_projection(workdir: Path) -> dict:
 
 
 def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, capsys):
-    from lorarl.pipeline.doctor_clock import LoadSampler
+    from lorarl.pipeline.doctor_clock import LoadSampler, child_cpu_s
     from lorarl.pipeline.doctor_jobs import wall_under
     from lorarl.pipeline.watch import snapshot
 
@@ -93,19 +93,22 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, capsys):
     assert not before["eta_lower_bound"] and before["jobs_left"] == {"train": 2, "evaluate": 3, "diagnose": 2,
                                                                      "aggregate": 1}
     with LoadSampler() as load:  # the machine's load during the run, sampled as the doctor job sampled it
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), child_cpu_s()
         first = snakemake(workdir, "all")
-        took = time.perf_counter() - t0
+        took, cpu = time.perf_counter() - t0, child_cpu_s() - c0
     stats = jobs_run(first)
     assert stats.get("train") == 2 and stats.get("evaluate") == 3 and stats.get("aggregate") == 1, stats
     # the doctor projects every job the run executes (its base model is built: none here), each with its start-up,
     # scheduled on the profile's 2 cores; under the run's own load the projection is within 25% of the measured time
     assert projected["jobs"] == {k: n for k, n in stats.items() if k != "all"}, (projected["jobs"], stats)
-    now = wall_under(projected, load.summary())
+    during = load.summary()
+    now = wall_under(projected, during)
     with capsys.disabled():
-        print(f"\n[projection] measured {took:.0f} s; projected {now:.0f} s under the run's load "
-              f"({projected['wall_h'] * 3600:.0f} s under the doctor's, {projected['wall_idle_h'] * 3600:.0f} s idle; "
-              f"watch ETA before the run {before['eta_s']:.0f} s)")
+        print(f"\n[projection] measured {took:.0f} s ({cpu:.0f} CPU-s); projected {now:.0f} s under the run's load "
+              f"(1 thread: {during['capacity'][1]:.2f} CPU), {projected['wall_h'] * 3600:.0f} s under the doctor's "
+              f"({projected['load']['capacity']['1']:.2f} CPU), {projected['wall_idle_h'] * 3600:.0f} s idle; "
+              f"{sum(r['cpu_s'] for r in projected['schedule']):.0f} CPU-s; watch ETA before the run "
+              f"{before['eta_s']:.0f} s")
     assert abs(now - took) <= 0.25 * took, (now, took, projected["startup"])
     assert abs(before["eta_s"] - projected["wall_h"] * 3600) <= 0.25 * projected["wall_h"] * 3600
     res = workdir / "results"

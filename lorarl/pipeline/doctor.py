@@ -237,7 +237,15 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
     out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info(),
                            "train_ranks": world_size()}
 
-    checks.run("MLflow store", lambda: tracking_check(results_dir), phase="mlflow")
+    with Timer() as opened:  # what every job pays to open the study's store (sqlite: the schema check's imports)
+        from lorarl.tracking.client import is_server, resolve_tracking
+
+        if not is_server(resolve_tracking(None, results_dir)):
+            from lorarl.tracking.sqlite_store import head_revision
+
+            head_revision()
+    checks.phases["mlflow_open"] = opened.as_dict()
+    checks.run("MLflow store", lambda: tracking_check(results_dir), phase="mlflow")  # the smoke's: created once
     checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here",
                phase="rollout")
     loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device), phase="first_load")

@@ -18,6 +18,7 @@ core plus ``wait`` seconds that do not depend on the CPU (sleeps, I/O, a GPU).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +57,21 @@ def rule_counts(jobs: list[PlannedJob]) -> dict[str, int]:
     out: dict[str, int] = {}
     for j in jobs:
         out[j.rule] = out.get(j.rule, 0) + 1
+    return out
+
+
+def parse_job_stats(log: str) -> dict[str, int]:
+    """Jobs per rule from Snakemake's "Job stats" table (its log or a dry run's), without the ``all`` rule."""
+    out: dict[str, int] = {}
+    on = False
+    for line in log.splitlines():
+        parts = line.split()
+        if line.startswith("job ") and "count" in line:
+            on = True
+        elif on and len(parts) == 2 and parts[1].isdigit() and parts[0] not in ("total", "all"):
+            out[parts[0]] = int(parts[1])
+        elif on and parts and parts[0] == "total":
+            break
     return out
 
 
@@ -151,41 +167,60 @@ def makespan(jobs: list[PlannedJob], cost: Callable[[PlannedJob], tuple[float, f
     keys of jobs already running -> the share of their cost already done (they go first). Ready jobs start in
     list order, packs first (their rule's priority); a job needing more threads than there are slots runs alone
     (Snakemake scales its threads down)."""
-    def width(j: PlannedJob) -> int:
-        return min(j.threads, slots) if count_threads else 1
-
-    keys = {j.key for j in jobs}
-    left = {j.key: j for j in jobs}
-    order = sorted(jobs, key=lambda j: j.kind != "pack")
-    done: set[str] = set()
-    running: dict[str, float] = {k: min(max(f, 0.0), 0.999) for k, f in (started or {}).items() if k in left}
-    t = 0.0
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].kind != "pack")  # packs first, else list order
+    rank = {i: r for r, i in enumerate(order)}
+    index = {j.key: i for i, j in enumerate(jobs)}
+    width = [min(j.threads, slots) if count_threads else 1 for j in jobs]
+    waits = [sum(a in index for a in set(j.after)) for j in jobs]  # jobs it still waits for
+    needed_by: dict[int, list[int]] = {}
+    for i, j in enumerate(jobs):
+        for a in set(j.after):
+            if a in index:
+                needed_by.setdefault(index[a], []).append(i)
+    held = [index.get(j.holds) if j.holds else None for j in jobs]
+    done = [False] * len(jobs)
+    ready = [(rank[i], i) for i in range(len(jobs)) if not waits[i]]
+    heapq.heapify(ready)
+    running: dict[int, float] = {index[k]: min(max(f, 0.0), 0.999) for k, f in (started or {}).items() if k in index}
+    t, left = 0.0, len(jobs)
     while left:
-        used = sum(width(left[k]) for k in running)
-        for j in order:
-            if j.key not in left or j.key in running or any(a in keys and a not in done for a in j.after):
+        used = sum(width[i] for i in running)
+        skipped = []
+        while ready:
+            r, i = heapq.heappop(ready)
+            if i in running or done[i]:
                 continue
-            need = width(j)
-            if used + need <= slots or not running:
-                running[j.key] = 0.0
-                used += need
+            if used + width[i] <= slots or not running:
+                running[i] = 0.0
+                used += width[i]
+            else:
+                skipped.append((r, i))
+        for x in skipped:
+            heapq.heappush(ready, x)
         if not running:
-            raise ValueError("a job waits for a job that never runs: " + ", ".join(sorted(left)))
-        busy = [k for k in running if not (left[k].holds in keys and left[k].holds not in done)]
+            raise ValueError("a job waits for a job that never runs: " +
+                             ", ".join(sorted(jobs[i].key for i in range(len(jobs)) if not done[i])))
+        busy = [i for i in running if held[i] is None or done[held[i]]]
         if not busy:
-            raise ValueError("every running job waits for a pack that cannot start: " + ", ".join(sorted(running)))
-        r = rate(sum(width(left[k]) for k in busy)) if rate else 1.0
+            raise ValueError("every running job waits for a pack that cannot start: " +
+                             ", ".join(sorted(jobs[i].key for i in running)))
+        r = rate(sum(width[i] for i in busy)) if rate else 1.0
         total = {}
-        for k in busy:
-            cpu, wait = cost(left[k])
-            total[k] = max(cpu / r + wait, 1e-9)
-        dt = min((1.0 - running[k]) * total[k] for k in busy)
+        for i in busy:
+            cpu, wait = cost(jobs[i])
+            total[i] = max(cpu / r + wait, 1e-9)
+        dt = min((1.0 - running[i]) * total[i] for i in busy)
         t += dt
-        for k in busy:
-            running[k] += dt / total[k]
-            if running[k] >= 1.0 - 1e-9:
-                del running[k], left[k]
-                done.add(k)
+        for i in busy:
+            running[i] += dt / total[i]
+            if running[i] >= 1.0 - 1e-9:
+                del running[i]
+                done[i] = True
+                left -= 1
+                for n in needed_by.get(i, []):
+                    waits[n] -= 1
+                    if not waits[n]:
+                        heapq.heappush(ready, (rank[n], n))
     return t
 
 
@@ -206,5 +241,7 @@ def wall_under(projection: dict[str, Any], load: dict | None) -> float:
     study ran: the machine's conditions then, the jobs' costs as the doctor measured them)."""
     jobs, cost = from_rows(projection["schedule"])
     shared = projection.get("shared_machine", True)
-    return makespan(jobs, lambda j: cost[j.key], projection["concurrent_jobs"], machine_rate(load) if shared else None,
-                    count_threads=shared)
+    rate = machine_rate(load) if shared else None
+    cpu, wait = projection.get("scheduler") or (0.0, 0.0)  # Snakemake's own start, before any job
+    return cpu / (rate(1) if rate else 1.0) + wait + makespan(jobs, lambda j: cost[j.key],
+                                                              projection["concurrent_jobs"], rate, count_threads=shared)

@@ -23,6 +23,7 @@ monitors, evaluations and diagnostics are not. GPU-hours = job seconds x the job
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 PROMPT_SAMPLE = 256  # training prompts tokenised per (model, task, prompt settings) to measure their length
@@ -260,6 +261,10 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
             unmeasured.add(j.kind)
             part = (0.0, 0.0)
         parts[j.key] = part
+    first = next((j for j in jobs if j.kind in ("train", "pack", "evaluate", "diagnose")), None)
+    store = Path(results) / "mlflow.db" if str(profile.get("tracking", "sqlite")) == "sqlite" else None
+    if first is not None and not (store and store.exists()):  # the study's MLflow store: created by its first job
+        parts[first.key] = _sum(parts[first.key], c.store_once)
     gpus = {s: _gpus(v) for s, v in lay.items()}
 
     def total(*kinds: str) -> float:
@@ -269,11 +274,12 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
                                    ("train", "pack") else gpus.get(j.kind, 0)) for j in jobs)
     cost = {j.key: c.split(parts[j.key]) for j in jobs}
     slots = max(1, int(profile["jobs"]))
-    wall = makespan(jobs, lambda j: cost[j.key], slots, c.machine, count_threads=shared)
+    start = c.split(c.scheduler)  # Snakemake's own start, before any job
+    wall = start[0] / c.rate + start[1] + makespan(jobs, lambda j: cost[j.key], slots, c.machine, count_threads=shared)
     cores = int(c.sample.get("cores") or 1)
-    idle = makespan(jobs, lambda j: cost[j.key], slots, (lambda k: min(1.0, cores / max(k, 1))) if shared else None,
-                    count_threads=shared)
-    serial = sum(p[0] for p in parts.values())
+    idle = sum(start) + makespan(jobs, lambda j: cost[j.key], slots, (lambda k: min(1.0, cores / max(k, 1)))
+                                 if shared else None, count_threads=shared)
+    serial = sum(p[0] for p in parts.values()) + c.scheduler[0]
     notes += [f"{k} jobs: not measured by this doctor run, counted 0 s" for k in sorted(unmeasured)]
     return {
         "cells": len(cells), "steps": sum(x.config.train.steps for x in cells),
@@ -283,6 +289,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         "base_h": total("base") / 3600, "serial_h": serial / 3600, "wall_h": wall / 3600,
         "wall_idle_h": idle / 3600, "concurrent_jobs": slots, "shared_machine": shared,
         "startup": describe(c), "schedule": as_rows(jobs, cost), "load": c.sample, "pack_max_cells": pack,
+        "scheduler": list(start),
         "gpu_hours": gpu_s / 3600, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
         "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
         "per_cell": detail, "assumptions": _assumptions(split, smoke_prompt, chosen, cells, m, lay, w0, gpus, slots,
@@ -325,8 +332,9 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
         f"({c.launcher[0]:.3g}s, with the study's cell table), the submission and the job process's start, the "
         f"job reading the study, the launcher noticing its end ({c.overhead[0]:.3g}s in all); a model job "
         f"(train, evaluate, diagnose) also imports torch, transformers, peft and MLflow, opens the MLflow store "
-        f"and loads the model for the first time ({c.stack[0]:.3g}s more); Snakemake's own start and its "
-        "bookkeeping between jobs are not counted",
+        f"and loads the model for the first time ({c.stack[0]:.3g}s more); the first one also creates the "
+        f"study's MLflow store ({c.store_once[0]:.3g}s); before the first job, Snakemake's own start (a dry run of "
+        f"the study, {c.scheduler[0]:.3g}s); its bookkeeping between jobs is not counted",
         f"a step of the smoke cell costs {split['step_s']:.3g}s (warm-up step excluded); another cell's step is "
         "scaled part by part: generation by its completion budget P x G x max_completion_length, the rest of "
         "scoring (reward, old-policy forward) and the reference forward + policy forward/backward by its "

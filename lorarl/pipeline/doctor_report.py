@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from lorarl.pipeline.doctor import MEASURED, REQUEST
-from lorarl.pipeline.doctor_clock import launcher_probe, run_child
+from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dry_run
+from lorarl.pipeline.doctor_jobs import parse_job_stats
 from lorarl.pipeline.doctor_projection import project
 from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study, study_cells
@@ -66,7 +67,8 @@ def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -
         merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
     merged.update(overrides or {})
     jobs = int(prof.get("jobs") or prof.get("cores") or 1)
-    return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
+    return {"name": name, "dir": pdir if profile else None, "launcher": merged.get("launcher", "local"),
+            "slurm": merged.get("slurm") or {},
             "jobs": jobs, "tracking": merged.get("tracking") or "sqlite", "pack": merged.get("pack"),
             "tracking_credentials": merged.get("tracking_credentials") or ""}
 
@@ -292,6 +294,9 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
         checks.append({"check": "aggregation", "ok": login["aggregate"]["rc"] == 0, "seconds":
                        round(login["aggregate"]["wall_s"], 3), "detail": login["aggregate"].pop("tail")[-300:]
                        if login["aggregate"]["rc"] else "`lorarl aggregate` of the smoke study"})
+        login["snakemake"] = snakemake_dry_run(ROOT, study_path, results_dir, prof.get("dir"), overrides)
+        login["snakemake"]["jobs"] = parse_job_stats(login["snakemake"].pop("log")) \
+            if login["snakemake"]["rc"] == 0 else login["snakemake"].pop("log")[-300:]
     measured["login"] = login
     if where.get("requested_partition") and where.get("partition"):  # Slurm: did it land where the study trains?
         same = where["partition"] == where["requested_partition"]
@@ -303,7 +308,12 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                                                               if k != "tracking_credentials"},
            "ok": ok, "where": where, "measured": measured}
     if ok and measured.get("split"):
-        rep["projection"] = project(study, cell, measured, prof, results_dir)
+        rep["projection"] = p = project(study, cell, measured, prof, results_dir)
+        dry = login.get("snakemake") or {}
+        same = dry.get("rc") == 0 and dry.get("jobs") == p["jobs"]
+        checks.append({"check": "job list (Snakemake's dry run)", "ok": same, "seconds": round(dry.get("wall_s", 0), 3),
+                       "detail": f"{dry.get('jobs')} ({'the same' if same else 'projected: ' + str(p['jobs'])})"})
+        rep["ok"] = same
     (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     md = render_markdown(rep)
     (out_dir / "doctor.md").write_text(md)

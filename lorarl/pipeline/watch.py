@@ -4,8 +4,7 @@ the study ends (every cell done, diverged or failed, nothing running or queued).
     demo  12:03:41  8 cells: 3 done, 2 running, 0 failed, 3 not started   [#######.........] 41%
     running: r8-kl0-s0 61/80, r8-kl0-s1 12/80
     failed:  (none)        flags: r1-kl0-s1 reward_collapse@44
-    ETA 4m50s (17 jobs left (5 train, 6 evaluate, 5 diagnose, 1 aggregate); step 0.41s measured over 3
-    finished cells, job times from this run; 2 in parallel)
+    ETA 4m50s (17 jobs: 5 train, 6 eval, 5 diag, 1 agg; step 0.41s from 3 cells; times: this run; 2 at once)
 
 The ETA counts every job the run still executes (lorarl.pipeline.eta): training (the running cells' steps left
 and the unstarted cells' start-up + steps, at the mean measured step time: finished cells' summary.json, else the
@@ -27,6 +26,7 @@ from lorarl import paths
 
 TERMINAL = {"done", "diverged", "failed", "stale", "incomplete"}
 SHOW = 8  # names listed per line before "+N more"
+SHORT = {"evaluate": "eval", "diagnose": "diag", "aggregate": "agg", "train start-up": "train start"}  # ETA line
 
 
 def _names(items: list[str]) -> str:
@@ -83,11 +83,11 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
                 n_times += 1
             except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
                 pass
-    source = f"over {n_times} finished cells"
+    source = f"from {n_times} cells"
     if not times:
         for r in running:
             times += [s / per[r.cell] for s in _running_step_time(results, study.name, r.cell)]
-        source = "over running cells' steps so far"
+        source = "from running cells"
     left = 0
     for r in rows:
         if r.train.state in ("running", "queued", "interrupted"):
@@ -100,12 +100,12 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
     from lorarl.pipeline.eta import study_eta
 
     e = study_eta(study, results, rows, step_s)
-    jobs = ", ".join(f"{n} {k}" for k, n in e["jobs_left"].items()) or "none"
-    note = (f"{sum(e['jobs_left'].values())} jobs left ({jobs}); "
-            + (f"step {step_s:.2f}s measured {source}" if step_s else "no step measured yet")
-            + (f", job times from {' and '.join(e['sources'])}" if e["sources"] else "")
-            + (f", not counted: {', '.join(e['not_measured'])}" if e["not_measured"] else "")
-            + f"; {e['slots']} in parallel")
+    jobs = ", ".join(f"{n} {SHORT.get(k, k)}" for k, n in e["jobs_left"].items()) or "none"
+    note = (f"{sum(e['jobs_left'].values())} jobs: {jobs}; "
+            + (f"step {step_s:.2f}s {source}" if step_s else "no step measured yet")
+            + (f"; times: {' + '.join(e['sources'])}" if e["sources"] else "")
+            + (f"; untimed: {', '.join(SHORT.get(k, k) for k in e['not_measured'])}" if e["not_measured"] else "")
+            + f"; {e['slots']} at once")
     return {
         "study": study.name, "n": len(rows), "counts": counts,
         "running": [f"{r.cell} {r.train.step or '?'}" for r in running],
