@@ -146,7 +146,16 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert sp["rollout_tokens_per_s"] > 0 and m["evaluation"]["synthetic"]["problems"] == 4
     p = rep["projection"]
     assert p["cells"] == 8 and p["steps"] == 640 and p["eval_jobs"] == 9 and p["gpu_hours"] == 0
-    assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
+    # every job of the study (the base model is built), each with the start-up measured here, and Snakemake's start;
+    # the job list is Snakemake's own (its dry run: a check)
+    assert p["jobs"] == {"train": 8, "evaluate": 9, "diagnose": 8, "aggregate": 1}
+    st = p["startup"]
+    assert p["serial_h"] * 3600 == pytest.approx(3600 * (p["train_h"] + p["eval_h"] + p["diagnostics_h"] + p[
+        "aggregate_h"]) + st["Snakemake's start (once)"], abs=0.01)
+    assert 0 < st["per launched job"] < st["per model job (+ imports, store, first load)"] and p["aggregate_h"] > 0
+    assert p["wall_idle_h"] <= p["wall_h"] <= p["serial_h"] and "Start-up of every job" in md
+    assert {"aggregation", "job list (Snakemake's dry run)", "evaluation of the base model (1 problem): synthetic"} \
+        <= set(names)
     assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
     # prompt tokens of every cell (one tokenizer, one prompt: all equal) and the measured degenerate-group rate
     assert sorted(m["prompt_tokens"]) == sorted(c.id for c in study_cells(load_study(DEMO)))

@@ -5,6 +5,7 @@ See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -294,9 +295,10 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
         checks.append({"check": "aggregation", "ok": login["aggregate"]["rc"] == 0, "seconds":
                        round(login["aggregate"]["wall_s"], 3), "detail": login["aggregate"].pop("tail")[-300:]
                        if login["aggregate"]["rc"] else "`lorarl aggregate` of the smoke study"})
-        login["snakemake"] = snakemake_dry_run(ROOT, study_path, results_dir, prof.get("dir"), overrides)
-        login["snakemake"]["jobs"] = parse_job_stats(login["snakemake"].pop("log")) \
-            if login["snakemake"]["rc"] == 0 else login["snakemake"].pop("log")[-300:]
+        if importlib.util.find_spec("snakemake") is not None:  # where the study's Snakemake runs (not a bare node)
+            login["snakemake"] = snakemake_dry_run(ROOT, study_path, results_dir, prof.get("dir"), overrides)
+            login["snakemake"]["jobs"] = parse_job_stats(login["snakemake"].pop("log")) \
+                if login["snakemake"]["rc"] == 0 else login["snakemake"].pop("log")[-300:]
     measured["login"] = login
     if where.get("requested_partition") and where.get("partition"):  # Slurm: did it land where the study trains?
         same = where["partition"] == where["requested_partition"]
@@ -309,10 +311,11 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
            "ok": ok, "where": where, "measured": measured}
     if ok and measured.get("split"):
         rep["projection"] = p = project(study, cell, measured, prof, results_dir)
-        dry = login.get("snakemake") or {}
-        same = dry.get("rc") == 0 and dry.get("jobs") == p["jobs"]
-        checks.append({"check": "job list (Snakemake's dry run)", "ok": same, "seconds": round(dry.get("wall_s", 0), 3),
-                       "detail": f"{dry.get('jobs')} ({'the same' if same else 'projected: ' + str(p['jobs'])})"})
+        dry = login.get("snakemake")
+        same = dry is None or (dry.get("rc") == 0 and dry.get("jobs") == p["jobs"])
+        checks.append({"check": "job list (Snakemake's dry run)", "ok": same, "seconds": round((dry or {}).get(
+            "wall_s", 0), 3), "detail": "not compared: snakemake is not installed here" if dry is None else
+            f"{dry.get('jobs')} ({'the same' if same else 'projected: ' + str(p['jobs'])})"})
         rep["ok"] = same
     (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     md = render_markdown(rep)
