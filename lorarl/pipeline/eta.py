@@ -81,8 +81,9 @@ def _doctor(results: Path, study: str) -> dict[str, Any]:
 
 def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None, now: float | None = None
               ) -> dict[str, Any]:
-    """{eta_s, jobs_left (per kind), lower_bound, note} for the study's jobs still to run. ``rows``: the cells'
-    status (lorarl.pipeline.status); ``step_s``: the measured seconds per optimiser update (None: not yet)."""
+    """{eta_s, jobs_left (per kind), lower_bound, not_measured, sources, slots, running_jobs} for the jobs still to
+    run. ``rows``: the cells' status (lorarl.pipeline.status); ``step_s``: the measured seconds per optimiser
+    update (None: not yet)."""
     from lorarl.study import study_cells
 
     results, now = Path(results), time.time() if now is None else now
