@@ -81,7 +81,11 @@ def test_step_split_and_projection_arithmetic(tmp_path):
         assert p["cells"] == 8 and p["eval_jobs"] == 9 and p["steps"] == 8 * t.steps
         assert p["train_h"] == pytest.approx(train_s / 3600) and p["eval_h"] == pytest.approx(eval_s / 3600)
         assert p["gpu_hours"] == pytest.approx((2 * train_s + eval_s + 24) / 3600)  # evaluate/diagnose: 1 GPU
-        assert p["wall_h"] == pytest.approx((train_s + eval_s + 24) / 3600 / 4)
+        # every job the study runs, scheduled on the profile's 4 job slots (tests/test_doctor_jobs.py: the schedule)
+        assert p["jobs"] == {"base_model": 1, "train": 8, "evaluate": 9, "diagnose": 8, "aggregate": 1}
+        assert p["serial_h"] == pytest.approx((train_s + eval_s + 24) / 3600)  # base and aggregate: not measured
+        assert p["serial_h"] / 4 < p["wall_h"] < p["serial_h"] and p["concurrent_jobs"] == 4
+        assert "base jobs: not measured" in " ".join(p["assumptions"])
 
 
 @pytest.mark.parametrize("argv,msg", [(["--cell", "nope"], "no cell 'nope'"), (["--steps", "0"], "--steps"),
@@ -142,7 +146,16 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     assert sp["rollout_tokens_per_s"] > 0 and m["evaluation"]["synthetic"]["problems"] == 4
     p = rep["projection"]
     assert p["cells"] == 8 and p["steps"] == 640 and p["eval_jobs"] == 9 and p["gpu_hours"] == 0
-    assert p["serial_h"] == pytest.approx(p["train_h"] + p["eval_h"] + p["diagnostics_h"])
+    # every job of the study (the base model is built), each with the start-up measured here, and Snakemake's start;
+    # the job list is Snakemake's own (its dry run: a check)
+    assert p["jobs"] == {"train": 8, "evaluate": 9, "diagnose": 8, "aggregate": 1}
+    st = p["startup"]
+    assert p["serial_h"] * 3600 == pytest.approx(3600 * (p["train_h"] + p["eval_h"] + p["diagnostics_h"] + p[
+        "aggregate_h"]) + st["Snakemake's start (once)"], abs=0.01)
+    assert 0 < st["per launched job"] < st["per model job (+ imports, store, first load)"] and p["aggregate_h"] > 0
+    assert p["wall_idle_h"] <= p["wall_h"] <= p["serial_h"] and "Start-up of every job" in md
+    assert {"aggregation", "job list (Snakemake's dry run)", "evaluation of the base model (1 problem): synthetic"} \
+        <= set(names)
     assert p["problem_counts"] == {"synthetic": 200} and p["assumptions"]
     # prompt tokens of every cell (one tokenizer, one prompt: all equal) and the measured degenerate-group rate
     assert sorted(m["prompt_tokens"]) == sorted(c.id for c in study_cells(load_study(DEMO)))

@@ -1,4 +1,5 @@
-"""End to end through Snakemake: a 2-cell study, few steps, in a temp directory (real training)."""
+"""End to end through Snakemake: a 2-cell study, few steps, in a temp directory (real training); `lorarl doctor`'s
+projection of the same run, against its measured wall time."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -74,10 +76,42 @@ def active_cell_runs(results: Path) -> list:
     return [r for r in runs if r.data.tags.get("lorarl.base") != "true" and "lorarl.study_run" not in r.data.tags], client
 
 
-def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path):
-    first = snakemake(workdir, "all")
+def doctor_projection(workdir: Path) -> dict:
+    """`lorarl doctor` on the study, into the study's results (it builds the base model the run would build)."""
+    from lorarl.cli import main
+
+    assert main(["doctor", str(workdir / "study.yaml"), "--results", str(workdir / "results")]) == 0
+    return json.loads((workdir / "results" / "e2e" / "doctor" / "doctor.json").read_text())["projection"]
+
+
+def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, capsys):
+    from lorarl.pipeline.doctor_clock import LoadSampler, child_cpu_s
+    from lorarl.pipeline.doctor_jobs import wall_under
+    from lorarl.pipeline.watch import snapshot
+
+    projected = doctor_projection(workdir)
+    before = snapshot(str(workdir / "study.yaml"), workdir / "results")  # status --watch: every job, from the doctor
+    assert not before["eta_lower_bound"] and before["jobs_left"] == {"train": 2, "evaluate": 3, "diagnose": 2,
+                                                                     "aggregate": 1}
+    with LoadSampler() as load:  # the machine's load during the run, sampled as the doctor job sampled it
+        t0, c0 = time.perf_counter(), child_cpu_s()
+        first = snakemake(workdir, "all")
+        took, cpu = time.perf_counter() - t0, child_cpu_s() - c0
     stats = jobs_run(first)
     assert stats.get("train") == 2 and stats.get("evaluate") == 3 and stats.get("aggregate") == 1, stats
+    # the doctor projects every job the run executes (its base model is built: none here), each with its start-up,
+    # scheduled on the profile's 2 cores; under the run's own load the projection is within 25% of the measured time
+    assert projected["jobs"] == {k: n for k, n in stats.items() if k != "all"}, (projected["jobs"], stats)
+    during = load.summary()
+    now = wall_under(projected, during)
+    with capsys.disabled():
+        print(f"\n[projection] measured {took:.0f} s ({cpu:.0f} CPU-s); projected {now:.0f} s under the run's load "
+              f"(1 thread: {during['capacity'][1]:.2f} CPU), {projected['wall_h'] * 3600:.0f} s under the doctor's "
+              f"({projected['load']['capacity']['1']:.2f} CPU), {projected['wall_idle_h'] * 3600:.0f} s idle; "
+              f"{sum(r['cpu_s'] for r in projected['schedule']):.0f} CPU-s; watch ETA before the run "
+              f"{before['eta_s']:.0f} s")
+    assert abs(now - took) <= 0.25 * took, (now, took, projected["startup"])
+    assert abs(before["eta_s"] - projected["wall_h"] * 3600) <= 0.25 * projected["wall_h"] * 3600
     res = workdir / "results"
     for cell in ("s0", "s1"):
         d = res / "e2e" / cell

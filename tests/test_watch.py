@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from lorarl.train import checkpoint
@@ -56,10 +57,15 @@ def test_watch_counts_steps_failures_and_eta(tmp_path, monkeypatch):
     assert s["counts"] == {"done": 4, "running": 1, "failed": 1, "not started": 6}
     assert s["running"] == ["s4 10/20"] and s["failed"] == ["s5 (OSError: disk full)"]
     assert s["flags"] == ["reward_collapse 1 cell (first s2@9)"]
-    # left: s4's 10 steps + 6 unstarted x 20 (the failed cell is not counted) = 130 steps x 0.5 s, 1 in parallel
-    assert s["steps_left"] == 130 and s["eta_s"] == 65.0 and not s["ended"]
+    # left: s4's 10 steps + 6 unstarted x 20 (the failed cell is not counted) = 130 steps x 0.5 s, 1 in parallel;
+    # no job of this run has finished and there is no doctor's projection: the other jobs are not counted (the base
+    # model, the 11 cells' evaluations and diagnostics (none of s5, which failed), the base's evaluation, aggregation)
+    assert s["steps_left"] == 130 and s["eta_s"] == pytest.approx(65.0) and not s["ended"]
+    assert s["eta_lower_bound"] and s["jobs_left"] == {"base": 1, "train": 7, "evaluate": 12, "diagnose": 11,
+                                                       "aggregate": 1}
     text = render(s)
-    assert "12 cells: 4 done, 1 running, 1 failed, 6 not started" in text and "ETA 1m05s" in text
+    assert "12 cells: 4 done, 1 running, 1 failed, 6 not started" in text and "ETA >= 1m05s" in text
+    assert "untimed: agg, base, diag, eval, train start" in text
     out = io.StringIO()
     assert watch(str(sp), res, interval=0, max_updates=2, out=out) == 1  # a failed cell: exit 1
     assert out.getvalue().count("12 cells:") == 2
@@ -80,3 +86,46 @@ def test_watch_stays_compact_at_1000_cells(tmp_path):
     lines = text.splitlines()
     assert len(lines) == 5 and max(map(len, lines)) < 160, text
     assert "1000 cells: 334 done" in text and "adv_std_spike 334 cells (first s0@10)" in text
+
+
+def _finished(res: Path, cell: str, stage: str, seconds: float) -> None:
+    """A finished job's provenance: submitted ``seconds`` before it ended."""
+    prov = res / "w" / cell / "provenance" / f"{stage}.json"
+    prov.parent.mkdir(parents=True, exist_ok=True)
+    prov.write_text(json.dumps({"submissions": [{
+        "submitted_at": "2026-01-01T00:00:00+0000", "executor": "local", "job_id": "1",
+        "attempts": [{"started_at": "2026-01-01T00:00:02+0000", "outcome": "completed",
+                      "ended_at": f"2026-01-01T00:{int(seconds) // 60:02d}:{int(seconds) % 60:02d}+0000"}]}]}))
+
+
+def test_eta_counts_every_job_left_with_this_runs_job_times(tmp_path, monkeypatch):
+    """Training, evaluations, diagnostics and the aggregation still to run, each timed from this run's finished jobs
+    of its kind (a training job: its start-up, the finished one's time less its steps, plus its steps), the
+    aggregation from the doctor's projection; scheduled on the doctor's profile slots."""
+    monkeypatch.setattr(provenance, "pip_freeze", lambda: ["lorarl==0"])
+    monkeypatch.setattr(provenance, "git_info", lambda: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
+    sp = _study(tmp_path, 2)
+    res = tmp_path / "results"
+    (res / "models" / "tiny-test").mkdir(parents=True)
+    (res / "models" / "tiny-test" / "config.json").write_text("{}")  # built: no base model job
+    s0, s1 = study_cells(load_study(sp))
+    _done(res, s0, 0.5)  # 20 steps of 0.5 s
+    (res / "w" / "s0" / "eval").mkdir(parents=True)
+    (res / "w" / "s0" / "eval" / "synthetic.json").write_text("{}")
+    (res / "w" / "s0" / "diagnostics.parquet").write_text("")
+    _finished(res, "s0", "train", 100)  # start-up etc. 100 - 20 x 0.5 = 90 s
+    _finished(res, "s0", "evaluate-synthetic", 30)
+    _finished(res, "s0", "diagnose", 20)
+    (res / "w" / "doctor").mkdir(parents=True)
+    (res / "w" / "doctor" / "doctor.json").write_text(json.dumps({"projection": {
+        "concurrent_jobs": 1, "shared_machine": False, "schedule": [
+            {"kind": "aggregate", "cell": "w", "target": "", "after": [], "cpu_s": 3.0, "wait_s": 2.0}]}}))
+    s = snapshot(str(sp), res)
+    # s1: train 90 + 20 x 0.5, evaluate 30, diagnose 20; the base's evaluation 30; the aggregation 5: one at a time
+    assert s["jobs_left"] == {"train": 1, "evaluate": 2, "diagnose": 1, "aggregate": 1} and not s["eta_lower_bound"]
+    assert s["eta_s"] == pytest.approx(100 + 30 + 20 + 30 + 5)
+    text = render(s)
+    assert "ETA 3m05s (5 jobs: 1 train, 2 eval, 1 diag, 1 agg; step 0.50s from 1 cells" in text
+    assert "times: the doctor + this run; 1 at once" in text
+    _running(res, "s1", 10, os.getpid())  # s1 trains (this process is "the job"): its 10 steps left, no start-up
+    assert snapshot(str(sp), res)["eta_s"] == pytest.approx(10 * 0.5 + 30 + 20 + 30 + 5)

@@ -7,9 +7,13 @@ builds a missing ``local:`` base model first, and submits the ``doctor`` stage t
 a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
 anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
 checks), evaluation problems; then the smoke training (through the real train stage), the evaluation
-of each benchmark (timed), and the weight diagnostics. Back on the login side the measurements become
-a projection of the whole study (cells x steps + evaluations + diagnostics) with its assumptions, written
-as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
+of each benchmark (timed; the base model's first problem alone first, so the timed evaluation is warm), and
+the weight diagnostics; the job also records its own clock (its process's age at entry, the libraries'
+import, each part's wall and CPU seconds) and samples the machine's load (lorarl.pipeline.doctor_clock).
+Back on the login side (lorarl.pipeline.doctor_report) a fresh launcher, a fresh aggregation of the smoke
+study and a Snakemake dry run of the study are timed, and the measurements become a projection of every
+job the study runs, each with its start-up (lorarl.pipeline.doctor_projection), with its assumptions,
+written as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.study import find_cell, load_study
+from lorarl.pipeline.doctor_clock import LoadSampler, Timer, process_age_s
+from lorarl.study import base_cells, find_cell, load_study
 
 HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check
+STACK = ("torch", "transformers", "peft", "mlflow")  # what every model job (train, evaluate, diagnose) imports
 REQUEST = "doctor_request.json"  # next to the smoke study: what the job measures
 MEASURED = "measurements.json"  # written by the job into the smoke results folder
 
@@ -93,17 +99,22 @@ def tracking_check(results_dir: str) -> str:
 class _Checks:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.phases: dict[str, dict[str, float]] = {}  # what a study's jobs repeat: wall and CPU seconds
 
-    def run(self, name: str, fn: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            out = fn()
-        except Exception as err:  # noqa: BLE001 - a failed check is reported, not raised
+    def run(self, name: str, fn: Any, phase: str | None = None) -> Any:
+        with Timer() as t:
+            try:
+                out, err = fn(), None
+            except Exception as e:  # noqa: BLE001 - a failed check is reported, not raised
+                out, err = None, e
+        if phase:
+            self.phases[phase] = t.as_dict()
+        if err is not None:
             self.rows.append({"check": name, "ok": False, "detail": f"{type(err).__name__}: {err}"[:500],
-                              "seconds": round(time.perf_counter() - t0, 3)})
+                              "seconds": round(t.wall, 3)})
             return None
         detail = out if isinstance(out, str) else ""
-        self.rows.append({"check": name, "ok": True, "detail": detail, "seconds": round(time.perf_counter() - t0, 3)})
+        self.rows.append({"check": name, "ok": True, "detail": detail, "seconds": round(t.wall, 3)})
         return out
 
     @property
@@ -179,16 +190,44 @@ def step_split(metrics_csv: Path) -> dict[str, float]:
 
 
 def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
-    """The doctor stage (what the submitted job runs): checks, smoke training, evaluation, diagnostics."""
-    import torch
+    """The doctor stage (what the submitted job runs): checks, smoke training, evaluation, diagnostics; the
+    job's own clock (process start, entry, end: the projection's per-job start-up) and the machine's load."""
+    age, entry = process_age_s(), time.time()  # the interpreter, submitit, the launcher's modules
+    with LoadSampler() as load:
+        out = _smoke(study_path, cell_id, results_dir, threads)
+    out["clock"] = {"proc_s": age, "process_start_epoch": entry - age if age is not None else None,
+                    "entry_epoch": entry, "end_epoch": time.time(), "cpu_s": time.process_time()}
+    out["load"] = load.summary()
+    return _write(results_dir, out)
 
-    from lorarl.diagnose.main import diagnose_cell
-    from lorarl.evaluate.plan import benchmark_specs
-    from lorarl.evaluate.main import evaluate_cell, load_problems
-    from lorarl.rewards.registry import build_regime
-    from lorarl.train.rollout import check_engine
-    from lorarl.tasks import task_records
-    from lorarl.train.main import load_policy, train_cell
+
+def _one_problem(cell: Any, name: str) -> Any:
+    """The cell with benchmark ``name`` limited to its first problem."""
+    import dataclasses
+
+    ev = cell.config.eval
+    benches = {**ev.benchmarks, name: ev.benchmarks[name].model_copy(update={"limit": 1})}
+    cfg = cell.config.model_copy(update={"eval": ev.model_copy(update={"benchmarks": benches})})
+    return dataclasses.replace(cell, config=cfg)
+
+
+def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None) -> dict:
+    """The checks and the smoke run; ``phases``: wall and CPU seconds of each part a study's jobs repeat."""
+    import importlib
+
+    with Timer() as stack:  # first thing, as in every model job: the libraries' and the stages' imports
+        for name in STACK:
+            importlib.import_module(name)
+        import torch
+
+        from lorarl.diagnose.main import diagnose_cell
+        from lorarl.evaluate.plan import benchmark_specs
+        from lorarl.evaluate.main import evaluate_cell, load_problems
+        from lorarl.memory.auto import resolve_job, world_size
+        from lorarl.rewards.registry import build_regime
+        from lorarl.train.rollout import check_engine
+        from lorarl.tasks import task_records
+        from lorarl.train.main import load_policy, train_cell
 
     if threads:
         torch.set_num_threads(threads)
@@ -197,21 +236,32 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
     cell = find_cell(study, cell_id)
     cfg = cell.config
     checks = _Checks()
+    checks.phases["stack"] = stack.as_dict()
     dev = device_info()
     device = "cuda" if dev["kind"] == "cuda" else "cpu"
-    from lorarl.memory.auto import world_size  # the ranks the smoke trains on (the projection scales from them)
-
     out: dict[str, Any] = {"device": dev, "cell": cell.id, "steps": cfg.train.steps, "job": job_info(),
                            "train_ranks": world_size()}
 
-    checks.run("MLflow store", lambda: tracking_check(results_dir))
-    checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here")
-    loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device))
+    with Timer() as opened:  # what every job pays to open the study's store (sqlite: the schema check's imports)
+        try:
+            from lorarl.tracking.client import is_server, resolve_tracking
+
+            if not is_server(resolve_tracking(None, results_dir)):
+                from lorarl.tracking.sqlite_store import head_revision
+
+                head_revision()
+        except Exception:  # noqa: BLE001 - the MLflow check below reports what is wrong
+            pass
+    checks.phases["mlflow_open"] = opened.as_dict()
+    checks.run("MLflow store", lambda: tracking_check(results_dir), phase="mlflow")  # the smoke's: created once
+    checks.run("rollout engine", lambda: check_engine(cfg.rollout) or f"{cfg.rollout.engine} works here",
+               phase="rollout")
+    loaded = checks.run("model and tokenizer load", lambda: load_policy(cfg, results_dir, device), phase="first_load")
     if loaded is not None:
         del loaded
-        t0 = time.perf_counter()  # again, warm: what every later job pays (the first load also imported the stack)
-        model, tok = load_policy(cfg, results_dir, device)
-        out["model_load_s"] = time.perf_counter() - t0
+        with Timer() as warm:  # again, warm: what every later job pays (the first load also imported the stack)
+            model, tok = load_policy(cfg, results_dir, device)
+        out["model_load_s"], checks.phases["model_load"] = warm.wall, warm.as_dict()
         out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
         out["params"] = sum(p.numel() for p in model.parameters())
         checks.rows[-1]["detail"] = (f"{out['params']:,} parameters in {out['dtype']}, "
@@ -227,9 +277,10 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
             return f"vocab {len(tok)}, eos {tok.eos_token!r}"
 
         checks.run("tokenizer", tokenizer_check)
-        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds")
+        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds",
+                   phase="regime")
         del model
-    checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts")
+    checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts", phase="train_data")
 
     def prompt_lengths() -> str:  # of every cell of the study (the projection scales steps by them)
         from lorarl.pipeline.doctor_projection import prompt_tokens_by_cell
@@ -254,18 +305,17 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
 
     checks.run("evaluation backend", eval_backend)
     for name in benchmark_specs(cfg):
-        checks.run(f"evaluation data: {name}", lambda name=name: f"{len(load_problems(name, cfg))} problems (smoke limit)")
+        checks.run(f"evaluation data: {name}", lambda name=name: f"{len(load_problems(name, cfg))} problems (smoke limit)",
+                   phase=f"eval_data:{name}")
+    out["phases"] = checks.phases
     if not checks.ok:  # nothing long starts when a check fails
         out.update(checks=checks.rows, ok=False)
-        return _write(results_dir, out)
-
-    t0 = time.perf_counter()
-    from lorarl.memory.auto import resolve_job
+        return out
 
     summary = checks.run("smoke training", lambda: train_cell(
         study.name, cell, results_dir, threads=threads,
-        config=resolve_job(cfg, results_dir=str(results_dir))) and f"{cfg.train.steps} steps")
-    out["train_wall_s"] = time.perf_counter() - t0
+        config=resolve_job(cfg, results_dir=str(results_dir))) and f"{cfg.train.steps} steps", phase="train")
+    out["train_wall_s"] = checks.phases["train"]["wall_s"]
     cdir = Path(results_dir) / study.name / cell.id
     if summary is not None:
         out["split"] = step_split(cdir / "metrics.csv")
@@ -280,12 +330,16 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
             checks.rows.append({"check": "rollout freshness gate", "ok": True, "seconds": 0.0,
                                 "detail": "n/a: engine hf samples from the trained policy itself"})
         out["evaluation"] = {}
-        for name in benchmark_specs(cfg):
-            t1 = time.perf_counter()
+        (base,) = [b for b in base_cells(study)]  # the smoke study's untrained model (the aggregation needs it)
+        for i, name in enumerate(benchmark_specs(cfg)):
+            # its first problem first: what an evaluation job pays once (lazy imports, MLflow); later ones warm
+            checks.run(f"evaluation of the base model (1 problem): {name}", lambda name=name: evaluate_cell(
+                study.name, _one_problem(base, name), results_dir, is_base=True, threads=threads, targets=[name])
+                and "ok", phase="eval_first" if i == 0 else None)
             got = checks.run(f"evaluation: {name}", lambda name=name: evaluate_cell(study.name, cell, results_dir,
                                                                                    threads=threads, targets=[name])
-                             and f"{cfg.eval.backend} backend")
-            wall = time.perf_counter() - t1
+                             and f"{cfg.eval.backend} backend", phase=f"eval:{name}")
+            wall = checks.phases[f"eval:{name}"]["wall_s"]
             sfile = cdir / "eval" / f"{name}.json"
             if got is not None and sfile.exists():
                 s = json.loads(sfile.read_text())
@@ -294,9 +348,9 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
                     "wall_s": wall, "problems": s["n_problems"], "samples": s["n_samples"],
                     "seconds_per_problem": gen_s / max(s["n_problems"], 1),
                     "tokens_per_s": s["n_samples"] * s["mean_tokens"] / gen_s}
-        t2 = time.perf_counter()
-        checks.run("weight diagnostics", lambda: diagnose_cell(study.name, cell, results_dir, threads=threads) and "ok")
-        out["diagnose_s"] = time.perf_counter() - t2
+        checks.run("weight diagnostics", lambda: diagnose_cell(study.name, cell, results_dir, threads=threads) and "ok",
+                   phase="diagnose")
+        out["diagnose_s"] = checks.phases["diagnose"]["wall_s"]
     out["peak_memory_gb"] = _peak_memory_gb()
     from lorarl.memory.cells import device_projection  # the plan's figure beside the measured one
 
@@ -306,7 +360,7 @@ def doctor_job(study_path: str, cell_id: str, results_dir: str, threads: int | N
                         "detail": f"peak {out['peak_memory_gb']:.2f} of {dev['memory_gb']:.1f} GiB ({share:.0%}; "
                                   f"limit {HEADROOM:.0%})"})
     out.update(checks=checks.rows, ok=checks.ok, request=request)
-    return _write(results_dir, out)
+    return out
 
 
 def _write(results_dir: str, out: dict) -> dict:

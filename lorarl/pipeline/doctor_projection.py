@@ -23,6 +23,7 @@ monitors, evaluations and diagnostics are not. GPU-hours = job seconds x the job
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 PROMPT_SAMPLE = 256  # training prompts tokenised per (model, task, prompt settings) to measure their length
@@ -193,13 +194,22 @@ def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]
     return counts, notes
 
 
-def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
-    """Whole-study time and GPU-hours from the smoke's measurements, with the assumptions spelled out."""
-    from lorarl.evaluate.plan import eval_targets
-    from lorarl.study import base_cells, study_cells
+def _monitors(t: Any, split: dict) -> float:
+    return (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
+
+
+def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | None = None) -> dict[str, Any]:
+    """Whole-study time and GPU-hours from the smoke's measurements: every job the study's run will execute
+    (lorarl.pipeline.doctor_jobs), each with its start-up and work (lorarl.pipeline.doctor_costs), scheduled
+    on the profile's slots; the assumptions spelled out."""
+    from lorarl.evaluate.plan import parse_target
+    from lorarl.pack.plan import max_cells
+    from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part
+    from lorarl.pipeline.doctor_jobs import as_rows, makespan, planned_jobs, rule_counts
+    from lorarl.study import study_cells
 
     split, evals = m["split"], m.get("evaluation", {})
-    cells, bases = study_cells(study), base_cells(study)
+    cells = study_cells(study)
     counts, notes = _problem_counts(chosen.config, evals)
     prompts = m.get("prompt_tokens") or {}
     notes += m.get("prompt_tokens_notes") or []
@@ -208,41 +218,91 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
         notes.append("the smoke cell's prompt length was not measured: prompt tokens counted as 0")
         smoke_prompt = 0.0
     rate = split.get("degenerate_rate")
-    load_s = m.get("model_load_s", 0.0)
     lay = stage_layouts(profile, m["device"]["kind"])
     w0 = int(m.get("train_ranks") or 1)
-    train_s = eval_s = train_gpu_s = 0.0
-    n_eval_jobs = 0
-    detail = []
-    for c in cells:
-        t = c.config.train
-        prompt = prompts.get(c.id, smoke_prompt)
-        step_s, rounds = step_seconds(c.config, split, chosen.config, prompt, smoke_prompt, rate)
-        ranks, cell_gpus = _train_ranks_and_gpus(profile, study.name, c.config, lay["train"] is not None)
+    shared = profile.get("launcher", "local") != "slurm"  # local/debug: the jobs share the doctor's machine
+    c = JobCosts(m, shared)
+    t0 = chosen.config.train
+    smoke_step = step_seconds(chosen.config, split, chosen.config, smoke_prompt, smoke_prompt, rate)[0]
+    fixed = _sum(c.launched(c.train_checks), c.train_fixed(t0.optimizer_updates * smoke_step + _monitors(t0, split)))
+    work, gpus_of, detail = {}, {}, []
+    for cell in cells:
+        t = cell.config.train
+        prompt = prompts.get(cell.id, smoke_prompt)
+        step_s, rounds = step_seconds(cell.config, split, chosen.config, prompt, smoke_prompt, rate)
+        ranks, gpus_of[cell.id] = _train_ranks_and_gpus(profile, study.name, cell.config, lay["train"] is not None)
         step_s *= w0 / ranks  # each rank works on its share of the batch: ideal data-parallel scaling
-        monitors = (t.steps // t.kl_monitor_every) * split["kl_monitor_per_run_s"] if t.kl_monitor_every else 0.0
-        cell_s = load_s + t.optimizer_updates * step_s + monitors  # step_s: per optimiser update
-        train_s += cell_s
-        train_gpu_s += cell_s * cell_gpus
-        detail.append({"cell": c.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
+        work[cell.id] = c.work(t.optimizer_updates * step_s + _monitors(t, split), "train")  # step_s: per update
+        detail.append({"cell": cell.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps, "ranks": ranks})
-    for c, is_base in [(c, False) for c in cells] + [(b, True) for b in bases]:
-        for name, _step in eval_targets(c.config, is_base):
+    results = results_dir or (m.get("request") or {}).get("results") or "/nonexistent/results"
+    pack = max_cells(profile.get("pack"))
+    jobs = planned_jobs(study, results, pack)
+    train = {cid: _sum(fixed, w) for cid, w in work.items()}
+    for j in jobs:
+        if j.kind == "pack":  # one start-up; the members' steps one after another (no batching gain counted)
+            members = j.target.split(",")
+            train[j.key] = _sum(fixed, *(work[x] for x in members))
+            gpus_of[j.key] = gpus_of[members[0]]
+    eval_parts: dict = {}
+    for j in jobs:
+        if j.kind == "evaluate":
+            name = parse_target(j.target)[0]
             e = evals.get(name)
             if e is None:
-                notes.append(f"{name}: not measured in the smoke cell; not projected")
-                continue
-            eval_s += load_s + e["seconds_per_problem"] * counts.get(name, e["problems"])
-            n_eval_jobs += 1
-    diag_s = m.get("diagnose_s", 0.0) * len(cells)
+                notes.append(f"{name}: not measured in the smoke cell; its evaluation jobs are not projected")
+            eval_parts[(j.cell, j.target)] = None if e is None else c.launched(c.eval_fixed(name), c.work(
+                e["seconds_per_problem"] * counts.get(name, e["problems"]), f"eval:{name}"))
+    diag = c.launched(c.work(m.get("diagnose_s", 0.0), "diagnose"))
+    parts, unmeasured = {}, set()
+    for j in jobs:
+        part = job_part(c, j, train, eval_parts, diag)
+        if part is None or (j.kind in ("aggregate", "base") and not part[0]):
+            unmeasured.add(j.kind)
+            part = (0.0, 0.0)
+        parts[j.key] = part
+    first = next((j for j in jobs if j.kind in ("train", "pack", "evaluate", "diagnose")), None)
+    store = Path(results) / "mlflow.db" if str(profile.get("tracking", "sqlite")) == "sqlite" else None
+    if first is not None and not (store and store.exists()):  # the study's MLflow store: created by its first job
+        parts[first.key] = _sum(parts[first.key], c.store_once)
     gpus = {s: _gpus(v) for s, v in lay.items()}
-    total = train_s + eval_s + diag_s
-    gpu_h = (train_gpu_s + eval_s * gpus["evaluate"] + diag_s * gpus["diagnose"]) / 3600
-    jobs = max(1, min(profile["jobs"], len(cells)))
-    if not chosen.config.train.kl_monitor_every and any(c.config.train.kl_monitor_every for c in cells):
-        notes.append("KL monitors: the smoke cell runs none (kl_monitor_every 0), so other cells' monitors are "
-                     "counted 0 (run the doctor on a cell that monitors)")
-    dapo = [c for c in cells if c.config.train.dynamic_sampling]
+
+    def total(*kinds: str) -> float:
+        return sum(parts[j.key][0] for j in jobs if j.kind in kinds)
+
+    gpu_s = sum(parts[j.key][0] * (gpus_of.get(j.cell if j.kind == "train" else j.key, 0) if j.kind in
+                                   ("train", "pack") else gpus.get(j.kind, 0)) for j in jobs)
+    cost = {j.key: c.split(parts[j.key]) for j in jobs}
+    slots = max(1, int(profile["jobs"]))
+    start = c.split(c.scheduler)  # Snakemake's own start, before any job
+    wall = start[0] / c.rate + start[1] + makespan(jobs, lambda j: cost[j.key], slots, c.machine, count_threads=shared)
+    cores = int(c.sample.get("cores") or 1)
+    idle = sum(start) + makespan(jobs, lambda j: cost[j.key], slots, (lambda k: min(1.0, cores / max(k, 1)))
+                                 if shared else None, count_threads=shared)
+    serial = sum(p[0] for p in parts.values()) + c.scheduler[0]
+    notes += [f"{k} jobs: not measured by this doctor run, counted 0 s" for k in sorted(unmeasured)]
+    return {
+        "cells": len(cells), "steps": sum(x.config.train.steps for x in cells),
+        "eval_jobs": sum(j.kind == "evaluate" for j in jobs), "jobs": rule_counts(jobs),
+        "train_h": total("train", "pack", "publish") / 3600, "eval_h": total("evaluate") / 3600,
+        "diagnostics_h": total("diagnose") / 3600, "aggregate_h": total("aggregate") / 3600,
+        "base_h": total("base") / 3600, "serial_h": serial / 3600, "wall_h": wall / 3600,
+        "wall_idle_h": idle / 3600, "concurrent_jobs": slots, "shared_machine": shared,
+        "startup": describe(c), "schedule": as_rows(jobs, cost), "load": c.sample, "pack_max_cells": pack,
+        "scheduler": list(start),
+        "gpu_hours": gpu_s / 3600, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
+        "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
+        "per_cell": detail, "assumptions": _assumptions(split, smoke_prompt, chosen, cells, m, lay, w0, gpus, slots,
+                                                        shared, c, rate, notes),
+    }
+
+
+def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: dict, lay: dict, w0: int,
+                 gpus: dict, slots: int, shared: bool, c: Any, rate: float | None, notes: list[str]) -> list[str]:
+    if not chosen.config.train.kl_monitor_every and any(x.config.train.kl_monitor_every for x in cells):
+        notes.insert(0, "KL monitors: the smoke cell runs none (kl_monitor_every 0), so other cells' monitors are "
+                        "counted 0 (run the doctor on a cell that monitors)")
+    dapo = [x for x in cells if x.config.train.dynamic_sampling]
     if not dapo:
         refill = "no cell uses DAPO dynamic sampling: one generation round per step"
     elif rate is None:
@@ -254,40 +314,59 @@ def project(study: Any, chosen: Any, m: dict, profile: dict) -> dict[str, Any]:
                   "step needs E[R] = 1 + sum_{r=1}^{M-1} P(Binomial(r P, 1 - p) < P) generation rounds "
                   "(M = dynamic_sampling_max_batches; early training is usually worse than later, and a cell that "
                   "learns more or less than the smoke cell refills less or more)")
-    return {
-        "cells": len(cells), "steps": sum(c.config.train.steps for c in cells), "eval_jobs": n_eval_jobs,
-        "train_h": train_s / 3600, "eval_h": eval_s / 3600, "diagnostics_h": diag_s / 3600,
-        "serial_h": total / 3600, "wall_h": total / 3600 / jobs, "concurrent_jobs": jobs,
-        "gpu_hours": gpu_h, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
-        "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
-        "per_cell": detail,
-        "assumptions": [
-            f"a step of the smoke cell costs {split['step_s']:.3g}s (warm-up step excluded); another cell's step is "
-            "scaled part by part: generation by its completion budget P x G x max_completion_length, the rest of "
-            "scoring (reward, old-policy forward) and the reference forward + policy forward/backward by its "
-            "tokens P x G x (prompt + max_completion_length), each relative to the smoke cell's",
-            f"prompt = the mean token length of a cell's training prompts (its tokenizer, task and prompt "
-            f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
-            "charged their full budget's share as in the smoke (same fill of max_completion_length)",
-            refill,
-            "a reference forward only in cells with beta > 0" + (
-                "; the smoke cell (beta 0) measured none, so it is charged a third of the policy forward/backward "
-                "of the rollout batch (forward:backward FLOPs 1:2)"
-                if chosen.config.train.beta <= 0 and any(c.config.train.beta > 0 for c in cells) else ""),
-            "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
-            f"({load_s:.3g}s)",
-            "an evaluation job costs the model load plus the smoke's seconds per problem (same protocol: n samples, "
-            "token budget) times the benchmark's full problem count; snapshots cost as much as finals",
-            f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell",
-            f"layout: training jobs on {lay['train'] or 'CPUs'} (the profile's slurm.train nodes x gpus_per_node); "
-            f"the smoke trained on {w0} rank(s), a cell on W ranks (a teacher/PRM cell on one node of 2 GPUs: one "
-            f"rank, the teacher/PRM on the second GPU): its step time x {w0}/W, assuming ideal data-parallel "
-            "scaling of generation, scoring, reference forward and the update (each rank its share of the batch; "
-            "gradient all-reduce, FSDP2 all-gathers and the slowest rank not charged: a lower bound); model "
-            "loads, KL monitors, evaluations and diagnostics do not scale",
-            f"GPU-hours = job seconds x the job's GPUs (nodes x gpus_per_node) per stage ({gpus}); wall time = "
-            f"serial time / min(profile jobs, cells) = /{jobs}, ignoring queue waits and requeues",
-            *notes,
-        ],
-    }
-
+    cap = {int(k): v for k, v in (c.sample.get("capacity") or {}).items()}
+    machine = (f"the jobs share this machine's {c.sample.get('cores', '?')} CPUs with other users' work: while the doctor "
+               f"job ran, its session got {cap.get(1, 1.0):.2f} CPUs with one runnable thread and "
+               f"{cap.get(2, 2.0):.2f} with two (the kernel's fair share between sessions"
+               f"{'' if c.sample.get('autogroups') else ' and threads'}, from {c.sample.get('samples', 0)} samples of "
+               "the other users' runnable threads); the study's jobs, all in the session that starts Snakemake, get "
+               "the same; the CPU-bound part of a job's measured time stretches with that share, the rest does "
+               "not; the idle-machine figure is the same with no other users" if shared else
+               "each job runs on its own allocation (no sharing between jobs), queue waits and requeues ignored")
+    return [
+        f"every job the study's run executes is counted (lorarl.pipeline.doctor_jobs, from workflow/rules): a "
+        "base model job per missing local: recipe, a training job per cell (with pack: one job per pack, and the "
+        "member's own train job waiting for it in a slot), an evaluation job per benchmark and snapshot step of "
+        "each cell and base pseudo-cell, a diagnose job per cell, one aggregation",
+        f"each launched job pays the start-up measured by this doctor run: a fresh `lorarl launch` "
+        f"({c.launcher[0]:.3g}s, with the study's cell table), the submission and the job process's start, the "
+        f"job reading the study, the launcher noticing its end ({c.overhead[0]:.3g}s in all); a model job "
+        f"(train, evaluate, diagnose) also imports torch, transformers, peft and MLflow, opens the MLflow store "
+        f"and loads the model for the first time ({c.stack[0]:.3g}s more); the first one also creates the "
+        f"study's MLflow store ({c.store_once[0]:.3g}s); before the first job, Snakemake's own start (a dry run of "
+        f"the study, {c.scheduler[0]:.3g}s); its bookkeeping between jobs is not counted",
+        f"a step of the smoke cell costs {split['step_s']:.3g}s (warm-up step excluded); another cell's step is "
+        "scaled part by part: generation by its completion budget P x G x max_completion_length, the rest of "
+        "scoring (reward, old-policy forward) and the reference forward + policy forward/backward by its "
+        "tokens P x G x (prompt + max_completion_length), each relative to the smoke cell's; what the smoke "
+        "training spent beside its steps (model load, trainer, first use of TRL, saving, MLflow) is every "
+        "training job's fixed part; a pack's members train one after another in its one job (no batching gain "
+        "counted)",
+        f"prompt = the mean token length of a cell's training prompts (its tokenizer, task and prompt "
+        f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
+        "charged their full budget's share as in the smoke (same fill of max_completion_length)",
+        refill,
+        "a reference forward only in cells with beta > 0" + (
+            "; the smoke cell (beta 0) measured none, so it is charged a third of the policy forward/backward "
+            "of the rollout batch (forward:backward FLOPs 1:2)"
+            if chosen.config.train.beta <= 0 and any(x.config.train.beta > 0 for x in cells) else ""),
+        "KL monitors cost the measured run each kl_monitor_every steps; every job reloads the model "
+        f"({m.get('model_load_s', 0.0):.3g}s)",
+        "an evaluation job costs the model load and what the smoke's first problem cost beyond the rest (it is "
+        "evaluated alone first) plus the smoke's warm seconds per problem (same protocol: n samples, token budget) "
+        "times the benchmark's full problem count; snapshots cost as much as finals",
+        f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell; aggregation: a fresh `lorarl "
+        "aggregate` of the smoke study (its cost grows little with cells: docs/benchmarks.md); a base model: the "
+        "doctor's own build of the smoke cell's base, when it built one",
+        f"layout: training jobs on {lay['train'] or 'CPUs'} (the profile's slurm.train nodes x gpus_per_node); "
+        f"the smoke trained on {w0} rank(s), a cell on W ranks (a teacher/PRM cell on one node of 2 GPUs: one "
+        f"rank, the teacher/PRM on the second GPU): its step time x {w0}/W, assuming ideal data-parallel "
+        "scaling of generation, scoring, reference forward and the update (each rank its share of the batch; "
+        "gradient all-reduce, FSDP2 all-gathers and the slowest rank not charged: a lower bound); model "
+        "loads, KL monitors, evaluations and diagnostics do not scale",
+        f"GPU-hours = job seconds x the job's GPUs (nodes x gpus_per_node) per stage ({gpus}); wall time = the "
+        f"jobs scheduled as Snakemake runs them: a job starts when the jobs it needs are done and one of the "
+        f"profile's {slots} {'cores is free (each job takes its rule threads)' if shared else 'job slots is free'}; "
+        + machine,
+        *notes,
+    ]

@@ -5,14 +5,18 @@ See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lorarl.pipeline.doctor import MEASURED, REQUEST
+from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dry_run
+from lorarl.pipeline.doctor_jobs import parse_job_stats
 from lorarl.pipeline.doctor_projection import project
 from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
@@ -20,7 +24,7 @@ from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
 ROOT = Path(__file__).resolve().parents[2]
 
 
-OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials")  # what `--config KEY=VALUE` may set
+OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials", "pack")  # what `--config KEY=VALUE` may set
 SMOKE_SUFFIX = "-doctor"  # the smoke study's name (and MLflow experiment): never the real study's runs
 
 
@@ -37,6 +41,13 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
             raise StudyError(f"--config {key}: {value!r} is not YAML ({err})") from None
     if "slurm" in out and not isinstance(out["slurm"], dict):
         raise StudyError(f"--config slurm: must be a mapping of stage -> Slurm parameters, got {out['slurm']!r}")
+    if "pack" in out:
+        from lorarl.pack.plan import max_cells
+
+        try:
+            max_cells(out["pack"])
+        except ValueError as err:
+            raise StudyError(f"--config pack: {err}") from None
     if "launcher" in out and out["launcher"] not in ("debug", "local", "slurm"):
         raise StudyError(f"--config launcher: {out['launcher']!r}; allowed: debug, local, slurm")
     return out
@@ -57,8 +68,9 @@ def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -
         merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
     merged.update(overrides or {})
     jobs = int(prof.get("jobs") or prof.get("cores") or 1)
-    return {"name": name, "launcher": merged.get("launcher", "local"), "slurm": merged.get("slurm") or {},
-            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite",
+    return {"name": name, "dir": pdir if profile else None, "launcher": merged.get("launcher", "local"),
+            "slurm": merged.get("slurm") or {},
+            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite", "pack": merged.get("pack"),
             "tracking_credentials": merged.get("tracking_credentials") or "",
             "hub_check": merged.get("hub_check", True)}
 
@@ -201,13 +213,23 @@ def render_markdown(rep: dict) -> str:
         steps_s = [c["step_s"] for c in p.get("per_cell") or []] or [0.0]
         rounds = [c["rounds_per_rollout"] for c in p.get("per_cell") or []] or [1.0]
         rate = p.get("degenerate_rate")
+        jobs = ", ".join(f"{n} {r}" for r, n in (p.get("jobs") or {}).items())
+        st = p.get("startup") or {}
         lines += ["", "## Projection of the whole study", "",
-                  f"{p['cells']} cells, {p['steps']} training steps, {p['eval_jobs']} evaluation jobs: "
-                  f"train {_fmt_h(p['train_h'])} + evaluation {_fmt_h(p['eval_h'])} + diagnostics "
-                  f"{_fmt_h(p['diagnostics_h'])} = **{_fmt_h(p['serial_h'])} serial**, about **{_fmt_h(p['wall_h'])} "
-                  f"wall** with {p['concurrent_jobs']} concurrent jobs, **{p['gpu_hours']:.2f} GPU-hours**"
-                  + (f" (training jobs on {p['layout']['train']})" if p.get("layout") else "") + ".", "",
-                  f"Projected step time per cell {_fmt_s(min(steps_s))} to {_fmt_s(max(steps_s))}; generation rounds "
+                  f"{p['cells']} cells, {p['steps']} training steps; every job the run executes ({jobs}): train "
+                  f"{_fmt_h(p['train_h'])} + evaluation {_fmt_h(p['eval_h'])} + diagnostics "
+                  f"{_fmt_h(p['diagnostics_h'])} + aggregation {_fmt_h(p.get('aggregate_h', 0.0))}"
+                  + (f" + base models {_fmt_h(p['base_h'])}" if p.get("base_h") else "")
+                  + f" = **{_fmt_h(p['serial_h'])} serial**, about **{_fmt_h(p['wall_h'])} wall** with the profile's "
+                  f"{p['concurrent_jobs']} {'cores' if p.get('shared_machine') else 'concurrent jobs'}"
+                  + (f" on this machine as loaded now ({_fmt_h(p['wall_idle_h'])} on an idle one)"
+                     if p.get("shared_machine") and "wall_idle_h" in p else "")
+                  + f", **{p['gpu_hours']:.2f} GPU-hours**"
+                  + (f" (training jobs on {p['layout']['train']})" if p.get("layout") else "") + ".", ""]
+        if st:
+            lines += ["Start-up of every job (measured here, seconds): " + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items()) + ".", ""]
+        lines += [f"Projected step time per cell {_fmt_s(min(steps_s))} to {_fmt_s(max(steps_s))}; generation rounds "
                   f"per rollout {min(rounds):.2f} to {max(rounds):.2f} (degenerate prompt groups in the smoke: "
                   f"{'not measured' if rate is None else f'{rate:.0%}'}).", "", "Assumptions:", ""]
         lines += [f"- {a}" for a in p["assumptions"]]
@@ -245,14 +267,19 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                                                "profile": prof["name"]}) + "\n")
     (smoke_dir / MEASURED).unlink(missing_ok=True)
     slurm = prof["slurm"] or {}
+    login: dict[str, Any] = {"launcher": launcher_probe(study_path)}  # what every launcher pays first
     name = recipe_name(cell.config.model)
     if name is not None and not (Path(results_dir) / "models" / name / "config.json").exists():
+        t0 = time.time()
         rc = launch("base", str(smoke_yaml), name, results_dir, prof["launcher"], threads, slurm.get("base"))
+        login["base"] = {"recipe": name, "wall_s": time.time() - t0}
         if rc:
             print(f"error: building the base model {name!r} failed (exit {rc})", file=sys.stderr)
             return 1
+    login["submitted_epoch"] = time.time()
     rc = launch("doctor", str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
                 slurm.get("train"))
+    login["returned_epoch"] = time.time()
     prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, "doctor")
     where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
     mfile = smoke_dir / MEASURED
@@ -263,6 +290,17 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     measured = json.loads(mfile.read_text())
     measured["split"] = measured.get("split") or None
     checks = measured.setdefault("checks", [])
+    if measured.get("ok"):  # the study's last job, on this host as Snakemake runs it, over the smoke's results
+        login["aggregate"] = run_child([sys.executable, "-m", "lorarl.cli", "aggregate", str(smoke_yaml), "--results",
+                                        str(smoke_dir), "--tracking", str(prof["tracking"])])
+        checks.append({"check": "aggregation", "ok": login["aggregate"]["rc"] == 0, "seconds":
+                       round(login["aggregate"]["wall_s"], 3), "detail": login["aggregate"].pop("tail")[-300:]
+                       if login["aggregate"]["rc"] else "`lorarl aggregate` of the smoke study"})
+        if importlib.util.find_spec("snakemake") is not None:  # where the study's Snakemake runs (not a bare node)
+            login["snakemake"] = snakemake_dry_run(ROOT, study_path, results_dir, prof.get("dir"), overrides)
+            login["snakemake"]["jobs"] = parse_job_stats(login["snakemake"].pop("log")) \
+                if login["snakemake"]["rc"] == 0 else login["snakemake"].pop("log")[-300:]
+    measured["login"] = login
     if where.get("requested_partition") and where.get("partition"):  # Slurm: did it land where the study trains?
         same = where["partition"] == where["requested_partition"]
         checks.append({"check": "ran on the study's train partition", "ok": same, "seconds": 0.0,
@@ -273,7 +311,13 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                                                               if k != "tracking_credentials"},
            "ok": ok, "where": where, "measured": measured}
     if ok and measured.get("split"):
-        rep["projection"] = project(study, cell, measured, prof)
+        rep["projection"] = p = project(study, cell, measured, prof, results_dir)
+        dry = login.get("snakemake")
+        same = dry is None or (dry.get("rc") == 0 and dry.get("jobs") == p["jobs"])
+        checks.append({"check": "job list (Snakemake's dry run)", "ok": same, "seconds": round((dry or {}).get(
+            "wall_s", 0), 3), "detail": "not compared: snakemake is not installed here" if dry is None else
+            f"{dry.get('jobs')} ({'the same' if same else 'projected: ' + str(p['jobs'])})"})
+        rep["ok"] = same
     (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     md = render_markdown(rep)
     (out_dir / "doctor.md").write_text(md)

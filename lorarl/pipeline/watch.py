@@ -4,10 +4,13 @@ the study ends (every cell done, diverged or failed, nothing running or queued).
     demo  12:03:41  8 cells: 3 done, 2 running, 0 failed, 3 not started   [#######.........] 41%
     running: r8-kl0-s0 61/80, r8-kl0-s1 12/80
     failed:  (none)        flags: r1-kl0-s1 reward_collapse@44
-    ETA 2m10s (step 0.41s measured over 3 finished cells, 2 in parallel)
+    ETA 4m50s (17 jobs: 5 train, 6 eval, 5 diag, 1 agg; step 0.41s from 3 cells; times: this run; 2 at once)
 
-The ETA is remaining steps (running cells' rest + unstarted cells' full budget) x the mean measured
-step time (finished cells' summary.json; else the running cells' metrics so far) / cells in parallel.
+The ETA counts every job the run still executes (lorarl.pipeline.eta): training (the running cells' steps left
+and the unstarted cells' start-up + steps, at the mean measured step time: finished cells' summary.json, else the
+running cells' metrics so far), each evaluation, diagnostics, the aggregation and missing base models, with
+durations measured on this run's finished jobs (else the doctor's projection), scheduled on the slots the run
+uses. A kind of job with no measurement yet is left out and the ETA reads ">=".
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from lorarl import paths
 
 TERMINAL = {"done", "diverged", "failed", "stale", "incomplete"}
 SHOW = 8  # names listed per line before "+N more"
+SHORT = {"evaluate": "eval", "diagnose": "diag", "aggregate": "agg", "train start-up": "train start"}  # ETA line
 
 
 def _names(items: list[str]) -> str:
@@ -79,11 +83,11 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
                 n_times += 1
             except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
                 pass
-    source = f"over {n_times} finished cells"
+    source = f"from {n_times} cells"
     if not times:
         for r in running:
             times += [s / per[r.cell] for s in _running_step_time(results, study.name, r.cell)]
-        source = "over running cells' steps so far"
+        source = "from running cells"
     left = 0
     for r in rows:
         if r.train.state in ("running", "queued", "interrupted"):
@@ -92,8 +96,16 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
         elif r.train.state == "not started":
             left += steps[r.cell]
     step_s = sum(times) / len(times) if times else None
-    parallel = max(1, sum(r.train.state == "running" for r in rows))
     total = sum(steps.values())
+    from lorarl.pipeline.eta import study_eta
+
+    e = study_eta(study, results, rows, step_s)
+    jobs = ", ".join(f"{n} {SHORT.get(k, k)}" for k, n in e["jobs_left"].items()) or "none"
+    note = (f"{sum(e['jobs_left'].values())} jobs: {jobs}; "
+            + (f"step {step_s:.2f}s {source}" if step_s else "no step measured yet")
+            + (f"; times: {' + '.join(e['sources'])}" if e["sources"] else "")
+            + (f"; untimed: {', '.join(SHORT.get(k, k) for k in e['not_measured'])}" if e["not_measured"] else "")
+            + f"; {e['slots']} at once")
     return {
         "study": study.name, "n": len(rows), "counts": counts,
         "running": [f"{r.cell} {r.train.step or '?'}" for r in running],
@@ -101,8 +113,8 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
                    for r in rows if r.train.state == "failed"],
         "flags": _flag_summary(rows),
         "steps_left": left, "progress": 1 - left / total if total else 1.0,
-        "eta_s": left * step_s / parallel if step_s is not None else None,
-        "eta_note": f"step {step_s:.2f}s measured {source}, {parallel} in parallel" if step_s else "no step measured yet",
+        "eta_s": e["eta_s"] if step_s is not None or not e["lower_bound"] else None,
+        "eta_lower_bound": e["lower_bound"], "jobs_left": e["jobs_left"], "eta_note": note,
         "ended": all(r.train.state in TERMINAL for r in rows),
     }
 
@@ -119,7 +131,8 @@ def render(s: dict, width: int = 24) -> str:
              f"failed:  {_names(s['failed'])}",
              f"flags:   {_names(s['flags'])}",
              ("ended" if s["ended"] else
-              f"ETA {_fmt_s(s['eta_s'])} ({s['eta_note']})" if s["eta_s"] is not None else f"ETA ? ({s['eta_note']})")]
+              f"ETA {'>= ' if s.get('eta_lower_bound') else ''}{_fmt_s(s['eta_s'])} ({s['eta_note']})"
+              if s["eta_s"] is not None else f"ETA ? ({s['eta_note']})")]
     return "\n".join(lines)
 
 
