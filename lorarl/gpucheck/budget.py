@@ -103,9 +103,10 @@ class Budget:
 
 def doctor_estimate(start_s: float, speed: Speed, rows: int, completion: int, steps: int, eval_limit: int) -> float:
     """``lorarl doctor`` on a twin: a launcher process and a job process, the model loaded for training, the
-    reference and evaluation, ``steps`` steps, and ``eval_limit`` problems decoded one batch."""
-    return (2 * start_s + 3 * speed.load_s + steps * speed.step_s(rows, completion)
-            + completion * speed.decode_s_per_token)
+    reference and evaluation, ``steps`` steps, ``eval_limit`` problems decoded one batch (and the base's first
+    problem alone), and the doctor's own probes (a fresh aggregation, a dry run: about one start-up more)."""
+    return (3 * start_s + 3 * speed.load_s + steps * speed.step_s(rows, completion)
+            + 2 * completion * speed.decode_s_per_token)
 
 
 def pack_estimate(start_s: float, speed: Speed, rows: int, completion: int, steps: int, k: int) -> float:
