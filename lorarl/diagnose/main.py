@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from lorarl import paths
+from lorarl.jobclock import first_work
 from lorarl.study import Cell
 
 SUMMARY_METRICS = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_right_deg",
@@ -72,6 +73,7 @@ def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", t
     kw = dict(results=results_dir, study=study, cell=cell.id)
     pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
                          full=cfg.adapter.method == "full")
+    first_work("diagnostic")  # weights loaded: the job's start-up ends here (lorarl.jobclock)
     k = min(16, min(min(w[0].shape) for w in pairs.values()))
     df = diagnose_model(pairs, k=k)
     out = paths.path("diagnostics", **kw)
