@@ -38,15 +38,19 @@ def stage_imports(spec: dict) -> dict:
 
 
 def test_aggregate_imports_no_torch(tmp_path: Path):
+    import numpy as np
+
     from lorarl import paths
-    from lorarl.study import parse_study, study_cells
-    from tests.report_fixture import make_study
+    from lorarl.study import base_cells, load_study, parse_study, study_cells
+    from tests.report_fixture import _eval, make_study
 
     grpo, results = make_study(tmp_path, study={
         "name": "agg", "defaults": {"model": "local:tiny-test", "train": {"steps": 40}, "eval": {"eval_every": 10}},
         "axes": {"regime": {"field": "reward.regime", "values": ["outcome", "process"]},
                  "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 16]},
                  "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}})
+    for b in base_cells(load_study(grpo)):  # the untrained model's evaluation
+        _eval(results / "agg" / b.id / "eval", "synthetic", np.arange(100) % 3 == 0, None)
     toy = {"name": "toy", "kind": "kl_bound_toy", "axes": {"rank": {"field": "rank", "prefix": "r", "values": [1, 8]},
                                                           "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(toy))
