@@ -13,8 +13,9 @@ itself costs) and from the start of `lorarl launch` (the launcher's start-up and
 
 Each repeat runs the whole study twice, interleaved: as shipped, and with LORARL_EAGER_IMPORTS=1 (the
 optional scikit-learn/scipy imports of transformers not deferred, as before lorarl.lazy_imports), each in a
-fresh results folder. `import torch` is timed before each study run. Printed: the medians, and each
-figure over the median `import torch`.
+fresh results folder whose MLflow store is made beforehand (a study's first tracked job makes it: about
+50 alembic migrations, several seconds, which would land on the train job here). `import torch` is timed
+before each study run. Printed: the medians, and each figure over the median `import torch`.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def aggregate(study: str, results: Path) -> dict:
 def study_run(workdir: Path, eager: bool) -> dict[str, dict]:
     results = workdir / ("eager" if eager else "deferred")
     study = str(workdir / "study.yaml")
+    results.mkdir(parents=True)  # the MLflow store made beforehand: in a study only the first tracked job makes it
+    subprocess.run([sys.executable, "-c", "import sys; from lorarl.tracking.sqlite_store import ensure; "
+                    "ensure(f'sqlite:///{sys.argv[1]}/mlflow.db')", str(results.resolve())], check=True, env=env(False))
     out = {}
     for stage, s, target in JOBS:
         key = stage if target != "base" else "evaluate (base model)"
