@@ -6,16 +6,17 @@
 Writes a one-cell study on `local:tiny-test` (2 steps, 8 held-out problems) into a temporary folder and runs
 every stage's real job as Snakemake runs it: `lorarl launch <stage> ... --executor local` (base, train,
 evaluate, diagnose: the launcher, then a submitit child process, the job) and `lorarl aggregate` (in the
-launcher's own process). A job prints `[lorarl] first <work>: <s> s after the process started` when it reaches
-its first SFT step, training step, evaluation batch or diagnostic (lorarl.jobclock); the aggregate's first
-table is its summary.md (its mtime). Per stage, two figures: from the job process's start (what the job
-itself costs) and from the start of `lorarl launch` (the launcher's start-up and submission included).
+launcher's own process). A job prints `[lorarl] first <work>: <s> s after the process started, <c> s of CPU` when it reaches its first
+SFT step, training step, evaluation batch or diagnostic (lorarl.jobclock); the aggregate's first table is its
+summary.md (its mtime; its CPU read from /proc as it appears). Per stage: wall and CPU seconds from the job
+process's start (the CPU seconds are what a busy 2-core machine charges; the wall grows with its load), and
+the wall from the start of `lorarl launch` (the launcher's start-up and submission included).
 
 Each repeat runs the whole study twice, interleaved: as shipped, and with LORARL_EAGER_IMPORTS=1 (the
 optional scikit-learn/scipy imports of transformers not deferred, as before lorarl.lazy_imports), each in a
 fresh results folder whose MLflow store is made beforehand (a study's first tracked job makes it: about
 50 alembic migrations, several seconds, which would land on the train job here). `import torch` is timed
-before each study run. Printed: the medians, and each figure over the median `import torch`.
+(wall and CPU) before each study run. Printed: the medians, and the CPU over `import torch`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,7 +47,7 @@ STUDY = {
 }
 JOBS = [("base", "-", "tiny-test"), ("train", "study", "s0"), ("evaluate", "study", "s0"),
         ("evaluate", "study", "base"), ("diagnose", "study", "s0")]  # (stage, study, target), in pipeline order
-LINE = re.compile(r"\[lorarl\] first (.+?): ([0-9.]+) s after the process started \(epoch ([0-9.]+)\)")
+LINE = re.compile(r"\[lorarl\] first (.+?): ([0-9.]+) s after the process started, ([0-9.]+) s of CPU \(epoch ([0-9.]+)\)")
 LOGS = re.compile(r"logs in (\S+)")
 
 
@@ -55,10 +57,16 @@ def env(eager: bool) -> dict[str, str]:
     return {**out, "LORARL_EAGER_IMPORTS": "1"} if eager else out
 
 
-def import_torch_s() -> float:
-    t0 = time.time()
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def import_torch() -> dict:
+    """`python -c "import torch"`: wall and CPU seconds."""
+    t0, c0 = time.time(), children_cpu_s()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return time.time() - t0
+    return {"wall": time.time() - t0, "cpu": children_cpu_s() - c0}
 
 
 def launch(stage: str, study: str, target: str, results: Path, eager: bool) -> dict:
@@ -73,16 +81,25 @@ def launch(stage: str, study: str, target: str, results: Path, eager: bool) -> d
     m = LINE.search(log)
     if m is None:
         sys.exit(f"{stage} {target}: no first-work line in {folder}")
-    return {"work": m.group(1), "job": float(m.group(2)), "launch": float(m.group(3)) - t0}
+    return {"work": m.group(1), "wall": float(m.group(2)), "cpu": float(m.group(3)), "launch": float(m.group(4)) - t0}
 
 
 def aggregate(study: str, results: Path) -> dict:
-    """`lorarl aggregate`: its first table is summary.md."""
+    """`lorarl aggregate`: its first table is summary.md; the process's CPU read from /proc when it appears."""
+    table = results / STUDY["name"] / "tables" / "summary.md"
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "lorarl.cli", "aggregate", study, "--results", str(results)],
-                   check=True, capture_output=True, env=env(False))
-    first = (results / STUDY["name"] / "tables" / "summary.md").stat().st_mtime - t0
-    return {"work": "table", "job": first, "launch": first}
+    proc = subprocess.Popen([sys.executable, "-m", "lorarl.cli", "aggregate", study, "--results", str(results)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env(False))
+    cpu = None
+    while cpu is None and proc.poll() is None:
+        if table.exists():
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        time.sleep(0.01)
+    if proc.wait() != 0 or cpu is None:
+        sys.exit(f"aggregate failed or wrote no table:\n{proc.stderr.read()[-4000:]}")
+    first = table.stat().st_mtime - t0
+    return {"work": "table", "wall": first, "cpu": cpu, "launch": first}
 
 
 def study_run(workdir: Path, eager: bool) -> dict[str, dict]:
@@ -95,7 +112,8 @@ def study_run(workdir: Path, eager: bool) -> dict[str, dict]:
     for stage, s, target in JOBS:
         key = stage if target != "base" else "evaluate (base model)"
         out[key] = launch(stage, study if s == "study" else s, target, results, eager)
-        print(f"  {'eager' if eager else 'deferred'} {key}: {out[key]['job']:.2f} s", flush=True)
+        print(f"  {'eager' if eager else 'deferred'} {key}: {out[key]['wall']:.2f} s, {out[key]['cpu']:.2f} s of CPU",
+              flush=True)
     out["aggregate"] = aggregate(study, results)
     return out
 
@@ -109,28 +127,28 @@ def main() -> None:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "study.yaml").write_text(yaml.safe_dump(STUDY))
-        torch_s, runs = [], {False: [], True: []}
+        torch_runs, runs, load0 = [], {False: [], True: []}, os.getloadavg()
         for r in range(args.repeats):
             for eager in ((False, True) if r % 2 == 0 else (True, False)):
-                torch_s.append(import_torch_s())
-                print(f"repeat {r}: import torch {torch_s[-1]:.2f} s", flush=True)
+                torch_runs.append(import_torch())
+                print(f"repeat {r}: import torch {torch_runs[-1]['wall']:.2f} s, {torch_runs[-1]['cpu']:.2f} s of CPU",
+                      flush=True)
                 # a fresh results folder per study run (training would resume otherwise)
                 shutil.rmtree(workdir / ("eager" if eager else "deferred"), ignore_errors=True)
                 runs[eager].append(study_run(workdir, eager))
-    t = statistics.median(torch_s)
+    med = {k: statistics.median(t[k] for t in torch_runs) for k in ("wall", "cpu")}
     load = os.getloadavg()
-    print(f"\n`python -c \"import torch\"`: median {t:.2f} s over {len(torch_s)} runs "
-          f"({', '.join(f'{x:.2f}' for x in torch_s)}); load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+    print(f"\n`python -c \"import torch\"`: median {med['wall']:.2f} s, {med['cpu']:.2f} s of CPU, over {len(torch_runs)} "
+          f"runs; load average {load0[0]:.1f} at the start, {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; "
           f"{os.cpu_count()} CPUs\n")
-    print("| stage | first real work | job process → it, s | × import torch | eager imports, s | saved, s "
-          "| `lorarl launch` → it, s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("| stage | first real work | wall s | CPU s | CPU / import torch's | eager imports: CPU s | CPU saved, s "
+          "| wall from `lorarl launch`, s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for key, first in runs[False][0].items():
-        job = statistics.median(run[key]["job"] for run in runs[False])
-        eager = statistics.median(run[key]["job"] for run in runs[True])
-        via = statistics.median(run[key]["launch"] for run in runs[False])
-        print(f"| {key} | {first['work']} | {job:.2f} | {job / t:.2f} | {eager:.2f} | {eager - job:.2f} | {via:.2f} |")
-
+        wall, cpu, via = (statistics.median(run[key][k] for run in runs[False]) for k in ("wall", "cpu", "launch"))
+        eager = statistics.median(run[key]["cpu"] for run in runs[True])
+        print(f"| {key} | {first['work']} | {wall:.2f} | {cpu:.2f} | {cpu / med['cpu']:.2f} | {eager:.2f} | "
+              f"{eager - cpu:.2f} | {via:.2f} |")
 
 if __name__ == "__main__":
     main()

@@ -2,12 +2,13 @@
 
 `first_work("training step")` prints, once per process and kind of work,
 
-    [lorarl] first training step: 14.21 s after the process started (epoch 1767000000.123)
+    [lorarl] first training step: 14.21 s after the process started, 12.80 s of CPU (epoch 1767000000.123)
 
 at the train stage's first step, the evaluate stage's first generation batch, the diagnose stage's first
 diagnostic, the base stage's first SFT step and a pack's first step. Everything before it is start-up:
-the interpreter, imports, reading the study, loading weights. `bench/job_start.py` reads these lines from
-the jobs' logs; a user reads them in `results/<study>/<cell>/logs/<stage>/*_log.out`.
+the interpreter, imports, reading the study, loading weights. The CPU seconds (all the process's threads) are
+what a busy machine charges for it; the wall seconds grow with its load. `bench/job_start.py` reads these
+lines from the jobs' logs; a user reads them in `results/<study>/<cell>/logs/<stage>/*_log.out`.
 """
 
 from __future__ import annotations
@@ -36,4 +37,5 @@ def first_work(what: str) -> None:
     _printed.add(what)
     age = process_age_s()
     since = "?" if age is None else f"{age:.2f}"
-    print(f"{PREFIX}{what}: {since} s after the process started (epoch {time.time():.3f})", flush=True)
+    print(f"{PREFIX}{what}: {since} s after the process started, {time.process_time():.2f} s of CPU "
+          f"(epoch {time.time():.3f})", flush=True)

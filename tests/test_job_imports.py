@@ -149,3 +149,25 @@ def test_eager_switch_turns_the_deferral_off(fake_package, monkeypatch):
     import fakelib.user
 
     assert fakelib.heavy_ran and not any(isinstance(f, lazy_imports._Finder) for f in sys.meta_path)
+
+
+def test_first_work_line_is_printed_once_and_read_by_the_bench(capsys, monkeypatch):
+    import importlib.util
+    import time
+
+    from lorarl import jobclock
+
+    monkeypatch.setattr(jobclock, "_printed", set())
+    jobclock.first_work("training step")
+    jobclock.first_work("training step")  # once per process and kind of work
+    jobclock.first_work("evaluation batch")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    spec = importlib.util.spec_from_file_location("job_start", REPO / "bench" / "job_start.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    work, age, cpu, epoch = bench.LINE.search(lines[0]).groups()
+    assert work == "training step" and float(age) > 0 and float(cpu) > 0 and abs(float(epoch) - time.time()) < 60
+    code = "import time; time.sleep(0.5); from lorarl.jobclock import process_age_s; print(process_age_s())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.5 <= age < 30  # seconds since that process started
