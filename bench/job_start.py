@@ -1,16 +1,16 @@
 """Job start-up: seconds from a job's process start to its stage's first real work, per stage, against
 `python -c "import torch"` timed in the same run.
 
-    python bench/job_start.py [--repeats 1] [--keep DIR]
+    python bench/job_start.py [--repeats 3] [--keep DIR]
 
 Writes a one-cell study on `local:tiny-test` (2 steps, 8 held-out problems) into a temporary folder and runs
 every stage's real job as Snakemake runs it: `lorarl launch <stage> ... --executor local` (base, train,
 evaluate, diagnose: the launcher, then a submitit child process, the job) and `lorarl aggregate` (in the
-launcher's own process). A job prints `[lorarl] first <work>: <s> s after the process started, <c> s of CPU` when it reaches its first
-SFT step, training step, evaluation batch or diagnostic (lorarl.jobclock); the aggregate's first table is its
-summary.md (its mtime; its CPU read from /proc as it appears). Per stage: wall and CPU seconds from the job
-process's start (the CPU seconds are what a busy 2-core machine charges; the wall grows with its load), and
-the wall from the start of `lorarl launch` (the launcher's start-up and submission included).
+launcher's own process). A job prints `[lorarl] first <work>: <s> s after the process started, <c> s of CPU`
+when it reaches its first SFT step, training step, evaluation batch or diagnostic (lorarl.jobclock); the
+aggregate's first table is its summary.md (its mtime; its CPU read from /proc as it appears). Per stage: wall
+and CPU seconds from the job process's start (the CPU seconds are what a busy 2-core machine charges; the
+wall grows with its load), and the wall from the start of `lorarl launch` (launcher and submission included).
 
 Each repeat runs the whole study twice, interleaved: as shipped, and with LORARL_EAGER_IMPORTS=1 (the
 optional scikit-learn/scipy imports of transformers not deferred, as before lorarl.lazy_imports), each in a
@@ -47,7 +47,8 @@ STUDY = {
 }
 JOBS = [("base", "-", "tiny-test"), ("train", "study", "s0"), ("evaluate", "study", "s0"),
         ("evaluate", "study", "base"), ("diagnose", "study", "s0")]  # (stage, study, target), in pipeline order
-LINE = re.compile(r"\[lorarl\] first (.+?): ([0-9.]+) s after the process started, ([0-9.]+) s of CPU \(epoch ([0-9.]+)\)")
+LINE = re.compile(r"\[lorarl\] first (.+?): ([0-9.]+) s after the process started, ([0-9.]+) s of CPU "
+                  r"\(epoch ([0-9.]+)\)")
 LOGS = re.compile(r"logs in (\S+)")
 
 
@@ -120,7 +121,7 @@ def study_run(workdir: Path, eager: bool) -> dict[str, dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=1, help="study runs per variant (default 1)")
+    p.add_argument("--repeats", type=int, default=1, help="study runs per variant (default 1; the docs: 3)")
     p.add_argument("--keep", type=Path, default=None, help="work here and keep the results (default: a temp dir)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,8 +139,8 @@ def main() -> None:
                 runs[eager].append(study_run(workdir, eager))
     med = {k: statistics.median(t[k] for t in torch_runs) for k in ("wall", "cpu")}
     load = os.getloadavg()
-    print(f"\n`python -c \"import torch\"`: median {med['wall']:.2f} s, {med['cpu']:.2f} s of CPU, over {len(torch_runs)} "
-          f"runs; load average {load0[0]:.1f} at the start, {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; "
+    print(f"\n`python -c \"import torch\"`: median {med['wall']:.2f} s, {med['cpu']:.2f} s of CPU, "
+          f"over {len(torch_runs)} runs; load average {load0[0]:.1f} at the start, {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; "
           f"{os.cpu_count()} CPUs\n")
     print("| stage | first real work | wall s | CPU s | CPU / import torch's | eager imports: CPU s | CPU saved, s "
           "| wall from `lorarl launch`, s |")

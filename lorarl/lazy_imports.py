@@ -12,10 +12,11 @@ Loading a model, or TRL's trainer, runs these optional imports of transformers 5
 - `transformers.data.metrics` (loaded by `Trainer`): scipy.stats' `pearsonr`, `spearmanr` and sklearn's
   `f1_score`, `matthews_corrcoef`, for the deprecated GLUE/XNLI metric helpers.
 
-scikit-learn (which brings pandas), scipy.optimize and scipy.stats cost every job seconds on a 2-core
-machine (`bench/job_start.py`, docs/benchmarks.md). Neither transformers nor torch has a switch for them
-(`is_sklearn_available` and `is_scipy_available` are cached `find_spec` calls), and lorarl needs both
-packages installed (the toy study's Optdigits and optimiser, the report's statistics).
+scikit-learn (which brings pandas), scipy.optimize and scipy.stats cost every job that loads a model about
+1 s of CPU, a quarter of an evaluation's start-up, on a 2-core machine (`bench/job_start.py`,
+docs/benchmarks.md). Neither transformers nor torch has a switch for them (`is_sklearn_available` and
+`is_scipy_available` are cached `find_spec` calls), and lorarl needs both packages installed (the toy
+study's Optdigits and optimiser, the report's statistics).
 
 `defer_optional_imports()` (where a job starts: `lorarl.pipeline.launch.run_stage`) adds a finder that acts
 only while one of those transformers modules executes: it answers that module's imports with stand-in
