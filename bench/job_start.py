@@ -140,8 +140,8 @@ def main() -> None:
     med = {k: statistics.median(t[k] for t in torch_runs) for k in ("wall", "cpu")}
     load = os.getloadavg()
     print(f"\n`python -c \"import torch\"`: median {med['wall']:.2f} s, {med['cpu']:.2f} s of CPU, "
-          f"over {len(torch_runs)} runs; load average {load0[0]:.1f} at the start, {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; "
-          f"{os.cpu_count()} CPUs\n")
+          f"over {len(torch_runs)} runs; load average {load0[0]:.1f} at the start, "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; {os.cpu_count()} CPUs\n")
     print("| stage | first real work | wall s | CPU s | CPU / import torch's | eager imports: CPU s | CPU saved, s "
           "| wall from `lorarl launch`, s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
