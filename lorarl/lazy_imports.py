@@ -12,8 +12,8 @@ Loading a model, or TRL's trainer, runs these optional imports of transformers 5
 - `transformers.data.metrics` (loaded by `Trainer`): scipy.stats' `pearsonr`, `spearmanr` and sklearn's
   `f1_score`, `matthews_corrcoef`, for the deprecated GLUE/XNLI metric helpers.
 
-scikit-learn (which brings pandas), scipy.optimize and scipy.stats cost every job that loads a model about
-1 s of CPU, a quarter of an evaluation's start-up, on a 2-core machine (`bench/job_start.py`,
+scikit-learn (which brings pandas), scipy.optimize and scipy.stats cost every job that loads a model 0.5 to
+1 s of CPU, up to a quarter of an evaluation's start-up, on a 2-core machine (`bench/job_start.py`,
 docs/benchmarks.md). Neither transformers nor torch has a switch for them (`is_sklearn_available` and
 `is_scipy_available` are cached `find_spec` calls), and lorarl needs both packages installed (the toy
 study's Optdigits and optimiser, the report's statistics).
