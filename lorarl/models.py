@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lorarl.jobclock import first_work
+
 LOCAL_PREFIX = "local:"
 
 
@@ -134,6 +136,7 @@ def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progres
     enc = [(tok(p)["input_ids"], tok(c)["input_ids"] + [tok.eos_token_id]) for p, c in examples]
     model.train()
     losses = []
+    first_work("SFT step")  # the job's start-up ends here (lorarl.jobclock)
     for _ in tqdm(range(recipe.sft_steps), desc="sft", disable=not progress, mininterval=5):
         batch = rng.sample(enc, recipe.sft_batch)
         width = max(len(p) + len(c) for p, c in batch)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from lorarl import paths
+from lorarl.jobclock import first_work
 from lorarl.study import Cell
 
 LORA_A = re.compile(r"base_model\.model\.(.+)\.lora_A(?:\.default)?\.weight")  # a saved adapter's A
@@ -112,6 +113,7 @@ def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", t
     kw = dict(results=results_dir, study=study, cell=cell.id)
     pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
                          full=cfg.adapter.method == "full")
+    first_work("diagnostic")  # weights loaded: the job's start-up ends here (lorarl.jobclock)
     k = min(16, min(min(w[0].shape) for w in pairs.values()))
     df = diagnose_model(pairs, factors_through_training(study, cell, results_dir, pairs), k=k)
     out = paths.path("diagnostics", **kw)

@@ -27,6 +27,7 @@ from lorarl.evaluate.benchmarks import Benchmark, Problem, grade
 from lorarl.evaluate.protocols import Protocol, summarize
 from lorarl.evaluate.grading import GradingSettings
 from lorarl.io import atomic_write_text
+from lorarl.jobclock import first_work
 
 __all__ = ["Sample", "samples_path", "summary_path", "grade_samples", "summarize_samples",
            "write_records", "read_samples", "rescore", "rescore_samples", "changed_verdicts",
@@ -220,6 +221,7 @@ def run_benchmark(backend: Any, benchmark: Benchmark, problems: Sequence[Problem
     default the benchmark's registry settings)."""
     protocol = protocol or benchmark.protocol
     grading = grading or benchmark.grading
+    first_work("evaluation batch")  # the job's start-up ends here (lorarl.jobclock)
     t0 = time.perf_counter()
     completions = backend.generate([p.prompt for p in problems], protocol, seed)
     generation_s = time.perf_counter() - t0

@@ -30,6 +30,7 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.io import write_json as _write_json
+from lorarl.jobclock import first_work
 from lorarl.pack import publish
 
 STATE_FILE = "pack_state.pt"
@@ -250,6 +251,7 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
             with slots[0].ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
                 stop = False
                 while not stop:
+                    first_work("training step")  # the job's start-up ends here (lorarl.jobclock)
                     rows = loop.step()
                     if not rows:
                         break

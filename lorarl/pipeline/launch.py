@@ -33,7 +33,7 @@ from lorarl.pipeline.executor import make_executor
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import paths
+from lorarl import lazy_imports, paths
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
@@ -41,6 +41,7 @@ EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which bench
 
 def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
     """What a job executes; out of disk space becomes one clear error (lorarl.pipeline.diskfull)."""
+    lazy_imports.defer_optional_imports()  # transformers' scikit-learn import, to its first use (lorarl.lazy_imports)
     try:
         return _run_stage(stage, study_path, cell_id, results_dir, threads)
     except Exception as err:

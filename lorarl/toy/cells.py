@@ -19,13 +19,13 @@ from lorarl import paths
 from lorarl.io import write_json as _write_json
 from lorarl.study import Study, study_cells
 from lorarl.toy.config import ToyCellConfig
-from lorarl.toy.kl_bound import _pretrain_fields, load_base, pretrain, run_one, save_base
 
 
 def run_toy_study(study: Study, results: str | Path = "results", cells: list[str] | None = None) -> list[dict]:
     """Run the given cells (default: all) in this process; one folder + one MLflow run each."""
     from tqdm import tqdm
 
+    from lorarl.toy.kl_bound import _pretrain_fields, load_base, pretrain, run_one, save_base
     from lorarl.tracking.client import Tracker
 
     todo = [c for c in study_cells(study) if cells is None or c.id in cells]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from lorarl.jobclock import first_work
 from lorarl.tracking.client import Tracker
 
 SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
@@ -36,6 +37,7 @@ class MetricsRecorder(TrainerCallback):
         self._time, self._updates = 0.0, 0  # wall time and optimiser updates since the last logged row
 
     def on_step_begin(self, args, state, control, **kw):
+        first_work("training step")  # the job's start-up ends here (lorarl.jobclock)
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kw):
