@@ -48,7 +48,7 @@ KILLER = textwrap.dedent("""
 
 
 def _killed_while_creating(db: Path, kth: int, how: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LORARL_CACHE": str(db.parent / "cache")}  # no template: MLflow's
     return subprocess.run([sys.executable, "-c", KILLER, str(db), str(kth), how], capture_output=True, text=True,
                           timeout=300, env=env, cwd=db.parent)
 
@@ -139,3 +139,52 @@ def test_a_store_whose_creation_stopped_between_migrations_is_made_anew(tmp_path
                                                                       sqlite_store.head_revision())
     sqlite_store.ensure(f"sqlite:///{db}")
     assert _whole(db) and len(list(tmp_path.glob("mlflow.db.interrupted-*"))) == 1
+
+
+def _rows(db: Path) -> dict:
+    con = sqlite3.connect(db)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        schema = con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        rows = {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
+    finally:
+        con.close()
+    return {"schema": schema, "rows": rows}
+
+
+def test_a_new_store_is_a_copy_of_the_versions_empty_store_equal_to_one_mlflow_makes(tmp_path: Path, monkeypatch):
+    """The first store MLflow makes (its migrations) becomes the template; the next ones are copies of it,
+    with the Default experiment's artifact location and times made here: equal to MLflow's own, table by table."""
+    monkeypatch.setenv("LORARL_CACHE", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "mlflow.db", tmp_path / "b" / "mlflow.db"
+    sqlite_store.ensure(f"sqlite:///{first}")
+    tpl = sqlite_store.template_path()
+    assert tpl.parent == tmp_path / "cache" and sqlite_store.whole_template(tpl)
+    monkeypatch.setattr(sqlite_store, "_made_by_mlflow", lambda tmp: pytest.fail("copied, not made again"))
+    monkeypatch.chdir(tmp_path / "a")
+    sqlite_store.ensure(f"sqlite:///{second}")
+    a, b = _rows(first), _rows(second)
+    assert a["schema"] == b["schema"] and set(a["rows"]) == set(b["rows"])
+    assert {t: r for t, r in a["rows"].items() if t != "experiments"} == \
+        {t: r for t, r in b["rows"].items() if t != "experiments"}
+    con = sqlite3.connect(second)
+    [(loc, created)] = con.execute("SELECT artifact_location, creation_time FROM experiments").fetchall()
+    con.close()
+    assert loc == str(tmp_path / "a" / "mlruns" / "0") and created > 0  # as MLflow sets it from this directory
+    Tracker(tmp_path / "b", "s").start("c", run_name="c", tags={}, params={"x": 1})  # MLflow uses the copy
+
+
+def test_a_bad_template_is_made_again_by_mlflow(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("LORARL_CACHE", str(tmp_path / "cache"))
+    tpl = sqlite_store.template_path()
+    tpl.parent.mkdir(parents=True)
+    tpl.write_bytes(b"not a database")
+    sqlite_store.ensure(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert _whole(tmp_path / "mlflow.db") and sqlite_store.whole_template(tpl)
+
+
+def test_a_store_with_runs_opens_without_reading_mlflows_migrations(tmp_path: Path, monkeypatch):
+    db = tmp_path / "mlflow.db"
+    Tracker(tmp_path, "s").start("c", run_name="c", tags={}, params={})
+    monkeypatch.setattr(sqlite_store, "head_revision", lambda: pytest.fail("walked the migration scripts"))
+    sqlite_store.ensure(f"sqlite:///{db}")

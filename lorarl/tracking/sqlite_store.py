@@ -17,6 +17,7 @@ Callers hold the results-dir lock (lorarl.tracking.client._locked), so one proce
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import sys
 import time
@@ -73,13 +74,60 @@ def _forget(uri: str) -> None:
         engine.dispose()
 
 
-def _create(db: Path) -> None:
-    """Make a complete store at `db`: built in a temporary file beside it, then renamed into place."""
+def template_path() -> Path:
+    """An empty store made by this MLflow version (``$LORARL_CACHE``, else ``~/.cache/lorarl``): a new store is
+    a copy of it. MLflow builds a new sqlite store with some fifty alembic migrations, about 10 s of CPU per
+    results folder, and every test, study and doctor smoke run starts one."""
+    from importlib.metadata import version
+
+    root = Path(os.environ.get("LORARL_CACHE") or Path.home() / ".cache" / "lorarl")
+    return root / f"mlflow-{version('mlflow-skinny')}-empty.db"
+
+
+def _made_by_mlflow(tmp: Path) -> None:
     import mlflow
 
-    tmp = db.parent / f".{db.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # new name: MLflow caches by URI
     mlflow.MlflowClient(f"sqlite:///{tmp}").search_experiments(max_results=1)  # the store exists and answers
     _forget(f"sqlite:///{tmp}")  # close its connections before the file moves
+
+
+def _localise(db: Path) -> None:
+    """A copied template as MLflow would have made it here: its Default experiment's artifact location (this
+    working directory's ``mlruns/0``) and times (now)."""
+    from mlflow.utils.uri import append_to_uri_path, resolve_uri_if_local
+
+    now = int(time.time() * 1000)
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        con.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                    "WHERE experiment_id = 0", (append_to_uri_path(resolve_uri_if_local("./mlruns"), "0"), now, now))
+        con.commit()
+    finally:
+        con.close()
+
+
+def _save_template(made: Path, tpl: Path) -> None:
+    """Keep a copy of a store MLflow just made as the template (atomic; a failure only costs the next store)."""
+    try:
+        tpl.parent.mkdir(parents=True, exist_ok=True)
+        part = tpl.with_name(f".{tpl.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        shutil.copyfile(made, part)
+        os.replace(part, tpl)
+    except OSError:
+        pass
+
+
+def _create(db: Path) -> None:
+    """Make a complete store at `db`: built in a temporary file beside it (a copy of this MLflow version's empty
+    store, made by MLflow the first time), then renamed into place."""
+    tmp = db.parent / f".{db.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # new name: MLflow caches by URI
+    tpl = template_path()
+    if tpl.exists() and whole_template(tpl):
+        shutil.copyfile(tpl, tmp)
+        _localise(tmp)
+    else:
+        _made_by_mlflow(tmp)
+        _save_template(tmp, tpl)
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, db)
@@ -88,6 +136,15 @@ def _create(db: Path) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def whole_template(tpl: Path) -> bool:
+    """The template is an empty store at MLflow's head revision (else it is made again by MLflow)."""
+    try:
+        state = inspect(tpl)
+    except sqlite3.Error:
+        return False
+    return state["runs"] == 0 and not state["tmp_tables"] and state["revision"] == head_revision()
 
 
 def ensure(uri: str) -> None:
@@ -102,6 +159,8 @@ def ensure(uri: str) -> None:
         _create(db)
         return
     state = inspect(db)
+    if state["runs"] and not state["tmp_tables"] and state["revision"] is not None:
+        return  # a store with runs: whole (a schema older or newer than this MLflow's is MLflow's to say)
     why = problem(state, head_revision())
     if why is None:
         return
