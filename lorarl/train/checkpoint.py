@@ -131,6 +131,9 @@ class CellCheckpoints:
         self.elapsed_before = 0.0
         self.resumes: list[int] = []
         self.problems: list[str] = []  # checkpoints found unusable (lorarl.train.integrity), for summary.json
+        self.stop_at: int | None = None  # a host's stop (lorarl.train.cellrun): save and stop at this global step
+        self.paused: int | None = None  # the global step it stopped at for stop_at (the run ends paused)
+        self.monitors: Any = None  # () -> the cell run's monitor state, written into each mark (lorarl.train.cellstate)
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
@@ -193,7 +196,6 @@ class CellCheckpoints:
     def restore(self, recorder: Any, run_id: str) -> None:
         """Give the recorder the rows already trained, and send MLflow the ones it missed."""
         self.run_id, self.recorder = run_id, recorder
-        _tag_provenance(recorder.tracker)
         if self.enabled and hasattr(recorder, "log_only_saved"):
             recorder.log_only_saved = True
         if self.resumed is None:
@@ -316,6 +318,9 @@ class CellCheckpoints:
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
+        if self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None:
+            control.should_save = control.should_training_stop = True  # saved even without checkpoint_every
+            self.paused = step
         if not self.enabled:
             return
         if step % self.every == 0 or step >= self.max_steps:
@@ -336,7 +341,8 @@ class CellCheckpoints:
         meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash, "format": self.format,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
-                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
+                "saved_at": time.time(), "files": integrity.manifest(folder),  # sizes + sha256 (lorarl.train.integrity)
+                "monitors": self.monitors() if self.monitors is not None else {}}  # lorarl.train.cellstate
         _write_json(folder / MARKER, meta)
         for c in complete_checkpoints(self.root):  # keep only the newest complete checkpoint
             if c.step != step:
@@ -345,23 +351,6 @@ class CellCheckpoints:
             if d.is_dir() and not (d / MARKER).exists() and d != folder:
                 shutil.rmtree(d, ignore_errors=True)
         _fault("kill_after_save", step, self.root)
-
-
-def _tag_provenance(tracker: Any) -> None:
-    """Every job id that worked on this run so far (across requeues and reruns), and the host."""
-    from lorarl import jobids
-
-    path = os.environ.get(jobids.ENV_PATH)
-    if tracker is None or not path:
-        return
-    ids = jobids.job_ids(path)
-    tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
-    if ids:
-        tags["lorarl.job_ids"] = ",".join(ids)
-    try:
-        tracker.set_tags(tags)
-    except Exception as err:  # noqa: BLE001 - tags are a convenience; provenance.json is the record
-        print(f"[lorarl] could not tag the MLflow run: {err}", file=sys.stderr)
 
 
 def _run_alive(tracker: Any, run_id: str) -> bool:
