@@ -143,9 +143,11 @@ def train_alone(study: str, cell: Any, results_dir: str | Path = "results", thre
     from lorarl.pack import ranks
     from lorarl.train.cellrun import CellRun
 
-    rank, _ = ranks.world()
+    rank, world = ranks.world()
     if rank > 0:  # a one-cell pack runs on one process; the job's other ranks have nothing to do
         return {"cell": cell.id, "rank": rank}
+    if world > 1:
+        ranks.one_process()  # rank 0 alone: a one-process job (its vLLM engine too)
     t_start = time.time()
     run = CellRun(study, cell, results_dir, cell.config, engine="pack", stop_at=stop_at, t_start=t_start)
     if run.done is not None:

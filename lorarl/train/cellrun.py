@@ -188,7 +188,8 @@ class CellRun:
         when the weights are sharded: the gather is collective), the collapse monitor."""
         from lorarl.train.callbacks import NoStepPastTheEnd
 
-        return [NoStepPastTheEnd(), self.recorder, *([self.snapshots] if self.main or sharded else []), self._collapse]
+        return [NoStepPastTheEnd(), _StoppedAlready(self), self.recorder,
+                *([self.snapshots] if self.main or sharded else []), self._collapse]
 
     def attach(self, trainer: Any, sharded: bool = False) -> None:
         """Wire the run into a built trainer: FSDP2's snapshot gather, the divergence stop, the checkpoint callback
@@ -232,7 +233,7 @@ class CellRun:
             raise
         self.ckpt.paused = ranks.broadcast(self.ckpt.paused)  # rank 0's checkpoint callback decided
         self.recorder.flush()
-        self.collapse_at = self._collapse.stopped_at if self._collapse.stopped_at is not None else self.collapse_at
+        self.collapse_at = self._collapse_step()
 
     # ---- the end ------------------------------------------------------------------------------------
     @property
@@ -243,8 +244,13 @@ class CellRun:
             return None
         return -(-int(self.ckpt.paused) // self.per)
 
+    def _collapse_step(self) -> int | None:
+        """The collapse stop: the HF host's monitor callback's, else the step loop's (or the resumed checkpoint's)."""
+        hf = getattr(self._collapse, "stopped_at", None)
+        return hf if hf is not None else self.collapse_at
+
     def monitor_state(self) -> dict:
-        return cellstate.monitor_state(self.divergence, self.collapse_at, self.host_state())
+        return cellstate.monitor_state(self.divergence, self._collapse_step(), self.host_state())
 
     def fail(self, err: BaseException) -> None:
         self.ckpt.release()
@@ -349,6 +355,21 @@ class CellRun:
         if self.stage is None:
             ranks.barrier()
         return out
+
+
+def _StoppedAlready(run: CellRun) -> Any:
+    """HF host: a run resumed from a checkpoint whose cell had diverged or collapsed trains no step (the checkpoint's
+    weights are loaded, then training ends: its outputs are those weights)."""
+    from transformers import TrainerCallback
+
+    from lorarl.train.callbacks import ResumedAtEnd
+
+    class StoppedAlready(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if run.divergence.step is not None or run.collapse_at is not None:
+                raise ResumedAtEnd(state.global_step)
+
+    return StoppedAlready()
 
 
 def _tag_provenance(tracker: Any) -> None:

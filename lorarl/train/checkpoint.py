@@ -3,11 +3,13 @@
 Layout, outside Snakemake's declared outputs (its incomplete-output cleanup never touches it):
 
     results/<study>/.checkpoints/<cell>/
-        checkpoint-<step>/   the HF Trainer checkpoint: adapter (or model), optimizer, scheduler,
-                             RNG states, trainer_state.json; plus lorarl.json, written LAST (the mark
-                             of a complete checkpoint): config hash, MLflow run id, step, metric rows
+        checkpoint-<step>/   the engine's state (the HF Trainer's checkpoint: adapter (or model), optimizer,
+                             scheduler, RNG states, trainer_state.json; or the pack's cell_state.pt:
+                             lorarl.train.cellstate); plus lorarl.json, written LAST (the mark of a
+                             complete checkpoint): config hash, MLflow run id, step, metric rows, monitors
         progress.json        step x/N, job, time: updated every step (`lorarl status`)
         complete.json        the cell finished and `keep_checkpoint` kept its last checkpoint
+        paused.json          the run ended paused at its last checkpoint (a host's stop_at: lorarl.train.cellrun)
         .lock                one trainer per cell at a time
 
 Invariants that make the metric history continuous and duplicate-free across kills and requeues:
@@ -106,13 +108,14 @@ def _is_submitit_handler(h: Any) -> bool:
 
 
 class CellCheckpoints:
-    """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
+    """The checkpoint folder of one cell, owned by its run (`lorarl.train.cellrun.CellRun`)."""
 
     def __init__(self, results_dir: str | Path, study: str, cell: Any, *, lock_wait_s: float | None = None,
                  holder: str = "", fmt: str = "hf"):
         """``lock_wait_s``: how long to wait for another job holding the cell (None: $LORARL_LOCK_WAIT_S,
         600 s; 0: fail at once). ``holder``: written into the lock (e.g. the pack). ``fmt``: which trainer
-        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run); others are rejected."""
+        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run), lorarl.train.cellstate's
+        engine; a checkpoint of the other engine is rejected."""
         t = cell.config.train
         self.format = fmt
         self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
