@@ -21,7 +21,9 @@ Paused (``stop_at``, a runtime choice, never in a signature): the run saves its 
 step (even without ``train.checkpoint_every``), publishes nothing and ends "paused": ``paused.json`` in the
 checkpoint folder, its MLflow run ended with the tag ``lorarl.state=paused``, the lock released. The next run of
 the cell, in any host of the same engine (a solo job, any pack position), resumes from it into the same MLflow
-run, and ends where the uninterrupted run ends.
+run, and ends where the uninterrupted run ends. A host that admits cells into slots of a running job opens a run
+per admitted cell (``CellRun`` + ``start``, its engine state loaded when ``run.resumed``) and evicts one between
+steps with ``run.stop_at(step)`` then ``run.finish(...)`` (paused) or lets it finish; no run refers to another.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ class CellRun:
         self.work = self.final / (".pack.tmp" if stage is not None else ".train.tmp")
         self.ckpt = (CellCheckpoints(results_dir, study, cell, lock_wait_s=lock_wait_s, holder=holder, fmt=engine)
                      if main else FollowerCheckpoints(results_dir, study, cell))
-        self.ckpt.stop_at = None if stop_at is None else int(stop_at) * self.per
+        self.ckpt.stop_at = None
+        if stop_at is not None:
+            self.stop_at(stop_at)
         self.ckpt.monitors = self.monitor_state
         if not main:  # a follower rank learns rank 0's pause (lorarl.train.rank_checkpoints)
             self.ckpt.paused, self.ckpt.max_steps = None, int(cfg.train.steps) * self.per
@@ -73,7 +77,7 @@ class CellRun:
         self.host_state: Callable[[], dict] = dict  # the host's monitors (adv_std_peak, freshness) for a checkpoint
         self.tracker = self.run_id = self.recorder = self.snapshots = self.precision = None
         self.monitors: dict = {}  # the resumed checkpoint's monitor state (lorarl.train.cellstate)
-        self._collapse = None
+        self.collapse_monitor: Any = None  # the HF host's collapse callback (lorarl.train.flags.monitor)
         self.done = ranks.broadcast(self._finished_meanwhile() if main else None)
         if main and self.done is None:
             shutil.rmtree(self.work, ignore_errors=True)
@@ -130,7 +134,7 @@ class CellRun:
         from lorarl.train.snapshots import SnapshotSaver
 
         self.snapshots = SnapshotSaver(self.final / "snapshots", steps, save, tokenizer, updates_per_step=self.per)
-        self._collapse = flags.monitor(self.recorder, self.cfg.train.stop_on_collapse, self.per)
+        self.collapse_monitor = flags.monitor(self.recorder, self.cfg.train.stop_on_collapse, self.per)
 
     # ---- a host with a step loop (the pack) ---------------------------------------------------------
     def step_done(self, step: int, row: dict, model: Any, update_refused: bool = False) -> str:
@@ -160,6 +164,11 @@ class CellRun:
             state = "paused"
         return state
 
+    def stop_at(self, step: int) -> None:
+        """End paused at training step ``step`` (this step or a later one): a host that evicts the cell between
+        steps (a resident pack freeing a slot, an adaptive rung) calls it before that step's :meth:`checkpoint`."""
+        self.ckpt.stop_at = int(step) * self.per
+
     def paused_before(self, step: int) -> bool:
         """A cell resumed at training step ``step``, already at (or past) its ``stop_at``: it pauses without a step."""
         stop, at = self.ckpt.stop_at, int(step) * self.per
@@ -182,58 +191,24 @@ class CellRun:
             self.recorder.flush()  # MLflow sees the steps only once a checkpoint covers them
         return bool(self.ckpt.stopped_for_preemption)
 
-    # ---- a host on HF's Trainer (the solo job) ------------------------------------------------------
+    # ---- a host on HF's Trainer (the solo job): lorarl.train.hf_host ---------------------------------
     def callbacks(self, sharded: bool = False) -> list:
-        """The trainer's callbacks, in order: no step past the end, the recorder, snapshots (rank 0, or every rank
-        when the weights are sharded: the gather is collective), the collapse monitor."""
-        from lorarl.train.callbacks import NoStepPastTheEnd
+        """The trainer's callbacks for this run (:func:`lorarl.train.hf_host.callbacks`)."""
+        from lorarl.train import hf_host
 
-        return [NoStepPastTheEnd(), _StoppedAlready(self), self.recorder,
-                *([self.snapshots] if self.main or sharded else []), self._collapse]
+        return hf_host.callbacks(self, sharded)
 
     def attach(self, trainer: Any, sharded: bool = False) -> None:
-        """Wire the run into a built trainer: FSDP2's snapshot gather, the divergence stop, the checkpoint callback
-        (before the recorder) and, on several ranks, rank 0's save/stop on every rank; the trainer's monitors
-        (adv/std peak, vLLM freshness) go into each checkpoint and come back from the one resumed."""
-        import functools
+        """Wire the run into a built trainer (:func:`lorarl.train.hf_host.attach`)."""
+        from lorarl.train import hf_host
 
-        from lorarl.train.sharding import gathered_state_dict
-
-        if sharded:  # FSDP2: every rank gathers the weights a snapshot saves (lorarl.train.sharding)
-            self.snapshots.gather = functools.partial(gathered_state_dict, trainer)
-        trainer.add_callback(self.divergence.callback())
-        self.ckpt.attach(trainer, self.recorder)  # save every train.checkpoint_every steps and at the end
-        if self.main and ranks.world_size() > 1:
-            from lorarl.train.rank_checkpoints import attach_sync
-
-            attach_sync(trainer, self.recorder, self.ckpt)  # the other ranks save and stop with rank 0
-        fresh = getattr(trainer, "freshness", None)
-        self.host_state = lambda: {"adv_std_peak": trainer._adv_std_peak,
-                                   **({"freshness_stale_steps": list(fresh.stale_steps)} if fresh else {})}
-        trainer._adv_std_peak = float(self.monitors.get("adv_std_peak", trainer._adv_std_peak))
-        if fresh is not None:
-            fresh.stale_steps = list(self.monitors.get("freshness_stale_steps", []))
+        hf_host.attach(self, trainer, sharded)
 
     def train(self, trainer: Any) -> None:
-        """``trainer.train``, resumed from the run's checkpoint, under Slurm's preemption signals; a failure ends
-        the MLflow run (KILLED or FAILED) and releases the lock."""
-        from lorarl.train.callbacks import ResumedAtEnd
+        """Train, resumed from the run's checkpoint (:func:`lorarl.train.hf_host.train`)."""
+        from lorarl.train import hf_host
 
-        start = int(self.resumed.step) // self.per if self.resumed is not None else 0  # checkpoints: at step ends
-        if self.paused_before(ranks.broadcast(start)):
-            return
-        try:
-            with self.ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
-                try:
-                    trainer.train(resume_from_checkpoint=self.ckpt.resume_from)
-                except ResumedAtEnd:  # resumed from the last step's checkpoint: nothing left to train
-                    pass
-        except BaseException as err:
-            self.fail(err)
-            raise
-        self.ckpt.paused = ranks.broadcast(self.ckpt.paused)  # rank 0's checkpoint callback decided
-        self.recorder.flush()
-        self.collapse_at = self._collapse_step()
+        hf_host.train(self, trainer)
 
     # ---- the end ------------------------------------------------------------------------------------
     @property
@@ -244,13 +219,13 @@ class CellRun:
             return None
         return -(-int(self.ckpt.paused) // self.per)
 
-    def _collapse_step(self) -> int | None:
+    def collapse_step(self) -> int | None:
         """The collapse stop: the HF host's monitor callback's, else the step loop's (or the resumed checkpoint's)."""
-        hf = getattr(self._collapse, "stopped_at", None)
+        hf = getattr(self.collapse_monitor, "stopped_at", None)
         return hf if hf is not None else self.collapse_at
 
     def monitor_state(self) -> dict:
-        return cellstate.monitor_state(self.divergence, self._collapse_step(), self.host_state())
+        return cellstate.monitor_state(self.divergence, self.collapse_step(), self.host_state())
 
     def fail(self, err: BaseException) -> None:
         self.ckpt.release()
@@ -355,21 +330,6 @@ class CellRun:
         if self.stage is None:
             ranks.barrier()
         return out
-
-
-def _StoppedAlready(run: CellRun) -> Any:
-    """HF host: a run resumed from a checkpoint whose cell had diverged or collapsed trains no step (the checkpoint's
-    weights are loaded, then training ends: its outputs are those weights)."""
-    from transformers import TrainerCallback
-
-    from lorarl.train.callbacks import ResumedAtEnd
-
-    class StoppedAlready(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            if run.divergence.step is not None or run.collapse_at is not None:
-                raise ResumedAtEnd(state.global_step)
-
-    return StoppedAlready()
 
 
 def _tag_provenance(tracker: Any) -> None:
