@@ -10,7 +10,8 @@
 The monitor state (:func:`monitor_state` / :func:`apply_monitors`) is host-independent, JSON: divergence (step,
 update, reason), the collapse stop's step, the running peak of the advantage std (``adv/std_peak``) and the
 vLLM freshness gate's run of stale steps. The collapse flags themselves are a function of the metric rows, which
-the mark holds, and the snapshots already written are files of the cell.
+the mark holds, and the snapshots already written are files of the cell; the KL monitors keep nothing from one step
+to the next (they measure the batch just trained), nor do DAPO's refills (their draws are functions of the step).
 
 Engines (what the weights, optimiser, schedule, RNG streams and data cursor look like on disk):
 
