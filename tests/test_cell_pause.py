@@ -4,7 +4,7 @@ uninterrupted run, whatever hosts it:
 * the pack engine: two members of ranks 8 and 1 paused at step 2 in one pack job (full state saved, nothing
   staged, MLflow runs ended ``lorarl.state=paused``); the rank-8 member comes back at another position of another
   pack job, beside a rank-2 member starting from scratch; the rank-1 member comes back in its own ``train`` job
-  (a pack of one, published in place). Each ends equal to its uninterrupted solo run (a one-cell job): adapter and
+  (the stage sees a pack engine's state: a pack of one, published in place). Each ends equal to its uninterrupted solo run (a one-cell job): adapter and
   metrics to 1e-6, every step once in its one MLflow run;
 * the solo (TRL) engine: paused at step 2 without ``checkpoint_every``, left out by a pack (its own job resumes
   it), resumed: equal to the uninterrupted run, ``adv/std_peak`` included (the trainer's monitor state travels in
@@ -14,6 +14,7 @@ uninterrupted run, whatever hosts it:
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -81,6 +82,7 @@ def mlflow_steps(results, run_id, key="reward"):
 def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack import publish
     from lorarl.pack.run import train_alone, train_pack
+    from lorarl.pipeline.stages import get_stage
     from lorarl.train import cellstate
 
     cells = study_cells(tmp_path, tiny_dir)
@@ -105,7 +107,8 @@ def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tin
     again = train_pack("pz", [z, x], res, pack_id="pack-second")  # x at position 1, beside rank 2 from scratch
     assert again["trained"] == ["r2", "r8"] and again["left_out"] == {}
     assert publish.publish(res, "pz", x.id, x.hash)  # its own train job moves the staged outputs into place
-    alone = train_alone("pz", y, res)  # y's own train job: the pack engine's state, a pack of one
+    job = SimpleNamespace(cell=lambda: y, results_dir=res, study=SimpleNamespace(name="pz"), threads=None)
+    alone = get_stage("train").fn(job)  # y's own train job: a pack engine's state goes on as a pack of one
     assert alone["state"] == "done" and alone["mlflow_run_id"] == runs["r1"]
     for c in (x, y):
         assert_equal_runs(outputs(res / "pz" / c.id), outputs(ref / "pz" / c.id), resumed_from=[2])
