@@ -108,7 +108,7 @@ def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tin
     assert again["trained"] == ["r2", "r8"] and again["left_out"] == {}
     assert publish.publish(res, "pz", x.id, x.hash)  # its own train job moves the staged outputs into place
     job = SimpleNamespace(cell=lambda: y, results_dir=res, study=SimpleNamespace(name="pz"), threads=None)
-    alone = get_stage("train").fn(job)  # y's own train job: a pack engine's state goes on as a pack of one
+    alone = get_stage("train").run(job)  # y's own train job: a pack engine's state goes on as a pack of one
     assert alone["state"] == "done" and alone["mlflow_run_id"] == runs["r1"]
     for c in (x, y):
         assert_equal_runs(outputs(res / "pz" / c.id), outputs(ref / "pz" / c.id), resumed_from=[2])
