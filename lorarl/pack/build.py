@@ -3,7 +3,7 @@
     pack = build_pack(cells, results_dir="results", device="cpu")
     pack.loop.step()  # full GRPO step of every member
 
-Each cell gets the parts the solo trainer (:mod:`lorarl.train.main`) gives it, from the same project pieces:
+Each cell gets the parts the solo trainer (:mod:`lorarl.train.prepare`) gives it, from the same project pieces:
 its adapter from the registry (:func:`lorarl.adapters.build_adapter`, seeded by the cell's seed), its
 regime (:func:`lorarl.rewards.registry.build_regime`), AdamW with its lr and weight decay, HF's schedule of its
 ``train.lr_scheduler`` / ``warmup_ratio``, gradient clipping at 1.0 (HF's default), its own data-order
@@ -113,12 +113,10 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
-    from lorarl.train.kl import frozen_reference, needs_reference
+    from lorarl.train.kl import needs_reference
     from lorarl.train.precision import resolve_precision
-    from lorarl.rewards.registry import build_regime
-    from lorarl.rewards.outcome import settings_of
     from lorarl.tasks.prompt import prompt_ids, prompt_text
-    from lorarl.train.main import load_policy, training_dataset
+    from lorarl.train.prepare import load_policy, reference_of, reward_of, training_dataset
     from lorarl.train.prompt_fit import keep_last, prompt_keep
     from lorarl.train.stop_ids import stop_token_ids
     from lorarl.train.trl_args import checkpointing
@@ -133,11 +131,9 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                          + ", ".join(c.id for c in cells))
     cfg0 = cells[0].config
     precision = resolve_precision(cfg0.train.precision, device)
-    base, tok = load_policy(cfg0, results_dir, device, precision)
+    base, tok = load_policy(cfg0, results_dir, device, precision)  # the door's pieces (lorarl.train.prepare)
     need_ref = any(needs_reference(c.config.train.beta, c.config.train.kl_monitor_every) for c in cells)
-    ref = frozen_reference(base) if need_ref else None
-    if ref is not None and precision != "fp32":
-        ref.to(torch.bfloat16)
+    ref = reference_of(base, precision, need_ref)  # one frozen copy of the original base for the pack
     dataset, facts = training_dataset(cfg0, tok)
     prompts = list(dataset["prompt"])
     ids = [keep_last(prompt_ids(tok, p, cfg0.prompt), prompt_keep(cfg0.train)) for p in prompts]  # train.prompt_overflow
@@ -151,7 +147,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         cfg, t = cell.config, cell.config.train
         model = models[k]
         _restore(originals)  # a residual init writes W0 - s·B0A0 into the ONE shared base: from W0 each time
-        torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.main.load_policy)
+        torch.manual_seed(cfg.seed)  # the adapter's init stream, as the solo trainer's (lorarl.train.prepare.load_policy)
         policy = build_adapter(model, cfg, results_dir=results_dir, precision=precision)
         digest = _digest(originals)
         if residual_digest is not None and digest != residual_digest:
@@ -165,14 +161,13 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=1.0))
         rkey = (cfg.reward.model_dump_json(), t.temperature)  # (a teacher's log-probs use the temperature)
         if rkey not in regimes:  # cells with one reward config share the regime (one teacher / PRM in memory)
-            regimes[rkey] = build_regime(cfg.reward, tok, results_dir=results_dir, device=device,
-                                         temperature=t.temperature)
+            regimes[rkey] = reward_of(cfg, tok, results_dir, device)  # (regime, grading settings)
         members.append(Member(
-            name=cell.id, regime=regimes[rkey], prompts=texts, prompt_ids=ids, answers=answers,
+            name=cell.id, regime=regimes[rkey][0], prompts=texts, prompt_ids=ids, answers=answers,
             order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
             steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
-            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=settings_of(cfg.reward)))
+            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=regimes[rkey][1]))
         policies.append(policy)
     eos_ids = stop_token_ids(base, tok)  # the generation config's EOS ids too (<end_of_turn>), as solo training
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)

@@ -9,8 +9,8 @@ outputs in ``<cell dir>/.packed/``; the member's ``train`` job (``lorarl launch 
    is alive: written by ``lorarl launch pack`` before it submits, removed when its job ends;
 2. publishes the staged outputs (``os.replace`` each, ``summary.json`` last) if their config hash is
    the cell's, and copies the pack's provenance; the launcher submits nothing;
-3. otherwise (no pack, or the pack failed on this cell) trains the cell solo as always; a pack's
-   per-cell checkpoints are of another format and are not resumed by the solo trainer.
+3. otherwise (no pack, or the pack failed on this cell or paused it) trains the cell: from a member's checkpoint
+   as a pack of one (:func:`lorarl.pack.run.train_alone`, the same run), else solo as always.
 
 A cell that finished (or was staged) is never put in a pack, so ``--forcerun`` of one member's
 summary.json reruns that cell alone, solo, with the TRL-based trainer (its pack-mates stay as they are).

@@ -109,6 +109,7 @@ class PackLoop:
         if ref_model is None and any(m.beta > 0 or m.kl_monitor_every for m in members):
             raise ValueError("beta > 0 or kl_monitor_every > 0 needs the frozen reference model")
         self.eos = set(sample.eos_token_ids) | {sample.pad_token_id}
+        self.last_rollouts: dict[str, list[list[int]]] = {}  # cell name -> completion token ids of the last step
 
     def active(self) -> list[int]:
         return [k for k in self.trainer.running() if self.members[k].step < self.members[k].steps]
@@ -240,6 +241,7 @@ class PackLoop:
             groups = [None if p is None else p[::self.members[k].generations] for k, p in enumerate(prompts)]
             ros = self.rollouts(groups, gens, self.members[idx[0]].generations)
         t_gen = time.perf_counter() - t_gen
+        self.last_rollouts = {self.members[k].name: ros[k].completion_ids for k in idx}  # this step's token ids
         t_score = time.perf_counter()
         pre = {k: self._batch(k, ros[k], torch.zeros(len(ros[k].completion_ids), self.sample.max_new_tokens))
                for k in idx}

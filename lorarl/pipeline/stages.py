@@ -84,9 +84,14 @@ def _base(job: Job) -> dict:
 @register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)")
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
+    from lorarl.train.cellstate import waiting_engine
     from lorarl.train.main import train_cell
 
     cell = job.cell()  # resources resolved here, where the job starts; the trainer gets a resolved config
+    if waiting_engine(job.results_dir, job.study.name, cell) == "pack":  # saved by a pack: it goes on as a pack of one
+        from lorarl.pack.run import train_alone
+
+        return train_alone(job.study.name, cell, job.results_dir, threads=job.threads)
     config = resolve_job(cell.config, results_dir=str(job.results_dir))
     return train_cell(job.study.name, cell, job.results_dir, threads=job.threads, config=config)
 

@@ -3,11 +3,13 @@
 Layout, outside Snakemake's declared outputs (its incomplete-output cleanup never touches it):
 
     results/<study>/.checkpoints/<cell>/
-        checkpoint-<step>/   the HF Trainer checkpoint: adapter (or model), optimizer, scheduler,
-                             RNG states, trainer_state.json; plus lorarl.json, written LAST (the mark
-                             of a complete checkpoint): config hash, MLflow run id, step, metric rows
+        checkpoint-<step>/   the engine's state (the HF Trainer's checkpoint: adapter (or model), optimizer,
+                             scheduler, RNG states, trainer_state.json; or the pack's cell_state.pt:
+                             lorarl.train.cellstate); plus lorarl.json, written LAST (the mark of a
+                             complete checkpoint): config hash, MLflow run id, step, metric rows, monitors
         progress.json        step x/N, job, time: updated every step (`lorarl status`)
         complete.json        the cell finished and `keep_checkpoint` kept its last checkpoint
+        paused.json          the run ended paused at its last checkpoint (a host's stop_at: lorarl.train.cellrun)
         .lock                one trainer per cell at a time
 
 Invariants that make the metric history continuous and duplicate-free across kills and requeues:
@@ -106,13 +108,14 @@ def _is_submitit_handler(h: Any) -> bool:
 
 
 class CellCheckpoints:
-    """The checkpoint folder of one cell, used by `lorarl.train.main.train_cell`."""
+    """The checkpoint folder of one cell, owned by its run (`lorarl.train.cellrun.CellRun`)."""
 
     def __init__(self, results_dir: str | Path, study: str, cell: Any, *, lock_wait_s: float | None = None,
                  holder: str = "", fmt: str = "hf"):
         """``lock_wait_s``: how long to wait for another job holding the cell (None: $LORARL_LOCK_WAIT_S,
         600 s; 0: fail at once). ``holder``: written into the lock (e.g. the pack). ``fmt``: which trainer
-        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run); others are rejected."""
+        wrote the checkpoints ("hf": TRL/HF Trainer folders; "pack": lorarl.pack.run), lorarl.train.cellstate's
+        engine; a checkpoint of the other engine is rejected."""
         t = cell.config.train
         self.format = fmt
         self.root = Path(paths.pattern("checkpoints", results=str(results_dir), study=study, cell=cell.id))
@@ -131,6 +134,9 @@ class CellCheckpoints:
         self.elapsed_before = 0.0
         self.resumes: list[int] = []
         self.problems: list[str] = []  # checkpoints found unusable (lorarl.train.integrity), for summary.json
+        self.stop_at: int | None = None  # a host's stop (lorarl.train.cellrun): save and stop at this global step
+        self.paused: int | None = None  # the global step it stopped at for stop_at (the run ends paused)
+        self.monitors: Any = None  # () -> the cell run's monitor state, written into each mark (lorarl.train.cellstate)
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.root / ".lock", "a+")
@@ -193,7 +199,6 @@ class CellCheckpoints:
     def restore(self, recorder: Any, run_id: str) -> None:
         """Give the recorder the rows already trained, and send MLflow the ones it missed."""
         self.run_id, self.recorder = run_id, recorder
-        _tag_provenance(recorder.tracker)
         if self.enabled and hasattr(recorder, "log_only_saved"):
             recorder.log_only_saved = True
         if self.resumed is None:
@@ -316,6 +321,9 @@ class CellCheckpoints:
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
+        if self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None:
+            control.should_save = control.should_training_stop = True  # saved even without checkpoint_every
+            self.paused = step
         if not self.enabled:
             return
         if step % self.every == 0 or step >= self.max_steps:
@@ -336,7 +344,8 @@ class CellCheckpoints:
         meta = {"step": step, "max_steps": self.max_steps, "config_hash": self.config_hash, "format": self.format,
                 "mlflow_run_id": self.run_id, "rows": rows,
                 "elapsed_s": self.wall_time(), "resumes": self.resumes, "job_id": _job_id(),
-                "saved_at": time.time(), "files": integrity.manifest(folder)}  # sizes + sha256 (lorarl.train.integrity)
+                "saved_at": time.time(), "files": integrity.manifest(folder),  # sizes + sha256 (lorarl.train.integrity)
+                "monitors": self.monitors() if self.monitors is not None else {}}  # lorarl.train.cellstate
         _write_json(folder / MARKER, meta)
         for c in complete_checkpoints(self.root):  # keep only the newest complete checkpoint
             if c.step != step:
@@ -345,23 +354,6 @@ class CellCheckpoints:
             if d.is_dir() and not (d / MARKER).exists() and d != folder:
                 shutil.rmtree(d, ignore_errors=True)
         _fault("kill_after_save", step, self.root)
-
-
-def _tag_provenance(tracker: Any) -> None:
-    """Every job id that worked on this run so far (across requeues and reruns), and the host."""
-    from lorarl import jobids
-
-    path = os.environ.get(jobids.ENV_PATH)
-    if tracker is None or not path:
-        return
-    ids = jobids.job_ids(path)
-    tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
-    if ids:
-        tags["lorarl.job_ids"] = ",".join(ids)
-    try:
-        tracker.set_tags(tags)
-    except Exception as err:  # noqa: BLE001 - tags are a convenience; provenance.json is the record
-        print(f"[lorarl] could not tag the MLflow run: {err}", file=sys.stderr)
 
 
 def _run_alive(tracker: Any, run_id: str) -> bool:

@@ -23,7 +23,7 @@ def prompt_keep(train: Any) -> int | None:
 class LeftTruncation:
     """Mix-in of the GRPO trainer: TRL's tokenised prompts cut to their last ``prompt_keep`` tokens."""
 
-    prompt_keep: int | None = None  # set by lorarl.train.trl_args.build_trainer (None: untouched)
+    prompt_keep: int | None = None  # a LorarlGRPOTrainer constructor argument (None: untouched)
 
     def _tokenize_prompts(self, prompts: list):
         prompt_ids, images, fields = super()._tokenize_prompts(prompts)

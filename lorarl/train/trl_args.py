@@ -115,27 +115,31 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
 
 def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_dataset: Any,
                   peft_config: Any = None, callbacks: list | None = None, ref_model: Any = "auto",
-                  results_dir: str = "results") -> "LorarlGRPOTrainer":
-    """The trainer of one cell: ``args`` from :func:`grpo_args` (unchanged here), regime, KL and DAPO
-    options from the cell config as constructor arguments."""
+                  regime: Any = None, grading: Any = None, results_dir: str = "results") -> "LorarlGRPOTrainer":
+    """The trainer of one cell: ``args`` from :func:`grpo_args` (unchanged here), the regime and grading settings
+    its job resolved at the door (:func:`lorarl.train.prepare.prepare`), KL, DAPO and memory options from the
+    cell config, every one a constructor argument (nothing is set on the trainer afterwards). Without ``regime``
+    (a test, the memory probe) the cell's regime is built here."""
     import torch
 
-    from lorarl.rewards.outcome import settings_of
-    from lorarl.rewards.registry import build_regime
     from lorarl.train.microbatch import micro_size
     from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
     t = cfg.train
     rollout = getattr(cfg, "rollout", None)
-    device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
-    regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
-    trainer = LorarlGRPOTrainer(
+    if regime is None:  # a test or the memory probe: the cell's own regime (a job's door built it: prepare)
+        from lorarl.rewards.outcome import settings_of
+        from lorarl.rewards.registry import build_regime
+
+        device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
+        regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
+        grading = settings_of(cfg.reward)
+    return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, kl_beta=t.beta, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
-        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout,
-        grading=settings_of(cfg.reward), train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
-    trainer.micro_batch_size = micro_size(t.micro_batch_size)  # rows per forward/backward (lorarl.train.microbatch)
-    trainer.prompt_keep = prompt_keep(t)  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
-    return trainer
+        overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout, grading=grading,
+        micro_batch_size=micro_size(t.micro_batch_size),  # rows per forward/backward (lorarl.train.microbatch)
+        prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
+        train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

@@ -1,0 +1,143 @@
+"""The door of a training job: a cell's inputs resolved ONCE, before anything trains.
+
+    inputs = prepare(cfg, results_dir, output_dir=run.checkpoints.root)   # lorarl.train.main.train_cell
+
+What a host needs to train one cell, resolved from the (job-resolved) cell config and nothing else: the
+device and ``train.precision`` (resolved), the policy's base model and tokenizer (``train.precision``'s
+load dtype), the frozen KL reference (a copy of the ORIGINAL base, taken before any adapter or residual
+init touches it), the training set, the reward regime and the accuracy metric's grading settings, the
+snapshot steps (``eval.eval_every``), the TRL arguments (:func:`lorarl.train.trl_args.grpo_args`) and whether
+the weights shard (FSDP2). The trainer is then built from these (:func:`lorarl.train.trl_args.build_trainer`
+takes the regime, it makes none) and nothing is set on it afterwards.
+
+The pieces (:func:`load_policy`, :func:`reference_of`, :func:`training_dataset`, :func:`reward_of`) are the
+pack's too (:func:`lorarl.pack.build.build_pack`: one base, one reference and one training set for K members,
+a regime per reward setting), so a cell sees the same inputs in a solo job and in a pack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUNTIME_KNOBS = (("train", "micro_batch_size"), ("rollout", "generation_batch_size"))  # may be `auto` in a study
+
+
+@dataclass
+class CellInputs:
+    """One cell's training inputs, resolved at the door (:func:`prepare`)."""
+
+    cfg: Any  # why: the cell config this job trains with (no `auto` left: job_config)
+    device: str  # why: "cpu" or "cuda", where the policy trains
+    precision: str  # why: train.precision resolved for the device (logged as resolved)
+    model: Any  # why: the policy's base, loaded in the precision's dtype (the adapter wraps it)
+    tokenizer: Any  # why: the base's tokenizer (prompts, decoding, saving a full model)
+    ref_model: Any  # why: frozen copy of the ORIGINAL base for KL (None when neither beta nor the monitor needs it)
+    dataset: Any  # why: the train split as TRL's dataset (prompt, answer)
+    data_facts: dict  # why: prompts dropped/truncated, chat template: facts for summary.json
+    regime: Any  # why: the reward regime (lorarl.rewards.registry.build_regime), built once here
+    grading: Any  # why: answer format + math-verify settings of the accuracy metric (reward.*)
+    snapshot_steps: list[int]  # why: training steps whose adapter is snapshotted (eval.eval_every)
+    args: Any  # why: TRL's GRPOConfig (lorarl.train.trl_args.grpo_args), unchanged after this
+    sharded: bool  # why: full fine-tuning on several ranks trains FSDP2-sharded weights
+
+
+def job_config(cell: Any, config: Any = None) -> Any:
+    """The config this job trains with: ``config`` (the cell's, resolved for the job's GPUs where the job
+    starts: lorarl.memory.auto.resolve_job), else the cell's own; either way with no ``auto`` left."""
+    cfg = cell.config if config is None else config
+    left = [f"{sec}.{name}" for sec, name in RUNTIME_KNOBS if getattr(getattr(cfg, sec), name) == "auto"]
+    if left:
+        raise ValueError(f"cell {cell.id}: {', '.join(left)} still auto; the job resolves it before training "
+                         "(lorarl.memory.auto.resolve_job / job_cell, called by the stage that starts the job)")
+    return cfg
+
+
+def load_policy(cfg: Any, results_dir: str | Path, device: str, precision: str | None = None) -> tuple[Any, Any]:
+    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.train.precision)."""
+    import torch
+
+    from lorarl.models import load_model_and_tokenizer, resolve_model
+    from lorarl.train.precision import load_dtype, resolve_precision
+
+    torch.manual_seed(cfg.seed)
+    precision = precision or resolve_precision(cfg.train.precision, device)
+    dtype = load_dtype(precision, cfg.adapter.method)
+    return load_model_and_tokenizer(resolve_model(cfg.model, results_dir), dtype=dtype, device=device)
+
+
+def reference_of(model: Any, precision: str, needed: bool) -> Any:
+    """The KL reference: a frozen copy of ``model`` (the ORIGINAL base: call before any adapter), in bf16
+    unless training is fp32 (frozen: bf16 suffices, and halves it under full-FT mixed); None when not ``needed``."""
+    import torch
+
+    from lorarl.train.kl import frozen_reference
+
+    if not needed:
+        return None
+    ref = frozen_reference(model)
+    if precision != "fp32":
+        ref.to(torch.bfloat16)
+    return ref
+
+
+def training_dataset(cfg: Any, tokenizer: Any) -> tuple[Any, dict]:
+    """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
+    one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
+    dropped (or, ``train.prompt_overflow: truncate_left``, cut in the trainer and counted here).
+    Returns (dataset, facts for the summary)."""
+    import datasets
+
+    from lorarl.tasks import task_records
+    from lorarl.tasks.prompt import prompt_ids, training_prompts, uses_chat_template, within_length
+    from lorarl.train.prompt_fit import prompt_keep
+
+    rows, _ = task_records(cfg.task)
+    prompts = training_prompts(cfg, [r["prompt"] for r in rows], tokenizer)
+    keep = within_length(cfg, prompts, tokenizer)
+    data = [{"prompt": p, "answer": r["answer"]} for p, r, k in zip(prompts, rows, keep) if k]
+    if not data:
+        raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
+    keep = prompt_keep(cfg.train)
+    facts = {"prompts_dropped_too_long": len(rows) - len(data),
+             **({"prompts_truncated_left": sum(len(prompt_ids(tokenizer, d["prompt"], cfg.prompt)) > keep for d in data)}
+                if keep is not None else {}),
+             "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
+    return datasets.Dataset.from_list(data), facts
+
+
+def reward_of(cfg: Any, tokenizer: Any, results_dir: str | Path, device: str) -> tuple[Any, Any]:
+    """The cell's reward regime (a teacher's or PRM's model loaded on ``device``) and its grading settings."""
+    from lorarl.rewards.outcome import settings_of
+    from lorarl.rewards.registry import build_regime
+
+    regime = build_regime(cfg.reward, tokenizer, results_dir=str(results_dir), device=device,
+                          temperature=cfg.train.temperature)
+    return regime, settings_of(cfg.reward)
+
+
+def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> CellInputs:
+    """Every input of one cell's solo run (``cfg``: :func:`job_config`'s). ``output_dir``: the cell's checkpoint
+    folder (TRL's ``output_dir``: lorarl.train.checkpoint decides what is saved there and when)."""
+    import torch
+
+    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.train import ranks
+    from lorarl.train.kl import needs_reference
+    from lorarl.train.precision import resolve_precision
+    from lorarl.train.sharding import uses_fsdp
+    from lorarl.train.trl_args import grpo_args
+
+    use_cpu = not torch.cuda.is_available()
+    device = "cpu" if use_cpu else "cuda"
+    precision = resolve_precision(cfg.train.precision, device)
+    model, tok = load_policy(cfg, results_dir, device, precision)
+    ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
+    dataset, facts = training_dataset(cfg, tok)
+    with torch.random.fork_rng(devices=[] if use_cpu else [torch.cuda.current_device()]):
+        regime, grading = reward_of(cfg, tok, results_dir, device)  # a teacher/PRM load leaves the adapter's init stream alone
+    return CellInputs(cfg=cfg, device=device, precision=precision, model=model, tokenizer=tok, ref_model=ref,
+                      dataset=dataset, data_facts=facts, regime=regime, grading=grading,
+                      snapshot_steps=sorted(snapshot_steps(cfg)), args=grpo_args(cfg, output_dir, use_cpu, precision),
+                      sharded=uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size()))

@@ -1,0 +1,138 @@
+"""A cell's run paused at a step (``stop_at``, lorarl.train.cellrun) and resumed in another job equals its
+uninterrupted run, whatever hosts it:
+
+* the pack engine: two members of ranks 8 and 1 paused at step 2 in one pack job (full state saved, nothing
+  staged, MLflow runs ended ``lorarl.state=paused``); the rank-8 member comes back at another position of another
+  pack job, beside a rank-2 member starting from scratch; the rank-1 member comes back in its own ``train`` job
+  (the stage sees a pack engine's state: a pack of one, published in place). Each ends equal to its uninterrupted solo run (a one-cell job): adapter and
+  metrics to 1e-6, every step once in its one MLflow run;
+* the solo (TRL) engine: paused at step 2 without ``checkpoint_every``, left out by a pack (its own job resumes
+  it), resumed: equal to the uninterrupted run, ``adv/std_peak`` included (the trainer's monitor state travels in
+  the checkpoint's mark).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.test_grpo import tiny_dir  # noqa: F401
+
+NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack size: not part of the result
+
+
+def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
+    from lorarl.study import cell_table, load_study
+
+    doc = {"name": "pz", "defaults": {
+        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
+        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
+        "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
+        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": list(ranks)}}}
+    p = tmp_path / "pz.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return {c.id: c for c in cell_table(load_study(str(p))).cells}
+
+
+@pytest.fixture
+def fake_rewards(monkeypatch):
+    """Outcome graded by tests/test_grpo.py's deterministic non-degenerate fake (an untrained model is never right)."""
+    from lorarl.pack import build
+    from lorarl.rewards.outcome import OutcomeDeposits, settings_of
+    from tests.test_grpo import fake_score
+    from tests.test_pack_steps import fake_regimes
+
+    real = build.build_pack
+    monkeypatch.setattr(build, "build_pack", lambda *a, **kw: fake_regimes(real(*a, **kw)))
+    monkeypatch.setattr("lorarl.train.prepare.reward_of",
+                        lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward)))
+    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
+
+
+def outputs(d):
+    from safetensors.torch import load_file
+
+    rows = pd.read_csv(d / "metrics.csv")
+    keep = [c for c in rows.columns if not c.startswith(NOISY)]
+    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
+
+
+def assert_equal_runs(got, want, resumed_from):
+    (w, m, s), (w0, m0, s0) = got, want
+    assert w.keys() == w0.keys() and max(float((w[k] - w0[k]).abs().max()) for k in w) <= 1e-6
+    assert any(float(w0[k].abs().max()) > 0 for k in w0 if "lora_B" in k)  # it trained
+    assert list(m.columns) == list(m0.columns) and list(m["step"]) == [1, 2, 3, 4]  # every step once
+    pd.testing.assert_frame_equal(m, m0, rtol=0, atol=1e-6)
+    assert "adv/std_peak" in m and m["adv/std_peak"].iloc[-1] > 0
+    assert s["resumed_from_steps"] == resumed_from and s["state"] == "done" and s["steps"] == 4
+
+
+def mlflow_steps(results, run_id, key="reward"):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
+    return sorted(m.step for m in client.get_metric_history(run_id, key)), client.get_run(run_id)
+
+
+def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):
+    from lorarl.pack import publish
+    from lorarl.pack.run import train_alone, train_pack
+    from lorarl.pipeline.stages import get_stage
+    from lorarl.train import cellstate
+
+    cells = study_cells(tmp_path, tiny_dir)
+    x, y, z = cells["r8"], cells["r1"], cells["r2"]
+    ref, res = tmp_path / "ref", tmp_path / "res"
+    for c in (x, y):  # the uninterrupted solo runs: a one-cell job each
+        assert train_alone("pz", c, ref)["state"] == "done"
+
+    paused = train_pack("pz", [x, y], res, pack_id="pack-first", stop_at=2)
+    assert paused["trained"] == [] and paused["states"] == {"r8": "paused", "r1": "paused"}
+    runs = {}
+    for c in (x, y):
+        root = res / "pz" / ".checkpoints" / c.id
+        mark = json.loads((root / cellstate.PAUSED).read_text())
+        assert mark["paused_at_step"] == 2 and (root / "checkpoint-2" / cellstate.ENGINE_FILE).exists()
+        assert not (res / "pz" / c.id / "summary.json").exists() and publish.unfinished(res, "pz", c.id, c.hash)
+        runs[c.id] = mark["mlflow_run_id"]
+        steps, run = mlflow_steps(res, runs[c.id])
+        assert steps == [1, 2] and run.data.tags["lorarl.state"] == "paused"
+        assert cellstate.waiting_engine(res, "pz", c) == "pack"
+
+    again = train_pack("pz", [z, x], res, pack_id="pack-second")  # x at position 1, beside rank 2 from scratch
+    assert again["trained"] == ["r2", "r8"] and again["left_out"] == {}
+    assert publish.publish(res, "pz", x.id, x.hash)  # its own train job moves the staged outputs into place
+    job = SimpleNamespace(cell=lambda: y, results_dir=res, study=SimpleNamespace(name="pz"), threads=None)
+    alone = get_stage("train").run(job)  # y's own train job: a pack engine's state goes on as a pack of one
+    assert alone["state"] == "done" and alone["mlflow_run_id"] == runs["r1"]
+    for c in (x, y):
+        assert_equal_runs(outputs(res / "pz" / c.id), outputs(ref / "pz" / c.id), resumed_from=[2])
+        steps, run = mlflow_steps(res, runs[c.id])
+        assert steps == [1, 2, 3, 4] and run.data.tags["lorarl.state"] == "done"  # one run, each step once
+        assert not (res / "pz" / ".checkpoints" / c.id).exists()
+
+
+def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_path, fake_rewards):
+    from lorarl.pack.run import train_pack
+    from lorarl.train import cellstate
+    from lorarl.train.main import train_cell
+
+    # Dr. GRPO's unscaled advantages: adv/std peaks at step 1, so a resumed run must carry the peak to log it
+    x = study_cells(tmp_path, tiny_dir, ranks=(8,), scale_rewards="none")["r8"]
+    ref, res = tmp_path / "ref", tmp_path / "res"
+    train_cell("pz", x, ref, threads=1)
+    paused = train_cell("pz", x, res, threads=1, stop_at=2)
+    assert paused["state"] == "paused" and paused["paused_at_step"] == 2
+    assert not (res / "pz" / x.id / "summary.json").exists()
+    assert cellstate.waiting_engine(res, "pz", x) == "hf"
+    out = train_pack("pz", [x], res, pack_id="pack-solo-state")  # its solo checkpoint is kept for its own job
+    assert out["trained"] == [] and "solo (TRL) checkpoint" in out["left_out"]["r8"]
+    done = train_cell("pz", x, res, threads=1)
+    assert done["mlflow_run_id"] == paused["mlflow_run_id"]
+    assert_equal_runs(outputs(res / "pz" / x.id), outputs(ref / "pz" / x.id), resumed_from=[2])
+    assert mlflow_steps(res, done["mlflow_run_id"])[0] == [1, 2, 3, 4]
