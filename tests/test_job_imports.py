@@ -113,7 +113,8 @@ def fake_package(tmp_path: Path, monkeypatch):
     (pkg / "other.py").write_text("from fakelib.heavy import g\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(lazy_imports, "DEFERRED", {n: {"fakelib.heavy": ("f",)} for n in ("fakelib.user", "fakelib.user2")})
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    # a job entry run in-process earlier in the session may have installed the deferral: start without it
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, lazy_imports._Finder)])
     yield
     for name in [n for n in sys.modules if n.split(".")[0] == "fakelib"]:
         del sys.modules[name]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lorarl.report.mlflow_links import VIEW
 from lorarl.tracking import server as tracking_server
 from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, models, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
@@ -93,7 +94,7 @@ def test_server_as_a_slurm_job_serves_a_slurm_study(models, tmp_path: Path):
                 assert [v for _, v in got] == pytest.approx([v for _, v in want]), col
             assert [m.step for m in client.get_metric_history(run_id, "eval/synthetic/pass_at_1")] == [3]
             report = (wd / "results" / "trk" / "report.html").read_text()  # links to this server's UI
-            assert f'href="{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}"' in report
+            assert f'href="{uri}/#/experiments/{exp.experiment_id}/runs/{run_id}{VIEW}"' in report
 
         subprocess.run(["scancel", job_id], check=True, timeout=30)  # SIGTERM: MLflow, then PostgreSQL, stop
         assert "CANCELLED" in _job_gone(job_id)
