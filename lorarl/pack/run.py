@@ -223,12 +223,15 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
     from lorarl.evaluate.plan import snapshot_steps
     from lorarl.train.snapshots import SnapshotSaver
     from lorarl.pack.build import build_pack
+    from lorarl.train import until as untilmod  # an adaptive rung: members stop there (no step past it), kept
 
+    until = untilmod.until_step()
     if threads:
         torch.set_num_threads(threads)
     t_start = time.time()
     slots, left_out = _claim_members(study, cells, results_dir, pack_id)
     summaries: dict[str, dict] = {}
+    paused: dict[str, str] = {}  # members stopped at their rung (lorarl.train.until)
     try:
         if slots:
             device = "cpu" if not torch.cuda.is_available() else "cuda"
@@ -244,6 +247,8 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
                     _load_state(s.ckpt.resumed.path, trainer.cells[k], loop.members[k])
                 s.snapshots = SnapshotSaver(paths.cell_dir(results_dir, study, s.cell.id) / "snapshots",
                                             snapshot_steps(s.cell.config), pack.policies[k].save, pack.tokenizer)
+                if until is not None:  # lorarl.train.until: the member trains up to the rung, checkpointed there
+                    s.ckpt.until, loop.members[k].steps = until, min(loop.members[k].steps, until)
             where = f" rank {info['rank']}" if "rank" in info else ""
             print(f"[lorarl] pack {pack_id}{where}: training {', '.join(s.cell.id for s in slots)}"
                   + (f" (left out: {left_out})" if left_out else ""), flush=True)
@@ -272,14 +277,26 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
                             s.snapshots.save_step(m.step, c.model)
                         stop = _checkpoint(s, c, m, force=c.state != "running") or stop
             for k, s in enumerate(slots):
-                summaries[s.cell.id] = _finish(s, study, results_dir, pack.policies[k], trainer.cells[k], loop.members[k],
+                c = trainer.cells[k]
+                if until is not None and c.state == "running":  # at its rung: checkpoint kept, a staged mark
+                    untilmod.pause(results_dir, study, s.cell, until, s.run_id, s.ckpt, s.tracker, s.recorder, s.work,
+                                   staged=True)
+                    paused[s.cell.id] = untilmod.AT_RUNG
+                    continue
+                if until is not None and c.state == "diverged":  # its rung can still be evaluated
+                    s.snapshots.fill_after_stop(c.model)
+                summaries[s.cell.id] = _finish(s, study, results_dir, pack.policies[k], c, loop.members[k],
                                                pack.data_facts, pack.precision,
                                                info, t_start)
+                if until is not None:
+                    untilmod.write_mark(results_dir, study, s.cell, until, staged=True, ended=True, state=c.state,
+                                        mlflow_run_id=s.run_id)
     except BaseException as err:
         for s in slots:
             s.ckpt.release()
             if s.tracker is not None:
                 s.tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
-    return {"trained": sorted(summaries), "left_out": left_out, "states": {c: s["state"] for c, s in summaries.items()},
+    return {"trained": sorted(summaries), "left_out": left_out,
+            "states": {**{c: s["state"] for c, s in summaries.items()}, **paused},
             "wall_time_s": round(time.time() - t_start, 2)}

@@ -130,6 +130,12 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     done = ranks.broadcast(_finished_meanwhile(ckpt, final, cell) if main else None)
     if done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
         return done
+    from lorarl.train import until as untilmod  # an adaptive rung: train up to it, keep the checkpoint, publish nothing
+
+    until = untilmod.until_step()
+    if until is not None and (ended := untilmod.already_ended(results_dir, study, cell, until)) is not None:
+        ckpt.release()
+        return untilmod.write_mark(results_dir, study, cell, until, **ended) if main else {"cell": cell.id}
     work = final / ".train.tmp"
     if main:
         shutil.rmtree(work, ignore_errors=True)
@@ -179,6 +185,9 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     divergence = Divergence(cfg.train.updates_per_step)  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
     trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
+    if until is not None:  # lorarl.train.until: save and stop at the rung (already there: train nothing)
+        ckpt.until = until * cfg.train.updates_per_step
+    at_rung = until is not None and ranks.broadcast(main and ckpt.resumed is not None and ckpt.resumed.step >= ckpt.until)
     if main and ranks.world_size() > 1:
         from lorarl.train.rank_checkpoints import attach_sync
 
@@ -186,7 +195,8 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     try:
         with ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
             try:
-                trainer.train(resume_from_checkpoint=ckpt.resume_from)
+                if not at_rung:
+                    trainer.train(resume_from_checkpoint=ckpt.resume_from)
             except ResumedAtEnd:  # resumed from the last step's checkpoint: nothing left to train
                 pass
     except BaseException as err:
@@ -194,13 +204,18 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         if tracker is not None:
             tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
+    over = divergence.state != "done" or collapse.stopped_at is not None  # ended at its rung: it ends as usual
+    if until is not None and ranks.broadcast(main and (at_rung or (ckpt.reached_until and not over))):
+        out = untilmod.pause(results_dir, study, cell, until, run_id, ckpt, tracker, recorder, work) if main else {}
+        ranks.barrier()
+        return out
     recorder.flush()
     weights = gathered_state_dict(trainer)  # FSDP2: the full weights, gathered by every rank (else None)
     if not main:  # rank 0 writes the cell's outputs
         ranks.barrier()
         return {"cell": cell.id, "rank": ranks.rank()}
-    if collapse.stopped_at is not None:
-        snapshots.fill_after_stop(trainer.model, weights)
+    if collapse.stopped_at is not None or (until is not None and divergence.state != "done"):  # ended before
+        snapshots.fill_after_stop(trainer.model, weights)  # its last snapshot (or rung): those steps = final policy
     policy.save(work / "adapter", trainer.model, state_dict=weights)  # residual inits saved relative to the original base
     if cfg.adapter.method == "full":
         tok.save_pretrained(work / "adapter")
@@ -238,5 +253,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
         os.replace(work / name, dst)
     shutil.rmtree(work, ignore_errors=True)
     ckpt.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
+    if until is not None:  # ended before its rung (lorarl.train.until): the rung job's output, last
+        untilmod.write_mark(results_dir, study, cell, until, ended=True, state=divergence.state, mlflow_run_id=run_id)
     ranks.barrier()
     return summary

@@ -1,0 +1,138 @@
+"""A cell trained to a rung and later to its end equals a cell trained in one go (lorarl.train.until): the
+rung job keeps its checkpoint (whatever train.checkpoint_every), saves the rung's snapshot, publishes nothing,
+leaves the MLflow run KILLED and tagged, and writes the rung mark last; the resumed job retrains no step. The
+same for a fixed pack: every member stops at the rung (no step past it) and comes back bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from lorarl.train import checkpoint
+from lorarl.train.until import UNTIL_ENV, mark_path, staged_mark_path
+from tests.test_grpo import tiny_dir  # noqa: F401
+
+STEPS, RUNG = 4, 2
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_dir, tmp_path_factory):
+    """A perturbed copy of the tiny model: a distillation teacher gives dense, varied rewards, so the adapter
+    moves and the resumed run must reproduce the sampling exactly (tests/test_resume.py does the same)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("teacher")
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def study(tmp_path, tiny_dir, teacher, kls=(0.0,)):
+    doc = {"name": "ut", "defaults": {
+        "model": str(tiny_dir), "reward": {"regime": "distillation", "teacher": teacher}, "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
+        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
+        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+                  "checkpoint_every": 3},  # not a divisor of the rung: the rung job saves there anyway
+        "eval": {"eval_every": RUNG}},
+        "axes": {"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}}}
+    p = tmp_path / "ut.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    from lorarl.study import cell_table, load_study
+
+    return list(cell_table(load_study(str(p))).cells)
+
+
+def weights(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "adapter" / "adapter_model.safetensors"))
+
+
+def numbers(d):
+    rows = pd.read_csv(d / "metrics.csv")
+    return rows[[c for c in rows.columns if not c.startswith(("time/", "step_time", "tokens_per_s", "pack/"))]]
+
+
+def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_path, monkeypatch):
+    import mlflow
+
+    from lorarl.train.main import train_cell
+
+    [cell] = study(tmp_path, tiny_dir, teacher)
+    one, seg = tmp_path / "one", tmp_path / "seg"
+    train_cell("ut", cell, one, threads=1)
+
+    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
+    mark = train_cell("ut", cell, seg, threads=1)
+    cdir = seg / "ut" / cell.id
+    assert mark == json.loads(mark_path(seg, "ut", cell.id, RUNG).read_text())
+    assert mark["state"] == "at_rung" and not mark["ended"] and mark["config_hash"] == cell.hash
+    assert not (cdir / "summary.json").exists() and not (cdir / "adapter").exists()  # nothing published
+    assert (cdir / "snapshots" / f"step-{RUNG}" / "adapter_config.json").exists()  # the rung's snapshot
+    ckpts = checkpoint.complete_checkpoints(seg / "ut" / ".checkpoints" / cell.id)
+    assert [c.step for c in ckpts] == [RUNG]  # kept, though checkpoint_every is 3
+    client = mlflow.MlflowClient(f"sqlite:///{seg}/mlflow.db")
+    run = client.get_run(mark["mlflow_run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["lorarl.state"] == "at_rung"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == [1, 2]
+    again = train_cell("ut", cell, seg, threads=1)  # a rerun of the rung job (a kill after the save): trains nothing
+    assert again["ended"] is False and [c.step for c in checkpoint.complete_checkpoints(ckpts[0].path.parent)] == [RUNG]
+
+    monkeypatch.delenv(UNTIL_ENV)
+    summary = train_cell("ut", cell, seg, threads=1)  # a promotion (or search=off): resumes at the rung
+    assert summary["resumed_from_steps"] == [RUNG] and summary["mlflow_run_id"] == mark["mlflow_run_id"]
+    core = ["step", "reward", "reward_std", "loss", "grad_norm", "entropy", "learning_rate", "num_tokens"]  # test_resume
+    pd.testing.assert_frame_equal(numbers(cdir)[core], numbers(one / "ut" / cell.id)[core], rtol=1e-5, atol=1e-6)
+    assert numbers(cdir)["step"].tolist() == list(range(1, STEPS + 1))  # every step once: none retrained
+    w, ref = weights(cdir), weights(one / "ut" / cell.id)
+    assert max(float(v.abs().max()) for k, v in ref.items() if "lora_B" in k) > 1e-4  # it did learn
+    assert w.keys() == ref.keys() and all(torch.allclose(w[k], ref[k], rtol=1e-5, atol=1e-6) for k in w)
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == list(range(1, STEPS + 1))
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+    monkeypatch.setenv(UNTIL_ENV, str(RUNG))  # a finished cell asked for its rung: a mark, no training
+    assert train_cell("ut", cell, seg, threads=1)["ended"] is True
+    assert json.loads((cdir / "summary.json").read_text()) == summary
+
+
+def test_a_fixed_pack_stops_every_member_at_the_rung(tiny_dir, teacher, tmp_path, monkeypatch):
+    from lorarl.pack import run as packrun
+
+    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
+    cells = study(tmp_path, tiny_dir, teacher, kls=(0.0, 0.05))
+    one, seg = tmp_path / "one", tmp_path / "seg"
+    packrun.train_pack("ut", cells, one, pack_id="pack-0000000000")
+
+    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
+    out = packrun.train_pack("ut", cells, seg, pack_id="pack-0000000000")
+    assert out["trained"] == [] and out["states"] == {c.id: "at_rung" for c in cells}
+    for c in cells:
+        assert json.loads(staged_mark_path(seg, "ut", c.id, RUNG).read_text())["state"] == "at_rung"
+        [ck] = checkpoint.complete_checkpoints(seg / "ut" / ".checkpoints" / c.id)
+        assert ck.step == RUNG and [r["step"] for r in ck.rows] == [1, 2]  # no member trained a step past it
+    monkeypatch.delenv(UNTIL_ENV)
+    assert packrun.train_pack("ut", cells, seg, pack_id="pack-0000000000")["trained"] == sorted(c.id for c in cells)
+    for c in cells:
+        got, want = seg / "ut" / c.id / ".packed", one / "ut" / c.id / ".packed"
+        assert json.loads((got / "summary.json").read_text())["resumed_from_steps"] == [RUNG]
+        pd.testing.assert_frame_equal(numbers(got), numbers(want))  # bit for bit, like a pack of fresh members
+        w, ref = weights(got), weights(want)
+        assert all(torch.equal(w[k], ref[k]) for k in ref)
+
+
+@pytest.mark.parametrize("raw", ["0", "x", "-3"])
+def test_a_bad_until_is_refused(raw, monkeypatch):
+    from lorarl.train.until import until_step
+
+    monkeypatch.setenv(UNTIL_ENV, raw)
+    with pytest.raises(ValueError, match=UNTIL_ENV):
+        until_step()
