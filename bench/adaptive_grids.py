@@ -8,12 +8,13 @@ tiny model (``local:tiny-arith``, built here if DIR has none) and its synthetic 
 problems, greedy pass@1):
 
 * ``demo``: the demo's shape: LoRA rank {1, 8} x beta {0, 0.05} x seed {0, 1}, 80 steps (8 cells);
-* ``wide``: method {lora, rslora, dora} x rank {1, 4, 16} x seed {0, 1, 2}, 60 steps (27 cells).
+* ``wide``: method {lora, rslora, dora} x rank {1, 4, 16} x seed {0, 1, 2}, 60 steps of 4 prompts (27 cells).
 
 ``run`` trains and evaluates every cell with lorarl's own stages (``lorarl.pipeline.launch.run_stage``:
 train, then evaluate every target, the final adapter and each snapshot), in ``--workers`` processes, each
-working through its share of the cells, so that no per-job start-up costs minutes on a 2-core machine; what
-each cell writes is what ``snakemake all`` would write. ``record`` keeps only what the replay needs: per cell
+working through its share of the cells, so that no per-job start-up costs minutes on a 2-core machine; the
+wide grid's three seeds of a setting train as one pack (lorarl.pack: each cell still its own adapter,
+optimiser, RNG streams and outputs). What each cell writes is what ``snakemake all`` would write. ``record`` keeps only what the replay needs: per cell
 its axis labels and, at every snapshot step and the last step, one character per held-out problem (``1``
 solved, ``0`` not; problems in sorted id order). Those files are committed; the grids themselves are not.
 """
@@ -43,7 +44,8 @@ GRIDS = {
         "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
         "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
         "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}},
-    "wide": {"name": "grid_wide", "defaults": {**DEMO, "train": {**DEMO["train"], "steps": 60}}, "axes": {
+    "wide": {"name": "grid_wide", "defaults": {**DEMO, "train": {**DEMO["train"], "steps": 60, "prompts_per_step": 4}},
+             "axes": {
         "method": {"field": "adapter.method", "values": ["lora", "rslora", "dora"]},
         "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4, 16]},
         "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}},
@@ -66,15 +68,28 @@ def _model(workdir: Path) -> None:
         build_base("tiny-arith", out, threads=1)
 
 
-def _worker(study: str, cells: list[str], results: str) -> None:
+def _worker(study: str, packs: list[str], results: str) -> None:
+    """Each pack (a comma list of cells) trained together, then each member evaluated."""
+    from lorarl.pack import publish
     from lorarl.pipeline.launch import run_stage
+    from lorarl.study import cell_table, load_study
 
-    for cid in cells:
-        if not (Path(results) / Path(study).stem / cid / "eval" / "synthetic.json").exists():
-            t0 = time.time()
-            run_stage("train", study, cid, results, threads=1)
-            run_stage("evaluate", study, cid, results, threads=1)
-            print(f"[grid] {cid}: {time.time() - t0:.0f}s", flush=True)
+    table = cell_table(load_study(study))
+    name = Path(study).stem
+    for pack in packs:
+        cells = [c for c in pack.split(",") if not (Path(results) / name / c / "eval" / "synthetic.json").exists()]
+        if not cells:
+            continue
+        t0 = time.time()
+        if len(cells) == 1:
+            run_stage("train", study, cells[0], results, threads=1)
+        else:
+            run_stage("pack", study, ",".join(cells), results, threads=1)
+            for c in cells:
+                publish.publish(results, name, c, table.cell(c).hash)
+        for c in cells:
+            run_stage("evaluate", study, c, results, threads=1)
+        print(f"[grid] {', '.join(cells)}: {time.time() - t0:.0f}s", flush=True)
 
 
 def run(workdir: Path, grids: list[str], workers: int) -> None:
@@ -84,9 +99,15 @@ def run(workdir: Path, grids: list[str], workers: int) -> None:
     _model(workdir)
     for grid in grids:
         sf = study_file(workdir, grid)
-        ids = cell_table(load_study(sf)).ids
+        table = cell_table(load_study(sf))
+        ids = table.ids
+        groups: dict = {}
+        for c in table.cells:  # the wide grid: a setting's seeds in one pack
+            key = tuple(v for a, v in c.axes.items() if a != "seed") if grid == "wide" else c.id
+            groups.setdefault(key, []).append(c.id)
+        packs = [",".join(g) for g in groups.values()]
         t0 = time.time()
-        procs = [subprocess.Popen([sys.executable, __file__, "worker", str(sf), ",".join(ids[w::workers]),
+        procs = [subprocess.Popen([sys.executable, __file__, "worker", str(sf), ";".join(packs[w::workers]),
                                    "--workdir", str(workdir)], env={**os.environ, "OMP_NUM_THREADS": "1"})
                  for w in range(workers)]
         if any(p.wait() != 0 for p in procs):
@@ -126,14 +147,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=["run", "record", "worker"])
     ap.add_argument("study", nargs="?", help="worker: the study file")
-    ap.add_argument("cells", nargs="?", help="worker: comma list of cell ids")
+    ap.add_argument("cells", nargs="?", help="worker: packs (comma lists of cell ids) separated by ;")
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--grids", default="demo,wide")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     if args.action == "worker":
-        _worker(args.study, args.cells.split(","), str(args.workdir))
+        _worker(args.study, args.cells.split(";"), str(args.workdir))
     elif args.action == "run":
         run(args.workdir, args.grids.split(","), args.workers)
     else:

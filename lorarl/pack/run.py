@@ -93,7 +93,7 @@ def _checkpoint(slot: _Slot, cell: Any, member: Any, force: bool) -> bool:
     state = SimpleNamespace(global_step=member.step, max_steps=member.steps)
     control = SimpleNamespace(should_save=False, should_training_stop=False)
     slot.ckpt._on_step_end(state, control)
-    if slot.ckpt.enabled and (control.should_save or force):
+    if force or (slot.ckpt.enabled and control.should_save):  # forced: a member's end, or its rung (kept)
         _save_state(slot.ckpt.root / f"checkpoint-{member.step}", cell, member)
         slot.ckpt._on_save(state)  # lorarl.json (rows, manifest) LAST: the mark of a complete checkpoint
         slot.recorder.flush()  # MLflow sees the steps only once a checkpoint covers them
@@ -248,7 +248,7 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
                 s.snapshots = SnapshotSaver(paths.cell_dir(results_dir, study, s.cell.id) / "snapshots",
                                             snapshot_steps(s.cell.config), pack.policies[k].save, pack.tokenizer)
                 if until is not None:  # lorarl.train.until: the member trains up to the rung, checkpointed there
-                    s.ckpt.until, loop.members[k].steps = until, min(loop.members[k].steps, until)
+                    loop.members[k].steps = min(loop.members[k].steps, until)
             where = f" rank {info['rank']}" if "rank" in info else ""
             print(f"[lorarl] pack {pack_id}{where}: training {', '.join(s.cell.id for s in slots)}"
                   + (f" (left out: {left_out})" if left_out else ""), flush=True)
@@ -275,7 +275,7 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
                             c.state, s.collapse_at = "stopped", m.step
                         if m.step in s.snapshots.steps:
                             s.snapshots.save_step(m.step, c.model)
-                        stop = _checkpoint(s, c, m, force=c.state != "running") or stop
+                        stop = _checkpoint(s, c, m, force=c.state != "running" or m.step == until) or stop
             for k, s in enumerate(slots):
                 c = trainer.cells[k]
                 if until is not None and c.state == "running":  # at its rung: checkpoint kept, a staged mark

@@ -130,8 +130,6 @@ class CellCheckpoints:
         self.stopped_for_preemption = False
         self.elapsed_before = 0.0
         self.resumes: list[int] = []
-        self.until: int | None = None  # stop (save, keep) at this optimiser update: an adaptive rung (lorarl.train.until)
-        self.reached_until = False
         self.problems: list[str] = []  # checkpoints found unusable (lorarl.train.integrity), for summary.json
         self._t0 = time.time()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -318,8 +316,6 @@ class CellCheckpoints:
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
-        if self.until is not None and step >= self.until:  # an adaptive rung (lorarl.train.until): save, stop
-            control.should_save = control.should_training_stop = self.reached_until = True
         if not self.enabled:
             return
         if step % self.every == 0 or step >= self.max_steps:

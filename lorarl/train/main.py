@@ -185,9 +185,11 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
     divergence = Divergence(cfg.train.updates_per_step)  # NaN/inf loss, reward or gradient: skip that update, stop, state "diverged"
     trainer.add_callback(divergence.callback())
     ckpt.attach(trainer, recorder)  # save every train.checkpoint_every steps and at the end
-    if until is not None:  # lorarl.train.until: save and stop at the rung (already there: train nothing)
-        ckpt.until = until * cfg.train.updates_per_step
-    at_rung = until is not None and ranks.broadcast(main and ckpt.resumed is not None and ckpt.resumed.step >= ckpt.until)
+    stop = untilmod.stopper(until * cfg.train.updates_per_step) if until is not None else None  # save, stop there
+    if stop is not None:
+        trainer.add_callback(stop)
+    at_rung = stop is not None and ranks.broadcast(main and ckpt.resumed is not None and  # already there: train nothing
+                                                   ckpt.resumed.step >= until * cfg.train.updates_per_step)
     if main and ranks.world_size() > 1:
         from lorarl.train.rank_checkpoints import attach_sync
 
@@ -205,7 +207,7 @@ def train_cell(study: str, cell: Cell, results_dir: str | Path = "results", thre
             tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
         raise
     over = divergence.state != "done" or collapse.stopped_at is not None  # ended at its rung: it ends as usual
-    if until is not None and ranks.broadcast(main and (at_rung or (ckpt.reached_until and not over))):
+    if stop is not None and ranks.broadcast(main and (at_rung or (stop.reached and not over))):
         out = untilmod.pause(results_dir, study, cell, until, run_id, ckpt, tracker, recorder, work) if main else {}
         ranks.barrier()
         return out

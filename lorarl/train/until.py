@@ -32,7 +32,8 @@ from lorarl.io import write_json
 UNTIL_ENV = "LORARL_TRAIN_UNTIL"  # the training step a train/pack job stops at (an adaptive study's rung)
 AT_RUNG = "at_rung"  # the MLflow tag lorarl.state of a cell waiting at a rung
 
-__all__ = ["UNTIL_ENV", "until_step", "mark_path", "staged_mark_path", "write_mark", "already_ended", "pause"]
+__all__ = ["UNTIL_ENV", "until_step", "stopper", "mark_path", "staged_mark_path", "write_mark", "already_ended",
+           "pause"]
 
 
 def until_step() -> int | None:
@@ -43,6 +44,20 @@ def until_step() -> int | None:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"${UNTIL_ENV}={raw!r}: allowed: a positive training step")
     return int(raw)
+
+
+def stopper(updates: int) -> Any:
+    """The TrainerCallback that saves a checkpoint at optimiser update ``updates`` and stops there (``reached``)."""
+    from transformers import TrainerCallback
+
+    class StopAtRung(TrainerCallback):
+        reached = False
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step >= updates:
+                control.should_save = control.should_training_stop = self.reached = True
+
+    return StopAtRung()
 
 
 def mark_path(results: str | Path, study: str, cell: str, step: int) -> Path:
@@ -63,8 +78,8 @@ def write_mark(results: str | Path, study: str, cell: Any, step: int, staged: bo
 
 
 def already_ended(results: str | Path, study: str, cell: Any, step: int) -> dict | None:
-    """The mark of a cell that needs no training to reach ``step``: finished (summary.json of this config)
-    or already checkpointed past it; None = train."""
+    """The mark of a cell that needs no training to reach ``step`` because it finished (summary.json of this
+    config); None = train (a cell checkpointed at or past ``step`` is told by its trainer)."""
     cdir = paths.cell_dir(results, study, cell.id)
     try:
         summary = json.loads((cdir / "summary.json").read_text())
