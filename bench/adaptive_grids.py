@@ -137,7 +137,8 @@ def record(workdir: Path, grids: list[str]) -> None:
                 assert ids == problems, (c.id, st)
                 solved[str(st)] = "".join("1" if r["correct"] else "0" for r in rows)
             cells[c.id] = {"axes": c.axes, "solved": solved}
-        doc = {"grid": grid, "study": GRIDS[grid], "metric": "synthetic/pass@1", "problems": len(problems),
+        doc = {"grid": grid, "study": GRIDS[grid], "axes": list(GRIDS[grid]["axes"]), "metric": "synthetic/pass@1",
+               "problems": len(problems),
                "seed_axis": study.seed_axis, "cells": cells}
         (OUT / f"{grid}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         print(f"[grid] {grid}: {len(cells)} cells recorded -> {OUT / f'{grid}.json'}")

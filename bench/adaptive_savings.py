@@ -53,7 +53,7 @@ class Grid:
         self.steps = int(study["defaults"]["train"]["steps"])
         self.every = int(study["defaults"]["eval"]["eval_every"])
         self.snaps = list(range(self.every, self.steps, self.every)) + [self.steps]
-        axes = [a for a in study["axes"] if a != self.seed_axis]
+        axes = [a for a in doc.get("axes", study["axes"]) if a != self.seed_axis]  # the study's axis order
         self.seeds = sorted({c["axes"][self.seed_axis] for c in doc["cells"].values()}, key=str)
         self.settings = list(dict.fromkeys(",".join(f"{a}={c['axes'][a]}" for a in axes) or "all"
                                            for c in doc["cells"].values()))

@@ -136,3 +136,23 @@ def test_a_bad_until_is_refused(raw, monkeypatch):
     monkeypatch.setenv(UNTIL_ENV, raw)
     with pytest.raises(ValueError, match=UNTIL_ENV):
         until_step()
+
+
+def test_a_members_rung_job_moves_its_packs_staged_mark_into_place(tmp_path, monkeypatch):
+    """The launcher's side (lorarl.pipeline.rung_jobs): a pack left the member's mark staged; the member's own
+    rung job moves it into place (its one output) instead of training; without one it trains."""
+    from types import SimpleNamespace
+
+    from lorarl.pipeline import inflight
+    from lorarl.pipeline.rung_jobs import handed_over
+    from lorarl.train.until import write_mark
+
+    cell = SimpleNamespace(id="r1-s0", hash="abc")
+    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
+    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc") == [str(mark_path(tmp_path, "ut", "r1-s0", RUNG))]
+    assert not handed_over(tmp_path, "ut", "r1-s0", "abc")  # nothing staged: the job trains the cell itself
+    write_mark(tmp_path, "ut", cell, RUNG, staged=True, ended=False, state="at_rung")
+    assert not handed_over(tmp_path, "ut", "r1-s0", "other")  # a mark of another config is not this job's
+    assert handed_over(tmp_path, "ut", "r1-s0", "abc")
+    assert not staged_mark_path(tmp_path, "ut", "r1-s0", RUNG).exists()
+    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc") == []

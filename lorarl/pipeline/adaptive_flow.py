@@ -26,7 +26,7 @@ from lorarl.adaptive.seeds import comparison_seeds
 from lorarl.adaptive.settings import study_settings
 from lorarl.adaptive.spec import check_metric, resolved_search, split_metric
 
-__all__ = ["AdaptiveStudy", "search_is_off", "describe", "existing_mark"]
+__all__ = ["AdaptiveStudy", "search_is_off", "describe", "existing_mark", "last_mark"]
 
 
 def search_is_off(value: Any) -> bool:
@@ -159,19 +159,34 @@ class AdaptiveStudy:
 _RUNGS: dict[str, list[int]] = {}  # study name -> its resolved rungs (search=off: existing_mark)
 
 
-def existing_mark(study: Any, table: Any, results: str, cell: str, step: int) -> str | None:
-    """``--config search=off``: the mark of the rung whose segment saved snapshot ``step`` when a rung job of this
-    config wrote it (that snapshot's evaluation then stays as it is), else None."""
+def _mark_if_there(study: Any, table: Any, results: str, cell: str, rung: int) -> str | None:
     from lorarl.io import read_json
 
-    if study.name not in _RUNGS:
-        _RUNGS[study.name] = list(resolved_search(study, table).rungs)
-    rung = next((r for r in _RUNGS[study.name] if r >= step), None)
-    if rung is None:
-        return None
     p = paths.path("rung_mark", results=results, study=study.name, cell=cell, step=rung)
     doc = read_json(p)
     return str(p) if isinstance(doc, dict) and doc.get("config_hash") == table.cell(cell).hash else None
+
+
+def _rungs(study: Any, table: Any) -> list[int]:
+    if study.name not in _RUNGS:
+        _RUNGS[study.name] = list(resolved_search(study, table).rungs)
+    return _RUNGS[study.name]
+
+
+def existing_mark(study: Any, table: Any, results: str, cell: str, step: int) -> str | None:
+    """``--config search=off``: the mark of the rung whose segment saved snapshot ``step`` when a rung job of this
+    config wrote it (that snapshot's evaluation then stays as it is), else None."""
+    rung = next((r for r in _rungs(study, table) if r >= step), None)
+    return None if rung is None else _mark_if_there(study, table, results, cell, rung)
+
+
+def last_mark(study: Any, table: Any, results: str, cell: str) -> str | None:
+    """``--config search=off``: the cell's mark of its last rung on disk, the input its `train` job had under the
+    search, so that switching the search off reruns no finished cell (Snakemake's input trigger)."""
+    for rung in reversed(_rungs(study, table)):
+        if (m := _mark_if_there(study, table, results, cell, rung)) is not None:
+            return m
+    return None
 
 
 def _step_of(path: str) -> int | None:

@@ -69,7 +69,7 @@ def tag_runs(study: str, results: str, led: dict, view: dict) -> None:
             if not run_id:
                 continue
             tracker = tracker or Tracker(results, study)
-            tracker.run_id = run_id
+            tracker.run_id, tracker.logged, tracker.high_water = run_id, {}, -1  # this run's own marks
             row = {"step": step}
             if value is not None and cell in value.get("cells", {}):
                 row.update({"adaptive/rung_value": value["cells"][cell], "adaptive/setting_rung_value": value["mean"]})

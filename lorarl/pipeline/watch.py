@@ -21,7 +21,7 @@ from typing import TextIO
 
 from lorarl import paths
 
-TERMINAL = {"done", "diverged", "failed", "stale", "incomplete"}
+TERMINAL = {"done", "diverged", "failed", "stale", "incomplete", "stopped"}  # stopped: censored at a rung
 SHOW = 8  # names listed per line before "+N more"
 
 

@@ -9,6 +9,7 @@
 from pathlib import Path as _Path
 
 from lorarl.pipeline.adaptive_flow import AdaptiveStudy, describe as _describe_adaptive, search_is_off
+from lorarl.pipeline.adaptive_flow import existing_mark as _existing_mark, last_mark as _last_mark
 
 SEARCH_ON = not search_is_off(config.get("search", "on"))
 DECIDE = f"{sys.executable} -m lorarl.pipeline.decide"
@@ -45,22 +46,26 @@ for _s, _ad in ADAPT.items():  # what is decided and what waits on a rung (a dry
 
 
 def adaptive_train_input(wildcards):
-    """`train` (to the end) of a searched cell: its last rung's mark, once promoted there."""
+    """`train` (to the end) of a searched cell: its last rung's mark, once promoted there. search=off: the mark of
+    its last rung on disk (the same input, so switching the search off reruns no finished cell)."""
     ad = ADAPT.get(wildcards.study)
-    return [ancient(p) for p in ad.train_inputs(wildcards.cell)] if ad else []
+    if ad is not None and ad.search is not None:
+        return [ancient(p) for p in ad.train_inputs(wildcards.cell)]
+    if wildcards.study in OFF_SEARCH:
+        mark = _last_mark(OFF_SEARCH[wildcards.study], TABLES[wildcards.study], RESULTS, wildcards.cell)
+        return [ancient(mark)] if mark else []
+    return []
 
 
 def adaptive_step_eval_input(wildcards):
     """A snapshot evaluation of a searched cell: the mark of the segment that saved it (None: the default)."""
     ad = ADAPT.get(wildcards.study)
-    if ad is not None:
+    if ad is not None and ad.search is not None:
         marks = ad.step_eval_inputs(wildcards.cell, int(wildcards.step))
         return None if marks is None else [ancient(m) for m in marks]
     if wildcards.study in OFF_SEARCH:  # search=off: a snapshot a rung job saved stays evaluated
-        from lorarl.pipeline.adaptive_flow import existing_mark
-
-        mark = existing_mark(OFF_SEARCH[wildcards.study], TABLES[wildcards.study], RESULTS, wildcards.cell,
-                             int(wildcards.step))
+        mark = _existing_mark(OFF_SEARCH[wildcards.study], TABLES[wildcards.study], RESULTS, wildcards.cell,
+                              int(wildcards.step))
         return None if mark is None else [ancient(mark)]
     return None
 
