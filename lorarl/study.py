@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl import yamlpos
-from lorarl.adaptive.seeds import added_cells
+from lorarl.adaptive.seeds import added_cells, added_values
 from lorarl.adaptive.spec import HypothesisSpec, SearchSpec, check_blocks
 from lorarl.config import one_of
 from lorarl.kinds import KINDS
@@ -204,6 +204,13 @@ def cell_table(study: Study) -> "CellTable":
         study._table = build_table(study, study._source)
         if study.hypotheses:  # seeds a hypothesis may add: found by id, never in `cells` (lorarl.adaptive.seeds)
             study._table.extra_source = functools.partial(added_cells, study)
+            try:
+                more = added_values(study)
+            except ValueError:  # refused by check_blocks, naming the field
+                more = []
+            if more:
+                study._table.notes.append(f"hypotheses may add seeds {more[0]}..{more[-1]} to their two settings at "
+                                          f"run time: ordinary cells, found by id (docs/adaptive.md)")
     return study._table
 
 

@@ -51,6 +51,8 @@ def test_added_seeds_are_cells_with_stable_ids_and_hashes(tmp_path):
     for c in table.cells + table.extra_cells():  # the ids and hashes the axes give them
         assert same[c.id] == c.hash and table.cell(c.id) is c
     assert table.cell("r8-s4").config.seed == 4
+    assert table.notes == ["hypotheses may add seeds 3..4 to their two settings at run time: ordinary cells, found "
+                           "by id (docs/adaptive.md)"]  # what `lorarl cells` prints under its table
     bare = {k: v for k, v in STUDY.items() if k != "hypotheses"}
     assert [(c.id, c.hash) for c in cell_table(load_study(write(tmp_path, bare, "bare.yaml"))).cells] == \
         [(c.id, c.hash) for c in table.cells]  # the block moves no existing id or hash
