@@ -18,7 +18,9 @@ cell's rung value recomputed from its resampled problems.
   mean over seeds at the last step) within the study's MDE of the grid's best; the study's MDE is the median,
   over the other settings, of the minimum detectable effect of their difference to the grid's best setting
   (2.80 x the bootstrap sd of the difference over seeds and problems: the stats table's, lorarl.report.stats).
-  Where settings differ by less than that, any of them is a right answer.
+  Where settings differ by less than that, any of them is a right answer. Also printed: how many settings lie
+  farther than the MDE from the best (the only wrong answers), and the mean **regret** over the replays (the
+  grid's best final metric minus that of the best setting kept).
 
 The peer: Optuna's ``SuccessiveHalvingPruner`` (same ``min_resource`` = the first rung, same ``reduction_factor``
 = eta, so the same rungs) replayed on the same stored values: every cell one trial (Optuna knows no pairing),
@@ -159,7 +161,7 @@ def bench(grid: Grid, replays: int, seed: int, peer: bool) -> list[dict]:
         t0 = time.time()
         kept, spent = run(grid.values(), np.random.default_rng(seed))
         ok0 = any(final[k] >= final[best] - mde for k in kept)
-        oks, saves = [], []
+        oks, saves, gaps = [], [], []
         draws = np.random.default_rng(seed + 1)
         order = np.random.default_rng(seed + 2)
         for _ in range(replays):
@@ -168,10 +170,12 @@ def bench(grid: Grid, replays: int, seed: int, peer: bool) -> list[dict]:
             k, s = run(grid.values(seeds, probs), order)
             oks.append(any(final[x] >= final[best] - mde for x in k))
             saves.append(1 - s / full)
+            gaps.append(final[best] - max(final[x] for x in k))
         out.append({"grid": grid.name, "method": label, "rungs": rungs_of(grid, sp["eta"]), "eta": sp["eta"],
                     "cells": len(grid.settings) * len(grid.seeds), "full": full, "spent": spent,
                     "saved": 1 - spent / full, "kept": [grid.settings[k] for k in kept], "right": ok0,
                     "right_rate": float(np.mean(oks)), "saved_mean": float(np.mean(saves)),
+                    "regret": float(np.mean(gaps)), "wrong_settings": int(sum(final < final[best] - mde)),
                     "best": grid.settings[best], "best_value": float(final[best]), "mde": mde,
                     "seconds": round(time.time() - t0, 1)})
     return out
@@ -193,15 +197,16 @@ def main() -> None:
             print("optuna is not installed (pip install optuna): the peer is skipped", file=sys.stderr)
             peer = False
     print("| grid | cells x steps | method | rungs (eta) | cell-steps (full grid) | saved | kept | right answer "
-          f"| right in {args.replays} bootstrap replays | mean saved in replays |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| right in {args.replays} bootstrap replays | mean saved in replays | mean regret in replays |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.grids.split(","):
         grid = Grid(json.loads((DATA / f"{name}.json").read_text()))
         for r in bench(grid, args.replays, args.seed, peer):
-            print(f"| {name} (best {r['best']} {r['best_value']:.3f}, MDE {r['mde']:.3f}) | {r['cells']} x {grid.steps} "
+            print(f"| {name} (best {r['best']} {r['best_value']:.3f}, MDE {r['mde']:.3f}, {r['wrong_settings']} of "
+                  f"{len(grid.settings)} settings farther) | {r['cells']} x {grid.steps} "
                   f"| {r['method']} | {', '.join(map(str, r['rungs']))} ({r['eta']}) | {r['spent']} ({r['full']}) "
                   f"| {r['saved']:.0%} | {'; '.join(r['kept'])} | {'yes' if r['right'] else 'no'} | {r['right_rate']:.1%} "
-                  f"| {r['saved_mean']:.0%} |", flush=True)
+                  f"| {r['saved_mean']:.0%} | {r['regret']:.4f} |", flush=True)
 
 
 if __name__ == "__main__":
