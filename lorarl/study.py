@@ -39,7 +39,6 @@ A cell's config is resolved before it is signed: the adapter method's registry d
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl import yamlpos
-from lorarl.adaptive.seeds import added_cells, added_values
 from lorarl.adaptive.spec import HypothesisSpec, SearchSpec, check_blocks
 from lorarl.config import one_of
 from lorarl.kinds import KINDS
@@ -203,6 +201,10 @@ def cell_table(study: Study) -> "CellTable":
     if study._table is None:
         study._table = build_table(study, study._source)
         if study.hypotheses:  # seeds a hypothesis may add: found by id, never in `cells` (lorarl.adaptive.seeds)
+            import functools
+
+            from lorarl.adaptive.seeds import added_cells, added_values
+
             study._table.extra_source = functools.partial(added_cells, study)
             try:
                 more = added_values(study)

@@ -13,9 +13,7 @@ from lorarl.report.columns import eval_metrics, is_baseline_row
 from lorarl.report.stats import mean_sd
 from lorarl.train.divergence import DIVERGED, cell_state
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes  # noqa: F401 (also this module's API)
-from lorarl.report.adaptive import STOPPED, censored, censored_rows, report_cells
-from lorarl.study import Study, base_cells
-from lorarl.study import cell_table as study_table
+from lorarl.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
     "final_train_reward": "final train reward",
@@ -32,6 +30,9 @@ def _read_json(p: Path) -> dict:
 
 def _cells(study: Study, results: str | Path) -> list:
     """The study's cells and the seeds a hypothesis added (lorarl.report.adaptive), censored ones left out."""
+    from lorarl.report.adaptive import censored, report_cells
+    from lorarl.study import cell_table as study_table
+
     table = study_table(study)
     stopped = censored(study, table, results)
     return [c for c in report_cells(study, table, results) if c.id not in stopped]
@@ -40,6 +41,9 @@ def _cells(study: Study, results: str | Path) -> list:
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     """One row per cell: axis labels + train summary + every benchmark's final evaluation; a cell an adaptive
     study's search stopped: state `stopped` and the step it was censored at, no metric (docs/adaptive.md)."""
+    from lorarl.report.adaptive import censored_rows, report_cells
+    from lorarl.study import cell_table as study_table
+
     rows = []
     for cell in _cells(study, results):
         kw = dict(results=results, study=study.name, cell=cell.id)
@@ -80,6 +84,8 @@ def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
     if not keys:
         cells = cells.assign(_all="all")
         keys = ["_all"]
+    from lorarl.report.adaptive import STOPPED
+
     order = {k: {lab: i for i, lab in enumerate(dict.fromkeys(cells[k]))} for k in keys}
     stopped = cells[cells["state"].eq(STOPPED)] if "state" in cells else cells.iloc[:0]
     cells = cells.drop(stopped.index)  # censored: no metric observed, never in a mean

@@ -18,7 +18,7 @@ import pandas as pd
 from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes
-from lorarl.study import Study, base_cells
+from lorarl.study import Study, base_cells, study_cells
 
 METRIC = re.compile(r"(pass|avg)@([1-9]\d*)")  # an evaluation metric's name (lorarl.report.columns.EVAL_COL)
 

@@ -13,7 +13,7 @@ import pandas as pd
 from lorarl import paths
 from lorarl.evaluate.bases import base_label
 from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
-from lorarl.study import Study
+from lorarl.study import Study, study_cells
 
 
 def _read_json(p: Path) -> dict:
