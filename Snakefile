@@ -9,6 +9,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/base.smk"
+include: "workflow/rules/adaptive.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/pack.smk"
 include: "workflow/rules/evaluate.smk"

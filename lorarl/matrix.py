@@ -124,12 +124,25 @@ class CellTable:
             for a in c.aliases:
                 self._by_id.setdefault(a, c)
         self._eval_sigs: dict[tuple[str, str, int | None], str] = {}
+        self.extra_source: typing.Callable[[], list[Cell]] | None = None  # cells outside the matrix (seeds a hypothesis adds)
+        self._extra: list[Cell] | None = None
+
+    def extra_cells(self) -> list[Cell]:
+        """Cells the study may add at run time, found by id but not in ``cells``/``ids`` (so `lorarl cells`
+        and every id stay as they are): the seeds a hypothesis adds (lorarl.adaptive.seeds). Built on first use."""
+        if self._extra is None:
+            self._extra = list(self.extra_source()) if self.extra_source is not None else []
+            for c in self._extra:
+                self._by_id.setdefault(c.id, c)
+        return self._extra
 
     def __len__(self) -> int:
         return len(self.cells)
 
     def cell(self, cell_id: str) -> Cell:
         """A matrix cell (by id or alias) or a base pseudo-cell."""
+        if cell_id not in self._by_id and self._extra is None:
+            self.extra_cells()
         try:
             return self._by_id[cell_id]
         except KeyError:

@@ -27,6 +27,9 @@ PATTERNS = {
     "figures": "{results}/{study}/figures",
     "search_ledger": "{results}/{study}/adaptive/search.json",  # successive-halving decisions (lorarl.adaptive.ledger)
     "hypotheses_ledger": "{results}/{study}/adaptive/hypotheses.json",  # sequential comparisons (lorarl.adaptive.ledger)
+    "rung_mark": "{results}/{study}/{cell}/rungs/step-{step}.json",  # a train job stopped at a rung (lorarl.train.until)
+    "rung_view": "{results}/{study}/adaptive/{tag}/rung-{step}-{n}.json",  # a rung's decisions (checkpoint rule)
+    "hypothesis_look": "{results}/{study}/adaptive/{tag}/{hypothesis}-{n}.json",  # a look after n seeds (checkpoint rule)
 }
 
 

@@ -41,7 +41,11 @@ DIAG = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_rig
         "update_p", "update_cum_energy", "product_update_c", "product_update_p", "product_update_cum_energy",
         "subspace_sim_top_step", "subspace_sim_bottom_step", "layer")
 
-REPORT_COLUMNS: frozenset[str] = frozenset(CELL + SUMMARY + STATS + LONG + TRAIN + DIAG)
+# adaptive studies (lorarl.report.adaptive): censored cells, the search's and the hypotheses' tables
+ADAPTIVE = ("stopped_at_step", "n_stopped", "censored_at_step", "setting", "decision", "cell_steps", "hypothesis",
+            "kind", "setting_a", "setting_b", "margin", "estimate", "seeds_used", "max_seeds", "fixed_cell_steps")
+
+REPORT_COLUMNS: frozenset[str] = frozenset(CELL + SUMMARY + STATS + LONG + TRAIN + DIAG + ADAPTIVE)
 
 
 def check_axis_name(name: str) -> str | None:

@@ -200,6 +200,19 @@ def cell_table(study: Study) -> "CellTable":
     """The study's cell table, built on first use and kept on the study object."""
     if study._table is None:
         study._table = build_table(study, study._source)
+        if study.hypotheses:  # seeds a hypothesis may add: found by id, never in `cells` (lorarl.adaptive.seeds)
+            import functools
+
+            from lorarl.adaptive.seeds import added_cells, added_values
+
+            study._table.extra_source = functools.partial(added_cells, study)
+            try:
+                more = added_values(study)
+            except ValueError:  # refused by check_blocks, naming the field
+                more = []
+            if more:
+                study._table.notes.append(f"hypotheses may add seeds {more[0]}..{more[-1]} to their two settings at "
+                                          f"run time: ordinary cells, found by id (docs/adaptive.md)")
     return study._table
 
 

@@ -54,6 +54,10 @@ def test_finished_lines_name_study_and_cell():
                      "Finished jobid: 2 (Rule: base_model): models/tiny-arith"]
     assert "Rule: train, Jobid" not in out.getvalue()  # the job blocks stay hidden
     assert label({"study": "demo", "pack": "p1"}) == "demo/pack p1" and label({"study": "demo"}) == "demo"
+    # an adaptive study's segments and decisions (workflow/rules/adaptive.smk)
+    assert label({"study": "demo", "cell": "r8-s1", "step": "10"}) == "demo/r8-s1 to step 10"
+    assert label({"study": "demo", "tag": "search-0123456789", "step": "10", "n": "all"}) == "demo rung 10 (all)"
+    assert label({"study": "demo", "tag": "hyp-0123456789", "hypothesis": "h1", "n": "4"}) == "demo h1 look 4"
 
 
 def test_a_dry_run_summary_points_at_no_hidden_line():

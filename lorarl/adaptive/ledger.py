@@ -23,13 +23,14 @@ from lorarl import paths
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.hypotheses import FAILED, hypothesis_state, paired_difference
 from lorarl.adaptive.records import cell_failure, problem_scores, rung_records
-from lorarl.adaptive.settings import seed_order, study_settings
+from lorarl.adaptive.seeds import comparison_seeds
+from lorarl.adaptive.settings import study_settings
 from lorarl.adaptive.spec import check_metric, resolved_search
 from lorarl.io import atomic_write_text
 from lorarl.matrix import label_of
 
 __all__ = ["search_path", "hypotheses_path", "render", "write_if_changed", "read", "update_search",
-           "cell_plan", "hypothesis_observations", "update_hypotheses", "censored_cells"]
+           "cell_plan", "stopped_now", "hypothesis_observations", "hypothesis_censored", "update_hypotheses", "censored_cells"]
 
 
 def search_path(results: str | Path, study: str) -> Path:
@@ -96,21 +97,46 @@ def censored_cells(ledger: dict[str, Any] | None) -> set[str]:
     return {c for n, st in ledger["state"].items() if st["state"] == "stopped" for c in ledger["settings"][n]["cells"]}
 
 
-def _side(table: Any, study: Any, sel: dict[str, Any]) -> dict[str, Any]:
-    """Seed label -> the cell of the setting ``sel`` names (non-seed axes' labels)."""
-    want = {a: label_of(v) for a, v in sel.items()}
-    return {c.axes[study.seed_axis]: c for c in table.cells if all(c.axes.get(a) == lab for a, lab in want.items())}
+def stopped_now(study: Any, table: Any, results: str | Path, led: dict[str, Any] | None = None) -> dict[str, int]:
+    """Cell id -> the rung step it stopped at, for the cells of settings the search stopped (or failed) that have
+    not finished since (a promotion or ``--config search=off`` trains a stopped cell on): censored cells. A failed
+    setting's healthy cells wait at the rung like stopped ones."""
+    if study.search is None:
+        return {}
+    led = led if led is not None else read(search_path(results, study.name))
+    out: dict[str, int] = {}
+    for name, st in (led or {}).get("state", {}).items():
+        if st.get("state") not in ("stopped", "failed"):
+            continue
+        for cid in led["settings"][name]["cells"]:
+            summary = read(paths.path("summary", results=results, study=study.name, cell=cid))
+            try:
+                current = table.cell(cid).hash
+            except Exception:  # noqa: BLE001 - a ledger of other settings
+                continue
+            if not (summary and summary.get("config_hash") == current):
+                out[cid] = int(st["rung"])
+    return out
 
 
-def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: Any,
-                            metric: str) -> list[tuple[str, Any]]:
-    """(seed, paired difference | None | FAILED) in seed order, up to the first seed a side lacks a cell for."""
-    a, b = _side(table, study, spec.a), _side(table, study, spec.b)
+def _started(results: str | Path, study: str, cells: tuple[str, str]) -> bool:
+    """An added seed is in the study once the workflow started one of its cells (its folder exists)."""
+    return any(paths.cell_dir(results, study, c).is_dir() for c in cells)
+
+
+def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: Any, metric: str,
+                            n: int | None = None) -> list[tuple[str, Any]]:
+    """(seed, paired difference | None | FAILED) in seed order: the first ``n`` seeds of the comparison (a look),
+    else the axis's seeds and the added seeds the workflow started (lorarl.adaptive.seeds)."""
+    seeds = comparison_seeds(study, table, spec)
+    if n is not None:
+        seeds = seeds[:n]
+    else:
+        axis = len(study.axes[study.seed_axis].values)
+        seeds = [s for i, s in enumerate(seeds) if i < axis or _started(results, study.name, s[1:])]
     out: list[tuple[str, Any]] = []
-    for seed in seed_order(study):
-        if seed not in a or seed not in b:
-            break
-        ca, cb = a[seed], b[seed]
+    for seed, a, b in seeds:
+        ca, cb = table.cell(a), table.cell(b)
         if cell_failure(results, study.name, ca) is not None or cell_failure(results, study.name, cb) is not None:
             out.append((seed, FAILED))
             continue
@@ -119,16 +145,22 @@ def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: A
     return out
 
 
+def hypothesis_censored(study: Any, table: Any, results: str | Path, spec: Any) -> bool:
+    """A side has a cell the search stopped (read from ``search.json``): its final metric is never observed."""
+    if study.search is None:
+        return False
+    censored = censored_cells(read(search_path(results, study.name)))
+    return any(c in censored for _, a, b in comparison_seeds(study, table, spec) for c in (a, b))
+
+
 def update_hypotheses(study: Any, table: Any, results: str | Path = "results") -> dict[str, Any]:
     """Every hypothesis's state from the final evaluations on disk, written to ``hypotheses.json``;
     a side with a cell the search stopped is censored (read from ``search.json``)."""
-    censored = censored_cells(read(search_path(results, study.name))) if study.search is not None else set()
     out: dict[str, Any] = {}
     for name, h in study.hypotheses.items():
         metric = check_metric(table, h.metric, f"hypotheses.{name}.metric", "<study>", curve=False)
-        cells = [c.id for side in (h.a, h.b) for c in _side(table, study, side).values()]
         obs = hypothesis_observations(study, table, results, h, metric)
-        state = hypothesis_state(h, obs, censored=any(c in censored for c in cells))
+        state = hypothesis_state(h, obs, censored=hypothesis_censored(study, table, results, h))
         out[name] = {**state, "metric": metric, "a": {k: label_of(v) for k, v in h.a.items()},
                      "b": {k: label_of(v) for k, v in h.b.items()},
                      "observations": [{"seed": s, "difference": d} for s, d in obs]}

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from lorarl.adaptive.seeds import added_values
 from lorarl.matrix import NOT_APPLICABLE, StudyError, label_of
 from lorarl.taskconfig import Strict
 
@@ -231,6 +232,14 @@ def _check_hypotheses(study: Any, table: Any, source: str) -> None:
         if a == b:
             raise _fail(source, f"hypotheses.{name}: a and b name the same setting; allowed: two different settings")
         check_metric(table, h.metric, f"hypotheses.{name}.metric", source, curve=False)
+        have = len(study.axes[study.seed_axis].values)
+        if h.max_seeds > have:  # seeds added at run time continue the axis's integers (lorarl.adaptive.seeds)
+            try:
+                added_values(study)
+            except ValueError:
+                raise _fail(source, f"hypotheses.{name}.max_seeds: {h.max_seeds} needs seeds beyond the {have} of "
+                                    f"axis {study.seed_axis!r}, which are added as the integers after its largest, but "
+                                    f"its values are not integers; allowed: max_seeds <= {have}, or integer seeds") from None
 
 
 def check_blocks(study: Any, table: Any, source: str = "<study>") -> None:

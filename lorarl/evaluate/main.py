@@ -147,9 +147,13 @@ def _attach_run(tracker: Any, study: str, cell: Cell, results_dir: str | Path, i
     cdir = paths.cell_dir(results_dir, study, cell.id)
     if not is_base:
         summary = cdir / "summary.json"
-        if not summary.exists():
+        marks = sorted(cdir.glob("rungs/step-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+        if summary.exists():
+            tracker.run_id = json.loads(summary.read_text())["mlflow_run_id"]
+        elif marks:  # a cell stopped at an adaptive study's rung (lorarl.train.until): the run its mark names
+            tracker.run_id = json.loads(marks[-1].read_text()).get("mlflow_run_id")
+        else:
             return None
-        tracker.run_id = json.loads(summary.read_text())["mlflow_run_id"]
         return tracker.run_id
     cdir.mkdir(parents=True, exist_ok=True)
     with open(cdir / f".{BASE_RUN_FILE}.lock", "w") as fh:

@@ -35,6 +35,7 @@ from lorarl.jobclock import first_work
 from lorarl.pack import publish
 
 UPDATE_CELLS_ENV = "LORARL_PACK_UPDATE_CELLS"  # set by the train_pack rule from the `pack: {update_cells}` setting
+OUTCOME = ("state", "mlflow_run_id", "paused_at_step", "stopped_on_collapse")  # a member's outcome in the record
 
 
 @dataclass
@@ -128,6 +129,7 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
         out = {"trained": sorted(c for r in reports for c in r["trained"]),
                "left_out": {k: v for r in reports for k, v in r["left_out"].items()},
                "states": {k: v for r in reports for k, v in r["states"].items()},
+               "outcomes": {k: v for r in reports for k, v in r["outcomes"].items()},
                "wall_time_s": max(r["wall_time_s"] for r in reports),
                "ranks": [r["trained"] for r in reports]}
     out = {"pack": pack_id, "study": study, **out}
@@ -164,6 +166,7 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
     summaries = _train(study, slots, results_dir, threads, info, t_start, left_out) if slots else {}
     return {"trained": sorted(c for c, s in summaries.items() if s.get("state") != "paused"),
             "left_out": left_out, "states": {c: s["state"] for c, s in summaries.items()},
+            "outcomes": {c: {k: s[k] for k in OUTCOME if k in s} for c, s in summaries.items()},
             "wall_time_s": round(time.time() - t_start, 2)}
 
 

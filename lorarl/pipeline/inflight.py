@@ -96,7 +96,10 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
     """The declared outputs of one stage of one cell (the Snakemake rules use the same paths)."""
     kw = dict(results=results_dir, study=study, cell=cell)
     if stage == "train":
-        return [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json", "adapter")]
+        from lorarl.pipeline.rung_jobs import expected
+
+        return expected(results_dir, study, cell) or [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json",
+                                                                                 "adapter")]
     if stage == "diagnose":
         return [paths.path("diagnostics", **kw)]
     if stage == "pack":  # cell = the pack id
@@ -130,7 +133,7 @@ def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
         return [f"(cannot tell the outputs: {err})"]
     out = [str(p) for p in wanted if not p.exists()]
     if stage == "train" and not out and config_hash:
-        summary = paths.path("summary", results=results_dir, study=study, cell=cell)
+        summary = wanted[0]  # summary.json, or the rung mark of a job stopped at a rung (lorarl.pipeline.rung_jobs)
         try:
             got = json.loads(summary.read_text()).get("config_hash")
         except (OSError, ValueError):

@@ -75,7 +75,8 @@ class StageJob(submitit.helpers.Checkpointable):
         self.provenance_file, self.submission = provenance_file, submission
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
-                                                "LORARL_PACK_UPDATE_CELLS", oom.ATTEMPT_ENV) if k in os.environ}
+                                                "LORARL_PACK_UPDATE_CELLS", "LORARL_TRAIN_UNTIL",
+                                                oom.ATTEMPT_ENV) if k in os.environ}
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
@@ -187,10 +188,9 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
             return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm)
         config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
         if stage == "train":
-            from lorarl.pack.publish import wait_and_publish
+            from lorarl.pipeline.rung_jobs import handed_over
 
-            if wait_and_publish(results_dir, study.name, cell_id, config_hash):  # a pack trained it
-                print(f"[lorarl] train {cell_id}: trained in its pack; outputs moved into place", flush=True)
+            if handed_over(results_dir, study.name, cell_id, config_hash):  # a pack trained it (to the end, or a rung)
                 return 0
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,8 @@ SHOWN_POINTER = "(each job with its reason: the same command with `--quiet host`
 
 
 def label(wildcards: dict[str, Any] | None) -> str:
-    """A job's name from its wildcards: `demo/r8-kl0.05-s1`, `demo/base synthetic@3`, `models/tiny-arith`."""
+    """A job's name from its wildcards: `demo/r8-kl0.05-s1`, `demo/base synthetic@3`, `models/tiny-arith`,
+    `demo/r8-kl0.05-s1 to step 10`, `demo rung 10 (all)`, `demo r16_vs_full look 4`."""
     w = {k: str(v) for k, v in (wildcards or {}).items()}
     if "name" in w and "study" not in w:
         return f"models/{w['name']}"
@@ -36,6 +37,12 @@ def label(wildcards: dict[str, Any] | None) -> str:
         text += f"/pack {w['pack']}"
     if "benchmark" in w:
         text += f" {w['benchmark']}" + (f"@{w['step']}" if "step" in w else "")
+    elif "hypothesis" in w:  # an adaptive study's decisions (workflow/rules/adaptive.smk)
+        text += f" {w['hypothesis']} look {w.get('n', '')}"
+    elif "tag" in w:
+        text += f" rung {w.get('step', '')} ({w.get('n', '')})"
+    elif "step" in w:  # a segment trained up to a rung
+        text += f" to step {w['step']}"
     return text
 
 

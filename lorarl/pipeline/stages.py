@@ -84,16 +84,23 @@ def _base(job: Job) -> dict:
 @register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)")
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
+    from lorarl.train import ranks, until
     from lorarl.train.cellstate import waiting_engine
     from lorarl.train.main import train_cell
 
-    cell = job.cell()  # resources resolved here, where the job starts; the trainer gets a resolved config
-    if waiting_engine(job.results_dir, job.study.name, cell) == "pack":  # saved by a pack: it goes on as a pack of one
+    cell, study = job.cell(), job.study.name  # resources resolved here, where the job starts
+    rung = until.until_step()  # an adaptive study's rung job ($LORARL_TRAIN_UNTIL): the run pauses there
+    out = until.already_ended(job.results_dir, study, cell) if rung is not None else None  # finished: a mark only
+    if out is None and waiting_engine(job.results_dir, study, cell) == "pack":  # a pack's state: a pack of one
         from lorarl.pack.run import train_alone
 
-        return train_alone(job.study.name, cell, job.results_dir, threads=job.threads)
-    config = resolve_job(cell.config, results_dir=str(job.results_dir))
-    return train_cell(job.study.name, cell, job.results_dir, threads=job.threads, config=config)
+        out = train_alone(study, cell, job.results_dir, threads=job.threads, stop_at=rung)
+    elif out is None:
+        config = resolve_job(cell.config, results_dir=str(job.results_dir))  # the trainer gets a resolved config
+        out = train_cell(study, cell, job.results_dir, threads=job.threads, config=config, stop_at=rung)
+    if rung is None or not ranks.is_main():
+        return out
+    return until.write_mark(job.results_dir, study, cell, rung, **until.mark_fields(out))  # the rung job's output, last
 
 
 @register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell ($LORARL_EVAL_TARGET)")
@@ -125,9 +132,18 @@ def _pack(job: Job) -> dict:
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_pack
 
-    ids = job.target.split(",")
-    return train_pack(job.study.name, [job.table.cell(c) for c in ids], job.results_dir, threads=job.threads,
-                      pack_id=pack_id(ids))
+    from lorarl.pack.ranks import world
+    from lorarl.train import until
+
+    ids, study = job.target.split(","), job.study.name
+    rung = until.until_step()  # a rung's pack ($LORARL_TRAIN_UNTIL): every member pauses there
+    cells = [job.table.cell(c) for c in ids]
+    out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung)
+    if rung is not None and world()[0] == 0:  # rank 0 holds every rank's outcome: each member's mark, staged
+        for c in cells:
+            if c.id in out["outcomes"]:  # trained (or paused) here; a member left out: its own rung job trains it
+                until.write_mark(job.results_dir, study, c, rung, staged=True, **until.mark_fields(out["outcomes"][c.id]))
+    return out
 
 
 @register_stage("doctor", "checks + a smoke run of one cell (lorarl doctor submits it)", launchable=False)

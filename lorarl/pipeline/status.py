@@ -140,6 +140,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
     # no Slurm job in the study: squeue/sacct are not called (where Slurm's clients are installed but no
     # controller answers, each call waits for its timeout)
     queue, acct = slurm_snapshot(slurm_ids) if slurm_ids else ({}, {})
+    stopped = _stopped(study, results_dir)
     out = []
     for c, kind in cells:
         cdir = paths.cell_dir(results_dir, study.name, c.id)
@@ -162,6 +163,8 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
                 elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.train.divergence)
                     st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.optimizer_updates}",  # updates
                                            doc.get("diverged_reason", ""))
+            else:
+                st.train = _at_rung(st.train, c, cdir, stopped)
         else:
             st.train = StageStatus("-", "", "", "")
         evals = sorted((cdir / "eval").glob("*.json")) if (cdir / "eval").is_dir() else []
@@ -181,6 +184,30 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
             st.evaluate = StageStatus("done", "", "", f"{len(evals)} benchmark(s)")
         out.append(st)
     return out
+
+
+def _stopped(study: Any, results_dir: Path) -> dict[str, int]:
+    """An adaptive study's censored cells (lorarl.adaptive.ledger.stopped_now): cell -> the rung it stopped at."""
+    if getattr(study, "search", None) is None:
+        return {}
+    from lorarl.adaptive.ledger import stopped_now
+    from lorarl.study import cell_table
+
+    return stopped_now(study, cell_table(study), results_dir)
+
+
+def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int]) -> StageStatus:
+    """A cell of an adaptive study not trained to its end: `stopped` at the rung the search stopped it at
+    (censored, not failed), or `at rung` while its rung waits for a decision (no job running)."""
+    steps = cell.config.train.steps
+    if cell.id in stopped:
+        r = stopped[cell.id]
+        return StageStatus("stopped", train.job, f"{r}/{steps}", f"censored at step {r} by the search; checkpoint kept "
+                           "(a promotion or --config search=off resumes it)")
+    marks = sorted(int(m.stem.split("-")[1]) for m in cdir.glob("rungs/step-*.json"))
+    if marks and train.state in ("interrupted", "not started", "incomplete"):
+        return StageStatus("at rung", train.job, f"{marks[-1]}/{steps}", f"waiting for the decision at step {marks[-1]}")
+    return train
 
 
 def format_table(rows: list[CellStatus]) -> str:

@@ -24,7 +24,7 @@ from typing import TextIO
 
 from lorarl import paths
 
-TERMINAL = {"done", "diverged", "failed", "stale", "incomplete"}
+TERMINAL = {"done", "diverged", "failed", "stale", "incomplete", "stopped"}  # stopped: censored at a rung
 SHOW = 8  # names listed per line before "+N more"
 SHORT = {"evaluate": "eval", "diagnose": "diag", "aggregate": "agg", "train start-up": "train start"}  # ETA line
 

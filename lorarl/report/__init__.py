@@ -41,6 +41,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl.report.data import load
     from lorarl.report.envelope import capability_table
     from lorarl.report.figures import draw_all
+    from lorarl.report.adaptive import hypotheses_frame, search_frame
     from lorarl.report.fig_kl import kl_delta_table
     from lorarl.report.masks import mask_tables
     from lorarl.report.masks import titles as mask_titles
@@ -62,7 +63,11 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
              "capability envelope: student and teacher, before training (paper 001 Table 2)": ("capability", capability_table),
              "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
              "Avg over benchmarks (paper 002)": ("avg", tables.avg_columns),
-             "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table)}
+             "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table),
+             "adaptive search: each setting's mean metric at every rung it reached, its state, and the cell-steps "
+             "its cells got against the full grid's (docs/adaptive.md)": ("search", search_frame),
+             "hypotheses: decision, estimate [interval] at the deciding look, seeds used of the cap, cell-steps of the "
+             "two settings against the fixed design at the cap (docs/adaptive.md)": ("hypotheses", hypotheses_frame)}
     shown = {}
     for title, (name, fn) in extra.items():
         df = fn(data)

@@ -28,10 +28,24 @@ def _read_json(p: Path) -> dict:
     return json.loads(p.read_text())
 
 
+def _cells(study: Study, results: str | Path) -> list:
+    """The study's cells and the seeds a hypothesis added (lorarl.report.adaptive), censored ones left out."""
+    from lorarl.report.adaptive import censored, report_cells
+    from lorarl.study import cell_table as study_table
+
+    table = study_table(study)
+    stopped = censored(study, table, results)
+    return [c for c in report_cells(study, table, results) if c.id not in stopped]
+
+
 def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
-    """One row per cell: axis labels + train summary + every benchmark's final evaluation."""
+    """One row per cell: axis labels + train summary + every benchmark's final evaluation; a cell an adaptive
+    study's search stopped: state `stopped` and the step it was censored at, no metric (docs/adaptive.md)."""
+    from lorarl.report.adaptive import censored_rows, report_cells
+    from lorarl.study import cell_table as study_table
+
     rows = []
-    for cell in study_cells(study):
+    for cell in _cells(study, results):
         kw = dict(results=results, study=study.name, cell=cell.id)
         s = _read_json(paths.path("summary", **kw))
         rows.append({
@@ -41,7 +55,9 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
                                      "trainable_fraction")},
             **eval_columns(results, study.name, cell.id, cell.config),
         })
-    return pd.DataFrame(rows)
+    order = {c.id: i for i, c in enumerate(report_cells(study, study_table(study), results))}
+    rows += censored_rows(study, study_table(study), results)
+    return pd.DataFrame(sorted(rows, key=lambda r: order.get(r["cell"], len(order))))  # the study's cell order
 
 
 def base_table(study: Study, results: str | Path) -> pd.DataFrame:
@@ -68,11 +84,23 @@ def seed_table(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
     if not keys:
         cells = cells.assign(_all="all")
         keys = ["_all"]
+    from lorarl.report.adaptive import STOPPED
+
     order = {k: {lab: i for i, lab in enumerate(dict.fromkeys(cells[k]))} for k in keys}
-    out = mean_sd(cells, keys, metrics)
+    stopped = cells[cells["state"].eq(STOPPED)] if "state" in cells else cells.iloc[:0]
+    cells = cells.drop(stopped.index)  # censored: no metric observed, never in a mean
+    out = mean_sd(cells, keys, metrics) if not cells.empty else mean_sd(stopped, keys, [])
     if "state" in cells:  # diverged cells are counted (their metrics up to the divergence stay in the means)
         out = out.join(cells.assign(_div=cells["state"].eq(DIVERGED)).groupby(keys, sort=False)["_div"].sum()
                        .rename("n_diverged"))
+    if not stopped.empty:  # a setting the search stopped: a row of its own, n_seeds 0, censored at its rung
+        g = stopped.groupby(keys, sort=False)
+        extra = g.size().rename("n_stopped").to_frame().join(g["stopped_at_step"].max())
+        out = out.join(extra, how="outer")
+        out["n_seeds"] = out["n_seeds"].fillna(0).astype(int)
+        for col in ("n_diverged", "n_stopped"):
+            if col in out:
+                out[col] = out[col].fillna(0).astype(int)
     out = out.reset_index()
     out = out.sort_values(keys, key=lambda col: col.map(order[col.name])).reset_index(drop=True)
     if study.baseline:  # the rows the stats table compares the others with
@@ -100,10 +128,14 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
             vals[i] += " (baseline)"
         for m in metrics:
             mu, sd = r[f"{m}_mean"], r[f"{m}_sd"]
+            if pd.isna(mu):
+                vals.append("–")
+                continue
             fmt = "{:.3g}" if m == "trainable_fraction" else ("{:.1f}" if "time" in m else "{:.3f}")
             vals.append(fmt.format(mu) + ("" if pd.isna(sd) else " ± " + fmt.format(sd)))
-        n_div = int(r.get("n_diverged", 0) or 0)
-        vals.append(str(int(r["n_seeds"])) + (f" ({n_div} diverged)" if n_div else ""))
+        n_div, n_stop = int(r.get("n_diverged", 0) or 0), int(r.get("n_stopped", 0) or 0)
+        vals.append(str(int(r["n_seeds"])) + (f" ({n_div} diverged)" if n_div else "")
+                    + (f" ({n_stop} stopped at step {int(r['stopped_at_step'])}: censored)" if n_stop else ""))
         lines.append("| " + " | ".join(vals) + " |")
     notes = diverged_notes(cells) if cells is not None else []
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
@@ -120,7 +152,7 @@ def diverged_notes(cells: pd.DataFrame) -> list[str]:
 
 def metric_curves(study: Study, results: str | Path) -> pd.DataFrame:
     frames = []
-    for cell in study_cells(study):
+    for cell in _cells(study, results):
         df = readcache.read_csv(paths.path("metrics", results=results, study=study.name, cell=cell.id))
         frames.append(with_axes(df, cell))
     return pd.concat(frames, ignore_index=True)
@@ -169,7 +201,7 @@ def aggregate(study: Study, results: str | Path = "results") -> dict[str, Path]:
 def diagnostics_table(study: Study, results: str | Path) -> pd.DataFrame:
     """All cells' diagnostics.parquet (long format) with the cell's axis labels attached."""
     frames = []
-    for cell in study_cells(study):
+    for cell in _cells(study, results):
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists():
             frames.append(readcache.read_parquet(p).assign(cell=cell.id, **cell.axes))

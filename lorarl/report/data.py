@@ -33,6 +33,8 @@ class StudyData:
     diag: pd.DataFrame  # diagnostics.parquet rows (long), axis labels attached
     evcurves: pd.DataFrame  # held-out metric vs step (eval_every snapshots)
     summaries: dict[str, dict] = field(default_factory=dict)  # cell id -> summary.json
+    search: dict | None = None  # an adaptive study's search ledger (lorarl.report.adaptive)
+    censored: pd.DataFrame = field(default_factory=pd.DataFrame)  # cells the search stopped: cell, axes, stopped_at_step
 
     @property
     def keys(self) -> list[str]:
@@ -122,9 +124,13 @@ def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str,
 
 
 def load(study: Study, results: str | Path = "results") -> StudyData:
+    from lorarl.report.adaptive import censored_rows, report_cells, search_ledger
+    from lorarl.study import cell_table
+
     results = Path(results)
     rows, frames, summaries = [], [], {}
-    for cell in study_cells(study):
+    cells = report_cells(study, cell_table(study), results)  # + the seeds a hypothesis added
+    for cell in cells:
         kw = dict(results=results, study=study.name, cell=cell.id)
         s = _read_json(paths.path("summary", **kw))
         if s is None:
@@ -150,7 +156,7 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             continue
     diag = []
-    for cell in study_cells(study):
+    for cell in cells:
         p = paths.path("diagnostics", results=results, study=study.name, cell=cell.id)
         if p.exists() and cell.id in summaries:
             diag.append(readcache.read_parquet(p).assign(cell=cell.id, **cell.axes))
@@ -160,4 +166,5 @@ def load(study: Study, results: str | Path = "results") -> StudyData:
         evc = pd.DataFrame()
     return StudyData(study, results, pd.DataFrame(rows), pd.concat(frames, ignore_index=True) if frames
                      else pd.DataFrame(), pd.DataFrame(base_rows),
-                     pd.concat(diag, ignore_index=True) if diag else pd.DataFrame(), evc, summaries)
+                     pd.concat(diag, ignore_index=True) if diag else pd.DataFrame(), evc, summaries,
+                     search_ledger(study, results), pd.DataFrame(censored_rows(study, cell_table(study), results)))

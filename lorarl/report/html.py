@@ -17,6 +17,7 @@ CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#f3f3f3}.done{background:#e3f6e3}.failed{background:#fbe0e0}.running{background:#e3ecfb}
 .diverged{background:#fdf0d5}.queued,.interrupted,.not-started{background:#f5f5f5}
+.stopped{background:#ece6f6}.at-rung{background:#e3ecfb}
 figure{display:inline-block;margin:0 1em 1.5em 0;max-width:100%}figure img{max-width:100%}
 figcaption{font-size:12px;max-width:900px}code{font-size:12px}"""
 

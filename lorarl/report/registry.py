@@ -8,6 +8,7 @@ A need is a string checked against the study's data (`has`):
 * ``eval``: at least one held-out benchmark column; ``evcurve``: held-out metric at snapshots;
 * ``diag:<metric>``: a weight-space diagnostic (diagnostics.parquet);
 * ``fullft:<field>``: that axis has a full fine-tuning value (a bundle setting adapter.method: full) with a row;
+* ``search``: an adaptive study's search has decided a rung (its ledger, docs/adaptive.md);
 * ``a|b``: any of the alternatives.
 
 Every drawn PNG gets the CSV of exactly what it draws beside it (same stem).
@@ -74,7 +75,10 @@ def _has_one(data: StudyData, need: str) -> bool:
         return not data.evcurves.empty
     if kind == "diag":
         return not data.diag.empty and (data.diag["metric"] == arg).any()
-    raise ValueError(f"unknown figure need {need!r}; allowed kinds: axis, curve, cell, eval, evcurve, diag, fullft")
+    if kind == "search":  # an adaptive study's search decided at least one rung (lorarl.report.adaptive)
+        return bool(data.search and any(r.get("decided") for r in data.search.get("rungs", [])))
+    raise ValueError(f"unknown figure need {need!r}; allowed kinds: axis, curve, cell, eval, evcurve, diag, fullft, "
+                     f"search")
 
 
 def has(data: StudyData, need: str) -> bool:

@@ -53,15 +53,22 @@ def with_axes(metrics: pd.DataFrame, cell) -> pd.DataFrame:
 def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
     """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
     one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
+    from lorarl.report.adaptive import censored, report_cells
+    from lorarl.study import cell_table
+
     rows = []
-    for cell in study_cells(study):
+    table = cell_table(study)
+    stopped = censored(study, table, results)  # a censored cell's curve ends at its rung
+    for cell in report_cells(study, table, results):
         steps = snapshot_steps(cell.config)
         if not steps:
             continue
         kw = dict(results=results, study=study.name, cell=cell.id)
         for bench in curve_benchmarks(cell.config):
-            files = [(st, paths.path("eval_step_summary", benchmark=bench, step=st, **kw)) for st in steps]
-            files.append((cell.config.train.steps, paths.path("eval_summary", benchmark=bench, **kw)))
+            files = [(st, paths.path("eval_step_summary", benchmark=bench, step=st, **kw)) for st in steps
+                     if st <= stopped.get(cell.id, st)]
+            if cell.id not in stopped:
+                files.append((cell.config.train.steps, paths.path("eval_summary", benchmark=bench, **kw)))
             for st, f in files:
                 ev = _read_json(f)
                 metric = _headline(cell.config, bench) or ev["primary_metric"]

@@ -115,7 +115,30 @@ def stats_table(data: StudyData) -> pd.DataFrame:
             text += "  (baseline)"
         row["text"] = text
         out.append(row)
-    return pd.DataFrame(out)
+    return pd.DataFrame(_with_censored(data, out))
+
+
+def _with_censored(data: StudyData, rows: list[dict]) -> list[dict]:
+    """A setting an adaptive study's search stopped: one row per headline metric saying where it was censored
+    (its metric at the last step is unobserved: no mean, no interval); every row in the study's setting order."""
+    cen = data.censored
+    keys = data.keys
+    if cen.empty:
+        return rows
+    have = {tuple(str(r[k]) for k in keys) for r in rows}
+    for labels, g in (cen.groupby(keys, sort=False) if keys else [((), cen)]):
+        labels = tuple(map(str, labels if isinstance(labels, tuple) else (labels,)))
+        if labels in have:
+            continue
+        lab = dict(zip(keys, labels))
+        step = int(g["stopped_at_step"].max())
+        for col in primary_metrics(data):
+            rows.append({**lab, "metric": col, "interval": "censored", "mean": math.nan, "sd": math.nan,
+                         "ci_low": math.nan, "ci_high": math.nan, "n_seeds": 0, "n_problems": 0,
+                         "is_baseline": is_baseline_row(data.study, lab), "censored_at_step": step,
+                         "text": f"censored at step {step} (stopped by the search; {len(g)} cells)"})
+    order = {tuple(c.axes[k] for k in keys): i for i, c in reversed(list(enumerate(study_cells(data.study))))}
+    return sorted(rows, key=lambda r: order.get(tuple(str(r[k]) for k in keys), len(order)))
 
 
 def stats_markdown(data: StudyData, table: pd.DataFrame) -> str:

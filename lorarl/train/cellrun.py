@@ -245,8 +245,9 @@ class CellRun:
         from lorarl.train import flags
 
         self.recorder.flush()
-        if self.collapse_at is not None:  # the planned snapshots it never reached are the final policy
-            self.snapshots.fill_after_stop(model, state_dict)
+        if self.collapse_at is not None or (self.ckpt.stop_at is not None and self.divergence.step is not None):
+            self.snapshots.fill_after_stop(model, state_dict)  # the planned snapshots it never reached: its final
+            # policy (a collapse stop; a divergence before its ``stop_at``, e.g. a rung that must be evaluated)
         policy.save(self.work / "adapter", model, state_dict=state_dict)  # residual inits: on the original base
         if tokenizer is not None and self.cfg.adapter.method == "full":
             tokenizer.save_pretrained(self.work / "adapter")

@@ -1,6 +1,7 @@
 # Load the studies through lorarl.study (the one source of cell ids) and expose input functions.
 # Each study's cell table is built ONCE here (lorarl.study.cell_table); every input function and
 # param below is a dictionary access into it, so planning stays linear in the number of cells.
+import functools
 import json
 import os
 import re
@@ -149,6 +150,10 @@ def eval_inputs(wildcards):
     pseudo-cell needs only the base model."""
     if _is_base(wildcards):
         return base_model_input(wildcards)
+    if "step" in wildcards.keys():  # an adaptive study's snapshot: the rung job that saved it (adaptive.smk)
+        marks = adaptive_step_eval_input(wildcards)
+        if marks is not None:
+            return marks
     kw = dict(results=RESULTS, study=wildcards.study, cell=wildcards.cell)
     return [paths.path("summary", **kw), paths.path("adapter", **kw)]
 
@@ -182,7 +187,18 @@ def eval_outputs(s, cell, is_base):
 
 
 def aggregate_inputs(wildcards):
-    return study_outputs(wildcards.study)
+    s = wildcards.study
+    if s in ADAPT:  # as far as the decisions go (lorarl.pipeline.adaptive_flow), and the base pseudo-cells
+        bases = [str(p) for b in base_ids(s) for p in eval_outputs(s, b, True)]
+        return ADAPT[s].aggregate_inputs(functools.partial(cell_outputs, s)) + bases
+    return study_outputs(s)
+
+
+def cell_outputs(s, cell):
+    """What the aggregate reads of one trained cell: its diagnostics, evaluations and summary."""
+    kw = dict(results=RESULTS, study=s, cell=cell)
+    return [str(paths.path("diagnostics", **kw))] + [str(p) for p in eval_outputs(s, cell, False)] + \
+        [str(paths.path("summary", **kw))]
 
 
 _OUTPUTS = {}  # study name -> its per-cell files (computed once)
@@ -223,7 +239,10 @@ def all_targets():
     out = []
     for s in STUDIES:
         out += [paths.pattern("table_md", results=RESULTS, study=s)]
-        out += [str(p) for p in study_outputs(s)]
+        if s not in ADAPT:
+            out += [str(p) for p in study_outputs(s)]
+        else:  # an adaptive study's cells: what its aggregate asks for, as decided (adaptive.smk); its bases now
+            out += [str(p) for b in base_ids(s) for p in eval_outputs(s, b, True)]
     return out
 
 

@@ -17,10 +17,30 @@ except ValueError as err:
 
 
 def _study_packs(s):
-    """pack id -> member ids, for the study's unfinished cells (packs of two or more only)."""
+    """pack id -> member ids, for the study's unfinished cells (packs of two or more only). The cells of an adaptive
+    study's search whose next segment the decisions on disk allow are packed per rung: such a pack trains its
+    members up to that rung and stops (LORARL_TRAIN_UNTIL); cells promoted while Snakemake runs train solo."""
     table = TABLES[s]
-    todo = [c for c in table.cells if _pack_unfinished(RESULTS, s, c.id, c.hash)]
-    return {_pack_id(p): p for p in _plan_packs(todo, PACK_MAX_CELLS) if len(p) > 1}
+    ad = ADAPT.get(s)
+    searched = ad.search.setting_of if ad is not None and ad.search is not None else {}
+    segments = ad.segments_now() if searched else {}  # cell -> the rung it trains to now (None: its end)
+    groups = {}
+    for c in table.cells:
+        if c.id in searched:
+            if c.id in segments:
+                groups.setdefault(segments[c.id], []).append(c)
+        elif _pack_unfinished(RESULTS, s, c.id, c.hash):
+            groups.setdefault(None, []).append(c)
+    out = {}
+    for until, cells in groups.items():
+        for p in _plan_packs(cells, PACK_MAX_CELLS):
+            if len(p) > 1:
+                pid = _pack_id(p if until is None else [*p, f"until={until}"])
+                out[pid], PACK_UNTIL[(s, pid)] = p, until
+    return out
+
+
+PACK_UNTIL = {}  # (study, pack id) -> the rung its members train to (None: their end)
 
 
 PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if "train" in get_kind(st.kind).cell_stages and PACK_MAX_CELLS > 1}
@@ -29,6 +49,12 @@ PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if "train" in get_
 def pack_targets():
     """The record of every pack to train (empty when packing is off or every cell is done)."""
     return [paths.pattern("pack_done", results=RESULTS, study=s, pack=p) for s, packs in PACKS.items() for p in packs]
+
+
+def pack_until(wildcards):
+    """$LORARL_TRAIN_UNTIL of a pack job: its rung, or empty (to the end)."""
+    until = PACK_UNTIL.get((wildcards.study, wildcards.pack))
+    return "" if until is None else str(until)
 
 
 def pack_members(wildcards):
@@ -73,6 +99,7 @@ rule train_pack:
         results=RESULTS,
         launcher=config["launcher"],
         update_cells=PACK_UPDATE_CELLS,
+        until=pack_until,
     priority: 100
     threads: 1
     retries: OOM_RETRIES
@@ -81,4 +108,4 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} " + launch("train")
+        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} LORARL_TRAIN_UNTIL={params.until} " + launch("train")

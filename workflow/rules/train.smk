@@ -1,10 +1,12 @@
 # Train one cell: GRPO + adapter through the submitit launcher. The config hash is a param, so
-# changing a setting reruns exactly the affected cells.
+# changing a setting reruns exactly the affected cells. A cell of an adaptive study's search trains here from its
+# last rung on, once promoted there (workflow/rules/adaptive.smk).
 
 
 rule train:
     input:
         base_model_input,
+        adaptive_train_input,
     output:
         summary=paths.pattern("summary", results=RESULTS),
         metrics=paths.pattern("metrics", results=RESULTS),
