@@ -291,7 +291,7 @@ class EvalConfig(Strict):
     batch_size: int = Field(64, gt=0, json_schema_extra={"runtime": True})  # generation batch size (memory, not results)
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
-    curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all of them)
+    curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all; []: none, diagnostics only)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm: a GPU, or vLLM's CPU build (scripts/vllm_cpu.sh)
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
     base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.prompt_config)

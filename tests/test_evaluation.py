@@ -51,6 +51,8 @@ def test_list_and_mapping_forms_targets_and_steps():
     m = cell_cfg({"benchmarks": {"gsm8k": None, "aime24": {"limit": 5}}, "eval_every": 5})
     assert m.eval.benchmarks["gsm8k"].limit is None and m.eval.benchmarks["aime24"].limit == 5
     assert plan.eval_targets(m)[2:] == [("gsm8k", 5), ("aime24", 5)]  # curve default: every benchmark
+    d = cell_cfg({"benchmarks": ["gsm8k"], "eval_every": 5, "curve_benchmarks": []})  # snapshots, diagnosed only
+    assert plan.snapshot_steps(d) == [5] and plan.eval_targets(d) == [("gsm8k", None)]
     assert plan.parse_target("gsm8k@40") == ("gsm8k", 40) and plan.parse_target("gsm8k") == ("gsm8k", None)
     with pytest.raises(plan.EvalPlanError):
         plan.parse_target("gsm8k@x")

@@ -94,9 +94,11 @@ def snapshot_steps(cfg: "CellConfig") -> list[int]:
 
 
 def curve_benchmarks(cfg: "CellConfig") -> list[str]:
-    """Benchmarks evaluated at every snapshot (``eval.curve_benchmarks``, default all)."""
-    specs = benchmark_specs(cfg)
-    return list(cfg.eval.curve_benchmarks) if cfg.eval.curve_benchmarks else list(specs)
+    """Benchmarks evaluated at every snapshot (``eval.curve_benchmarks``: null = all of them; [] = none, the
+    snapshots are saved for the weight-space diagnostics only, e.g. paper 003's Fig. 7 through training)."""
+    if cfg.eval.curve_benchmarks is not None:
+        return list(cfg.eval.curve_benchmarks)
+    return list(benchmark_specs(cfg))
 
 
 def eval_targets(cfg: "CellConfig", is_base: bool = False) -> list[tuple[str, int | None]]:
