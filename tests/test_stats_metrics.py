@@ -58,7 +58,8 @@ def _fixture(tmp: Path) -> SimpleNamespace:
         rows.append({"cell": cell, "rank": rank, "seed": seed,
                      **{f"{BENCH}/{m}": float(_expected(cell, m).mean()) for m in BY_CORRECT}})
     study = SimpleNamespace(name="st", baseline={"rank": "full"}, axes={"rank": None, "seed": None}, seed_axis="seed")
-    return SimpleNamespace(study=study, results=tmp, cells=pd.DataFrame(rows), keys=["rank"])
+    return SimpleNamespace(study=study, results=tmp, cells=pd.DataFrame(rows), keys=["rank"],
+                           censored=pd.DataFrame())  # no adaptive search: nothing censored
 
 
 @pytest.mark.parametrize("metric", ["pass@4", "pass@2", "avg@4", "pass@1"])
