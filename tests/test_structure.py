@@ -216,6 +216,8 @@ INDEPENDENT = ("stages",)  # layers whose rooms never import each other
 
 
 def test_rooms_keep_their_layer():
+    """Every room has its layer and imports none above it: low-level pieces never reach up into a stage,
+    a stage never into the launcher or the CLI."""
     rooms = room_graph(import_graph(REPO))
     layer = {f"lorarl.{r}": (i, name) for i, (name, members) in enumerate(LAYERS) for r in members}
     assert sorted(rooms) == sorted(layer), "place every room of lorarl in LAYERS (and only those)"
