@@ -116,7 +116,7 @@ def run(workdir: Path, grids: list[str], workers: int) -> None:
 
 
 def record(workdir: Path, grids: list[str]) -> None:
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
     from lorarl.study import cell_table, load_study
 
     OUT.mkdir(parents=True, exist_ok=True)

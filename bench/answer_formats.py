@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-from lorarl.evaluate.grading import GradingSettings, score_math_batch
+from lorarl.grading.verify import GradingSettings, score_math_batch
 
 
 def batch(n: int, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    from lorarl.evaluate import grading
-    from lorarl.evaluate.answers import prepare_completion
+    from lorarl.grading import verify as grading
+    from lorarl.grading.answers import prepare_completion
 
     reset = grading._fresh_state
     for g, c in pairs(10 ** 6, 16):             # imports and first-use costs out of the way

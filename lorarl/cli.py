@@ -122,7 +122,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         from lorarl.report import build
 
         build(args.study, args.results)  # stats tables, the papers' figures, report.html
-    from lorarl.tracking.study_run import publish
+    from lorarl.pipeline.study_run import publish
 
     publish(study, args.results)  # the study's MLflow parent run: tags + report.html, tables, figures
     return 0
@@ -214,7 +214,7 @@ def cmd_tracking_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    from lorarl.tracking.sync import sync_study
+    from lorarl.pipeline.sync import sync_study
 
     use_tracking(args)
     report = sync_study(args.study, args.results)
@@ -227,7 +227,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.pipeline.status import as_json, format_table, study_status
+    from lorarl.status import as_json, format_table, study_status
 
     if args.watch:
         from lorarl.pipeline.watch import watch

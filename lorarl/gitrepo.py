@@ -1,5 +1,5 @@
 """The git state of the code that runs (one place for both consumers): MLflow run tags and the report
-(`lorarl.tracking.client.git_state`: sha + dirty) and job provenance (`lorarl.pipeline.provenance`:
+(`lorarl.tracking.client.git_state`: sha + dirty) and job provenance (`lorarl.provenance`:
 sha, dirty, the diff itself and the untracked files). Both take sha and dirty from `code_state`, so they
 give one answer: dirty = a tracked file differs from HEAD or an untracked file is there (a study file not
 yet in git is part of what ran; `.gitignore`d files such as results/ are not)."""

@@ -130,7 +130,7 @@ def references(cfg: Any) -> list[Ref]:
 
 
 def _benchmark_refs(cfg: Any) -> list[Ref]:
-    from lorarl.evaluate.benchmarks import BENCHMARKS
+    from lorarl.grading.benchmarks import BENCHMARKS
 
     out = []
     for name, spec in (cfg.eval.benchmarks or {}).items():

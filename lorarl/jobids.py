@@ -1,6 +1,6 @@
 """The Slurm job ids a stage's provenance file lists: read inside a job (the trainer tags its MLflow run
 with them) from the file the launcher names in ``LORARL_PROVENANCE``. The file itself is written by
-:mod:`lorarl.pipeline.provenance`; this leaf module only reads it, so the trainer needs nothing above it."""
+:mod:`lorarl.provenance`; this leaf module only reads it, so the trainer needs nothing above it."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def _grpo_config() -> type[BaseModel]:
 
 
 def _toy_config() -> type[BaseModel]:
-    from lorarl.toy.config import ToyCellConfig
+    from lorarl.toyconfig import ToyCellConfig
 
     return ToyCellConfig
 

@@ -113,7 +113,7 @@ class CellTable:
     def __init__(self, study: Any, cells: list[Cell], bases: list[Cell], notes: list[str], merged: int = 0):
         self.study = study  # the Study this table expands
         self.cells = cells  # matrix cells in axis order
-        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.evaluate.bases)
+        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.evalplan.bases)
         self.notes = notes  # human-readable merges/drops, printed by `lorarl cells`
         self.merged = merged  # how many expanded combos merged into an identical earlier cell
         self.ids = [c.id for c in cells]
@@ -154,10 +154,10 @@ class CellTable:
         return cell_id in self._base_set
 
     def eval_signature(self, cell_id: str, benchmark: str, step: int | None = None) -> str:
-        """Rerun trigger of one evaluation (lorarl.evaluate.plan.eval_signature), memoised."""
+        """Rerun trigger of one evaluation (lorarl.evalplan.plan.eval_signature), memoised."""
         key = (cell_id, benchmark, step)
         if key not in self._eval_sigs:
-            from lorarl.evaluate.plan import eval_signature
+            from lorarl.evalplan.plan import eval_signature
 
             self._eval_sigs[key] = eval_signature(self.cell(cell_id).config, benchmark, step, self.is_base(cell_id))
         return self._eval_sigs[key]
@@ -211,10 +211,10 @@ def _cell_id(study: Any, labels: dict[str, str], names: list[str]) -> str:
 
 
 def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
-    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.evaluate.bases."""
+    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.evalplan.bases."""
     if not kind.has_base:
         return []
-    from lorarl.evaluate.bases import base_cells
+    from lorarl.evalplan.bases import base_cells
 
     return base_cells(study, cells, Cell)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from lorarl import paths
-from lorarl.evaluate.plan import benchmark_specs, eval_targets, protocol_for
-from lorarl.evaluate.protocols import summarize
+from lorarl.evalplan.plan import benchmark_specs, eval_targets, protocol_for
+from lorarl.grading.protocols import summarize
 from lorarl.study import Study, base_cells, study_cells
 
 N_PROBLEMS = 4  # a few problems per evaluation: every table row needs them, none needs many

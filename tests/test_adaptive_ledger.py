@@ -12,7 +12,7 @@ import yaml
 
 from lorarl import paths
 from lorarl.adaptive import ledger
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.records import Sample, write_records
 from lorarl.study import cell_table, load_study
 

@@ -57,7 +57,7 @@ def stopped_study(tmp_path: Path):
 
 
 def test_censored_cells_in_every_table(tmp_path):
-    from lorarl.pipeline.status import format_table, study_status
+    from lorarl.status import format_table, study_status
     from lorarl.report import build
     from lorarl.report.aggregate import aggregate
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lorarl.adaptive.spec import resolved_search
-from lorarl.pipeline import badstudies
+from lorarl import badstudies
 from lorarl.study import cell_table, load_study
 
 BASE = {

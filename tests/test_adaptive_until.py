@@ -152,7 +152,7 @@ def test_a_cell_that_ends_before_its_rung_publishes_and_fills_the_rungs_snapshot
     """Diverged at step 1, asked for rung 2: its outputs are published as always, the snapshots it never reached
     are its final policy (the rung can be evaluated), its checkpoints go, and the mark says it ended."""
     from lorarl.pipeline.stages import get_stage
-    from lorarl.train.divergence import FAULT_ENV
+    from lorarl.numerics.divergence import FAULT_ENV
 
     [cell] = study(tmp_path, tiny_dir, teacher)
     monkeypatch.setenv(FAULT_ENV, "nan_reward_at_step:1")

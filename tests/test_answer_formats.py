@@ -10,13 +10,13 @@ from pydantic import ValidationError
 
 from lorarl.config import CellConfig
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.benchmarks import get_benchmark
-from lorarl.evaluate.plan import cell_grading, eval_signature
+from lorarl.grading.benchmarks import get_benchmark
+from lorarl.evalplan.plan import cell_grading, eval_signature
 from lorarl.evaluate.records import grade_samples
-from lorarl.evaluate.grading import GradingSettings, score_math_batch
+from lorarl.grading.verify import GradingSettings, score_math_batch
 from lorarl.rewards import Rollouts
 from lorarl.rewards.registry import build_regime
-from lorarl.rewards.answer_formats import answer_line, last_number, normalize_final_answer
+from lorarl.grading.answer_formats import answer_line, last_number, normalize_final_answer
 from lorarl.signature import train_signature
 
 TAIL = "\n" + "x" * 300  # pushes an earlier line out of DAPO's 300-character window
@@ -179,7 +179,7 @@ def test_paper_003_studies_ask_and_grade_as_dapo(name):
     ("last_number", "no digits here.", False),
 ])
 def test_frac_answered_counts_what_the_format_reads(fmt, completion, answered):
-    from lorarl.rewards.answer_formats import has_answer
+    from lorarl.grading.answer_formats import has_answer
 
     assert has_answer(fmt, completion) is answered
     with pytest.raises(ValueError, match="allowed: boxed, answer_line, last_number"):

@@ -1,12 +1,12 @@
-"""Which boxes are graded and how digit separators are read (lorarl.evaluate.answers, pure strings), and the
-same rules end to end through math-verify (lorarl.evaluate.grading): one table row per case class."""
+"""Which boxes are graded and how digit separators are read (lorarl.grading.answers, pure strings), and the
+same rules end to end through math-verify (lorarl.grading.verify): one table row per case class."""
 
 from __future__ import annotations
 
 import pytest
 
-from lorarl.evaluate.answers import (final_boxed, gold_boxes, normalize_separators, prepare_completion)
-from lorarl.evaluate.grading import score_math, score_math_batch
+from lorarl.grading.answers import (final_boxed, gold_boxes, normalize_separators, prepare_completion)
+from lorarl.grading.verify import score_math, score_math_batch
 from lorarl.rewards.outcome import gold_answer
 
 LONG = " Then we carry on with a long computation over several more lines of prose. "

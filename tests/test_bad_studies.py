@@ -1,6 +1,6 @@
 """Bad input: over 100 generated malformed studies, each refused by `lorarl cells` with exit status 2,
 a message naming the file, the place (YAML line / field path) and what is allowed, nothing written
-(lorarl.pipeline.badstudies); hostile labels never give a cell id or path outside results/."""
+(lorarl.badstudies); hostile labels never give a cell id or path outside results/."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.pipeline import badstudies
+from lorarl import badstudies
 from lorarl.study import StudyError, load_study
 
 CASES = badstudies.cases()
@@ -51,7 +51,7 @@ def test_booleans_never_pass_as_numbers_but_bool_fields_take_them():
     from pydantic import ValidationError
 
     from lorarl.config import AdapterConfig, ProtocolOverride, TrainConfig
-    from lorarl.toy.config import ToyCellConfig
+    from lorarl.toyconfig import ToyCellConfig
 
     for model, field, value in [(AdapterConfig, "rank", True), (TrainConfig, "lr", False), (ToyCellConfig, "rank", True),
                                 (TrainConfig, "epsilon_high", True)]:

@@ -8,10 +8,10 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from lorarl.evaluate import benchmarks as bm
-from lorarl.evaluate.benchmarks import (BENCHMARKS, LETTERS, Problem, get_benchmark, gsm8k_gold,
+from lorarl.grading import benchmarks as bm
+from lorarl.grading.benchmarks import (BENCHMARKS, LETTERS, Problem, get_benchmark, gsm8k_gold,
                                         shuffled_choices)
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.protocols import Protocol
 
 NAMES = sorted(BENCHMARKS)
 

@@ -49,7 +49,7 @@ def leave(pack, name, folder):
 def come_back(pack, name, folder, monitors):
     """What the pack job does for a resumed member (lorarl.pack.run._load_state) at its new position."""
     from lorarl.pack.run import _load_state
-    from lorarl.train.divergence import Divergence
+    from lorarl.numerics.divergence import Divergence
 
     k = _index(pack, name)
     run = SimpleNamespace(resumed=SimpleNamespace(path=folder), monitors=monitors, divergence=Divergence(),

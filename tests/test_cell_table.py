@@ -74,7 +74,7 @@ def test_unknown_cell_names_the_cells():
 
 
 def test_eval_signature_is_memoised_and_matches_the_plan():
-    from lorarl.evaluate import plan
+    from lorarl.evalplan import plan
 
     t = cell_table(parse_study(raw_study()))
     c = t.cell("r2-s0")

@@ -1,4 +1,4 @@
-"""NaN/inf loss, reward or gradient: the cell stops with state `diverged` (lorarl.train.divergence).
+"""NaN/inf loss, reward or gradient: the cell stops with state `diverged` (lorarl.numerics.divergence).
 
 Fast: the detection, the skipped update, status and the aggregate table of a diverged cell. Slow: a
 real training run whose rewards turn NaN at step 3 (fault hook) ends with `diverged` in summary.json,
@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from lorarl.train import divergence
+from lorarl.numerics import divergence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,7 +140,7 @@ def test_nan_reward_stops_the_cell_as_diverged(workdir: Path):
     assert run.data.tags["lorarl.state"] == "diverged"
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == [1, 2, 3]
 
-    from lorarl.pipeline.status import study_status
+    from lorarl.status import study_status
 
     st = {r.cell: r for r in study_status(str(workdir / "study.yaml"), workdir / "results")}
     assert st["s0"].train.state == "diverged" and st["s0"].train.step == "3/6"

@@ -113,7 +113,7 @@ def config_sections() -> list[str]:
     train, ...; the toy study's cell config too)."""
     from lorarl.config import CellConfig
     from lorarl.study import Study
-    from lorarl.toy.config import ToyCellConfig
+    from lorarl.toyconfig import ToyCellConfig
 
     return list(dict.fromkeys([*Study.model_fields, *CellConfig.model_fields, *ToyCellConfig.model_fields]))
 

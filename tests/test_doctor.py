@@ -166,7 +166,8 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
 
 
 def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
-    from lorarl.pipeline.doctor_report import parse_overrides, read_profile
+    from lorarl.pipeline.doctor_report import parse_overrides
+    from lorarl.profiles import read_profile
 
     local = read_profile(None)
     assert local["launcher"] == "local" and local["jobs"] == 2

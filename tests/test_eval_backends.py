@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from lorarl.evaluate.backends import (Completion, HFBackend, completions_from_ids,  # noqa: E402
                                       format_prompt, merge_adapter)
-from lorarl.evaluate.protocols import Protocol  # noqa: E402
+from lorarl.grading.protocols import Protocol  # noqa: E402
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, request_seed, sampling_kwargs  # noqa: E402
 
 PROMPTS = ["Q: 12+7=?\nA: ", "Q: 3-1=?\nA: ", "Q: 45+45-9=?\nA: "]
@@ -251,7 +251,7 @@ def test_vllm_not_imported():
 
 # ----------------------------------------------------------------------------- records
 from lorarl.evaluate import records  # noqa: E402
-from lorarl.evaluate.benchmarks import get_benchmark  # noqa: E402
+from lorarl.grading.benchmarks import get_benchmark  # noqa: E402
 
 
 class _ScriptedBackend:
@@ -310,7 +310,7 @@ def test_records_written_and_rescore_reproduces_summary(tmp_path):
 
 
 def test_metrics_match_protocol_arithmetic(tmp_path):
-    from lorarl.evaluate.protocols import Protocol, mean_pass_at_k
+    from lorarl.grading.protocols import Protocol, mean_pass_at_k
 
     b = get_benchmark("math500")
     problems = b.load(rows=_math_rows(3))

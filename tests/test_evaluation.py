@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from lorarl.config import CellConfig, EvalConfig
-from lorarl.evaluate import plan
+from lorarl.evalplan import plan
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.protocols import Protocol
-from lorarl.evaluate.bases import base_label
+from lorarl.grading.protocols import Protocol
+from lorarl.evalplan.bases import base_label
 from lorarl.study import StudyError, base_cells, study_cells, load_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}

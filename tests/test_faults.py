@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline import inflight, launch, provenance, slurm
+from lorarl import provenance
+from lorarl.pipeline import inflight, launch, slurm
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},

@@ -1,5 +1,5 @@
 """One answer to "was the code dirty?": the MLflow tags and the report (lorarl.tracking.client.git_state) and the
-job's provenance (lorarl.pipeline.provenance.git_info) both take it from lorarl.gitrepo.code_state, so a study
+job's provenance (lorarl.provenance.git_info) both take it from lorarl.gitrepo.code_state, so a study
 file not yet in git makes both say dirty (the tags said `git.dirty false` while the provenance said dirty)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from lorarl.gitrepo import code_state
-from lorarl.pipeline.provenance import git_info
+from lorarl.provenance import git_info
 from lorarl.tracking.client import git_state
 
 

@@ -1,4 +1,4 @@
-"""Table-driven tests of lorarl.evaluate.grading (math-verify in worker processes, letter extraction)."""
+"""Table-driven tests of lorarl.grading.verify (math-verify in worker processes, letter extraction)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from lorarl.evaluate import grading
-from lorarl.evaluate.answers import answer_text, final_boxed
-from lorarl.evaluate.choice import score_choice
-from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math, score_math_batch
+from lorarl.grading import verify as grading
+from lorarl.grading.answers import answer_text, final_boxed
+from lorarl.grading.choice import score_choice
+from lorarl.grading.verify import GradingSettings, Score, extract_boxed, score_math, score_math_batch
 
 TIMEOUT = 1.5      # seconds given to pathological cases
 LEGIT = 60.0       # seconds given to ordinary cases where a timeout would be the machine's load, not the case
@@ -185,7 +185,7 @@ def test_degenerate_outputs_are_fast():
 
 
 def test_import_is_cheap():
-    code = ("import sys, lorarl.evaluate.grading; "
+    code = ("import sys, lorarl.grading.verify; "
             "bad = [m for m in ('torch', 'transformers', 'sympy', 'math_verify') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -233,7 +233,7 @@ import logging, sys
 logging.disable(logging.WARNING)
 from math_verify import parse, verify
 from sympy.core.random import seed
-from lorarl.evaluate.grading import _fresh_state, _math_task
+from lorarl.grading.verify import _fresh_state, _math_task
 gold, pred = "0", r"\boxed{4 0/0}"
 def raw(k):
     _fresh_state()

@@ -14,11 +14,11 @@ from lorarl.cli import main
 from lorarl.config import BenchmarkEval, CellConfig, EvalConfig
 from lorarl.evaluate import records
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.benchmarks import get_benchmark
-from lorarl.evaluate.plan import eval_signature, grading_for
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.benchmarks import get_benchmark
+from lorarl.evalplan.plan import eval_signature, grading_for
+from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.main import rescore_file
-from lorarl.evaluate.grading import GradingSettings
+from lorarl.grading.verify import GradingSettings
 
 ANSWERS = ["\\boxed{3.1416}", "\\boxed{1} and \\boxed{2}", "\\boxed{1\\,000}", "no box"]
 GOLDS = ["3.14159", "1,2", "1000", "5"]

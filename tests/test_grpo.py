@@ -12,7 +12,7 @@ import datasets
 import pytest
 import torch
 
-from lorarl.train.kl import frozen_reference
+from lorarl.numerics.kl import frozen_reference
 from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker

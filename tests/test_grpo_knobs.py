@@ -95,7 +95,7 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio(tiny_dir, t
 
 
 def test_advantage_without_std_and_kl_without_the_ratio_weight(tiny_dir, tmp_path):
-    from lorarl.train import kl as klmod
+    from lorarl.numerics import kl as klmod
 
     trainer, ds = build(tiny_dir, tmp_path, cfg_with(scale_rewards="none", kl_importance_correction=False),
                         scores=(1.0, 0.0, 0.5, 0.5))

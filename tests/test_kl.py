@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lorarl.train import kl
+from lorarl.numerics import kl
 
 
 def test_estimators_by_hand():

@@ -36,7 +36,7 @@ def _pack_with_forced_first_token(path, tmp_path, turn):
 def test_the_pack_stops_at_every_eos_id_of_the_generation_config(two_eos_dir, tmp_path):  # noqa: F811
     from lorarl.models import load_model_and_tokenizer
     from lorarl.pack.generate import generate
-    from lorarl.train.stop_ids import stop_token_ids
+    from lorarl.stop_ids import stop_token_ids
 
     path, turn = two_eos_dir
     model, tok = load_model_and_tokenizer(path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lorarl.train import kl as klmod
+from lorarl.numerics import kl as klmod
 from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 

@@ -1,4 +1,4 @@
-"""train.precision (lorarl.train.precision): fp32 master weights keep updates that pure bf16 rounds away."""
+"""train.precision (lorarl.numerics.precision): fp32 master weights keep updates that pure bf16 rounds away."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorarl.config import CellConfig
-from lorarl.train.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
+from lorarl.numerics.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
 
 
 def test_resolution_per_device_and_load_dtypes():

@@ -137,7 +137,7 @@ def test_old_eval_chat_template_moves_to_the_prompt_section():
 
 
 def test_prompt_is_in_the_train_and_eval_signatures():
-    from lorarl.evaluate import plan
+    from lorarl.evalplan import plan
 
     a, b = CellConfig(), CellConfig(prompt={"system": "x"})
     assert plan.train_signature(a) != plan.train_signature(b)

@@ -71,7 +71,7 @@ def test_unwrap_refuses_rows_without_the_wrapper_and_bad_combinations(tmp_path):
 def test_multiple_choice_with_think_asks_once_for_the_letter(tmp_path):
     """GPQA under ``prompt.think``: its registry instruction (the letter in \\boxed{}) becomes the think
     variant, not the letter instruction followed by the generic think/boxed one; without think, as before."""
-    from lorarl.evaluate.benchmarks import CHOICE_TEMPLATE, get_benchmark
+    from lorarl.grading.benchmarks import CHOICE_TEMPLATE, get_benchmark
     from lorarl.evaluate.main import load_problems
 
     gpqa = get_benchmark("gpqa")

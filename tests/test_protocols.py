@@ -9,7 +9,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from lorarl.evaluate.protocols import (Protocol, avg_at_k, greedy_pass_at_1, mean_pass_at_k,
+from lorarl.grading.protocols import (Protocol, avg_at_k, greedy_pass_at_1, mean_pass_at_k,
                                        pass_at_k, per_problem_pass_at_k, summarize,
                                        wilson_interval)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lorarl.pipeline.provenance import pip_freeze
+from lorarl.provenance import pip_freeze
 
 
 def _pins(lines: list[str]) -> dict[str, str]:

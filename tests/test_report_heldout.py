@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lorarl.evaluate.plan import snapshot_steps
+from lorarl.evalplan.plan import snapshot_steps
 from lorarl.report.data import load
 from lorarl.report.figures import load_all
 from lorarl.report.registry import REGISTRY

@@ -12,8 +12,8 @@ import yaml
 from lorarl.cli import main
 from lorarl.evaluate import records
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.benchmarks import get_benchmark
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.benchmarks import get_benchmark
+from lorarl.grading.protocols import Protocol
 
 STUDY = {"name": "rs", "defaults": {"model": "test-org/never-loaded", "train": {"steps": 6},
                                     "eval": {"eval_every": 3, "benchmarks": ["math500", "gpqa"]}},

@@ -11,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from lorarl.config import CellConfig, RewardConfig
-from lorarl.evaluate.grading import GradingSettings
+from lorarl.grading.verify import GradingSettings
 from lorarl.rewards import Rollouts
-from lorarl.rewards.answer_formats import verdict
+from lorarl.grading.answer_formats import verdict
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.registry import build_regime
 from lorarl.rewards.terms import (GSM8K_RECIPE, TERMS, TermContext, load_all, register_term, reward_maximum,

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from lorarl.train import checkpoint
-from lorarl.pipeline import provenance
+from lorarl import provenance
 from lorarl.pipeline.launch import error_summary
 from lorarl.pipeline.slurm import coerce, slurm_parameters
-from lorarl.pipeline.status import format_table, study_status
+from lorarl.status import format_table, study_status
 from lorarl.study import study_cells, load_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_status_of_each_kind_of_cell(tmp_path: Path, monkeypatch):
     (res / "st" / "s3").mkdir(parents=True)
     (res / "st" / "s3" / "summary.json").write_text(json.dumps({"config_hash": "0123456789"}))
 
-    from lorarl.pipeline import status as status_mod
+    from lorarl import status as status_mod
 
     asked = []  # local jobs only: Slurm is not asked (a local job id is a pid, and an unreachable controller
     monkeypatch.setattr(status_mod, "_run", lambda cmd: asked.append(cmd))  # makes each call wait its timeout)

@@ -52,7 +52,7 @@ def test_every_published_study_is_in_the_table():
 
 def test_004_table4_snapshot_is_rollout_step_320():
     """004 Table 4 reads step 320 (of 4 updates each): the snapshot is training step 320 = update 1,280."""
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
 
     for cell in _cells("off_principal_masks"):
         assert snapshot_steps(cell.config) == [320] and cell.config.train.updates_per_step == 4

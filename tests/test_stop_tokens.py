@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lorarl.rewards.outcome import OutcomeDeposits
-from lorarl.train.stop_ids import stop_token_ids
+from lorarl.stop_ids import stop_token_ids
 from lorarl.train.trainer import LorarlGRPOTrainer
 from test_grpo import G, MAXLEN, P, args, dataset, fake_score, raw_batch
 

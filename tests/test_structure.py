@@ -1,5 +1,6 @@
-"""The house rules, checked statically: no import cycles in lorarl, no module over 400 lines, and a
-README Layout section that names every package.
+"""The house rules, checked statically: no import cycles in lorarl (between modules, and between its
+rooms: top-level modules and subpackages, kept in layers), no module over 400 lines, and a README Layout
+section that names every package.
 
 The import graph counts every import of a lorarl module: at module level, inside functions (a
 function-level import that only dodges a cycle is still a cycle) and under `if TYPE_CHECKING:`.
@@ -131,6 +132,99 @@ def test_cycle_finder_finds_a_function_level_cycle(tmp_path: Path):
     assert cycles(graph) == [["lorarl.a", "lorarl.sub.b"]]
     (pkg / "a.py").write_text("from lorarl.sub import b\ndef g():\n    from lorarl import d\n")  # a -> d -> c -> a
     assert cycles(import_graph(tmp_path)) == [["lorarl.a", "lorarl.c", "lorarl.d", "lorarl.sub.b"]]
+
+
+def room_of(module: str) -> str:
+    """A module's room: lorarl's top-level module or subpackage it belongs to (lorarl.train.trainer ->
+    lorarl.train, lorarl.config -> lorarl.config)."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, str]]:
+    """room -> {room it imports: one example import "module -> module"}; `lorarl/__init__.py` is no room
+    (a `from lorarl import x` already counts as lorarl.x in import_graph)."""
+    rooms: dict[str, dict[str, str]] = {}
+    for mod in sorted(graph):
+        if mod == "lorarl":
+            continue
+        edges = rooms.setdefault(room_of(mod), {})
+        for dep in sorted(graph[mod]):
+            if dep != "lorarl" and room_of(dep) != room_of(mod):
+                edges.setdefault(room_of(dep), f"{mod} -> {dep}")
+    return rooms
+
+
+def package_loops(rooms: dict[str, dict[str, str]]) -> list[str]:
+    """Each loop between rooms: its rooms, then one example import per edge inside it."""
+    return [" / ".join(c) + ":\n  " + "\n  ".join(rooms[a][b] for a in c for b in sorted(rooms[a]) if b in c)
+            for c in cycles({r: set(e) for r, e in rooms.items()})]
+
+
+def test_lorarl_has_no_package_level_loop():
+    """No loop between lorarl's rooms, counting imports inside functions: a module-level-acyclic graph can
+    still tie packages together (train.a -> evaluate.b at module level, evaluate.c -> train.d in a function)."""
+    rooms = room_graph(import_graph(REPO))
+    assert len(rooms) > 30 and "lorarl.train" in rooms["lorarl.pack"]  # the scan found the rooms and their edges
+    loops = package_loops(rooms)
+    assert not loops, ("package-level import loops (move the shared piece below both, or hand the value in; "
+                       "never a function-level import or a re-export):\n" + "\n".join(loops))
+
+
+def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: Path):
+    """The checker itself: a loop closed by a function-level import between two modules that form no
+    module-level cycle is reported with one example per edge; relative imports and `from lorarl import x`
+    are resolved to their rooms."""
+    pkg = tmp_path / "lorarl"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from ..b import y\n")
+    (pkg / "a" / "w.py").write_text("")
+    (pkg / "b" / "y.py").write_text("")
+    (pkg / "b" / "z.py").write_text("def f():\n    from lorarl.a import w\n    return w\n")
+    (pkg / "c.py").write_text("from . import d\n")
+    (pkg / "d.py").write_text("")
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == []  # no module-level cycle: the old test passes this tree
+    rooms = room_graph(graph)
+    assert rooms["lorarl.a"] == {"lorarl.b": "lorarl.a.x -> lorarl.b.y"}
+    assert rooms["lorarl.c"] == {"lorarl.d": "lorarl.c -> lorarl.d"}
+    assert package_loops(rooms) == ["lorarl.a / lorarl.b:\n  lorarl.a.x -> lorarl.b.y\n  lorarl.b.z -> lorarl.a.w"]
+    (pkg / "d.py").write_text("def g():\n    from lorarl import c\n")  # `from lorarl import c` is room lorarl.c
+    assert [loop.split(":")[0] for loop in package_loops(room_graph(import_graph(tmp_path)))] == [
+        "lorarl.a / lorarl.b", "lorarl.c / lorarl.d"]
+
+
+# lorarl's rooms, bottom to top: a room imports only rooms of its own layer or below (the loop test keeps
+# a layer's rooms from tying themselves together); the stages import none of each other. A new module or
+# subpackage of lorarl takes its place here.
+LAYERS = (
+    ("foundations", ("numbers", "io", "paths", "jobclock", "jobids", "gitrepo", "signature", "reserved",
+                     "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
+                     "prompt_config", "taskconfig", "toyconfig")),
+    ("numerics and grading", ("numerics", "grading")),
+    ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking")),
+    ("config schema and registries", ("config", "kinds", "evalplan")),
+    ("study resolution", ("matrix", "yamlpos", "preflight", "hubcheck", "adaptive", "study", "profiles")),
+    ("stages", ("train", "evaluate", "diagnose", "toy")),
+    ("hosts and readers of stages", ("memory", "pack", "status", "report")),
+    ("pipeline", ("pipeline",)),
+    ("entry points", ("cli", "gpucheck", "badstudies", "badstudies_size")),
+)
+INDEPENDENT = ("stages",)  # layers whose rooms never import each other
+
+
+def test_rooms_keep_their_layer():
+    """Every room has its layer and imports none above it: low-level pieces never reach up into a stage,
+    a stage never into the launcher or the CLI."""
+    rooms = room_graph(import_graph(REPO))
+    layer = {f"lorarl.{r}": (i, name) for i, (name, members) in enumerate(LAYERS) for r in members}
+    assert sorted(rooms) == sorted(layer), "place every room of lorarl in LAYERS (and only those)"
+    bad = [f"{a} ({layer[a][1]}) imports {b} ({layer[b][1]}): {why}" for a, edges in sorted(rooms.items())
+           for b, why in sorted(edges.items())
+           if layer[b][0] > layer[a][0] or (layer[b][0] == layer[a][0] and layer[a][1] in INDEPENDENT)]
+    assert not bad, "a room reaches up a layer (or a stage imports a stage):\n" + "\n".join(bad)
 
 
 def _checked_files() -> list[Path]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import mlflow
 
-from lorarl.pipeline.badstudies import VALID
+from lorarl.badstudies import VALID
 from lorarl.study import parse_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, SUPERSEDED_TAG, Tracker
-from lorarl.tracking.study_run import publish
+from lorarl.pipeline.study_run import publish
 from tracking_helpers import run_writers
 
 

@@ -10,7 +10,7 @@ import pytest
 import fake_vllm
 from lorarl.config import CellConfig
 from lorarl.evaluate.backends import HFBackend
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
 from test_eval_backends import PROMPTS, tiny  # noqa: F401  (fixture)
 
@@ -164,7 +164,7 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
     vLLM's memory check, as the fake does), each target generated from its own adapter."""
     from lorarl.evaluate import main as ev
     from lorarl.evaluate import vllm_backend
-    from lorarl.evaluate.benchmarks import Problem
+    from lorarl.grading.benchmarks import Problem
     from lorarl.matrix import Cell
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lorarl.train import checkpoint
-from lorarl.pipeline import provenance
+from lorarl import provenance
 from lorarl.study import load_study, study_cells
 from lorarl.pipeline.watch import render, snapshot, watch
 

@@ -161,7 +161,7 @@ def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path |
                   precision: str | None = None) -> AdaptedPolicy:
     """Apply `cfg.adapter` (a CellConfig) to `model` in place and return the AdaptedPolicy.
 
-    `precision` (a resolved `train.precision`, lorarl.train.precision): the trainable tensors are cast to
+    `precision` (a resolved `train.precision`, lorarl.numerics.precision): the trainable tensors are cast to
     their master dtype before the optimiser is built (None: left as built).
     The SVD cache lives in `svd_root`, default `<results_dir>/svd_cache`, in memory if neither is given.
     Raises AdapterMismatch if the built model does not match the requested method/init.
@@ -180,7 +180,7 @@ def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path |
         ctx.prepare_svd(model)
     built = method.build(model, applied, ctx)
     if precision is not None:
-        from lorarl.train.precision import cast_trainable
+        from lorarl.numerics.precision import cast_trainable
 
         cast_trainable(built, precision)
     optimizer = method.make_optimizer(built, applied, ctx)

@@ -4,13 +4,13 @@
   (lorarl.evaluate.records: ``metrics.<metric>.value``), written when the evaluate stage scores the
   snapshot the trainer saved at that step (``eval.eval_every``). A record whose ``meta.config_hash`` is
   not the cell's current signature is stale and counts as missing.
-* Failures: a cell's ``summary.json`` whose ``state`` is ``diverged`` (lorarl.train.divergence: the run
+* Failures: a cell's ``summary.json`` whose ``state`` is ``diverged`` (lorarl.numerics.divergence: the run
   stopped on a NaN/inf at ``diverged_at_step``) or ``failed`` (``failed_at_step``, default 0). A train job
   that crashed leaves no summary: its records are missing and a synchronous rung waits for its rerun.
   A rung value that is not finite is a failure at that rung.
 * Per-problem scores of the final evaluation ``eval/<benchmark>.jsonl`` (one line per sample:
   ``problem_id``, ``correct``) under a metric: avg@k = c / n, pass@k the unbiased estimator
-  (lorarl.evaluate.protocols.pass_at_k); what a hypothesis pairs by problem.
+  (lorarl.grading.protocols.pass_at_k); what a hypothesis pairs by problem.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.adaptive.spec import split_metric
-from lorarl.evaluate.protocols import pass_at_k
+from lorarl.grading.protocols import pass_at_k
 
 __all__ = ["rung_records", "cell_failure", "problem_scores", "FAILED_STATES"]
 

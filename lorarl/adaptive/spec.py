@@ -114,7 +114,7 @@ def _labels(study: Any, axis: str) -> list[str]:
 
 
 def _headline(cfg: Any, bench: str) -> str:
-    from lorarl.evaluate.plan import benchmark_specs, protocol_for
+    from lorarl.evalplan.plan import benchmark_specs, protocol_for
 
     spec = benchmark_specs(cfg)[bench]
     return spec.headline or protocol_for(bench, spec, cfg.eval).primary_metric
@@ -123,7 +123,7 @@ def _headline(cfg: Any, bench: str) -> str:
 def check_metric(table: Any, metric: str | None, where: str, source: str, curve: bool) -> str:
     """The metric every cell records (``<bench>@<step>`` snapshots when ``curve``, else the final
     evaluation); a null metric resolves to the first (curve) benchmark's headline."""
-    from lorarl.evaluate.plan import benchmark_specs, curve_benchmarks, protocol_for
+    from lorarl.evalplan.plan import benchmark_specs, curve_benchmarks, protocol_for
 
     out = None
     for cell in table.cells:
@@ -176,7 +176,7 @@ def resolved_search(study: Any, table: Any) -> SearchSpec:
 
 
 def _check_search(study: Any, table: Any, source: str) -> None:
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
 
     s = study.search
     for ax in s.paired or [study.seed_axis]:

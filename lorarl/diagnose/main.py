@@ -87,7 +87,7 @@ def lora_factors(adapter_dir: Path) -> dict:
 def factors_through_training(study: str, cell: Cell, results_dir: str | Path, pairs: dict) -> dict:
     """Module name -> {training step: A}: the eval_every snapshots the cell saved, and the final A at the last
     step (paper 003 Fig. 7 through training); empty for cells without a LoRA A."""
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
 
     out: dict[str, dict[int, object]] = {}
     for step in snapshot_steps(cell.config):

@@ -1,18 +1,15 @@
-"""Evaluation stage: benchmarks, protocols, generation backends and per-sample records.
+"""Evaluation stage: generation backends and per-sample records (the benchmark registry, protocols and
+graders it runs live below it, in :mod:`lorarl.grading`; a cell's evaluation plan in :mod:`lorarl.evalplan`).
 
-* :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
-* :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
 * :mod:`.backends`: ``HFBackend`` (transformers, CPU/GPU, peft adapters merged or not);
 * :mod:`.vllm_backend`: ``VLLMBackend`` (a GPU or vLLM's CPU build, imported on demand);
-* :mod:`.records`: per-sample jsonl, summary json, ``rescore``, ``run_benchmark``.
+* :mod:`.records`: per-sample jsonl, summary json, ``rescore``, ``run_benchmark``;
+* :mod:`.main`: the stage's entry point (one cell's benchmarks, MLflow, the summary).
 
 Importing this package does not import torch, transformers or vllm.
 """
 
 from lorarl.evaluate.backends import Completion, HFBackend
-from lorarl.evaluate.benchmarks import BENCHMARKS, Benchmark, Problem, get_benchmark
-from lorarl.evaluate.protocols import Metric, Protocol, summarize
 from lorarl.evaluate.records import Sample, rescore, run_benchmark
 
-__all__ = ["BENCHMARKS", "Benchmark", "Completion", "HFBackend", "Metric", "Problem", "Protocol",
-           "Sample", "get_benchmark", "rescore", "run_benchmark", "summarize"]
+__all__ = ["Completion", "HFBackend", "Sample", "rescore", "run_benchmark"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from lorarl.evaluate.protocols import Protocol
-from lorarl.train.stop_ids import stop_token_ids
+from lorarl.grading.protocols import Protocol
+from lorarl.stop_ids import stop_token_ids
 
 __all__ = ["Completion", "HFBackend", "merge_adapter", "completions_from_ids", "format_prompt"]
 
@@ -125,7 +125,7 @@ class HFBackend:
         # keep only the special-token ids of the model's generation defaults: since transformers 5
         # its other fields (top-k, repetition penalty, ...) would fill whatever a call leaves unset
         src = model.generation_config
-        eos = list(stop_token_ids(model, self.tokenizer))  # TRL's rule, as training stops (lorarl.train.stop_ids)
+        eos = list(stop_token_ids(model, self.tokenizer))  # TRL's rule, as training stops (lorarl.stop_ids)
         model.generation_config = GenerationConfig(eos_token_id=eos[0] if len(eos) == 1 else eos,
                                                    bos_token_id=src.bos_token_id,
                                                    pad_token_id=self.tokenizer.pad_token_id)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lorarl import paths
-from lorarl.evaluate.bases import base_label
-from lorarl.evaluate.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
+from lorarl.evalplan.bases import base_label
+from lorarl.evalplan.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
                                   eval_targets, format_target, cell_grading, parse_target,
                                   protocol_for)
 from lorarl.study import Cell
@@ -53,7 +53,7 @@ def load_problems(name: str, cfg: Any) -> list:
     train stage uses): math benchmarks put their question into ``prompt.template``; multiple-choice
     benchmarks keep their registry template (it lays out the choices); with ``prompt.think`` the
     registry's think variant, whose one instruction asks for <think> then the letter in \\boxed{}."""
-    from lorarl.evaluate.benchmarks import CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
+    from lorarl.grading.benchmarks import CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
     from lorarl.tasks.prompt import user_message
 
     spec = benchmark_specs(cfg)[name]
@@ -209,7 +209,7 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     """Generate, grade and record the cell's requested targets; returns {target: metrics}."""
     import torch
 
-    from lorarl.evaluate.benchmarks import get_benchmark
+    from lorarl.grading.benchmarks import get_benchmark
     from lorarl.evaluate.records import run_benchmark
 
     if threads:

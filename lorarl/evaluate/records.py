@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.benchmarks import Benchmark, Problem, grade
-from lorarl.evaluate.protocols import Protocol, summarize
-from lorarl.evaluate.grading import GradingSettings
+from lorarl.grading.benchmarks import Benchmark, Problem, grade
+from lorarl.grading.protocols import Protocol, summarize
+from lorarl.grading.verify import GradingSettings
 from lorarl.io import atomic_write_text
 from lorarl.jobclock import first_work
 

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable, Iterator, Sequence
 
 from lorarl.evaluate.backends import Completion
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.protocols import Protocol
 from lorarl.vllm_push import push_weights
 
 __all__ = ["VLLMBackend", "lora_servable", "sampling_kwargs", "serving_mode", "VLLM_LORA_RANKS"]
@@ -264,7 +264,7 @@ class VLLMBackend:
 
 def sampled_on_hf(cfg: Any) -> list[str]:
     """One line per benchmark of ``cfg`` whose protocol samples (avg@n / pass@k) under ``eval.backend: hf``."""
-    from lorarl.evaluate.plan import benchmark_specs, protocol_for
+    from lorarl.evalplan.plan import benchmark_specs, protocol_for
 
     if cfg.eval.backend != "hf":
         return []

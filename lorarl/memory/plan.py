@@ -1,6 +1,6 @@
 """The memory plan of one cell: projected peak bytes of its job on one device, and what fits.
 
-A job holds, all the time (``static``): the policy's weights in their load dtype (lorarl.train.precision),
+A job holds, all the time (``static``): the policy's weights in their load dtype (lorarl.numerics.precision),
 the trainable parameters' fp32 master copy + gradient + AdamW's two moments (full fine-tuning under
 bf16-mixed: the fp32 weights are the master), the frozen KL reference (bf16 on GPU, when ``beta > 0`` or KL
 monitors run), the distillation teacher / HF PRM of its regime when they sit on the policy's GPU, and a
@@ -112,8 +112,8 @@ def _dtype_bytes(name: str, device: str) -> int:
 
 def shape_of(cfg: Any, device: str = "cuda", results_dir: str = "results") -> tuple[Shape, list[str]]:
     """The cell's :class:`Shape` on ``device`` (cuda: what its GPU job runs; cpu: a CPU job)."""
-    from lorarl.train.kl import needs_reference
-    from lorarl.train.precision import resolve_precision
+    from lorarl.numerics.kl import needs_reference
+    from lorarl.numerics.precision import resolve_precision
 
     t, rw = cfg.train, cfg.reward
     arch = arch_for(cfg.model, results_dir)

@@ -113,12 +113,12 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
-    from lorarl.train.kl import needs_reference
-    from lorarl.train.precision import resolve_precision
+    from lorarl.numerics.kl import needs_reference
+    from lorarl.numerics.precision import resolve_precision
     from lorarl.tasks.prompt import prompt_ids, prompt_text
     from lorarl.train.prepare import load_policy, reference_of, reward_of, training_dataset
     from lorarl.train.prompt_fit import keep_last, prompt_keep
-    from lorarl.train.stop_ids import stop_token_ids
+    from lorarl.stop_ids import stop_token_ids
     from lorarl.train.trl_args import checkpointing
 
     from lorarl.pack.plan import pack_key

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lorarl.train import kl as klmod
+from lorarl.numerics import kl as klmod
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class LossSettings:
 
     loss_type: str = "grpo"  # why: TRL's aggregation (grpo | bnpo | dr_grpo | dapo)
     beta: float = 0.0  # why: KL coefficient against the shared frozen base
-    kl_estimator: str = "k3"  # why: lorarl.train.kl estimator of the per-token KL term
+    kl_estimator: str = "k3"  # why: lorarl.numerics.kl estimator of the per-token KL term
     kl_importance_correction: bool = True  # why: TRL's use_bias_correction_kl (KL term times pi/pi_old)
     epsilon_low: float = 0.2  # why: lower clip of the importance ratio
     epsilon_high: float = 0.2  # why: upper clip (DAPO's clip-higher when larger)

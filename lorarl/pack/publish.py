@@ -114,7 +114,7 @@ def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) ->
 
 def _copy_provenance(results_dir: str | Path, study: str, cell: str) -> None:
     """The member's provenance/train.json: the pack job's own record, plus which pack trained it."""
-    from lorarl.pipeline import provenance
+    from lorarl import provenance
 
     summary = json.loads(paths.path("summary", results=str(results_dir), study=study, cell=cell).read_text())
     pack_id = (summary.get("pack") or {}).get("id")

@@ -176,7 +176,7 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
     (or paused, or stopped), and end each member's run. Returns {cell id: its summary}."""
     import torch
 
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
     from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
     from lorarl.pack.build import build_pack
 

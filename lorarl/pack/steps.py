@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from lorarl.train import kl as klmod
+from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.tiled import tiled_logps
@@ -170,8 +170,8 @@ class PackLoop:
 
     def _score(self, k: int, ro: Any, student_logps: list[list[float]] | None) -> tuple[torch.Tensor, dict]:
         """Deposits → ``[B, T]`` advantages and the scoring metrics of one cell (as LorarlGRPOTrainer)."""
-        from lorarl.evaluate.grading import extract_boxed
-        from lorarl.rewards.answer_formats import has_answer
+        from lorarl.grading.verify import extract_boxed
+        from lorarl.grading.answer_formats import has_answer
 
         m = self.members[k]
         texts = [_text(c, self.tok) for c in ro.completion_ids]

@@ -44,7 +44,7 @@ def engine_args(cfg: Any, lora: dict[str, Any]) -> dict[str, Any]:
     """``vllm.LLM`` arguments of a pack (besides the model): the rollout section's, the LoRA limits ``lora``."""
     from lorarl.evaluate.vllm_backend import inprocess_engine_kwargs
     from lorarl.sampler_logprobs import VLLM_LOGPROBS_MODES
-    from lorarl.train.precision import resolve_precision
+    from lorarl.numerics.precision import resolve_precision
     from lorarl.train.trl_args import context_budget
 
     r, t = cfg.rollout, cfg.train

@@ -70,7 +70,7 @@ def job_info() -> dict[str, Any]:
     """Where this job runs, as the job itself sees it (host; Slurm job id, partition, nodes, GPUs)."""
     import socket
 
-    from lorarl.pipeline.provenance import slurm_env
+    from lorarl.provenance import slurm_env
 
     return {"host": socket.gethostname(), **slurm_env()}
 
@@ -221,7 +221,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         import torch
 
         from lorarl.diagnose.main import diagnose_cell
-        from lorarl.evaluate.plan import benchmark_specs
+        from lorarl.evalplan.plan import benchmark_specs
         from lorarl.evaluate.main import evaluate_cell, load_problems
         from lorarl.memory.auto import resolve_job, world_size
         from lorarl.rewards.registry import build_regime

@@ -78,7 +78,7 @@ def parse_job_stats(log: str) -> dict[str, int]:
 def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1) -> list[PlannedJob]:
     """The jobs `snakemake all` would run for this study now, in the order the rules are listed."""
     from lorarl import paths
-    from lorarl.evaluate.plan import eval_targets, format_target
+    from lorarl.evalplan.plan import eval_targets, format_target
     from lorarl.kinds import get_kind
     from lorarl.models import parent_recipe, recipe_name
     from lorarl.pack.plan import pack_id, plan_packs

@@ -181,7 +181,7 @@ def _gpus(layout: Any) -> int:
 
 
 def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
-    from lorarl.evaluate.plan import benchmark_specs
+    from lorarl.evalplan.plan import benchmark_specs
     from lorarl.evaluate.main import load_problems
 
     counts, notes = {}, []
@@ -202,7 +202,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     """Whole-study time and GPU-hours from the smoke's measurements: every job the study's run will execute
     (lorarl.pipeline.doctor_jobs), each with its start-up and work (lorarl.pipeline.doctor_costs), scheduled
     on the profile's slots; the assumptions spelled out."""
-    from lorarl.evaluate.plan import parse_target
+    from lorarl.evalplan.plan import parse_target
     from lorarl.pack.plan import max_cells
     from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part
     from lorarl.pipeline.doctor_jobs import as_rows, makespan, planned_jobs, rule_counts

@@ -18,6 +18,7 @@ from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dry_run
 from lorarl.pipeline.doctor_jobs import parse_job_stats
 from lorarl.pipeline.doctor_projection import project
+from lorarl.profiles import read_profile
 from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
 
@@ -53,28 +54,6 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """launcher, Slurm resources per stage, MLflow store and concurrent jobs of a Snakemake profile (as the
-    study runs: config/config.yaml < the profile's `config:` < its configfile < `--config` overrides)."""
-    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text()) or {}
-    name = profile or "default"
-    pdir = ROOT / "profiles" / name if (ROOT / "profiles" / name).is_dir() else Path(name)
-    if not (pdir / "config.yaml").exists():
-        known = sorted(p.name for p in (ROOT / "profiles").iterdir() if p.is_dir())
-        raise StudyError(f"--profile {profile!r}: no such profile; allowed: {', '.join(known)} or a profile folder")
-    prof = yaml.safe_load((pdir / "config.yaml").read_text()) or {}
-    merged = {**base, **(prof.get("config") or {})}
-    if prof.get("configfile"):
-        merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
-    merged.update(overrides or {})
-    jobs = int(prof.get("jobs") or prof.get("cores") or 1)
-    return {"name": name, "dir": pdir if profile else None, "launcher": merged.get("launcher", "local"),
-            "slurm": merged.get("slurm") or {},
-            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite", "pack": merged.get("pack"),
-            "tracking_credentials": merged.get("tracking_credentials") or "",
-            "hub_check": merged.get("hub_check", True)}
-
-
 def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
     """The profile's MLflow store into this process's environment (the submitted job carries it); a bad
     value exits 2 before anything is written. sqlite = the smoke folder's own mlflow.db."""
@@ -97,7 +76,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     allocated resources) from sacct, next to what the profile asked for."""
     import time
 
-    from lorarl.pipeline import provenance
+    from lorarl import provenance
     from lorarl.pipeline.slurm import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
@@ -242,7 +221,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
     from lorarl.pipeline.launch import launch
     from lorarl.models import recipe_name
-    from lorarl.pipeline.provenance import provenance_path
+    from lorarl.provenance import provenance_path
 
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")

@@ -20,7 +20,7 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.io import pid_alive
-from lorarl.pipeline import provenance
+from lorarl import provenance
 from lorarl.pipeline.doctor_jobs import PlannedJob, from_rows, machine_rate, makespan, planned_jobs
 
 
@@ -82,7 +82,7 @@ def _doctor(results: Path, study: str) -> dict[str, Any]:
 def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None, now: float | None = None
               ) -> dict[str, Any]:
     """{eta_s, jobs_left (per kind), lower_bound, not_measured, sources, slots, running_jobs} for the jobs still to
-    run. ``rows``: the cells' status (lorarl.pipeline.status); ``step_s``: the measured seconds per optimiser
+    run. ``rows``: the cells' status (lorarl.status); ``step_s``: the measured seconds per optimiser
     update (None: not yet)."""
     from lorarl.study import study_cells
 

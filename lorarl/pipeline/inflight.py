@@ -26,7 +26,7 @@ from pathlib import Path
 
 from lorarl import paths
 from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
-from lorarl.pipeline import provenance
+from lorarl import provenance
 from lorarl.pipeline.slurm import squeue_rows
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
@@ -107,7 +107,7 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
     if stage == "base":
         return [paths.path("base_model", results=results_dir, name=cell)]
     if stage == "evaluate":
-        from lorarl.evaluate.plan import parse_target
+        from lorarl.evalplan.plan import parse_target
 
         target = os.environ.get("LORARL_EVAL_TARGET", "")
         if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file

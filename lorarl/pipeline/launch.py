@@ -11,7 +11,7 @@ non-zero so Snakemake marks the cell failed. Executors:
 `StageJob` is submitit-`Checkpointable`: on Slurm's pre-timeout or preemption signal (USR2) it is
 requeued, and the train stage resumes from its latest checkpoint into the same MLflow run
 (`lorarl.train.checkpoint`). Every submission and every (re)start of the job is appended to the stage's
-provenance file (`lorarl.pipeline.provenance`): git SHA + diff, pip freeze, host, GPU, all Slurm job ids.
+provenance file (`lorarl.provenance`): git SHA + diff, pip freeze, host, GPU, all Slurm job ids.
 
 Logs: `results/<study>/<cell>/logs/<stage>/<jobid>_0_log.{out,err}` (requeued attempts append to the
 same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
@@ -28,12 +28,12 @@ from typing import Any
 
 import submitit
 
-from lorarl.pipeline import inflight, oom, provenance, train_layout
+from lorarl.pipeline import inflight, oom, train_layout
 from lorarl.pipeline.executor import make_executor
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import lazy_imports, paths
+from lorarl import lazy_imports, paths, provenance
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is

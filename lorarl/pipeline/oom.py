@@ -220,7 +220,7 @@ def annotate(stage: str, job: Any) -> None:
         cdir = paths.cell_dir(job.results_dir, study, cell_id)
         if stage == "evaluate":
             from lorarl.evaluate.main import requested_targets
-            from lorarl.evaluate.plan import format_target
+            from lorarl.evalplan.plan import format_target
 
             cell = table._table.cell(cell_id)
             for bench, step in requested_targets(cell.config, table._table.is_base(cell_id)):

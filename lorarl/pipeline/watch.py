@@ -60,8 +60,8 @@ def _flag_summary(rows) -> list[str]:
 
 
 def snapshot(study_path: str, results: str | Path = "results") -> dict:
-    """Counts, running cells with their step, failures, flags and the ETA, from `lorarl.pipeline.status`."""
-    from lorarl.pipeline.status import study_status
+    """Counts, running cells with their step, failures, flags and the ETA, from `lorarl.status`."""
+    from lorarl.status import study_status
     from lorarl.study import load_study, study_cells
 
     study = load_study(study_path)
@@ -155,7 +155,7 @@ def watch(study_path: str, results: str | Path = "results", interval: float = 5.
 def failure_lines(study_path: str, results: str | Path = "results") -> list[str]:
     """One line per failed stage of a study (Snakemake's `onerror`: the default profile hides the
     per-job error blocks, so the failures are listed here, with the reason and the log to read)."""
-    from lorarl.pipeline.status import study_status
+    from lorarl.status import study_status
     from lorarl.study import load_study
 
     name = load_study(study_path).name

@@ -34,7 +34,7 @@ def caption(stem: str, data=None) -> str:
 
 def build(study_path: str | Path, results: str | Path = "results") -> dict[str, Path]:
     from lorarl import paths
-    from lorarl.pipeline import status
+    from lorarl import status
     from lorarl.tracking import client as tracking
     from lorarl.io import atomic_write_text
     from lorarl.report import html, tables
@@ -80,7 +80,7 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
         out[name] = tdir / f"{name}.csv"
         masks[name].to_csv(out[name], index=False)
         shown[title] = masks[name]
-    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evaluate.bases)
+    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evalplan.bases)
         from lorarl.report.columns import headlines, primary_columns
 
         shown["base model (untrained), one row per model and prompt"] = data.base[

@@ -11,7 +11,7 @@ from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.columns import eval_metrics, is_baseline_row
 from lorarl.report.stats import mean_sd
-from lorarl.train.divergence import DIVERGED, cell_state
+from lorarl.numerics.divergence import DIVERGED, cell_state
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes  # noqa: F401 (also this module's API)
 from lorarl.study import Study, base_cells, study_cells
 
@@ -50,7 +50,7 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
         s = _read_json(paths.path("summary", **kw))
         rows.append({
             "cell": cell.id, **cell.axes,
-            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.train.divergence
+            "state": cell_state(s), "diverged_at_step": s.get("diverged_at_step"),  # lorarl.numerics.divergence
             **{k: s.get(k) for k in ("final_train_reward", "wall_time_s", "mean_step_time_s",
                                      "trainable_fraction")},
             **eval_columns(results, study.name, cell.id, cell.config),
@@ -142,7 +142,7 @@ def markdown(study: Study, table: pd.DataFrame, base: pd.DataFrame | None = None
 
 
 def diverged_notes(cells: pd.DataFrame) -> list[str]:
-    """One line per diverged cell (lorarl.train.divergence): where it stopped."""
+    """One line per diverged cell (lorarl.numerics.divergence): where it stopped."""
     if "state" not in cells:
         return []
     rows = cells[cells["state"] == DIVERGED]

@@ -94,8 +94,8 @@ def problem_scores(results: Path, study: str, cell: str, benchmark: str, metric:
 def score_problems(counts: pd.DataFrame, metric: str, what: str = "samples") -> pd.Series:
     """Per-problem score from ``n`` samples, ``c`` correct (papers 002 and 003: Avg@k, pass@k): ``avg@k``
     the mean correctness ``c / n``; ``pass@k`` the unbiased ``1 - C(n-c, k) / C(n, k)``
-    (:func:`lorarl.evaluate.protocols.pass_at_k`), which is "any of the n correct" when ``k == n``."""
-    from lorarl.evaluate.protocols import pass_at_k
+    (:func:`lorarl.grading.protocols.pass_at_k`), which is "any of the n correct" when ``k == n``."""
+    from lorarl.grading.protocols import pass_at_k
 
     m = METRIC.fullmatch(metric)
     if m is None:

@@ -2,7 +2,7 @@
 gradient over trainable parameters (TRL/transformers' `grad_norm`, before clipping), KL to the base
 (`kl_ref/k3`, Figs. 2, 6) and KL(π_new‖π_old) between the rollout policy and the policy after all of
 a training step's updates (`kl_new_old`, the paper's Figs. 5/6 quantity; measured every
-`train.kl_monitor_every` steps), and verl's `ppo_kl` (every step; lorarl.train.kl.ppo_kl: the mean over the
+`train.kl_monitor_every` steps), and verl's `ppo_kl` (every step; lorarl.numerics.kl.ppo_kl: the mean over the
 step's mini-batches of log π_old − log π on their response tokens, each before its update: what paper 003's
 verl runs logged as KL(π_new‖π_old)). The KL of one optimiser update (`kl_new_old/update`) is logged too;
 with PPO mini-batches it is smaller, and it is not drawn here."""

@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from lorarl import paths
-from lorarl.evaluate.bases import base_label
-from lorarl.evaluate.plan import curve_benchmarks, eval_targets, snapshot_steps
+from lorarl.evalplan.bases import base_label
+from lorarl.evalplan.plan import curve_benchmarks, eval_targets, snapshot_steps
 from lorarl.study import Study, study_cells
 
 
@@ -37,7 +37,7 @@ def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool 
 
 def base_row(b) -> dict:
     """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
-    prompt (lorarl.evaluate.bases: one base per model and evaluation setting) and its table label."""
+    prompt (lorarl.evalplan.bases: one base per model and evaluation setting) and its table label."""
     return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
             "base": base_label(b.config.model, b.axes)}
 

@@ -5,7 +5,7 @@ Regimes register themselves: one module per regime (``@register_regime``), found
 
 * ``outcome`` (:mod:`lorarl.rewards.outcome`): one deposit on the last completion token, 1 if the
   answer equals the gold answer, else 0: the boxed answer under math-verify, or the text rule
-  ``reward.answer_format`` names (:mod:`lorarl.rewards.answer_formats`: DAPO's ``Answer:`` line).
+  ``reward.answer_format`` names (:mod:`lorarl.grading.answer_formats`: DAPO's ``Answer:`` line).
 * ``process`` (:mod:`lorarl.rewards.process`): one deposit on the token that closes each reasoning
   step (steps split on a separator); value = a process reward model's score for that step. The PRM
   never sees the gold answer. Backends: a rule-based step checker for the synthetic task and a

@@ -2,10 +2,10 @@
 
 The answer is the final boxed answer compared with math-verify (``reward.answer_format: boxed``,
 under the ``reward.grading`` settings), or a text rule (DAPO's last ``Answer:`` line, the last
-number: :mod:`lorarl.rewards.answer_formats`); evaluation grades with the same
-:func:`lorarl.evaluate.grading.score_math_batch` and settings, so a completion gets one verdict in both stages.
+number: :mod:`lorarl.grading.answer_formats`); evaluation grades with the same
+:func:`lorarl.grading.verify.score_math_batch` and settings, so a completion gets one verdict in both stages.
 
-Grading runs in lorarl.evaluate.grading's timed worker pool: a parse error or a pathological answer gives 0,
+Grading runs in lorarl.grading.verify's timed worker pool: a parse error or a pathological answer gives 0,
 never a crash and never more than `timeout_s` per completion.
 
 * :class:`OutcomeDeposits` is the ``outcome`` regime: that same value deposited on the last
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from lorarl.evaluate.answers import answer_text, gold_boxes, gsm8k_gold
-from lorarl.evaluate.grading import GradingSettings, score_math_batch
+from lorarl.grading.answers import answer_text, gold_boxes, gsm8k_gold
+from lorarl.grading.verify import GradingSettings, score_math_batch
 from lorarl.rewards import Deposits, Rollouts, register_regime
 
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from lorarl.prompt_config import template_kwargs
 
 MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
-                 "\\boxed{}.")  # the text of the evaluation registry's math template (lorarl.evaluate.benchmarks)
+                 "\\boxed{}.")  # the text of the evaluation registry's math template (lorarl.grading.benchmarks)
 THINK_INSTRUCTION = ("First think through the problem inside <think> </think> tags, then give the final "
                      "answer within \\boxed{}.")  # paper 002 asks for <think>...</think> then \boxed{}
 

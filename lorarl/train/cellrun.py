@@ -55,7 +55,7 @@ class CellRun:
         (the pack's staging), else in place. ``holder``/``lock_wait_s``: the lock (lorarl.train.checkpoint).
         ``stop_at``: end paused at this training step (None: train to ``train.steps``)."""
         from lorarl.train.checkpoint import CellCheckpoints
-        from lorarl.train.divergence import Divergence
+        from lorarl.numerics.divergence import Divergence
         from lorarl.train.rank_checkpoints import FollowerCheckpoints
 
         self.study, self.cell, self.results_dir, self.cfg, self.main = study, cell, results_dir, cfg, main
@@ -269,7 +269,7 @@ class CellRun:
 
     def _summary(self, policy: Any, model: Any, facts: dict, extra: dict | None) -> dict:
         from lorarl.train import flags
-        from lorarl.train.precision import trainable_dtypes
+        from lorarl.numerics.precision import trainable_dtypes
 
         rows = self.recorder.rows
         rewards = [r["reward"] for r in rows if "reward" in r and math.isfinite(r["reward"])]
@@ -341,7 +341,7 @@ def _tag_provenance(tracker: Any) -> None:
     if tracker is None or not path:
         return
     ids = jobids.job_ids(path)
-    tags = {"lorarl.pipeline.provenance": path, "lorarl.host": os.uname().nodename}
+    tags = {"lorarl.provenance": path, "lorarl.host": os.uname().nodename}
     if ids:
         tags["lorarl.job_ids"] = ",".join(ids)
     try:

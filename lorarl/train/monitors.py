@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from lorarl.train import kl as klmod
+from lorarl.numerics import kl as klmod
 
 
 class KLMonitors:

@@ -55,11 +55,11 @@ def job_config(cell: Any, config: Any = None) -> Any:
 
 
 def load_policy(cfg: Any, results_dir: str | Path, device: str, precision: str | None = None) -> tuple[Any, Any]:
-    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.train.precision)."""
+    """Base model + tokenizer, loaded in the dtype ``train.precision`` asks for (lorarl.numerics.precision)."""
     import torch
 
     from lorarl.models import load_model_and_tokenizer, resolve_model
-    from lorarl.train.precision import load_dtype, resolve_precision
+    from lorarl.numerics.precision import load_dtype, resolve_precision
 
     torch.manual_seed(cfg.seed)
     precision = precision or resolve_precision(cfg.train.precision, device)
@@ -72,7 +72,7 @@ def reference_of(model: Any, precision: str, needed: bool) -> Any:
     unless training is fp32 (frozen: bf16 suffices, and halves it under full-FT mixed); None when not ``needed``."""
     import torch
 
-    from lorarl.train.kl import frozen_reference
+    from lorarl.numerics.kl import frozen_reference
 
     if not needed:
         return None
@@ -122,10 +122,10 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     folder (TRL's ``output_dir``: lorarl.train.checkpoint decides what is saved there and when)."""
     import torch
 
-    from lorarl.evaluate.plan import snapshot_steps
+    from lorarl.evalplan.plan import snapshot_steps
     from lorarl.train import ranks
-    from lorarl.train.kl import needs_reference
-    from lorarl.train.precision import resolve_precision
+    from lorarl.numerics.kl import needs_reference
+    from lorarl.numerics.precision import resolve_precision
     from lorarl.train.sharding import uses_fsdp
     from lorarl.train.trl_args import grpo_args
 

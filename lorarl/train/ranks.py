@@ -120,7 +120,7 @@ class RankSharding:
         self._log(name, s / max(n, 1.0), mode)
 
     def _gmasked_mean(self, x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-        """:func:`lorarl.train.kl.masked_mean` over the tokens of every rank."""
+        """:func:`lorarl.numerics.kl.masked_mean` over the tokens of every rank."""
         m = mask_BT.to(x_BT.dtype)
         s, n = self._gsum(float((x_BT * m).sum()), float(m.sum()))
         return s / max(n, 1.0)

@@ -35,9 +35,9 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from lorarl.train import kl as klmod
+from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
-from lorarl.train.divergence import nan_reward_fault
+from lorarl.numerics.divergence import nan_reward_fault
 from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
 from lorarl.train.monitors import KLMonitors
@@ -85,7 +85,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
     reference code never runs). ``lorarl.train.trl_args`` builds both from a cell config.
-    ``ref_model``: the frozen base copy (see :func:`lorarl.train.kl.frozen_reference`), or ``"auto"`` to copy ``model``
+    ``ref_model``: the frozen base copy (see :func:`lorarl.numerics.kl.frozen_reference`), or ``"auto"`` to copy ``model``
     here when it is not yet PEFT-wrapped; needed when ``kl_beta > 0`` or ``kl_monitor_every > 0``.
     """
 
@@ -232,8 +232,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         self._deposits = dep
         self._lengths = [len(ids) for ids in rollouts.completion_ids]
 
-        from lorarl.evaluate.grading import extract_boxed
-        from lorarl.rewards.answer_formats import has_answer
+        from lorarl.grading.verify import extract_boxed
+        from lorarl.grading.answer_formats import has_answer
 
         eos = {*self.eos_token_ids, self._tokenizer.pad_token_id}
         n = len(texts)  # means over the completions (deposits) of every rank (lorarl.train.ranks)
@@ -357,7 +357,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             mask_BT = mask_BT * inputs["tool_mask"]
         old_BT = inputs.get("old_per_token_logps")
         old_BT = logp_BT.detach() if old_BT is None else old_BT
-        if mode == "train":  # verl's ppo_kl: before this update, over its (micro-)batch (lorarl.train.kl.ppo_kl)
+        if mode == "train":  # verl's ppo_kl: before this update, over its (micro-)batch (lorarl.numerics.kl.ppo_kl)
             self._log("ppo_kl", self._gmasked_mean(klmod.ppo_kl(logp_BT.detach(), old_BT), mask_BT), mode)
         if self.kl_beta > 0:
             ref_BT = inputs["lorarl_ref_logps"]

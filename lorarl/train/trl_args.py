@@ -63,7 +63,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
     from lorarl.train import ranks as rankmod
 
     from lorarl.prompt_config import template_kwargs
-    from lorarl.train.precision import autocast_bf16, resolve_precision
+    from lorarl.numerics.precision import autocast_bf16, resolve_precision
     from lorarl.train.sharding import fsdp_fields
 
     t = cfg.train
@@ -98,7 +98,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=t.log_every * t.updates_per_step,  # log_every training steps
-        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.train.divergence stops the cell)
+        logging_nan_inf_filter=False,  # a NaN/inf loss is logged as is (lorarl.numerics.divergence stops the cell)
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,

@@ -9,7 +9,7 @@ import pytest
 import vllm  # noqa: F401 - a venv built for these tests without vllm must fail here, not skip
 
 from lorarl.evaluate.backends import HFBackend
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend
 from real_engine import restore_base, shared
 

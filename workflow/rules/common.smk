@@ -14,14 +14,14 @@ from snakemake.utils import validate
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
-from lorarl.pipeline.provenance import INVOCATION_ENV
+from lorarl.provenance import INVOCATION_ENV
 from lorarl.study import StudyError, cell_table, load_study_to_run
-from lorarl.evaluate import plan as eval_plan
+from lorarl.evalplan import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
 
-# This `snakemake` run, recorded with every job it submits (lorarl.pipeline.provenance): a study's last complete
-# run is timed from it (study/last_run_wall_time_s, lorarl.tracking.study_span).
+# This `snakemake` run, recorded with every job it submits (lorarl.provenance): a study's last complete
+# run is timed from it (study/last_run_wall_time_s, lorarl.pipeline.study_span).
 os.environ[INVOCATION_ENV] = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
 
 # Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lorarl.rewards.answer_formats import extract_xml_answer, extracted_answer
+from lorarl.grading.answer_formats import extract_xml_answer, extracted_answer
 from lorarl.rewards.terms import TermContext, register_term
 
 

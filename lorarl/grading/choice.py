@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from lorarl.evaluate.answers import extract_boxed
-from lorarl.evaluate.grading import Score
+from lorarl.grading.answers import extract_boxed
+from lorarl.grading.verify import Score
 
 
 _FILL = r"[\s*$:\-(\[{]*"   # markdown bold, $, colons, an opening bracket before the letter

@@ -11,7 +11,7 @@ parent the same span and the same numbers:
   else a cell's summary.json time less its `wall_time_s`).
 - end: `last_write_ms`: the newest of the aggregate's outputs (report.html, tables/, figures/) and the
   cells' summary.json and eval/*.json, so when the aggregate finished (or a cell that finished later).
-- counts: the train states of `lorarl status` (lorarl.pipeline.status): finished = done or diverged,
+- counts: the train states of `lorarl status` (lorarl.status): finished = done or diverged,
   failed = failed or incomplete (a job that ended without its outputs), diverged on its own too.
 Each aggregate updates the same parent: its end time, and each metric whose value changed.
 
@@ -36,8 +36,8 @@ from typing import Any, Iterable
 
 from lorarl import paths
 from lorarl.io import read_json, write_json
-from lorarl.pipeline.provenance import INVOCATION_ENV
-from lorarl.pipeline.status import study_status
+from lorarl.provenance import INVOCATION_ENV
+from lorarl.status import study_status
 from lorarl.tracking.client import Tracker
 
 WALL = "study/wall_time_s"
@@ -45,7 +45,7 @@ LAST = "study/last_run_wall_time_s"  # the study's last complete run (one `snake
 LAST_FILE = ".last_run.json"  # results/<study>/.last_run.json: that run, as its aggregate measured it
 COUNTS = {"study/cells_finished": ("done", "diverged"), "study/cells_failed": ("failed", "incomplete"),
           "study/cells_diverged": ("diverged",)}
-STAMP = "%Y-%m-%dT%H:%M:%S%z"  # lorarl.pipeline.provenance.now()
+STAMP = "%Y-%m-%dT%H:%M:%S%z"  # lorarl.provenance.now()
 
 
 def _cells(study: Any) -> list[Any]:

@@ -2,16 +2,16 @@
 
 `lorarl.config` validates `eval:` through :func:`check_eval_config`, so this module sits below the
 config: it reads the benchmark and protocol registries and never imports `lorarl.config` (not even
-for annotations); config never closes an import circle through the evaluate stage
-(`lorarl.evaluate.plan` re-exports these names).
+for annotations); config never closes an import circle through the evaluation plan
+(`lorarl.evalplan.plan`, above the config, re-exports these names).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lorarl.evaluate.benchmarks import BENCHMARKS, get_benchmark
-from lorarl.evaluate.protocols import Protocol
+from lorarl.grading.benchmarks import BENCHMARKS, get_benchmark
+from lorarl.grading.protocols import Protocol
 
 SYNTHETIC = "synthetic"  # the CPU task's held-out split (rows come from the cell's task)
 

@@ -9,7 +9,7 @@ training metrics), summary.json (final reward, wall time, parameter counts at st
 Base pseudo-cells get their shared run (base/mlflow_run.json) and evaluation numbers the same way.
 A new run id is written back into summary.json with its modification time kept (Snakemake's mtime
 trigger must not rerun anything). The study's parent run gets what the aggregate gives it
-(lorarl.tracking.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
+(lorarl.pipeline.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
 files say the study did. Run it again: nothing is logged twice.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.tracking.client import CELL_TAG, SUPERSEDED_TAG, Tracker
-from lorarl.tracking.study_run import fill
-from lorarl.tracking.study_span import first_start_ms
+from lorarl.pipeline.study_run import fill
+from lorarl.pipeline.study_span import first_start_ms
 
 TRAIN_SUMMARY = ("final_train_reward", "wall_time_s", "params_trainable", "trainable_fraction")
 

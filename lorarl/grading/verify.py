@@ -3,11 +3,11 @@
 * :func:`score_math` / :func:`score_math_batch` grade a completion's final boxed answer against a
   gold answer with math-verify (gold parsed first, prediction second: ``verify`` is not symmetric).
   *What* is graded (several boxes, golds with several boxes, digit separators) is decided in
-  :mod:`lorarl.evaluate.answers`; *how* values compare is math-verify's ``verify`` under
+  :mod:`lorarl.grading.answers`; *how* values compare is math-verify's ``verify`` under
   :class:`GradingSettings` (float rounding, numeric precision, strict mode, set/relation comparison;
   the defaults are math-verify's).  ``GradingSettings.answer_format`` other than ``boxed`` grades by
   a text rule instead (DAPO's last ``Answer:`` line, GSM8K's last number:
-  :mod:`lorarl.rewards.answer_formats`), in this process (pure string code on bounded text).
+  :mod:`lorarl.grading.answer_formats`), in this process (pure string code on bounded text).
 * :func:`score_choice` grades multiple-choice answers by letter extraction (no math-verify).
 
 Every comparison runs in a persistent worker process under a hard time limit, so a pathological
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping, Sequence
 
-from lorarl.evaluate.answers import (answer_text, extract_boxed, final_boxed, gold_boxes,
+from lorarl.grading.answers import (answer_text, extract_boxed, final_boxed, gold_boxes,
                             normalize_separators, prepare_completion)
 
 __all__ = ["Score", "GradingSettings", "extract_boxed", "score_math", "score_math_batch", "shutdown_pool"]
@@ -70,10 +70,10 @@ class GradingSettings:
     numeric_precision: int = 15  # significant digits of the numeric (evalf) comparison
     strict: bool = True  # False: variables match by position (f(x) = f(y)) and sets compare with tuples
     allow_set_relation_comp: bool = False  # True: a gold set equals a relation (1 < x < 2 vs (1, 2))
-    answer_format: str = "boxed"  # which text is the answer: boxed (math-verify) or a text rule (lorarl.rewards.answer_formats)
+    answer_format: str = "boxed"  # which text is the answer: boxed (math-verify) or a text rule (lorarl.grading.answer_formats)
 
     def __post_init__(self) -> None:
-        from lorarl.rewards.answer_formats import ANSWER_FORMATS
+        from lorarl.grading.answer_formats import ANSWER_FORMATS
 
         if self.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"grading.answer_format must be one of {', '.join(ANSWER_FORMATS)}, "
@@ -142,7 +142,7 @@ def _boxed_answer(text: str) -> tuple[list[Any], str | None]:
 
 def _raw_boxes(m: Any) -> str | None:
     """The box contents a match graded, as written: all boxes of a math-environment match, the
-    :func:`~lorarl.evaluate.answers.final_boxed` run of a plain one."""
+    :func:`~lorarl.grading.answers.final_boxed` run of a plain one."""
     plain = any(k.endswith("latexBoxed") and v for k, v in m.groupdict().items())
     return answer_text(final_boxed(m.group(0)) if plain else gold_boxes(m.group(0)))
 
@@ -152,7 +152,7 @@ def _math_task(gold: str, pred: str, timeout_s: float,
     """Runs in a worker: ``(correct, timed_out, graded text)`` of math-verify on gold vs completion.
 
     ``gold`` is a plain answer or a solution with boxes; ``pred`` the completion prepared by
-    :func:`lorarl.evaluate.answers.prepare_completion`.
+    :func:`lorarl.grading.answers.prepare_completion`.
     """
     import signal
 
@@ -185,7 +185,7 @@ def _math_task(gold: str, pred: str, timeout_s: float,
 
 def _gold_latex(gold: str) -> str:
     """The gold as one box: a plain answer (``42``, ``$x=3$``) wrapped whole; a solution with boxes
-    gives all of them (:func:`lorarl.evaluate.answers.gold_boxes`); digit separators normalised."""
+    gives all of them (:func:`lorarl.grading.answers.gold_boxes`); digit separators normalised."""
     g = gold.strip()
     boxes = gold_boxes(g) if ("\\boxed" in g or "\\fbox" in g) else []
     body = answer_text(boxes) if boxes else g.strip("$").strip()
@@ -356,7 +356,7 @@ def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s
         raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
     settings = settings or DEFAULT_SETTINGS
     if settings.answer_format != "boxed":   # DAPO's Answer: line, GSM8K's last number: exact text rules
-        from lorarl.rewards.answer_formats import verdict
+        from lorarl.grading.answer_formats import verdict
 
         return [Score(*verdict(settings.answer_format, c, g)) for g, c in zip(golds, completions)]
     prepared = [prepare_completion(c) for c in completions]
@@ -378,7 +378,7 @@ def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s
 
 def score_math(gold: str, completion: str, timeout_s: float = 5.0,
                settings: GradingSettings | None = None) -> Score:
-    """Grade one completion: its final boxed answer (:func:`lorarl.evaluate.answers.final_boxed`; several
+    """Grade one completion: its final boxed answer (:func:`lorarl.grading.answers.final_boxed`; several
     adjacent boxes are one answer, graded as a set) against ``gold`` with math-verify.
 
     ``extracted`` is the graded text (box contents joined with ``,``).  No boxed answer gives

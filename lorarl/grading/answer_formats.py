@@ -3,7 +3,7 @@
 ``reward.answer_format`` (and an evaluation benchmark's ``answer_format``) names one of
 :data:`ANSWER_FORMATS`:
 
-* ``boxed`` (default): the final boxed answer, compared with math-verify (:mod:`lorarl.evaluate.grading`).
+* ``boxed`` (default): the final boxed answer, compared with math-verify (:mod:`lorarl.grading.verify`).
 * ``answer_line``: DAPO's rule, as verl's ``math_dapo.compute_score`` applies it by default (the rule
   paper 003 trains and scores MATH500/AIME with): only the last 300 characters of the completion are
   read; the answer is the *last* match of ``Answer\\s*:\\s*(.+)`` (case-insensitive, to the end of
@@ -22,7 +22,7 @@
   (the recipe then compares the whole stripped text, which only a bare gold number equals: kept).
 
 The rules are pure string code (no sympy, no worker process; ``answer_line`` reads at most 300
-characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading. :mod:`lorarl.evaluate.grading` dispatches to it for every format but ``boxed``, so the
+characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading. :mod:`lorarl.grading.verify` dispatches to it for every format but ``boxed``, so the
 training reward and every evaluation use this one function.
 """
 
@@ -34,7 +34,7 @@ from typing import Callable
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer")  # boxed = math-verify (lorarl.evaluate.grading)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer")  # boxed = math-verify (lorarl.grading.verify)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
 
@@ -125,7 +125,7 @@ def has_answer(answer_format: str, completion: str) -> bool:
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
-        from lorarl.evaluate.answers import extract_boxed  # here: lorarl.evaluate's grading imports this module
+        from lorarl.grading.answers import extract_boxed  # here: lorarl.grading.verify imports this module
 
         return extract_boxed(completion or "") is not None
     return verdict(answer_format, completion, "")[1] is not None  # the rule's own extraction (None: no answer)
@@ -136,7 +136,7 @@ def extracted_answer(answer_format: str, completion: str) -> str | None:
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
-        from lorarl.evaluate.answers import extract_boxed
+        from lorarl.grading.answers import extract_boxed
 
         return extract_boxed(completion or "")
     return verdict(answer_format, completion, "")[1]

@@ -1,4 +1,4 @@
-"""Bad studies that are too large to expand, for lorarl.pipeline.badstudies ("too large" category).
+"""Bad studies that are too large to expand, for lorarl.badstudies ("too large" category).
 
 A study whose axes multiply past the cell cap (lorarl.matrix.max_cells: $LORARL_MAX_CELLS, default
 100,000) and YAML whose aliases expand past lorarl.yamlpos.MAX_ALIAS_NODES (alias bombs) or refer to

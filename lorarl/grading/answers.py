@@ -1,6 +1,6 @@
 """Which text of a completion or a gold is graded, and how digit separators are read.
 
-Pure string code (no sympy, no math-verify), shared by :mod:`lorarl.evaluate.grading` (outcome reward and
+Pure string code (no sympy, no math-verify), shared by :mod:`lorarl.grading.verify` (outcome reward and
 benchmark scores) and the benchmark converters.  The rules follow math-verify 0.9.0 called on the
 whole text (``latex2sympy2_extended.math_normalization.extract_boxed_content(mode="last")``, which
 ``math_verify.parse`` applies to a ``\\boxed{...}`` match):

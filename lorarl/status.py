@@ -18,8 +18,8 @@ from typing import Any
 from lorarl.train import checkpoint
 from lorarl import paths
 from lorarl.io import pid_alive
-from lorarl.pipeline import provenance
-from lorarl.train.divergence import DIVERGED, cell_state
+from lorarl import provenance
+from lorarl.numerics.divergence import DIVERGED, cell_state
 
 FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                  "DEADLINE", "REVOKED"}
@@ -160,7 +160,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
                 st.flags = dict(doc.get("flags") or {})
                 if h and h != c.hash:
                     st.train = StageStatus("stale", st.train.job, "", f"trained with config {h}, now {c.hash}")
-                elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.train.divergence)
+                elif cell_state(doc) == DIVERGED:  # finished, but stopped on a NaN/inf (lorarl.numerics.divergence)
                     st.train = StageStatus(DIVERGED, st.train.job, f"{doc.get('diverged_at_step')}/{c.config.train.optimizer_updates}",  # updates
                                            doc.get("diverged_reason", ""))
             else:

@@ -1,10 +1,10 @@
-"""Generated malformed studies: `python -m lorarl.pipeline.badstudies` checks that each one is refused cleanly.
+"""Generated malformed studies: `python -m lorarl.badstudies` checks that each one is refused cleanly.
 
 `cases()` derives well over 100 broken studies from one valid study: wrong types (every typed field
 of every config section), unknown fields, bad axis values, booleans where numbers go, conflicting axes, impossible protocols,
 unknown benchmarks / methods / tasks, missing files, YAML syntax errors and duplicate keys, and unsafe
 names (path separators, `..`, absolute paths, empty names) in study names, axis names, prefixes and
-labels, and studies too large to expand (a million cells, alias bombs: lorarl.pipeline.badstudies_size). `check(case)` runs `lorarl cells <file>` in a scratch directory and requires: exit status 2,
+labels, and studies too large to expand (a million cells, alias bombs: lorarl.badstudies_size). `check(case)` runs `lorarl cells <file>` in a scratch directory and requires: exit status 2,
 a message naming the file, the place (YAML line when YAML gives one, the field path otherwise) and
 what is allowed, nothing written in the scratch directory, and a traceback never shown.
 Separately `id_escapes` checks that no cell id or derived path of a *valid* study with hostile labels
@@ -254,7 +254,7 @@ def unsafe_names() -> list[Case]:
 
 
 def cases() -> list[Case]:
-    from lorarl.pipeline.badstudies_size import too_large
+    from lorarl.badstudies_size import too_large
 
     return (wrong_types() + unknown_fields() + bad_axis_values() + booleans_as_numbers() + conflicting_axes() + impossible_protocols()
             + unknown_names() + missing_files() + yaml_errors() + unsafe_names() + too_large(VALID, Case))
@@ -349,7 +349,7 @@ def id_escapes() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.badstudies", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lorarl.badstudies", description=__doc__.split("\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="print every message")
     args = p.parse_args(argv)
     all_cases = cases()

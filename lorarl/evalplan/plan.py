@@ -17,13 +17,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from lorarl import signature
-from lorarl.evaluate.benchmarks import get_benchmark
-from lorarl.evaluate.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
+from lorarl.grading.benchmarks import get_benchmark
+from lorarl.grading.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
                                      protocol_for, resolve_protocol)
 
-if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.evaluate.resolve, never this module)
+if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.resolve, never this module)
     from lorarl.config import BenchmarkEval, CellConfig
-    from lorarl.evaluate.grading import GradingSettings
+    from lorarl.grading.verify import GradingSettings
 
 __all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
            "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
@@ -51,7 +51,7 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
     the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
     defaults, boxed).  Multiple-choice benchmarks keep their letter grader."""
-    from lorarl.evaluate.grading import GradingSettings
+    from lorarl.grading.verify import GradingSettings
 
     bench = get_benchmark(name)
     base = bench.grading

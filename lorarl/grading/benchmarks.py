@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
-from lorarl.evaluate.answers import gsm8k_gold
-from lorarl.evaluate.protocols import Protocol
-from lorarl.evaluate.choice import score_choice
-from lorarl.evaluate.grading import GradingSettings, Score, extract_boxed, score_math_batch
+from lorarl.grading.answers import gsm8k_gold
+from lorarl.grading.protocols import Protocol
+from lorarl.grading.choice import score_choice
+from lorarl.grading.verify import GradingSettings, Score, extract_boxed, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
            "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE", "CHOICE_THINK_TEMPLATE"]
@@ -222,7 +222,7 @@ def _math500(row: Mapping[str, Any], i: int) -> Problem:
 def _aime24(row: Mapping[str, Any], i: int) -> Problem:
     # math-ai/aime24 has no answer column: the gold is the last boxed value of the solution (an
     # AIME answer is one integer, so earlier boxes are intermediate results; other golds with
-    # several boxes keep all of them, see lorarl.evaluate.answers.gold_boxes)
+    # several boxes keep all of them, see lorarl.grading.answers.gold_boxes)
     sol = str(row["solution"])
     return Problem(_row_id(row, "id", "", i), str(row["problem"]), extract_boxed(sol) or sol.strip())
 

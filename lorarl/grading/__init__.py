@@ -1,0 +1,12 @@
+"""How a completion is graded, shared by the reward (train, pack) and the evaluate stage, below all of them.
+
+* :mod:`.answers`: extracting boxed / final answers and gold answers;
+* :mod:`.verify`: math-verify grading in a timed worker pool (``GradingSettings``, ``score_math_batch``);
+* :mod:`.answer_formats`: the text rules of ``reward.answer_format`` (DAPO's ``Answer:`` line, ...);
+* :mod:`.choice`: multiple-choice letters;
+* :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
+* :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
+* :mod:`.resolve`: a cell's ``eval:`` section checked against the registry (what lorarl.config validates with).
+
+Nothing here imports torch, transformers or a lorarl stage.
+"""

@@ -1,0 +1,36 @@
+"""A Snakemake profile's settings as a study runs with it: config/config.yaml < the profile's `config:` <
+its configfile < `--config` overrides. Read by `lorarl doctor` (lorarl.pipeline.doctor_report) and
+`lorarl memory --profile` (lorarl.memory.report), below both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lorarl.matrix import StudyError
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: config/ and profiles/ live here
+
+
+def read_profile(profile: str | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """launcher, Slurm resources per stage, MLflow store and concurrent jobs of a Snakemake profile (as the
+    study runs: config/config.yaml < the profile's `config:` < its configfile < `--config` overrides)."""
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text()) or {}
+    name = profile or "default"
+    pdir = ROOT / "profiles" / name if (ROOT / "profiles" / name).is_dir() else Path(name)
+    if not (pdir / "config.yaml").exists():
+        known = sorted(p.name for p in (ROOT / "profiles").iterdir() if p.is_dir())
+        raise StudyError(f"--profile {profile!r}: no such profile; allowed: {', '.join(known)} or a profile folder")
+    prof = yaml.safe_load((pdir / "config.yaml").read_text()) or {}
+    merged = {**base, **(prof.get("config") or {})}
+    if prof.get("configfile"):
+        merged.update(yaml.safe_load((pdir / prof["configfile"]).read_text()) or {})
+    merged.update(overrides or {})
+    jobs = int(prof.get("jobs") or prof.get("cores") or 1)
+    return {"name": name, "dir": pdir if profile else None, "launcher": merged.get("launcher", "local"),
+            "slurm": merged.get("slurm") or {},
+            "jobs": jobs, "tracking": merged.get("tracking") or "sqlite", "pack": merged.get("pack"),
+            "tracking_credentials": merged.get("tracking_credentials") or "",
+            "hub_check": merged.get("hub_check", True)}
