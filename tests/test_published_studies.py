@@ -161,7 +161,7 @@ def test_reward_density_evaluates_the_teacher_as_a_base_row():
 def test_init_geometry_diagnoses_snapshots_through_training_without_evaluating_them():
     """Paper 003 Fig. 7 (subspace similarity "throughout training"): snapshots every 100 of the 500 steps,
     diagnosed by the diagnose stage (lorarl.diagnose.main walks snapshot_steps), at no evaluation cost."""
-    from lorarl.evaluate.plan import eval_targets, snapshot_steps
+    from lorarl.evalplan.plan import eval_targets, snapshot_steps
     from lorarl.study import load_study, study_cells
 
     cfg = study_cells(load_study(EXPERIMENTS / "init_geometry.yaml"))[0].config
