@@ -36,8 +36,9 @@ _TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "prompt_overflow", 
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
 
 
-def pack_key(cfg: Any) -> str | None:
-    """The compatibility key of a cell config (``None``: the cell cannot pack)."""
+def pack_key(cfg: Any, lengths: bool = True) -> str | None:
+    """The compatibility key of a cell config (``None``: the cell cannot pack). ``lengths=False``: without
+    ``train.steps`` (a resident pack's groups, lorarl.pack.resident: each member leaves at its own end)."""
     a, t = cfg.adapter, cfg.train
     if a.method not in PACKABLE_METHODS or (a.dropout or 0) > 0:
         return None  # dropout > 0 would draw from one RNG stream shared by the pack: such cells run solo
@@ -54,7 +55,7 @@ def pack_key(cfg: Any) -> str | None:
     key = {
         "model": cfg.model,
         "adapter": adapter,
-        "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS},
+        "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS if lengths or k != "steps"},
         "task": cfg.task.model_dump(mode="json"),
         "prompt": cfg.prompt.model_dump(mode="json"),
         "rollout": cfg.rollout.model_dump(mode="json"),
