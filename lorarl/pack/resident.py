@@ -91,6 +91,8 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
                    threads: int | None = None, resident_id: str = "resident", stop_at: int | None = None) -> dict:
     """Train ``cells`` (one compatible group) through ``places`` places; stage each member's outputs; the record."""
     places = check_places(places, [c.config for c in cells])  # before anything is claimed or written
+    if cells and cells[0].config.rollout.engine == "vllm":
+        engine_for(cells, places, results_dir)  # one multi-LoRA engine with `places` slots, kept for every re-form
     t0 = time.time()
     queue, carried, ledger = list(cells), [], []
     outcomes: dict[str, dict] = {}
@@ -130,6 +132,23 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
            "segments": len(ledger), "wall_time_s": round(time.time() - t0, 2)}
     write_json(folder / f"{resident_id}.json", out)
     return out
+
+
+def engine_for(cells: list[Any], places: int, results_dir: str | Path) -> Any:
+    """``rollout.engine: vllm``: the process's multi-LoRA engine with ``max_loras = places`` and the group's largest
+    saved rank (a residual init is saved at rank 2r), built once; every re-formed pack reuses it
+    (lorarl.pack.vllm_rollouts.pack_engine), evicting the adapters of members that left and admitting the new ones
+    (lorarl.pack.multilora.EngineAdapters) without restarting the engine."""
+    from lorarl.adapters.names import RESIDUAL_INITS
+    from lorarl.evaluate.vllm_backend import _vllm_api
+    from lorarl.models import resolve_model
+    from lorarl.pack.multilora import engine_lora_kwargs
+    from lorarl.pack.vllm_rollouts import engine_args, pack_engine
+
+    ranks = [c.config.adapter.rank * (2 if c.config.adapter.init in RESIDUAL_INITS else 1) for c in cells]
+    lora = engine_lora_kwargs([max(ranks)] * min(places, len(cells)))
+    cfg = cells[0].config
+    return pack_engine(_vllm_api(), resolve_model(cfg.model, results_dir), engine_args(cfg, lora))
 
 
 def places_from_env() -> int | None:
