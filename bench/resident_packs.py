@@ -107,6 +107,18 @@ def outputs(folder: Path) -> tuple:
     return load_file(str(folder / "adapter" / "adapter_model.safetensors")), rows
 
 
+def pack_steps(cells: list, got: Path, staged: bool) -> float:
+    """Steps the job's pack took (each member's row at a step carries ``pack/cells``, the members that took it): the
+    job's device time where a step costs the same however many of its places are filled (an under-filled GPU)."""
+    import pandas as pd
+
+    total = 0.0
+    for c in cells:
+        rows = pd.read_csv(got / "rb" / c.id / (".packed" if staged else "") / "metrics.csv")
+        total += float((1.0 / rows["pack/cells"]).sum())
+    return round(total, 1)
+
+
 def differences(cells: list, got: Path, want: Path, staged: bool) -> dict[str, float]:
     """Per cell: the largest difference of its metrics and adapter from its solo run's (inf: columns/steps differ)."""
     out = {}
@@ -137,6 +149,7 @@ def main() -> None:
     from lorarl.pack.run import train_alone, train_pack
 
     torch.set_num_threads(1)
+    load0 = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     patch_rewards()
     root = Path(tempfile.mkdtemp(prefix="resident-bench-"))
     try:
@@ -154,6 +167,8 @@ def main() -> None:
         }
         ledger = json.loads((dirs["resident"] / "rb" / ".packs" / "pack-resident.ledger.json").read_text())
         diffs = {w: differences(cells, dirs[w], dirs["solo"], staged=True) for w in ("fixed", "resident")}
+        for w in runs:
+            runs[w]["pack_steps"] = pack_steps(cells, dirs[w], staged=w != "solo")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     worst = {w: max(d.values()) for w, d in diffs.items()}
@@ -165,14 +180,16 @@ def main() -> None:
                    "resident/solo wall": round(runs["resident"]["wall_s"] / runs["solo"]["wall_s"], 3),
                    "fixed/solo wall": round(runs["fixed"]["wall_s"] / runs["solo"]["wall_s"], 3),
                    "resident/fixed cpu": round(runs["resident"]["cpu_s"] / runs["fixed"]["cpu_s"], 3),
-                   "resident/solo cpu": round(runs["resident"]["cpu_s"] / runs["solo"]["cpu_s"], 3)},
+                   "resident/solo cpu": round(runs["resident"]["cpu_s"] / runs["solo"]["cpu_s"], 3),
+                   "resident/fixed pack-steps": round(runs["resident"]["pack_steps"] / runs["fixed"]["pack_steps"], 3)},
         "max_diff_from_solo": worst, "equal_to_solo": all(v <= 1e-6 for v in worst.values()),
         "machine": f"{platform.machine()} {platform.processor() or ''} {__import__('os').cpu_count()} CPUs; torch "
                    f"{torch.__version__}, 1 thread",
         "target": "resident wall <= 0.75 x fixed packs' wall",
+        "load_average_before": load0,
     }
     for w, r in runs.items():
-        print(f"{w:>9}: wall {r['wall_s']:8.1f} s   cpu {r['cpu_s']:8.1f} s")
+        print(f"{w:>9}: wall {r['wall_s']:8.1f} s   cpu {r['cpu_s']:8.1f} s   pack-steps {r['pack_steps']:7.1f}")
     for k, v in result["ratios"].items():
         print(f"{k:>22}: {v:.3f}")
     print(f"every cell equal to its solo run (1e-6): {result['equal_to_solo']} (largest difference: {worst})")
