@@ -89,7 +89,15 @@ def _gpu_memory_gb() -> float | None:
 
 def train_resident(study: str, cells: list[Any], results_dir: str | Path = "results", places: int = 4,
                    threads: int | None = None, resident_id: str = "resident", stop_at: int | None = None) -> dict:
-    """Train ``cells`` (one compatible group) through ``places`` places; stage each member's outputs; the record."""
+    """Train ``cells`` (one compatible group) through ``places`` places; stage each member's outputs; the record.
+    One process: in a job of several ranks, rank 0 hosts every place (the others return at once)."""
+    from lorarl.pack import ranks
+
+    rank, world = ranks.world()
+    if rank > 0:
+        return {"pack": resident_id, "rank": rank, "trained": [], "left_out": {}, "states": {}, "outcomes": {}}
+    if world > 1:
+        ranks.one_process()  # rank 0 alone: a one-process job (its vLLM engine too)
     places = check_places(places, [c.config for c in cells])  # before anything is claimed or written
     if cells and cells[0].config.rollout.engine == "vllm":
         engine_for(cells, places, results_dir)  # one multi-LoRA engine with `places` slots, kept for every re-form
