@@ -123,3 +123,30 @@ def test_the_memory_plan_caps_the_places():
     assert check_places(most, cfgs, gpu_memory_gb=80.0) == most
     with pytest.raises(ValueError, match=f"pack.places = {most + 1}.*allowed: 1..{most}"):
         check_places(most + 1, cfgs, gpu_memory_gb=80.0)
+
+
+@pytest.mark.slow
+def test_a_resident_job_through_snakemake(tmp_path):
+    """The rule path: `pack: {resident: true, places: 2}` makes one train_pack job for the study's two cells
+    (LORARL_PACK_PLACES reaches the job through the launcher), its record is the rule's output, and each member's own
+    train job publishes its outputs."""
+    from tests.test_pipeline import STUDY, jobs_run, snakemake
+
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"studies": [str(tmp_path / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
+         "pack": {"resident": True, "places": 2}}))
+    res = tmp_path / "results" / "e2e"
+    from lorarl.pack.plan import pack_id
+
+    pid = pack_id(["s0", "s1"])  # `all` asks for every pack's record; here: the record and the two cells only
+    run = snakemake(tmp_path, f"results/e2e/.packs/{pid}.json", "results/e2e/s0/summary.json",
+                    "results/e2e/s1/summary.json")
+    stats = jobs_run(run)
+    assert stats.get("train_pack") == 1 and stats.get("train") == 2, stats
+    record = json.loads((res / ".packs" / f"{pid}.json").read_text())
+    assert record["resident"] == 2 and record["trained"] == ["s0", "s1"]
+    assert json.loads((res / ".packs" / f"{pid}.ledger.json").read_text())["segments"][0]["admitted"] == ["s0", "s1"]
+    for cell in ("s0", "s1"):
+        s = json.loads((res / cell / "summary.json").read_text())
+        assert s["state"] == "done" and s["pack"]["resident"] == 2 and s["steps"] == 3
