@@ -150,3 +150,20 @@ def test_a_resident_job_through_snakemake(tmp_path):
     for cell in ("s0", "s1"):
         s = json.loads((res / cell / "summary.json").read_text())
         assert s["state"] == "done" and s["pack"]["resident"] == 2 and s["steps"] == 3
+
+
+def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards, monkeypatch):
+    """A rung's pack job (LORARL_TRAIN_UNTIL, resident or fixed) is named with its rung in workflow/rules/pack.smk:
+    the job writes that record (the rule's output), and each member's rung mark, staged."""
+    from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.launch import run_stage
+
+    cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
+    ids = sorted(cells)
+    monkeypatch.setenv("LORARL_PACK_PLACES", "1")
+    monkeypatch.setenv("LORARL_TRAIN_UNTIL", "1")
+    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1)
+    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id([*ids, 'until=1'])}.json").read_text())
+    assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
+    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids)}.ledger.json").read_text())["segments"]
+    assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it

@@ -149,6 +149,12 @@ def _pack(job: Job) -> dict:
         for c in cells:
             if c.id in out["outcomes"]:  # trained (or paused) here; a member left out: its own rung job trains it
                 until.write_mark(job.results_dir, study, c, rung, staged=True, **until.mark_fields(out["outcomes"][c.id]))
+        from lorarl import paths
+        from lorarl.io import write_json
+
+        # the rule's output: a rung's pack is named with its rung (workflow/rules/pack.smk), its record too
+        write_json(paths.path("pack_done", results=str(job.results_dir), study=study,
+                              pack=pack_id([*ids, f"until={rung}"])), out)
     return out
 
 
