@@ -167,3 +167,22 @@ def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_re
     assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
     segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids)}.ledger.json").read_text())["segments"]
     assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it
+
+
+def test_a_resident_job_refuses_more_places_than_its_gpu_admits(tmp_path, monkeypatch, capsys):
+    """On the job's GPU (here: said to be 80 GiB), before any cell is claimed: exit 2, the field and the allowed values."""
+    from types import SimpleNamespace
+
+    from lorarl.memory.resident import admitted_places
+    from lorarl.pack import resident
+    from lorarl.study import load_study, study_cells
+
+    study = load_study(REPO / "experiments" / "peft_zoo.yaml")
+    cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora")
+    cells = [SimpleNamespace(id=f"c{i}", config=cfg) for i in range(16)]
+    most, _ = admitted_places([cfg] * 16, 80.0, 4)
+    monkeypatch.setattr(resident, "_gpu_memory_gb", lambda: 80.0)
+    with pytest.raises(SystemExit) as err:
+        resident.train_resident("zoo", cells, tmp_path / "res", places=most + 1)
+    assert err.value.code == 2 and not (tmp_path / "res").exists()
+    assert f"pack.places = {most + 1}" in capsys.readouterr().err

@@ -28,6 +28,7 @@ admissions go to ``results/<study>/.packs/<id>.ledger.json`` as they happen (ato
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,11 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
         return {"pack": resident_id, "rank": rank, "trained": [], "left_out": {}, "states": {}, "outcomes": {}}
     if world > 1:
         ranks.one_process()  # rank 0 alone: a one-process job (its vLLM engine too)
-    places = check_places(places, [c.config for c in cells])  # before anything is claimed or written
+    try:
+        places = check_places(places, [c.config for c in cells])  # before anything is claimed or written
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if cells and cells[0].config.rollout.engine == "vllm":
         engine_for(cells, places, results_dir)  # one multi-LoRA engine with `places` slots, kept for every re-form
     t0 = time.time()
