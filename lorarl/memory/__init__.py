@@ -3,6 +3,8 @@
     from lorarl.memory import plan_study
     plans = plan_study("experiments/peft_zoo.yaml", gpu_memory_gb=80)   # one CellPlan per cell shape
     plans[0].peak_gb, plans[0].fits, plans[0].knobs
+
+A resident pack's plan (its largest K-member mix): :mod:`lorarl.memory.resident`.
 """
 
 from lorarl.memory.arch import PlanError

@@ -9,5 +9,6 @@
 * :mod:`lorarl.pack.build`: cells → a pack (one base, K adapters, shared frozen weights).
 * :mod:`lorarl.pack.run`: the pack job (per-member MLflow run, metrics, checkpoints, staged outputs).
 * :mod:`lorarl.pack.publish`: the hand-over to each member's own ``train`` job.
+* :mod:`lorarl.pack.resident`: resident packs (K places; a freed place takes the next waiting cell).
 * :mod:`lorarl.pack.multilora`: vLLM multi-LoRA request building (GPU only; tested with the fake).
 """

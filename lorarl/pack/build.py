@@ -125,7 +125,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
 
     if not cells:
         raise ValueError("a pack needs at least one cell")
-    keys = {pack_key(c.config) for c in cells}
+    keys = {pack_key(c.config, lengths=False) for c in cells}  # members may differ in train.steps (each its own)
     if None in keys or len(keys) != 1:
         raise ValueError("cells of a pack must share one compatibility key (lorarl.pack.plan.pack_key): "
                          + ", ".join(c.id for c in cells))

@@ -32,12 +32,14 @@ from lorarl.adapters.names import RESIDUAL_INITS
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
 VLLM_PACKABLE_METHODS = ("lora", "rslora")  # what one multi-LoRA engine serves (lorarl.pack.vllm_rollouts)
 
+PACK_KEYS = ("max_cells", "update_cells", "resident", "places")  # the Snakemake config's `pack:` block
 _TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "prompt_overflow", "precision", "steps",
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
 
 
-def pack_key(cfg: Any) -> str | None:
-    """The compatibility key of a cell config (``None``: the cell cannot pack)."""
+def pack_key(cfg: Any, lengths: bool = True) -> str | None:
+    """The compatibility key of a cell config (``None``: the cell cannot pack). ``lengths=False``: without
+    ``train.steps`` (a resident pack's groups, lorarl.pack.resident: each member leaves at its own end)."""
     a, t = cfg.adapter, cfg.train
     if a.method not in PACKABLE_METHODS or (a.dropout or 0) > 0:
         return None  # dropout > 0 would draw from one RNG stream shared by the pack: such cells run solo
@@ -54,7 +56,7 @@ def pack_key(cfg: Any) -> str | None:
     key = {
         "model": cfg.model,
         "adapter": adapter,
-        "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS},
+        "train": {k: getattr(cfg.train, k) for k in _TRAIN_KEYS if lengths or k != "steps"},
         "task": cfg.task.model_dump(mode="json"),
         "prompt": cfg.prompt.model_dump(mode="json"),
         "rollout": cfg.rollout.model_dump(mode="json"),
@@ -78,14 +80,40 @@ def max_cells(setting: Any) -> int:
     """The profile's / command line's ``pack`` setting → most cells per pack (1 = no packing).
     Accepted: absent/null/false/0/1 (off), an integer K, or ``{max_cells: K}``."""
     value = _int(setting.get("max_cells", 1)) if isinstance(setting, dict) else setting
-    if isinstance(setting, dict) and set(setting) - {"max_cells", "update_cells"}:
-        raise ValueError(f"pack: unknown keys {sorted(set(setting) - {'max_cells', 'update_cells'})}; "
-                         "allowed: max_cells, update_cells")
+    if isinstance(setting, dict) and set(setting) - set(PACK_KEYS):
+        raise ValueError(f"pack: unknown keys {sorted(set(setting) - set(PACK_KEYS))}; allowed: {', '.join(PACK_KEYS)}")
     if not isinstance(setting, dict) and value in (None, False, 0):
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}")
     return value
+
+
+def resident_places(setting: Any) -> int:
+    """``pack: {resident: true, places: P}``: the places of each resident job (lorarl.pack.resident), 0 = fixed packs.
+    ``places``: an integer >= 1 (and at most ``max_cells`` when that is set: then it must be >= 2, packing on)."""
+    if not isinstance(setting, dict) or ("resident" not in setting and "places" not in setting):
+        return 0
+    resident = setting.get("resident", False)
+    resident = {"true": True, "false": False}.get(resident.lower(), resident) if isinstance(resident, str) else resident
+    if not isinstance(resident, bool):
+        raise ValueError(f"pack.resident must be true or false; got {setting.get('resident')!r}")
+    places = _int(setting.get("places"))
+    if not resident:
+        if places is not None:
+            raise ValueError(f"pack.places = {places!r} needs pack.resident: true (places are a resident job's); "
+                             "allowed: remove pack.places, or set pack.resident: true")
+        return 0
+    if places is None or isinstance(places, bool) or not isinstance(places, int) or places < 1:
+        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}")
+    if "max_cells" in setting:
+        cells = max_cells(setting)
+        if cells < 2:
+            raise ValueError(f"pack.resident: true needs packing, but pack.max_cells = {cells} (off); allowed: "
+                             "pack: {resident: true, places: P} or pack: {max_cells: K >= 2, resident: true, places: 1..K}")
+        if places > cells:
+            raise ValueError(f"pack.places = {places} is more than pack.max_cells = {cells}; allowed: 1..{cells}")
+    return places
 
 
 def update_cells(setting: Any) -> int:

@@ -171,9 +171,10 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
 
 
 def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int | None, info: dict | None,
-           t_start: float, left_out: dict | None = None) -> dict[str, dict]:
+           t_start: float, left_out: dict | None = None, boundary: Any = None) -> dict[str, dict]:
     """Build the pack of these members' cells, resume each from its own state, step until every member finished
-    (or paused, or stopped), and end each member's run. Returns {cell id: its summary}."""
+    (or paused, or stopped), and end each member's run. Returns {cell id: its summary}. ``boundary()`` (a resident
+    pack's): asked after a step in which a member left; True = every member still running pauses at this step."""
     import torch
 
     from lorarl.evalplan.plan import snapshot_steps
@@ -209,14 +210,20 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
                 if not rows:
                     break
                 lead = slots[0].run.ckpt
-                for k, s in enumerate(slots):
-                    ck = s.run.ckpt
+                stepped = [k for k, s in enumerate(slots) if s.cell.id in rows]
+                for k in stepped:
+                    s, c, m = slots[k], trainer.cells[k], loop.members[k]
+                    c.state = s.run.step_done(m.step, rows[s.cell.id], c.model, update_refused=c.state == "diverged")
+                going = [k for k in stepped if trainer.cells[k].state == "running" and k in loop.active()]
+                if boundary is not None and len(going) < len(stepped) and going and boundary():
+                    for k in going:  # a place freed and a cell waits: the members still running pause here
+                        slots[k].run.stop_at(loop.members[k].step)  # (lorarl.pack.resident re-forms the pack)
+                        trainer.cells[k].state = "paused"
+                for k in stepped:
+                    s, ck = slots[k], slots[k].run.ckpt
                     ck.preempt_requested = ck.preempt_requested or lead.preempt_requested
                     ck.terminate_requested = ck.terminate_requested or lead.terminate_requested
                     c, m = trainer.cells[k], loop.members[k]
-                    if s.cell.id not in rows:
-                        continue
-                    c.state = s.run.step_done(m.step, rows[s.cell.id], c.model, update_refused=c.state == "diverged")
                     stop = _checkpoint(s, c, m, force=c.state != "running") or stop
         for k, s in enumerate(slots):
             summaries[s.cell.id] = s.run.finish(pack.policies[k], trainer.cells[k].model, facts=pack.data_facts,

@@ -75,7 +75,7 @@ class StageJob(submitit.helpers.Checkpointable):
         self.provenance_file, self.submission = provenance_file, submission
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
-                                                "LORARL_PACK_UPDATE_CELLS", "LORARL_TRAIN_UNTIL",
+                                                "LORARL_PACK_UPDATE_CELLS", "LORARL_PACK_PLACES", "LORARL_TRAIN_UNTIL",
                                                 oom.ATTEMPT_ENV) if k in os.environ}
 
     def __call__(self) -> dict:

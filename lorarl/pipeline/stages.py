@@ -129,6 +129,7 @@ def _toy(job: Job) -> dict:
 
 @register_stage("pack", "the member cells of one pack trained in one job (target: a comma list)")
 def _pack(job: Job) -> dict:
+    from lorarl.pack import resident
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_pack
 
@@ -138,11 +139,22 @@ def _pack(job: Job) -> dict:
     ids, study = job.target.split(","), job.study.name
     rung = until.until_step()  # a rung's pack ($LORARL_TRAIN_UNTIL): every member pauses there
     cells = [job.table.cell(c) for c in ids]
-    out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung)
+    places = resident.places_from_env()  # a resident job ($LORARL_PACK_PLACES): its places, else a fixed pack
+    if places:
+        out = resident.train_resident(study, cells, job.results_dir, places, threads=job.threads,
+                                      resident_id=pack_id(ids), stop_at=rung)
+    else:
+        out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung)
     if rung is not None and world()[0] == 0:  # rank 0 holds every rank's outcome: each member's mark, staged
         for c in cells:
             if c.id in out["outcomes"]:  # trained (or paused) here; a member left out: its own rung job trains it
                 until.write_mark(job.results_dir, study, c, rung, staged=True, **until.mark_fields(out["outcomes"][c.id]))
+        from lorarl import paths
+        from lorarl.io import write_json
+
+        # the rule's output: a rung's pack is named with its rung (workflow/rules/pack.smk), its record too
+        write_json(paths.path("pack_done", results=str(job.results_dir), study=study,
+                              pack=pack_id([*ids, f"until={rung}"])), out)
     return out
 
 

@@ -4,16 +4,26 @@
 # them all in one process and stages each member's outputs. Each member's own `train` job (unchanged:
 # same command, params and inputs, so switching packing on or off never reruns a finished cell) waits
 # for its pack and moves the staged outputs into place (lorarl.pack.publish). Finished cells are never
-# packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo.
+# packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
+# places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
+# admits the next waiting cell when a place frees; the same rule, member hand-over and records.
 from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id, plan_packs as _plan_packs
-from lorarl.pack.plan import update_cells as _pack_update_cells
+from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
 from lorarl.pack.publish import unfinished as _pack_unfinished
+from lorarl.pack.resident import plan_residents as _plan_residents
 
 try:
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
     PACK_UPDATE_CELLS = _pack_update_cells(config.get("pack"))
+    PACK_PLACES = _pack_resident_places(config.get("pack"))  # resident packs: places per job (0: fixed packs)
 except ValueError as err:
-    raise WorkflowError(f"config: {err}")
+    print(f"error: config: {err}", file=sys.stderr)  # before any job runs or anything is written
+    sys.exit(2)
+
+
+def _group(cells):
+    """Fixed packs of at most pack.max_cells, or (resident) one job per compatible group, lengths aside."""
+    return _plan_residents(cells) if PACK_PLACES else _plan_packs(cells, PACK_MAX_CELLS)
 
 
 def _study_packs(s):
@@ -33,7 +43,7 @@ def _study_packs(s):
             groups.setdefault(None, []).append(c)
     out = {}
     for until, cells in groups.items():
-        for p in _plan_packs(cells, PACK_MAX_CELLS):
+        for p in _group(cells):
             if len(p) > 1:
                 pid = _pack_id(p if until is None else [*p, f"until={until}"])
                 out[pid], PACK_UNTIL[(s, pid)] = p, until
@@ -43,7 +53,8 @@ def _study_packs(s):
 PACK_UNTIL = {}  # (study, pack id) -> the rung its members train to (None: their end)
 
 
-PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items() if "train" in get_kind(st.kind).cell_stages and PACK_MAX_CELLS > 1}
+PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items()
+         if "train" in get_kind(st.kind).cell_stages and (PACK_MAX_CELLS > 1 or PACK_PLACES)}
 
 
 def pack_targets():
@@ -99,6 +110,7 @@ rule train_pack:
         results=RESULTS,
         launcher=config["launcher"],
         update_cells=PACK_UPDATE_CELLS,
+        places=PACK_PLACES or "",
         until=pack_until,
     priority: 100
     threads: 1
@@ -108,4 +120,5 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} LORARL_TRAIN_UNTIL={params.until} " + launch("train")
+        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} LORARL_PACK_PLACES={params.places} "
+        "LORARL_TRAIN_UNTIL={params.until} " + launch("train")

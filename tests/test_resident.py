@@ -1,0 +1,117 @@
+"""Resident packs (lorarl.pack.resident): a job with K places admits the next waiting cell when a member finishes,
+collapses (``train.stop_on_collapse``) or pauses at its rung (an adaptive study's stop: issue 40), and every cell
+ends equal to its solo run (a one-cell pack): per-step metrics and final adapter to 1e-6, each step once in its one
+MLflow run. In process, tiny models; the job-level path (Snakemake, SIGKILL) is tests/test_resident_job.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import pandas as pd
+
+from tests.test_cell_pause import fake_rewards, mlflow_steps, outputs  # noqa: F401
+from tests.test_grpo import tiny_dir  # noqa: F401
+
+
+def resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), **train):
+    from lorarl.study import cell_table, load_study
+
+    doc = {"name": "rz", "defaults": {
+        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
+        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
+        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
+        "axes": {"length": {"field": "train.steps", "prefix": "s", "values": list(steps)},
+                 "stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": list(collapse)}}}
+    p = tmp_path / "rz.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return {c.id: c for c in cell_table(load_study(str(p))).cells}
+
+
+@pytest.fixture
+def collapses_at_3(monkeypatch):
+    """A collapse flag that fires at step 3 of every cell (only cells with stop_on_collapse stop there)."""
+    from lorarl.train import flags
+
+    monkeypatch.setitem(flags.RULES, "test_collapse", lambda rows: 3 if len(list(rows)) >= 3 else None)
+
+
+def assert_equal_runs(got, want, resumed_from, steps):
+    """A cell's outputs equal its solo run's: adapter and metrics to 1e-6, every step once, its resumes."""
+    (w, m, s), (w0, m0, s0) = got, want
+    assert w.keys() == w0.keys() and max(float((w[k] - w0[k]).abs().max()) for k in w) <= 1e-6
+    assert any(float(w0[k].abs().max()) > 0 for k in w0 if "lora_B" in k)  # it trained
+    assert list(m.columns) == list(m0.columns) and list(m["step"]) == list(range(1, steps + 1))
+    pd.testing.assert_frame_equal(m, m0, rtol=0, atol=1e-6)
+    assert (resumed_from is None or s["resumed_from_steps"] == resumed_from) and s["state"] == s0["state"] == "done"
+    assert s["steps"] == s0["steps"] == steps and s.get("stopped_on_collapse") == s0.get("stopped_on_collapse")
+
+
+def published(res, cells):
+    from lorarl.pack import publish
+
+    for c in cells:
+        assert publish.publish(res, "rz", c.id, c.hash), c.id  # its own train job moves the staged outputs in place
+
+
+def solo_runs(ref, cells):
+    from lorarl.pack.run import train_alone
+
+    return {c.id: train_alone("rz", c, ref) for c in cells}
+
+
+def test_a_freed_place_takes_the_next_cell_after_a_finish_and_a_collapse(tiny_dir, tmp_path, fake_rewards,
+                                                                        collapses_at_3):
+    from lorarl.pack.resident import train_resident
+
+    cells = resident_cells(tmp_path, tiny_dir)
+    order = [cells[k] for k in sorted(cells, key=lambda k: ("s4-cTrue", "s2-cFalse", "s4-cFalse", "s2-cTrue").index(k))]
+    ref, res = tmp_path / "ref", tmp_path / "res"
+    solo = solo_runs(ref, order)
+    assert solo["s4-cTrue"]["stopped_on_collapse"] == 3
+    out = train_resident("rz", order, res, places=2, resident_id="pack-resident")
+    ledger = json.loads((res / "rz" / ".packs" / "pack-resident.ledger.json").read_text())["segments"]
+    # s2-cFalse finishes at 2: s4-cTrue pauses there, comes back beside s4-cFalse; it collapses at 3: s2-cTrue comes in
+    assert [s["admitted"] for s in ledger] == [["s4-cTrue", "s2-cFalse"], ["s4-cTrue", "s4-cFalse"],
+                                               ["s4-cFalse", "s2-cTrue"]]
+    assert [s["left"] for s in ledger] == [["s2-cFalse"], ["s4-cTrue"], ["s2-cTrue", "s4-cFalse"]]
+    assert out["trained"] == sorted(cells) and out["left_out"] == {} and out["segments"] == 3
+    published(res, order)
+    resumed = {"s4-cTrue": [2], "s4-cFalse": [1], "s2-cFalse": [], "s2-cTrue": []}
+    for c in order:
+        n = 3 if c.id == "s4-cTrue" else c.config.train.steps
+        got = outputs(res / "rz" / c.id)
+        assert_equal_runs(got, outputs(ref / "rz" / c.id), resumed_from=resumed[c.id], steps=n)
+        assert got[2]["pack"]["resident"] == 2
+        assert mlflow_steps(res, got[2]["mlflow_run_id"])[0] == list(range(1, n + 1))  # one MLflow run, each step once
+    assert not (res / "rz" / ".checkpoints").exists() or not any((res / "rz" / ".checkpoints").iterdir())
+
+
+def test_a_member_paused_at_its_rung_frees_its_place(tiny_dir, tmp_path, fake_rewards):
+    """Issue 40 item 4: a member stopped at the adaptive rung (the job's ``stop_at``) leaves for good and its place
+    goes to the next waiting cell; the rung-paused cells resume later (any host) equal to their solo runs."""
+    from lorarl.pack.resident import train_resident
+    from lorarl.train import cellstate
+
+    cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4, 5, 6), collapse=(False,))
+    order = [cells[f"s{n}-cFalse"] for n in (2, 4, 5, 6)]
+    ref, res = tmp_path / "ref", tmp_path / "res"
+    out = train_resident("rz", order, res, places=2, resident_id="pack-rung", stop_at=3)
+    segs = [s["admitted"] for s in json.loads((res / "rz" / ".packs" / "pack-rung.ledger.json").read_text())["segments"]]
+    # s2 finishes at 2 (s5 takes its place); s4 pauses at its rung 3 while s5 is at step 1: s6 takes s4's place
+    assert segs == [["s2-cFalse", "s4-cFalse"], ["s4-cFalse", "s5-cFalse"], ["s5-cFalse", "s6-cFalse"]]
+    assert out["states"] == {"s2-cFalse": "done", "s4-cFalse": "paused", "s5-cFalse": "paused", "s6-cFalse": "paused"}
+    for x in order[1:]:
+        mark = json.loads((res / "rz" / ".checkpoints" / x.id / cellstate.PAUSED).read_text())
+        assert mark["paused_at_step"] == 3 and out["outcomes"][x.id]["paused_at_step"] == 3
+    again = train_resident("rz", order, res, places=2, resident_id="pack-rest")  # promoted: on to their ends
+    assert again["trained"] == ["s4-cFalse", "s5-cFalse", "s6-cFalse"]
+    published(res, order)
+    solo_runs(ref, order)
+    for x in order:
+        got = outputs(res / "rz" / x.id)
+        assert_equal_runs(got, outputs(ref / "rz" / x.id), resumed_from=None, steps=x.config.train.steps)
+        assert (3 in got[2]["resumed_from_steps"]) == (x is not order[0])  # from its rung

@@ -1,0 +1,188 @@
+"""A resident job (lorarl.pack.resident) as a job: SIGKILLed mid-run, its rerun resumes every member from its last
+checkpoint and each ends equal to its solo run; the Snakemake config's `pack: {resident: true, places: P}` is
+checked before anything runs (exit 2, the field and the allowed values named, nothing written) and plans one
+job per compatible group, lengths aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
+from tests.test_grpo import tiny_dir  # noqa: F401
+from tests.test_resident import assert_equal_runs, published, resident_cells, solo_runs
+
+REPO = Path(__file__).resolve().parents[1]
+
+KILLED_JOB = """
+import sys
+from lorarl.pack import build
+from lorarl.rewards.outcome import OutcomeDeposits, settings_of
+from tests.test_grpo import fake_score
+from tests.test_pack_steps import fake_regimes
+real = build.build_pack
+build.build_pack = lambda *a, **kw: fake_regimes(real(*a, **kw))
+import lorarl.train.prepare as prepare
+prepare.reward_of = lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward))
+from lorarl.pipeline.launch import run_stage
+run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1)
+"""
+
+
+@pytest.mark.slow
+def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, tmp_path, fake_rewards):
+    from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.launch import run_stage
+
+    cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), checkpoint_every=1)
+    a, b, c = cells["s2-cFalse"], cells["s4-cFalse"], cells["s4-cTrue"]
+    study = str(tmp_path / "rz.yaml")
+    order = [a, b, c]
+    ids, res, ref = ",".join(x.id for x in order), tmp_path / "res", tmp_path / "ref"
+    env = {**os.environ, "LORARL_PACK_PLACES": "2", "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    # a finished at 2 (staged); b paused at 2 (the slot boundary: a checkpoint) and was killed at its step 3
+    assert (res / "rz" / a.id / ".packed" / "summary.json").exists()
+    ckpts = res / "rz" / ".checkpoints"
+    assert sorted(p.name for p in (ckpts / b.id).glob("checkpoint-*")) == ["checkpoint-2"]
+    with pytest.MonkeyPatch.context() as mp:  # the rerun: the same job, in process
+        mp.setenv("LORARL_PACK_PLACES", "2")
+        out = run_stage("pack", study, ids, str(res), threads=1)
+    assert out["trained"] == sorted([b.id, c.id]) and a.id in out["left_out"]  # a: staged already
+    assert json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.json").read_text())["resident"] == 2
+    published(res, order)
+    solo = solo_runs(ref, order)
+    assert solo[c.id]["stopped_on_collapse"] == 3  # its frac_truncated flag with train.stop_on_collapse
+    for x in order:
+        got = outputs(res / "rz" / x.id)
+        assert_equal_runs(got, outputs(ref / "rz" / x.id), resumed_from=None, steps=solo[x.id]["steps"])
+    assert outputs(res / "rz" / b.id)[2]["resumed_from_steps"][-1] == 2  # lost only its step 3
+
+
+def snakemake_dry(workdir: Path, pack: dict) -> subprocess.CompletedProcess:
+    (workdir / "config.yaml").write_text(yaml.safe_dump(
+        {"studies": [str(workdir / "rz.yaml")], "results": "results", "launcher": "local", "slurm": {}, "pack": pack}))
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(workdir / "config.yaml"), "--cores", "1", "-n", "all"]
+    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+
+
+@pytest.mark.parametrize("pack, field", [
+    ({"max_cells": 4, "resident": True}, "pack.places must be an integer >= 1"),
+    ({"max_cells": 4, "resident": True, "places": 0}, "pack.places must be an integer >= 1"),
+    ({"max_cells": 1, "resident": True, "places": 2}, "pack.resident: true needs packing"),
+    ({"max_cells": 2, "resident": True, "places": 3}, "allowed: 1..2"),
+    ({"max_cells": 4, "places": 2}, "needs pack.resident: true"),
+    ({"resident": "maybe", "places": 2}, "pack.resident must be true or false"),
+])
+def test_bad_resident_settings_are_refused(pack, field):
+    from lorarl.pack.plan import resident_places
+
+    with pytest.raises(ValueError, match="pack\\.") as err:
+        resident_places(pack)
+    assert field in str(err.value)
+
+
+def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_dir, tmp_path):
+    resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True))
+    bad = snakemake_dry(tmp_path, {"max_cells": 4, "resident": True, "places": 0})
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "pack.places must be an integer >= 1" in bad.stderr and not (tmp_path / "results").exists()
+    good = snakemake_dry(tmp_path, {"resident": True, "places": 2})
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert re.search(r"\btrain_pack\s+1\n", good.stdout + good.stderr), good.stderr[-3000:]  # one job, two lengths
+    fixed = snakemake_dry(tmp_path, {"max_cells": 2})  # fixed packs keep train.steps in their key: two jobs
+    assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
+
+
+def test_the_memory_plan_caps_the_places():
+    """The plan of a resident job is its largest K-member mix; more places than the GPU admits are refused."""
+    from lorarl.memory.resident import admitted_places, mix_peak_gb
+    from lorarl.pack.resident import check_places
+    from lorarl.study import load_study, study_cells
+
+    study = load_study(REPO / "experiments" / "peft_zoo.yaml")
+    cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora")
+    cfgs = [cfg] * 16
+    most, _ = admitted_places(cfgs, 80.0, 4)
+    assert 1 <= most < 16
+    assert mix_peak_gb(cfgs, most, 80.0) <= 0.9 * 80 < mix_peak_gb(cfgs, most + 1, 80.0)
+    assert mix_peak_gb(cfgs, 2, 80.0) > mix_peak_gb(cfgs, 1, 80.0)  # each member adds its own part
+    assert check_places(most, cfgs, gpu_memory_gb=80.0) == most
+    with pytest.raises(ValueError, match=f"pack.places = {most + 1}.*allowed: 1..{most}"):
+        check_places(most + 1, cfgs, gpu_memory_gb=80.0)
+
+
+@pytest.mark.slow
+def test_a_resident_job_through_snakemake(tmp_path):
+    """The rule path: `pack: {resident: true, places: 2}` makes one train_pack job for the study's two cells
+    (LORARL_PACK_PLACES reaches the job through the launcher), its record is the rule's output, and each member's own
+    train job publishes its outputs."""
+    from tests.test_pipeline import STUDY, jobs_run, snakemake
+
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"studies": [str(tmp_path / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
+         "pack": {"resident": True, "places": 2}}))
+    res = tmp_path / "results" / "e2e"
+    from lorarl.pack.plan import pack_id
+
+    pid = pack_id(["s0", "s1"])  # `all` asks for every pack's record; here: the record and the two cells only
+    run = snakemake(tmp_path, f"results/e2e/.packs/{pid}.json", "results/e2e/s0/summary.json",
+                    "results/e2e/s1/summary.json")
+    stats = jobs_run(run)
+    assert stats.get("train_pack") == 1 and stats.get("train") == 2, stats
+    record = json.loads((res / ".packs" / f"{pid}.json").read_text())
+    assert record["resident"] == 2 and record["trained"] == ["s0", "s1"]
+    assert json.loads((res / ".packs" / f"{pid}.ledger.json").read_text())["segments"][0]["admitted"] == ["s0", "s1"]
+    for cell in ("s0", "s1"):
+        s = json.loads((res / cell / "summary.json").read_text())
+        assert s["state"] == "done" and s["pack"]["resident"] == 2 and s["steps"] == 3
+
+
+def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards, monkeypatch):
+    """A rung's pack job (LORARL_TRAIN_UNTIL, resident or fixed) is named with its rung in workflow/rules/pack.smk:
+    the job writes that record (the rule's output), and each member's rung mark, staged."""
+    from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.launch import run_stage
+
+    cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
+    ids = sorted(cells)
+    monkeypatch.setenv("LORARL_PACK_PLACES", "1")
+    monkeypatch.setenv("LORARL_TRAIN_UNTIL", "1")
+    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1)
+    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id([*ids, 'until=1'])}.json").read_text())
+    assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
+    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids)}.ledger.json").read_text())["segments"]
+    assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it
+
+
+def test_a_resident_job_refuses_more_places_than_its_gpu_admits(tmp_path, monkeypatch, capsys):
+    """On the job's GPU (here: said to be 80 GiB), before any cell is claimed: exit 2, the field and the allowed values."""
+    from types import SimpleNamespace
+
+    from lorarl.memory.resident import admitted_places
+    from lorarl.pack import resident
+    from lorarl.study import load_study, study_cells
+
+    study = load_study(REPO / "experiments" / "peft_zoo.yaml")
+    cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora")
+    cells = [SimpleNamespace(id=f"c{i}", config=cfg) for i in range(16)]
+    most, _ = admitted_places([cfg] * 16, 80.0, 4)
+    monkeypatch.setattr(resident, "_gpu_memory_gb", lambda: 80.0)
+    with pytest.raises(SystemExit) as err:
+        resident.train_resident("zoo", cells, tmp_path / "res", places=most + 1)
+    assert err.value.code == 2 and not (tmp_path / "res").exists()
+    assert f"pack.places = {most + 1}" in capsys.readouterr().err

@@ -1,0 +1,84 @@
+"""A resident pack on vLLM's real CPU engine: one multi-LoRA engine with ``max_loras = places`` serves every re-formed
+pack of the job; the adapters of members that leave are evicted and the newcomers' admitted (``remove_lora`` /
+``add_lora``) without restarting the engine, never more than ``places`` at once; every cell (mixed ranks, unequal
+lengths) ends equal to its solo vLLM run on the same engine (tests/test_resident.py's check: metrics and adapter
+to 1e-6, which holds the rollout tokens' rewards and log-probs; vLLM's near-ties would show as a difference here,
+none happens on this engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
+from tests.test_resident import assert_equal_runs, published, solo_runs
+
+pytestmark = pytest.mark.vllm_real
+
+ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
+    from tests.tiny_model import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
+
+
+def vllm_cells(tmp_path, model_dir):
+    from lorarl.study import cell_table, load_study
+
+    doc = {"name": "rz", "defaults": {
+        "model": model_dir, "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
+        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0}, "rollout": ROLLOUT,
+        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+                  "checkpoint_every": 0, "kl_monitor_every": 2}},
+        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
+                 "length": {"field": "train.steps", "prefix": "n", "values": [2, 4]}}}
+    p = tmp_path / "rz.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return {(c.config.adapter.rank, c.config.train.steps): c for c in cell_table(load_study(str(p))).cells}
+
+
+def test_a_resident_vllm_job_admits_and_evicts_adapters_on_one_engine(model_dir, tmp_path, fake_rewards, monkeypatch):
+    from lorarl.pack import vllm_rollouts
+    from lorarl.pack.resident import engine_for, train_resident
+
+    cells = vllm_cells(tmp_path, model_dir)
+    order = [cells[k] for k in ((1, 2), (8, 4), (8, 2), (1, 4))]
+    ids = [c.id for c in order]
+    res, ref = tmp_path / "res", tmp_path / "ref"
+    vllm_rollouts._ENGINE.clear()  # this job builds its engine: max_loras = places
+    llm = engine_for(order, 2, res)
+    assert type(llm).__module__.startswith("vllm.")
+    engine, seen = llm.llm_engine, {"adds": [], "removes": 0, "most": 0}
+    add, remove = engine.add_lora, engine.remove_lora
+
+    def counted_add(req):
+        out = add(req)
+        seen["adds"].append(req.lora_name.split("@")[0])
+        seen["most"] = max(seen["most"], len(engine.list_loras()))
+        return out
+
+    def counted_remove(i):
+        seen["removes"] += 1
+        return remove(i)
+
+    monkeypatch.setattr(engine, "add_lora", counted_add)
+    monkeypatch.setattr(engine, "remove_lora", counted_remove)
+    out = train_resident("rz", order, res, places=2, resident_id="pack-vllm")
+    segs = json.loads((res / "rz" / ".packs" / "pack-vllm.ledger.json").read_text())["segments"]
+    assert [s["admitted"] for s in segs] == [ids[:2], ids[1:3], ids[3:]]  # the short ones leave at 2: re-formed
+    assert out["trained"] == sorted(ids)
+    assert vllm_rollouts._ENGINE["llm"] is llm  # never restarted: every re-formed pack sampled on it
+    assert seen["most"] <= 2 and seen["removes"] > 0  # at most `places` adapters held; members' adapters evicted
+    assert set(ids) <= set(seen["adds"])  # every newcomer admitted
+    published(res, order)
+    solo = solo_runs(ref, order)  # each cell alone, on the same engine (max_loras 2 holds a pack of one)
+    assert vllm_rollouts._ENGINE["llm"] is llm
+    for c in order:
+        assert_equal_runs(outputs(res / "rz" / c.id), outputs(ref / "rz" / c.id), resumed_from=None,
+                          steps=solo[c.id]["steps"])
