@@ -118,3 +118,28 @@ def base_lines(recipes: list[str], results: str | Path, now: float | None = None
             alive = pid_alive(str(doc.get("pid", "")))
         out.append(f"base model {name}: {describe(doc, alive, now)}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lorarl.build_progress tiny-arith [--results results] [--every 10]`: print each model's line
+    whenever it changes, until every one is built (scripts/demo.sh runs it beside the base model's job)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lorarl.build_progress", description=main.__doc__)
+    ap.add_argument("recipes", nargs="+", help="local recipes (lorarl.models.RECIPES), parents first")
+    ap.add_argument("--results", default="results", help="the results folder (its models/ holds the builds)")
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between looks")
+    args = ap.parse_args(argv)
+    last: list[str] = []
+    while True:
+        lines = base_lines(args.recipes, args.results)
+        if not lines:
+            return 0
+        if lines != last:
+            print("\n".join(lines), flush=True)
+            last = lines
+        time.sleep(args.every)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

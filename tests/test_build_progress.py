@@ -136,3 +136,23 @@ def test_status_prints_the_base_line_while_nothing_trains(tmp_path):
                            "--results", str(res)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("base model tiny-arith: building, SFT step 0/800"), proc.stdout
+
+
+def test_the_demos_watcher_prints_each_change_and_ends_when_built(tmp_path, capsys):
+    import threading
+    import time
+
+    res = tmp_path / "results"
+    p = BuildProgress(res / "models" / "tiny-arith", "tiny-arith", steps=800)
+    p.phase("sft")
+    done = []
+    t = threading.Thread(target=lambda: done.append(build_progress.main(["tiny-arith", "--results", str(res),
+                                                                          "--every", "0.05"])))
+    t.start()
+    time.sleep(0.3)  # the same line again and again: printed once
+    (res / "models" / "tiny-arith").mkdir()
+    (res / "models" / "tiny-arith" / "config.json").write_text("{}")
+    t.join(timeout=10)
+    assert done == [0]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("base model tiny-arith: building, SFT step 0/800")
