@@ -234,8 +234,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
+    from lorarl.build_progress import base_lines
+    from lorarl.models import study_recipes
+    from lorarl.study import study_cells
+
     rows = study_status(args.study, args.results)
-    print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows))
+    bases = [] if args.json else base_lines(study_recipes(study_cells(load_study(args.study))), args.results)
+    print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows, bases))
     return 0
 
 

@@ -69,6 +69,22 @@ def parent_recipe(name: str) -> str | None:
     return RECIPES[name].init_from
 
 
+def study_recipes(cells: list) -> list[str]:
+    """The local recipes a study's cells need (their base models and distillation teachers), each after the
+    recipe it continues (`init_from`)."""
+    names: list[str] = []
+    for c in cells:
+        cfg = c.config
+        teacher = cfg.reward.teacher if cfg.reward.regime == "distillation" else None
+        for model in (cfg.model, teacher):
+            chain, name = [], recipe_name(model) if model else None
+            while name and name not in names and name not in chain:
+                chain.append(name)
+                name = parent_recipe(name) if name in RECIPES else None
+            names += reversed(chain)
+    return names
+
+
 def recipe_name(model: str) -> str | None:
     return model[len(LOCAL_PREFIX):] if model.startswith(LOCAL_PREFIX) else None
 
@@ -123,8 +139,30 @@ def build_tiny(recipe: TinyRecipe, vocab_size: int, eos_id: int, pad_id: int):
     return Qwen2ForCausalLM(cfg)
 
 
-def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progress: bool = True) -> list[float]:
-    """Plain next-token SFT on the completion tokens only (prompt tokens masked)."""
+def encode_sft(tok, examples: list[tuple[str, str]]):
+    """Every example tokenized once (one batched call) and right-padded into one table: (ids_NL, labels_NL,
+    lengths_N); labels are -100 on the prompt and the padding (the loss is on the completion + EOS only)."""
+    import torch
+
+    prompts = tok([p for p, _ in examples])["input_ids"]
+    comps = tok([c for _, c in examples])["input_ids"]
+    lengths = [len(p) + len(c) + 1 for p, c in zip(prompts, comps)]
+    ids = torch.full((len(examples), max(lengths)), tok.pad_token_id)
+    labels = torch.full((len(examples), max(lengths)), -100)
+    for i, (p, c) in enumerate(zip(prompts, comps)):
+        c = c + [tok.eos_token_id]
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
+    return ids, labels, torch.tensor(lengths)
+
+
+def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progress: bool = True,
+        on_step=None) -> list[float]:
+    """Plain next-token SFT on the completion tokens only (prompt tokens masked); `on_step(i)` after step i.
+
+    Each step draws `sft_batch` examples at random (the same draws as ever: `rng.sample` over the example
+    indices) from a table tokenized once. Rows are right-padded, so no attention mask is needed: under the
+    causal mask a real token never attends to the padding after it, and padding carries no loss."""
     import torch
     from tqdm import tqdm
 
@@ -133,28 +171,22 @@ def sft(model, tok, examples: list[tuple[str, str]], recipe: TinyRecipe, progres
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / recipe.sft_steps))
     )
-    enc = [(tok(p)["input_ids"], tok(c)["input_ids"] + [tok.eos_token_id]) for p, c in examples]
+    ids_NL, labels_NL, len_N = encode_sft(tok, examples)
     model.train()
     losses = []
     first_work("SFT step")  # the job's start-up ends here (lorarl.jobclock)
-    for _ in tqdm(range(recipe.sft_steps), desc="sft", disable=not progress, mininterval=5):
-        batch = rng.sample(enc, recipe.sft_batch)
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (p, c) in enumerate(batch):
-            seq = p + c
-            ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(p) : len(seq)] = torch.tensor(c)
-            attn[i, : len(seq)] = 1
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    for i in tqdm(range(1, recipe.sft_steps + 1), desc="sft", disable=not progress, mininterval=5):
+        idx_B = torch.tensor(rng.sample(range(len(len_N)), recipe.sft_batch))
+        width = int(len_N[idx_B].max())
+        loss = model(input_ids=ids_NL[idx_B, :width], labels=labels_NL[idx_B, :width]).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(i)
     model.eval()
     return losses
 
@@ -173,17 +205,25 @@ def recipe_data_and_tokenizer(recipe: TinyRecipe):
 
 
 def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> dict:
-    """Build tokenizer + tiny model for recipe `name`, SFT it, save with save_pretrained."""
+    """Build tokenizer + tiny model for recipe `name`, SFT it, save with save_pretrained. The build's progress
+    (phase, SFT step) goes to a small file that `lorarl status` reads (lorarl.build_progress)."""
+    from lorarl.build_progress import BuildProgress
+
+    # Idle OpenMP threads sleep instead of spinning (read when torch loads: a no-op if it already has). On a
+    # busy 2-core machine the default spin-wait of 2 threads made each SFT step ~30x slower (docs/benchmarks.md).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     recipe = RECIPES[name]
     t0 = time.time()
+    out = Path(out_dir)
+    progress = BuildProgress(out, name, recipe.sft_steps)
+    progress.phase("data")
     train, tok = recipe_data_and_tokenizer(recipe)
     pick = random.Random(recipe.seed + 1)
     examples = [(p.prompt, p.unboxed_solution if pick.random() < recipe.p_unboxed else p.solution) for p in train]
-    out = Path(out_dir)
     if recipe.init_from:  # continue the parent's SFT: its weights and its (identical) tokenizer
         parent = out.parent / recipe.init_from
         if not (parent / "config.json").exists():
@@ -192,7 +232,9 @@ def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> di
         model, tok = load_model_and_tokenizer(str(parent))
     else:
         model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
-    losses = sft(model, tok, examples, recipe)
+    progress.phase("sft")
+    losses = sft(model, tok, examples, recipe, on_step=progress.step)
+    progress.phase("saving")
     tmp = out.with_name(out.name + ".tmp")
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -206,6 +248,7 @@ def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> di
 
         shutil.rmtree(out)
     os.replace(tmp, out)
+    progress.path.unlink(missing_ok=True)  # built: `lorarl status` needs no progress for it any more
     return info
 
 

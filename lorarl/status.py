@@ -210,7 +210,8 @@ def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int])
     return train
 
 
-def format_table(rows: list[CellStatus]) -> str:
+def format_table(rows: list[CellStatus], bases: list[str] = ()) -> str:
+    """`bases`: a line per local base model still building (lorarl.build_progress.base_lines), printed last."""
     table = [["cell", "train", "job", "step", "evaluate", "detail"]]
     for r in rows:
         flags = "flags: " + ", ".join(f"{k}@{v}" for k, v in r.flags.items()) if r.flags else ""
@@ -224,7 +225,7 @@ def format_table(rows: list[CellStatus]) -> str:
         if r.kind == "cell":
             counts[r.train.state] = counts.get(r.train.state, 0) + 1
     lines.append("train: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join([line.rstrip() for line in lines] + list(bases))
 
 
 def as_json(rows: list[CellStatus]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start 1/2: set up, then run the demo study end to end on the CPU
-# (tiny base model built locally -> 8 cells trained and evaluated -> tables, figures, report.html),
-# one stage at a time, with a progress line after each.
+# (tiny base model built locally -> 8 cells trained and evaluated -> tables, figures, report.html):
+# the base model first (its SFT progress printed as it goes), then the rest in one Snakemake run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE  # cache the bytecode of what the jobs import (scripts/setup.sh installs with --no-compile)
@@ -20,12 +20,16 @@ stage() {  # run the workflow up to rule(s) "$@" (and what they need), then one 
   status=$(lorarl status "$STUDY" --watch --max-updates 1 | head -1 || true)
   echo "[demo] stage ${*} finished in $(( $(date +%s) - t0 ))s | ${status#* }"
 }
+# the base model (the first job, alone): its SFT progress every 15 s (lorarl/build_progress.py)
+python -m lorarl.build_progress tiny-arith --every 15 > >(sed -u 's/^/[demo] /') &
+watcher=$!
+trap 'kill "$watcher" 2>/dev/null || true' EXIT
 stage base_model
-stage train_pack train
-stage evaluate evaluate_step
+# then everything else in one run: the base model's evaluation beside the training packs, each cell's
+# evaluation and diagnosis as soon as its pack ends; Snakemake names each job as it finishes
 t0=$(date +%s)
 snakemake all "${PACK[@]}" ${ARGS[@]+"${ARGS[@]}"}
-echo "[demo] stage aggregate finished in $(( $(date +%s) - t0 ))s | tables, figures, report.html"
+echo "[demo] train, evaluate, diagnose, aggregate finished in $(( $(date +%s) - t0 ))s | tables, figures, report.html"
 echo "[demo] finished in $(( $(date +%s) - start ))s"
 echo "[demo] table:   results/demo/tables/summary.md (with intervals: results/demo/tables/stats.md)"
 echo "[demo] figures: results/demo/figures/"

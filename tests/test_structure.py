@@ -202,7 +202,7 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 LAYERS = (
     ("foundations", ("numbers", "io", "paths", "jobclock", "jobids", "gitrepo", "signature", "reserved",
                      "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
-                     "prompt_config", "taskconfig", "toyconfig")),
+                     "prompt_config", "taskconfig", "toyconfig", "build_progress")),
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking")),
     ("config schema and registries", ("config", "kinds", "evalplan")),

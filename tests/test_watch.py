@@ -84,7 +84,8 @@ def test_watch_stays_compact_at_1000_cells(tmp_path):
             _done(res, c, 0.2, {"adv_std_spike": 10 + i % 7})
     text = render(snapshot(str(sp), res))
     lines = text.splitlines()
-    assert len(lines) == 5 and max(map(len, lines)) < 160, text
+    assert len(lines) == 6 and max(map(len, lines)) < 160, text  # + its base model's line (none built here)
+    assert lines[-1].startswith("base model ") and lines[-1].endswith(": not started"), text
     assert "1000 cells: 334 done" in text and "adv_std_spike 334 cells (first s0@10)" in text
 
 

@@ -61,6 +61,8 @@ def _flag_summary(rows) -> list[str]:
 
 def snapshot(study_path: str, results: str | Path = "results") -> dict:
     """Counts, running cells with their step, failures, flags and the ETA, from `lorarl.status`."""
+    from lorarl.build_progress import base_lines
+    from lorarl.models import study_recipes
     from lorarl.status import study_status
     from lorarl.study import load_study, study_cells
 
@@ -108,6 +110,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
             + f"; {e['slots']} at once")
     return {
         "study": study.name, "n": len(rows), "counts": counts,
+        "bases": base_lines(study_recipes(study_cells(study)), results),  # local base models still building (lorarl.build_progress)
         "running": [f"{r.cell} {r.train.step or '?'}" for r in running],
         "failed": [f"{r.cell} ({r.train.detail[:60]})" if r.train.detail else r.cell
                    for r in rows if r.train.state == "failed"],
@@ -133,7 +136,7 @@ def render(s: dict, width: int = 24) -> str:
              ("ended" if s["ended"] else
               f"ETA {'>= ' if s.get('eta_lower_bound') else ''}{_fmt_s(s['eta_s'])} ({s['eta_note']})"
               if s["eta_s"] is not None else f"ETA ? ({s['eta_note']})")]
-    return "\n".join(lines)
+    return "\n".join(lines + s.get("bases", []))
 
 
 def watch(study_path: str, results: str | Path = "results", interval: float = 5.0, max_updates: int | None = None,
