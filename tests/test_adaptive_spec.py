@@ -111,7 +111,7 @@ def test_a_valid_study_resolves_the_defaults(tmp_path: Path):
     assert spec.rungs == [2, 4, 8]  # eval_every x eta^k below train.steps 12
     assert spec.metric == "synthetic/pass@1" and spec.paired == ["seed"] and spec.rule == "asha"
     h = study.hypotheses["r4_beats_r1"]
-    assert (h.kind, h.margin, h.alpha, h.min_seeds, h.max_seeds) == ("superiority", 0.0, 0.05, 3, 10)
+    assert (h.kind, h.margin, h.alpha, h.min_seeds, h.max_seeds, h.spending) == ("superiority", 0.0, 0.05, 3, 12, 1.5)
 
 
 def test_a_bad_block_names_its_yaml_line(tmp_path: Path):
