@@ -204,14 +204,26 @@ def recipe_data_and_tokenizer(recipe: TinyRecipe):
     return train, build_tokenizer(corpus + ["0123456789+-=?\nQA: \\boxed{}"])
 
 
+def omp_wait_policy(load1: float | None = None, cores: int | None = None) -> str | None:
+    """On a busy machine, idle OpenMP threads sleep instead of spinning (`OMP_WAIT_POLICY=PASSIVE`, read when
+    torch loads: set before the build imports it; a value already set is kept). Measured on a 2-core machine
+    (docs/benchmarks.md): beside one busy process an SFT step took 1.6x longer with the default spin-wait; on a
+    quiet machine PASSIVE made it 1.2x longer. Busy: a 1-minute load average of at least the core count."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return os.environ["OMP_WAIT_POLICY"]
+    load1 = os.getloadavg()[0] if load1 is None else load1
+    if load1 >= (cores or os.cpu_count() or 1):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "PASSIVE"
+    return None
+
+
 def build_base(name: str, out_dir: str | Path, threads: int | None = None) -> dict:
     """Build tokenizer + tiny model for recipe `name`, SFT it, save with save_pretrained. The build's progress
     (phase, SFT step) goes to a small file that `lorarl status` reads (lorarl.build_progress)."""
     from lorarl.build_progress import BuildProgress
 
-    # Idle OpenMP threads sleep instead of spinning (read when torch loads: a no-op if it already has). On a
-    # busy 2-core machine the default spin-wait of 2 threads made each SFT step ~30x slower (docs/benchmarks.md).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    omp_wait_policy()
     import torch
 
     if threads:

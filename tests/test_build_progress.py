@@ -156,3 +156,11 @@ def test_the_demos_watcher_prints_each_change_and_ends_when_built(tmp_path, caps
     assert done == [0]
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("base model tiny-arith: building, SFT step 0/800")
+
+
+def test_openmp_threads_sleep_only_on_a_busy_machine(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert models.omp_wait_policy(load1=0.7, cores=2) is None and "OMP_WAIT_POLICY" not in os.environ  # quiet: spin
+    assert models.omp_wait_policy(load1=2.3, cores=2) == "PASSIVE" == os.environ["OMP_WAIT_POLICY"]  # busy: sleep
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert models.omp_wait_policy(load1=9.0, cores=2) == "ACTIVE"  # the user's choice stands
