@@ -227,20 +227,18 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.status import as_json, format_table, study_status
+    from lorarl.status import as_json, format_table, status_notes, study_status
 
     if args.watch:
         from lorarl.pipeline.watch import watch
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
-    from lorarl.build_progress import base_lines
-    from lorarl.models import study_recipes
-    from lorarl.study import study_cells
-
     rows = study_status(args.study, args.results)
-    bases = [] if args.json else base_lines(study_recipes(study_cells(load_study(args.study))), args.results)
-    print(json.dumps(as_json(rows), indent=2) if args.json else format_table(rows, bases))
+    if args.json:
+        print(json.dumps(as_json(rows), indent=2))
+        return 0
+    print(format_table(rows, status_notes(load_study(args.study), rows, args.results)))
     return 0
 
 

@@ -266,19 +266,25 @@ def problems(refs: Iterable[Ref], timeout_s: float | None = None) -> list[tuple[
     return out
 
 
-def check_study(study: Any, cells: Iterable[Any], source: str, timeout_s: float | None = None) -> None:
-    """Raise StudyError naming every hub reference of the cells that is neither cached nor reachable."""
+def missing(study: Any, cells: Iterable[Any], timeout_s: float | None = None) -> list[str]:
+    """One line per hub reference of the cells that is neither cached nor reachable (its study field first)."""
     from lorarl.preflight import where
 
     refs: dict[tuple, Ref] = {}
     for cell in cells:
         for ref in references(cell.config):
             refs.setdefault((ref.field, ref.kind, ref.repo, ref.revision, ref.config, ref.filename), ref)
-    bad = problems(refs.values(), timeout_s)
+    return [f"{where(study, r.field, r.value)}: {r.describe()}: not in the local cache "
+            f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}"
+            for r, why in problems(refs.values(), timeout_s)]
+
+
+def check_study(study: Any, cells: Iterable[Any], source: str, timeout_s: float | None = None) -> None:
+    """Raise StudyError naming every hub reference of the cells that is neither cached nor reachable."""
+    bad = missing(study, cells, timeout_s)
     if not bad:
         return
-    lines = [f"  {where(study, r.field, r.value)}: {r.describe()}: not in the local cache "
-             f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}" for r, why in bad]
+    lines = [f"  {line}" for line in bad]
     raise StudyError(
         f"invalid study {source}: {len(bad)} Hugging Face reference(s) neither cached here nor reachable:\n"
         + "\n".join(lines) + "\n  allowed: a model or dataset in the local cache (download it where there is "

@@ -210,6 +210,21 @@ def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int])
     return train
 
 
+def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) -> list[str]:
+    """The lines under the table: each local base model still building (lorarl.build_progress), and, while no cell
+    has started, each hub model or dataset this machine cannot get (every job would refuse it: lorarl.hubcheck)."""
+    from lorarl import hubcheck
+    from lorarl.build_progress import base_lines
+    from lorarl.models import study_recipes
+    from lorarl.study import cell_table, study_cells
+
+    notes = base_lines(study_recipes(study_cells(study)), results_dir)
+    if hubcheck.enabled() and all(r.train.state == "not started" for r in rows if r.kind == "cell"):
+        table = cell_table(study)
+        notes += [f"cannot run here: {line}" for line in hubcheck.missing(study, [*table.cells, *table.bases])]
+    return notes
+
+
 def format_table(rows: list[CellStatus], bases: list[str] = ()) -> str:
     """`bases`: a line per local base model still building (lorarl.build_progress.base_lines), printed last."""
     table = [["cell", "train", "job", "step", "evaluate", "detail"]]

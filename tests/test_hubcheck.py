@@ -183,3 +183,16 @@ def test_an_uncached_model_the_hub_answers_for_passes_a_missing_or_silent_one_do
             load_study_to_run(study_file(tmp_path / "c"))
     finally:
         silent.close()
+
+
+def test_status_names_the_reference_a_study_that_never_started_cannot_run_here(hf, tmp_path, capsys, monkeypatch):
+    """Issue 37 item 9: `lorarl status` of such a study names the missing model (no line once it is cached)."""
+    from lorarl import cli
+
+    path = study_file(tmp_path)
+    assert cli.main(["status", str(path), "--results", str(tmp_path / "results")]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"cannot run here: defaults.model: model '{QWEN}': not in the local cache"), last
+    cache_model(hf, QWEN, {"model.safetensors": "weights"})
+    assert cli.main(["status", str(path), "--results", str(tmp_path / "results")]) == 0
+    assert "cannot run here" not in capsys.readouterr().out
