@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.pipeline.doctor_clock import LoadSampler, Timer, process_age_s
+from lorarl.jobclock import process_age_s
+from lorarl.pipeline.doctor_clock import LoadSampler, Timer
 from lorarl.study import base_cells, find_cell, load_study
 
 HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check

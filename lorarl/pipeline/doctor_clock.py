@@ -22,16 +22,6 @@ from pathlib import Path
 from typing import Any
 
 
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux: /proc/self/stat's start time); None where unknown."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22: start time since boot
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
 def cores() -> int:
     """CPUs this process may run on."""
     try:
