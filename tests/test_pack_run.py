@@ -149,3 +149,31 @@ def test_residual_init_pack_saves_each_member_as_alone(tiny_dir, tmp_path, monke
         pd.testing.assert_frame_equal(m_pack.drop(columns="pack/cells"), m_alone.drop(columns="pack/cells"))
         meta = json.loads((tmp_path / "packed" / "pk" / c.id / ".packed" / "adapter" / "lorarl_adapter.json").read_text())
         assert meta["residual_converted"] is True, meta
+
+
+def test_a_member_staged_before_its_pack_ends_is_published_at_once(tmp_path, monkeypatch):
+    """Its pack still runs (the claim is alive): a member whose outputs of this config are staged is published
+    without waiting for the pack's end; one not staged yet (or staged for another config) keeps waiting."""
+    import threading
+
+    from lorarl.pack import publish
+
+    cell = tmp_path / "st" / "c1"
+    cell.mkdir(parents=True)
+    (p,) = publish.claim(tmp_path, "st", ["c1"], "pack-x")  # this process: alive until unclaimed
+    work = tmp_path / "work"
+    (work / "adapter").mkdir(parents=True)
+    for name in ("cell.json", "metrics.csv"):
+        (work / name).write_text("{}")
+    (work / "summary.json").write_text(json.dumps({"config_hash": "h1"}))
+    publish.stage(work, cell)
+    assert publish.wait_and_publish(tmp_path, "st", "c1", "h1", poll_s=0.01) is True
+    assert json.loads((cell / "summary.json").read_text())["config_hash"] == "h1" and publish.claim_alive(p)
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(publish.wait_and_publish(tmp_path, "st", "c1", "h2", 0.01)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # nothing of h2 staged: it waits for the pack
+    publish.unclaim([p])
+    waiter.join(5)
+    assert done == [False]  # the pack ended without it: the train job trains it itself

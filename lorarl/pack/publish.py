@@ -6,7 +6,9 @@ The pack job (rule ``train_pack``, :mod:`lorarl.pack.run`) trains the members an
 outputs in ``<cell dir>/.packed/``; the member's ``train`` job (``lorarl launch train``) then:
 
 1. waits while the pack launcher's **claim** on the cell (``<cell dir>/.pack.claim``: pid, host, pack)
-   is alive: written by ``lorarl launch pack`` before it submits, removed when its job ends;
+   is alive (written by ``lorarl launch pack`` before it submits, removed when its job ends) and the member's
+   outputs of this config are not staged yet: a member that ends before its pack (a shorter cell in a resident
+   pack, a collapse stop) is published at once, so its evaluation need not wait for the whole pack;
 2. publishes the staged outputs (``os.replace`` each, ``summary.json`` last) if their config hash is
    the cell's, and copies the pack's provenance; the launcher submits nothing;
 3. otherwise (no pack, or the pack failed on this cell or paused it) trains the cell: from a member's checkpoint
@@ -141,7 +143,8 @@ def wait_and_publish(results_dir: str | Path, study: str, cell: str, config_hash
         while time.time() < deadline and not p.exists():
             time.sleep(min(poll_s, 0.5))
     waited = False
-    while claim_alive(p):
+    staged = staged_dir(results_dir, study, cell) / "summary.json"
+    while claim_alive(p) and _summary_hash(staged) != config_hash:  # a member staged (its last act) is published
         if not waited:
             print(f"[lorarl] train {cell}: its pack is training it ({p.read_text().split()[-1]}); waiting", flush=True)
             waited = True
