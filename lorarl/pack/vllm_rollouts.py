@@ -26,6 +26,7 @@ applied (the engine stays awake between steps).
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,10 +69,11 @@ def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
     got = _ENGINE
     if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs):
         return got["llm"]
+    _ENGINE.clear()  # old engines go first: a vLLM engine collected after the new one is built tears down the
+    gc.collect()  # process's parallel groups, the new engine's too ("pipeline model parallel group is not initialized")
     llm = api.LLM(model=str(model_dir), **kwargs)
     print(f"[lorarl] pack: vLLM engine for {model_dir} (max_loras {kwargs.get('max_loras')}, max_lora_rank "
           f"{kwargs.get('max_lora_rank')})", flush=True)
-    _ENGINE.clear()
     _ENGINE.update(llm=llm, model=str(model_dir), kwargs=dict(kwargs))
     return llm
 
