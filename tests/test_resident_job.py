@@ -1,7 +1,7 @@
 """A resident job (lorarl.pack.resident) as a job: SIGKILLed mid-run, its rerun resumes every member from its last
 checkpoint and each ends equal to its solo run; the Snakemake config's `pack: {resident: true, places: P}` is
 checked before anything runs (exit 2, the field and the allowed values named, nothing written) and plans one
-job per compatible group, lengths aside."""
+job per compatible group, lengths aside: the jobs `lorarl doctor` projects (lorarl.pipeline.doctor_jobs)."""
 
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
     assert outputs(res / "rz" / b.id)[2]["resumed_from_steps"][-1] == 2  # lost only its step 3
 
 
-def snakemake_dry(workdir: Path, pack: dict) -> subprocess.CompletedProcess:
+def snakemake_dry(workdir: Path, pack: dict, *args: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(workdir / "rz.yaml")], "results": "results", "launcher": "local", "slurm": {}, "pack": pack}))
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), "--cores", "1", "-n", "all"]
+           "--configfile", str(workdir / "config.yaml"), "--cores", "1", "-n", "all", *args]
     return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
 
@@ -100,11 +100,21 @@ def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_
     bad = snakemake_dry(tmp_path, {"max_cells": 4, "resident": True, "places": 0})
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "pack.places must be an integer >= 1" in bad.stderr and not (tmp_path / "results").exists()
-    good = snakemake_dry(tmp_path, {"resident": True, "places": 2})
+    good = snakemake_dry(tmp_path, {"resident": True, "places": 2}, "--quiet", "host")  # each job's block
     assert good.returncode == 0, good.stderr[-3000:]
     assert re.search(r"\btrain_pack\s+1\n", good.stdout + good.stderr), good.stderr[-3000:]  # one job, two lengths
-    fixed = snakemake_dry(tmp_path, {"max_cells": 2})  # fixed packs keep train.steps in their key: two jobs
+    fixed = snakemake_dry(tmp_path, {"max_cells": 2}, "--quiet", "host")  # train.steps in the fixed key: two jobs
     assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
+    # the doctor's plan (lorarl.pipeline.doctor_jobs) is Snakemake's: the same jobs, the same pack ids
+    from lorarl.pipeline.doctor_jobs import parse_job_stats, planned_jobs, rule_counts
+    from lorarl.study import load_study
+
+    study = load_study(tmp_path / "rz.yaml")
+    for run, setting in ((good, (1, 2)), (fixed, (2, 0))):
+        plan = planned_jobs(study, tmp_path / "results", *setting)
+        assert parse_job_stats(run.stdout + run.stderr) == rule_counts(plan), setting
+        packs = set(re.findall(r"\.packs/(pack-[0-9a-f]{10})\.json", run.stdout + run.stderr))
+        assert packs == {j.cell for j in plan if j.kind == "pack"}, setting
 
 
 def test_the_memory_plan_caps_the_places():

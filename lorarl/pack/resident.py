@@ -36,7 +36,7 @@ from typing import Any
 from lorarl import paths
 from lorarl.io import write_json
 from lorarl.pack import run as packrun
-from lorarl.pack.plan import pack_key
+from lorarl.pack.plan import pack_key, plan_packs
 
 PLACES_ENV = "LORARL_PACK_PLACES"  # set by the train_pack rule from `pack: {resident: true, places: P}`
 
@@ -60,6 +60,13 @@ def plan_residents(cells: list[Any]) -> list[list[str]]:
         else:
             groups[key].append(c.id)
     return out
+
+
+def plan_pack_jobs(cells: list[Any], max_cells: int, places: int) -> list[list[str]]:
+    """The training jobs of a study's unfinished cells (in study order) as workflow/rules/pack.smk plans them:
+    with ``places`` (resident packs) one per compatible group, else fixed packs of at most ``max_cells``; a group
+    of one cell trains alone (its own ``train`` job). Also the doctor's plan (lorarl.pipeline.doctor_jobs)."""
+    return plan_residents(cells) if places else plan_packs(cells, max_cells)
 
 
 def check_places(places: Any, cfgs: list[Any], gpu_memory_gb: float | None = None) -> int:

@@ -4,10 +4,12 @@ Used by `lorarl doctor`'s projection (before the study runs: every job) and `lor
 it runs: the jobs still to run). :func:`planned_jobs` mirrors workflow/rules/*.smk: a missing ``local:`` base
 model (and the recipe it continues from) is a ``base_model`` job; an unfinished cell is a ``train`` job, or with
 ``pack: {max_cells: K}`` a ``train_pack`` job per pack of two or more compatible cells plus each member's own
-``train`` job that only moves the pack's outputs into place (``publish``: a launcher, no job process); every
-evaluation target (each benchmark, each snapshot step) of a cell and of each ``base`` pseudo-cell is an
-``evaluate`` job; a trained cell gets a ``diagnose`` job; the study ends with one ``aggregate``. A job whose
-output exists is not run again (a retrained cell's evaluations and diagnostics are).
+``train`` job that only moves the pack's outputs into place (``publish``: a launcher, no job process); with
+``pack: {resident: true, places: P}`` one ``train_pack`` job per compatible group of two or more (the pack key
+without ``train.steps``: lorarl.pack.resident), its members the whole group, the same way; every evaluation
+target (each benchmark, each snapshot step) of a cell and of each ``base`` pseudo-cell is an ``evaluate`` job; a
+trained cell gets a ``diagnose`` job; the study ends with one ``aggregate``. A job whose output exists is not run
+again (a retrained cell's evaluations and diagnostics are).
 
 :func:`makespan` schedules the jobs as Snakemake does: a job starts when the jobs it waits for are done and the
 profile's slots are free (``cores`` of a local profile, each job taking its rule's ``threads``; ``jobs`` on
@@ -75,14 +77,16 @@ def parse_job_stats(log: str) -> dict[str, int]:
     return out
 
 
-def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1) -> list[PlannedJob]:
-    """The jobs `snakemake all` would run for this study now, in the order the rules are listed."""
+def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, places: int = 0) -> list[PlannedJob]:
+    """The jobs `snakemake all` would run for this study now, in the order the rules are listed. ``pack_max_cells``,
+    ``places``: the profile's ``pack`` setting (lorarl.pack.plan.max_cells, resident_places; places 0: fixed packs)."""
     from lorarl import paths
     from lorarl.evalplan.plan import eval_targets, format_target
     from lorarl.kinds import get_kind
     from lorarl.models import parent_recipe, recipe_name
-    from lorarl.pack.plan import pack_id, plan_packs
+    from lorarl.pack.plan import pack_id
     from lorarl.pack.publish import unfinished
+    from lorarl.pack.resident import plan_pack_jobs
     from lorarl.study import base_cells, study_cells
 
     if "train" not in get_kind(study.kind).cell_stages:
@@ -111,7 +115,7 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1) -
     todo = [c for c in cells if unfinished(res, name, c.id, c.hash)]
     trained: dict[str, str] = {}
     by = {c.id: c for c in todo}
-    for members in plan_packs(todo, pack_max_cells):
+    for members in plan_pack_jobs(todo, pack_max_cells, places):  # as workflow/rules/pack.smk groups them
         if len(members) > 1:
             pid = pack_id(members)
             pack = add(PlannedJob("pack", pid, ",".join(members), models(by[members[0]].config)))

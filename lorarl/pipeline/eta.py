@@ -88,8 +88,7 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
 
     results, now = Path(results), time.time() if now is None else now
     doc = _doctor(results, study.name)
-    pack = doc.get("pack_max_cells", 1)
-    jobs = planned_jobs(study, results, pack)
+    jobs = planned_jobs(study, results, doc.get("pack_max_cells", 1), doc.get("pack_places", 0))  # the doctor's plan
     failed = {j.key for j in jobs if j.kind in ("train", "publish") and any(
         r.cell == j.cell and r.kind == "cell" and r.train.state == "failed" for r in rows)}
     for j in jobs:  # a failed cell is not retried in this run: nor are the jobs that need it

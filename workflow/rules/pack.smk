@@ -7,10 +7,10 @@
 # packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
 # places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
-from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id, plan_packs as _plan_packs
+from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
 from lorarl.pack.publish import unfinished as _pack_unfinished
-from lorarl.pack.resident import plan_residents as _plan_residents
+from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
 
 try:
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
@@ -22,8 +22,9 @@ except ValueError as err:
 
 
 def _group(cells):
-    """Fixed packs of at most pack.max_cells, or (resident) one job per compatible group, lengths aside."""
-    return _plan_residents(cells) if PACK_PLACES else _plan_packs(cells, PACK_MAX_CELLS)
+    """Fixed packs of at most pack.max_cells, or (resident) one job per compatible group, lengths aside (the
+    doctor's projection plans with the same function: lorarl.pipeline.doctor_jobs)."""
+    return _plan_pack_jobs(cells, PACK_MAX_CELLS, PACK_PLACES)
 
 
 def _study_packs(s):
