@@ -93,6 +93,7 @@ def test_step_split_and_projection_arithmetic(tmp_path):
                                       (["--config", "partition=gpu"], "KEY one of launcher, slurm, tracking"),
                                       (["--config", "launcher=pbs"], "allowed: debug, local, slurm"),
                                       (["--config", "slurm=[1]"], "--config slurm: must be a mapping"),
+                                      (["--config", "pack={max_cells: 4, places: 2}"], "needs pack.resident: true"),
                                       (["--config", "tracking=mongo://x"], "tracking: 'mongo://x' is not allowed")])
 def test_bad_input_exits_2_before_writing(tmp_path, capsys, argv, msg):
     assert main(["doctor", DEMO, "--results", str(tmp_path), *argv]) == 2

@@ -203,9 +203,10 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     (lorarl.pipeline.doctor_jobs), each with its start-up and work (lorarl.pipeline.doctor_costs), scheduled
     on the profile's slots; the assumptions spelled out."""
     from lorarl.evalplan.plan import parse_target
-    from lorarl.pack.plan import max_cells
+    from lorarl.pack.plan import max_cells, resident_places
     from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part
     from lorarl.pipeline.doctor_jobs import as_rows, makespan, planned_jobs, rule_counts
+    from lorarl.pipeline.doctor_packs import pack_steps, places_refused
     from lorarl.study import study_cells
 
     split, evals = m["split"], m.get("evaluation", {})
@@ -236,11 +237,11 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         detail.append({"cell": cell.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps, "ranks": ranks})
     results = results_dir or (m.get("request") or {}).get("results") or "/nonexistent/results"
-    pack = max_cells(profile.get("pack"))
-    jobs = planned_jobs(study, results, pack)
+    pack, places = max_cells(profile.get("pack")), resident_places(profile.get("pack"))  # refused before: doctor_report
+    jobs = planned_jobs(study, results, pack, places)
     train = {cid: _sum(fixed, w) for cid, w in work.items()}
     for j in jobs:
-        if j.kind == "pack":  # one start-up; the members' steps one after another (no batching gain counted)
+        if j.kind == "pack":  # fixed or resident: one start-up; the members' steps one after another (no batching gain)
             members = j.target.split(",")
             train[j.key] = _sum(fixed, *(work[x] for x in members))
             gpus_of[j.key] = gpus_of[members[0]]
@@ -289,6 +290,8 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         "base_h": total("base") / 3600, "serial_h": serial / 3600, "wall_h": wall / 3600,
         "wall_idle_h": idle / 3600, "concurrent_jobs": slots, "shared_machine": shared,
         "startup": describe(c), "schedule": as_rows(jobs, cost), "load": c.sample, "pack_max_cells": pack,
+        "pack_places": places, "packs": pack_steps(cells, jobs, pack, places), "places_refused": places_refused(
+            cells, jobs, places, m["device"].get("memory_gb", 0.0) if m["device"]["kind"] == "cuda" else 0.0),
         "scheduler": list(start),
         "gpu_hours": gpu_s / 3600, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
         "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
@@ -326,7 +329,8 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
     return [
         f"every job the study's run executes is counted (lorarl.pipeline.doctor_jobs, from workflow/rules): a "
         "base model job per missing local: recipe, a training job per cell (with pack: one job per pack, and the "
-        "member's own train job waiting for it in a slot), an evaluation job per benchmark and snapshot step of "
+        "member's own train job waiting for it in a slot until the pack ends; with resident packs one such job per "
+        "compatible group, lengths aside), an evaluation job per benchmark and snapshot step of "
         "each cell and base pseudo-cell, a diagnose job per cell, one aggregation",
         f"each launched job pays the start-up measured by this doctor run: a fresh `lorarl launch` "
         f"({c.launcher[0]:.3g}s, with the study's cell table), the submission and the job process's start, the "
@@ -341,7 +345,8 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
         "tokens P x G x (prompt + max_completion_length), each relative to the smoke cell's; what the smoke "
         "training spent beside its steps (model load, trainer, first use of TRL, saving, MLflow) is every "
         "training job's fixed part; a pack's members train one after another in its one job (no batching gain "
-        "counted)",
+        "counted; a resident job's re-forms at its slot boundaries not charged): beside the hours, the report "
+        "gives the pack-steps the packs run (lorarl.pipeline.doctor_packs)",
         f"prompt = the mean token length of a cell's training prompts (its tokenizer, task and prompt "
         f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
         "charged their full budget's share as in the smoke (same fill of max_completion_length)",

@@ -17,6 +17,7 @@ import yaml
 from lorarl.pipeline.doctor import MEASURED, REQUEST
 from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dry_run
 from lorarl.pipeline.doctor_jobs import parse_job_stats
+from lorarl.pipeline.doctor_packs import describe as describe_packs, places_check
 from lorarl.pipeline.doctor_projection import project
 from lorarl.profiles import read_profile
 from lorarl.kinds import KINDS, get_kind
@@ -43,15 +44,21 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     if "slurm" in out and not isinstance(out["slurm"], dict):
         raise StudyError(f"--config slurm: must be a mapping of stage -> Slurm parameters, got {out['slurm']!r}")
     if "pack" in out:
-        from lorarl.pack.plan import max_cells
-
-        try:
-            max_cells(out["pack"])
-        except ValueError as err:
-            raise StudyError(f"--config pack: {err}") from None
+        check_pack(out["pack"], "--config pack")
     if "launcher" in out and out["launcher"] not in ("debug", "local", "slurm"):
         raise StudyError(f"--config launcher: {out['launcher']!r}; allowed: debug, local, slurm")
     return out
+
+
+def check_pack(setting: Any, where: str) -> None:
+    """The ``pack`` setting as Snakemake's config load checks it (lorarl.pack.plan: max_cells, resident_places)."""
+    from lorarl.pack.plan import max_cells, resident_places
+
+    try:
+        max_cells(setting)
+        resident_places(setting)
+    except ValueError as err:
+        raise StudyError(f"{where}: {err}") from None
 
 
 def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
@@ -208,6 +215,8 @@ def render_markdown(rep: dict) -> str:
         if st:
             lines += ["Start-up of every job (measured here, seconds): " + ", ".join(
                 f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in st.items()) + ".", ""]
+        if p.get("packs"):
+            lines += [describe_packs(p["packs"]), ""]
         lines += [f"Projected step time per cell {_fmt_s(min(steps_s))} to {_fmt_s(max(steps_s))}; generation rounds "
                   f"per rollout {min(rounds):.2f} to {max(rounds):.2f} (degenerate prompt groups in the smoke: "
                   f"{'not measured' if rate is None else f'{rate:.0%}'}).", "", "Assumptions:", ""]
@@ -226,6 +235,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     if steps < 1 or eval_limit < 1:
         raise StudyError(f"--steps and --eval-limit must be >= 1 (got {steps}, {eval_limit})")
     prof = read_profile(profile, parse_overrides(overrides))
+    check_pack(prof["pack"], f"profile {prof['name']!r}: pack")
     study = load_study_to_run(study_path, prof["hub_check"])  # hub models/datasets: as Snakemake with this profile
     if "train" not in get_kind(study.kind).cell_stages:
         allowed = ", ".join(k.name for k in KINDS.values() if "train" in k.cell_stages)
@@ -296,7 +306,9 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
         checks.append({"check": "job list (Snakemake's dry run)", "ok": same, "seconds": round((dry or {}).get(
             "wall_s", 0), 3), "detail": "not compared: snakemake is not installed here" if dry is None else
             f"{dry.get('jobs')} ({'the same' if same else 'projected: ' + str(p['jobs'])})"})
-        rep["ok"] = same
+        places = places_check(p, measured["device"]["kind"])  # as each resident job checks at its start
+        checks += [places] if places else []
+        rep["ok"] = same and (places is None or places["ok"])
     (out_dir / "doctor.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     md = render_markdown(rep)
     (out_dir / "doctor.md").write_text(md)
