@@ -1,7 +1,8 @@
 """Resident packs (lorarl.pack.resident): a job with K places admits the next waiting cell when a member finishes,
 collapses (``train.stop_on_collapse``) or pauses at its rung (an adaptive study's stop: issue 40), and every cell
 ends equal to its solo run (a one-cell pack): per-step metrics and final adapter to 1e-6, each step once in its one
-MLflow run. In process, tiny models; the job-level path (Snakemake, SIGKILL) is tests/test_resident_job.py."""
+MLflow run. In process, tiny models; the job-level path (a SIGKILLed job, the Snakemake config) is
+tests/test_resident_job.py, end to end through Snakemake tests/test_resident_snakemake.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """A resident job (lorarl.pack.resident) as a job: SIGKILLed mid-run, its rerun resumes every member from its last
 checkpoint and each ends equal to its solo run; the Snakemake config's `pack: {resident: true, places: P}` is
-checked before anything runs (exit 2, the field and the allowed values named, nothing written) and plans one
-job per compatible group, lengths aside: the jobs `lorarl doctor` projects (lorarl.pipeline.doctor_jobs)."""
+checked before anything runs (exit 2, the field and the allowed values named, nothing written), extends the
+default config from the command line, and plans one job per compatible group, lengths aside: the jobs `lorarl doctor`
+projects (lorarl.pipeline.doctor_jobs). Through Snakemake end to end (the job SIGKILLed, `snakemake all` again,
+`--forcerun` of one cell): tests/test_resident_snakemake.py."""
 
 from __future__ import annotations
 
@@ -95,6 +97,21 @@ def test_bad_resident_settings_are_refused(pack, field):
     assert field in str(err.value)
 
 
+@pytest.mark.parametrize("defaults", ["config/config.yaml", "profiles/slurm/cluster.yaml"])
+def test_resident_settings_on_the_command_line_extend_the_default_config(defaults):
+    """`--config 'pack={resident: true, places: 2}'` as docs/packed.md gives it: Snakemake merges a mapping into
+    the configfile's `pack` key by key, so a default written `{max_cells: 1}` made it `resident with packing off`
+    (refused); the shipped defaults say `pack: 1`, which a mapping replaces."""
+    from snakemake.utils import update_config
+
+    from lorarl.pack.plan import max_cells, resident_places
+
+    config = yaml.safe_load((REPO / defaults).read_text())
+    assert max_cells(config["pack"]) == 1 and resident_places(config["pack"]) == 0  # packing off by default
+    update_config(config, {"pack": {"resident": "true", "places": "2"}})  # as Snakemake parses the --config value
+    assert resident_places(config["pack"]) == 2
+
+
 def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_dir, tmp_path):
     resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True))
     bad = snakemake_dry(tmp_path, {"max_cells": 4, "resident": True, "places": 0})
@@ -133,33 +150,6 @@ def test_the_memory_plan_caps_the_places():
     assert check_places(most, cfgs, gpu_memory_gb=80.0) == most
     with pytest.raises(ValueError, match=f"pack.places = {most + 1}.*allowed: 1..{most}"):
         check_places(most + 1, cfgs, gpu_memory_gb=80.0)
-
-
-@pytest.mark.slow
-def test_a_resident_job_through_snakemake(tmp_path):
-    """The rule path: `pack: {resident: true, places: 2}` makes one train_pack job for the study's two cells
-    (LORARL_PACK_PLACES reaches the job through the launcher), its record is the rule's output, and each member's own
-    train job publishes its outputs."""
-    from tests.test_pipeline import STUDY, jobs_run, snakemake
-
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
-        {"studies": [str(tmp_path / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
-         "pack": {"resident": True, "places": 2}}))
-    res = tmp_path / "results" / "e2e"
-    from lorarl.pack.plan import pack_id
-
-    pid = pack_id(["s0", "s1"])  # `all` asks for every pack's record; here: the record and the two cells only
-    run = snakemake(tmp_path, f"results/e2e/.packs/{pid}.json", "results/e2e/s0/summary.json",
-                    "results/e2e/s1/summary.json")
-    stats = jobs_run(run)
-    assert stats.get("train_pack") == 1 and stats.get("train") == 2, stats
-    record = json.loads((res / ".packs" / f"{pid}.json").read_text())
-    assert record["resident"] == 2 and record["trained"] == ["s0", "s1"]
-    assert json.loads((res / ".packs" / f"{pid}.ledger.json").read_text())["segments"][0]["admitted"] == ["s0", "s1"]
-    for cell in ("s0", "s1"):
-        s = json.loads((res / cell / "summary.json").read_text())
-        assert s["state"] == "done" and s["pack"]["resident"] == 2 and s["steps"] == 3
 
 
 def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards, monkeypatch):

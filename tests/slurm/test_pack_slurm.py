@@ -1,7 +1,8 @@
 """A pack job on the real Slurm test cluster, preempted (issue 14): Slurm's USR2 (what preemption
 sends; submitit requeues) makes every member checkpoint, the requeued job resumes each member from its
 own checkpoint, and each cell ends with every (metric, step) exactly once in metrics.csv and in its one
-MLflow run. Then `scontrol requeue` (SIGTERM, no checkpoint call) and the same guarantees."""
+MLflow run. Then `scontrol requeue` (SIGTERM, no checkpoint call) and the same guarantees. A resident job
+(`pack: {resident: true, places: 2}`, issue 39) requeues the same way, after it has re-formed its pack."""
 
 from __future__ import annotations
 
@@ -67,3 +68,63 @@ def test_preempted_pack_requeues_and_resumes_every_member_exactly_once(models, t
             assert got == list(range(1, steps + 1)), (c, key, got)
         assert (d / "adapter" / "adapter_model.safetensors").exists() and not (d / ".packed").exists()
         assert not (res / ".checkpoints" / c).exists()
+
+
+def _check_members(wd: Path, study_name: str, cells: dict[str, int], resumes: dict[str, int]) -> dict:
+    """Each cell: done, `resumes` resumes, every (metric, step) once in metrics.csv and its one MLflow run."""
+    res = wd / "results" / study_name
+    client = mlflow_client(wd)
+    exp = client.get_experiment_by_name(study_name)
+    out = {}
+    for c, steps in cells.items():
+        d = res / c
+        summary = out[c] = json.loads((d / "summary.json").read_text())
+        assert summary["state"] == "done" and len(summary["resumed_from_steps"]) == resumes[c], (c, summary)
+        assert pd.read_csv(d / "metrics.csv")["step"].tolist() == list(range(1, steps + 1)), c
+        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`lorarl.cell_id` = '{c}'",
+                                  run_view_type=ViewType.ALL)
+        assert [r.info.run_id for r in runs] == [summary["mlflow_run_id"]], c  # one run, however often resumed
+        for key in ("reward", "loss"):
+            got = sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], key))
+            assert got == list(range(1, steps + 1)), (c, key, got)
+        assert (d / "adapter" / "adapter_model.safetensors").exists() and not (d / ".packed").exists()
+        assert not (res / ".checkpoints" / c).exists()
+    return out
+
+
+def test_preempted_resident_job_requeues_and_resumes_every_member_exactly_once(models, tmp_path: Path):
+    """One resident job of 2 places for cells of 8, 40 and 36 steps: n8 ends at 8, n40 pauses there and n36
+    takes the freed place; then USR2 and `scontrol requeue` as above. The requeued job claims the members
+    again (n8, published meanwhile by its own train job, is skipped) and resumes each from its checkpoint."""
+    cells = {"n8": 8, "n40": 40, "n36": 36}
+    spec = study("pr", {"length": {"field": "train.steps", "prefix": "n", "values": list(cells.values())}},
+                 checkpoint_every=4)
+    wd = workdir_for(tmp_path, models, spec)
+    ckpt = [wd / "results" / "pr" / ".checkpoints" / c / "progress.json" for c in ("n36", "n40")]
+    log = (tmp_path / "snakemake.log").open("w")
+    proc = subprocess.Popen(snakemake_cmd(wd) + ["pack={resident: true, places: 2}"], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, text=True, env=env())
+    try:
+        p = wait_progress(ckpt, 4, None, proc)  # n36 at step 4: admitted at the slot boundary, trained on
+        job = p["job_id"]
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)  # what preemption does
+        p = wait_progress(ckpt, p["step"] + 4, p["pid"], proc)  # requeued, both members resumed, trained on
+        assert p["job_id"] == job  # the same (requeued) job
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)  # SIGTERM, no checkpoint() call
+        wait_progress(ckpt, p["step"] + 2, p["pid"], proc)
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert rc == 0, (tmp_path / "snakemake.log").read_text()[-5000:]
+    res = wd / "results" / "pr"
+    (record,) = [r for r in (res / ".packs").glob("pack-*.json") if not r.name.endswith(".ledger.json")]
+    rec = json.loads(record.read_text())  # the last process's record: the members it resumed
+    assert rec["resident"] == 2 and rec["trained"] == ["n36", "n40"] and "n8" in rec["left_out"], rec
+    ledger = json.loads(record.with_suffix(".ledger.json").read_text())["segments"]
+    assert [s["admitted"] for s in ledger] == [["n40", "n36"]], ledger  # the requeued process's one segment
+    summaries = _check_members(wd, "pr", cells, {"n8": 0, "n40": 3, "n36": 2})
+    assert summaries["n40"]["resumed_from_steps"][0] == 8  # the slot boundary, then USR2's and SIGTERM's
+    assert all(s >= 4 for c in ("n40", "n36") for s in summaries[c]["resumed_from_steps"]), summaries
+    assert all(s["pack"]["resident"] == 2 for s in summaries.values())
