@@ -21,5 +21,6 @@ work=${GPUCHECK_WORK:-/tmp/lorarl-gpucheck}
 "$py" -m lorarl.gpucheck --out "$work" "$@" 2>&1 | tee "$out/gpucheck.log"
 rc=${PIPESTATUS[0]}
 cp "$work/gpucheck.md" "$work/gpucheck.json" "$out/" 2>/dev/null
-tar czf "$out/logs.tgz" -C "$work/work" logs 2>/dev/null
+# the checks' logs and every job's own logs (a doctor job killed at the budget leaves only those)
+tar czf "$out/logs.tgz" -C "$work/work" logs $(cd "$work/work" 2>/dev/null && find results -type d -name logs 2>/dev/null) 2>/dev/null
 exit "$rc"

@@ -63,6 +63,9 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
         out = run_stage("pack", study, ids, str(res), threads=1)
     assert out["trained"] == sorted([b.id, c.id]) and a.id in out["left_out"]  # a: staged already
     assert json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.json").read_text())["resident"] == 2
+    segs = json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.ledger.json").read_text())["segments"]
+    # the killed process's two admissions are kept; the rerun's (run 1) are appended
+    assert [(s["run"], s["admitted"]) for s in segs] == [(0, [a.id, b.id]), (0, [b.id, c.id]), (1, [b.id, c.id])]
     published(res, order)
     solo = solo_runs(ref, order)
     assert solo[c.id]["stopped_on_collapse"] == 3  # its frac_truncated flag with train.stop_on_collapse

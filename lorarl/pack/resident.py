@@ -20,7 +20,8 @@ bookkeeping); this module decides who sits in the places:
    there by the search) leaves for good: its place goes to the next waiting cell.
 
 Each member's outputs are staged for its own ``train`` job (lorarl.pack.publish), as a fixed pack's. The job's
-admissions go to ``results/<study>/.packs/<id>.ledger.json`` as they happen (atomic writes); its record
+admissions go to ``results/<study>/.packs/<id>.ledger.json`` as they happen (atomic writes; each segment carries the
+``run`` of the job's process that formed it: a requeued or rerun job appends to the earlier processes'); its record
 ``<id>.json`` is written at the end. A SIGKILL loses each member's steps since its last checkpoint
 (``train.checkpoint_every``; the slot-boundary pauses are checkpoints too); the rerun resumes every member.
 """
@@ -115,10 +116,13 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
         engine_for(cells, places, results_dir)  # one multi-LoRA engine with `places` slots, kept for every re-form
     t0 = time.time()
     queue, carried, ledger = list(cells), [], []
-    outcomes: dict[str, dict] = {}
-    left_out: dict[str, str] = {}
     folder = paths.cell_dir(results_dir, study, ".packs")
     folder.mkdir(parents=True, exist_ok=True)
+    record = folder / f"{resident_id}.ledger.json"
+    earlier = _earlier_segments(record)  # a requeued or rerun job keeps its earlier processes' admissions
+    run = 1 + max((s.get("run", 0) for s in earlier), default=-1)
+    outcomes: dict[str, dict] = {}
+    left_out: dict[str, str] = {}
     info = {"id": resident_id, "members": [c.id for c in cells], "resident": places}
     while True:
         t_seg = time.time()
@@ -130,8 +134,8 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
             left_out.update({k: v for k, v in out.items() if k not in outcomes})
         if not slots:
             break
-        ledger.append({"admitted": [s.cell.id for s in slots], "time": round(t_seg - t0, 2)})
-        write_json(folder / f"{resident_id}.ledger.json", {"places": places, "segments": ledger})
+        ledger.append({"admitted": [s.cell.id for s in slots], "time": round(t_seg - t0, 2), "run": run})
+        write_json(record, {"places": places, "segments": earlier + ledger})
 
         def waiting() -> bool:
             return bool(queue)
@@ -145,13 +149,23 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
             else:
                 outcomes[cid] = {k: s[k] for k in packrun.OUTCOME if k in s}
         ledger[-1]["left"] = sorted(outcomes.keys() & set(by_id))
-        write_json(folder / f"{resident_id}.ledger.json", {"places": places, "segments": ledger})
+        write_json(record, {"places": places, "segments": earlier + ledger})
     out = {"pack": resident_id, "study": study, "resident": places,
            "trained": sorted(c for c, o in outcomes.items() if o.get("state") != "paused"),
            "left_out": left_out, "states": {c: o["state"] for c, o in outcomes.items()}, "outcomes": outcomes,
            "segments": len(ledger), "wall_time_s": round(time.time() - t0, 2)}
     write_json(folder / f"{resident_id}.json", out)
     return out
+
+
+def _earlier_segments(record: Path) -> list[dict]:
+    """The segments an earlier process of this job wrote (requeued, or rerun after a kill); [] if none or unreadable."""
+    import json
+
+    try:
+        return list(json.loads(record.read_text()).get("segments", []))
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def engine_for(cells: list[Any], places: int, results_dir: str | Path) -> Any:

@@ -123,7 +123,9 @@ def test_preempted_resident_job_requeues_and_resumes_every_member_exactly_once(m
     rec = json.loads(record.read_text())  # the last process's record: the members it resumed
     assert rec["resident"] == 2 and rec["trained"] == ["n36", "n40"] and "n8" in rec["left_out"], rec
     ledger = json.loads(record.with_suffix(".ledger.json").read_text())["segments"]
-    assert [s["admitted"] for s in ledger] == [["n40", "n36"]], ledger  # the requeued process's one segment
+    # every process's admissions: the first's two, then one per requeued process (USR2's, then SIGTERM's)
+    assert [(s["run"], s["admitted"]) for s in ledger] == [(0, ["n8", "n40"]), (0, ["n40", "n36"]),
+                                                           (1, ["n40", "n36"]), (2, ["n40", "n36"])], ledger
     summaries = _check_members(wd, "pr", cells, {"n8": 0, "n40": 3, "n36": 2})
     assert summaries["n40"]["resumed_from_steps"][0] == 8  # the slot boundary, then USR2's and SIGTERM's
     assert all(s >= 4 for c in ("n40", "n36") for s in summaries[c]["resumed_from_steps"]), summaries
