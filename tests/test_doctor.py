@@ -176,10 +176,32 @@ def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
     want = yaml.safe_load((ROOT / "profiles" / "slurm" / "cluster.yaml").read_text())
     assert slurm["launcher"] == "slurm" and slurm["slurm"]["train"] == want["slurm"]["train"] and slurm["jobs"] == 32
     assert slurm["tracking"] == want["tracking"] and want["tracking"].startswith("http")
-    # `--config KEY=VALUE` (YAML values) overrides the profile as `snakemake --config` does
+    # `--config KEY=VALUE` (YAML values) overrides the profile as `snakemake --config` does: a mapping merges key by key
     over = read_profile("slurm", parse_overrides(["tracking=sqlite", 'slurm={"train": {"partition": "a100"}}']))
-    assert over["tracking"] == "sqlite" and over["slurm"] == {"train": {"partition": "a100"}}
+    assert over["tracking"] == "sqlite" and over["slurm"]["train"] == {**want["slurm"]["train"], "partition": "a100"}
+    assert {k: v for k, v in over["slurm"].items() if k != "train"} == {k: v for k, v in want["slurm"].items()
+                                                                        if k != "train"}
     assert over["launcher"] == "slurm" and local["tracking"] == "sqlite"
+
+
+@pytest.mark.parametrize("config, over", [
+    ({"pack": 1}, {"pack": {"resident": True, "places": 2}}),
+    ({"pack": {"max_cells": 1}}, {"pack": {"resident": True, "places": 2}}),
+    ({"slurm": {"train": {"partition": "a", "gpus": 1}, "evaluate": {"gpus": 1}}}, {"slurm": {"train": {"gpus": 2}}}),
+    ({"a": {"b": 1}}, {"a": 3}),
+    ({"a": 3}, {"a": {"b": 1}}),
+    ({}, {"x": [1, 2], "y": None}),
+])
+def test_profile_layers_merge_as_snakemake_merges_them(config, over):
+    import copy
+
+    from snakemake.utils import update_config
+
+    from lorarl.profiles import merge
+
+    want = copy.deepcopy(config)
+    update_config(want, copy.deepcopy(over))
+    assert merge(config, over) == want
 
 
 def test_tracking_check_reaches_the_store_or_fails_fast(tmp_path, monkeypatch):
