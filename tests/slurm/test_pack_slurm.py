@@ -21,53 +21,41 @@ pytestmark = pytest.mark.slurm
 CELLS = ("s0", "s1")
 
 
-def _wait(wd: Path, min_step: int, not_pid: int | None, proc: subprocess.Popen) -> dict:
-    """Progress of both members at step >= min_step, written by a process other than `not_pid`."""
-    return wait_progress([wd / "results" / "pk" / ".checkpoints" / c / "progress.json" for c in CELLS], min_step,
-                         not_pid, proc)
-
-
-def test_preempted_pack_requeues_and_resumes_every_member_exactly_once(models, tmp_path: Path):
-    steps = 36
-    spec = study("pk", {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}, steps=steps, checkpoint_every=4)
-    wd = workdir_for(tmp_path, models, spec)
+def _preempt_twice(tmp_path: Path, wd: Path, pack: str, progress: list[Path]) -> None:
+    """`snakemake all` with ``pack``; once the members reach step 4: USR2 (what preemption sends; submitit requeues),
+    then, once they trained 4 more steps in the requeued job, `scontrol requeue` (SIGTERM, no checkpoint() call);
+    the run must then finish."""
     log = (tmp_path / "snakemake.log").open("w")
-    proc = subprocess.Popen(snakemake_cmd(wd) + ["pack=2"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(snakemake_cmd(wd) + [pack], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=env())
     try:
-        p = _wait(wd, 4, None, proc)
+        p = wait_progress(progress, 4, None, proc)
         job = p["job_id"]
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)  # what preemption does
-        p = _wait(wd, p["step"] + 4, p["pid"], proc)  # requeued, every member resumed, trained on
+        p = wait_progress(progress, p["step"] + 4, p["pid"], proc)  # requeued, every member resumed, trained on
         assert p["job_id"] == job  # the same (requeued) job
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)  # SIGTERM, no checkpoint() call
-        _wait(wd, p["step"] + 2, p["pid"], proc)
+        wait_progress(progress, p["step"] + 2, p["pid"], proc)
         rc = proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
         log.close()
     assert rc == 0, (tmp_path / "snakemake.log").read_text()[-5000:]
+
+
+def test_preempted_pack_requeues_and_resumes_every_member_exactly_once(models, tmp_path: Path):
+    steps = 36
+    spec = study("pk", {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}, steps=steps, checkpoint_every=4)
+    wd = workdir_for(tmp_path, models, spec)
     res = wd / "results" / "pk"
+    _preempt_twice(tmp_path, wd, "pack=2", [res / ".checkpoints" / c / "progress.json" for c in CELLS])
     (record,) = (res / ".packs").glob("pack-*.json")
     rec = json.loads(record.read_text())
     assert rec["trained"] == list(CELLS) and rec["states"] == {c: "done" for c in CELLS}, rec
-    client = mlflow_client(wd)
-    exp = client.get_experiment_by_name("pk")
-    for c in CELLS:
-        d = res / c
-        summary = json.loads((d / "summary.json").read_text())
-        assert summary["pack"]["members"] == list(CELLS) and summary["state"] == "done"
-        assert len(summary["resumed_from_steps"]) == 2 and all(s >= 4 for s in summary["resumed_from_steps"]), summary
-        assert pd.read_csv(d / "metrics.csv")["step"].tolist() == list(range(1, steps + 1))
-        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`lorarl.cell_id` = '{c}'",
-                                  run_view_type=ViewType.ALL)
-        assert [r.info.run_id for r in runs] == [summary["mlflow_run_id"]]  # one run, resumed twice
-        for key in ("reward", "loss"):
-            got = sorted(m.step for m in client.get_metric_history(summary["mlflow_run_id"], key))
-            assert got == list(range(1, steps + 1)), (c, key, got)
-        assert (d / "adapter" / "adapter_model.safetensors").exists() and not (d / ".packed").exists()
-        assert not (res / ".checkpoints" / c).exists()
+    summaries = _check_members(wd, "pk", {c: steps for c in CELLS}, {c: 2 for c in CELLS})
+    for summary in summaries.values():
+        assert summary["pack"]["members"] == list(CELLS) and all(s >= 4 for s in summary["resumed_from_steps"])
 
 
 def _check_members(wd: Path, study_name: str, cells: dict[str, int], resumes: dict[str, int]) -> dict:
@@ -101,23 +89,7 @@ def test_preempted_resident_job_requeues_and_resumes_every_member_exactly_once(m
                  checkpoint_every=4)
     wd = workdir_for(tmp_path, models, spec)
     ckpt = [wd / "results" / "pr" / ".checkpoints" / c / "progress.json" for c in ("n36", "n40")]
-    log = (tmp_path / "snakemake.log").open("w")
-    proc = subprocess.Popen(snakemake_cmd(wd) + ["pack={resident: true, places: 2}"], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, text=True, env=env())
-    try:
-        p = wait_progress(ckpt, 4, None, proc)  # n36 at step 4: admitted at the slot boundary, trained on
-        job = p["job_id"]
-        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)  # what preemption does
-        p = wait_progress(ckpt, p["step"] + 4, p["pid"], proc)  # requeued, both members resumed, trained on
-        assert p["job_id"] == job  # the same (requeued) job
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)  # SIGTERM, no checkpoint() call
-        wait_progress(ckpt, p["step"] + 2, p["pid"], proc)
-        rc = proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    assert rc == 0, (tmp_path / "snakemake.log").read_text()[-5000:]
+    _preempt_twice(tmp_path, wd, "pack={resident: true, places: 2}", ckpt)  # n36 reaches 4 after the slot boundary
     res = wd / "results" / "pr"
     (record,) = [r for r in (res / ".packs").glob("pack-*.json") if not r.name.endswith(".ledger.json")]
     rec = json.loads(record.read_text())  # the last process's record: the members it resumed
