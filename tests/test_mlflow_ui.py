@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,8 +34,8 @@ def free_port() -> int:
 
 
 def visit(url: str, timeout_s: float = 60) -> dict:
-    """Open `url` in a fresh browser profile; poll until the page shows a runs table or the GenAI overview (or
-    the time is up), then once more a second later: the final address (its #fragment) and the page's text."""
+    """Open `url` in a fresh browser profile; poll until the page shows a runs table with its runs or the GenAI
+    overview (or the time is up), then once more a second later: the final address (its #fragment) and the text."""
     with tempfile.TemporaryDirectory() as profile:
         pipe = Pipe(chromium(), profile)
         try:
@@ -49,7 +50,8 @@ def visit(url: str, timeout_s: float = 60) -> dict:
                 got = pipe.send("Runtime.evaluate", {"expression": "JSON.stringify({hash: location.hash, text: "
                                                      "document.body.innerText})", "returnByValue": True}, session=sid)
                 seen = json.loads(got["result"]["value"])
-                settled += "matching run" in seen["text"] or "Overview" in seen["text"]
+                # "0 matching runs" is the table before its runs arrive (a loaded machine): not settled yet
+                settled += bool(re.search(r"\b[1-9]\d* matching runs?", seen["text"])) or "Overview" in seen["text"]
             return seen
         finally:
             pipe.close()

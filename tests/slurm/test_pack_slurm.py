@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from mlflow.entities import ViewType
 
 from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
@@ -21,12 +22,17 @@ pytestmark = pytest.mark.slurm
 CELLS = ("s0", "s1")
 
 
-def _preempt_twice(tmp_path: Path, wd: Path, pack: str, progress: list[Path]) -> None:
-    """`snakemake all` with ``pack``; once the members reach step 4: USR2 (what preemption sends; submitit requeues),
-    then, once they trained 4 more steps in the requeued job, `scontrol requeue` (SIGTERM, no checkpoint() call);
-    the run must then finish."""
+def _preempt_twice(tmp_path: Path, wd: Path, pack: str, progress: list[Path], cells: list[str]) -> None:
+    """Snakemake, asked for the pack job's record and its members' trained outputs (the training jobs, no evaluation:
+    a member's summary.json alone would train it solo), with ``pack``; once the members reach step 4: USR2 (what
+    preemption sends; submitit requeues), then, once they trained 4 more steps in the requeued job, `scontrol
+    requeue` (SIGTERM, no checkpoint() call); the run must then finish."""
+    from lorarl.pack.plan import pack_id
+
+    name = yaml.safe_load((wd / "study.yaml").read_text())["name"]
+    targets = (f"results/{name}/.packs/{pack_id(cells)}.json", *(f"results/{name}/{c}/summary.json" for c in cells))
     log = (tmp_path / "snakemake.log").open("w")
-    proc = subprocess.Popen(snakemake_cmd(wd) + [pack], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(snakemake_cmd(wd, targets=targets) + [pack], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=env())
     try:
         p = wait_progress(progress, 4, None, proc)
@@ -49,7 +55,7 @@ def test_preempted_pack_requeues_and_resumes_every_member_exactly_once(models, t
     spec = study("pk", {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}, steps=steps, checkpoint_every=4)
     wd = workdir_for(tmp_path, models, spec)
     res = wd / "results" / "pk"
-    _preempt_twice(tmp_path, wd, "pack=2", [res / ".checkpoints" / c / "progress.json" for c in CELLS])
+    _preempt_twice(tmp_path, wd, "pack=2", [res / ".checkpoints" / c / "progress.json" for c in CELLS], list(CELLS))
     (record,) = (res / ".packs").glob("pack-*.json")
     rec = json.loads(record.read_text())
     assert rec["trained"] == list(CELLS) and rec["states"] == {c: "done" for c in CELLS}, rec
@@ -89,7 +95,7 @@ def test_preempted_resident_job_requeues_and_resumes_every_member_exactly_once(m
                  checkpoint_every=4)
     wd = workdir_for(tmp_path, models, spec)
     ckpt = [wd / "results" / "pr" / ".checkpoints" / c / "progress.json" for c in ("n36", "n40")]
-    _preempt_twice(tmp_path, wd, "pack={resident: true, places: 2}", ckpt)  # n36 reaches 4 after the slot boundary
+    _preempt_twice(tmp_path, wd, "pack={resident: true, places: 2}", ckpt, list(cells))  # n36: 4 after the re-form
     res = wd / "results" / "pr"
     (record,) = [r for r in (res / ".packs").glob("pack-*.json") if not r.name.endswith(".ledger.json")]
     rec = json.loads(record.read_text())  # the last process's record: the members it resumed

@@ -66,10 +66,10 @@ def workdir_for(tmp: Path, models: tuple[Path, Path], study: dict) -> Path:
     return tmp
 
 
-def snakemake_cmd(workdir: Path, slurm: dict = SLURM) -> list[str]:
+def snakemake_cmd(workdir: Path, slurm: dict = SLURM, targets: tuple[str, ...] = ("all",)) -> list[str]:
     # launcher: slurm comes from the profile (profiles/slurm/cluster.yaml); only the resources shrink
     studies = json.dumps([str(workdir / "study.yaml")])
-    return [sys.executable, "-m", "snakemake", "all", "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"),
+    return [sys.executable, "-m", "snakemake", *targets, "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(workdir), "--config", f"studies={studies}", "results=results",
             "slurm=" + json.dumps(slurm), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
 
