@@ -57,7 +57,8 @@ def _dump(d: dict) -> str:
     return yaml.safe_dump(d, sort_keys=False)
 
 
-def _with(path: str, value: Any, base: dict | None = None) -> dict:
+def with_field(path: str, value: Any, base: dict | None = None) -> dict:
+    """A deep copy of ``base`` (default: the valid study) with the dotted field ``path`` set to ``value``."""
     d = copy.deepcopy(base or VALID)
     keys = path.split(".")
     node = d
@@ -103,23 +104,23 @@ def wrong_types() -> list[Case]:
         value = _wrong_value(ann, default)
         if isinstance(value, str) and "str" in str(ann):
             continue  # a string is allowed there
-        out.append(Case("wrong type", f"defaults.{path}={value!r}", _dump(_with(f"defaults.{path}", value)),
+        out.append(Case("wrong type", f"defaults.{path}={value!r}", _dump(with_field(f"defaults.{path}", value)),
                         f"defaults.{path}"))
     return out
 
 
 def unknown_fields() -> list[Case]:
     out = [Case("unknown field", "top-level axess", _dump({**VALID, "axess": {}}), "axess"),
-           Case("unknown field", "axis key feild", _dump(_with("axes.rank.feild", "adapter.rank")), "feild")]
+           Case("unknown field", "axis key feild", _dump(with_field("axes.rank.feild", "adapter.rank")), "feild")]
     for sec in ("task", "adapter", "train", "eval", "reward"):
-        out.append(Case("unknown field", f"defaults.{sec}.typo", _dump(_with(f"defaults.{sec}.stepz", 3)),
+        out.append(Case("unknown field", f"defaults.{sec}.typo", _dump(with_field(f"defaults.{sec}.stepz", 3)),
                         f"defaults.{sec}.stepz"))
-    out.append(Case("unknown field", "defaults.trian section", _dump(_with("defaults.trian", {"steps": 2})),
+    out.append(Case("unknown field", "defaults.trian section", _dump(with_field("defaults.trian", {"steps": 2})),
                     "defaults.trian"))
-    out.append(Case("unknown field", "axis field path typo", _dump(_with("axes.rank.field", "adapter.rnak")),
+    out.append(Case("unknown field", "axis field path typo", _dump(with_field("axes.rank.field", "adapter.rnak")),
                     "adapter.rnak"))
     out.append(Case("unknown field", "bundle sets unknown field",
-                    _dump(_with("axes.rank.values", [{"label": "x", "set": {"train.lrr": 1}}])), "train.lrr"))
+                    _dump(with_field("axes.rank.values", [{"label": "x", "set": {"train.lrr": 1}}])), "train.lrr"))
     return out
 
 
@@ -130,17 +131,17 @@ def bad_axis_values() -> list[Case]:
            ("generations 0", "train.generations", [0]), ("unknown loss", "train.loss_type", ["ppo"]),
            ("temperature text", "train.temperature", ["hot"]), ("seed text", "seed", ["one"])]
     owner = {"adapter.rank": "rank", "seed": "seed"}  # fields an axis of VALID already sets: replace that axis
-    out = [Case("bad axis value", n, _dump(_with(f"axes.{owner.get(f, 'x')}", {"field": f, "prefix": "x", "values": v})),
+    out = [Case("bad axis value", n, _dump(with_field(f"axes.{owner.get(f, 'x')}", {"field": f, "prefix": "x", "values": v})),
                 f"axes.{owner.get(f, 'x')}") for n, f, v in bad]
-    out += [Case("bad axis value", "empty values", _dump(_with("axes.rank.values", [])), "axes.rank.values"),
-            Case("bad axis value", "values not a list", _dump(_with("axes.rank.values", 4)), "axes.rank.values"),
+    out += [Case("bad axis value", "empty values", _dump(with_field("axes.rank.values", [])), "axes.rank.values"),
+            Case("bad axis value", "values not a list", _dump(with_field("axes.rank.values", 4)), "axes.rank.values"),
             Case("bad axis value", "bundle without label",
-                 _dump(_with("axes.rank.values", [{"set": {"adapter.rank": 2}}])), "values[0]"),
-            Case("bad axis value", "bundle with empty set", _dump(_with("axes.rank.values", [{"label": "a", "set": {}}])),
+                 _dump(with_field("axes.rank.values", [{"set": {"adapter.rank": 2}}])), "values[0]"),
+            Case("bad axis value", "bundle with empty set", _dump(with_field("axes.rank.values", [{"label": "a", "set": {}}])),
                  "values[0]"),
-            Case("bad axis value", "scalar without field", _dump(_with("axes.rank", {"values": [1]})), "axes.rank"),
+            Case("bad axis value", "scalar without field", _dump(with_field("axes.rank", {"values": [1]})), "axes.rank"),
             Case("bad axis value", "one label for two different values",
-                 _dump(_with("axes.lr", {"values": [{"label": "a", "set": {"train.lr": 0.1}},
+                 _dump(with_field("axes.lr", {"values": [{"label": "a", "set": {"train.lr": 0.1}},
                                                     {"label": "a", "set": {"train.lr": 0.2}}]})), "share the id"),
             Case("bad axis value", "exclude unknown axis", _dump({**VALID, "exclude": [{"rnak": 1}]}), "exclude[0]"),
             Case("bad axis value", "exclude unknown label", _dump({**VALID, "exclude": [{"rank": 64}]}), "exclude[0]"),
@@ -160,24 +161,24 @@ def booleans_as_numbers() -> list[Case]:
         if ("int" in text or "float" in text) and "bool" not in text:
             value = [True] if "list" in text or "tuple" in text else True
             out.append(Case("boolean as number", f"defaults.{path}={value!r}",
-                            _dump(_with(f"defaults.{path}", value)), f"defaults.{path}"))
-    out += [Case("boolean as number", "rank axis values [true]", _dump(_with("axes.rank.values", [True, 2])),
+                            _dump(with_field(f"defaults.{path}", value)), f"defaults.{path}"))
+    out += [Case("boolean as number", "rank axis values [true]", _dump(with_field("axes.rank.values", [True, 2])),
                  "adapter.rank"),
-            Case("boolean as number", "seed axis values [false]", _dump(_with("axes.seed.values", [False])), "seed"),
+            Case("boolean as number", "seed axis values [false]", _dump(with_field("axes.seed.values", [False])), "seed"),
             Case("boolean as number", "bundle sets train.lr true",
-                 _dump(_with("axes.rank.values", [{"label": "x", "set": {"train.lr": True}}])), "train.lr")]
+                 _dump(with_field("axes.rank.values", [{"label": "x", "set": {"train.lr": True}}])), "train.lr")]
     return out
 
 
 def conflicting_axes() -> list[Case]:
     out = []
     for f in ("adapter.rank", "train.lr", "seed", "train.beta"):
-        d = _with("axes.a1", {"field": f, "prefix": "a", "values": [1]})
-        d = _with("axes.a2", {"field": f, "prefix": "b", "values": [2]}, d)
+        d = with_field("axes.a1", {"field": f, "prefix": "a", "values": [1]})
+        d = with_field("axes.a2", {"field": f, "prefix": "b", "values": [2]}, d)
         out.append(Case("conflicting axes", f"two axes set {f}", _dump(d), "both set"))
-    d = _with("axes.b", {"values": [{"label": "x", "set": {"adapter": {"rank": 4}}}]})
+    d = with_field("axes.b", {"values": [{"label": "x", "set": {"adapter": {"rank": 4}}}]})
     out.append(Case("conflicting axes", "bundle sets a section rank also sets", _dump(d), "adapter"))
-    d = _with("axes.b", {"values": [{"label": "x", "set": {"adapter.rank": 4, "train.lr": 1}}]})
+    d = with_field("axes.b", {"values": [{"label": "x", "set": {"adapter.rank": 4, "train.lr": 1}}]})
     out.append(Case("conflicting axes", "bundle overlaps the rank axis", _dump(d), "both set"))
     return out
 
@@ -192,33 +193,33 @@ def impossible_protocols() -> list[Case]:
              ("regime unknown", "defaults.reward", {"regime": "vibes"}),
              ("distillation without teacher", "defaults.reward", {"regime": "distillation"}),
              ("curve benchmark not evaluated", "defaults.eval", {"eval_every": 2, "curve_benchmarks": ["nosuch"]})]
-    return [Case("impossible protocol", n, _dump(_with(p, v)), p.split(".", 1)[1].split(".")[0]) for n, p, v in cases]
+    return [Case("impossible protocol", n, _dump(with_field(p, v)), p.split(".", 1)[1].split(".")[0]) for n, p, v in cases]
 
 
 def unknown_names() -> list[Case]:
     return [Case("unknown benchmark", "eval.benchmarks nosuch",
-                 _dump(_with("defaults.eval.benchmarks", {"nosuch_bench": {}})), "nosuch_bench"),
-            Case("unknown benchmark", "task name unknown", _dump(_with("defaults.task.name", "gsm9k")), "task.name"),
-            Case("unknown benchmark", "adapter method unknown", _dump(_with("defaults.adapter.method", "lorra")),
+                 _dump(with_field("defaults.eval.benchmarks", {"nosuch_bench": {}})), "nosuch_bench"),
+            Case("unknown benchmark", "task name unknown", _dump(with_field("defaults.task.name", "gsm9k")), "task.name"),
+            Case("unknown benchmark", "adapter method unknown", _dump(with_field("defaults.adapter.method", "lorra")),
                  "adapter"),
-            Case("unknown benchmark", "adapter init unknown", _dump(_with("defaults.adapter.init", "magic")), "init"),
+            Case("unknown benchmark", "adapter init unknown", _dump(with_field("defaults.adapter.init", "magic")), "init"),
             Case("unknown benchmark", "study kind unknown", _dump({**VALID, "kind": "ppo"}), "kind"),
-            Case("unknown benchmark", "local recipe unknown", _dump(_with("defaults.model", "local:no-such-recipe")),
+            Case("unknown benchmark", "local recipe unknown", _dump(with_field("defaults.model", "local:no-such-recipe")),
                  "no-such-recipe")]
 
 
 def missing_files() -> list[Case]:
-    return [Case("missing file", "model path", _dump(_with("defaults.model", "/nonexistent/model/dir")), "model"),
-            Case("missing file", "relative model path", _dump(_with("defaults.model", "./no/such/model")), "model"),
+    return [Case("missing file", "model path", _dump(with_field("defaults.model", "/nonexistent/model/dir")), "model"),
+            Case("missing file", "relative model path", _dump(with_field("defaults.model", "./no/such/model")), "model"),
             Case("missing file", "teacher path",
-                 _dump(_with("defaults.reward", {"regime": "distillation", "teacher": "/nonexistent/teacher"})),
+                 _dump(with_field("defaults.reward", {"regime": "distillation", "teacher": "/nonexistent/teacher"})),
                  "teacher"),
             Case("missing file", "dataset path",
-                 _dump(_with("defaults.eval.benchmarks", ["gsm8k"],
-                             _with("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"}))),
+                 _dump(with_field("defaults.eval.benchmarks", ["gsm8k"],
+                             with_field("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"}))),
                  "task.path"),
             Case("impossible protocol", "dataset task without benchmarks",
-                 _dump(_with("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"})),
+                 _dump(with_field("defaults.task", {"name": "dataset", "path": "/nonexistent/data.jsonl"})),
                  "eval.benchmarks"),
             Case("missing file", "study file itself", "", "no such study file")]
 
@@ -332,7 +333,7 @@ def id_escapes() -> list[str]:
     found = []
     results = Path("/r/results").resolve()
     for i, h in enumerate(hostile):
-        d = _with("axes.h", {"prefix": h, "values": [{"label": h, "set": {"train.lr": 0.001 * (i + 1)}}]})
+        d = with_field("axes.h", {"prefix": h, "values": [{"label": h, "set": {"train.lr": 0.001 * (i + 1)}}]})
         try:
             study = parse_study(d)
             ids = [c.id for c in study_cells(study)] + [b.id for b in base_cells(study)]

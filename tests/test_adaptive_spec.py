@@ -4,7 +4,6 @@ their defaults resolve from the study, and neither block changes any cell's id o
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import yaml
 
 from lorarl.adaptive.spec import resolved_search
 from lorarl import badstudies
+from lorarl.badstudies import with_field
 from lorarl.study import cell_table, load_study
 
 BASE = {
@@ -34,13 +34,7 @@ BASE = {
 
 
 def _with(path: str, value, base: dict | None = None) -> dict:
-    d = copy.deepcopy(base or BASE)
-    keys = path.split(".")
-    node = d
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-    node[keys[-1]] = value
-    return d
+    return with_field(path, value, base or BASE)
 
 
 def _write(tmp_path: Path, d: dict) -> Path:
