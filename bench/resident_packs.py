@@ -171,14 +171,15 @@ def job_commands(way: str, cells: list, scenario: str, K: int) -> list[list[str]
     return [[c.id for c in cells]]
 
 
-def timed_jobs(way: str, cells: list, args, study: Path, out: Path) -> dict:
-    """Each job of ``way`` as its own process, one after another: wall and the children's CPU seconds."""
-    jobs = job_commands(way, cells, args.scenario_now, args.places)
+def timed_jobs(way: str, cells: list, args, name: str, study: Path, out: Path) -> dict:
+    """Each job of ``way`` in scenario ``name`` as its own process, one after another: wall and the children's CPU
+    seconds."""
+    jobs = job_commands(way, cells, name, args.places)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w = time.perf_counter()
     for ids in jobs:
         cmd = [sys.executable, __file__, "--child", way, "--study", str(study), "--out", str(out),
-               "--ids", ",".join(ids), "--scenario", args.scenario_now, "--short", str(args.short),
+               "--ids", ",".join(ids), "--scenario", name, "--short", str(args.short),
                "--places", str(args.places)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -252,7 +253,7 @@ def scenario(args, root: Path, model: str, name: str) -> dict:
     study = write_study(root, model, name, args.short, args.long, args.seeds)
     cells = study_cells(study)
     K = args.places
-    res = {"cells": len(cells), "cell_steps": None, "in_process": {}, "jobs": {}}
+    res = {"cells": len(cells), "in_process": {}, "jobs": {}}
     dirs = {w: root / name / w for w in WAYS}
     for w in WAYS:
         res["in_process"][w] = timed(lambda w=w: run_way(w, cells, name, K, dirs[w]))
@@ -264,10 +265,9 @@ def scenario(args, root: Path, model: str, name: str) -> dict:
     res["resident_segments"] = len(ledger["segments"])
     res["ratios_in_process"] = ratios(res["in_process"])
     if args.jobs:
-        args.scenario_now = name
         jdirs = {w: root / name / f"jobs-{w}" for w in WAYS}
         for w in WAYS:
-            res["jobs"][w] = timed_jobs(w, cells, args, study, jdirs[w])
+            res["jobs"][w] = timed_jobs(w, cells, args, name, study, jdirs[w])
         res["max_diff_from_solo"].update({f"jobs {w}": differences(cells, jdirs[w], dirs["solo"], staged=w != "solo")
                                           for w in WAYS})
         res["ratios_jobs"] = ratios(res["jobs"])
