@@ -27,7 +27,7 @@ import pytest
 
 from lorarl.io import pid_alive
 from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
-                                             snakemake, snakemake_cmd, study, workdir_for)
+                                             snakemake, snakemake_cmd, study, wait_progress, workdir_for)
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("LORARL_SLURM_DIR", "/tmp/lorarl-slurm"))
@@ -55,21 +55,6 @@ def _stop(pid: int, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
             return
         time.sleep(0.2)
     pytest.fail(f"pid {pid} still alive {timeout} s after signal {sig}")
-
-
-def _progress(path: Path, min_step: int, proc: subprocess.Popen, timeout: float = 300) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            p = json.loads(path.read_text())
-            if p["step"] >= min_step:
-                return p
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            pass
-        if proc.poll() is not None:
-            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}")
-        time.sleep(0.2)
-    pytest.fail(f"no step >= {min_step} after {timeout} s")
 
 
 def _ctl_state(job: str) -> str:
@@ -105,7 +90,7 @@ def test_accounting_down_never_counts_as_success(models, tmp_path: Path, heal):
     log = (tmp_path / "snakemake.log").open("w")
     proc = subprocess.Popen(snakemake_cmd(wd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env())
     try:
-        p = _progress(wd / "results" / "noacct" / ".checkpoints" / "s1" / "progress.json", 3, proc)
+        p = wait_progress([wd / "results" / "noacct" / ".checkpoints" / "s1" / "progress.json"], 3, None, proc)
         subprocess.run(["scancel", p["job_id"]], check=True, timeout=30)
         rc = proc.wait(timeout=600)
     finally:
@@ -171,7 +156,7 @@ def test_node_failure_requeues_and_resumes(models, tmp_path: Path, heal):
     host = socket.gethostname().split(".")[0]
     try:
         progress = wd / "results" / "nodefail" / ".checkpoints" / "s0" / "progress.json"
-        job = _progress(progress, 3, proc)["job_id"]
+        job = wait_progress([progress], 3, None, proc)["job_id"]
         victims = _job_processes(job)
         seen_at = json.loads(progress.read_text())["step"]
         assert victims, "the training job's processes were not found"

@@ -77,16 +77,50 @@ def snakemake_cmd(workdir: Path, slurm: dict = SLURM, targets: tuple[str, ...] =
 def wait_progress(paths: list[Path], min_step: int, not_pid: int | None, proc: subprocess.Popen,
                   timeout: float = 300) -> dict:
     """The first cell's progress.json once every cell in ``paths`` is at step >= min_step, written by a process
-    other than ``not_pid`` (a requeued job's); fails when snakemake ends first or after ``timeout`` s."""
+    other than ``not_pid`` (a requeued job's); fails when snakemake ends first or after ``timeout`` s, with what
+    the cluster and the jobs' logs say (cluster_report)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ps = [_progress(p) for p in paths]
         if all(p and p["step"] >= min_step and p["pid"] != not_pid for p in ps):
             return ps[0]
         if proc.poll() is not None:
-            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {ps}")
+            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: {ps}\n"
+                        + cluster_report(paths[0].parents[4]))
         time.sleep(0.1)
-    pytest.fail(f"not at step >= {min_step} (from a new process) after {timeout} s: {[_progress(p) for p in paths]}")
+    pytest.fail(f"not at step >= {min_step} (from a new process) after {timeout} s: {[_progress(p) for p in paths]}\n"
+                + cluster_report(paths[0].parents[4]))
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"({e})"
+
+
+def cluster_report(workdir: Path | None = None) -> str:
+    """What a failed Slurm test needs to be understood from CI's output alone: the queue with each job's
+    reason, the nodes, slurmctld's last lines, and under ``workdir`` the tail of every job log and of
+    snakemake.log."""
+    def cmd(*argv: str) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            return (out.stdout + out.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"({e})"
+
+    parts = [f"$ squeue\n{cmd('squeue', '-h', '-o', '%i %P %j %T %M %D %R')}",
+             f"$ sinfo -N\n{cmd('sinfo', '-h', '-N', '-o', '%N %P %t %E')}",
+             f"$ scontrol show job\n{cmd('scontrol', '-o', 'show', 'job')}"]
+    state = Path(os.environ.get("LORARL_SLURM_DIR", "/tmp/lorarl-slurm"))
+    for log in [state / "log" / "slurmctld.log", *sorted((state / "log").glob("slurmd*.log"))]:
+        parts.append(f"== {log.name}\n{_tail(log, 20)}")
+    if workdir is not None:
+        logs = sorted(workdir.rglob("logs/**/*_log.*")) + sorted(workdir.rglob("snakemake.log"))
+        for f in logs[-8:]:
+            parts.append(f"== {f.relative_to(workdir)}\n{_tail(f)}")
+    return "\n".join(parts)
 
 
 def env() -> dict[str, str]:
@@ -176,19 +210,6 @@ def _progress(path: Path) -> dict | None:
         return None
 
 
-def _wait_progress(path: Path, min_step: int, not_pid: int | None, proc: subprocess.Popen, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        p = _progress(path)
-        if p and p["step"] >= min_step and p["pid"] != not_pid:
-            return p
-        if proc.poll() is not None:
-            pytest.fail(f"snakemake ended (rc {proc.returncode}) before step {min_step}: "
-                        f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
-        time.sleep(0.1)
-    pytest.fail(f"no step >= {min_step} (from a new process) after {timeout} s: {_progress(path)}")
-
-
 def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path):
     """USR2 (submitit requeue), `scontrol requeue` (external) and a plain `scancel` + Snakemake rerun,
     all in one training: one MLflow run, every step once, the adapter of an uninterrupted run."""
@@ -206,15 +227,15 @@ def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path)
     log = (wd / "snakemake.log").open("w")
     proc = subprocess.Popen(snakemake_cmd(wd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env())
     try:
-        p = _wait_progress(progress, 4, None, proc)
+        p = wait_progress([progress], 4, None, proc)
         job = p["job_id"]
         row = status(wd)["s5"]["train"]
         assert row["state"] == "running" and row["job"] == job and row["step"].endswith(f"/{steps}"), row
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)  # what preemption does
-        p = _wait_progress(progress, p["step"] + 4, p["pid"], proc)  # requeued, resumed, trained on
+        p = wait_progress([progress], p["step"] + 4, p["pid"], proc)  # requeued, resumed, trained on
         assert p["job_id"] == job  # the same (requeued) job
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)  # SIGTERM, no checkpoint()
-        p = _wait_progress(progress, p["step"] + 2, p["pid"], proc)
+        p = wait_progress([progress], p["step"] + 2, p["pid"], proc)
         subprocess.run(["scancel", job], check=True, timeout=30)  # killed outright
         assert proc.wait(timeout=300) != 0
     finally:
