@@ -78,3 +78,20 @@ def test_export_ranks_outside_a_submitit_job_changes_nothing(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
     assert tl.export_ranks() == 1
+
+
+def test_a_slurm_job_of_several_ranks_ends_every_task_when_one_dies():
+    """srun's --kill-on-bad-exit on a job of several ranks (a rank dead before the collective timeout applies must
+    not leave the others holding their nodes); the profile's srun_args are kept, its own -K setting wins."""
+    two = tl.job_resources({"nodes": 2, "tasks_per_node": 1}, None, "slurm")
+    assert two["srun_args"] == [tl.KILL_ON_BAD_EXIT]
+    assert "srun_args" not in tl.job_resources({"gpus_per_node": 1}, None, "slurm")  # one rank: nothing to end
+    assert "srun_args" not in tl.job_resources({"tasks_per_node": 2}, None, "local")  # no srun
+    kept = tl.job_resources({"gpus_per_node": 2, "srun_args": ["--cpu-bind=none"]}, None, "slurm")
+    assert kept["srun_args"] == ["--cpu-bind=none", tl.KILL_ON_BAD_EXIT]
+    prefixed = tl.job_resources({"gpus_per_node": 2, "slurm_srun_args": ["-v"]}, None, "slurm")
+    assert prefixed["slurm_srun_args"] == ["-v", tl.KILL_ON_BAD_EXIT] and "srun_args" not in prefixed
+    assert tl.job_resources({"gpus_per_node": 2, "srun_args": ["--kill-on-bad-exit=0"]}, None,
+                            "slurm")["srun_args"] == ["--kill-on-bad-exit=0"]  # the profile's choice
+    from lorarl.pipeline.slurm import slurm_parameters
+    assert slurm_parameters(two)[1]["slurm_srun_args"] == [tl.KILL_ON_BAD_EXIT]  # what submitit receives

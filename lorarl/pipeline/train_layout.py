@@ -104,7 +104,23 @@ def job_resources(res: dict[str, Any], cfg: Any, executor: str) -> dict[str, Any
     if executor != "slurm" and _positive(res, "nodes", 1) > 1:
         raise ValueError(f"slurm.train.nodes={res['nodes']}: the {executor} executor runs one node; use the slurm "
                          "executor for several nodes")
+    if executor == "slurm" and ranks(out) > 1:
+        _kill_on_bad_exit(out)
     return out
+
+
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+
+
+def _kill_on_bad_exit(out: dict[str, Any]) -> None:
+    """srun ends every task of the job's step when one exits non-zero, so a rank that dies before the process group
+    forms (where no collective timeout applies yet) or mid-step frees every node of the job at once, instead of the
+    others holding their GPUs until ``LORARL_COLLECTIVE_TIMEOUT_S`` or the time limit. Added to the profile's own
+    ``srun_args``, unless they already say ``--kill-on-bad-exit``/``-K``."""
+    key = "slurm_srun_args" if "slurm_srun_args" in out else "srun_args"
+    args = [str(a) for a in (out.get(key) or [])]
+    if not any(a == "-K" or a.startswith(("--kill-on-bad-exit", "-K")) for a in args):
+        out[key] = [*args, KILL_ON_BAD_EXIT]
 
 
 def pack_resources(res: dict[str, Any] | None, study: str, cfgs: list[Any], executor: str) -> dict[str, Any]:

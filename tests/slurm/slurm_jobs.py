@@ -67,3 +67,13 @@ class Counter(submitit.helpers.Checkpointable):
         resumed = Counter(self.log, self.total, self.step_s)
         resumed.start = self.done
         return submitit.helpers.DelayedSubmission(resumed)
+
+
+def rank0_dies(sleep_s: float) -> str:
+    """Task 0 of a job of several dies at once (no result, no cleanup: what a crash or an OOM kill does); the
+    others wait ``sleep_s``, as a rank blocked in a rendezvous or a collective would."""
+    if submitit.JobEnvironment().global_rank == 0:
+        time.sleep(1)
+        os._exit(3)
+    time.sleep(sleep_s)
+    return "outlived rank 0"

@@ -131,3 +131,21 @@ def test_checkpointable_requeue_resumes_with_state(tmp_path: Path) -> None:
     # The second run starts where the checkpoint left off, in the same (requeued) job.
     assert starts[1] == f"start {checkpoints[0]} job {job.job_id} restart 1", lines
     assert steps == list(range(1, total + 1)), lines  # no step lost or redone
+
+
+def test_a_dead_rank_ends_every_task_of_a_two_node_job(tmp_path: Path) -> None:
+    """What lorarl asks srun for a training job of several ranks (lorarl.pipeline.train_layout: kill-on-bad-exit):
+    rank 0 of a 2-node job dies before any collective; rank 1, which would wait 300 s, is ended with it, and the
+    job frees both nodes within seconds (without the flag it held them until rank 1 gave up)."""
+    from lorarl.pipeline.slurm import slurm_parameters
+    from lorarl.pipeline.train_layout import job_resources
+
+    _, params = slurm_parameters(job_resources({"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1}, None, "slurm"))
+    job = _executor(tmp_path, "multi", **params).submit(slurm_jobs.rank0_dies, 300)
+    start = time.monotonic()
+    with pytest.raises((FailedJobError, UncompletedJobError)):
+        _bounded(job.results, timeout_s=150)
+    took = time.monotonic() - start
+    assert took < 150, took
+    state = _wait_state(job, {"FAILED", "NODE_FAIL", "CANCELLED", "COMPLETED"})
+    assert state == "FAILED", state
