@@ -2,7 +2,8 @@
 
 A cell X trains in a pack beside other members, leaves at step K (its state written by the pack job's own writer:
 weights by name, AdamW moments and step, LR schedule, data order, sampling generator, step; its monitors), and
-comes back at ANOTHER position of ANOTHER pack, beside members of other ranks that start from step 0. Its metrics
+comes back at ANOTHER position of ANOTHER pack (built, as a resident job's re-form, on the first pack's door: the
+same base object, reference and data, lorarl.pack.build.Door), beside members of other ranks that start from step 0. Its metrics
 rows (every key but wall-clock times and the pack size) equal its uninterrupted solo run's (a pack of one) to 1e-6,
 its rollout token ids are identical at every step, and so are its final adapter (1e-6) and its generators' states.
 HF rollouts; LoRA with mixed ranks (1, 8, 32) and a residual init (PiSSA: pack-mates share rank and alpha there,
@@ -58,10 +59,10 @@ def come_back(pack, name, folder, monitors):
     return pack.loop.members[k].step
 
 
-def build(cells, tmp_path):
+def build(cells, tmp_path, door=None):
     from lorarl.pack.build import build_pack
 
-    return fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu"))
+    return fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu", door=door))
 
 
 def assert_leaves_and_comes_back_equal(x, first_mates, second_mates, first_at, second_at, tmp_path):
@@ -70,13 +71,17 @@ def assert_leaves_and_comes_back_equal(x, first_mates, second_mates, first_at, s
     solo = build([x], tmp_path)
     alone = []
     run_until(solo, x.id, STEPS, alone)
-    first = build(first_mates[:first_at] + [x] + first_mates[first_at:], tmp_path)
+    from lorarl.pack.build import Door
+
+    door = Door()  # as a resident job: the second pack reuses the first's base, reference and data
+    first = build(first_mates[:first_at] + [x] + first_mates[first_at:], tmp_path, door)
     moved = []
     run_until(first, x.id, LEAVE, moved)
     monitors = leave(first, x.id, tmp_path / "state")
     assert monitors["adv_std_peak"] > 0  # a monitor worth carrying (the rows' adv/std_peak depend on it)
     del first
-    second = build(second_mates[:second_at] + [x] + second_mates[second_at:], tmp_path)
+    second = build(second_mates[:second_at] + [x] + second_mates[second_at:], tmp_path, door)
+    assert door.loads == 1  # the base was loaded once for both packs
     assert come_back(second, x.id, tmp_path / "state", monitors) == LEAVE
     run_until(second, x.id, STEPS, moved)
     assert len(moved) == len(alone) == STEPS
@@ -115,6 +120,27 @@ def test_a_residual_init_cell_leaves_a_pack_and_comes_back_in_another_position(t
     y = cell(tiny_dir, "y", 2, init=init, lr=5e-3, steps=STEPS)
     z = cell(tiny_dir, "z", 3, init=init, temperature=0.7, steps=STEPS)
     assert_leaves_and_comes_back_equal(x, [y], [z], first_at=1, second_at=0, tmp_path=tmp_path)
+
+
+def test_a_door_restores_the_residual_base_and_builds_the_reference_on_first_need(tiny_dir, tmp_path):
+    """A door's second pack of PiSSA cells starts from W0, not from the residual the first pack wrote into the shared
+    weights, and takes its KL reference (first needed by it) from W0 too: its first step equals a fresh pack's."""
+    from lorarl.pack.build import Door
+
+    door = Door()
+    first = build([cell(tiny_dir, "a", 1, init="pissa", monitor=0)], tmp_path, door)
+    assert door.ref is None and first.loop.ref is None  # nobody needed it yet
+    first.loop.step()
+    del first
+    mates = [cell(tiny_dir, "b", 2, init="pissa", beta=0.05), cell(tiny_dir, "c", 3, init="pissa")]
+    again, fresh = build(mates, tmp_path, door), build(mates, tmp_path)
+    assert door.loads == 1 and door.ref is not None and again.loop.ref is door.ref
+    a, f = again.loop.step(), fresh.loop.step()
+    for name in ("b", "c"):
+        assert clean(a[name]) == clean(f[name]) and again.loop.last_rollouts[name] == fresh.loop.last_rollouts[name]
+    for k in range(2):
+        mine, ref = trained(again, k), trained(fresh, k)
+        assert all(torch.equal(mine[n], ref[n]) for n in ref)
 
 
 def test_a_state_refuses_another_cells_weights(tiny_dir, tmp_path):

@@ -80,6 +80,7 @@ def test_a_freed_place_takes_the_next_cell_after_a_finish_and_a_collapse(tiny_di
                                                ["s4-cFalse", "s2-cTrue"]]
     assert [s["left"] for s in ledger] == [["s2-cFalse"], ["s4-cTrue"], ["s2-cTrue", "s4-cFalse"]]
     assert out["trained"] == sorted(cells) and out["left_out"] == {} and out["segments"] == 3
+    assert out["base_loads"] == 1  # three packs, one load of the base (its door: lorarl.pack.build.Door)
     published(res, order)
     resumed = {"s4-cTrue": [2], "s4-cFalse": [1], "s2-cFalse": [], "s2-cTrue": []}
     for c in order:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,68 @@ class Pack:
     tokenizer: Any
     precision: str
     data_facts: dict
+
+
+@dataclass
+class Door:
+    """What every pack of one compatible group shares, loaded once and kept across a resident job's re-forms
+    (lorarl.pack.resident): the base and tokenizer, the adapted weights' original values (a residual init rewrites
+    them in place), the frozen KL reference, the prompts and answers, and the reward regimes (a teacher's or PRM's
+    model). The base itself is never wrapped: every member adapts a copy that shares its weights. Without a door,
+    :func:`build_pack` opens one for that pack alone."""
+
+    key: Any = None  # (compatibility key, device, results dir): what the pieces were loaded for
+    base: Any = None
+    tok: Any = None
+    precision: str = ""
+    originals: dict | None = None  # W0 of the adapted weights (residual inits), captured at load
+    ref: Any = None  # built on first need (a later member may need the KL reference when the first did not)
+    texts: list = field(default_factory=list)
+    ids: list = field(default_factory=list)
+    answers: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)
+    regimes: dict = field(default_factory=dict)  # (reward config, temperature) -> (regime, grading settings)
+    loads: int = 0  # how many times the base was loaded (a resident job's re-forms load none)
+
+    def open(self, cells: list[Any], results_dir: str | Path, device: str) -> None:
+        """Load the pieces for ``cells`` unless this door already holds them."""
+        from lorarl.numerics.precision import resolve_precision
+        from lorarl.pack.plan import pack_key
+        from lorarl.tasks.prompt import prompt_ids, prompt_text
+        from lorarl.train.prepare import load_policy, training_dataset
+        from lorarl.train.prompt_fit import keep_last, prompt_keep
+
+        cfg0 = cells[0].config
+        key = (pack_key(cfg0, lengths=False), device, str(results_dir))
+        if key == self.key:
+            _restore(self.originals)  # the previous pack's residual init left W0 - s·B0A0 in the shared weights
+            return
+        precision = resolve_precision(cfg0.train.precision, device)
+        base, tok = load_policy(cfg0, results_dir, device, precision)  # the door's pieces (lorarl.train.prepare)
+        dataset, facts = training_dataset(cfg0, tok)
+        prompts = list(dataset["prompt"])
+        vars(self).update(vars(Door(  # a new group: nothing of the previous one is kept
+            key=key, base=base, tok=tok, precision=precision, facts=facts, loads=self.loads + 1,
+            originals=_residual_originals(base, cfg0),
+            ids=[keep_last(prompt_ids(tok, p, cfg0.prompt), prompt_keep(cfg0.train)) for p in prompts],  # prompt_overflow
+            texts=[prompt_text(tok, p, cfg0.prompt) for p in prompts], answers=[str(a) for a in dataset["answer"]])))
+
+    def reference(self, needed: bool) -> Any:
+        """One frozen copy of the original base for every pack (None while no member needs it)."""
+        from lorarl.train.prepare import reference_of
+
+        if needed and self.ref is None:
+            self.ref = reference_of(self.base, self.precision, True)
+        return self.ref if needed else None
+
+    def regime(self, cfg: Any, results_dir: str | Path, device: str) -> tuple[Any, Any]:
+        """Cells with one reward config share the regime (one teacher / PRM in memory), in a pack and across packs."""
+        from lorarl.train.prepare import reward_of
+
+        rkey = (cfg.reward.model_dump_json(), cfg.train.temperature)  # (a teacher's log-probs use the temperature)
+        if rkey not in self.regimes:
+            self.regimes[rkey] = reward_of(cfg, self.tok, results_dir, device)  # (regime, grading settings)
+        return self.regimes[rkey]
 
 
 def _int_or_none(value) -> int | None:
@@ -105,19 +167,16 @@ def _checkpoint_base(host: torch.nn.Module) -> None:
 
 
 def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
-               update_cells: int | None = None, llm: Any = None) -> Pack:
+               update_cells: int | None = None, llm: Any = None, door: Door | None = None) -> Pack:
     """Cells (``lorarl.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
     cells per forward/backward of the update (None: all at once; same result, less memory when smaller).
     ``rollout.engine: vllm``: the members sample through one multi-LoRA engine (``llm``, else the process's,
-    :func:`lorarl.pack.vllm_rollouts.pack_engine`)."""
+    :func:`lorarl.pack.vllm_rollouts.pack_engine`). ``door``: the shared pieces, kept across calls (a resident
+    job's re-forms); None: loaded for this pack alone."""
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
     from lorarl.numerics.kl import needs_reference
-    from lorarl.numerics.precision import resolve_precision
-    from lorarl.tasks.prompt import prompt_ids, prompt_text
-    from lorarl.train.prepare import load_policy, reference_of, reward_of, training_dataset
-    from lorarl.train.prompt_fit import keep_last, prompt_keep
     from lorarl.stop_ids import stop_token_ids
     from lorarl.train.trl_args import checkpointing
 
@@ -130,18 +189,13 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         raise ValueError("cells of a pack must share one compatibility key (lorarl.pack.plan.pack_key): "
                          + ", ".join(c.id for c in cells))
     cfg0 = cells[0].config
-    precision = resolve_precision(cfg0.train.precision, device)
-    base, tok = load_policy(cfg0, results_dir, device, precision)  # the door's pieces (lorarl.train.prepare)
-    need_ref = any(needs_reference(c.config.train.beta, c.config.train.kl_monitor_every) for c in cells)
-    ref = reference_of(base, precision, need_ref)  # one frozen copy of the original base for the pack
-    dataset, facts = training_dataset(cfg0, tok)
-    prompts = list(dataset["prompt"])
-    ids = [keep_last(prompt_ids(tok, p, cfg0.prompt), prompt_keep(cfg0.train)) for p in prompts]  # train.prompt_overflow
-    texts = [prompt_text(tok, p, cfg0.prompt) for p in prompts]
-    answers = [str(a) for a in dataset["answer"]]
-    models = [base] + [_share_base(base) for _ in cells[1:]]  # before any adapter wraps the base in place
-    originals = _residual_originals(base, cfg0)
-    pcs, members, policies, regimes = [], [], [], {}
+    door = door if door is not None else Door()
+    door.open(cells, results_dir, device)
+    base, tok, precision, originals = door.base, door.tok, door.precision, door.originals
+    ref = door.reference(any(needs_reference(c.config.train.beta, c.config.train.kl_monitor_every) for c in cells))
+    texts, ids, answers = door.texts, door.ids, door.answers
+    models = [_share_base(base) for _ in cells]  # the door's base stays unwrapped: the next pack adapts it again
+    pcs, members, policies = [], [], []
     residual_digest = None
     for k, cell in enumerate(cells):
         cfg, t = cell.config, cell.config.train
@@ -159,15 +213,13 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
                               num_training_steps=t.steps)
         pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=1.0))
-        rkey = (cfg.reward.model_dump_json(), t.temperature)  # (a teacher's log-probs use the temperature)
-        if rkey not in regimes:  # cells with one reward config share the regime (one teacher / PRM in memory)
-            regimes[rkey] = reward_of(cfg, tok, results_dir, device)  # (regime, grading settings)
+        regime, grading = door.regime(cfg, results_dir, device)
         members.append(Member(
-            name=cell.id, regime=regimes[rkey][0], prompts=texts, prompt_ids=ids, answers=answers,
+            name=cell.id, regime=regime, prompts=texts, prompt_ids=ids, answers=answers,
             order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
             steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
-            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=regimes[rkey][1]))
+            overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=grading))
         policies.append(policy)
     eos_ids = stop_token_ids(base, tok)  # the generation config's EOS ids too (<end_of_turn>), as solo training
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
@@ -188,4 +240,4 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
 
         rollouts = VLLMRollouts.build(cells, policies, [p.model for p in policies],
                                       str(resolve_model(cfg0.model, results_dir)), sample, llm=llm)
-    return Pack(PackLoop(trainer, members, sample, tok, ref, rollouts), policies, tok, precision, facts)
+    return Pack(PackLoop(trainer, members, sample, tok, ref, rollouts), policies, tok, precision, door.facts)

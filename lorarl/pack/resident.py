@@ -101,6 +101,7 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
     """Train ``cells`` (one compatible group) through ``places`` places; stage each member's outputs; the record.
     One process: in a job of several ranks, rank 0 hosts every place (the others return at once)."""
     from lorarl.pack import ranks
+    from lorarl.pack.build import Door  # torch: the job's, not the Snakefile's (plan_pack_jobs above)
 
     rank, world = ranks.world()
     if rank > 0:
@@ -115,6 +116,7 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
     if cells and cells[0].config.rollout.engine == "vllm":
         engine_for(cells, places, results_dir)  # one multi-LoRA engine with `places` slots, kept for every re-form
     t0 = time.time()
+    door = Door()  # the base, reference, data and regimes: loaded by the first pack, kept for every re-form
     queue, carried, ledger = list(cells), [], []
     folder = paths.cell_dir(results_dir, study, ".packs")
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +142,7 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
         def waiting() -> bool:
             return bool(queue)
 
-        summaries = packrun._train(study, slots, results_dir, threads, info, t_seg, boundary=waiting)
+        summaries = packrun._train(study, slots, results_dir, threads, info, t_seg, boundary=waiting, door=door)
         by_id = {s.cell.id: s.cell for s in slots}
         for cid, s in summaries.items():
             at = s.get("paused_at_step")
@@ -153,7 +155,7 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
     out = {"pack": resident_id, "study": study, "resident": places,
            "trained": sorted(c for c, o in outcomes.items() if o.get("state") != "paused"),
            "left_out": left_out, "states": {c: o["state"] for c, o in outcomes.items()}, "outcomes": outcomes,
-           "segments": len(ledger), "wall_time_s": round(time.time() - t0, 2)}
+           "segments": len(ledger), "base_loads": door.loads, "wall_time_s": round(time.time() - t0, 2)}
     write_json(folder / f"{resident_id}.json", out)
     return out
 

@@ -171,10 +171,11 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
 
 
 def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int | None, info: dict | None,
-           t_start: float, left_out: dict | None = None, boundary: Any = None) -> dict[str, dict]:
+           t_start: float, left_out: dict | None = None, boundary: Any = None, door: Any = None) -> dict[str, dict]:
     """Build the pack of these members' cells, resume each from its own state, step until every member finished
     (or paused, or stopped), and end each member's run. Returns {cell id: its summary}. ``boundary()`` (a resident
-    pack's): asked after a step in which a member left; True = every member still running pauses at this step."""
+    pack's): asked after a step in which a member left; True = every member still running pauses at this step.
+    ``door`` (a resident job's, lorarl.pack.build.Door): the base, reference, data and regimes its packs share."""
     import torch
 
     from lorarl.evalplan.plan import snapshot_steps
@@ -188,7 +189,7 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
         device = "cpu" if not torch.cuda.is_available() else "cuda"
         chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
         pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir,
-                          device=device, update_cells=chunk)
+                          device=device, update_cells=chunk, door=door)
         loop, trainer = pack.loop, pack.loop.trainer
         for k, s in enumerate(slots):
             c, m = trainer.cells[k], loop.members[k]
