@@ -95,3 +95,6 @@ def test_a_slurm_job_of_several_ranks_ends_every_task_when_one_dies():
                             "slurm")["srun_args"] == ["--kill-on-bad-exit=0"]  # the profile's choice
     from lorarl.pipeline.slurm import slurm_parameters
     assert slurm_parameters(two)[1]["slurm_srun_args"] == [tl.KILL_ON_BAD_EXIT]  # what submitit receives
+    # a pack job's ranks each train their own members: a failed rank leaves the others to finish and stage theirs
+    pack = tl.pack_resources({"gpus_per_node": 2}, "s", [cell().config, cell().config], "slurm")
+    assert tl.ranks(pack) == 2 and "srun_args" not in pack

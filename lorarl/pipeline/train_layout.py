@@ -96,15 +96,16 @@ def ranks(res: dict[str, Any], cfg: Any = None) -> int:
     return _positive(res, "nodes", 1) * tasks_per_node(res, cfg)
 
 
-def job_resources(res: dict[str, Any], cfg: Any, executor: str) -> dict[str, Any]:
+def job_resources(res: dict[str, Any], cfg: Any, executor: str, together: bool = True) -> dict[str, Any]:
     """The submitit parameters of one cell's training job: ``tasks_per_node`` made explicit; the local
-    executor runs one node (its ``tasks_per_node`` processes on this machine)."""
+    executor runs one node (its ``tasks_per_node`` processes on this machine). ``together``: the ranks train one
+    cell, so on Slurm one rank's death ends them all (:func:`_kill_on_bad_exit`); a pack job's ranks do not."""
     out = dict(res)
     out["tasks_per_node"] = tasks_per_node(res, cfg)
     if executor != "slurm" and _positive(res, "nodes", 1) > 1:
         raise ValueError(f"slurm.train.nodes={res['nodes']}: the {executor} executor runs one node; use the slurm "
                          "executor for several nodes")
-    if executor == "slurm" and ranks(out) > 1:
+    if together and executor == "slurm" and ranks(out) > 1:
         _kill_on_bad_exit(out)
     return out
 
@@ -116,7 +117,8 @@ def _kill_on_bad_exit(out: dict[str, Any]) -> None:
     """srun ends every task of the job's step when one exits non-zero, so a rank that dies before the process group
     forms (where no collective timeout applies yet) or mid-step frees every node of the job at once, instead of the
     others holding their GPUs until ``LORARL_COLLECTIVE_TIMEOUT_S`` or the time limit. Added to the profile's own
-    ``srun_args``, unless they already say ``--kill-on-bad-exit``/``-K``."""
+    ``srun_args``, unless they already say ``--kill-on-bad-exit``/``-K``. Not for a pack job's ranks: each trains
+    its own members, and a failed rank must not end the others' (their members finish and stay staged)."""
     key = "slurm_srun_args" if "slurm_srun_args" in out else "srun_args"
     args = [str(a) for a in (out.get(key) or [])]
     if not any(a == "-K" or a.startswith(("--kill-on-bad-exit", "-K")) for a in args):
@@ -126,7 +128,7 @@ def _kill_on_bad_exit(out: dict[str, Any]) -> None:
 def pack_resources(res: dict[str, Any] | None, study: str, cfgs: list[Any], executor: str) -> dict[str, Any]:
     """The submitit parameters of a pack job: its members' training layout (they share a model), with no more
     ranks than members (each rank trains its share of the members as a pack of its own: lorarl.pack.ranks)."""
-    out = job_resources(train_resources(res, study, cfgs[0].model), cfgs[0], executor)
+    out = job_resources(train_resources(res, study, cfgs[0].model), cfgs[0], executor, together=False)
     tasks, nodes = out["tasks_per_node"], _positive(out, "nodes", 1)
     if nodes * tasks > len(cfgs):
         nodes = -(-len(cfgs) // tasks)
