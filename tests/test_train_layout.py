@@ -80,6 +80,28 @@ def test_export_ranks_outside_a_submitit_job_changes_nothing(monkeypatch):
     assert tl.export_ranks() == 1
 
 
+def test_a_job_of_several_ranks_meets_on_a_port_below_the_ephemeral_range(monkeypatch):
+    """Rank 1 of a 2-task Slurm job (as submitit's job environment reads it): the rendezvous on the first node, at a
+    port from the job id below the kernel's ephemeral ports, the inherited MASTER_PORT replaced."""
+    import os
+
+    for k in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):  # restored after the test
+        monkeypatch.setenv(k, "unset")
+    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2", "SLURM_NNODES": "2",
+           "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[1-2]",
+           "MASTER_PORT": "29500"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert tl.export_ranks() == 2
+    assert os.environ["MASTER_ADDR"] == "node1" and os.environ["RANK"] == "1" and os.environ["WORLD_SIZE"] == "2"
+    assert os.environ["MASTER_PORT"] == str(tl.rendezvous_port("4242")) == "24242"
+    ports = {tl.rendezvous_port(str(j)) for j in range(1, 40000, 7)} | {tl.rendezvous_port("123_4")}
+    assert min(ports) >= 20000 and max(ports) <= 32767 and len(ports) > 1000
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        assert max(ports) < int(f.read().split()[0])  # this machine's ephemeral ports start above all of them
+
+
 def test_a_slurm_job_of_several_ranks_ends_every_task_when_one_dies():
     """srun's --kill-on-bad-exit on a job of several ranks (a rank dead before the collective timeout applies must
     not leave the others holding their nodes); the profile's srun_args are kept, its own -K setting wins."""

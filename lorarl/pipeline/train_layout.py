@@ -167,6 +167,21 @@ def export_ranks() -> int:
         return int(os.environ.get("WORLD_SIZE", "1") or 1)
     if tasks <= 1:
         return 1
+    os.environ["MASTER_PORT"] = str(rendezvous_port(env.job_id))  # read by submitit's export below
     # every rank sees the node's GPUs; accelerate puts rank r on cuda:LOCAL_RANK
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     return tasks
+
+
+RENDEZVOUS_PORTS = (20000, 32767)  # below Linux's ephemeral ports (net.ipv4.ip_local_port_range: 32768-60999)
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The rendezvous port of a job of several ranks: the same on every rank and after a requeue (from the job id),
+    and below the ports the kernel hands to outgoing connections, so that none of those, on the job's first node,
+    holds it when rank 0 listens (submitit's own pick, 20000-60000, lies mostly among them; a port in use there fails
+    rank 0 at once). Any ``MASTER_PORT`` the job inherited from the submitting shell is replaced: two jobs sharing
+    a first node would both take it."""
+    lo, hi = RENDEZVOUS_PORTS
+    digits = "".join(ch for ch in str(job_id) if ch.isdigit()) or "0"
+    return lo + int(digits) % (hi - lo + 1)
