@@ -112,7 +112,11 @@ def projection_trial(wd: Path) -> dict:
 
 
 def within(trial: dict, share: float = 0.25) -> bool:
-    return abs(trial["now"] - trial["took"]) <= share * trial["took"]
+    """The projection under the run's load within ``share`` of the measured wall time, and the watch's ETA before the
+    run (every job charged at the profile's full concurrency) within ``share`` of the doctor's projection."""
+    wall = trial["projected"]["wall_h"] * 3600
+    return (abs(trial["now"] - trial["took"]) <= share * trial["took"]
+            and abs(trial["before"]["eta_s"] - wall) <= share * wall)
 
 
 def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path: Path, capsys):
@@ -130,14 +134,13 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
     if not within(trial):
         # The wall time of one trial on a shared 2-core machine moves with what its neighbours run from minute to
         # minute, which the 1-second load samples only partly see (docs/gpus.md: 13 runs of the suite gave 0.84-1.29
-        # of the measured time, one of them outside 25%). A miss is retried once, from scratch in a fresh
+        # of the measured time, one of them outside 25%; the watch's ETA, from the same doctor's figures, came to
+        # 0.97-1.19 of its projection). A miss of either is retried once, from scratch in a fresh
         # directory (doctor, base model, run): the bound holds for that trial, and both are printed.
         trial = projection_trial(study_dir(tmp_path))
         with capsys.disabled():
             print(f"[projection] outside 25%; again from scratch: {trial['line']}")
     assert within(trial), (trial["now"], trial["took"], trial["projected"]["startup"], trial["line"])
-    assert abs(trial["before"]["eta_s"] - trial["projected"]["wall_h"] * 3600) <= \
-        0.25 * trial["projected"]["wall_h"] * 3600
     res = workdir / "results"
     for cell in ("s0", "s1"):
         d = res / "e2e" / cell
