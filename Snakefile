@@ -24,5 +24,9 @@ rule all:
     default_target: True
 
 
+onstart:
+    claim_packs()
+
+
 onerror:
     print_failures()

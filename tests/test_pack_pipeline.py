@@ -5,6 +5,8 @@ Switching packing off reruns nothing; `--forcerun` of one member's summary retra
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,8 +27,21 @@ def workdir(tmp_path_factory):
     return wd
 
 
+def slow_pack_launcher(folder: Path, delay_s: float) -> dict[str, str]:
+    """An environment whose Python processes load a sitecustomize that holds every `lorarl launch pack` back
+    ``delay_s`` s at its start: the members' own train jobs reach their hand-over before the pack's launcher has
+    claimed them, as on a loaded machine (the order Snakemake starts jobs of one round in is not fixed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        f"if sys.argv[1:3] == ['launch', 'pack']:\n    time.sleep({delay_s})\n")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)}
+
+
 def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
-    first = snakemake(workdir, "all")
+    # the pack's launcher starts 8 s after its members' train jobs (their own grace for a claim is 3 s): Snakemake's
+    # pending claims (onstart) keep them waiting for it, so the pack trains both members
+    first = snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
     stats = jobs_run(first)
     assert stats.get("train_pack") == 1 and stats.get("train") == 2 and stats.get("evaluate") == 3, stats
     res = workdir / "results" / "e2e"
@@ -44,6 +59,8 @@ def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
         assert list(pd.read_csv(d / "metrics.csv")["step"]) == [1, 2, 3]
         assert json.loads((d / "provenance" / "train.json").read_text())["packed"]["pack"] == rec["pack"]
         assert "trained in its pack" in (d / "logs" / "train.log").read_text()
+    # the member whose train job started beside the pack (2 cores: the other one after it) waited for it
+    assert any("its pack is training it" in (res / c / "logs" / "train.log").read_text() for c in ("s0", "s1"))
     runs, client = active_cell_runs(workdir / "results")
     assert sorted(r.data.tags["lorarl.cell_id"] for r in runs) == ["s0", "s1"]
     for r in runs:  # each member is its own MLflow run with the cell's tags and params

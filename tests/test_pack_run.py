@@ -125,6 +125,53 @@ def test_claims_are_alive_only_while_their_launcher_runs(tmp_path):
     os.environ.pop(publish.GRACE_ENV, None)
 
 
+def test_a_pending_claim_holds_a_member_until_its_pack_launcher_claims_and_ends(tmp_path, monkeypatch, capsys):
+    """Snakemake's onstart claim (pending, in its own name) keeps a member's train job waiting for a pack launcher
+    that starts after it; the launcher's own claim replaces it, and its end lets the member go on."""
+    import threading
+
+    from lorarl.pack import publish
+
+    monkeypatch.setenv(publish.PENDING_ENV, "60")
+    (p,) = publish.claim_pending(tmp_path, "st", ["c1"], "pack-x")  # this process stands for Snakemake
+    assert publish.claim_alive(p) and publish.claim_pending_now(p)
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(publish.wait_and_publish(tmp_path, "st", "c1", "h1", 0.01)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # no launcher yet: it waits
+    (q,) = publish.claim(tmp_path, "st", ["c1"], "pack-x")  # the pack's launcher starts (here: the same process)
+    assert q == p and not publish.claim_pending_now(p)
+    assert publish.claim_pending(tmp_path, "st", ["c1"], "pack-x") == []  # a live launcher's claim is kept
+    assert not publish.claim_pending_now(p)
+    waiter.join(0.3)
+    assert waiter.is_alive()
+    publish.unclaim([q])
+    waiter.join(5)
+    assert done == [False] and "its pack is training it (pack-x); waiting" in capsys.readouterr().out
+
+
+def test_a_pending_claim_whose_pack_never_starts_is_waited_for_a_bounded_time(tmp_path, monkeypatch, capsys):
+    import time
+
+    from lorarl.pack import publish
+
+    (p,) = publish.claim_pending(tmp_path, "st", ["c1"], "pack-x")
+    monkeypatch.setenv(publish.PENDING_ENV, "0.3")
+    t0 = time.monotonic()
+    assert publish.wait_and_publish(tmp_path, "st", "c1", "h1", 0.01) is False  # trains it itself
+    assert 0.3 <= time.monotonic() - t0 < 10
+    assert "its pack pack-x did not start in 0.3 s; training it here" in capsys.readouterr().out
+    host = p.read_text().split()[1]
+    p.write_text(f"999999999 {host} pack-x pending\n")  # Snakemake gone: its pending claim is ignored
+    assert not publish.claim_alive(p)
+    (q,) = publish.claim_pending(tmp_path, "st", ["c1"], "pack-y")  # and replaced by the next run's
+    assert publish.claim_alive(q) and q.read_text().split()[2:] == ["pack-y", "pending"]
+    for text in ("", "garbage\n", f"{os.getpid()} {host} pack-x other\n", f"{os.getpid()} {host}\n"):
+        q.write_text(text)  # not a claim: not alive, not pending
+        assert not publish.claim_alive(q) and not publish.claim_pending_now(q)
+
+
 def test_residual_init_pack_saves_each_member_as_alone(tiny_dir, tmp_path, monkeypatch):
     """A PiSSA pack job: each member's adapter is saved converted for the ORIGINAL base (as the solo
     trainer saves it) and equals, bit for bit, what a pack of that cell alone saves."""

@@ -8,7 +8,11 @@ outputs in ``<cell dir>/.packed/``; the member's ``train`` job (``lorarl launch 
 1. waits while the pack launcher's **claim** on the cell (``<cell dir>/.pack.claim``: pid, host, pack)
    is alive (written by ``lorarl launch pack`` before it submits, removed when its job ends) and the member's
    outputs of this config are not staged yet: a member that ends before its pack (a shorter cell in a resident
-   pack, a collapse stop) is published at once, so its evaluation need not wait for the whole pack;
+   pack, a collapse stop) is published at once, so its evaluation need not wait for the whole pack.
+   Snakemake starts a pack's job and its members' jobs together, in no fixed order, so before any job runs
+   (``onstart``) it claims every member of the packs it will run as **pending**, in its own name
+   (:func:`claim_pending`): a member's launcher that starts before its pack's launcher has claimed the cell
+   waits for it (at most ``$LORARL_PACK_PENDING_S``, 300 s: a pack launcher that died before claiming);
 2. publishes the staged outputs (``os.replace`` each, ``summary.json`` last) if their config hash is
    the cell's, and copies the pack's provenance; the launcher submits nothing;
 3. otherwise (no pack, or the pack failed on this cell or paused it) trains the cell: from a member's checkpoint
@@ -34,6 +38,8 @@ STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cel
 CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
 OUTPUTS = ("cell.json", "metrics.csv", "adapter", "summary.json")  # summary.json last: the "done" mark
 GRACE_ENV = "LORARL_PACK_GRACE_S"  # a member launcher's wait for a pack launcher starting beside it
+PENDING_ENV = "LORARL_PACK_PENDING_S"  # a member launcher's wait on a pending claim for its pack launcher's own
+PENDING = "pending"  # a claim's 4th field: written by Snakemake (claim_pending), not yet by the pack's launcher
 
 
 def _summary_hash(path: Path) -> str | None:
@@ -69,6 +75,7 @@ def claim_path(results_dir: str | Path, study: str, cell: str) -> Path:
 
 
 def claim(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -> list[Path]:
+    """The pack launcher's claim on its members (replacing Snakemake's pending one), in this process's name."""
     out = []
     for c in cells:
         p = claim_path(results_dir, study, c)
@@ -76,6 +83,32 @@ def claim(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -
         p.write_text(f"{os.getpid()} {socket.gethostname()} {pack_id}\n")
         out.append(p)
     return out
+
+
+def claim_pending(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -> list[Path]:
+    """Snakemake's claim, before any job starts, on the members of a pack it will run: in its own process's name
+    (alive while it runs), marked pending until the pack's launcher claims them itself. A cell that another live
+    launcher holds is left alone."""
+    out = []
+    for c in cells:
+        p = claim_path(results_dir, study, c)
+        if claim_alive(p):
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(f"{os.getpid()} {socket.gethostname()} {pack_id} {PENDING}\n")
+        os.replace(tmp, p)
+        out.append(p)
+    return out
+
+
+def _claim_fields(p: Path) -> list[str] | None:
+    """pid, host, pack[, pending] of a claim (None: none there, or not a claim)."""
+    try:
+        fields = p.read_text().split()
+    except OSError:
+        return None
+    return fields if len(fields) in (3, 4) and (len(fields) == 3 or fields[3] == PENDING) else None
 
 
 def unclaim(claims: list[Path]) -> None:
@@ -88,14 +121,20 @@ def unclaim(claims: list[Path]) -> None:
 
 
 def claim_alive(p: Path) -> bool:
-    """The claim exists and its launcher still runs (a dead launcher's claim is ignored)."""
-    try:
-        pid, host, _ = p.read_text().split()
-    except (OSError, ValueError):
+    """The claim exists and its holder (the pack's launcher, or Snakemake while it is pending) still runs (a dead
+    holder's claim is ignored)."""
+    fields = _claim_fields(p)
+    if fields is None:
         return False
-    if host != socket.gethostname():
+    if fields[1] != socket.gethostname():
         return True  # cannot check another host's process: the claim holds while it exists
-    return pid_alive(pid)
+    return pid_alive(fields[0])
+
+
+def claim_pending_now(p: Path) -> bool:
+    """The claim is Snakemake's pending one: the pack's launcher has not claimed the cell yet."""
+    fields = _claim_fields(p)
+    return fields is not None and len(fields) == 4
 
 
 def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) -> bool:
@@ -142,11 +181,17 @@ def wait_and_publish(results_dir: str | Path, study: str, cell: str, config_hash
         deadline = time.time() + grace
         while time.time() < deadline and not p.exists():
             time.sleep(min(poll_s, 0.5))
-    waited = False
+    pending_s = float(os.environ.get(PENDING_ENV, "300"))
+    waited, pending_until = False, time.time() + pending_s
     staged = staged_dir(results_dir, study, cell) / "summary.json"
     while claim_alive(p) and _summary_hash(staged) != config_hash:  # a member staged (its last act) is published
+        pack = (_claim_fields(p) or ["", "", "?"])[2]
         if not waited:
-            print(f"[lorarl] train {cell}: its pack is training it ({p.read_text().split()[-1]}); waiting", flush=True)
+            print(f"[lorarl] train {cell}: its pack is training it ({pack}); waiting", flush=True)
             waited = True
+        if claim_pending_now(p) and time.time() > pending_until:
+            print(f"[lorarl] train {cell}: its pack {pack} did not start in {pending_s:g} s; training it here",
+                  flush=True)
+            break
         time.sleep(poll_s)
     return publish(results_dir, study, cell, config_hash)

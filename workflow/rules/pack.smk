@@ -9,7 +9,7 @@
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
 from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
-from lorarl.pack.publish import unfinished as _pack_unfinished
+from lorarl.pack.publish import claim_pending as _pack_claim_pending, unfinished as _pack_unfinished
 from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
 
 try:
@@ -61,6 +61,15 @@ PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items()
 def pack_targets():
     """The record of every pack to train (empty when packing is off or every cell is done)."""
     return [paths.pattern("pack_done", results=RESULTS, study=s, pack=p) for s, packs in PACKS.items() for p in packs]
+
+
+def claim_packs():
+    """`onstart` (nothing runs yet): claim the members of every pack job this run executes, pending, in Snakemake's
+    name, so that a member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    for job in workflow.dag.needrun_jobs():
+        if job.rule.name == "train_pack":
+            study, pid = job.wildcards_dict["study"], job.wildcards_dict["pack"]
+            _pack_claim_pending(RESULTS, study, PACKS[study][pid], pid)
 
 
 def pack_until(wildcards):
