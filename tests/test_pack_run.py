@@ -134,16 +134,16 @@ def test_a_pending_claim_holds_a_member_until_its_pack_launcher_claims_and_ends(
 
     monkeypatch.setenv(publish.PENDING_ENV, "60")
     (p,) = publish.claim_pending(tmp_path, "st", ["c1"], "pack-x")  # this process stands for Snakemake
-    assert publish.claim_alive(p) and publish.claim_pending_now(p)
+    assert publish.claim_alive(p) and publish.is_pending(p)
     done: list[bool] = []
     waiter = threading.Thread(target=lambda: done.append(publish.wait_and_publish(tmp_path, "st", "c1", "h1", 0.01)))
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive()  # no launcher yet: it waits
     (q,) = publish.claim(tmp_path, "st", ["c1"], "pack-x")  # the pack's launcher starts (here: the same process)
-    assert q == p and not publish.claim_pending_now(p)
+    assert q == p and not publish.is_pending(p)
     assert publish.claim_pending(tmp_path, "st", ["c1"], "pack-x") == []  # a live launcher's claim is kept
-    assert not publish.claim_pending_now(p)
+    assert not publish.is_pending(p)
     waiter.join(0.3)
     assert waiter.is_alive()
     publish.unclaim([q])
@@ -169,7 +169,7 @@ def test_a_pending_claim_whose_pack_never_starts_is_waited_for_a_bounded_time(tm
     assert publish.claim_alive(q) and q.read_text().split()[2:] == ["pack-y", "pending"]
     for text in ("", "garbage\n", f"{os.getpid()} {host} pack-x other\n", f"{os.getpid()} {host}\n"):
         q.write_text(text)  # not a claim: not alive, not pending
-        assert not publish.claim_alive(q) and not publish.claim_pending_now(q)
+        assert not publish.claim_alive(q) and not publish.is_pending(q)
 
 
 def test_residual_init_pack_saves_each_member_as_alone(tiny_dir, tmp_path, monkeypatch):

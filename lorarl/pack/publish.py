@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from lorarl import paths
-from lorarl.io import pid_alive
+from lorarl.io import atomic_write_text, pid_alive
 
 STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
 CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
@@ -74,32 +74,24 @@ def claim_path(results_dir: str | Path, study: str, cell: str) -> Path:
     return paths.cell_dir(results_dir, study, cell) / CLAIM
 
 
+def _write_claim(p: Path, *fields: str) -> Path:
+    """One claim line in this process's name, replaced in one rename: a member's launcher reading it while the pack's
+    launcher takes over Snakemake's pending claim never sees an empty file."""
+    atomic_write_text(p, " ".join((str(os.getpid()), socket.gethostname(), *fields)) + "\n")
+    return p
+
+
 def claim(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -> list[Path]:
     """The pack launcher's claim on its members (replacing Snakemake's pending one), in this process's name."""
-    out = []
-    for c in cells:
-        p = claim_path(results_dir, study, c)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"{os.getpid()} {socket.gethostname()} {pack_id}\n")
-        out.append(p)
-    return out
+    return [_write_claim(claim_path(results_dir, study, c), pack_id) for c in cells]
 
 
 def claim_pending(results_dir: str | Path, study: str, cells: list[str], pack_id: str) -> list[Path]:
     """Snakemake's claim, before any job starts, on the members of a pack it will run: in its own process's name
     (alive while it runs), marked pending until the pack's launcher claims them itself. A cell that another live
     launcher holds is left alone."""
-    out = []
-    for c in cells:
-        p = claim_path(results_dir, study, c)
-        if claim_alive(p):
-            continue
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{os.getpid()} {socket.gethostname()} {pack_id} {PENDING}\n")
-        os.replace(tmp, p)
-        out.append(p)
-    return out
+    claims = [claim_path(results_dir, study, c) for c in cells]
+    return [_write_claim(p, pack_id, PENDING) for p in claims if not claim_alive(p)]
 
 
 def _claim_fields(p: Path) -> list[str] | None:
@@ -131,7 +123,7 @@ def claim_alive(p: Path) -> bool:
     return pid_alive(fields[0])
 
 
-def claim_pending_now(p: Path) -> bool:
+def is_pending(p: Path) -> bool:
     """The claim is Snakemake's pending one: the pack's launcher has not claimed the cell yet."""
     fields = _claim_fields(p)
     return fields is not None and len(fields) == 4
@@ -189,7 +181,7 @@ def wait_and_publish(results_dir: str | Path, study: str, cell: str, config_hash
         if not waited:
             print(f"[lorarl] train {cell}: its pack is training it ({pack}); waiting", flush=True)
             waited = True
-        if claim_pending_now(p) and time.time() > pending_until:
+        if is_pending(p) and time.time() > pending_until:
             print(f"[lorarl] train {cell}: its pack {pack} did not start in {pending_s:g} s; training it here",
                   flush=True)
             break
