@@ -2,8 +2,9 @@
 # Quick start 2/2: set up, bring up the two-node Slurm test cluster, run the whole test suite, tear down.
 # With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
 # mostly wait on the scheduler and on requeues, then the two longest end-to-end modules, the dependency
-# checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run, the multi-rank
-# pack jobs and the resident job through Snakemake: the main process ran 3 minutes longer than this one) and the rest;
+# checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run and the resident job through
+# Snakemake, which balance the two: with tests/test_pipeline.py out of the main process, the multi-rank pack jobs
+# went back to it, as BESIDE ended 78 s after it) and the rest;
 # BESIDE's report is printed after the main one. ALONE (tests/test_pipeline.py, whose test holds `lorarl doctor`'s
 # projected wall time to the measured one within 25%) runs last, once the other processes have ended: beside them
 # the machine's load moved between the doctor's run and the study's run and failed that bound. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
@@ -71,7 +72,7 @@ if [ $# -gt 0 ]; then
   exit
 fi
 BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py tests/test_dependencies.py tests/test_gpucheck.py
-        tests/test_pack_job_ranks.py tests/test_resident_snakemake.py)
+        tests/test_resident_snakemake.py)
 ALONE=(tests/test_pipeline.py)  # timing bounds: run last, on a machine nothing else of CI is using
 python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log" 2>&1 &
 beside_pid=$!
