@@ -224,7 +224,24 @@ def test_verdict_is_a_pure_function_of_the_pair(monkeypatch):
     # pinned by the fixed state (x 0/0 counts as 0 there: sympy's verdict, now a stable one)
     assert [runs[0][i] for i in range(len(FLAKY))] == [False, False, True, False, False, True,
                                                        False, True, False]
-    assert all(w.hash_seed == grading.WORKER_HASH_SEED for w in grading._get_pool()._workers)
+    pool = grading._get_pool()
+    assert pool.wait_ready()   # the second worker may still be starting when the first has graded every pair
+    assert all(w.hash_seed == grading.WORKER_HASH_SEED for w in pool._workers)
+    grading.shutdown_pool()
+
+
+def test_wait_ready_waits_for_a_worker_that_starts_after_a_batch_ended(monkeypatch):
+    """A batch ends as soon as its tasks are graded, maybe before every worker announced itself; wait_ready waits for
+    the rest (every worker then reports the fixed hash seed)."""
+    grading.shutdown_pool()
+    monkeypatch.setenv("LORARL_GRADER_WORKERS", "2")
+    pool = grading._get_pool()
+    assert pool.wait_ready()
+    pool._replace(1)   # a fresh worker (as after a timeout), seconds from ready: the ready one grades the batch
+    assert score_math_batch(["4"], [r"\boxed{4}"])[0].correct
+    assert not pool._workers[1].ready and pool._workers[1].hash_seed is None
+    assert pool.wait_ready()
+    assert all(w.ready and w.hash_seed == grading.WORKER_HASH_SEED for w in pool._workers)
     grading.shutdown_pool()
 
 

@@ -316,6 +316,26 @@ class _Pool:
                 raise
             return results
 
+    def wait_ready(self, timeout_s: float = _STARTUP_S) -> bool:
+        """Wait until every worker has announced itself (imported math-verify, reported its hash seed): a batch
+        can end before a slow starter is ready, as ready workers take all its tasks. False on the deadline."""
+        with self._lock:
+            deadline = time.monotonic() + timeout_s
+            while not all(w.ready for w in self._workers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                for conn in wait([w.conn for w in self._workers if not w.ready], timeout=left):
+                    k = next(j for j, w in enumerate(self._workers) if w.conn is conn)
+                    try:
+                        status, value = conn.recv()
+                    except (EOFError, OSError):   # died while starting: a fresh one in its place
+                        self._replace(k)
+                        continue
+                    if status == "ready":
+                        self._workers[k].ready, self._workers[k].hash_seed = True, value
+            return True
+
     def close(self) -> None:
         for w in self._workers:
             w.kill()
