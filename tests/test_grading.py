@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from lorarl.grading import pool as pool_mod
 from lorarl.grading import verify as grading
 from lorarl.grading.answers import answer_text, final_boxed
 from lorarl.grading.choice import score_choice
@@ -110,7 +111,7 @@ def test_pool_recovers_after_timeout():
 
 def test_worker_killed_when_signals_cannot_interrupt():
     """A task that ignores the in-worker alarm (time.sleep here has none) is killed by the parent."""
-    pool = grading._get_pool()
+    pool = pool_mod.get_pool()
     t0 = time.monotonic()
     out = pool.run(time.sleep, [(30,)], timeout_s=0.5)
     assert out == [("timeout", None)]
@@ -224,9 +225,9 @@ def test_verdict_is_a_pure_function_of_the_pair(monkeypatch):
     # pinned by the fixed state (x 0/0 counts as 0 there: sympy's verdict, now a stable one)
     assert [runs[0][i] for i in range(len(FLAKY))] == [False, False, True, False, False, True,
                                                        False, True, False]
-    pool = grading._get_pool()
+    pool = pool_mod.get_pool()
     assert pool.wait_ready()   # the second worker may still be starting when the first has graded every pair
-    assert all(w.hash_seed == grading.WORKER_HASH_SEED for w in pool._workers)
+    assert all(w.hash_seed == pool_mod.WORKER_HASH_SEED for w in pool._workers)
     grading.shutdown_pool()
 
 
@@ -235,13 +236,13 @@ def test_wait_ready_waits_for_a_worker_that_starts_after_a_batch_ended(monkeypat
     the rest (every worker then reports the fixed hash seed)."""
     grading.shutdown_pool()
     monkeypatch.setenv("LORARL_GRADER_WORKERS", "2")
-    pool = grading._get_pool()
+    pool = pool_mod.get_pool()
     assert pool.wait_ready()
     pool._replace(1)   # a fresh worker (as after a timeout), seconds from ready: the ready one grades the batch
     assert score_math_batch(["4"], [r"\boxed{4}"])[0].correct
     assert not pool._workers[1].ready and pool._workers[1].hash_seed is None
     assert pool.wait_ready()
-    assert all(w.ready and w.hash_seed == grading.WORKER_HASH_SEED for w in pool._workers)
+    assert all(w.ready and w.hash_seed == pool_mod.WORKER_HASH_SEED for w in pool._workers)
     grading.shutdown_pool()
 
 
