@@ -110,20 +110,7 @@ class _Pool:
                     deadlines = [d for _, d in running.values()]
                     deadlines += [w.started + _STARTUP_S for w in self._workers if not w.ready]
                     wait_s = max(0.0, min(deadlines) - now) if deadlines else 0.0
-                    for conn in wait([w.conn for w in self._workers], timeout=wait_s):
-                        k = next(j for j, w in enumerate(self._workers) if w.conn is conn)
-                        try:
-                            status, value = conn.recv()
-                        except (EOFError, OSError):       # the worker died (crash, OOM, ...)
-                            if k in running:
-                                results[running.pop(k)[0]] = ("error", "worker died")
-                            self._replace(k)
-                            continue
-                        if status == "ready":
-                            self._workers[k].ready = True
-                            self._workers[k].hash_seed = value
-                        elif k in running:
-                            results[running.pop(k)[0]] = (status, value)
+                    self._hear(wait([w.conn for w in self._workers], timeout=wait_s), running, results)
                     now = time.monotonic()
                     for k, (i, deadline) in list(running.items()):
                         if now >= deadline:
@@ -150,16 +137,25 @@ class _Pool:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                for conn in wait([w.conn for w in self._workers if not w.ready], timeout=left):
-                    k = next(j for j, w in enumerate(self._workers) if w.conn is conn)
-                    try:
-                        status, value = conn.recv()
-                    except (EOFError, OSError):   # died while starting: a fresh one in its place
-                        self._replace(k)
-                        continue
-                    if status == "ready":
-                        self._workers[k].ready, self._workers[k].hash_seed = True, value
+                self._hear(wait([w.conn for w in self._workers if not w.ready], timeout=left), {}, [])
             return True
+
+    def _hear(self, conns: list, running: dict[int, tuple[int, float]], results: list[tuple[str, Any]]) -> None:
+        """Read what the workers behind ``conns`` sent: a worker's hello (ready, its hash seed), a running task's
+        result (into ``results``), or its end (its task an error; a fresh worker in its place)."""
+        for conn in conns:
+            k = next(j for j, w in enumerate(self._workers) if w.conn is conn)
+            try:
+                status, value = conn.recv()
+            except (EOFError, OSError):       # the worker died (crash, OOM, ...)
+                if k in running:
+                    results[running.pop(k)[0]] = ("error", "worker died")
+                self._replace(k)
+                continue
+            if status == "ready":
+                self._workers[k].ready, self._workers[k].hash_seed = True, value
+            elif k in running:
+                results[running.pop(k)[0]] = (status, value)
 
     def close(self) -> None:
         for w in self._workers:
