@@ -26,8 +26,8 @@ object) and math-verify's ``lru_cache``s, whose lazily computed assumptions (``i
 assumption names and symbols): workers run with ``PYTHONHASHSEED=0``.
 
 Timeouts are enforced twice: inside the worker a ``SIGALRM`` interval timer interrupts the
-comparison at ``timeout_s`` (the worker lives on), and the parent kills and replaces a worker that
-has not answered a small margin after that (:mod:`lorarl.grading.pool`) (e.g. stuck in C code that never checks for signals).
+comparison at ``timeout_s`` (the worker lives on), and the parent (:mod:`lorarl.grading.pool`) kills and replaces
+a worker that has not answered a small margin after that (e.g. stuck in C code that never checks for signals).
 The pool size defaults to ``min(8, cpu_count)`` and can be set with ``LORARL_GRADER_WORKERS``.
 """
 
@@ -42,7 +42,6 @@ from lorarl.grading.answers import (answer_text, extract_boxed, final_boxed, gol
 from lorarl.grading.pool import get_pool, shutdown_pool
 
 __all__ = ["Score", "GradingSettings", "extract_boxed", "score_math", "score_math_batch", "shutdown_pool"]
-
 
 
 @dataclass(frozen=True)
