@@ -17,7 +17,8 @@ cell's rung value recomputed from its resampled problems.
 * **right answer**: a setting the search keeps to the end has a full-grid final metric (the recorded grid's
   mean over seeds at the last step) within the study's MDE of the grid's best; the study's MDE is the median,
   over the other settings, of the minimum detectable effect of their difference to the grid's best setting
-  (2.80 x the bootstrap sd of the difference over seeds and problems: the stats table's, lorarl.report.stats).
+  (2.80 x the bootstrap sd of the difference over seeds and problems: a fixed yardstick of this benchmark; the
+  stats table's own MDE is lorarl.report.stats' two-level one, wider at few seeds).
   Where settings differ by less than that, any of them is a right answer. Also printed: how many settings lie
   farther than the MDE from the best (the only wrong answers), and the mean **regret** over the replays (the
   grid's best final metric minus that of the best setting kept).

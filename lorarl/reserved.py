@@ -27,7 +27,7 @@ SUMMARY = tuple(f"{m}_{s}" for m in ("final_train_reward", "wall_time_s", "mean_
     "kl_monitor_s_total_s", "kl_new_old_s_total_s", "peak", "peak_step", "final", "drop", "avg", "kl_term")
 # stats table (lorarl.report.tables.stats_table)
 STATS = ("metric", "interval", "mean", "sd", "ci_low", "ci_high", "n_problems", "diff", "diff_low", "diff_high",
-         "mde", "resolvable", "text")
+         "mde", "paired_on", "resolvable", "text")
 # long frames: held-out curves, diagnostics, figure CSVs
 LONG = ("benchmark", "step", "update", "value", "matrix", "index", "group", "series", "std", "count", "pct",
         "kl_metric", "window_steps", "kl_mean", "kl_sd", "reward_mean", "reward_sd", "x", "acc")

@@ -163,7 +163,7 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
     assert (res / "e2e" / "figures" / "train_reward.png").stat().st_size > 1000
     # the aggregate stage writes the report too; the default profile keeps the log short (issue 13)
     assert "data:image/png;base64," in (res / "e2e" / "report.html").read_text()
-    assert "bootstrap over seeds and evaluation problems" in (res / "e2e" / "tables" / "stats.md").read_text()
+    assert "two-level t interval over seeds and evaluation problems" in (res / "e2e" / "tables" / "stats.md").read_text()
     assert "output:" not in first.stderr and "steps (100%) done" in first.stderr
     for line in ("(Rule: train): e2e/s0", "(Rule: train): e2e/s1", "(Rule: evaluate): e2e/base synthetic",
                  "(Rule: diagnose): e2e/s0", "(Rule: aggregate): e2e"):  # each progress line names its job

@@ -58,31 +58,56 @@ def test_collapse_monitor_stops_training_at_the_first_flag():
 
 
 # ----------------------------------------------------------------------------- statistics
-def test_bootstrap_interval_accounts_for_problems_and_seeds():
+def test_two_level_interval_accounts_for_problems_and_seeds():
     rng = np.random.default_rng(0)
     small = (rng.random((3, 50)) < 0.5).astype(float)
     large = (rng.random((3, 2000)) < 0.5).astype(float)
-    e_small = stats.bootstrap(small, stats.problem_draws(50))
-    e_large = stats.bootstrap(large, stats.problem_draws(2000))
+    e_small, e_large = stats.two_level(small), stats.two_level(large)
     assert e_small.lo < e_small.mean < e_small.hi
     assert (e_small.hi - e_small.lo) > 2.5 * (e_large.hi - e_large.lo)  # ~sqrt(40) narrower
     # same problems, seeds that disagree a lot: the interval widens with the seed spread
     spread = np.stack([(rng.random(2000) < p).astype(float) for p in (0.2, 0.5, 0.8)])
-    e_spread = stats.bootstrap(spread, stats.problem_draws(2000))
+    e_spread = stats.two_level(spread)
     assert (e_spread.hi - e_spread.lo) > 3 * (e_large.hi - e_large.lo)
+    # the seeds' part is a t with S - 1 df: with seeds alone differing, the half-width is t_{0.975, 2} x sd/sqrt(3)
+    per_seed = spread.mean(axis=1)
+    half = (e_spread.hi - e_spread.lo) / 2
+    assert half >= 4.30 * per_seed.std(ddof=1) / np.sqrt(3) - 1e-12
+    one = stats.two_level(spread[:1])  # one seed: the problems' part only
+    assert np.isnan(one.sd) and one.lo < one.mean < one.hi
 
 
 def test_comparison_resolvable_and_mde():
     rng = np.random.default_rng(1)
-    draws = stats.problem_draws(100)
-    base = stats.bootstrap((rng.random((3, 100)) < 0.5).astype(float), draws)
-    same = stats.bootstrap((rng.random((3, 100)) < 0.5).astype(float), draws)
-    far = stats.bootstrap((rng.random((3, 100)) < 0.9).astype(float), draws)
+    base = stats.two_level((rng.random((3, 100)) < 0.5).astype(float), seeds=(0, 1, 2))
+    same = stats.two_level((rng.random((3, 100)) < 0.5).astype(float), seeds=(0, 1, 2))
+    far = stats.two_level((rng.random((3, 100)) < 0.9).astype(float), seeds=(0, 1, 2))
     c_same, c_far = stats.compare(same, base), stats.compare(far, base)
+    assert c_same.pairing == c_far.pairing == "seeds and problems"
     assert not c_same.resolvable and c_far.resolvable
-    assert 0.05 < c_same.mde < 0.4  # 100 problems x 3 seeds: ~0.1-0.2 (paper 001's ±0.05 at 100 prompts is sd)
+    assert 0.05 < c_same.mde < 0.6  # 100 problems x 3 seeds, the seed part at 2 df: ~0.2-0.4
     txt = stats.fmt_comparison(c_same, "full")
     assert re.fullmatch(r"vs full: [+−]0\.\d{3}, not resolvable \(MDE 0\.\d\d\)", txt), txt
+    other = stats.two_level(far.scores_SP, seeds=(5, 6, 7))  # other seeds: unpaired, and said so
+    c = stats.compare(other, base)
+    assert c.pairing == "problems" and c.diff == pytest.approx(c_far.diff)
+    assert stats.fmt_comparison(c, "full").endswith(", seeds unpaired)")
+
+
+def test_pairing_by_seed_uses_the_seed_labels_not_the_order():
+    """Common random numbers: seed s of a row is compared with seed s of its baseline, whatever the row order;
+    a shared seed effect then cancels, and the paired interval is narrower than the unpaired one."""
+    rng = np.random.default_rng(3)
+    shift_S = np.array([0.0, 0.3, -0.3])[:, None]  # each seed's own level, shared by both rows
+    base_SP = np.clip(0.5 + shift_S + rng.normal(0, 0.05, (3, 200)), 0, 1)
+    row_SP = np.clip(0.55 + shift_S + rng.normal(0, 0.05, (3, 200)), 0, 1)
+    base = stats.two_level(base_SP, seeds=("s0", "s1", "s2"))
+    row = stats.two_level(row_SP[[2, 0, 1]], seeds=("s2", "s0", "s1"))  # the same cells, another order
+    paired = stats.compare(row, base)
+    assert paired.pairing == "seeds and problems" and paired.resolvable
+    unpaired = stats.compare(stats.two_level(row_SP, seeds=("s3", "s4", "s5")), base)
+    assert unpaired.pairing == "problems" and not unpaired.resolvable
+    assert (paired.hi - paired.lo) < 0.2 * (unpaired.hi - unpaired.lo)
 
 
 def test_stats_table_rows_read_like_the_issue(tmp_path):
@@ -96,13 +121,13 @@ def test_stats_table_rows_read_like_the_issue(tmp_path):
     assert re.fullmatch(r"0\.\d{3} ± 0\.\d{3} \[0\.\d\d, 0\.\d\d\]  vs full: [+−]0\.\d{3}, "
                         r"(not )?resolvable \(MDE 0\.\d\d\)", row["text"]), row["text"]
     assert row["ci_low"] < row["mean"] < row["ci_high"] and row["n_problems"] == 100 and row["n_seeds"] == 3
-    assert row["interval"] == "bootstrap seeds x problems"
+    assert row["interval"] == "seeds x problems" and row["paired_on"] == "seeds and problems"
     full = t[(t["rank"] == "full") & (t["metric"] == "synthetic/pass@1")]
     assert full["text"].str.endswith("(baseline)").all()
     # process (pass@1 ≈ 0.05) vs outcome (≈ 0.55) is not a declared comparison: rows compare within a regime
     assert set(t.dropna(subset=["diff"])["rank"]) == {"1", "16"}
     md = stats_markdown(data, t)
-    assert "bootstrap over seeds and evaluation problems" in md and "| regime | rank |" in md
+    assert "two-level t interval over seeds and evaluation problems" in md and "| regime | rank |" in md
     # train reward: t interval over seeds
     tr = t[t["metric"] == "final_train_reward"].iloc[0]
     assert tr["interval"] == "t over seeds" and tr["ci_low"] < tr["mean"] < tr["ci_high"]

@@ -48,7 +48,7 @@ def test_two_seed_train_reward_interval_stays_in_the_reward_range(tmp_path):
     # process rewards sum step scores and distillation sums log-ratios: no range, the t interval as it is
     for regime in ("process", "distillation"):
         assert tr.loc[regime, "ci_low"].tolist() == pytest.approx([half.lo] * 3)
-    # the page's time column stays >= 0 and the evaluation columns in [0, 1] (bootstrap: inside already)
+    # the page's time column stays >= 0 and the evaluation columns in [0, 1] (clipped like the t intervals)
     assert (t.loc[t["metric"] == "mean_step_time_s", "ci_low"].dropna() >= 0).all()
     ev = t[t["metric"].str.contains("@")]
     assert ((ev["ci_low"] >= 0) & (ev["ci_high"] <= 1)).all()

@@ -71,7 +71,7 @@ def test_every_table_has_one_row_per_setting_labelled_with_its_axes(path, tmp_pa
     got = st[keys].drop_duplicates().to_dict("records")
     assert sorted(map(str, got)) == sorted(map(str, want))
     assert not st.duplicated([*keys, "metric"]).any()
-    assert set(st["interval"]) <= {"bootstrap seeds x problems", "t over seeds"}
+    assert set(st["interval"]) <= {"seeds x problems", "problems only (one seed)", "t over seeds"}
     flags = st[keys].to_dict("records")
     if study.baseline:
         assert st["is_baseline"].tolist() == [is_baseline(study, f) for f in flags]

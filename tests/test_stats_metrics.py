@@ -71,17 +71,17 @@ def test_stats_table_scores_problems_by_the_headline_metric(tmp_path, metric):
     col = f"{BENCH}/{metric}"
     row, base = (t[(t["metric"] == col) & (t["rank"] == r)].iloc[0] for r in ("r16", "full"))
     exp = {r: np.stack([_expected(f"{r}-s{s}", metric) for s in (0, 1)]) for r in ("r16", "full")}
-    assert row["interval"] == "bootstrap seeds x problems" and row["n_problems"] == 4 and row["n_seeds"] == 2
+    assert row["interval"] == "seeds x problems" and row["n_problems"] == 4 and row["n_seeds"] == 2
     # the printed value is the column's metric (the mean over seeds of the cell table's values) ...
     assert row["mean"] == pytest.approx(exp["r16"].mean())
     assert row["mean"] == pytest.approx(data.cells.loc[data.cells["rank"] == "r16", col].mean())
     assert base["mean"] == pytest.approx(exp["full"].mean())
     # ... its sd over seeds, interval and the difference to the baseline resample those per-problem scores
-    draws = stats.problem_draws(4)
-    e_row, e_base = stats.bootstrap(exp["r16"], draws), stats.bootstrap(exp["full"], draws)
+    e_row, e_base = stats.two_level(exp["r16"], seeds=("0", "1")), stats.two_level(exp["full"], seeds=("0", "1"))
     cmp = stats.compare(e_row, e_base)
+    assert row["paired_on"] == cmp.pairing == "seeds and problems"
     assert row["sd"] == pytest.approx(e_row.sd)
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx((e_row.lo, e_row.hi))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((max(e_row.lo, 0.0), min(e_row.hi, 1.0)))
     assert row["diff"] == pytest.approx(exp["r16"].mean() - exp["full"].mean())
     assert (row["diff_low"], row["diff_high"], row["mde"]) == pytest.approx((cmp.lo, cmp.hi, cmp.mde))
     assert row["resolvable"] == cmp.resolvable

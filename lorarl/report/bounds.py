@@ -2,7 +2,7 @@
 
 With two seeds a Student-t 95% interval is mean ± 12.7 sd/√2: a train reward of 0.45 and 0.75 gives
 [-1.3, 2.5] for a reward that lives in [0, 1]. The stats table clips each t interval to its column's range
-where the column is bounded (``clip``); the bootstrap's percentile intervals already lie inside it. A clipped
+where the column is bounded (``clip``), and the evaluation columns' two-level intervals to [0, 1]. A clipped
 end is then the range's end, not an estimate: the interval still covers what the t interval covers.
 
 * evaluation columns (``<benchmark>/pass@k``, ``avg@k``): [0, 1];

@@ -1,9 +1,10 @@
 """The study's tables with their uncertainty (lorarl.report.stats) and the papers' headline tables.
 
 * `stats_table`: one row per group (non-seed axes), each headline column as mean ± sd [95%] (the
-  bootstrap resamples per-problem scores of the column's own metric: avg@k, pass@k) and,
-  when the study declares `baseline:`, the difference to the baseline row of the same group
-  (the baseline axes replaced by their baseline labels), resolvable or not, with its MDE.
+  two-level interval of lorarl.report.stats over seeds and the per-problem scores of the column's own
+  metric: avg@k, pass@k) and, when the study declares `baseline:`, the difference to the baseline row of
+  the same group (the baseline axes replaced by their baseline labels; paired by seed where both rows have
+  the same seeds, `paired_on`), resolvable or not, with its MDE.
 * `runtime_table` (paper 000, Table 2): step time × steps without the KL monitors, like with like.
 * `peak_final_table` (paper 001, Table 3): held-out primary metric at its peak snapshot and at the end.
 * `avg_columns` (paper 002, Tables 3/5/6): the mean of the benchmarks' headline metrics per cell.
@@ -35,6 +36,15 @@ def _groups(data: StudyData) -> list[tuple[dict, list[str]]]:
         labels = labels if isinstance(labels, tuple) else (labels,)
         out.append((dict(zip(keys, map(str, labels))), list(g["cell"])))
     return out
+
+
+def _seed_labels(data: StudyData, ids: list[str]) -> tuple:
+    """The seed-axis labels of some cells, in their order (a row's seeds: pairing with its baseline's)."""
+    axis = data.study.seed_axis
+    if not axis or axis not in data.cells:
+        return tuple(ids)  # no seed axis: nothing to pair on but the cell itself
+    by_cell = data.cells.set_index("cell")[axis]
+    return tuple(str(by_cell.at[c]) for c in ids)
 
 
 def baseline_key(data: StudyData, labels: dict) -> tuple | None:
@@ -75,15 +85,15 @@ def stats_table(data: StudyData) -> pd.DataFrame:
         bench, metric = col.split("/")  # each problem scored by the column's own metric
         finished = [c for c in data.cells["cell"] if pd.notna(data.cells.set_index("cell").at[c, col])]
         common = scores_matrix(data, finished, bench, metric)
-        draws = stats.problem_draws(len(common[1])) if common else None
         for labels, ids in groups:
             ids = [c for c in ids if c in finished]
             if not ids:
                 continue
-            m = scores_matrix(data, ids, bench, metric) if draws is not None else None
+            m = scores_matrix(data, ids, bench, metric) if common is not None else None
             if m is not None and m[1] == common[1]:
-                est = stats.bootstrap(m[0], draws)
-                interval = "bootstrap seeds x problems"
+                est = stats.two_level(m[0], seeds=_seed_labels(data, ids))
+                est.lo, est.hi = bounds.clip(est.lo, est.hi, (0.0, 1.0))
+                interval = "seeds x problems" if est.n_seeds > 1 else "problems only (one seed)"
             else:
                 vals = data.cells.set_index("cell").loc[ids, col].astype(float).to_numpy()
                 est = stats.t_interval(vals, bounds=_bounds(data, col, ids, vals))
@@ -108,7 +118,7 @@ def stats_table(data: StudyData) -> pd.DataFrame:
         bkey = baseline_key(data, labels)
         if bkey is not None and bkey != tuple(labels.values()) and r["metric"] in estimates.get(bkey, {}):
             cmp = stats.compare(est, estimates[bkey][r["metric"]])
-            row.update(diff=cmp.diff, diff_low=cmp.lo, diff_high=cmp.hi, mde=cmp.mde,
+            row.update(diff=cmp.diff, diff_low=cmp.lo, diff_high=cmp.hi, mde=cmp.mde, paired_on=cmp.pairing,
                        resolvable=cmp.resolvable if not math.isnan(cmp.mde) else None)
             text += "  " + stats.fmt_comparison(cmp, baseline_label(data), 3)
         elif bkey is not None and bkey == tuple(labels.values()):
