@@ -17,6 +17,14 @@ the others delta = 0) gives the power and the mean number of seeds used; the fix
 power is the smallest number of seeds whose one-sided t-test (TOST for equivalence) at alpha has at
 least that power on the same simulated seeds. The decisions are vectorised here and checked, study by
 study, against lorarl.adaptive.hypotheses.hypothesis_state on the first 200 studies of every scenario.
+
+RL's own failure modes (``--bad-seeds``, on by default): per-seed differences drawn directly, with mean exactly
+at the claim's boundary: the issue's mixture 0.9 N(+0.01, 0.015^2) + 0.1 N(-0.09, 0.03^2) (mean 0), bad seeds
+at rates q in {2, 5, 20%} (bad N(-0.09, 0.03^2), good N(+0.09 q / (1 - q), 0.015^2): mean 0), and negatively
+skewed differences (a gamma flipped: skewness -1 and -2, sd 0.02), beside Gaussian ones (sd 0.02). Per scenario
+and kind: the sequential design's type-I error, the fixed t-test's at the cap, and the price: the fewest seeds a
+fixed one-sided t-test at alpha needs to hold alpha + 0.01 from there on (on a grid of 3..400 seeds; "> 400"
+where it does not).
 """
 
 from __future__ import annotations
@@ -124,6 +132,77 @@ def check_against_library(d_SN: np.ndarray, kind: str, m: float, alpha: float, l
                              f"the vectorised rule {bool(supported[i])} at {int(used[i])}")
 
 
+def bad_seed_scenarios() -> dict[str, "callable"]:
+    """name -> draw(rng, shape) of per-seed differences with mean exactly 0 (shifted to a boundary by the caller)."""
+    def mixture(q: float, bad: float = -0.09):
+        good = -bad * q / (1 - q)
+
+        def draw(rng, shape):
+            is_bad = rng.random(shape) < q
+            return np.where(is_bad, rng.normal(bad, 0.03, shape), rng.normal(good, 0.015, shape))
+        return draw
+
+    def skewed(skew: float, sd: float = 0.02):
+        k = (2 / skew) ** 2  # a gamma's skewness is 2 / sqrt(k); flipped: -2 / sqrt(k)
+
+        def draw(rng, shape):
+            return -(rng.gamma(k, 1.0, shape) - k) / math.sqrt(k) * sd
+        return draw
+
+    return {"gaussian (sd 0.02)": lambda rng, shape: rng.normal(0.0, 0.02, shape),
+            "issue's mixture: 10% bad": mixture(0.10), "bad seeds 2%": mixture(0.02), "bad seeds 5%": mixture(0.05),
+            "bad seeds 20%": mixture(0.20), "skewness -1": skewed(-1.0), "skewness -2": skewed(-2.0)}
+
+
+def fixed_type1(d_SN: np.ndarray, kind: str, m: float, alpha: float) -> float:
+    """Type-I error of the fixed one-sided t-test (TOST for equivalence) on all of d's seeds."""
+    n = d_SN.shape[1]
+    mean, se = d_SN.mean(1), d_SN.std(1, ddof=1) / math.sqrt(n)
+    se = np.where(se > 0, se, np.inf)
+    t = stats.t.ppf(1 - alpha, n - 1)
+    if kind == "superiority":
+        return float(((mean - m) / se > t).mean())
+    if kind == "non_inferiority":
+        return float(((mean + m) / se > t).mean())
+    return float((((mean + m) / se > t) & ((m - mean) / se > t)).mean())
+
+
+GRID = (3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 400)
+
+
+def seeds_needed(draw, rng, kind: str, m: float, nulls, alpha: float, studies: int) -> int | None:
+    """The fewest seeds (on GRID) from which on a fixed t-test holds type-I <= alpha + 0.01 at every null and
+    every larger grid point (a t-test with very few seeds can hold it by chance: t_{0.95, 1} is 6.3), else None."""
+    ok = [all(fixed_type1(draw(rng, (studies, n)) + delta, kind, m, alpha) <= alpha + 0.01 for delta in nulls)
+          for n in GRID]
+    for i in range(len(GRID)):
+        if all(ok[i:]):
+            return GRID[i]
+    return None
+
+
+def bad_seed_table(args, rng) -> list[str]:
+    lo_n, hi_n, alpha, rho = args.min_seeds, args.max_seeds, args.alpha, args.spending
+    lines = ["| scenario | kind | sequential type-I (seeds %d..%d) | fixed t-test at %d seeds | seeds a fixed t-test "
+             "needs for <= alpha + 0.01 |" % (lo_n, hi_n, hi_n), "|---|---|---|---|---|"]
+    worst = 0.0
+    for name, draw in bad_seed_scenarios().items():
+        for kind, (m, nulls, _) in KINDS.items():
+            errs, fixed = [], []
+            for delta in nulls:
+                d = draw(rng, (args.studies, hi_n)) + delta
+                sup, used = sequential(d, kind, m, alpha, lo_n, hi_n, rho)
+                check_against_library(d, kind, m, alpha, lo_n, hi_n, rho, sup, used, k=50)
+                errs.append(float(sup.mean()))
+                fixed.append(fixed_type1(d, kind, m, alpha))
+            need = seeds_needed(draw, rng, kind, m, nulls, alpha, min(args.studies, 4000))
+            worst = max(worst, max(errs)) if not name.startswith("gaussian") else worst
+            lines.append(f"| {name} | {kind} | {max(errs):.3f}{'' if max(errs) <= alpha + 0.01 else ' TOO HIGH'} "
+                         f"| {max(fixed):.3f} | {need if need else '> 400'} |")
+    lines.append(f"\nworst sequential type-I error under bad seeds or skew: {worst:.3f} (alpha {alpha})")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=10_000, help="simulated studies per scenario")
@@ -133,6 +212,8 @@ def main() -> None:
     ap.add_argument("--max-seeds", type=int, default=12)
     ap.add_argument("--spending", type=float, default=1.5, help="rho of alpha * (n / max_seeds)^rho")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-bad-seeds", dest="bad_seeds", action="store_false",
+                    help="skip the bad-seed and skewed scenarios")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
@@ -170,6 +251,9 @@ def main() -> None:
     se = math.sqrt(alpha * (1 - alpha) / args.studies)
     print(f"\nMonte Carlo sd of an error rate near alpha: {se:.4f}. {time.perf_counter() - t0:.0f} s on "
           f"{platform.processor() or platform.machine()}, numpy {np.__version__}.")
+    if args.bad_seeds:
+        print("\nRL's failure modes (per-seed differences at the claim's boundary):\n")
+        print("\n".join(bad_seed_table(args, rng)))
     if failed:
         raise SystemExit(f"type-I error above alpha + 0.01 for: {', '.join(failed)}")
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
 from lorarl.pipeline.stages import launchable
 from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
@@ -49,6 +50,8 @@ def cmd_cells(args: argparse.Namespace) -> int:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     for line in table.notes:  # "init does not apply to full: 2 cells merged into rfull-kl0-s0"
         print(line)
+    for name, h in study.hypotheses.items():  # what each hypothesis's claims rest on (bad seeds, skew)
+        print(robustness_note(name, h))
     note = f" ({table.merged} identical cells merged)" if table.merged else ""
     print(f"{len(cells)} cells in study {study.name!r}{note}; base pseudo-cells: "
           f"{', '.join(table.base_ids) or 'none'}")

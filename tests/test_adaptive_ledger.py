@@ -109,3 +109,37 @@ def test_hypotheses_ledger_pairs_by_seed_and_problem(tmp_path: Path):
               "settings": {"rank=4": {"cells": ["r4-s0", "r4-s1", "r4-s2"]}}}
     ledger.write_if_changed(ledger.search_path(results, "adl"), search)
     assert ledger.update_hypotheses(study, table, results)["hypotheses"]["r8_vs_r4"]["decision"] == "censored"
+
+
+def test_a_bad_seed_is_shown_beside_the_claim(tmp_path: Path):
+    """A seed whose cell raised a collapse flag (finished, so its difference counts) or diverged (failed, skipped)
+    is listed with what went wrong, and every state says what its claim assumes (lorarl.adaptive.hypotheses)."""
+    from lorarl.adaptive.hypotheses import ASSUMPTION, robustness_note
+
+    study, table, results = setup(tmp_path)
+    by = {c.id: c for c in table.cells}
+    for s in (0, 1, 2):
+        record(results, by[f"r8-s{s}"], acc(9 - s))
+        record(results, by[f"r4-s{s}"], acc(5))
+    (paths.cell_dir(results, "adl", "r4-s1") / "summary.json").write_text(json.dumps(
+        {"config_hash": by["r4-s1"].hash, "state": "done", "flags": {"entropy_collapse": 7}}))
+    (paths.cell_dir(results, "adl", "r8-s2") / "summary.json").write_text(json.dumps(
+        {"config_hash": by["r8-s2"].hash, "state": "diverged", "diverged_at_step": 4}))
+    (paths.cell_dir(results, "adl", "r8-s0") / "summary.json").write_text(json.dumps(  # an older config's flag
+        {"config_hash": "0ld0ld0ld0", "state": "done", "flags": {"entropy_collapse": 2}}))
+    h = ledger.update_hypotheses(study, table, results)["hypotheses"]["r8_vs_r4"]
+    assert h["bad_seeds"] == {"1": "b: collapse flag entropy_collapse at step 7", "2": "a: diverged at step 4"}
+    assert h["seeds_failed"] == ["2"] and h["assumption"] == ASSUMPTION
+    note = robustness_note("r8_vs_r4", study.hypotheses["r8_vs_r4"])
+    assert note.startswith("hypotheses.r8_vs_r4: claims assume near-Gaussian") and "max_seeds 3" in note
+
+
+def test_lorarl_cells_says_what_the_claims_rest_on(tmp_path: Path, capsys):
+    from lorarl.cli import main
+
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump(STUDY, sort_keys=False))
+    assert main(["cells", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "hypotheses.r8_vs_r4: claims assume near-Gaussian per-seed differences" in out
+    assert "type-I error reaches 0.08-0.30" in out

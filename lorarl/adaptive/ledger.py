@@ -22,7 +22,7 @@ from typing import Any
 from lorarl import paths
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.hypotheses import FAILED, hypothesis_state, paired_difference
-from lorarl.adaptive.records import cell_failure, problem_scores, rung_records
+from lorarl.adaptive.records import cell_bad_seed, cell_failure, problem_scores, rung_records
 from lorarl.adaptive.seeds import comparison_seeds
 from lorarl.adaptive.settings import study_settings
 from lorarl.adaptive.spec import check_metric, resolved_search
@@ -153,6 +153,19 @@ def hypothesis_censored(study: Any, table: Any, results: str | Path, spec: Any) 
     return any(c in censored for _, a, b in comparison_seeds(study, table, spec) for c in (a, b))
 
 
+def bad_seeds(study: Any, table: Any, results: str | Path, spec: Any, seeds: set[str]) -> dict[str, str]:
+    """seed -> what went wrong in its cell of a or b (diverged, a collapse flag), for the seeds observed."""
+    out = {}
+    for seed, a, b in comparison_seeds(study, table, spec):
+        if seed not in seeds:
+            continue
+        said = [f"{side}: {w}" for side, c in (("a", a), ("b", b))
+                if (w := cell_bad_seed(results, study.name, table.cell(c))) is not None]
+        if said:
+            out[seed] = "; ".join(said)
+    return out
+
+
 def update_hypotheses(study: Any, table: Any, results: str | Path = "results") -> dict[str, Any]:
     """Every hypothesis's state from the final evaluations on disk, written to ``hypotheses.json``;
     a side with a cell the search stopped is censored (read from ``search.json``)."""
@@ -163,7 +176,8 @@ def update_hypotheses(study: Any, table: Any, results: str | Path = "results") -
         state = hypothesis_state(h, obs, censored=hypothesis_censored(study, table, results, h))
         out[name] = {**state, "metric": metric, "a": {k: label_of(v) for k, v in h.a.items()},
                      "b": {k: label_of(v) for k, v in h.b.items()},
-                     "observations": [{"seed": s, "difference": d} for s, d in obs]}
+                     "observations": [{"seed": s, "difference": d} for s, d in obs],
+                     "bad_seeds": bad_seeds(study, table, results, h, {s for s, _ in obs})}
     doc = {"version": 1, "hypotheses": out}
     write_if_changed(hypotheses_path(results, study.name), doc)
     return doc

@@ -25,7 +25,7 @@ from lorarl import paths
 from lorarl.adaptive.spec import split_metric
 from lorarl.grading.protocols import pass_at_k
 
-__all__ = ["rung_records", "cell_failure", "problem_scores", "FAILED_STATES"]
+__all__ = ["rung_records", "cell_failure", "cell_bad_seed", "problem_scores", "FAILED_STATES"]
 
 FAILED_STATES = ("diverged", "failed")  # summary.json states that end a cell without its result
 _METRIC = re.compile(r"^(pass|avg)@(\d+)$")
@@ -52,6 +52,21 @@ def cell_failure(results: str | Path, study: str, cell: Any) -> int | None:
         return None  # a summary of an older config: the cell reruns
     at = doc.get("diverged_at_step") if doc["state"] == "diverged" else doc.get("failed_at_step")
     return int(at or 0)
+
+
+def cell_bad_seed(results: str | Path, study: str, cell: Any) -> str | None:
+    """What went wrong in ``cell``'s training, as one phrase (``diverged at step 12``, ``collapse flag
+    entropy_collapse at step 30``), or None: a seed a hypothesis's claim should be read beside."""
+    doc = _read(paths.path("summary", results=results, study=study, cell=cell.id))
+    if not isinstance(doc, dict) or doc.get("config_hash") not in (None, cell.hash):
+        return None
+    if doc.get("state") in FAILED_STATES:
+        at = doc.get("diverged_at_step") if doc["state"] == "diverged" else doc.get("failed_at_step")
+        return f"{doc['state']} at step {int(at or 0)}"
+    flags = doc.get("flags") or {}
+    if flags:
+        return "; ".join(f"collapse flag {name} at step {step}" for name, step in sorted(flags.items()))
+    return None
 
 
 def rung_records(results: str | Path, study: str, cells: list[Any], metric: str, rungs: list[int]) -> dict[str, Any]:

@@ -67,7 +67,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
              "adaptive search: each setting's mean metric at every rung it reached, its state, and the cell-steps "
              "its cells got against the full grid's (docs/adaptive.md)": ("search", search_frame),
              "hypotheses: decision, estimate [interval] at the deciding look, seeds used of the cap, cell-steps of the "
-             "two settings against the fixed design at the cap (docs/adaptive.md)": ("hypotheses", hypotheses_frame)}
+             "two settings against the fixed design at the cap, bad seeds (diverged, collapse flags) and the "
+             "assumption each claim rests on (docs/adaptive.md)": ("hypotheses", hypotheses_frame)}
     shown = {}
     for title, (name, fn) in extra.items():
         df = fn(data)

@@ -110,7 +110,8 @@ def rung_values(led: dict) -> pd.DataFrame:
 
 def hypotheses_table(study: Any, table: Any, results: str | Path) -> pd.DataFrame:
     """Per hypothesis: kind, settings, margin, decision, estimate [interval] at the deciding (else the latest)
-    look, seeds used / cap, and the cell-steps of its two settings against the fixed design at the cap."""
+    look, seeds used / cap, the cell-steps of its two settings against the fixed design at the cap, the seeds whose
+    cells diverged or raised a collapse flag, and the assumption the claim rests on (lorarl.adaptive.hypotheses)."""
     doc = hypotheses_ledger(study, results)
     if not doc:
         return pd.DataFrame()
@@ -131,7 +132,9 @@ def hypotheses_table(study: Any, table: Any, results: str | Path) -> pd.DataFram
                      "setting_b": ", ".join(f"{k}={v}" for k, v in h["b"].items()), "margin": h["margin"],
                      "decision": h["decision"], "estimate": h.get("estimate"), "ci_low": lo, "ci_high": hi,
                      "seeds_used": h["seeds_used"], "max_seeds": spec.max_seeds, "cell_steps": used,
-                     "fixed_cell_steps": 2 * spec.max_seeds * steps})
+                     "fixed_cell_steps": 2 * spec.max_seeds * steps,
+                     "bad_seeds": "; ".join(f"seed {k}: {v}" for k, v in (h.get("bad_seeds") or {}).items()),
+                     "assumption": h.get("assumption", "")})
     return pd.DataFrame(rows)
 
 
