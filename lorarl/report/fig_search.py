@@ -21,7 +21,7 @@ MARKS = {"promote": ("o", "kept (promoted)"), "stop": ("X", "stopped (censored)"
 
 
 def _final(data: StudyData, metric: str, name: str, labels: dict) -> float | None:
-    """A finished setting's final metric: the mean over its finished cells (lorarl.report.data.cells)."""
+    """A finished setting's final metric: the mean over its finished cells (lorarl.report.data.StudyData.cells)."""
     c = data.cells
     if c.empty or metric not in c:
         return None

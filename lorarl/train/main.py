@@ -19,7 +19,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     the cell's config resolved for this job (``auto`` knobs, teacher/PRM devices) by whoever starts the
     job; the trainer resolves nothing itself. ``stop_at``: end paused at that training step, full state
     saved, nothing published (lorarl.train.cellrun). On several ranks (torchrun, submitit's tasks:
-    lorarl.train.dist) every rank trains its share and rank 0 alone writes files and MLflow
+    lorarl.train.ranks.init) every rank trains its share and rank 0 alone writes files and MLflow
     (lorarl.train.ranks); the other ranks return ``{"cell", "rank"}``."""
     import torch
 
