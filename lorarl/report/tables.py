@@ -250,6 +250,8 @@ def avg_weights(data: StudyData, cols: list[str]) -> pd.DataFrame:
         specs = benchmark_specs(cfg)
         for col in cols:
             bench = col.split("/")[0]
+            if bench not in specs:  # this cell does not evaluate it: no weight (its Avg stays empty)
+                continue
             counted = cells.at[cell, f"{bench}/n_problems"] if f"{bench}/n_problems" in cells else math.nan
             registry = get_benchmark(bench).n_problems or math.nan
             limit = specs[bench].limit
