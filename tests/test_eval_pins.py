@@ -122,3 +122,14 @@ def test_paper_001_evaluates_the_envelope_on_its_base_and_teacher_rows_only():
         assert "math500_envelope" not in {b for b, _ in plan.eval_targets(cell.config)}, cell.id
     rows = {b.id: [t for t, _ in plan.eval_targets(b.config, is_base=True)] for b in table.bases}
     assert rows == {"base": ["math500", "math500_envelope"], "teacher-Qwen3-8B": ["math500_envelope"]}
+
+
+def test_a_curve_of_a_benchmark_measured_before_training_is_refused():
+    with pytest.raises(ValueError, match=r"eval.curve_benchmarks: 'math500_envelope' is measured before training only "
+                                         r"\(set eval.benchmarks.math500_envelope.trained: true .*\); allowed: math500"):
+        CellConfig.model_validate({"eval": {"eval_every": 5, "benchmarks": ["math500", "math500_envelope"],
+                                            "curve_benchmarks": ["math500_envelope"]}})
+    ok = CellConfig.model_validate({"train": {"steps": 10}, "eval": {
+        "eval_every": 5, "benchmarks": {"math500": {}, "math500_envelope": {"trained": True}},
+        "curve_benchmarks": ["math500_envelope"]}})
+    assert plan.eval_targets(ok)[-1] == ("math500_envelope", 5)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from lorarl import signature
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
-                                     protocol_for, resolve_protocol)
+                                     protocol_for, resolve_protocol, trained_names)
 
 if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.resolve, never this module)
     from lorarl.config import BenchmarkEval, CellConfig
@@ -109,8 +109,7 @@ def trained_benchmarks(cfg: "CellConfig") -> list[str]:
     """The benchmarks a trained cell is evaluated on: all of them but those the registry measures before
     training (``before_training``: paper 001's capability envelope, on the base and teacher rows only),
     unless the study asks for one on trained cells too (``eval.benchmarks.<b>.trained: true``)."""
-    return [b for b, spec in benchmark_specs(cfg).items()
-            if (spec.trained if spec.trained is not None else not get_benchmark(b).before_training)]
+    return trained_names(benchmark_specs(cfg))
 
 
 def eval_targets(cfg: "CellConfig", is_base: bool = False) -> list[tuple[str, int | None]]:
