@@ -91,3 +91,14 @@ def test_only_the_002_studies_weight_by_samples():
     for path in sorted((ROOT / "experiments").glob("*.yaml")):
         expected = "samples" if path.stem.startswith("peft_zoo") and not path.stem.endswith("_cpu") else "benchmarks"
         assert average_of(load_study(path)) == expected, path.name
+
+
+def test_a_base_row_has_its_avg_too():
+    """The report's base table carries the Avg (Table 3's Base row): weighted as the cells, from the base's plan."""
+    from lorarl.report.tables import avg_series
+
+    data = _data("peft_zoo.yaml", {"Base": TABLE3["Base"]})
+    base = data.cells.assign(cell="base")  # the study's base pseudo-cell
+    cols = [f"{b}/{m}" for b, m in zip(BENCHES, METRICS)]
+    avg, how = avg_series(data, base, cols)
+    assert 100 * avg.iloc[0] == pytest.approx(42.73, abs=0.01) and how.startswith("accuracy over all samples")

@@ -85,8 +85,11 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evalplan.bases)
         from lorarl.report.columns import headlines, primary_columns
 
-        shown["base model (untrained), one row per model and prompt"] = data.base[
-            ["base"] + primary_columns(data.base, headlines(study))]
+        cols = primary_columns(data.base, headlines(study))
+        base = data.base[["base"] + cols]
+        if len(cols) > 1:  # the Avg as the avg table takes it (paper 002 Table 3's Base row)
+            base = base.assign(avg=tables.avg_series(data, data.base, cols)[0])
+        shown["base model (untrained), one row per model and prompt"] = base
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
 
     out.update(drawn)

@@ -231,18 +231,20 @@ def average_of(study: Any) -> str:
     return next((e.average for e in ev if e is not None), "benchmarks")
 
 
-def avg_weights(data: StudyData, cols: list[str]) -> pd.DataFrame:
-    """Per cell (index) and headline column, the weight of that column in the cell's Avg: 1 each for the plain
+def avg_weights(data: StudyData, cols: list[str], frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell of ``frame`` (index; default the study's cells, or its base rows) and headline column, the weight of that column in the cell's Avg: 1 each for the plain
     mean (``eval.average: benchmarks``); for ``samples`` (paper 002: the accuracy over all generated samples) the
     benchmark's problems x samples per problem: the problems its evaluation counted (``<b>/n_problems``, else
     the registry's count at its pinned revision, cut to ``limit``) times the protocol's n in the cell's plan."""
     from lorarl.evalplan.plan import benchmark_specs, protocol_for
     from lorarl.grading.benchmarks import get_benchmark
 
-    cells = data.cells.set_index("cell")
+    from lorarl.study import base_cells
+
+    cells = (data.cells if frame is None else frame).set_index("cell")
     if average_of(data.study) != "samples":
         return pd.DataFrame(1.0, index=cells.index, columns=cols)
-    configs = {c.id: c.config for c in study_cells(data.study)}
+    configs = {c.id: c.config for c in study_cells(data.study)} | {b.id: b.config for b in base_cells(data.study)}
     default = next(iter(configs.values()))
     out = pd.DataFrame(index=cells.index, columns=cols, dtype=float)
     for cell in cells.index:
@@ -262,7 +264,7 @@ def avg_weights(data: StudyData, cols: list[str]) -> pd.DataFrame:
 
 def avg_series(data: StudyData, cells: pd.DataFrame, cols: list[str]) -> tuple[pd.Series, str]:
     """Each cell's Avg of the headline columns ``cols`` (weighted by :func:`avg_weights`) and how it was taken."""
-    w = avg_weights(data, cols).reindex(cells["cell"]).set_axis(cells.index)
+    w = avg_weights(data, cols, cells).reindex(cells["cell"]).set_axis(cells.index)
     avg = (cells[cols].astype(float) * w).sum(axis=1, min_count=len(cols)) / w.sum(axis=1)
     avg = avg.where(cells[cols].notna().all(axis=1))
     if average_of(data.study) != "samples":
