@@ -11,7 +11,7 @@ Default protocols follow the studies: GSM8K and GPQA greedy pass@1 (4096 new tok
 study's table); MATH-500 and Minerva avg@4, AIME/AMC/HMMT avg@32, all at T 0.6 / top-p 0.95 with
 32768 new tokens and pass@k at k = n (the PEFT study's Avg/Pass table).  Every hub benchmark is pinned to
 a dataset commit (``revision``, where each was found: docs/evaluation.md) and states its problem count at
-that commit (``problems``: the sample-weighted Avg's weights; a full load of the pinned data that counts
+that commit (``n_problems``: the sample-weighted Avg's weights; a full load of the pinned data that counts
 otherwise is an error); a study's ``eval.benchmarks.<b>.revision`` pins another.
 """
 
