@@ -284,6 +284,7 @@ class BenchmarkEval(Strict):
     grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
     headline: str | None = Field(None, json_schema_extra={"runtime": True})  # metric of this benchmark's headline column in tables, Avg and figures, e.g. pass@32 (paper 003 Table 1); null = the protocol's first (pass@1 / avg@n); report only: nothing is re-evaluated
     answer_format: AnswerFormat | None = None  # math benchmarks: null = the study's reward.answer_format (prompt and grading agree); 003 grades GSM8K by its last number
+    trained: bool | None = Field(None, json_schema_extra={"signature_omits_default": True})  # evaluate trained cells on it: null = the registry's (a benchmark measured before training, paper 001's envelope, only on the base and teacher rows)
 
 
 class EvalConfig(Strict):
@@ -295,6 +296,7 @@ class EvalConfig(Strict):
     backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm: a GPU, or vLLM's CPU build (scripts/vllm_cpu.sh)
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
     base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.prompt_config)
+    average: Literal["benchmarks", "samples"] = Field("benchmarks", json_schema_extra={"runtime": True})  # the report's Avg: the benchmarks' plain mean (paper 003), or the accuracy over all generated samples, each weighted by problems x samples (paper 002); report only
 
     @field_validator("base_prompts", mode="before")
     @classmethod

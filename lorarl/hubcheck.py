@@ -138,7 +138,9 @@ def _benchmark_refs(cfg: Any) -> list[Ref]:
         repo = spec.hub_id or (bench.hub_id if bench else None)
         if spec.path or not repo:
             continue  # a local file (lorarl.preflight checks it exists) or the synthetic split
-        rev, config = spec.revision or getattr(bench, "revision", None), spec.subset or getattr(bench, "config", None)
+        other = bench is None or spec.hub_id not in (None, bench.hub_id)  # a mirror: the registry's pin is not its
+        rev = spec.revision or (None if other else bench.revision)
+        config = spec.subset or getattr(bench, "config", None)
         out.append(Ref(f"eval.benchmarks.{name}", name, "dataset", repo, rev, config))
     return out
 

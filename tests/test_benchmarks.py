@@ -102,8 +102,10 @@ def test_hub_branch_passes_id_config_split_revision(monkeypatch):
     problems = get_benchmark("gsm8k").load(revision="abc123")
     assert calls == [("openai/gsm8k", "main", "test", "abc123")]
     assert [p.gold for p in problems] == ["42", "42"]
-    get_benchmark("gpqa").load(split="train")
-    assert calls[-1] == ("Idavidrein/gpqa", "gpqa_diamond", "train", None)
+    with pytest.raises(ValueError, match=r"gpqa: Idavidrein/gpqa@633f5ee\w+ gave 2 problems, the registry states 198"):
+        get_benchmark("gpqa").load(split="train")  # the pinned data, counted against the registry
+    assert calls[-1] == ("Idavidrein/gpqa", "gpqa_diamond", "train", "633f5ee89ab8ad4522a9f850766b73f62147ffdd")
+    assert len(get_benchmark("gpqa").load(limit=2)) == 2  # a limited load (smoke runs) is not counted
 
 
 @pytest.mark.parametrize("answer, gold", [

@@ -56,7 +56,8 @@ def test_tables_and_figures_read_the_named_column():
     data = SimpleNamespace(cells=cells, study=study, keys=["init"])
     from unittest import mock
 
-    with mock.patch("lorarl.report.columns.headlines", return_value={"aime24": "pass@32"}):
+    with mock.patch("lorarl.report.columns.headlines", return_value={"aime24": "pass@32"}), \
+            mock.patch("lorarl.report.tables.average_of", return_value="benchmarks"):  # paper 003: the plain mean
         assert primary_metrics(data) == ["gsm8k/pass@1", "aime24/pass@32"]
         avg = avg_columns(data)
     assert "aime24/pass@32_mean" in avg and "aime24/avg@32_mean" not in avg

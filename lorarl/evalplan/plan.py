@@ -3,7 +3,9 @@
 * :func:`benchmark_specs`: the cell's benchmarks (``eval.benchmarks``; default ``synthetic``);
 * :func:`resolve_protocol`: a benchmark's registry protocol with the study's overrides applied;
 * :func:`snapshot_steps` / :func:`eval_targets`: the ``(benchmark, step)`` evaluations of a cell
-  (``step=None`` = the final adapter; the base pseudo-cell has only final targets);
+  (``step=None`` = the final adapter; the base pseudo-cell has only final targets; a benchmark measured
+  before training, the registry's ``before_training``, only on base rows unless ``trained: true``);
+* :func:`data_revision`: the dataset commit a benchmark is read at (the study's, else the registry's pin);
 * :func:`train_signature` / :func:`eval_signature`: hashes used as Snakemake params, so changing an
   evaluation setting reruns only the affected evaluations, never training.
 
@@ -19,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 from lorarl import signature
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
-                                     protocol_for, resolve_protocol)
+                                     protocol_for, resolve_protocol, trained_names)
 
 if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.resolve, never this module)
     from lorarl.config import BenchmarkEval, CellConfig
     from lorarl.grading.verify import GradingSettings
 
-__all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol",
+__all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol", "data_revision",
+           "trained_benchmarks",
            "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
            "parse_target", "train_signature", "eval_signature", "check_eval_config"]
 
@@ -96,17 +99,35 @@ def snapshot_steps(cfg: "CellConfig") -> list[int]:
 def curve_benchmarks(cfg: "CellConfig") -> list[str]:
     """Benchmarks evaluated at every snapshot (``eval.curve_benchmarks``: null = all of them; [] = none, the
     snapshots are saved for the weight-space diagnostics only, e.g. paper 003's Fig. 7 through training)."""
+    mine = trained_benchmarks(cfg)  # a benchmark measured before training has no snapshot of a trained cell
     if cfg.eval.curve_benchmarks is not None:
-        return list(cfg.eval.curve_benchmarks)
-    return list(benchmark_specs(cfg))
+        return [b for b in cfg.eval.curve_benchmarks if b in mine]
+    return mine
+
+
+def trained_benchmarks(cfg: "CellConfig") -> list[str]:
+    """The benchmarks a trained cell is evaluated on: all of them but those the registry measures before
+    training (``before_training``: paper 001's capability envelope, on the base and teacher rows only),
+    unless the study asks for one on trained cells too (``eval.benchmarks.<b>.trained: true``)."""
+    return trained_names(benchmark_specs(cfg))
 
 
 def eval_targets(cfg: "CellConfig", is_base: bool = False) -> list[tuple[str, int | None]]:
-    """Every ``(benchmark, step)`` a cell is evaluated on: finals first, then snapshots by step."""
-    finals = [(b, None) for b in benchmark_specs(cfg)]
+    """Every ``(benchmark, step)`` a cell is evaluated on: finals first, then snapshots by step (a base row:
+    every benchmark, finals only; a trained cell: :func:`trained_benchmarks`)."""
     if is_base:
-        return finals
-    return finals + [(b, s) for s in snapshot_steps(cfg) for b in curve_benchmarks(cfg)]
+        return [(b, None) for b in benchmark_specs(cfg)]
+    return [(b, None) for b in trained_benchmarks(cfg)] + [(b, s) for s in snapshot_steps(cfg)
+                                                           for b in curve_benchmarks(cfg)]
+
+
+def data_revision(name: str, spec: "BenchmarkEval") -> str | None:
+    """The dataset commit benchmark ``name`` is read at: the study's ``revision``, else the registry's pin when the
+    study reads the registry's own dataset (no local ``path``, no other ``hub_id``); None = the hub's main."""
+    bench = get_benchmark(name)
+    if spec.revision or spec.path is not None:
+        return spec.revision
+    return bench.revision if spec.hub_id in (None, bench.hub_id) else None
 
 
 def _hash(obj: Any) -> str:
@@ -140,6 +161,9 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")
+    pin = data_revision(benchmark, spec)
+    if pin and not spec.revision:  # the registry's pin: a new pin re-reads the data (the study's is in `spec`)
+        d["data_revision"] = pin
     grading = cell_grading(cfg, benchmark)
     if grading != type(grading)():  # math-verify's defaults leave signatures as they were
         d["grading"] = grading.to_dict()

@@ -58,9 +58,10 @@ def load_problems(name: str, cfg: Any) -> list:
 
     spec = benchmark_specs(cfg)[name]
     bench = get_benchmark(name)
-    if spec.hub_id or spec.subset:
-        bench = dataclasses.replace(bench, hub_id=spec.hub_id or bench.hub_id,
-                                    config=spec.subset or bench.config)
+    if spec.hub_id or spec.subset:  # another repository is not the registry's pinned data (its own revision only)
+        other = spec.hub_id not in (None, bench.hub_id)
+        bench = dataclasses.replace(bench, hub_id=spec.hub_id or bench.hub_id, config=spec.subset or bench.config,
+                                    **({"revision": None, "n_problems": None} if other else {}))
     fmap = dict(spec.field_map) or None
     own = bench.grader == "choice"  # its template carries the choices: keep it
     tpl = None if own else "{question}"

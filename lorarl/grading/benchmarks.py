@@ -9,8 +9,10 @@ the real schema exercise the code that runs on the hub data.
 
 Default protocols follow the studies: GSM8K and GPQA greedy pass@1 (4096 new tokens, the KL-free
 study's table); MATH-500 and Minerva avg@4, AIME/AMC/HMMT avg@32, all at T 0.6 / top-p 0.95 with
-32768 new tokens and pass@k at k = n (the PEFT study's Avg/Pass table).  Hub revisions are not
-pinned by default (``revision=None`` = the hub's ``main``); pin them per study for reproducibility.
+32768 new tokens and pass@k at k = n (the PEFT study's Avg/Pass table).  Every hub benchmark is pinned to
+a dataset commit (``revision``, where each was found: docs/evaluation.md) and states its problem count at
+that commit (``n_problems``: the sample-weighted Avg's weights; a full load of the pinned data that counts
+otherwise is an error); a study's ``eval.benchmarks.<b>.revision`` pins another.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class Benchmark:
     example: Mapping[str, Any] = field(default_factory=dict)  # one row in the real schema
     example_gold: str = ""  # the gold the converter must produce from ``example``
     row_filter: Callable[[Mapping[str, Any]], bool] | None = None  # keep only matching rows (a year of a pool)
+    n_problems: int | None = None  # problems at the pinned revision (after row_filter): Avg weights, a load check
+    before_training: bool = False  # measured on untrained rows only (base, teacher): a pre-training envelope
 
     def render(self, p: Problem, template: str | None = None) -> str:
         """The prompt of ``p`` (whose ``prompt`` holds the bare question) under the template."""
@@ -119,7 +123,12 @@ class Benchmark:
         if field_map:
             inverse = {src: dst for dst, src in field_map.items()}
             data = ({inverse.get(k, k): v for k, v in r.items()} for r in data)
-        return self.problems(data, template=template, limit=limit)
+        out = self.problems(data, template=template, limit=limit)
+        pinned = rows is None and path is None and limit is None and (split or self.split) == self.split
+        if pinned and self.n_problems and (revision or self.revision) == self.revision and len(out) != self.n_problems:
+            raise ValueError(f"{self.name}: {self.hub_id}@{self.revision} gave {len(out)} problems, the registry "
+                             f"states {self.n_problems}: the pinned data is not what the registry describes")
+        return out
 
     def grade(self, problems: Sequence[Problem], completions: Sequence[str],
               timeout_s: float = 5.0, settings: GradingSettings | None = None) -> list[Score]:
@@ -200,6 +209,7 @@ SAMPLE = Protocol.sampling  # T 0.6, top-p 0.95, 32768 new tokens, pass@k at k =
 
 # ----------------------------------------------------------------------------- registry
 @register("gsm8k", hub_id="openai/gsm8k", config="main", split="test",
+          revision="e53f048856ff4f594e959d75785d2c2d37b678ee", n_problems=1319,
           protocol=Protocol.greedy(4096),
           example={"question": "Tom has 3 apples and buys 39 more. How many?",
                    "answer": "He has 3+39=<<3+39=42>>42 apples.\n#### 42"}, example_gold="42")
@@ -208,6 +218,7 @@ def _gsm8k(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("math500", hub_id="HuggingFaceH4/MATH-500", split="test", protocol=SAMPLE(4),
+          revision="6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be", n_problems=500,
           example={"problem": "Compute $\\frac{1}{2}+\\frac{1}{4}$.", "solution": "\\boxed{\\frac34}",
                    "answer": "\\frac{3}{4}", "subject": "Algebra", "level": 1,
                    "unique_id": "test/algebra/1.json"}, example_gold="\\frac{3}{4}")
@@ -216,6 +227,7 @@ def _math500(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("aime24", hub_id="math-ai/aime24", split="test", protocol=SAMPLE(32),
+          revision="83a7f387baaa524a8bda0022eac0541582297103", n_problems=30,
           example={"id": 60, "problem": "Find the remainder of $2024$ divided by $1000$.",
                    "solution": "The remainder is $\\boxed{24}$.", "url": "https://aops/2024-I-1"},
           example_gold="24")
@@ -228,6 +240,7 @@ def _aime24(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("aime25", hub_id="math-ai/aime25", split="test", protocol=SAMPLE(32),
+          revision="563bb8404243c5f09de6ec262f2db674fe5bce9b", n_problems=30,
           example={"problem": "Find $7 \\cdot 10 + 0$.", "answer": "70", "id": "0"},
           example_gold="70")
 def _aime25(row: Mapping[str, Any], i: int) -> Problem:
@@ -235,6 +248,7 @@ def _aime25(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("aime22_24", hub_id="AI-MO/aimo-validation-aime", split="train", protocol=SAMPLE(32),
+          revision="13f9e12f613e720c2a2b2f345dd04b998a29494d", n_problems=90,
           example={"id": 0, "problem": "Find $5^3$.", "solution": "$\\boxed{125}$",
                    "answer": "125", "url": "https://aops/2022-I-1"}, example_gold="125")
 def _aime22_24(row: Mapping[str, Any], i: int) -> Problem:
@@ -256,6 +270,7 @@ def _aime_year(year: int) -> Callable[[Mapping[str, Any]], bool]:
 # same pool (2024 is `aime24`, math-ai's copy, or the 2024 third of the pool).
 for _year in (2022, 2023):
     register(f"aime{_year % 100}", hub_id="AI-MO/aimo-validation-aime", split="train", protocol=SAMPLE(32),
+             revision="13f9e12f613e720c2a2b2f345dd04b998a29494d", n_problems=30,
              row_filter=_aime_year(_year),
              example={"id": 0, "problem": "Find $5^3$.", "solution": "$\\boxed{125}$", "answer": "125",
                       "url": f"https://artofproblemsolving.com/wiki/index.php/{_year}_AIME_I_Problems/Problem_1"},
@@ -266,11 +281,13 @@ del _year
 # Paper 001's Table 2: the pre-training capability envelope, sampled pass@1/4/8 on the full
 # MATH-500 at 4096 tokens (sampling as in its training rollouts: T 0.7, top-p 0.95).
 register("math500_envelope", hub_id="HuggingFaceH4/MATH-500", split="test",
+         revision="6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be", n_problems=500, before_training=True,
          protocol=SAMPLE(8, temperature=0.7, top_p=0.95, max_new_tokens=4096, ks=(1, 4, 8)),
          example=BENCHMARKS["math500"].example, example_gold="\\frac{3}{4}")(_math500)
 
 
 @register("amc23", hub_id="math-ai/amc23", split="test", protocol=SAMPLE(32),
+          revision="80815d37005feb82cd7f8fbc6901d5d3eff43057", n_problems=40,
           example={"id": 0, "question": "What is $3 \\cdot 9$?", "answer": 27.0,
                    "url": "https://aops/2023-AMC12A-1"}, example_gold="27")
 def _amc23(row: Mapping[str, Any], i: int) -> Problem:
@@ -278,6 +295,7 @@ def _amc23(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("minerva", hub_id="math-ai/minervamath", split="test", protocol=SAMPLE(4),
+          revision="ee46ddc498933b1977577953250ca5c66be64f96", n_problems=272,
           example={"question": "A star has a parallax of 0.1 arcsec. Its distance in pc?",
                    "answer": "10"}, example_gold="10")
 def _minerva(row: Mapping[str, Any], i: int) -> Problem:
@@ -285,6 +303,7 @@ def _minerva(row: Mapping[str, Any], i: int) -> Problem:
 
 
 @register("hmmt", hub_id="MathArena/hmmt_feb_2025", split="train", protocol=SAMPLE(32),
+          revision="6fdc4277120810ff75aa22d2d5489b91f7a262a1", n_problems=30,
           example={"problem_idx": 1, "problem": "Compute $\\sqrt{16}$.", "answer": "4",
                    "problem_type": ["Algebra"]}, example_gold="4")
 def _hmmt(row: Mapping[str, Any], i: int) -> Problem:
@@ -300,6 +319,7 @@ def shuffled_choices(key: str, correct: str, incorrect: Sequence[str]) -> tuple[
 
 
 @register("gpqa", hub_id="Idavidrein/gpqa", config="gpqa_diamond", split="train",
+          revision="633f5ee89ab8ad4522a9f850766b73f62147ffdd", n_problems=198,
           template=CHOICE_TEMPLATE, grader="choice", protocol=Protocol.greedy(4096),
           example={"Record ID": "rec06pnAkLOr2t2mp", "Question": "Which particle has spin 1/2?",
                    "Correct Answer": "electron", "Incorrect Answer 1": "photon",

@@ -78,10 +78,22 @@ def check_eval_config(ev: Any) -> None:
         if headline is not None and headline not in protocol.metric_names:
             raise EvalPlanError(f"eval.benchmarks.{name}.headline: {headline!r} is not a metric of its protocol; "
                                 f"allowed: {', '.join(protocol.metric_names)}")
+    trained = trained_names(specs)
     for name in ev.curve_benchmarks or ():
         if name not in specs:
             raise EvalPlanError(f"eval.curve_benchmarks: {name!r} is not in eval.benchmarks; allowed: "
                                 f"{', '.join(specs)}")
+        if name not in trained:  # no trained cell evaluates it, so no snapshot does
+            raise EvalPlanError(f"eval.curve_benchmarks: {name!r} is measured before training only (set "
+                                f"eval.benchmarks.{name}.trained: true to evaluate trained cells on it); allowed: "
+                                f"{', '.join(trained) or 'none'}")
+
+
+def trained_names(specs: dict[str, Any]) -> list[str]:
+    """The benchmarks of ``specs`` trained cells are evaluated on: all but those the registry measures before
+    training (``before_training``), unless a study's entry says ``trained: true`` (``false`` leaves any out)."""
+    return [n for n, s in specs.items()
+            if (s.trained if getattr(s, "trained", None) is not None else not get_benchmark(n).before_training)]
 
 
 def protocol_for(name: str, spec: Any, ev: Any) -> Protocol:

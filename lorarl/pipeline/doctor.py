@@ -222,7 +222,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         import torch
 
         from lorarl.diagnose.main import diagnose_cell
-        from lorarl.evalplan.plan import benchmark_specs
+        from lorarl.evalplan.plan import benchmark_specs, trained_benchmarks
         from lorarl.evaluate.main import evaluate_cell, load_problems
         from lorarl.memory.auto import resolve_job, world_size
         from lorarl.rewards.registry import build_regime
@@ -337,11 +337,12 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
             checks.run(f"evaluation of the base model (1 problem): {name}", lambda name=name: evaluate_cell(
                 study.name, _one_problem(base, name), results_dir, is_base=True, threads=threads, targets=[name])
                 and "ok", phase="eval_first" if i == 0 else None)
-            got = checks.run(f"evaluation: {name}", lambda name=name: evaluate_cell(study.name, cell, results_dir,
-                                                                                   threads=threads, targets=[name])
-                             and f"{cfg.eval.backend} backend", phase=f"eval:{name}")
+            who = cell if name in trained_benchmarks(cfg) else base  # measured before training: on the base only
+            got = checks.run(f"evaluation: {name}", lambda name=name, who=who: evaluate_cell(
+                study.name, who, results_dir, is_base=who is base, threads=threads, targets=[name])
+                and f"{cfg.eval.backend} backend", phase=f"eval:{name}")
             wall = checks.phases[f"eval:{name}"]["wall_s"]
-            sfile = cdir / "eval" / f"{name}.json"
+            sfile = Path(results_dir) / study.name / who.id / "eval" / f"{name}.json"
             if got is not None and sfile.exists():
                 s = json.loads(sfile.read_text())
                 gen_s = max(wall - out["model_load_s"], 0.1 * wall)  # generation + grading, without the load

@@ -62,7 +62,9 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     extra = {"runtime (paper 000 Table 2: step time × steps, KL monitors excluded)": ("runtime", tables.runtime_table),
              "capability envelope: student and teacher, before training (paper 001 Table 2)": ("capability", capability_table),
              "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
-             "Avg over benchmarks (paper 002)": ("avg", tables.avg_columns),
+             "Avg over benchmarks (papers 002, 003; avg_weights says how: paper 002's Avg is the accuracy over all "
+             "generated samples, each benchmark weighted by problems × samples, eval.average: samples)":
+                 ("avg", tables.avg_columns),
              "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table),
              "adaptive search: each setting's mean metric at every rung it reached, its state, and the cell-steps "
              "its cells got against the full grid's (docs/adaptive.md)": ("search", search_frame),
@@ -84,8 +86,11 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.evalplan.bases)
         from lorarl.report.columns import headlines, primary_columns
 
-        shown["base model (untrained), one row per model and prompt"] = data.base[
-            ["base"] + primary_columns(data.base, headlines(study))]
+        cols = primary_columns(data.base, headlines(study))
+        base = data.base[["base"] + cols]
+        if len(cols) > 1:  # the Avg as the avg table takes it (paper 002 Table 3's Base row)
+            base = base.assign(avg=tables.avg_series(data, data.base, cols)[0])
+        shown["base model (untrained), one row per model and prompt"] = base
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
 
     out.update(drawn)

@@ -13,21 +13,23 @@ from lorarl.report.registry import register
 
 
 @register("accuracy_vs_params", "002 Fig. 1", ("cell:trainable_fraction", "eval"),
-          "Left: held-out accuracy (the Avg over benchmarks when there are several) vs % trainable "
-          "parameters (log), one point per setting, mean ± sd over seeds; shaded = frontier. Right: "
+          "Left: held-out accuracy (the Avg over benchmarks when there are several, taken as the avg table "
+          "takes it) vs % trainable parameters (log), one point per setting, mean ± sd over seeds; shaded = "
+          "frontier. Right: "
           "training accuracy reward (reward when accuracy is not logged), mean over seeds.")
 def accuracy_vs_params(data: StudyData, out: Path) -> Path | None:
-    from lorarl.report.tables import primary_metrics
+    from lorarl.report.tables import avg_series, primary_metrics
 
     cols = primary_metrics(data)
     cells = data.cells.dropna(subset=cols)
     if cells.empty:
         return None
-    cells = cells.assign(value=cells[cols].mean(axis=1), pct=100 * cells["trainable_fraction"].astype(float))
+    value, how = avg_series(data, cells, cols)  # the study's Avg (eval.average), as the avg table
+    cells = cells.assign(value=value, pct=100 * cells["trainable_fraction"].astype(float))
     keys = data.keys
     g = cells.assign(_all="all").groupby(keys or ["_all"], sort=False)
     df = g["value"].agg(["mean", "std", "count"]).join(g["pct"].mean()).reset_index()
-    df = df.drop(columns=["_all"], errors="ignore").assign(metric="avg of " + ", ".join(cols))
+    df = df.drop(columns=["_all"], errors="ignore").assign(metric=how)
     plt = draw.plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     cs = [draw.color_of(draw.series_label(r, keys)) for _, r in df.iterrows()]

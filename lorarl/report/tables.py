@@ -7,12 +7,14 @@
   the same seeds, `paired_on`), resolvable or not, with its MDE.
 * `runtime_table` (paper 000, Table 2): step time × steps without the KL monitors, like with like.
 * `peak_final_table` (paper 001, Table 3): held-out primary metric at its peak snapshot and at the end.
-* `avg_columns` (paper 002, Tables 3/5/6): the mean of the benchmarks' headline metrics per cell.
+* `avg_columns` (paper 002, Tables 3/5/6; paper 003): the Avg of the benchmarks' headline metrics per cell, their
+  plain mean or (`eval.average: samples`, paper 002) the accuracy over all generated samples.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -233,17 +235,69 @@ def peak_final_table(data: StudyData) -> pd.DataFrame:
     return out.reset_index()
 
 
+def average_of(study: Any) -> str:
+    """How the study's Avg averages its benchmarks (``eval.average``: ``benchmarks`` or ``samples``)."""
+    ev = [getattr(c.config, "eval", None) for c in study_cells(study)]  # a toy cell has no evaluation
+    return next((e.average for e in ev if e is not None), "benchmarks")
+
+
+def avg_weights(data: StudyData, cols: list[str], frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell of ``frame`` (index; default the study's cells, or its base rows) and headline column, the weight of that column in the cell's Avg: 1 each for the plain
+    mean (``eval.average: benchmarks``); for ``samples`` (paper 002: the accuracy over all generated samples) the
+    benchmark's problems x samples per problem: the problems its evaluation counted (``<b>/n_problems``, else
+    the registry's count at its pinned revision, cut to ``limit``) times the protocol's n in the cell's plan."""
+    from lorarl.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.grading.benchmarks import get_benchmark
+
+    from lorarl.study import base_cells
+
+    cells = (data.cells if frame is None else frame).set_index("cell")
+    if average_of(data.study) != "samples":
+        return pd.DataFrame(1.0, index=cells.index, columns=cols)
+    configs = {c.id: c.config for c in study_cells(data.study)} | {b.id: b.config for b in base_cells(data.study)}
+    default = next(iter(configs.values()))
+    out = pd.DataFrame(index=cells.index, columns=cols, dtype=float)
+    for cell in cells.index:
+        cfg = configs.get(cell, default)  # a seed an adaptive hypothesis added: its setting's plan
+        specs = benchmark_specs(cfg)
+        for col in cols:
+            bench = col.split("/")[0]
+            if bench not in specs:  # this cell does not evaluate it: no weight (its Avg stays empty)
+                continue
+            counted = cells.at[cell, f"{bench}/n_problems"] if f"{bench}/n_problems" in cells else math.nan
+            registry = get_benchmark(bench).n_problems or math.nan
+            limit = specs[bench].limit
+            problems = counted if pd.notna(counted) else (min(registry, limit) if limit else registry)
+            out.at[cell, col] = float(problems) * protocol_for(bench, specs[bench], cfg.eval).n
+    return out
+
+
+def avg_series(data: StudyData, cells: pd.DataFrame, cols: list[str]) -> tuple[pd.Series, str]:
+    """Each cell's Avg of the headline columns ``cols`` (weighted by :func:`avg_weights`) and how it was taken."""
+    w = avg_weights(data, cols, cells).reindex(cells["cell"]).set_axis(cells.index)
+    avg = (cells[cols].astype(float) * w).sum(axis=1, min_count=len(cols)) / w.sum(axis=1)
+    avg = avg.where(cells[cols].notna().all(axis=1))
+    if average_of(data.study) != "samples":
+        return avg, "plain mean of " + ", ".join(cols)
+    first = w.iloc[0] if len(w) else pd.Series(dtype=float)
+    parts = [f"{c.split('/')[0]} {first[c]:g}" for c in cols] if len(w) else list(cols)
+    return avg, "accuracy over all samples: each column weighted by problems x samples (" + ", ".join(parts) + ")"
+
+
 def avg_columns(data: StudyData) -> pd.DataFrame:
-    """Paper 002's Avg column: per cell the mean of every benchmark's headline metric (only when a
-    study has two or more benchmarks), then mean ± sd over seeds per group, with trainable params."""
+    """Papers 002/003's Avg column: per cell the Avg of every benchmark's headline metric (only when a study has
+    two or more benchmarks; ``eval.average``: their plain mean, or paper 002's accuracy over all generated
+    samples, :func:`avg_weights`), then mean ± sd over seeds per group, with trainable params; ``avg_weights``
+    says how the Avg was taken."""
     cols = primary_metrics(data)
     if len(cols) < 2:
         return pd.DataFrame()
-    cells = data.cells.assign(avg=data.cells[cols].mean(axis=1, skipna=False))
+    avg, how = avg_series(data, data.cells, cols)
+    cells = data.cells.assign(avg=avg)
     keys = data.keys or []
     if not keys:
         cells = cells.assign(_all="all")
         keys = ["_all"]
     vals = [*cols, "avg"] + [c for c in ("params_trainable", "trainable_fraction") if c in cells]
     out = stats.mean_sd(cells, keys, vals)
-    return out.reset_index().drop(columns=["_all"], errors="ignore")
+    return out.reset_index().drop(columns=["_all"], errors="ignore").assign(avg_weights=how)
