@@ -12,11 +12,25 @@ import sys
 
 from lorarl.kinds import KINDS, entry, get_kind
 from lorarl.pipeline.stages import launchable
-from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
+from lorarl.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
-    study = load_study_to_run(args.study)  # what Snakemake would refuse, refused here (hub references included)
+    """Lists the cells and runs nothing: a study this machine cannot run (a hub model or dataset neither cached nor
+    reachable) is listed with what it cannot get; one the hub says does not exist is refused (exit 2)."""
+    study, cannot = load_study_to_list(args.study)
+    rc = _list_cells(args, study)
+    out = sys.stderr if args.json or args.ids else sys.stdout  # machine-readable output keeps stdout to itself
+    for line in cannot:
+        print(f"cannot run here: {line}", file=out)
+    if cannot:
+        print(f"{len(cannot)} Hugging Face reference(s) this machine cannot get: `lorarl run`, `lorarl doctor` and "
+              "Snakemake refuse the study here (docs/studies.md#models-and-datasets-checked-before-anything-runs)",
+              file=out)
+    return rc
+
+
+def _list_cells(args: argparse.Namespace, study) -> int:
     table = cell_table(study)
     cells = table.cells
     axes = list(study.axes)
@@ -180,39 +194,6 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     return 1 if args.check and (changed or flipped) else 0
 
 
-def cmd_tracking_serve(args: argparse.Namespace) -> int:
-    from urllib.parse import urlparse
-
-    from lorarl.tracking.server import profile_tracking, serve
-
-    host, port = args.host, args.port
-    if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
-        uri = profile_tracking(args.profile)
-        if not uri or not str(uri).startswith(("http://", "https://")):
-            print(f"error: profile {args.profile}: `tracking:` is {uri!r}, not an http(s):// server URI",
-                  file=sys.stderr)
-            return 2
-        u = urlparse(uri)
-        host = host or (None if args.slurm else u.hostname)  # a job's node is unknown before it starts
-        port = port if port is not None else (u.port or 5000)
-    if args.slurm:
-        from lorarl.tracking.slurm import profile_resources, submit
-
-        res = profile_resources(args.profile)
-        res.update({k: v for k, v in (("partition", args.partition), ("time", args.time), ("cpus_per_task", args.cpus),
-                                      ("mem_gb", args.mem_gb), ("sbatch", args.sbatch)) if v is not None})
-        info = submit(host or "0.0.0.0", 5000 if port is None else port, args.state, args.artifacts, args.workers,
-                      args.credentials, res, timeout_s=args.wait, backend=args.backend_store_uri)
-        print(f"[lorarl] MLflow tracking server ready: {info['uri']} (Slurm job {info['slurm_job_id']} on "
-              f"{info['host']}; stop it with `scancel {info['slurm_job_id']}`)\n"
-              f"[lorarl] put this in the profile:  tracking: {info['uri']}"
-              + (f"\n[lorarl] basic auth on; jobs read {info['credentials']}" if info.get("auth") else ""), flush=True)
-        return 0
-    return serve(host=host or "127.0.0.1", port=5000 if port is None else port, state=args.state,
-                 artifacts=args.artifacts, backend=args.backend_store_uri, workers=args.workers,
-                 credentials=args.credentials, force_auth=args.auth)
-
-
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     from lorarl.pipeline.sync import sync_study
 
@@ -331,24 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking/server.py)")
     trs = tr.add_subparsers(dest="tracking_cmd", required=True)
     sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
-    sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
-    sv.add_argument("--port", type=int, default=None, help="default 5000; 0 = any free port")
-    sv.add_argument("--profile", default=None, help="bind where this profile's `tracking:` URI says")
-    sv.add_argument("--state", default="results/.tracking", help="PostgreSQL data, logs, server.json")
-    sv.add_argument("--artifacts", default="results/mlartifacts", help="artifact root (shared filesystem)")
-    sv.add_argument("--backend-store-uri", default=None, help="an existing database instead of our own PostgreSQL")
-    sv.add_argument("--workers", type=int, default=2, help="MLflow server worker processes")
-    sv.add_argument("--credentials", default=None, help="credentials file (default ~/.config/lorarl/...)")
-    sv.add_argument("--auth", action="store_true", help="basic auth on loopback too (a shared submit host)")
-    sv.add_argument("--slurm", action="store_true", help="run it as a Slurm job (sbatch; binds 0.0.0.0, auth on); "
-                    "waits until it serves, prints its URI and job id")
-    sv.add_argument("--partition", default=None, help="--slurm: partition (default: the profile's slurm.tracking)")
-    sv.add_argument("--time", default=None, help="--slurm: time limit, e.g. 7-0 (Slurm's syntax)")
-    sv.add_argument("--cpus", type=int, default=None, help="--slurm: CPUs of the job")
-    sv.add_argument("--mem-gb", type=int, default=None, help="--slurm: memory of the job (GB)")
-    sv.add_argument("--sbatch", default=None, help='--slurm: more sbatch options, e.g. "--account=x --qos=y"')
-    sv.add_argument("--wait", type=float, default=600, help="--slurm: seconds to wait for the job to serve")
-    sv.set_defaults(fn=cmd_tracking_serve)
+    from lorarl.tracking.serve_command import add_arguments as serve_arguments, cmd_serve
+
+    serve_arguments(sv)  # --host --port --profile --state --artifacts ... --slurm and its resources
+    sv.set_defaults(fn=cmd_serve)
 
     sy = sub.add_parser("sync-mlflow", help="replay a study's files into the (new or repaired) MLflow store")
     sy.add_argument("study")
