@@ -114,17 +114,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def link_tracking(args: argparse.Namespace) -> None:
-    """aggregate/report: the `tracking:` setting only says where the report's MLflow links point
-    (lorarl.report.mlflow_links); nothing is written to the store, so it is not validated here."""
+    """aggregate/report/status: the `tracking:` setting and `--mlflow-ui` only say where the MLflow links point
+    (lorarl.report.mlflow_links); nothing is written to the store, so they are not validated here."""
     import os
 
+    from lorarl.report.mlflow_links import UI_ENV
     from lorarl.tracking.client import TRACKING_ENV
     from lorarl.tracking.credentials import CREDENTIALS_ENV
 
-    if getattr(args, "tracking", None):
-        os.environ[TRACKING_ENV] = args.tracking
-    if getattr(args, "tracking_credentials", None):
-        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+    for value, env in ((args.tracking, TRACKING_ENV), (args.tracking_credentials, CREDENTIALS_ENV),
+                       (args.mlflow_ui, UI_ENV)):
+        if value:
+            os.environ[env] = value
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
@@ -219,7 +220,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(rows), indent=2))
         return 0
-    print(format_table(rows, status_notes(load_study(args.study), rows, args.results)))
+    from lorarl.report.mlflow_links import text_line, ui_target
+
+    study = load_study(args.study)
+    link_tracking(args)
+    print(format_table(rows, status_notes(study, rows, args.results)))
+    print(text_line(ui_target(args.results, study.name), study.name))  # the study's runs table in MLflow's UI
     return 0
 
 
@@ -238,9 +244,12 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _tracking_args(p: argparse.ArgumentParser) -> None:
+def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
     p.add_argument("--tracking", default=None, help="MLflow store: sqlite | http(s)://host:port (the profile's)")
     p.add_argument("--tracking-credentials", default=None, help="credentials file of a server with auth (a path)")
+    if links:
+        p.add_argument("--mlflow-ui", default=None, help="address of MLflow's UI for the links (the profile's "
+                       "mlflow_ui; default: the tracking server, or `mlflow ui`'s over sqlite)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,13 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
     a.add_argument("study")
     a.add_argument("--results", default="results")
-    _tracking_args(a)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
+    _tracking_args(a, links=True)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
-    _tracking_args(rp)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
+    _tracking_args(rp, links=True)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")
@@ -307,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     "until the study ends")
     st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
+    _tracking_args(st, links=True)  # where its MLflow link points
     st.set_defaults(fn=cmd_status)
 
     tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking/server.py)")
