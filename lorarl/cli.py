@@ -224,8 +224,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     study = load_study(args.study)
     link_tracking(args)
-    print(format_table(rows, status_notes(study, rows, args.results)))
-    print(text_line(ui_target(args.results, study.name), study.name))  # the study's runs table in MLflow's UI
+    link = text_line(ui_target(args.results, study.name), study.name)  # the study's runs table in MLflow's UI
+    print(format_table(rows, [link, *status_notes(study, rows, args.results)]))
     return 0
 
 

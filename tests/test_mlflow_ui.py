@@ -102,7 +102,7 @@ def test_the_report_and_status_links_open_the_runs_table_whatever_the_stored_cho
                 time.sleep(0.5)
         # the links as lorarl writes them for a store served at `base` (the tracking setting: the server's UI)
         assert cli.main(["status", str(study), "--results", str(results), "--tracking", base]) == 0
-        status_link = capsys.readouterr().out.splitlines()[-1].removeprefix("MLflow: ")
+        status_link = re.search(r"^MLflow: (\S+)$", capsys.readouterr().out, re.M).group(1)
         monkeypatch.setenv(tracking.TRACKING_ENV, base)
         target = ui_target(results, "uistudy")
         assert status_link == experiment_url(target) and target["experiment_id"] == t.experiment_id

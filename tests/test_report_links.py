@@ -130,8 +130,8 @@ def test_the_configured_ui_and_mlflow_tracking_uri_set_the_links_and_status_prin
     res = str(tmp_path / "results")
     assert cli.main(["status", str(study), "--results", res, "--tracking", uri, "--mlflow-ui",
                      "http://localhost:15000/"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"MLflow: http://localhost:15000/#/experiments/42/runs{VIEW}"
+    assert f"\nMLflow: http://localhost:15000/#/experiments/42/runs{VIEW}\n" in capsys.readouterr().out
     monkeypatch.delenv(UI_ENV)
     assert cli.main(["status", str(study), "--results", res, "--tracking", "sqlite"]) == 0  # no store yet
-    assert capsys.readouterr().out.splitlines()[-1] == ("MLflow: no experiment 'st' at http://127.0.0.1:5000 yet "
-                                                        "(from sqlite (results/mlflow.db))")
+    assert ("\nMLflow: no experiment 'st' at http://127.0.0.1:5000 yet (from sqlite (results/mlflow.db))\n"
+            in capsys.readouterr().out)
