@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
-    _tracking_args(rp, links=True)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
+    _tracking_args(rp, links=True)  # where the MLflow links point (lorarl.report.mlflow_links)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")

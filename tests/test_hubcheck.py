@@ -251,7 +251,7 @@ def test_without_network_cells_and_status_list_a_published_study_after_one_short
                                                                                       monkeypatch):
     """Issue 45 item 7: `lorarl cells` / `lorarl status` of a published study, no network: every cell listed, every
     hub reference this machine cannot get named, exit 0, one connection attempt each, given PROBE_S (not the
-    5 s of a run); `lorarl run` still refuses the study (exit 2) after one attempt of its own."""
+    5 s of a run); `lorarl run` and `lorarl doctor` still refuse the study (exit 2) after one attempt each."""
     from lorarl import cli
 
     study = "experiments/kl_free.yaml"
@@ -274,6 +274,9 @@ def test_without_network_cells_and_status_list_a_published_study_after_one_short
     err = capsys.readouterr().err
     assert f"invalid study {study}: {len(refs)} Hugging Face reference(s) neither cached here nor reachable" in err
     assert "no answer in 1 s" in err and len(no_network) == 3 and not (tmp_path / "results").exists()
+    assert cli.main(["doctor", study, "--results", str(tmp_path / "results")]) == 2  # as Snakemake would plan it
+    assert "neither cached here nor reachable" in capsys.readouterr().err and len(no_network) == 4
+    assert not (tmp_path / "results").exists()
 
 
 def test_the_probe_goes_where_the_hub_client_connects(monkeypatch):

@@ -62,9 +62,9 @@ def visit(url: str, settled, stored: str | None = None, timeout_s: float = 60) -
             end, done = time.time() + timeout_s, 0
             while time.time() < end and done < 2:
                 time.sleep(0.5)
-                got = pipe.send("Runtime.evaluate", {"expression": "JSON.stringify({hash: location.hash, text: "
-                                                     f"document.body.innerText, stored: localStorage.getItem({STORED!r})}})",
-                                                     "returnByValue": True}, session=sid)
+                expression = ("JSON.stringify({hash: location.hash, text: document.body.innerText, "
+                              f"stored: localStorage.getItem({STORED!r})}})")
+                got = pipe.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=sid)
                 seen = json.loads(got["result"]["value"])
                 done += bool(settled(seen["text"]))
             return seen
