@@ -119,9 +119,12 @@ def link_tracking(args: argparse.Namespace) -> None:
     import os
 
     from lorarl.report.mlflow_links import UI_ENV
-    from lorarl.tracking.client import TRACKING_ENV
+    from lorarl.tracking.client import TRACKING_ENV, TrackingError
     from lorarl.tracking.credentials import CREDENTIALS_ENV
 
+    if args.mlflow_ui and not args.mlflow_ui.startswith(("http://", "https://")):  # exit 2, nothing written
+        raise TrackingError(f"--mlflow-ui {args.mlflow_ui!r}: not an address; allowed: http(s)://host[:port] of "
+                            "MLflow's UI (or empty: the tracking server, else `mlflow ui`'s default)")
     for value, env in ((args.tracking, TRACKING_ENV), (args.tracking_credentials, CREDENTIALS_ENV),
                        (args.mlflow_ui, UI_ENV)):
         if value:

@@ -132,6 +132,8 @@ def test_the_configured_ui_and_mlflow_tracking_uri_set_the_links_and_status_prin
                      "http://localhost:15000/"]) == 0
     assert f"\nMLflow: http://localhost:15000/#/experiments/42/runs{VIEW}\n" in capsys.readouterr().out
     monkeypatch.delenv(UI_ENV)
+    assert cli.main(["status", str(study), "--results", res, "--mlflow-ui", "localhost:15000"]) == 2
+    assert "--mlflow-ui 'localhost:15000': not an address; allowed: http(s)://" in capsys.readouterr().err
     assert cli.main(["status", str(study), "--results", res, "--tracking", "sqlite"]) == 0  # no store yet
     assert ("\nMLflow: no experiment 'st' at http://127.0.0.1:5000 yet (from sqlite (results/mlflow.db))\n"
             in capsys.readouterr().out)
