@@ -13,11 +13,25 @@ import sys
 from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
 from lorarl.pipeline.stages import launchable
-from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
+from lorarl.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
-    study = load_study_to_run(args.study)  # what Snakemake would refuse, refused here (hub references included)
+    """Lists the cells and runs nothing: a study this machine cannot run (a hub model or dataset neither cached nor
+    reachable) is listed with what it cannot get; one the hub says does not exist is refused (exit 2)."""
+    study, cannot = load_study_to_list(args.study)
+    rc = _list_cells(args, study)
+    out = sys.stderr if args.json or args.ids else sys.stdout  # machine-readable output keeps stdout to itself
+    for line in cannot:
+        print(f"cannot run here: {line}", file=out)
+    if cannot:
+        print(f"{len(cannot)} Hugging Face reference(s) this machine cannot get: `lorarl run`, `lorarl doctor` and "
+              "Snakemake refuse the study here (docs/studies.md#models-and-datasets-checked-before-anything-runs)",
+              file=out)
+    return rc
+
+
+def _list_cells(args: argparse.Namespace, study) -> int:
     table = cell_table(study)
     cells = table.cells
     axes = list(study.axes)
@@ -103,17 +117,21 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def link_tracking(args: argparse.Namespace) -> None:
-    """aggregate/report: the `tracking:` setting only says where the report's MLflow links point
-    (lorarl.report.mlflow_links); nothing is written to the store, so it is not validated here."""
+    """aggregate/report/status: the `tracking:` setting and `--mlflow-ui` only say where the MLflow links point
+    (lorarl.report.mlflow_links); nothing is written to the store, so they are not validated here."""
     import os
 
-    from lorarl.tracking.client import TRACKING_ENV
+    from lorarl.report.mlflow_links import UI_ENV
+    from lorarl.tracking.client import TRACKING_ENV, TrackingError
     from lorarl.tracking.credentials import CREDENTIALS_ENV
 
-    if getattr(args, "tracking", None):
-        os.environ[TRACKING_ENV] = args.tracking
-    if getattr(args, "tracking_credentials", None):
-        os.environ[CREDENTIALS_ENV] = args.tracking_credentials
+    if args.mlflow_ui and not args.mlflow_ui.startswith(("http://", "https://")):  # exit 2, nothing written
+        raise TrackingError(f"--mlflow-ui {args.mlflow_ui!r}: not an address; allowed: http(s)://host[:port] of "
+                            "MLflow's UI (or empty: the tracking server, else `mlflow ui`'s default)")
+    for value, env in ((args.tracking, TRACKING_ENV), (args.tracking_credentials, CREDENTIALS_ENV),
+                       (args.mlflow_ui, UI_ENV)):
+        if value:
+            os.environ[env] = value
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
@@ -183,39 +201,6 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     return 1 if args.check and (changed or flipped) else 0
 
 
-def cmd_tracking_serve(args: argparse.Namespace) -> int:
-    from urllib.parse import urlparse
-
-    from lorarl.tracking.server import profile_tracking, serve
-
-    host, port = args.host, args.port
-    if args.profile:  # bind where the profile's `tracking:` URI says (flags still win)
-        uri = profile_tracking(args.profile)
-        if not uri or not str(uri).startswith(("http://", "https://")):
-            print(f"error: profile {args.profile}: `tracking:` is {uri!r}, not an http(s):// server URI",
-                  file=sys.stderr)
-            return 2
-        u = urlparse(uri)
-        host = host or (None if args.slurm else u.hostname)  # a job's node is unknown before it starts
-        port = port if port is not None else (u.port or 5000)
-    if args.slurm:
-        from lorarl.tracking.slurm import profile_resources, submit
-
-        res = profile_resources(args.profile)
-        res.update({k: v for k, v in (("partition", args.partition), ("time", args.time), ("cpus_per_task", args.cpus),
-                                      ("mem_gb", args.mem_gb), ("sbatch", args.sbatch)) if v is not None})
-        info = submit(host or "0.0.0.0", 5000 if port is None else port, args.state, args.artifacts, args.workers,
-                      args.credentials, res, timeout_s=args.wait, backend=args.backend_store_uri)
-        print(f"[lorarl] MLflow tracking server ready: {info['uri']} (Slurm job {info['slurm_job_id']} on "
-              f"{info['host']}; stop it with `scancel {info['slurm_job_id']}`)\n"
-              f"[lorarl] put this in the profile:  tracking: {info['uri']}"
-              + (f"\n[lorarl] basic auth on; jobs read {info['credentials']}" if info.get("auth") else ""), flush=True)
-        return 0
-    return serve(host=host or "127.0.0.1", port=5000 if port is None else port, state=args.state,
-                 artifacts=args.artifacts, backend=args.backend_store_uri, workers=args.workers,
-                 credentials=args.credentials, force_auth=args.auth)
-
-
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
     from lorarl.pipeline.sync import sync_study
 
@@ -241,7 +226,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(rows), indent=2))
         return 0
-    print(format_table(rows, status_notes(load_study(args.study), rows, args.results)))
+    from lorarl.report.mlflow_links import text_line, ui_target
+
+    study = load_study(args.study)
+    link_tracking(args)
+    link = text_line(ui_target(args.results, study.name), study.name)  # the study's runs table in MLflow's UI
+    print(format_table(rows, [link, *status_notes(study, rows, args.results)]))
     return 0
 
 
@@ -260,9 +250,12 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _tracking_args(p: argparse.ArgumentParser) -> None:
+def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
     p.add_argument("--tracking", default=None, help="MLflow store: sqlite | http(s)://host:port (the profile's)")
     p.add_argument("--tracking-credentials", default=None, help="credentials file of a server with auth (a path)")
+    if links:
+        p.add_argument("--mlflow-ui", default=None, help="address of MLflow's UI for the links (the profile's "
+                       "mlflow_ui; default: the tracking server, or `mlflow ui`'s over sqlite)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("aggregate", help="tables and figures of a study from the per-cell files")
     a.add_argument("study")
     a.add_argument("--results", default="results")
-    _tracking_args(a)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
+    _tracking_args(a, links=True)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
-    _tracking_args(rp)  # where the MLflow links point (default: $LORARL_TRACKING, results/.tracking/server.json)
+    _tracking_args(rp, links=True)  # where the MLflow links point (lorarl.report.mlflow_links)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")
@@ -329,29 +322,16 @@ def main(argv: list[str] | None = None) -> int:
                     "until the study ends")
     st.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between redraws")
     st.add_argument("--max-updates", type=int, default=None, help="--watch: stop after this many redraws")
+    _tracking_args(st, links=True)  # where its MLflow link points
     st.set_defaults(fn=cmd_status)
 
     tr = sub.add_parser("tracking", help="MLflow tracking server (see lorarl/tracking/server.py)")
     trs = tr.add_subparsers(dest="tracking_cmd", required=True)
     sv = trs.add_parser("serve", help="start mlflow server on PostgreSQL; print the URI for the profile")
-    sv.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; beyond loopback: auth on)")
-    sv.add_argument("--port", type=int, default=None, help="default 5000; 0 = any free port")
-    sv.add_argument("--profile", default=None, help="bind where this profile's `tracking:` URI says")
-    sv.add_argument("--state", default="results/.tracking", help="PostgreSQL data, logs, server.json")
-    sv.add_argument("--artifacts", default="results/mlartifacts", help="artifact root (shared filesystem)")
-    sv.add_argument("--backend-store-uri", default=None, help="an existing database instead of our own PostgreSQL")
-    sv.add_argument("--workers", type=int, default=2, help="MLflow server worker processes")
-    sv.add_argument("--credentials", default=None, help="credentials file (default ~/.config/lorarl/...)")
-    sv.add_argument("--auth", action="store_true", help="basic auth on loopback too (a shared submit host)")
-    sv.add_argument("--slurm", action="store_true", help="run it as a Slurm job (sbatch; binds 0.0.0.0, auth on); "
-                    "waits until it serves, prints its URI and job id")
-    sv.add_argument("--partition", default=None, help="--slurm: partition (default: the profile's slurm.tracking)")
-    sv.add_argument("--time", default=None, help="--slurm: time limit, e.g. 7-0 (Slurm's syntax)")
-    sv.add_argument("--cpus", type=int, default=None, help="--slurm: CPUs of the job")
-    sv.add_argument("--mem-gb", type=int, default=None, help="--slurm: memory of the job (GB)")
-    sv.add_argument("--sbatch", default=None, help='--slurm: more sbatch options, e.g. "--account=x --qos=y"')
-    sv.add_argument("--wait", type=float, default=600, help="--slurm: seconds to wait for the job to serve")
-    sv.set_defaults(fn=cmd_tracking_serve)
+    from lorarl.tracking.serve_command import add_arguments as serve_arguments, cmd_serve
+
+    serve_arguments(sv)  # --host --port --profile --state --artifacts ... --slurm and its resources
+    sv.set_defaults(fn=cmd_serve)
 
     sy = sub.add_parser("sync-mlflow", help="replay a study's files into the (new or repaired) MLflow store")
     sy.add_argument("study")

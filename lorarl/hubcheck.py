@@ -1,5 +1,6 @@
 """Hugging Face hub references a study names, each in the local cache or answering on the hub, checked before
-anything runs or is written (`lorarl cells`, `lorarl run`, `lorarl doctor` and Snakemake alike).
+anything runs or is written (`lorarl run`, `lorarl doctor` and Snakemake alike; `lorarl cells` and `lorarl status`
+list a study all the same and name what this machine cannot get).
 
 What is checked, per distinct reference of the study's cells (`references`):
 * `model`, `reward.teacher`, `reward.prm_model` (when a regime uses them) given as a hub id: the model's
@@ -15,9 +16,13 @@ What is checked, per distinct reference of the study's cells (`references`):
 
 A reference not in the cache is asked of the hub (`model_info` / `dataset_info` at its revision, `$HF_ENDPOINT`)
 with a deadline of `TIMEOUT_S` seconds in all (a daemon thread: a resolver that never answers cannot hold the
-command); after one connection failure the others are not asked. With `HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE`
-or `HF_DATASETS_OFFLINE` set the hub is never asked. Every reference that is neither cached nor found is named,
-with the field that sets it, and the study is refused (exit 2).
+command). Before the first question one probe (`reach`: a TCP connection to the endpoint, or to the proxy that
+reaches it) tells an offline machine at once: it fails, and no reference is asked; after one connection failure
+the others are not asked either. What runs or plans jobs (`lorarl run`, `lorarl doctor`, Snakemake) gives the
+probe the whole deadline; what only lists a study (`lorarl cells`, `lorarl status`) gives it `PROBE_S`, so a
+machine without network gets its answer in well under a second. With `HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE` or
+`HF_DATASETS_OFFLINE` set the hub is never asked. Every reference that is neither cached nor found is named, with
+the field that sets it; what runs a study refuses it (exit 2), what lists one prints those lines (`listing`).
 
 Runtime switch, not science (never a study field): a cluster whose compute nodes reach the hub while the submit
 host does not sets `hub_check: false` in its profile's config (profiles/slurm/cluster.yaml, or `--config
@@ -29,7 +34,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,6 +47,8 @@ from lorarl.matrix import StudyError
 ENV = "LORARL_HUB_CHECK"  # 0 / false / off: skip the check (compute nodes reach the hub, this host does not)
 OFFLINE_ENVS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 TIMEOUT_S = 5.0  # the whole hub probe of one study, at most
+PROBE_S = 0.5  # listing a study: the one connection that tells an offline machine (a working one opens it in ms)
+ABSENT = "the hub has no such repository or revision"  # the hub answered: the study names what does not exist
 _FALSE = {"0", "false", "off", "no"}
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -163,13 +173,19 @@ def _commit(ref: Ref) -> str | None:
         return None
 
 
-def _model_cached(ref: Ref) -> bool:
-    from huggingface_hub import try_to_load_from_cache
+def _snapshot(ref: Ref, filename: str) -> Path | None:
+    """`filename` in the hub cache's snapshot of the reference's revision (huggingface_hub's
+    `try_to_load_from_cache`, 1.33, without importing it and httpx: an offline answer stays fast)."""
+    commit = _commit(ref)
+    path = _repo_dir(ref) / "snapshots" / commit / filename if commit else None
+    return path if path is not None and path.is_file() else None
 
-    config = try_to_load_from_cache(ref.repo, "config.json", cache_dir=hub_cache(), revision=ref.revision)
-    if not isinstance(config, str):
+
+def _model_cached(ref: Ref) -> bool:
+    config = _snapshot(ref, "config.json")
+    if config is None:
         return False
-    snap = Path(config).parent
+    snap = config.parent
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (snap / index).is_file():
             try:
@@ -197,11 +213,7 @@ def _dataset_cached(ref: Ref) -> bool:
 
 
 def _file_cached(ref: Ref) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    got = try_to_load_from_cache(ref.repo, ref.filename, cache_dir=hub_cache(), revision=ref.revision,
-                                 repo_type="dataset")
-    return isinstance(got, str)
+    return _snapshot(ref, ref.filename) is not None
 
 
 def cached(ref: Ref) -> bool:
@@ -241,18 +253,57 @@ def ask(ref: Ref, timeout_s: float) -> str:
     return box[0] if box else "unreachable: no answer"
 
 
-def problems(refs: Iterable[Ref], timeout_s: float | None = None) -> list[tuple[Ref, str]]:
-    """(reference, why) for each reference neither cached nor found on the hub."""
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def _via(url: str) -> tuple[str, int]:
+    """(host, port) a connection to `url` opens: its proxy's when the environment names one for it (as httpx,
+    huggingface_hub's client, reads HTTP(S)_PROXY / ALL_PROXY / NO_PROXY), else its own."""
+    u = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(u.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass_environment(u.netloc, proxies):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return p.hostname or "", p.port or (443 if p.scheme == "https" else 80)
+    return u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+
+
+def reach(url: str, deadline_s: float) -> str | None:
+    """None when one TCP connection to `url` (or its proxy) opens within `deadline_s`, else why not. The name
+    lookup is inside the deadline too (a daemon thread: a resolver that never answers cannot hold the command)."""
+    host, port = _via(url)
+    box: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=deadline_s).close()
+            box.append(None)
+        except OSError as err:  # refused, no route, no such name, timed out: all mean "not reachable"
+            box.append(str(getattr(err, "strerror", None) or type(err).__name__))
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(deadline_s)
+    return box[0] if box else f"no answer in {deadline_s:g} s"
+
+
+def problems(refs: Iterable[Ref], timeout_s: float | None = None,
+             probe_s: float | None = None) -> list[tuple[Ref, str]]:
+    """(reference, why) for each reference neither cached nor found on the hub: one probe of the hub (`reach`,
+    `probe_s` at most, default the whole `timeout_s`), then, if it answered, each uncached reference asked."""
     import time
 
     budget = TIMEOUT_S if timeout_s is None else timeout_s
     end = time.monotonic() + budget
+    todo = [ref for ref in refs if not cached(ref)]
     why_off = offline()
     down: str | None = f"the hub is not asked ({why_off} is set)" if why_off else None
+    if todo and down is None:
+        why = reach(endpoint(), budget if probe_s is None else min(probe_s, budget))
+        down = f"the hub is unreachable ({endpoint()}: {why})" if why else None
     out = []
-    for ref in refs:
-        if cached(ref):
-            continue
+    for ref in todo:
         if down is None:
             left = end - time.monotonic()
             answer = ask(ref, left) if left > 0 else "unreachable: no answer"
@@ -260,36 +311,57 @@ def problems(refs: Iterable[Ref], timeout_s: float | None = None) -> list[tuple[
             if answer == "found":
                 continue
             if answer == "missing":
-                out.append((ref, "the hub has no such repository or revision"))
+                out.append((ref, ABSENT))
                 continue
-            endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-            down = f"the hub is unreachable ({endpoint}: {answer.removeprefix('unreachable: ')})"
+            down = f"the hub is unreachable ({endpoint()}: {answer.removeprefix('unreachable: ')})"
         out.append((ref, down))
     return out
 
 
-def missing(study: Any, cells: Iterable[Any], timeout_s: float | None = None) -> list[str]:
-    """One line per hub reference of the cells that is neither cached nor reachable (its study field first)."""
-    from lorarl.preflight import where
-
+def _refs(cells: Iterable[Any]) -> list[Ref]:
     refs: dict[tuple, Ref] = {}
     for cell in cells:
         for ref in references(cell.config):
             refs.setdefault((ref.field, ref.kind, ref.repo, ref.revision, ref.config, ref.filename), ref)
+    return list(refs.values())
+
+
+def _lines(study: Any, bad: list[tuple[Ref, str]]) -> list[str]:
+    from lorarl.preflight import where
+
     return [f"{where(study, r.field, r.value)}: {r.describe()}: not in the local cache "
-            f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}"
-            for r, why in problems(refs.values(), timeout_s)]
+            f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}" for r, why in bad]
+
+
+def missing(study: Any, cells: Iterable[Any], timeout_s: float | None = None,
+            probe_s: float | None = None) -> list[str]:
+    """One line per hub reference of the cells that is neither cached nor reachable (its study field first)."""
+    return _lines(study, problems(_refs(cells), timeout_s, probe_s))
+
+
+def _refusal(source: str, bad: list[str], what: str) -> StudyError:
+    lines = [f"  {line}" for line in bad]
+    return StudyError(
+        f"invalid study {source}: {len(bad)} Hugging Face reference(s) {what}:\n"
+        + "\n".join(lines) + "\n  allowed: a model or dataset in the local cache (download it where there is "
+        "network: `hf download <id>` for a model; run `datasets.load_dataset` once for a dataset; same HF_HOME), "
+        "a local path, or local:<recipe> for a model; compute nodes that reach the hub while this host does not: "
+        f"`hub_check: false` in the profile's config (or {ENV}=0)")
 
 
 def check_study(study: Any, cells: Iterable[Any], source: str, timeout_s: float | None = None) -> None:
     """Raise StudyError naming every hub reference of the cells that is neither cached nor reachable."""
     bad = missing(study, cells, timeout_s)
-    if not bad:
-        return
-    lines = [f"  {line}" for line in bad]
-    raise StudyError(
-        f"invalid study {source}: {len(bad)} Hugging Face reference(s) neither cached here nor reachable:\n"
-        + "\n".join(lines) + "\n  allowed: a model or dataset in the local cache (download it where there is "
-        "network: `hf download <id>` for a model; run `datasets.load_dataset` once for a dataset; same HF_HOME), "
-        "a local path, or local:<recipe> for a model; compute nodes that reach the hub while this host does not: "
-        f"`hub_check: false` in the profile's config (or {ENV}=0)")
+    if bad:
+        raise _refusal(source, bad, "neither cached here nor reachable")
+
+
+def listing(study: Any, cells: Iterable[Any], source: str) -> list[str]:
+    """What only lists a study (`lorarl cells`): a line per hub reference this machine cannot get now (not cached,
+    and the hub offline or unreachable: one probe of `PROBE_S`), the study listed all the same; a reference the hub
+    answers does not exist is the study's error, refused (StudyError) as running it would be."""
+    bad = problems(_refs(cells), probe_s=PROBE_S)
+    absent = [(r, why) for r, why in bad if why == ABSENT]
+    if absent:
+        raise _refusal(source, _lines(study, absent), "that the hub says do not exist")
+    return _lines(study, bad)

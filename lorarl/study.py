@@ -25,6 +25,7 @@ How to use it (every lookup is a dictionary access; the table is built once per 
     from lorarl.study import cell_table, load_study
     study = load_study("experiments/demo.yaml")   # validated (cached per file in this process)
     study = load_study_to_run(path)                # + its hub models/datasets cached or reachable (lorarl.hubcheck)
+    study, cannot = load_study_to_list(path)       # listing only: + what of the hub this machine cannot get now
     table = cell_table(study)                      # the same object on every call for this study
     table.cells                                    # matrix cells in axis order (`Cell`)
     table.bases                                    # base pseudo-cells: the untrained model(s)
@@ -55,7 +56,8 @@ from lorarl.preflight import check_references
 from lorarl.reserved import check_axis_name
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
-           "find_cell", "flatten", "label_of", "load_study", "load_study_to_run", "parse_study", "study_cells"]
+           "find_cell", "flatten", "label_of", "load_study", "load_study_to_list", "load_study_to_run", "parse_study",
+           "study_cells"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
@@ -180,8 +182,8 @@ def load_study(path: str | Path) -> Study:
 def load_study_to_run(path: str | Path, hub_check: Any = True) -> Study:
     """`load_study`, then (once per study in this process) every hub model and dataset its cells name must be in
     the local Hugging Face cache or answer on the hub (lorarl.hubcheck), unless `hub_check` (the profile's
-    setting) or $LORARL_HUB_CHECK turns that off: what runs a study (`lorarl cells/run/doctor`, Snakemake)
-    loads it this way, so a missing model is refused before anything runs or is written."""
+    setting) or $LORARL_HUB_CHECK turns that off: what runs a study (`lorarl run/doctor`, Snakemake) loads it
+    this way, so a missing model is refused before anything runs or is written."""
     from lorarl import hubcheck
 
     study = load_study(path)
@@ -194,6 +196,25 @@ def load_study_to_run(path: str | Path, hub_check: Any = True) -> Study:
         raise StudyError(yamlpos.annotate(str(err), Path(path).read_text())) from None
     study._hub_checked = True
     return study
+
+
+def load_study_to_list(path: str | Path) -> tuple[Study, list[str]]:
+    """`load_study` for what only lists a study (`lorarl cells`): the study and a line per hub model or dataset this
+    machine cannot get now (not cached; the hub offline or unreachable, told by one short probe: lorarl.hubcheck),
+    each with its line in the file. A reference the hub says does not exist refuses the study, as running it would;
+    `$LORARL_HUB_CHECK=0` skips the check."""
+    from lorarl import hubcheck
+
+    study = load_study(path)
+    if not hubcheck.enabled():
+        return study, []
+    table = cell_table(study)
+    text = Path(path).read_text()
+    try:
+        lines = hubcheck.listing(study, [*table.cells, *table.bases], str(path))
+    except StudyError as err:
+        raise StudyError(yamlpos.annotate(str(err), text)) from None
+    return study, yamlpos.annotate("\n".join(lines), text).splitlines()  # + (line N): the YAML read once
 
 
 def cell_table(study: Study) -> "CellTable":

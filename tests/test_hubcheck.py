@@ -1,13 +1,16 @@
 """Hub references checked before a study runs (lorarl.hubcheck): a model, teacher, PRM or dataset that is neither
 in the local Hugging Face cache nor reachable refuses the study with exit 2, naming it and its field, before
-anything runs or is written (`lorarl cells` and Snakemake alike); a cached one passes; `hub_check: false` /
-LORARL_HUB_CHECK=0 lets it through. No test touches the network: the hub is HF_HUB_OFFLINE or a local server."""
+anything runs or is written (`lorarl run`, `lorarl doctor`, Snakemake); `lorarl cells` and `lorarl status` list
+such a study and name what this machine cannot get, after one short probe of the hub; a cached one passes;
+`hub_check: false` / LORARL_HUB_CHECK=0 lets it through. No test touches the network: the hub is HF_HUB_OFFLINE,
+a closed or silent loopback port, a name whose lookup never answers, or a local server."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -58,17 +61,34 @@ def cache_model(home: Path, repo: str, files: dict[str, str]) -> Path:
     return snap
 
 
-def test_an_uncached_model_is_refused_by_lorarl_cells_and_snakemake_before_anything_is_written(tmp_path, hf):
+def closed_port() -> int:
+    """A loopback port nothing listens on: a connection to it is refused at once (a machine without network)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_uncached_model_is_listed_by_lorarl_cells_and_refused_by_snakemake(tmp_path, hf, capsys, monkeypatch):
+    from lorarl import cli
+
     study = study_file(tmp_path)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE" and not k.lower().endswith("_proxy")}
+    env.update(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")  # no hub: the connection is refused
     cells = subprocess.run([sys.executable, "-m", "lorarl.cli", "cells", str(study)], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
-    assert cells.returncode == 2, cells.stdout + cells.stderr
-    assert QWEN in cells.stderr and "defaults.model" in cells.stderr and "HF_HUB_OFFLINE" in cells.stderr
+    assert cells.returncode == 0, cells.stdout + cells.stderr
+    assert cells.stdout.splitlines()[1].startswith("s0 ") and "1 cells in study 'mine'" in cells.stdout
+    assert (f"cannot run here: defaults.model: model '{QWEN}': not in the local cache" in cells.stdout
+            and "the hub is unreachable" in cells.stdout and "Connection refused" in cells.stdout), cells.stdout
+    assert cli.main(["cells", str(study), "--json"]) == 0  # (HF_HUB_OFFLINE) stdout stays JSON; the lines: stderr
+    got = capsys.readouterr()
+    assert [c["id"] for c in json.loads(got.out)] == ["s0"] and "HF_HUB_OFFLINE is set" in got.err
+    env["HF_HUB_OFFLINE"] = "1"
     root = recovery.workspace(tmp_path / "ws", {"studies": [str(study)]})
     snake = subprocess.run(["snakemake", "all"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert snake.returncode == 2, snake.stdout[-2000:] + snake.stderr[-2000:]
-    assert QWEN in snake.stderr and "defaults.model" in snake.stderr
+    assert QWEN in snake.stderr and "defaults.model" in snake.stderr and "HF_HUB_OFFLINE" in snake.stderr
     assert not (root / "results").exists() and not (tmp_path / "results").exists()
 
 
@@ -170,6 +190,9 @@ def test_an_uncached_model_the_hub_answers_for_passes_a_missing_or_silent_one_do
         (tmp_path / "b").mkdir()
         with pytest.raises(StudyError, match="nobody/nothing.*no such repository"):
             load_study_to_run(study_file(tmp_path / "b", model="nobody/nothing"))
+        from lorarl import cli  # listing a study that names what does not exist: refused as well
+
+        assert cli.main(["cells", str(tmp_path / "b" / "mine.yaml")]) == 2
     finally:
         server.shutdown()
     silent = socket.socket()  # accepts connections, never answers: the check gives up at its deadline
@@ -196,3 +219,81 @@ def test_status_names_the_reference_a_study_that_never_started_cannot_run_here(h
     cache_model(hf, QWEN, {"model.safetensors": "weights"})
     assert cli.main(["status", str(path), "--results", str(tmp_path / "results")]) == 0
     assert "cannot run here" not in capsys.readouterr().out
+
+
+@pytest.fixture
+def no_network(hf, monkeypatch):
+    """A machine without network: HF_HUB_OFFLINE unset, the hub at a name whose lookup never answers (a resolver
+    that is not there); every lookup of it is counted (each is one connection attempt)."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.lorarl.invalid")
+    lookups, never = [], threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host != "hub.lorarl.invalid":
+            return real(host, *args, **kwargs)
+        lookups.append(host)
+        never.wait(60)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield lookups
+    never.set()
+
+
+def test_without_network_cells_and_status_list_a_published_study_after_one_short_probe(no_network, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Issue 45 item 7: `lorarl cells` / `lorarl status` of a published study, no network: every cell listed, every
+    hub reference this machine cannot get named, exit 0, one connection attempt each, given PROBE_S (not the
+    5 s of a run); `lorarl run` and `lorarl doctor` still refuse the study (exit 2) after one attempt each."""
+    from lorarl import cli
+
+    study = "experiments/kl_free.yaml"
+    table = cell_table(load_study(study))
+    refs = {(r.field, r.repo) for c in [*table.cells, *table.bases] for r in hubcheck.references(c.config)}
+    assert cli.main(["cells", study]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n{c.id} " in out for c in table.cells) and f"{len(table.cells)} cells in study 'kl_free'" in out
+    cannot = [line for line in out.splitlines() if line.startswith("cannot run here: ")]
+    assert len(cannot) == len(refs) >= 5 and all(repo in out for _, repo in refs), out
+    assert all(f"the hub is unreachable (https://hub.lorarl.invalid: no answer in {hubcheck.PROBE_S:g} s)" in line
+               for line in cannot), cannot
+    assert re.search(rf"^{len(refs)} Hugging Face reference\(s\) this machine cannot get", out, re.M)
+    assert no_network == ["hub.lorarl.invalid"]  # one probe, no question per reference
+    assert cli.main(["status", study, "--results", str(tmp_path / "results")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cannot run here: ")]
+    assert len(notes) == len(refs) and len(no_network) == 2
+    monkeypatch.setattr(hubcheck, "TIMEOUT_S", 1.0)  # a run's deadline (5 s), shortened for the test
+    assert cli.main(["run", study, table.cells[0].id, "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid study {study}: {len(refs)} Hugging Face reference(s) neither cached here nor reachable" in err
+    assert "no answer in 1 s" in err and len(no_network) == 3 and not (tmp_path / "results").exists()
+    assert cli.main(["doctor", study, "--results", str(tmp_path / "results")]) == 2  # as Snakemake would plan it
+    assert "neither cached here nor reachable" in capsys.readouterr().err and len(no_network) == 4
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_probe_goes_where_the_hub_client_connects(monkeypatch):
+    """The one probe opens a connection to the endpoint, or to the proxy the environment names for it (as httpx,
+    the hub's client, reads HTTPS_PROXY / NO_PROXY); a refused one says so."""
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert hubcheck._via("https://huggingface.co") == ("huggingface.co", 443)
+    assert hubcheck._via("http://127.0.0.1:8080") == ("127.0.0.1", 8080)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.site:3128")
+    assert hubcheck._via("https://huggingface.co") == ("proxy.site", 3128)
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert hubcheck._via("https://huggingface.co") == ("huggingface.co", 443)
+    port = closed_port()
+    assert hubcheck.reach(f"http://127.0.0.1:{port}", 5.0) == "Connection refused"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        assert hubcheck.reach(f"http://127.0.0.1:{listening.getsockname()[1]}", 5.0) is None

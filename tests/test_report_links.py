@@ -47,7 +47,7 @@ def stub(monkeypatch):
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    for k in (tracking.TRACKING_ENV, UI_ENV, tracking_server.CREDENTIALS_ENV):
+    for k in (tracking.TRACKING_ENV, UI_ENV, tracking_server.CREDENTIALS_ENV, "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(k, raising=False)
     yield f"http://127.0.0.1:{srv.server_address[1]}", seen
     srv.shutdown()
@@ -66,7 +66,9 @@ def test_sqlite_links_point_to_mlflow_ui_with_the_experiment(tmp_path: Path, stu
     run = t.start("c0", "c0", tags={}, params={})
     target = ui_target(res, "lk")
     assert target["base"] == "http://127.0.0.1:5000" and target["experiment_id"] == t.experiment_id
-    assert f"mlflow ui --backend-store-uri sqlite:///{res.resolve()}/mlflow.db" in target["hint"]
+    # the command that starts the UI where the links point, its address spelled out (no port of the UI's choosing)
+    assert (f"mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///{res.resolve()}/mlflow.db"
+            in target["hint"])
     # every link carries the model-training view: MLflow 3.17 opens the runs, not the GenAI overview (test_mlflow_ui.py)
     assert run_url(target, run) == f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs/{run}{VIEW}"
     line = html.mlflow_line(target, "lk")
@@ -106,3 +108,32 @@ def test_server_json_without_a_setting_and_the_ui_override(tmp_path: Path, stub,
     target = ui_target(res, "s")
     assert target["base"] == "http://localhost:15000" and target["experiment_id"] == "42"
     assert target["source"] == f"${UI_ENV}"
+
+
+def test_the_configured_ui_and_mlflow_tracking_uri_set_the_links_and_status_prints_one(tmp_path: Path, stub,
+                                                                                       monkeypatch, capsys):
+    """Issue 46 item 5: the links use what the user configured: `$MLFLOW_TRACKING_URI` (a server, as the client reads
+    it when no lorarl setting is given), `--mlflow-ui` (report, aggregate, status; the profile's `mlflow_ui:`);
+    `lorarl status` prints the study's runs-table link."""
+    from lorarl import cli
+
+    uri, _ = stub
+    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    target = ui_target(tmp_path / "results", "st")
+    assert target["base"] == uri and target["experiment_id"] == "42" and target["hint"] == ""
+    monkeypatch.setenv(tracking.TRACKING_ENV, "sqlite")  # lorarl's own setting wins, as in the client
+    assert ui_target(tmp_path / "results", "st")["base"] == "http://127.0.0.1:5000"
+    study = tmp_path / "st.yaml"
+    study.write_text("name: st\ndefaults: {model: 'local:tiny-test'}\naxes: {seed: {field: seed, prefix: s, "
+                     "values: [0]}}\n")
+    res = str(tmp_path / "results")
+    assert cli.main(["status", str(study), "--results", res, "--tracking", uri, "--mlflow-ui",
+                     "http://localhost:15000/"]) == 0
+    assert f"\nMLflow: http://localhost:15000/#/experiments/42/runs{VIEW}\n" in capsys.readouterr().out
+    monkeypatch.delenv(UI_ENV)
+    assert cli.main(["status", str(study), "--results", res, "--mlflow-ui", "localhost:15000"]) == 2
+    assert "--mlflow-ui 'localhost:15000': not an address; allowed: http(s)://" in capsys.readouterr().err
+    assert cli.main(["status", str(study), "--results", res, "--tracking", "sqlite"]) == 0  # no store yet
+    assert ("\nMLflow: no experiment 'st' at http://127.0.0.1:5000 yet (from sqlite (results/mlflow.db))\n"
+            in capsys.readouterr().out)

@@ -1,13 +1,17 @@
-"""Where the report's MLflow links point: the UI of the store that holds the study's runs.
+"""Where the report's and `lorarl status`'s MLflow links point: the UI of the store that holds the study's runs.
 
-The UI's address, first match wins:
-1. `$LORARL_MLFLOW_UI` (e.g. an SSH port-forward, `http://localhost:5000`);
-2. the `tracking:` setting (`lorarl aggregate/report --tracking`, which the aggregate rule passes from the
-   profile; `$LORARL_TRACKING` in a job) when it is a server URI: a tracking server is its own UI;
+The UI's address, first match wins (never a port of our own choosing):
+1. the UI address the user configured: `--mlflow-ui` (`lorarl report/aggregate/status`; the aggregate rule
+   passes the profile's `mlflow_ui:`), else `$LORARL_MLFLOW_UI` (e.g. an SSH port-forward);
+2. the tracking setting when it is a server URI (a tracking server is its own UI): `--tracking` (the aggregate
+   rule passes the profile's `tracking:`; `$LORARL_TRACKING` in a job), else `$MLFLOW_TRACKING_URI`, as the
+   client reads them (lorarl.tracking.client.resolve_tracking);
 3. with no setting at all, `<results>/.tracking/server.json` (written by `lorarl tracking serve`);
-4. sqlite: `mlflow ui`'s default address, with the command that starts it over results/mlflow.db.
+4. sqlite with no UI configured: the address `mlflow ui` serves by default, and the command that starts it there
+   over results/mlflow.db, host and port spelled out.
 The experiment id comes from the store (sqlite read-only; a server: one GET with the credentials file's
 basic auth, 5 s at most). Unknown, a run's link uses the UI's direct route `#/runs/<run id>`.
+Every link names the model-training view (`VIEW`), so it opens on the runs table whatever the browser remembers.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 UI_ENV = "LORARL_MLFLOW_UI"
-SQLITE_UI = "http://127.0.0.1:5000"  # `mlflow ui`'s default
+SQLITE_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves unless told otherwise (the hint's command says so)
 
 
 def sqlite_experiment_id(results: Path, study: str) -> str | None:
@@ -58,10 +62,17 @@ def server_experiment_id(uri: str, study: str, timeout_s: float = 5.0) -> str | 
         return None
 
 
+def _setting() -> str:
+    """The tracking setting as the client reads it: `$LORARL_TRACKING`, else `$MLFLOW_TRACKING_URI`."""
+    from lorarl.tracking.client import TRACKING_ENV
+
+    return (os.environ.get(TRACKING_ENV) or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
+
+
 def ui_target(results: str | Path, study: str) -> dict[str, Any]:
     """{'base': UI address, 'experiment_id', 'source': where the address came from, 'hint': how to open it}."""
     results = Path(results)
-    setting = (os.environ.get("LORARL_TRACKING") or "").strip()
+    setting = _setting()
     server = setting if setting.startswith(("http://", "https://")) else None
     source = "tracking setting" if server else ""
     info_file = results / ".tracking" / "server.json"
@@ -71,13 +82,15 @@ def ui_target(results: str | Path, study: str) -> dict[str, Any]:
         except (OSError, ValueError, KeyError):
             server = None
     exp = server_experiment_id(server, study) if server else sqlite_experiment_id(results, study)
-    hint = "" if server else (f"start it with `mlflow ui --backend-store-uri sqlite:///{(results / 'mlflow.db').resolve()}`")
-    base = server or SQLITE_UI
-    if os.environ.get(UI_ENV):
-        base, source = os.environ[UI_ENV], f"${UI_ENV}"
-        hint = ""
-    return {"base": base.rstrip("/"), "experiment_id": exp, "source": source or "sqlite (results/mlflow.db)",
-            "hint": hint}
+    configured = (os.environ.get(UI_ENV) or "").strip()
+    if configured:
+        return {"base": configured.rstrip("/"), "experiment_id": exp, "source": f"${UI_ENV}", "hint": ""}
+    if server:
+        return {"base": server.rstrip("/"), "experiment_id": exp, "source": source, "hint": ""}
+    u = urllib.parse.urlsplit(SQLITE_UI)  # the sqlite store: a UI to start here, at the address of the links
+    return {"base": SQLITE_UI, "experiment_id": exp, "source": "sqlite (results/mlflow.db)",
+            "hint": f"start it with `mlflow ui --host {u.hostname} --port {u.port} --backend-store-uri "
+                    f"sqlite:///{(results / 'mlflow.db').resolve()}` (another address: --mlflow-ui)"}
 
 
 # MLflow's UI (3.17) picks its view from the address's `workflowType`, else from the browser's remembered sidebar
@@ -94,3 +107,11 @@ def run_url(target: dict[str, Any], run_id: str) -> str:
 def experiment_url(target: dict[str, Any]) -> str | None:
     exp = target.get("experiment_id")
     return f"{target['base']}/#/experiments/{exp}/runs{VIEW}" if exp else None
+
+
+def text_line(target: dict[str, Any], study: str) -> str:
+    """`lorarl status`'s line: the study's runs table in the UI (how to start it, for sqlite), or why there is none."""
+    exp = experiment_url(target)
+    if not exp:
+        return f"MLflow: no experiment {study!r} at {target['base']} yet (from {target['source']})"
+    return f"MLflow: {exp}" + (f" ({target['hint']})" if target.get("hint") else "")

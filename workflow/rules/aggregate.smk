@@ -16,7 +16,7 @@ rule aggregate:
         results=RESULTS,
     log:
         f"{RESULTS}/{{study}}/tables/aggregate.log",
-    # the profile's store, only for report.html's MLflow links (config in the command, not a param: no rerun)
+    # the profile's store and UI, only for report.html's MLflow links (config in the command, not a param: no rerun)
     shell:
         "lorarl aggregate {params.study} --results {params.results} --tracking {config[tracking]:q} "
-        "--tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
+        "--tracking-credentials={config[tracking_credentials]:q} --mlflow-ui={config[mlflow_ui]:q} > {log} 2>&1"
