@@ -76,6 +76,8 @@ class TrainConfig(Strict):
     epsilon: float = Field(0.2, gt=0)  # PPO clip (lower side)
     epsilon_high: float | None = None  # DAPO clip-higher (upper side); None = symmetric
     weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
+    adam_beta2: float = Field(0.999, gt=0, lt=1, json_schema_extra={"signature_omits_default": True})  # AdamW's second-moment decay (transformers' default; the GSM8K GRPO recipe, paper 000: 0.99)
+    max_grad_norm: float | None = Field(1.0, gt=0, json_schema_extra={"signature_omits_default": True})  # clip the update's gradient to this L2 norm (transformers' default 1.0; the GSM8K GRPO recipe: 0.1); null = no clipping
     warmup_ratio: float = Field(0.0, ge=0, lt=1)  # linear warm-up fraction of the schedule
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"  # schedule shape
     log_every: int = Field(1, gt=0)  # metrics logging period in steps (one row averages the step's updates)
