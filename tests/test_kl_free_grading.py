@@ -75,6 +75,16 @@ def test_math500_is_math_verify_on_the_answer_tag(cfg):
     assert [(s.correct, s.extracted) for s in wrong] == [(False, "\\frac{13}{3}"), (False, None)]
 
 
+def test_the_config_names_every_registered_format():
+    from typing import get_args
+
+    from lorarl.config import AnswerFormat
+    from lorarl.grading.answer_formats import ANSWER_FORMATS, MATH_VERIFIED, SPANS
+
+    assert get_args(AnswerFormat) == ANSWER_FORMATS and set(MATH_VERIFIED) | set(SPANS) <= set(ANSWER_FORMATS)
+    CellConfig(reward={"answer_format": "xml_math", "grading": {"float_rounding": 3}})   # math-verify settings apply
+
+
 def test_other_formats_leave_the_letter_grader_alone():
     """Only a span format reaches the letter grader: other studies' GPQA grading (and so the evaluation's
     signature, which counts grading settings that are not the registry's) stays as it was."""
