@@ -17,7 +17,7 @@ from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
-AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
+AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer", "xml_math"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
 
 
 def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:
@@ -76,6 +76,8 @@ class TrainConfig(Strict):
     epsilon: float = Field(0.2, gt=0)  # PPO clip (lower side)
     epsilon_high: float | None = None  # DAPO clip-higher (upper side); None = symmetric
     weight_decay: float = Field(0.0, ge=0)  # AdamW weight decay
+    adam_beta2: float = Field(0.999, gt=0, lt=1, json_schema_extra={"signature_omits_default": True})  # AdamW's second-moment decay (transformers' default; the GSM8K GRPO recipe, paper 000: 0.99)
+    max_grad_norm: float | None = Field(1.0, gt=0, json_schema_extra={"signature_omits_default": True})  # clip the update's gradient to this L2 norm (transformers' default 1.0; the GSM8K GRPO recipe: 0.1); null = no clipping
     warmup_ratio: float = Field(0.0, ge=0, lt=1)  # linear warm-up fraction of the schedule
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"  # schedule shape
     log_every: int = Field(1, gt=0)  # metrics logging period in steps (one row averages the step's updates)
@@ -149,11 +151,13 @@ class GradingOverride(Strict):
 
 
 def check_grading(grading: GradingOverride, answer_format: str, where: str) -> None:
-    """math-verify settings apply to the boxed format only (a text rule compares strings)."""
+    """math-verify settings apply to the formats math-verify compares only (a text rule compares strings)."""
+    from lorarl.grading.answer_formats import MATH_VERIFIED
+
     set_ = sorted(grading.model_dump(exclude_none=True))
-    if set_ and answer_format != "boxed":
-        raise ValueError(f"{where}.{set_[0]} applies to answer_format boxed only (math-verify); with "
-                         f"answer_format {answer_format!r} leave {where} empty")
+    if set_ and answer_format not in MATH_VERIFIED:
+        raise ValueError(f"{where}.{set_[0]} applies to answer_format {' / '.join(MATH_VERIFIED)} only (math-verify); "
+                         f"with answer_format {answer_format!r} leave {where} empty")
 
 
 class RewardConfig(Strict):
@@ -283,7 +287,7 @@ class BenchmarkEval(Strict):
     protocol: ProtocolOverride = ProtocolOverride()  # decoding/metric overrides of the registry protocol
     grading: GradingOverride = GradingOverride()  # math-verify comparison settings (recorded in each summary)
     headline: str | None = Field(None, json_schema_extra={"runtime": True})  # metric of this benchmark's headline column in tables, Avg and figures, e.g. pass@32 (paper 003 Table 1); null = the protocol's first (pass@1 / avg@n); report only: nothing is re-evaluated
-    answer_format: AnswerFormat | None = None  # math benchmarks: null = the study's reward.answer_format (prompt and grading agree); 003 grades GSM8K by its last number
+    answer_format: AnswerFormat | None = None  # null = the study's reward.answer_format (prompt and grading agree); 003 grades GSM8K by its last number; multiple choice reads only a span format's (xml_*) span
     trained: bool | None = Field(None, json_schema_extra={"signature_omits_default": True})  # evaluate trained cells on it: null = the registry's (a benchmark measured before training, paper 001's envelope, only on the base and teacher rows)
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lorarl.cli import main
-from lorarl.pipeline.doctor import step_split
+from lorarl.pipeline.doctor import step_split, truncation
 from lorarl.pipeline.doctor_projection import project
 from lorarl.pipeline.doctor_report import smoke_study
 from lorarl.study import load_study, study_cells
@@ -49,6 +49,19 @@ def test_smoke_study_is_one_cell_with_the_same_id_and_short_settings(results, tm
     assert only.config.eval.benchmarks["synthetic"].limit == 4
     assert only.config.model == str((results / "models" / "tiny-arith").resolve())
     assert only.config.adapter == cell.config.adapter and only.config.train.beta == cell.config.train.beta
+
+
+def test_truncation_is_the_share_of_the_smokes_completions_cut_at_the_cap(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,frac_truncated\n1,1.0\n2,0.5\n3,\n4,0.0\n")  # the warm-up step counts: its rollouts are real
+    t = truncation(csv, 256)
+    assert (t["share"], t["steps"], t["cap"]) == (0.5, 3, 256)
+    assert t["detail"].startswith("50% of the smoke's completions (3 step(s)) reached max_completion_length 256")
+    assert "most answers are cut" in t["detail"]
+    csv.write_text("step,frac_truncated\n1,0.25\n")
+    assert "most answers" not in truncation(csv, 786)["detail"]
+    csv.write_text("step,reward\n1,1.0\n")
+    assert truncation(csv, 786)["share"] is None
 
 
 def test_step_split_and_projection_arithmetic(tmp_path):
@@ -137,8 +150,10 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
-                 "evaluation: synthetic", "weight diagnostics", "memory headroom"):
+                 "evaluation: synthetic", "weight diagnostics", "memory headroom", "completions cut at the cap"):
         assert want in names
+    assert 0 <= m["truncation"]["share"] <= 1 and m["truncation"]["steps"] == 2  # the smoke's own rollouts
+    assert f"| completions cut at the cap | yes | {m['truncation']['detail']} |" in md
     sp = m["split"]
     parts = sp["rollout_generation_s"] + sp["reward_s"] + sp["old_policy_forward_and_advantages_s"] + \
         sp["reference_forward_s"] + sp["policy_forward_backward_s"]

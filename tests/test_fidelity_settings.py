@@ -26,8 +26,15 @@ ROWS = [
     ("off_principal_masks", None, "train.prompt_overflow", "truncate_left", "004 silent: verl's DAPO recipe"),
     ("off_principal_lora_pissa", None, "train.prompt_overflow", "truncate_left", "004 silent: verl's DAPO recipe"),
     ("off_principal_lora_pissa", None, "eval.eval_every", 20, "004 Figs. 10-11: the held-out curve (collapses early)"),
-    ("kl_free", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
-    ("kl_free_gemma_ablation", None, "train.lr_scheduler", "linear", "000 silent: TRL's default schedule"),
+    # 000 is silent on these: the GSM8K GRPO script's (the source of its reward reading), issue 45
+    *[(study, None, field, value, f"000 silent: the GSM8K GRPO script's {field}")
+      for study in ("kl_free", "kl_free_gemma_ablation")
+      for field, value in (("train.lr_scheduler", "cosine"), ("train.warmup_ratio", 0.1), ("train.weight_decay", 0.1),
+                           ("train.adam_beta2", 0.99), ("train.max_grad_norm", 0.1), ("train.generations", 16),
+                           ("train.max_completion_length", 786))],
+    ("kl_free", None, "adapter.alpha", 64, "000 silent: the script's lora_alpha, held over the rank axis"),
+    ("kl_free", None, "adapter.dropout", 0.05, "000 silent: the script's lora_dropout"),
+    ("kl_free_gemma_ablation", {"method": ["lora16"]}, "adapter.alpha", 64, "the script's LoraConfig (r 16)"),
     # issue 37: 002's AdaLoRA as its authors' code ran it; 002's rank rows at the text's alpha; 004's verl defaults;
     # 001's log-prob temperature
     ("peft_zoo", {"method": ["adalora"]}, "adapter.budget", "fixed",

@@ -175,7 +175,8 @@ def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path |
     if svd_root is None and results_dir is not None:
         svd_root = Path(results_dir) / "svd_cache"
     t = cfg.train
-    ctx = BuildContext(seed=cfg.seed, lr=t.lr, weight_decay=t.weight_decay, total_steps=t.optimizer_updates, svd_root=svd_root)
+    ctx = BuildContext(seed=cfg.seed, lr=t.lr, weight_decay=t.weight_decay, total_steps=t.optimizer_updates, svd_root=svd_root,
+                       betas=(0.9, t.adam_beta2))
     if applied.get("init") in SVD_INITS or applied.get("mask") not in (None, "low_magnitude"):
         ctx.prepare_svd(model)
     built = method.build(model, applied, ctx)

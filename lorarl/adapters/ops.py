@@ -22,10 +22,11 @@ class BuildContext:
     """What builders need besides the adapter settings: seed, optimiser settings, the SVD cache."""
 
     def __init__(self, seed: int = 0, lr: float = 1e-3, weight_decay: float = 0.0, total_steps: int = 1,
-                 svd_root: str | Path | None = None):
+                 svd_root: str | Path | None = None, betas: tuple[float, float] = (0.9, 0.999)):
         self.seed = seed
         self.lr = lr
         self.weight_decay = weight_decay
+        self.betas = betas  # AdamW's moment decays (train.adam_beta2) for a method's own optimiser
         self.total_steps = total_steps
         self.svd_root = svd_root
         self.digests: dict[str, str] | None = None
@@ -118,7 +119,8 @@ class MaskedAdamW(torch.optim.AdamW):
     moments stay 0 and the update is exactly 0) and decoupled weight decay touches trained entries only."""
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, masks: dict, lr: float, weight_decay: float) -> "MaskedAdamW":
+    def for_model(cls, model: torch.nn.Module, masks: dict, lr: float, weight_decay: float,
+                  betas: tuple[float, float] = (0.9, 0.999)) -> "MaskedAdamW":
         from transformers.trainer_pt_utils import get_parameter_names
 
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm],
@@ -137,7 +139,7 @@ class MaskedAdamW(torch.optim.AdamW):
             {"params": groups["no_decay"], "weight_decay": 0.0},
             {"params": groups["masked"], "weight_decay": 0.0, "masked_weight_decay": weight_decay},
         ]
-        opt = cls([g for g in param_groups if g["params"]], lr=lr, betas=(0.9, 0.999), eps=1e-8)
+        opt = cls([g for g in param_groups if g["params"]], lr=lr, betas=betas, eps=1e-8)
         opt.masks = masked
         return opt
 

@@ -53,17 +53,21 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     entry in the study (``eval.benchmarks.<name>.grading`` / ``.answer_format``), the cell's training
     reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
     the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
-    defaults, boxed).  Multiple-choice benchmarks keep their letter grader."""
+    defaults, boxed).  Multiple-choice benchmarks keep their letter grader; a format with an answer span
+    (``xml_answer``: ``<answer>D</answer>``) tells it where the letter is."""
+    from lorarl.grading.answer_formats import SPANS
     from lorarl.grading.verify import GradingSettings
 
     bench = get_benchmark(name)
     base = bench.grading
     ov: dict[str, Any] = {}
+    fmt = (spec.answer_format if spec is not None else None) or answer_format
     if bench.grader == "math":
         ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
-        fmt = (spec.answer_format if spec is not None else None) or answer_format
         if fmt is not None:
             ov["answer_format"] = fmt
+    elif fmt in SPANS:  # other formats leave the letter grader (and the evaluation's signature) as it was
+        ov["answer_format"] = fmt
     ov.update(spec.grading.model_dump(exclude_none=True) if spec is not None else {})
     ov = {k: v for k, v in ov.items() if getattr(base, k) != v}
     return GradingSettings(**{**base.to_dict(), **ov}) if ov else base

@@ -121,7 +121,8 @@ def summarize_samples(samples: Sequence[Sample], protocol: Protocol, *, benchmar
         "mean_tokens": math.fsum(tokens) / len(tokens),
         "max_tokens": max(tokens),
         "math_verify": _math_verify_version(),
-        "grading": (grading or GradingSettings()).to_dict() if grader == "math" else None,
+        "grading": (grading or GradingSettings()).to_dict() if grader == "math" or (
+            grading is not None and grading != GradingSettings()) else None,  # a letter grader's span format too
         "meta": dict(meta or {}),
     }
 

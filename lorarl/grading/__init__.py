@@ -2,8 +2,9 @@
 
 * :mod:`.answers`: extracting boxed / final answers and gold answers;
 * :mod:`.verify`: math-verify grading in a timed worker pool (``GradingSettings``, ``score_math_batch``);
-* :mod:`.answer_formats`: the text rules of ``reward.answer_format`` (DAPO's ``Answer:`` line, ...);
-* :mod:`.choice`: multiple-choice letters;
+* :mod:`.answer_formats`: the formats of ``reward.answer_format``: text rules (DAPO's ``Answer:`` line, ...) and
+  answer spans (the recipe's ``<answer>``) that math-verify and the letter grader read;
+* :mod:`.choice`: multiple-choice letters (inside a format's answer span first);
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
 * :mod:`.resolve`: a cell's ``eval:`` section checked against the registry (what lorarl.config validates with).

@@ -20,10 +20,17 @@
   the text after the last ``<answer>`` up to the next ``</answer>``, stripped; correct iff it equals the
   gold text exactly (``extract_xml_answer(r) == a``). A completion without ``<answer>`` gives no answer
   (the recipe then compares the whole stripped text, which only a bare gold number equals: kept).
+* ``xml_math``: the same ``<answer>`` text graded by math-verify instead of exact text (``14/3``,
+  ``\\dfrac{14}{3}`` and ``$\\frac{14}{3}$`` all equal ``\\frac{14}{3}``): the span is graded as one boxed
+  answer (a ``\\boxed{}`` inside it as written). No ``<answer>`` tag gives no answer.
 
-The rules are pure string code (no sympy, no worker process; ``answer_line`` reads at most 300
-characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading. :mod:`lorarl.grading.verify` dispatches to it for every format but ``boxed``, so the
-training reward and every evaluation use this one function.
+A format with an answer *span* (:data:`SPANS`: both XML formats) also tells the multiple-choice grader where
+the letter is (``<answer>\nD\n</answer>``, :mod:`lorarl.grading.choice`).
+
+The text rules are pure string code (no sympy, no worker process; ``answer_line`` reads at most 300
+characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading.
+:mod:`lorarl.grading.verify` dispatches to :func:`verdict` for every format math-verify does not compare
+(:data:`MATH_VERIFIED`), so the training reward and every evaluation use this one function.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ import re
 from typing import Callable
 
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
-           "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer"]
+           "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer",
+           "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer")  # boxed = math-verify (lorarl.grading.verify)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "xml_math")  # boxed = math-verify (lorarl.grading.verify)
+MATH_VERIFIED = ("boxed", "xml_math")  # formats math-verify compares (reward.grading / eval grading settings apply)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
 
@@ -101,6 +110,28 @@ def xml_answer(completion: str, gold: str) -> tuple[bool, str | None]:
     return got == gold.strip(), (got if "<answer>" in completion else None)
 
 
+def xml_span(completion: str) -> str | None:
+    """The recipe's ``<answer>`` text (:func:`extract_xml_answer`), or None when there is no ``<answer>`` tag."""
+    return extract_xml_answer(completion) if "<answer>" in (completion or "") else None
+
+
+SPANS: dict[str, Callable[[str], str | None]] = {  # formats whose answer is a delimited span of the completion
+    "xml_answer": xml_span,
+    "xml_math": xml_span,
+}
+
+
+def span_as_boxed(answer_format: str, completion: str) -> str | None:
+    """The answer span of a completion as math-verify's boxed input: a ``\\boxed{}`` inside it as written, else
+    the span (``$`` delimiters dropped, as a plain gold) in one box; None without a span."""
+    span = SPANS[answer_format](completion or "")
+    if span is None:
+        return None
+    if "\\boxed" in span or "\\fbox" in span:
+        return span
+    return "\\boxed{" + span.strip().strip("$").strip() + "}"
+
+
 TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
     "answer_line": answer_line,
     "last_number": last_number,
@@ -109,26 +140,20 @@ TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
 
 
 def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str | None]:
-    """``(correct, extracted)`` of a completion under a text rule (every format but ``boxed``)."""
+    """``(correct, extracted)`` of a completion under a text rule (every format math-verify does not compare)."""
     try:
         rule = TEXT_RULES[answer_format]
     except KeyError:
         raise ValueError(f"answer_format {answer_format!r} is not a text rule; allowed: "
-                         f"{', '.join(TEXT_RULES)} (boxed is graded by math-verify)") from None
+                         f"{', '.join(TEXT_RULES)} ({', '.join(MATH_VERIFIED)} are graded by math-verify)") from None
     return rule(completion or "", str(gold))
 
 
 def has_answer(answer_format: str, completion: str) -> bool:
     """Does the completion give an answer the format can read (right or wrong)? The training metric
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
-    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer)."""
-    if answer_format not in ANSWER_FORMATS:
-        raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
-    if answer_format == "boxed":
-        from lorarl.grading.answers import extract_boxed  # here: lorarl.grading.verify imports this module
-
-        return extract_boxed(completion or "") is not None
-    return verdict(answer_format, completion, "")[1] is not None  # the rule's own extraction (None: no answer)
+    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer, xml_math)."""
+    return extracted_answer(answer_format, completion) is not None
 
 
 def extracted_answer(answer_format: str, completion: str) -> str | None:
@@ -136,7 +161,9 @@ def extracted_answer(answer_format: str, completion: str) -> str | None:
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":
-        from lorarl.grading.answers import extract_boxed
+        from lorarl.grading.answers import extract_boxed  # here: lorarl.grading.verify imports this module
 
         return extract_boxed(completion or "")
-    return verdict(answer_format, completion, "")[1]
+    if answer_format in SPANS:
+        return SPANS[answer_format](completion or "")
+    return verdict(answer_format, completion, "")[1]  # the rule's own extraction (None: no answer)

@@ -144,7 +144,8 @@ def grade(grader: Grader, golds: Sequence[str], completions: Sequence[str], time
     if grader == "math":
         return score_math_batch(list(golds), list(completions), timeout_s, settings)
     if grader == "choice":
-        return [score_choice(g, c, letters) for g, c in zip(golds, completions, strict=True)]
+        fmt = settings.answer_format if settings is not None else "boxed"  # a span format: the letter inside it
+        return [score_choice(g, c, letters, fmt) for g, c in zip(golds, completions, strict=True)]
     raise ValueError(f"unknown grader {grader!r}")
 
 

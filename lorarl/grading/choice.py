@@ -1,9 +1,15 @@
-"""Multiple-choice grading: the answer letter of a completion (boxed, "answer is X", or a lone letter)."""
+"""Multiple-choice grading: the answer letter of a completion (boxed, "answer is X", or a lone letter).
+
+Under an answer format with a span (:data:`lorarl.grading.answer_formats.SPANS`: the GSM8K GRPO recipe's
+``<answer>...</answer>``, paper 000) the letter is read inside the span first: a lone letter (``D``, ``(D)``,
+``D) electron``), a boxed one or "the answer is D" there; a span without a letter (or no span) leaves the
+whole completion to the boxed / "answer is X" rules."""
 
 from __future__ import annotations
 
 import re
 
+from lorarl.grading.answer_formats import SPANS
 from lorarl.grading.answers import extract_boxed
 from lorarl.grading.verify import Score
 
@@ -25,21 +31,31 @@ def _letter_of(s: str, letters: str) -> str | None:
     return None
 
 
-def score_choice(gold_letter: str, completion: str, letters: str = "ABCD") -> Score:
-    """Grade a multiple-choice completion by letter.
-
-    The letter comes from the last ``\\boxed{...}`` when there is one, otherwise from the last
-    phrase like "the answer is (C)" / "Answer: C".  Nothing else in the text is used.
-    """
-    gold = gold_letter.strip().strip("()").upper()
-    boxed = extract_boxed(completion)
+def _letter_in(text: str, letters: str) -> str | None:
+    """The letter of the last ``\\boxed{...}`` when there is one, else of the last "answer is X" phrase."""
+    boxed = extract_boxed(text)
     letter = _letter_of(boxed, letters) if boxed is not None else None
-    if letter is None and completion:
-        plain = _TEXT_CMD.sub(r"\1", completion)
+    if letter is None and text:
+        plain = _TEXT_CMD.sub(r"\1", text)
         for pattern in _LETTER_PATTERNS:
             hits = [m.group(1) for m in pattern.finditer(plain)]
             hits = [h for h in hits if h in letters]
             if hits:
-                letter = hits[-1]
-                break
+                return hits[-1]
+    return letter
+
+
+def score_choice(gold_letter: str, completion: str, letters: str = "ABCD", answer_format: str = "boxed") -> Score:
+    """Grade a multiple-choice completion by letter.
+
+    The letter comes from the answer span of ``answer_format`` when it has one (see the module doc), else from
+    the last ``\\boxed{...}`` when there is one, otherwise from the last phrase like "the answer is (C)" /
+    "Answer: C".  Nothing else in the text is used.
+    """
+    gold = gold_letter.strip().strip("()").upper()
+    span_of = SPANS.get(answer_format)
+    span = span_of(completion or "") if span_of is not None else None
+    letter = (_letter_of(span, letters) or _letter_in(span, letters)) if span else None
+    if letter is None:
+        letter = _letter_in(completion or "", letters)
     return Score(letter is not None and letter == gold, letter, False)

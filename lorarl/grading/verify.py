@@ -7,7 +7,8 @@
   :class:`GradingSettings` (float rounding, numeric precision, strict mode, set/relation comparison;
   the defaults are math-verify's).  ``GradingSettings.answer_format`` other than ``boxed`` grades by
   a text rule instead (DAPO's last ``Answer:`` line, GSM8K's last number:
-  :mod:`lorarl.grading.answer_formats`), in this process (pure string code on bounded text).
+  :mod:`lorarl.grading.answer_formats`), in this process (pure string code on bounded text); ``xml_math``
+  hands math-verify the ``<answer>`` span as one boxed answer.
 * :func:`score_choice` grades multiple-choice answers by letter extraction (no math-verify).
 
 Every comparison runs in a persistent worker process under a hard time limit, so a pathological
@@ -190,10 +191,12 @@ def score_math_batch(golds: Sequence[str], completions: Sequence[str], timeout_s
     if len(golds) != len(completions):
         raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
     settings = settings or DEFAULT_SETTINGS
-    if settings.answer_format != "boxed":   # DAPO's Answer: line, GSM8K's last number: exact text rules
-        from lorarl.grading.answer_formats import verdict
+    from lorarl.grading.answer_formats import SPANS, TEXT_RULES, span_as_boxed, verdict
 
+    if settings.answer_format in TEXT_RULES:   # DAPO's Answer: line, GSM8K's last number, <answer> text: exact rules
         return [Score(*verdict(settings.answer_format, c, g)) for g, c in zip(golds, completions)]
+    if settings.answer_format in SPANS:   # xml_math: math-verify on the <answer> span, as one boxed answer
+        completions = [span_as_boxed(settings.answer_format, c) or "" for c in completions]
     prepared = [prepare_completion(c) for c in completions]
     todo = [i for i, p in enumerate(prepared) if p is not None]
     scores = [Score(False, None, False)] * len(completions)

@@ -209,10 +209,10 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                              "pack must share their (residual) base bit for bit")
         residual_digest = digest
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, t.adam_beta2))
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
                               num_training_steps=t.steps)
-        pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=1.0))
+        pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=t.max_grad_norm))
         regime, grading = door.regime(cfg, results_dir, device)
         members.append(Member(
             name=cell.id, regime=regime, prompts=texts, prompt_ids=ids, answers=answers,

@@ -142,6 +142,19 @@ def _updates_of(row: dict[str, str]) -> float:
     return u / s if u and s else 1.0
 
 
+def truncation(metrics_csv: Path, cap: int) -> dict:
+    """The share of the smoke's own completions that reached ``max_completion_length`` without an end (every
+    logged step, the warm-up one too: the trainer's ``frac_truncated``, TRL's ``completions/clipped_ratio``)."""
+    with open(metrics_csv) as fh:
+        vals = [x for x in (_num(r, "frac_truncated") for r in csv.DictReader(fh)) if x is not None]
+    share = sum(vals) / len(vals) if vals else None
+    detail = (f"{share:.0%} of the smoke's completions ({len(vals)} step(s)) reached max_completion_length {cap} "
+              "without an end" if share is not None else "not measured (no frac_truncated in metrics.csv)")
+    if share is not None and share >= 0.5:
+        detail += ": most answers are cut, and with them a reward paid at the end (an answer tag)"
+    return {"share": share, "steps": len(vals), "cap": cap, "detail": detail}
+
+
 def step_split(metrics_csv: Path) -> dict[str, float]:
     """Mean seconds per optimiser step by part (the first step is warm-up: dropped when later steps generate).
 
@@ -320,6 +333,9 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
     cdir = Path(results_dir) / study.name / cell.id
     if summary is not None:
         out["split"] = step_split(cdir / "metrics.csv")
+        out["truncation"] = truncation(cdir / "metrics.csv", cfg.train.max_completion_length)
+        checks.rows.append({"check": "completions cut at the cap", "ok": True, "seconds": 0.0,
+                            "detail": out["truncation"]["detail"]})  # shown, never fatal: a tiny smoke model rambles
         done = json.loads((cdir / "summary.json").read_text())  # what training actually ran with
         out["precision"], out["trainable_dtypes"] = done.get("precision"), done.get("trainable_dtypes")
         if cfg.rollout.engine == "vllm":

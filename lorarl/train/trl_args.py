@@ -93,6 +93,8 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         epsilon=t.epsilon,
         epsilon_high=t.epsilon_high,
         weight_decay=t.weight_decay,
+        adam_beta2=t.adam_beta2,
+        max_grad_norm=t.max_grad_norm or 0.0,  # HF's Trainer clips only when > 0
         warmup_steps=t.warmup_ratio,  # < 1: a fraction of max_steps (the optimiser updates)
         lr_scheduler_type=t.lr_scheduler,
         seed=cfg.seed,

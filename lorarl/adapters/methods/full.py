@@ -38,7 +38,7 @@ class Full(Method):
             return None
         from lorarl.adapters.ops import MaskedAdamW
 
-        return MaskedAdamW.for_model(model, ctx.masks, lr=ctx.lr, weight_decay=ctx.weight_decay)
+        return MaskedAdamW.for_model(model, ctx.masks, lr=ctx.lr, weight_decay=ctx.weight_decay, betas=ctx.betas)
 
     def expect(self, obs: dict, a: dict) -> list[str]:
         p = expect_trainable(obs)

@@ -17,8 +17,11 @@ class LoraFA(LoraFamily):
     def make_optimizer(self, model: Any, a: dict, ctx: Any) -> Any:
         from peft.optimizers import create_lorafa_optimizer
 
-        return create_lorafa_optimizer(model, r=a["rank"], lora_alpha=a["alpha"], lr=ctx.lr,
-                                       weight_decay=ctx.weight_decay)
+        opt = create_lorafa_optimizer(model, r=a["rank"], lora_alpha=a["alpha"], lr=ctx.lr,
+                                      weight_decay=ctx.weight_decay)
+        for group in opt.param_groups:  # peft writes transformers' default betas; train.adam_beta2 applies
+            group["betas"] = ctx.betas
+        return opt
 
     def expect(self, obs: dict, a: dict) -> list[str]:
         p = super().expect(obs, a)

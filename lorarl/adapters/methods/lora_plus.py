@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.adapters.methods.common import ADAM_BETAS, ADAM_EPS, LORA_DEFAULTS, LORA_FIELDS, LoraFamily
+from lorarl.adapters.methods.common import ADAM_EPS, LORA_DEFAULTS, LORA_FIELDS, LoraFamily
 from lorarl.adapters.registry import register
 
 
@@ -21,7 +21,7 @@ class LoraPlus(LoraFamily):
 
         return create_loraplus_optimizer(
             model, torch.optim.AdamW, lr=ctx.lr, loraplus_lr_ratio=a["lr_ratio"],
-            loraplus_weight_decay=ctx.weight_decay, betas=ADAM_BETAS, eps=ADAM_EPS,
+            loraplus_weight_decay=ctx.weight_decay, betas=ctx.betas, eps=ADAM_EPS,
         )
 
     def expect(self, obs: dict, a: dict) -> list[str]:
