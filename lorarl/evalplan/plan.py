@@ -50,15 +50,17 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     entry in the study (``eval.benchmarks.<name>.grading`` / ``.answer_format``), the cell's training
     reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
     the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
-    defaults, boxed).  Multiple-choice benchmarks keep their letter grader."""
+    defaults, boxed).  A harness's entry (``Benchmark.harness``: Evalchemy's tasks) skips the reward: its
+    registry grading is the harness's grader.  Multiple-choice benchmarks keep their letter grader."""
     from lorarl.grading.verify import GradingSettings
 
     bench = get_benchmark(name)
     base = bench.grading
     ov: dict[str, Any] = {}
     if bench.grader == "math":
-        ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
-        fmt = (spec.answer_format if spec is not None else None) or answer_format
+        if bench.harness is None:  # a harness's entry grades as the harness does, whatever the reward reads
+            ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
+        fmt = (spec.answer_format if spec is not None else None) or (None if bench.harness else answer_format)
         if fmt is not None:
             ov["answer_format"] = fmt
     ov.update(spec.grading.model_dump(exclude_none=True) if spec is not None else {})

@@ -20,6 +20,9 @@
   the text after the last ``<answer>`` up to the next ``</answer>``, stripped; correct iff it equals the
   gold text exactly (``extract_xml_answer(r) == a``). A completion without ``<answer>`` gives no answer
   (the recipe then compares the whole stripped text, which only a bare gold number equals: kept).
+* ``hendrycks_boxed``: Evalchemy's AIME/AMC/MATH500 grader (paper 004's evaluation): the last ``\\boxed{}``
+  (hendrycks-MATH's ``last_boxed_only_string``), compared with ``is_equiv``, a string normalisation
+  without symbolic comparison (:mod:`lorarl.grading.hendrycks_math`).
 
 The rules are pure string code (no sympy, no worker process; ``answer_line`` reads at most 300
 characters): ``bench/answer_formats.py`` measures them ~100x faster than math-verify's boxed grading. :mod:`lorarl.grading.verify` dispatches to it for every format but ``boxed``, so the
@@ -31,10 +34,12 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from lorarl.grading.hendrycks_math import hendrycks_boxed
+
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer")  # boxed = math-verify (lorarl.grading.verify)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "hendrycks_boxed")  # boxed = math-verify (lorarl.grading.verify)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
 
@@ -105,6 +110,7 @@ TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
     "answer_line": answer_line,
     "last_number": last_number,
     "xml_answer": xml_answer,
+    "hendrycks_boxed": hendrycks_boxed,
 }
 
 
@@ -121,7 +127,7 @@ def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str |
 def has_answer(answer_format: str, completion: str) -> bool:
     """Does the completion give an answer the format can read (right or wrong)? The training metric
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
-    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer)."""
+    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer), a box (hendrycks_boxed)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}; allowed: {', '.join(ANSWER_FORMATS)}")
     if answer_format == "boxed":

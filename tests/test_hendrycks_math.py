@@ -1,0 +1,105 @@
+"""Evalchemy's grader (lorarl.grading.hendrycks_math): hendrycks-MATH's last box and is_equiv, case by case.
+
+Every row's verdict was taken from lm-evaluation-harness's own ``lm_eval/tasks/hendrycks_math/utils.py`` (the
+``is_equiv(str(gold), remove_boxed(last_boxed_only_string(output)))`` Evalchemy's AIME24/AIME25/AMC23/MATH500
+tasks compute, a bare ``except`` giving ``""``); the last column is math-verify's verdict on the same pair
+(lorarl's ``boxed`` format), so the rows where the two graders disagree are pinned too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lorarl.grading.answer_formats import ANSWER_FORMATS, extracted_answer, has_answer
+from lorarl.grading.benchmarks import EVALCHEMY_TEMPLATE, get_benchmark
+from lorarl.grading.hendrycks_math import evalchemy_answer, hendrycks_boxed, is_equiv, strip_string
+from lorarl.grading.verify import GradingSettings, score_math_batch
+
+HENDRYCKS = GradingSettings(answer_format="hendrycks_boxed")
+
+# (completion, gold, Evalchemy's extracted answer, is_equiv verdict, math-verify verdict)
+CASES = [
+    ("The answer is \\boxed{73}.", "73", "73", True, True),
+    ("so $z=\\boxed{073}$", "73", "073", False, True),                       # text, not numbers
+    ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", "\\frac{2}{4}", False, True),   # no simplification
+    ("\\boxed{0.5}", "\\frac{1}{2}", "0.5", True, True),                      # the one decimal it knows
+    ("\\boxed{.5}", "\\frac{1}{2}", ".5", True, True),                        # a leading 0 added first
+    ("\\boxed{3.5}", "\\frac{7}{2}", "3.5", False, True),
+    ("\\boxed{2.0}", "2", "2.0", False, True),
+    ("\\boxed{1/2}", "\\frac{1}{2}", "1/2", True, True),                      # fix_a_slash_b
+    ("\\boxed{x/2}", "\\frac{x}{2}", "x/2", False, True),                     # int('x') raises: raw strings compared
+    ("\\boxed{\\dfrac12}", "\\frac{1}{2}", "\\dfrac12", True, True),          # dfrac -> frac, fix_fracs
+    ("\\boxed{x = 5}", "5", "x = 5", True, True),                             # a prefix of <= 2 characters goes
+    ("\\boxed{y=5}", "5", "y=5", True, True),
+    ("\\boxed{abc=5}", "5", "abc=5", False, True),                            # a longer one stays
+    ("\\boxed{10^\\circ}", "10", "10^\\circ", True, True),
+    ("\\boxed{50\\%}", "50", "50\\%", True, True),
+    ("\\boxed{5 \\text{ cm}}", "5", "5 \\text{ cm}", True, True),              # a right unit after "\text{ "
+    ("\\boxed{(3,\\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})", True, True),
+    ("\\boxed{2\\sqrt3}", "2\\sqrt{3}", "2\\sqrt3", True, True),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}", True, True),
+    ("\\boxed{1,000}", "1000", "1,000", False, True),                          # separators stay
+    ("\\boxed{-1}", "-1", "-1", True, True),
+    ("\\boxed{3}\\boxed{4}", "4", "4", True, False),                          # the last box alone (math-verify: {3, 4})
+    ("\\boxed 7 and then $", "7", "7 and then ", False, False),               # "\boxed " reads up to the next $
+    ("\\fbox{12}", "12", "", False, True),                                    # found, but remove_boxed wants \boxed{
+    ("\\boxed{42", "42", "", False, False),                                   # unbalanced: no answer
+    ("no box: 42", "42", "", False, False),
+]
+
+
+@pytest.mark.parametrize("completion,gold,answer,correct,_mv", CASES)
+def test_evalchemy_verdicts(completion, gold, answer, correct, _mv):
+    assert evalchemy_answer(completion) == answer
+    assert is_equiv(gold, answer) is correct
+    got, extracted = hendrycks_boxed(completion, gold)
+    assert got is correct
+    assert has_answer("hendrycks_boxed", completion) is (extracted is not None)
+
+
+def test_math_verify_disagrees_where_the_table_says():
+    golds, comps = [c[1] for c in CASES], [c[0] for c in CASES]
+    mv = [s.correct for s in score_math_batch(golds, comps)]
+    assert mv == [c[4] for c in CASES]
+    ours = [s.correct for s in score_math_batch(golds, comps, settings=HENDRYCKS)]  # the dispatch of every grader
+    assert ours == [c[3] for c in CASES]
+    assert sum(a != b for a, b in zip(mv, ours)) == 9
+
+
+@pytest.mark.parametrize("text,normal", [
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+    ("\\tfrac{1}{2}", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}"), ("k = 7", "7"), ("\\$5", "5"),
+    ("a\n b", "ab"), ("\\!1", "1"), ("", ""),
+])
+def test_strip_string(text, normal):
+    assert strip_string(text) == normal
+
+
+def test_raising_normalisations_compare_the_raw_strings():
+    assert is_equiv("x/2", "x/2") and not is_equiv("x/2", "x / 2")        # int('x') raised: raw comparison
+    assert is_equiv("3\\sqrt", "3\\sqrt") and not is_equiv("3\\sqrt", "3 \\sqrt")  # a trailing \sqrt raises
+    assert is_equiv(None, None) and not is_equiv("1", None)
+
+
+def test_format_is_registered_and_extracts_the_last_box():
+    assert "hendrycks_boxed" in ANSWER_FORMATS
+    assert extracted_answer("hendrycks_boxed", "\\boxed{1} then \\boxed{2}") == "2"
+    assert extracted_answer("hendrycks_boxed", "no box") is None
+
+
+def test_evalchemy_benchmarks_carry_the_harness_prompt_budget_and_grader():
+    for name, n in (("aime24_evalchemy", 10), ("aime25_evalchemy", 10), ("amc23_evalchemy", 10),
+                    ("math500_evalchemy", 1)):
+        b = get_benchmark(name)
+        assert b.harness == "evalchemy" and b.template == EVALCHEMY_TEMPLATE
+        assert b.grading.answer_format == "hendrycks_boxed"
+        p = b.protocol
+        assert (p.max_new_tokens, p.temperature, p.top_p, p.n) == (32768, 0.7, 1.0, n)
+        probs = b.load(rows=[b.example])
+        assert probs[0].gold == b.example_gold
+        assert probs[0].prompt.startswith("Problem: ") and probs[0].prompt.endswith(
+            "\nMark your solution with \\boxed\nAnswer:")
+    # math-ai/aime24's solution boxes 073; Evalchemy's file says 73 (expected_answer), and is_equiv compares text
+    b = get_benchmark("aime24_evalchemy")
+    assert b.load(rows=[{"id": "aime24-0", "problem": "p", "expected_answer": "73"}])[0].gold == "73"
+    assert b.grade(b.load(rows=[b.example]), ["so \\boxed{73}"])[0].correct
