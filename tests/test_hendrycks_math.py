@@ -103,3 +103,37 @@ def test_evalchemy_benchmarks_carry_the_harness_prompt_budget_and_grader():
     b = get_benchmark("aime24_evalchemy")
     assert b.load(rows=[{"id": "aime24-0", "problem": "p", "expected_answer": "73"}])[0].gold == "73"
     assert b.grade(b.load(rows=[b.example]), ["so \\boxed{73}"])[0].correct
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_a_cell_asks_and_grades_evalchemy_benchmarks_as_evalchemy(tmp_path):
+    """Whatever the cell trains with (its prompt.template, reward.answer_format), an Evalchemy entry puts
+    Evalchemy's user message, alone, through the chat template (lm-eval's apply_chat_template with
+    add_generation_prompt, no system prompt) and grades with is_equiv."""
+    import json
+
+    from lorarl.config import CellConfig
+    from lorarl.evalplan.plan import cell_grading, eval_signature
+    from lorarl.evaluate.main import load_problems
+    from lorarl.models import build_tokenizer
+    from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+    data = tmp_path / "aime.jsonl"
+    data.write_text(json.dumps({"id": "aime24-0", "problem": "Find $x$.", "expected_answer": "73"}) + "\n")
+    ev = {"benchmarks": {"aime24_evalchemy": {"path": str(data)}, "aime24": {}}}
+    cfg = CellConfig(prompt={"template": "Solve: {question}"}, reward={"answer_format": "answer_line"}, eval=ev)
+    assert cell_grading(cfg, "aime24_evalchemy").answer_format == "hendrycks_boxed"
+    assert cell_grading(cfg, "aime24").answer_format == "answer_line"           # the others follow the reward
+    (p,) = load_problems("aime24_evalchemy", cfg)
+    assert p.prompt == "Problem: Find $x$.\nMark your solution with \\boxed\nAnswer:" and p.gold == "73"
+    tok = build_tokenizer(["Problem: Find x. Mark your solution with boxed Answer:"] * 5, vocab_size=120)
+    tok.chat_template = CHAT
+    msgs = build_prompt(cfg.prompt, p.prompt, tok)
+    assert msgs == [{"role": "user", "content": p.prompt}]
+    lm_eval_text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert prompt_ids(tok, msgs, cfg.prompt) == tok(lm_eval_text, add_special_tokens=False)["input_ids"]
+    other = CellConfig(prompt={"template": "Solve: {question}"}, eval=ev)     # the reward's format is not its grader
+    assert eval_signature(cfg, "aime24_evalchemy", is_base=True) == eval_signature(other, "aime24_evalchemy", is_base=True)

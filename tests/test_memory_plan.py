@@ -17,7 +17,7 @@ from lorarl.study import load_study, study_cells
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PUBLISHED_STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not p.stem.endswith("_cpu") and p.stem != "demo")
 KNOBS = ("train.micro_batch_size", "train.gradient_checkpointing", "rollout.generation_batch_size",
-         "slurm.train.gpus_per_node", "a GPU with more memory")
+         "slurm.train.gpus_per_node", "a GPU with more memory", "eval.batch_size")
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
