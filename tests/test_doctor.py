@@ -115,6 +115,8 @@ def test_failed_check_stops_before_training(results, tmp_path, capsys):
     checks = {c["check"]: c for c in rep["measured"]["checks"]}
     assert not checks["rollout engine"]["ok"] and "needs a CUDA GPU" in checks["rollout engine"]["detail"]
     assert checks["model and tokenizer load"]["ok"] and "smoke training" not in checks
+    mem = checks["evaluation memory"]  # every evaluation job's KV cache, planned; on a CPU reported, not failed
+    assert mem["ok"] and mem["detail"].startswith("CPU (host memory, not checked): cell: hf 64 x 80 tokens (synthetic)"), mem
     assert "projection" not in rep and "**NO**" in capsys.readouterr().out
     assert not list((tmp_path / "res").rglob("metrics.csv"))
 
@@ -137,7 +139,7 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
-                 "evaluation: synthetic", "weight diagnostics", "memory headroom"):
+                 "evaluation: synthetic", "weight diagnostics", "memory headroom", "evaluation memory"):
         assert want in names
     sp = m["split"]
     parts = sp["rollout_generation_s"] + sp["reward_s"] + sp["old_policy_forward_and_advantages_s"] + \
