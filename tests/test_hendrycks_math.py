@@ -137,3 +137,27 @@ def test_a_cell_asks_and_grades_evalchemy_benchmarks_as_evalchemy(tmp_path):
     assert prompt_ids(tok, msgs, cfg.prompt) == tok(lm_eval_text, add_special_tokens=False)["input_ids"]
     other = CellConfig(prompt={"template": "Solve: {question}"}, eval=ev)     # the reward's format is not its grader
     assert eval_signature(cfg, "aime24_evalchemy", is_base=True) == eval_signature(other, "aime24_evalchemy", is_base=True)
+
+
+@pytest.mark.parametrize("study,want", [
+    ("off_principal_masks", {None: {"aime24_evalchemy": 64, "aime25_evalchemy": 64, "amc23_evalchemy": 32,
+                                    "math500_evalchemy": 2}}),
+    ("off_principal_lora_pissa", {"dsqwen": {"aime24_evalchemy": 16, "amc23_evalchemy": 16},
+                                  "llama": {"math500_evalchemy": 4}}),
+])
+def test_paper_004_evaluates_as_evalchemy_with_the_papers_samples(study, want):
+    """004 App. C.2: Evalchemy at T 0.7 / top-p 0.8; avg@64 (AIME), @32 (AMC), @2 (MATH-500); §5.2: avg@16, mean@4."""
+    from pathlib import Path
+
+    from lorarl.evalplan.plan import benchmark_specs, cell_grading, protocol_for
+    from lorarl.study import load_study, study_cells
+
+    cells = study_cells(load_study(Path(__file__).resolve().parents[1] / "experiments" / f"{study}.yaml"))
+    for c in cells:
+        expected = want.get(c.axes.get("model"), want.get(None))
+        specs = benchmark_specs(c.config)
+        assert {b: protocol_for(b, s, c.config.eval).n for b, s in specs.items()} == expected
+        for b, s in specs.items():
+            p = protocol_for(b, s, c.config.eval)
+            assert (p.max_new_tokens, p.temperature, p.top_p, p.metric_names[0]) == (32768, 0.7, 0.8, f"avg@{p.n}")
+            assert cell_grading(c.config, b).answer_format == "hendrycks_boxed"
