@@ -137,6 +137,9 @@ def test_a_cell_asks_and_grades_evalchemy_benchmarks_as_evalchemy(tmp_path):
     assert prompt_ids(tok, msgs, cfg.prompt) == tok(lm_eval_text, add_special_tokens=False)["input_ids"]
     other = CellConfig(prompt={"template": "Solve: {question}"}, eval=ev)     # the reward's format is not its grader
     assert eval_signature(cfg, "aime24_evalchemy", is_base=True) == eval_signature(other, "aime24_evalchemy", is_base=True)
+    moved = CellConfig(prompt={"template": "Q: {question}"}, eval=ev)           # the cell's template is not its prompt
+    assert eval_signature(moved, "aime24_evalchemy", is_base=True) == eval_signature(other, "aime24_evalchemy", is_base=True)
+    assert eval_signature(moved, "aime24", is_base=True) != eval_signature(other, "aime24", is_base=True)
 
 
 @pytest.mark.parametrize("study,want", [

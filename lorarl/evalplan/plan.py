@@ -132,13 +132,15 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     from lorarl.tasks.prompt import template_of
 
     spec = benchmark_specs(cfg)[benchmark]
+    own = get_benchmark(benchmark).harness is not None  # a harness's prompt is its own: the cell's template is not read
+    prompt = {k: v for k, v in signature.signature_dump(cfg.prompt).items() if not (own and k == "template")}
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
         "spec": {k: v for k, v in signature.signature_dump(spec).items() if k not in ("grading", "answer_format")},
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
-        "backend": cfg.eval.backend, "prompt": signature.signature_dump(cfg.prompt),  # prompt.thinking only when set
-        "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
+        "backend": cfg.eval.backend, "prompt": prompt,  # prompt.thinking only when set
+        "prompt_template": get_benchmark(benchmark).template if own else template_of(cfg, benchmark == SYNTHETIC),
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")
