@@ -3,6 +3,7 @@
 * :mod:`.answers`: extracting boxed / final answers and gold answers;
 * :mod:`.verify`: math-verify grading in a timed worker pool (``GradingSettings``, ``score_math_batch``);
 * :mod:`.answer_formats`: the text rules of ``reward.answer_format`` (DAPO's ``Answer:`` line, ...);
+* :mod:`.hendrycks_math`: Evalchemy's grader (hendrycks-MATH's last box and ``is_equiv``; format ``hendrycks_boxed``);
 * :mod:`.choice`: multiple-choice letters;
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
