@@ -14,7 +14,7 @@ eval_instruct.py`` call it:
   ``\\text{ `` units) the raw strings are compared.
 
 No symbolic comparison: ``\\frac{1}{2}`` equals ``0.5`` (a special case), ``1/2`` and ``\\dfrac12``, but not
-``\\frac{2}{4}``, ``.50`` or ``\\frac{1}{2}`` against ``1:2``; ``x = 5`` equals ``5`` (a prefix of at most two characters
+``\\frac{2}{4}`` or ``.50``, and ``2.0`` is not ``2``; ``x = 5`` equals ``5`` (a prefix of at most two characters
 before one ``=`` goes), ``10^\\circ`` equals ``10``. A ``\\boxed `` (with a space) anywhere in the output takes the
 text after its last occurrence up to the next ``$``. Pure string code: no worker, no sympy.
 """
