@@ -17,7 +17,7 @@ from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
-AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer", "xml_math"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
+AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer", "xml_math", "hendrycks_boxed"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
 
 
 def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:

@@ -72,7 +72,7 @@ def test_last_number_rule(completion, gold, correct, extracted):
 def test_bad_answer_format_names_field_and_values():
     with pytest.raises(ValidationError, match="answer_format") as err:
         CellConfig(reward={"answer_format": "final_line"})
-    assert "'boxed', 'answer_line', 'last_number', 'xml_answer' or 'xml_math'" in str(err.value)
+    assert "'boxed', 'answer_line', 'last_number', 'xml_answer', 'xml_math' or 'hendrycks_boxed'" in str(err.value)
     with pytest.raises(ValueError, match="answer_format must be one of boxed, answer_line, last_number"):
         GradingSettings(answer_format="final_line")
     with pytest.raises(ValidationError, match="reward.grading.strict applies to answer_format boxed / xml_math only"):

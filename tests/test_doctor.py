@@ -128,6 +128,8 @@ def test_failed_check_stops_before_training(results, tmp_path, capsys):
     checks = {c["check"]: c for c in rep["measured"]["checks"]}
     assert not checks["rollout engine"]["ok"] and "needs a CUDA GPU" in checks["rollout engine"]["detail"]
     assert checks["model and tokenizer load"]["ok"] and "smoke training" not in checks
+    mem = checks["evaluation memory"]  # every evaluation job's KV cache, planned; on a CPU reported, not failed
+    assert mem["ok"] and mem["detail"].startswith("CPU (host memory, not checked): cell: hf 64 x 80 tokens (synthetic)"), mem
     assert "projection" not in rep and "**NO**" in capsys.readouterr().out
     assert not list((tmp_path / "res").rglob("metrics.csv"))
 
@@ -150,7 +152,8 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
     names = [c["check"] for c in m["checks"]]
     for want in ("MLflow store", "training prompt lengths", "rollout engine", "model and tokenizer load", "tokenizer", "reward regime (teacher/PRM checks)",
                  "training data loads", "evaluation data: synthetic", "smoke training", "rollout freshness gate",
-                 "evaluation: synthetic", "weight diagnostics", "memory headroom", "completions cut at the cap"):
+                 "evaluation: synthetic", "weight diagnostics", "memory headroom", "completions cut at the cap",
+                 "evaluation memory"):
         assert want in names
     assert 0 <= m["truncation"]["share"] <= 1 and m["truncation"]["steps"] == 2  # the smoke's own rollouts
     assert f"| completions cut at the cap | yes | {m['truncation']['detail']} |" in md

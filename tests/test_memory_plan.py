@@ -17,7 +17,7 @@ from lorarl.study import load_study, study_cells
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PUBLISHED_STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not p.stem.endswith("_cpu") and p.stem != "demo")
 KNOBS = ("train.micro_batch_size", "train.gradient_checkpointing", "rollout.generation_batch_size",
-         "slurm.train.gpus_per_node", "a GPU with more memory")
+         "slurm.train.gpus_per_node", "a GPU with more memory", "eval.batch_size")
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -105,5 +105,6 @@ def test_the_profile_gives_the_gpus_per_job(tmp_path):
     rc, out, _ = run_cli(study, "--gpu-memory-gb", "24", "--profile", "slurm")  # the shipped profile: 1 GPU
     assert rc == 1 and "slurm.train.gpus_per_node: 2" in out
     rc, out, _ = run_cli(study, "--gpu-memory-gb", "24", "--profile", str(prof), "--cell", "distillation-r1-s0")
-    assert rc == 0 and "2 GPU(s)" in out
+    assert "2 GPU(s)" in out and "NO" not in out.split("evaluation jobs")[0]  # training fits (its 64-sequence
+    assert rc == 1 and "eval.batch_size: 34" in out  # evaluation batch of 4,608-token sequences does not, on 24 GiB)
     assert run_cli(study, "--profile", str(tmp_path / "nope"))[0] == 2

@@ -53,8 +53,9 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     entry in the study (``eval.benchmarks.<name>.grading`` / ``.answer_format``), the cell's training
     reward (``reward_grading`` = ``reward.grading``, ``answer_format`` = ``reward.answer_format``: what
     the prompt asks for, so training and evaluation grade alike), the registry (math-verify's
-    defaults, boxed).  Multiple-choice benchmarks keep their letter grader; a format with an answer span
-    (``xml_answer``: ``<answer>D</answer>``) tells it where the letter is."""
+    defaults, boxed).  A harness's entry (``Benchmark.harness``: Evalchemy's tasks) skips the reward: its
+    registry grading is the harness's grader.  Multiple-choice benchmarks keep their letter grader; a format
+    with an answer span (``xml_answer``: ``<answer>D</answer>``) tells it where the letter is."""
     from lorarl.grading.answer_formats import SPANS
     from lorarl.grading.verify import GradingSettings
 
@@ -63,7 +64,9 @@ def grading_for(name: str, spec: "BenchmarkEval | None" = None, answer_format: s
     ov: dict[str, Any] = {}
     fmt = (spec.answer_format if spec is not None else None) or answer_format
     if bench.grader == "math":
-        ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
+        if bench.harness is None:  # a harness's entry grades as the harness does, whatever the reward reads
+            ov.update({k: v for k, v in (reward_grading or {}).items() if v is not None})
+        fmt = (spec.answer_format if spec is not None else None) or (None if bench.harness else answer_format)
         if fmt is not None:
             ov["answer_format"] = fmt
     elif fmt in SPANS:  # other formats leave the letter grader (and the evaluation's signature) as it was
@@ -155,13 +158,15 @@ def eval_signature(cfg: "CellConfig", benchmark: str, step: int | None = None,
     from lorarl.tasks.prompt import template_of
 
     spec = benchmark_specs(cfg)[benchmark]
+    own = get_benchmark(benchmark).harness is not None  # a harness's prompt is its own: the cell's template is not read
+    prompt = {k: v for k, v in signature.signature_dump(cfg.prompt).items() if not (own and k == "template")}
     d: dict[str, Any] = {
         "weights": {"model": cfg.model} if is_base else train_signature(cfg),
         "benchmark": benchmark, "step": step, "seed": cfg.seed,
         "spec": {k: v for k, v in signature.signature_dump(spec).items() if k not in ("grading", "answer_format")},
         "protocol": protocol_for(benchmark, spec, cfg.eval).model_dump(mode="json"),
-        "backend": cfg.eval.backend, "prompt": signature.signature_dump(cfg.prompt),  # prompt.thinking only when set
-        "prompt_template": template_of(cfg, benchmark == SYNTHETIC),  # a null template resolves by source
+        "backend": cfg.eval.backend, "prompt": prompt,  # prompt.thinking only when set
+        "prompt_template": get_benchmark(benchmark).template if own else template_of(cfg, benchmark == SYNTHETIC),
     }
     if benchmark == SYNTHETIC and spec.path is None:
         d["task"] = cfg.task.model_dump(mode="json")

@@ -51,7 +51,8 @@ def load_problems(name: str, cfg: Any) -> list:
 
     Each problem's ``prompt`` is the cell's user message (:mod:`lorarl.tasks.prompt`, the one the
     train stage uses): math benchmarks put their question into ``prompt.template``; multiple-choice
-    benchmarks keep their registry template (it lays out the choices); with ``prompt.think`` the
+    benchmarks keep their registry template (it lays out the choices), and so does a harness's entry
+    (``Benchmark.harness``: Evalchemy's user message; the cell's system prompt and chat template apply); with ``prompt.think`` the
     registry's think variant, whose one instruction asks for <think> then the letter in \\boxed{}."""
     from lorarl.grading.benchmarks import CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
     from lorarl.tasks.prompt import user_message
@@ -63,7 +64,7 @@ def load_problems(name: str, cfg: Any) -> list:
         bench = dataclasses.replace(bench, hub_id=spec.hub_id or bench.hub_id, config=spec.subset or bench.config,
                                     **({"revision": None, "n_problems": None} if other else {}))
     fmap = dict(spec.field_map) or None
-    own = bench.grader == "choice"  # its template carries the choices: keep it
+    own = bench.grader == "choice" or bench.harness is not None  # the choices' layout, or a harness's own prompt: kept
     tpl = None if own else "{question}"
     think_tpl = own and cfg.prompt.think and bench.template == CHOICE_TEMPLATE
     if think_tpl:  # one answer instruction: <think>, then the letter in \boxed{} (not the letter AND a think/boxed one)

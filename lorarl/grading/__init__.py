@@ -4,6 +4,7 @@
 * :mod:`.verify`: math-verify grading in a timed worker pool (``GradingSettings``, ``score_math_batch``);
 * :mod:`.answer_formats`: the formats of ``reward.answer_format``: text rules (DAPO's ``Answer:`` line, ...) and
   answer spans (the recipe's ``<answer>``) that math-verify and the letter grader read;
+* :mod:`.hendrycks_math`: Evalchemy's grader (hendrycks-MATH's last box and ``is_equiv``; format ``hendrycks_boxed``);
 * :mod:`.choice`: multiple-choice letters (inside a format's answer span first);
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);

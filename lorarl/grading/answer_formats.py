@@ -23,6 +23,9 @@
 * ``xml_math``: the same ``<answer>`` text graded by math-verify instead of exact text (``14/3``,
   ``\\dfrac{14}{3}`` and ``$\\frac{14}{3}$`` all equal ``\\frac{14}{3}``): the span is graded as one boxed
   answer (a ``\\boxed{}`` inside it as written). No ``<answer>`` tag gives no answer.
+* ``hendrycks_boxed``: Evalchemy's AIME/AMC/MATH500 grader (paper 004's evaluation): the last ``\\boxed{}``
+  (hendrycks-MATH's ``last_boxed_only_string``), compared with ``is_equiv``, a string normalisation
+  without symbolic comparison (:mod:`lorarl.grading.hendrycks_math`).
 
 A format with an answer *span* (:data:`SPANS`: both XML formats) also tells the multiple-choice grader where
 the letter is (``<answer>\nD\n</answer>``, :mod:`lorarl.grading.choice`).
@@ -38,11 +41,13 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from lorarl.grading.hendrycks_math import hendrycks_boxed
+
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer",
            "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed"]
 
-ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "xml_math")  # boxed = math-verify (lorarl.grading.verify)
+ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "xml_math", "hendrycks_boxed")  # boxed = math-verify (lorarl.grading.verify)
 MATH_VERIFIED = ("boxed", "xml_math")  # formats math-verify compares (reward.grading / eval grading settings apply)
 INVALID = "[INVALID]"  # verl's stand-in for a missing answer (normalised like any prediction)
 TAIL_CHARS = 300  # DAPO reads only the end of a completion ("the longest MATH-500 answer has 159 chars")
@@ -136,6 +141,7 @@ TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {
     "answer_line": answer_line,
     "last_number": last_number,
     "xml_answer": xml_answer,
+    "hendrycks_boxed": hendrycks_boxed,
 }
 
 
@@ -152,7 +158,7 @@ def verdict(answer_format: str, completion: str, gold: str) -> tuple[bool, str |
 def has_answer(answer_format: str, completion: str) -> bool:
     """Does the completion give an answer the format can read (right or wrong)? The training metric
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
-    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer, xml_math)."""
+    (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer, xml_math), a box (hendrycks_boxed)."""
     return extracted_answer(answer_format, completion) is not None
 
 

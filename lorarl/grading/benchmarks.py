@@ -79,6 +79,7 @@ class Benchmark:
     row_filter: Callable[[Mapping[str, Any]], bool] | None = None  # keep only matching rows (a year of a pool)
     n_problems: int | None = None  # problems at the pinned revision (after row_filter): Avg weights, a load check
     before_training: bool = False  # measured on untrained rows only (base, teacher): a pre-training envelope
+    harness: str | None = None  # an evaluation harness this entry reproduces: its template and grading.answer_format replace the cell's prompt.template and reward.answer_format
 
     def render(self, p: Problem, template: str | None = None) -> str:
         """The prompt of ``p`` (whose ``prompt`` holds the bare question) under the template."""
@@ -340,3 +341,40 @@ def _gpqa(row: Mapping[str, Any], i: int) -> Problem:
 def _synthetic(row: Mapping[str, Any], i: int) -> Problem:
     # rows are the {id, prompt, answer} records of lorarl.tasks.synthetic; prompts are complete
     return Problem(_row_id(row, "id", "", i), str(row["prompt"]), _num(row["answer"]))
+
+
+# Evalchemy's AIME24 / AIME25 / AMC23 / MATH500 tasks (paper 004's evaluation; eval/chat_benchmarks/<task>/
+# eval_instruct.py): their user message (the model's chat template applied, no system prompt), 32,768 new
+# tokens, T 0.7 with vLLM's default top-p 1.0, 10 repetitions (MATH500: one), graded by hendrycks-MATH's
+# is_equiv on the last \boxed{} (answer format hendrycks_boxed, lorarl.grading.hendrycks_math). The same hub
+# copies as aime24 / aime25 / amc23 / math500, read at the same pinned commits.
+EVALCHEMY_TEMPLATE = "Problem: {question}\nMark your solution with \\boxed\nAnswer:"
+
+
+def _evalchemy(n: int) -> Protocol:
+    return SAMPLE(n, temperature=0.7, top_p=1.0, max_new_tokens=32768)
+
+
+def _aime24_evalchemy(row: Mapping[str, Any], i: int) -> Problem:
+    # Evalchemy's file has `expected_answer` (73); math-ai/aime24 only the solution, whose box may read 073:
+    # an integer box loses its leading zeros (is_equiv compares text)
+    if "expected_answer" in row:
+        return Problem(_row_id(row, "id", "", i), str(row["problem"]), str(row["expected_answer"]))
+    p = _aime24(row, i)
+    return dataclasses.replace(p, gold=str(int(p.gold)) if p.gold.isdigit() else p.gold)
+
+
+_EVALCHEMY = dict(template=EVALCHEMY_TEMPLATE, harness="evalchemy", grading=GradingSettings(answer_format="hendrycks_boxed"))
+register("aime24_evalchemy", hub_id="math-ai/aime24", split="test", revision=BENCHMARKS["aime24"].revision, n_problems=BENCHMARKS["aime24"].n_problems,
+         protocol=_evalchemy(10), **_EVALCHEMY,
+         example={"id": 60, "problem": "Find $w+z$.", "solution": "so $z=\\boxed{073}$", "url": "https://aops/2024-I-1"},
+         example_gold="73")(_aime24_evalchemy)
+register("aime25_evalchemy", hub_id="math-ai/aime25", split="test", revision=BENCHMARKS["aime25"].revision, n_problems=BENCHMARKS["aime25"].n_problems,
+         protocol=_evalchemy(10), **_EVALCHEMY,
+         example=BENCHMARKS["aime25"].example, example_gold="70")(_aime25)
+register("amc23_evalchemy", hub_id="math-ai/amc23", split="test", revision=BENCHMARKS["amc23"].revision, n_problems=BENCHMARKS["amc23"].n_problems,
+         protocol=_evalchemy(10), **_EVALCHEMY,
+         example=BENCHMARKS["amc23"].example, example_gold="27")(_amc23)
+register("math500_evalchemy", hub_id="HuggingFaceH4/MATH-500", split="test", revision=BENCHMARKS["math500"].revision, n_problems=BENCHMARKS["math500"].n_problems,
+         protocol=_evalchemy(1), **_EVALCHEMY,
+         example=BENCHMARKS["math500"].example, example_gold="\\frac{3}{4}")(_math500)

@@ -1,5 +1,5 @@
-"""`lorarl memory <study> [--gpus N] [--nodes M]`: the plan as a table, one rank's GPU per row; exit 0 every
-cell fits, 1 one does not, 2 bad input."""
+"""`lorarl memory <study> [--gpus N] [--nodes M]`: the plan as a table, one rank's GPU per row, then the evaluation
+jobs' (lorarl.memory.evaluation); exit 0 every cell and evaluation fits, 1 one does not, 2 bad input."""
 
 from __future__ import annotations
 
@@ -90,9 +90,13 @@ def cmd_memory(args: Any) -> int:
             print(f"error: --{flag} must be a whole number >= 1 (the profile's slurm.train.{key}); got "
                   f"{getattr(args, flag)}", file=sys.stderr)
             return 2
+    from lorarl.memory.evaluation import plan_study_eval, print_eval_plan
+
     try:
         plans = plan_study(args.study, args.gpu_memory_gb, args.gpus, args.cell, args.results, nodes=args.nodes)
+        evals = plan_study_eval(args.study, args.gpu_memory_gb, args.cell, args.results)
     except PlanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return print_plan(plans, args.gpu_memory_gb, args.gpus, args.verbose, nodes=args.nodes)
+    code = print_plan(plans, args.gpu_memory_gb, args.gpus, args.verbose, nodes=args.nodes)
+    return max(code, print_eval_plan(evals, args.gpu_memory_gb, sys.stdout))  # the evaluation jobs' KV cache too

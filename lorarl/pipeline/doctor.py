@@ -6,7 +6,8 @@ builds a missing ``local:`` base model first, and submits the ``doctor`` stage t
 :func:`lorarl.pipeline.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
 a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
 anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
-checks), evaluation problems; then the smoke training (through the real train stage), the evaluation
+checks), evaluation problems, the memory of every evaluation job of the study on this device (the KV cache of
+its longest budget, lorarl.memory.evaluation: on a GPU one that does not fit fails, naming the knob); then the smoke training (through the real train stage), the evaluation
 of each benchmark (timed; the base model's first problem alone first, so the timed evaluation is warm), and
 the weight diagnostics; the job also records its own clock (its process's age at entry, the libraries'
 import, each part's wall and CPU seconds) and samples the machine's load (lorarl.pipeline.doctor_clock).
@@ -318,6 +319,14 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         return f"eval.backend {cfg.eval.backend}"
 
     checks.run("evaluation backend", eval_backend)
+
+    def eval_memory() -> str:  # every evaluation job's generation at its longest budget (the KV cache of 32k tokens)
+        from lorarl.memory.evaluation import device_eval_check
+
+        out["eval_memory_plan"], line = device_eval_check(request["study"], device, dev["memory_gb"], request["results"])
+        return line
+
+    checks.run("evaluation memory", eval_memory)
     for name in benchmark_specs(cfg):
         checks.run(f"evaluation data: {name}", lambda name=name: f"{len(load_problems(name, cfg))} problems (smoke limit)",
                    phase=f"eval_data:{name}")
