@@ -59,10 +59,10 @@ def test_cells_that_ran_dirty_stay_dirty_after_the_change_is_reverted(tmp_path: 
     out = build(sp, res)
     table = pd.read_csv(out["provenance"]).set_index("cell")
     assert set(table.index) >= set(CELLS)
-    assert table.loc[list(CELLS), "dirty"].astype(str).tolist() == ["True", "True"]
-    assert table.loc["outcome-r1-s0", "stages"] == "evaluate, train"  # both jobs, one code state
-    assert table.loc["outcome-r1-s0", "commit"] == git(repo, "rev-parse", "HEAD").strip()
-    assert table.loc["outcome-r16-s0", "stages"] == "no job record"
+    assert table.loc[list(CELLS), "code/dirty"].astype(str).tolist() == ["True", "True"]
+    assert table.loc["outcome-r1-s0", "code/stages"] == "evaluate, train"  # both jobs, one code state
+    assert table.loc["outcome-r1-s0", "code/commit"] == git(repo, "rev-parse", "HEAD").strip()
+    assert table.loc["outcome-r16-s0", "code/stages"] == "no job record"
     page = out["report"].read_text()
     mine, then = page.split("The checkout at report time")
     assert "<td>True</td>" in mine and "same code (one code state)" in mine and "different code" not in mine

@@ -107,14 +107,14 @@ def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tabl
 
 def code_rows(code: dict[str, list[dict]]) -> list[dict]:
     """One row per cell and code state its jobs ran (lorarl.provenance.cell_code); a cell without a record, one row
-    saying so. Also `tables/provenance.csv`."""
+    saying so. Also `tables/provenance.csv` (`/` names: no axis can take them, lorarl.reserved)."""
     rows = []
     for cell, states in code.items():
         for s in states or [None]:
-            rows.append({"cell": cell, "stages": ", ".join(s["stages"]) if s else "no job record",
-                         "commit": s["sha"] if s else None, "dirty": s["dirty"] if s else None,
-                         "diff hash": s["diff_hash"] if s else None,
-                         **({f"version.{p}": v for p, v in s["packages"].items()} if s else {})})
+            rows.append({"cell": cell, "code/stages": ", ".join(s["stages"]) if s else "no job record",
+                         "code/commit": s["sha"] if s else None, "code/dirty": s["dirty"] if s else None,
+                         "code/diff_hash": s["diff_hash"] if s else None,
+                         **({f"version/{p}": v for p, v in s["packages"].items()} if s else {})})
     return rows
 
 
