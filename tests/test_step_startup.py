@@ -74,3 +74,24 @@ def test_each_job_starts_its_grading_workers_before_its_first_step_and_outside_i
     assert list(startup.index) == [1, 3] and (startup > 0).all()  # each job's start-up, on its own first row
     assert summary["startup_s"] == pytest.approx(float(startup.sum()), abs=1e-3) and summary["steps"] == 5
     assert_no_one_off_step(rows, [1, 3])  # the resumed cell's step time is an uninterrupted one's
+
+
+def test_an_engine_built_for_a_pack_is_the_jobs_start_up(monkeypatch):
+    """A pack's vLLM engine is built before its first step; its construction is recorded as the job's start-up."""
+    import time
+    from types import SimpleNamespace
+
+    from lorarl.pack import vllm_rollouts
+
+    def slow_llm(model, **kw):
+        time.sleep(0.05)
+        return SimpleNamespace(model=model)
+
+    monkeypatch.setattr(jobclock, "_startup", {})
+    monkeypatch.setattr(vllm_rollouts, "_ENGINE", {})
+    api = SimpleNamespace(LLM=slow_llm)
+    llm = vllm_rollouts.pack_engine(api, "m", {"max_loras": 1, "max_lora_rank": 8})
+    first = jobclock.startup_s()
+    assert llm.model == "m" and first["engine"] >= 0.05
+    assert vllm_rollouts.pack_engine(api, "m", {"max_loras": 1, "max_lora_rank": 8}) is llm  # kept: no second start
+    assert jobclock.startup_s() == first
