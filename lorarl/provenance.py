@@ -175,10 +175,11 @@ def update(path: str | Path, fn: Callable[[dict], None]) -> dict:
 
 
 def record_submission(path: str | Path, *, stage: str, study: str | None, cell: str, config_hash: str | None,
-                      executor: str, slurm: dict | None) -> int:
-    """At submit time (before the job exists): code, packages, submit host. Returns its index."""
+                      executor: str, slurm: dict | None, repo: str | Path = REPO) -> int:
+    """At submit time (before the job exists): code (of the checkout `repo`), packages, submit host. Returns its
+    index."""
     path = Path(path)
-    git = git_info()
+    git = git_info(repo)
     git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
     entry = {"submitted_at": now(), "invocation": os.environ.get(INVOCATION_ENV), "host": socket.gethostname(),
              "executor": executor, "slurm": slurm or {}, "python": sys.executable, "cwd": os.getcwd(), "git": git,
@@ -242,3 +243,95 @@ def record_attempt_end(path: str | Path, index: int | None, outcome: str) -> Non
 def attempts(doc_or_path: dict | str | Path) -> list[dict]:
     doc = doc_or_path if isinstance(doc_or_path, dict) else read(doc_or_path)
     return [a for sub in doc.get("submissions", []) for a in sub.get("attempts", [])]
+
+
+# --- reading the records back: the code each cell's jobs ran (the report and the study's MLflow run) ---
+
+def _freeze_versions(text: str, packages: tuple[str, ...]) -> dict[str, str]:
+    """`packages`' versions in a stored `pip freeze` (``name==v``, ``-e url  # name==v``, ``name @ url``)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        spec = line.split("#", 1)[1].strip() if line.startswith("-e ") and "#" in line else line.strip()
+        name, sep, version = spec.partition("==")
+        if not sep:
+            name, version = spec.partition(" @ ")[0], spec.partition(" @ ")[2]
+        key = name.strip().lower().replace("_", "-")
+        if key in packages:
+            found[key] = version.strip()
+    return {p: found.get(p, "absent") for p in packages}
+
+
+def submission_code(sub: dict, folder: Path, packages: tuple[str, ...]) -> dict[str, Any]:
+    """What one submission ran: {"sha", "dirty", "diff_hash" (the stored diff's content hash, None when clean),
+    "packages": {name: version}} from its record and its `pip freeze` blob next to the JSON."""
+    git = sub.get("git") or {}
+    diff = git.get("diff")
+    freeze = sub.get("pip_freeze")
+    try:
+        text = (folder / freeze).read_text() if freeze else ""
+    except OSError:
+        text = ""
+    return {"sha": git.get("sha", "unknown"), "dirty": git.get("dirty"),
+            "diff_hash": Path(diff).stem if diff else None,
+            "packages": _freeze_versions(text, packages) if text else {p: "unknown" for p in packages}}
+
+
+def _state_key(state: dict) -> tuple:
+    return state["sha"], state["dirty"], state["diff_hash"], tuple(sorted(state["packages"].items()))
+
+
+def cell_code(results_dir: str | Path, study: str, cells: list[str], packages: tuple[str, ...]
+              ) -> dict[str, list[dict]]:
+    """Per cell, the distinct code states its jobs ran (each {sha, dirty, diff_hash, packages, stages}): every
+    submission that started (an attempt recorded) in `<cell>/provenance/*.json` and in the packs that trained it
+    (`.packs/*/provenance/pack.json`). An empty list: no job of the cell left a record (e.g. `lorarl run`)."""
+    sdir = Path(results_dir) / study
+    files: dict[str, list[Path]] = {c: sorted((sdir / c / "provenance").glob("*.json")) for c in cells}
+    for pack in sorted(sdir.glob(".packs/*/provenance/*.json")):
+        for c in str(read(pack).get("cell") or "").split(","):
+            if c in files:
+                files[c].append(pack)
+    out: dict[str, list[dict]] = {}
+    for cell, paths in files.items():
+        states: dict[tuple, dict] = {}
+        for path in paths:
+            doc = read(path)
+            for sub in doc.get("submissions", []):
+                if not sub.get("attempts") or "git" not in sub:
+                    continue  # never started, or a record without the launcher's submission
+                state = submission_code(sub, path.parent, packages)
+                kept = states.setdefault(_state_key(state), {**state, "stages": []})
+                if doc.get("stage") not in kept["stages"]:
+                    kept["stages"].append(doc.get("stage"))
+        out[cell] = list(states.values())
+    return out
+
+
+def distinct_states(by_cell: dict[str, list[dict]]) -> list[dict]:
+    """The code states over all cells, each once (more than one: the study's cells ran different code)."""
+    seen: dict[tuple, dict] = {}
+    for states in by_cell.values():
+        for s in states:
+            seen.setdefault(_state_key(s), s)
+    return list(seen.values())
+
+
+def code_tags(by_cell: dict[str, list[dict]], checkout: dict[str, str]) -> dict[str, str]:
+    """The study's MLflow tags of its code: `git.sha`, `git.dirty`, `git.diff_hash`, `version.<pkg>` as the cells'
+    jobs ran them ("mixed" where they differ), `lorarl.code_states` (how many distinct states), `lorarl.code_mixed`,
+    and the checkout at the time of tagging as `checkout.<tag>`. Without any cell record, only the checkout's."""
+    tags = {f"checkout.{k}": str(v) for k, v in checkout.items()}
+    states = distinct_states(by_cell)
+    if not states:
+        return tags
+
+    def one(values: list[str]) -> str:
+        return values[0] if len(set(values)) == 1 else "mixed"
+
+    tags.update({"git.sha": one([str(s["sha"]) for s in states]),
+                 "git.dirty": one([str(s["dirty"]).lower() for s in states]),
+                 "git.diff_hash": one([s["diff_hash"] or "none" for s in states]),
+                 **{f"version.{p}": one([s["packages"].get(p, "unknown") for s in states])
+                    for p in states[0]["packages"]},
+                 "lorarl.code_states": str(len(states)), "lorarl.code_mixed": str(len(states) > 1).lower()})
+    return tags

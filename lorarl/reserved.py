@@ -24,8 +24,8 @@ SUMMARY = tuple(f"{m}_{s}" for m in ("final_train_reward", "wall_time_s", "mean_
                                       "peak", "final", "peak_step", "avg")
                 for s in ("mean", "sd")) + (
     "n_seeds", "n_diverged", "is_baseline", "steps", "step_s", "train_min", "kl_monitor_s", "kl_new_old_s",
-    "kl_monitor_s_total_s", "kl_new_old_s_total_s", "peak", "peak_step", "final", "drop", "avg", "kl_term",
-    "avg_weights")
+    "kl_monitor_s_total_s", "kl_new_old_s_total_s", "startup_s",
+    "startup_s_total_s", "peak", "peak_step", "final", "drop", "avg", "kl_term", "avg_weights")
 # stats table (lorarl.report.tables.stats_table)
 STATS = ("metric", "interval", "mean", "sd", "ci_low", "ci_high", "n_problems", "diff", "diff_low", "diff_high",
          "mde", "paired_on", "resolvable", "text")

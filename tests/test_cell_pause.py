@@ -8,7 +8,9 @@ uninterrupted run, whatever hosts it:
   metrics to 1e-6, every step once in its one MLflow run;
 * the solo (TRL) engine: paused at step 2 without ``checkpoint_every``, left out by a pack (its own job resumes
   it), resumed: equal to the uninterrupted run, ``adv/std_peak`` included (the trainer's monitor state travels in
-  the checkpoint's mark).
+  the checkpoint's mark); each job starts its grading workers and waits for them before its first step, outside
+  the step's time (``time/startup_s`` on the job's first row), so the resumed cell's step times are the
+  uninterrupted one's: each job's first step at most twice the cell's median step (docs/report.md#step-time).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from jobstart import assert_no_one_off_step, new_job, startup_steps
 from tests.test_grpo import tiny_dir  # noqa: F401
 
 NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack size: not part of the result
@@ -115,9 +118,12 @@ def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tin
         steps, run = mlflow_steps(res, runs[c.id])
         assert steps == [1, 2, 3, 4] and run.data.tags["lorarl.state"] == "done"  # one run, each step once
         assert not (res / "pz" / ".checkpoints" / c.id).exists()
+        assert startup_steps(pd.read_csv(res / "pz" / c.id / "metrics.csv")) == [1, 3]  # each pack job's start-up
 
 
-def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_path, fake_rewards):
+def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_path, fake_rewards, monkeypatch):
+    from lorarl import jobclock
+    from lorarl.grading import pool
     from lorarl.pack.run import train_pack
     from lorarl.train import cellstate
     from lorarl.train.main import train_cell
@@ -125,14 +131,26 @@ def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_
     # Dr. GRPO's unscaled advantages: adv/std peaks at step 1, so a resumed run must carry the peak to log it
     x = study_cells(tmp_path, tiny_dir, ranks=(8,), scale_rewards="none")["r8"]
     ref, res = tmp_path / "ref", tmp_path / "res"
+    new_job(monkeypatch)  # each train_cell below is a job of its own: it starts its grading workers
     train_cell("pz", x, ref, threads=1)
+    new_job(monkeypatch)
     paused = train_cell("pz", x, res, threads=1, stop_at=2)
     assert paused["state"] == "paused" and paused["paused_at_step"] == 2
     assert not (res / "pz" / x.id / "summary.json").exists()
     assert cellstate.waiting_engine(res, "pz", x) == "hf"
     out = train_pack("pz", [x], res, pack_id="pack-solo-state")  # its solo checkpoint is kept for its own job
     assert out["trained"] == [] and "solo (TRL) checkpoint" in out["left_out"]["r8"]
+    new_job(monkeypatch)
     done = train_cell("pz", x, res, threads=1)
     assert done["mlflow_run_id"] == paused["mlflow_run_id"]
     assert_equal_runs(outputs(res / "pz" / x.id), outputs(ref / "pz" / x.id), resumed_from=[2])
     assert mlflow_steps(res, done["mlflow_run_id"])[0] == [1, 2, 3, 4]
+    # step time without one-off costs (docs/report.md#step-time): each job waited for its workers before its first
+    # step, so the resumed cell, which paid that twice, has the uninterrupted cell's step times
+    want, got = (pd.read_csv(d / "pz" / x.id / "metrics.csv") for d in (ref, res))
+    assert startup_steps(want) == [1] and startup_steps(got) == [1, 3] and (got["time/startup_s"].dropna() > 0).all()
+    summary = json.loads((res / "pz" / x.id / "summary.json").read_text())
+    assert summary["startup_s"] == pytest.approx(got["time/startup_s"].sum(), abs=1e-3)  # both jobs' start-up
+    assert "grading pool" in jobclock.startup_s() and pool.wait_started() == 0.0  # a ready pool costs nothing more
+    assert_no_one_off_step(want, [1])
+    assert_no_one_off_step(got, [1, 3])

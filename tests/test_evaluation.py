@@ -228,13 +228,18 @@ def study(tmp_path, monkeypatch):
     return SimpleNamespace(study=s, file=f, results=res, backend=backend)
 
 
-def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study):
+def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study, monkeypatch):
     import mlflow
 
+    from lorarl import jobclock
     from lorarl.evaluate.main import evaluate_cell
+    from lorarl.grading import pool
 
     cell = study_cells(study.study)[0]
+    pool.shutdown_pool()  # a fresh job: its grading workers start beside the model load, waited for before grading
+    monkeypatch.setattr(jobclock, "_startup", {})
     out = evaluate_cell(study.study.name, cell, study.results)
+    assert "grading pool" in jobclock.startup_s()  # the job's start-up, apart from any benchmark's grading
     assert sorted(out) == ["gsm8k", "synthetic", "synthetic@5"]
     assert out["synthetic"]["pass@1"] == pytest.approx(0.5)         # every second problem right
     assert set(out["gsm8k"]) == {"avg@2", "pass@1", "pass@2"} and out["gsm8k"]["pass@2"] == 1.0

@@ -212,6 +212,7 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     import torch
 
     from lorarl.grading.benchmarks import get_benchmark
+    from lorarl.grading.pool import start_pool, wait_started
     from lorarl.evaluate.records import run_benchmark
 
     if threads:
@@ -227,6 +228,8 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     problems: dict[str, list] = {}
     summaries: list[dict] = []
     steps = list(dict.fromkeys(s for _, s in wanted))  # one model load per set of weights
+    if any(get_benchmark(name).grader == "math" for name, _ in wanted):
+        start_pool()  # the grading workers start beside the model load, not inside the first benchmark's grading
     weights = {step: weights_for(cfg, results_dir, study, cell.id, is_base, step) for step in steps}
     backend = None
     for step in steps:
@@ -246,6 +249,7 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
                     "target": format_target(name, step), "config_hash": cell.hash,
                     "source": spec.model_dump(mode="json", exclude={"protocol", "grading"}),
                     "backend": cfg.eval.backend}
+            wait_started()  # the first time: the job's start-up (lorarl.jobclock), apart from the grading time
             summaries.append(run_benchmark(backend, get_benchmark(name), problems[name], out_dir,
                                            protocol=protocol_for(name, spec, cfg.eval), seed=cfg.seed,
                                            step=step, meta=meta, grading=cell_grading(cfg, name)))

@@ -178,6 +178,28 @@ def get_pool() -> _Pool:
         return _pool
 
 
+def start_pool() -> None:
+    """Start this process's workers now and return at once: a job calls it before loading its model, so the workers
+    import math-verify beside the load instead of inside the first step."""
+    get_pool()
+
+
+def wait_started(timeout_s: float = _STARTUP_S) -> float:
+    """Wait until a started pool's every worker is ready; the seconds waited (0.0 when no pool was started), recorded
+    as the job's start-up "grading pool" (lorarl.jobclock). A job calls it before its first step, so no step pays it."""
+    from lorarl import jobclock
+
+    with _pool_lock:
+        pool = _pool if _pool is not None and _pool.pid == os.getpid() else None
+    if pool is None or all(w.ready for w in pool._workers):
+        return 0.0
+    t0 = time.perf_counter()
+    pool.wait_ready(timeout_s)
+    waited = time.perf_counter() - t0
+    jobclock.startup("grading pool", waited)
+    return waited
+
+
 def shutdown_pool() -> None:
     """Stop the grading workers (they are restarted on the next call)."""
     global _pool

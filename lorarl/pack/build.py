@@ -70,7 +70,7 @@ class Door:
         from lorarl.numerics.precision import resolve_precision
         from lorarl.pack.plan import pack_key
         from lorarl.tasks.prompt import prompt_ids, prompt_text
-        from lorarl.train.prepare import load_policy, training_dataset
+        from lorarl.train.prepare import load_policy, start_grading, training_dataset
         from lorarl.train.prompt_fit import keep_last, prompt_keep
 
         cfg0 = cells[0].config
@@ -79,6 +79,8 @@ class Door:
             _restore(self.originals)  # the previous pack's residual init left W0 - s·B0A0 in the shared weights
             return
         precision = resolve_precision(cfg0.train.precision, device)
+        for c in cells:  # the grading workers start beside the base's load (a started pool: nothing more)
+            start_grading(c.config)
         base, tok = load_policy(cfg0, results_dir, device, precision)  # the door's pieces (lorarl.train.prepare)
         dataset, facts = training_dataset(cfg0, tok)
         prompts = list(dataset["prompt"])

@@ -203,6 +203,8 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
         where = f" rank {info['rank']}" if info and "rank" in info else ""
         print(f"[lorarl] {'pack ' + info['id'] if info else 'one-cell pack'}{where}: training "
               f"{', '.join(s.cell.id for s in slots)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
+        for s in slots:  # the grading workers ready before the first step: the job's start-up, not the step's
+            s.run.ready()
         with slots[0].run.ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
             stop = False
             while not stop:

@@ -29,11 +29,13 @@ from __future__ import annotations
 import gc
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lorarl import jobclock
 from lorarl.pack.generate import CellRollouts, SampleSettings
 from lorarl.pack.multilora import EngineAdapters, build_requests, generate_multilora, saved_engine_lora_kwargs
 
@@ -71,7 +73,9 @@ def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
         return got["llm"]
     _ENGINE.clear()  # old engines go first: a vLLM engine collected after the new one is built tears down the
     gc.collect()  # process's parallel groups, the new engine's too ("pipeline model parallel group is not initialized")
+    t0 = time.perf_counter()
     llm = api.LLM(model=str(model_dir), **kwargs)
+    jobclock.startup("engine", time.perf_counter() - t0)  # the job's start-up, never a step's (lorarl.jobclock)
     print(f"[lorarl] pack: vLLM engine for {model_dir} (max_loras {kwargs.get('max_loras')}, max_lora_rank "
           f"{kwargs.get('max_lora_rank')})", flush=True)
     _ENGINE.update(llm=llm, model=str(model_dir), kwargs=dict(kwargs))

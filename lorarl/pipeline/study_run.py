@@ -2,7 +2,7 @@
 
 Every cell and base run nests under one parent run per study (lorarl.tracking.client.Tracker.study_run
 makes it, once, when the first cell starts). `publish` gives it the study's name, its axes and the
-code's git SHA as tags, and the aggregate's outputs as artifacts: report.html, tables/, figures/
+code its cells ran (their jobs' provenance records; the checkout now apart, as `checkout.*`) as tags, and the aggregate's outputs as artifacts: report.html, tables/, figures/
 (logged again on every aggregate, so the parent shows the latest), and stretches it over the study:
 from the first job's start to the aggregate's end, with the wall time and cell counts as metrics
 (lorarl.pipeline.study_span). Superseded cell runs are untouched.
@@ -17,7 +17,9 @@ from typing import Any
 from lorarl import paths
 from lorarl.pipeline import study_span
 from lorarl.tracking import sqlite_store
-from lorarl.tracking.client import Tracker, git_state, resolve_tracking
+from lorarl.provenance import cell_code
+from lorarl.provenance import code_tags as _tags
+from lorarl.tracking.client import PACKAGES, Tracker, git_state, package_versions, resolve_tracking
 
 
 def axes_tag(study: Any) -> str:
@@ -25,6 +27,16 @@ def axes_tag(study: Any) -> str:
     from lorarl.matrix import label_of
 
     return json.dumps({name: [f"{ax.prefix}{label_of(v)}" for v in ax.values] for name, ax in study.axes.items()})
+
+
+def code_tags(study: Any, results_dir: str | Path) -> dict[str, str]:
+    """The code the study's cells ran, from their jobs' provenance records (`git.sha`, `git.dirty`, `git.diff_hash`,
+    `version.*`: "mixed" where cells differ; `lorarl.code_states`, `lorarl.code_mixed`), and this checkout now as
+    `checkout.git.sha`, `checkout.git.dirty`, `checkout.version.*` (lorarl.provenance.code_tags)."""
+    from lorarl.study import study_cells
+
+    cells = [c.id for c in study_cells(study)]
+    return _tags(cell_code(results_dir, study.name, cells, PACKAGES), {**git_state(), **package_versions()})
 
 
 def artifacts(study: Any, results_dir: str | Path) -> list[tuple[Path, str]]:
@@ -51,7 +63,7 @@ def fill(tracker: Tracker, study: Any, results_dir: str | Path) -> str:
     files say the study started."""
     run_id = tracker.study_run(start_time=study_span.first_start_ms(study, results_dir))
     tracker.run_id = run_id
-    tracker.set_tags({"lorarl.study": study.name, "lorarl.axes": axes_tag(study), **git_state()})
+    tracker.set_tags({"lorarl.study": study.name, "lorarl.axes": axes_tag(study), **code_tags(study, results_dir)})
     outputs = artifacts(study, results_dir)
     for local, where in outputs:
         log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact

@@ -45,6 +45,8 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     from lorarl.report.fig_kl import kl_delta_table
     from lorarl.report.masks import mask_tables
     from lorarl.report.masks import titles as mask_titles
+    from lorarl.provenance import cell_code
+    import pandas as pd
     from lorarl.study import load_study
 
     study = load_study(study_path)
@@ -97,9 +99,13 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     pngs = sorted(fdir.glob("*.png")) if fdir.exists() else []
     figs = [(p, caption(p.stem, data)) for p in pngs]
     rows = status.study_status(str(study_path), results)
-    prov = {**tracking.git_state(), **tracking.package_versions(), "study file": str(study_path),
-            "results": str(results.resolve()), "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}
-    page = html.page(study, results, rows, data.summaries, md, shown, figs, skipped, prov)
+    prov = {"study file": str(study_path), "results": str(results.resolve()),
+            "cells finished": f"{len(data.cells)} / {sum(r.kind == 'cell' for r in rows)}"}
+    code = cell_code(results, study.name, [r.cell for r in rows if r.kind == "cell"], tracking.PACKAGES)
+    out["provenance"] = tdir / "provenance.csv"  # the code each cell's jobs ran (lorarl.provenance.cell_code)
+    pd.DataFrame(html.code_rows(code)).to_csv(out["provenance"], index=False)
+    checkout = {**tracking.git_state(), **tracking.package_versions()}
+    page = html.page(study, results, rows, data.summaries, md, shown, figs, skipped, prov, code, checkout)
     out["report"] = results / study.name / "report.html"
     atomic_write_text(out["report"], page)
     return out

@@ -17,7 +17,7 @@ CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#f3f3f3}.done{background:#e3f6e3}.failed{background:#fbe0e0}.running{background:#e3ecfb}
 .diverged{background:#fdf0d5}.queued,.interrupted,.not-started{background:#f5f5f5}
-.stopped{background:#ece6f6}.at-rung{background:#e3ecfb}
+.stopped{background:#ece6f6}.at-rung{background:#e3ecfb}.mixed{background:#fbe0e0}
 figure{display:inline-block;margin:0 1em 1.5em 0;max-width:100%}figure img{max-width:100%}
 figcaption{font-size:12px;max-width:900px}code{font-size:12px}"""
 
@@ -78,7 +78,8 @@ def figure_html(png: Path, caption: str) -> str:
 
 
 def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tables: dict[str, pd.DataFrame],
-         figures: list[tuple[Path, str]], skipped: dict[str, list[str]], provenance: dict[str, str]) -> str:
+         figures: list[tuple[Path, str]], skipped: dict[str, list[str]], provenance: dict[str, str],
+         code: dict[str, list[dict]] | None = None, checkout: dict[str, str] | None = None) -> str:
     target = ui_target(results, study.name)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(study.name)} report</title>"
@@ -96,9 +97,42 @@ def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tabl
     if skipped:
         parts.append("<p>Not drawn (the study lacks what they need): " + "; ".join(
             f"{_e(k)} ({_e(', '.join(v))})" for k, v in skipped.items()) + "</p>")
-    parts += ["<h2>Provenance</h2><table>"] + [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
-                                              for k, v in provenance.items()] + ["</table></body></html>"]
+    parts += ["<h2>Provenance</h2>", code_section(code or {}), "<table>"] + [
+        f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in provenance.items()] + ["</table>"]
+    parts += ["<h3>The checkout at report time</h3><p>Where this page was built from, not what the cells ran.</p>"
+              "<table>"] + [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in (checkout or {}).items()]
+    parts.append("</table></body></html>")
     return "\n".join(parts)
+
+
+def code_rows(code: dict[str, list[dict]]) -> list[dict]:
+    """One row per cell and code state its jobs ran (lorarl.provenance.cell_code); a cell without a record, one row
+    saying so. Also `tables/provenance.csv` (`/` names: no axis can take them, lorarl.reserved)."""
+    rows = []
+    for cell, states in code.items():
+        for s in states or [None]:
+            rows.append({"cell": cell, "code/stages": ", ".join(s["stages"]) if s else "no job record",
+                         "code/commit": s["sha"] if s else None, "code/dirty": s["dirty"] if s else None,
+                         "code/diff_hash": s["diff_hash"] if s else None,
+                         **({f"version/{p}": v for p, v in s["packages"].items()} if s else {})})
+    return rows
+
+
+def code_section(code: dict[str, list[dict]]) -> str:
+    """The code each cell's jobs ran, from their own provenance records; flagged when the cells ran different code."""
+    from lorarl.provenance import distinct_states
+
+    states = distinct_states(code)
+    if len(states) > 1:
+        ran = ", ".join(f"{str(s['sha'])[:10]}{' dirty ' + str(s['diff_hash']) if s['dirty'] else ''}" for s in states)
+        head = (f'<p class="mixed"><b>The cells ran different code</b>: {len(states)} code states ({_e(ran)}); '
+                "compare cells only within one state.</p>")
+    elif states:
+        head = "<p>Every cell's jobs ran the same code (one code state).</p>"
+    else:
+        head = "<p><i>no job provenance record yet</i></p>"
+    return (head + "<p>The code each cell's jobs ran (their provenance records, <code>&lt;cell&gt;/provenance/"
+            "</code>):</p>" + _table(pd.DataFrame(code_rows(code))) if code else head)
 
 
 def _md_table(md: str) -> str:

@@ -184,7 +184,7 @@ def per_cell_runtime(data: StudyData) -> pd.DataFrame:
     if c.empty:
         return pd.DataFrame()
     step_col = "time/step_s" if "time/step_s" in c else "step_time_s"
-    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s") if m in c]
+    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s", "time/startup_s") if m in c]  # + jobs' start-up
     per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
                                             **{m.split("/")[-1]: (m, "sum") for m in mon})
     if step_col == "time/step_s":
@@ -197,11 +197,12 @@ def per_cell_runtime(data: StudyData) -> pd.DataFrame:
 def runtime_table(data: StudyData) -> pd.DataFrame:
     """Paper 000 Table 2's runtime column, like with like: mean step time (the trainer's `time/step_s`,
     which excludes the KL monitors, else the recorder's `step_time_s`) × steps, per cell; then mean ± sd
-    over seeds per group, and the monitors' own time separately."""
+    over seeds per group, and the monitors' own time and the jobs' start-up (`startup_s_total_s`: grading workers,
+    engine; in no step's time) separately."""
     per = per_cell_runtime(data)
     if per.empty:
         return pd.DataFrame()
-    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s") if m in data.curves]
+    mon = [m for m in ("time/kl_monitor_s", "time/kl_new_old_s", "time/startup_s") if m in data.curves]
     per = per.join(data.cells.set_index("cell")[data.keys]) if data.keys else per
     keys = data.keys
     if not keys:

@@ -35,6 +35,7 @@ class MetricsRecorder(TrainerCallback):
         self._pending: list[dict[str, float]] = []
         self._t0 = 0.0
         self._time, self._updates = 0.0, 0  # wall time and optimiser updates since the last logged row
+        self.startup_s: float | None = None  # this job's start-up (lorarl.jobclock), for its first row
 
     def on_step_begin(self, args, state, control, **kw):
         first_work("training step")  # the job's start-up ends here (lorarl.jobclock)
@@ -54,10 +55,16 @@ class MetricsRecorder(TrainerCallback):
                     if k not in SKIP and (v is None or isinstance(v, (int, float)))})
         row["step_time_s"] = self._time / max(self._updates, 1) * u  # mean over the window, per training step
         self._time, self._updates = 0.0, 0
+        self.stamp_startup(row)
         self.rows.append(row)
         self._pending.append(row)
         if len(self._pending) >= self.flush_every and not self.log_only_saved:
             self.flush()
+
+    def stamp_startup(self, row: dict) -> None:
+        """The job's first row of this cell carries the job's start-up seconds (``time/startup_s``); later rows none."""
+        if self.startup_s is not None:
+            row["time/startup_s"], self.startup_s = self.startup_s, None
 
     def flush(self) -> None:
         if not self.write:

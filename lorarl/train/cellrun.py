@@ -136,6 +136,16 @@ class CellRun:
         self.snapshots = SnapshotSaver(self.final / "snapshots", steps, save, tokenizer, updates_per_step=self.per)
         self.collapse_monitor = flags.monitor(self.recorder, self.cfg.train.stop_on_collapse, self.per)
 
+    def ready(self) -> None:
+        """Before this job's first step: wait for the grading workers the job started beside its model load
+        (lorarl.grading.pool.wait_started); the job's start-up seconds so far (that wait, an engine's start:
+        lorarl.jobclock) go on this job's first row as ``time/startup_s``, never into a step's time."""
+        from lorarl import jobclock
+        from lorarl.grading.pool import wait_started
+
+        wait_started()
+        self.recorder.startup_s = round(sum(jobclock.startup_s().values()), 3)
+
     # ---- a host with a step loop (the pack) ---------------------------------------------------------
     def step_done(self, step: int, row: dict, model: Any, update_refused: bool = False) -> str:
         """One training step's metrics row: recorded (metrics.csv, MLflow once a checkpoint covers it), the
@@ -146,6 +156,7 @@ class CellRun:
 
         rec = self.recorder
         full = {"step": step, **{k: float(v) for k, v in row.items()}, "step_time_s": float(row.get("time/step_s", 0.0))}
+        rec.stamp_startup(full)
         rec.rows.append(full)
         rec._pending.append(full)
         if len(rec._pending) >= rec.flush_every and not rec.log_only_saved:
@@ -281,6 +292,7 @@ class CellRun:
             "first_train_reward": rewards[0] if rewards else float("nan"),
             "wall_time_s": round(time.time() - self.t_start + self.ckpt.elapsed_before, 2),  # all attempts
             "mean_step_time_s": sum(r["step_time_s"] for r in rows) / max(1, len(rows)),
+            "startup_s": round(sum(r.get("time/startup_s", 0.0) for r in rows), 3),  # every job's start-up, in no step's time
             **policy.counts(), **self.ckpt.summary(), **facts,
             "precision": self.precision, "trainable_dtypes": trainable_dtypes(model),
             "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum

@@ -59,6 +59,7 @@ def train(run: Any, trainer: Any) -> None:
     start = int(run.resumed.step) // run.per if run.resumed is not None else 0  # checkpoints: at step ends
     if run.paused_before(ranks.broadcast(start)):
         return
+    run.ready()  # the grading workers ready before step 1: their start is the job's start-up, not the step's
     try:
         with run.ckpt.preemption():  # Slurm's USR2: finish the step, checkpoint, then submitit requeues
             try:

@@ -7,6 +7,7 @@ file that looks done), and this module only wires the two to the trainer.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     (lorarl.train.ranks); the other ranks return ``{"cell", "rank"}``."""
     import torch
 
+    from lorarl import jobclock
     from lorarl.adapters import build_adapter
     from lorarl.train import ranks
     from lorarl.train.cellrun import CellRun
@@ -49,10 +51,13 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
         print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
               f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
     run.watch(policy.save, inputs.tokenizer, inputs.snapshot_steps)  # snapshots (eval.eval_every), collapse flags
+    t0 = time.perf_counter()
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=policy.model, tokenizer=inputs.tokenizer, args=inputs.args, ref_model=inputs.ref_model,
         train_dataset=inputs.dataset, regime=inputs.regime, grading=inputs.grading,
         callbacks=run.callbacks(inputs.sharded), results_dir=str(results_dir))  # the model is adapted already
+    if cfg.rollout.engine == "vllm":  # TRL built its colocated engine in there: the job's start-up, no step's
+        jobclock.startup("engine", time.perf_counter() - t0)
     policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
     run.attach(trainer, inputs.sharded)  # divergence stop, checkpoints, rank sync, monitor state
     run.train(trainer)  # resumes from the cell's checkpoint; Slurm's USR2: checkpoint, then requeue

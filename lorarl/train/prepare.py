@@ -117,6 +117,16 @@ def reward_of(cfg: Any, tokenizer: Any, results_dir: str | Path, device: str) ->
     return regime, settings_of(cfg.reward)
 
 
+def start_grading(cfg: Any) -> None:
+    """Start the grading workers (lorarl.grading.pool) now, without waiting, when the cell grades with math-verify
+    (``reward.answer_format: boxed``: the outcome reward and every regime's accuracy metric); the host waits for them
+    before its first step (``CellRun.ready``), so the wait is the job's start-up, not step 1's time."""
+    if cfg.reward.answer_format == "boxed":
+        from lorarl.grading.pool import start_pool
+
+        start_pool()
+
+
 def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> CellInputs:
     """Every input of one cell's solo run (``cfg``: :func:`job_config`'s). ``output_dir``: the cell's checkpoint
     folder (TRL's ``output_dir``: lorarl.train.checkpoint decides what is saved there and when)."""
@@ -132,6 +142,7 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     use_cpu = not torch.cuda.is_available()
     device = "cpu" if use_cpu else "cuda"
     precision = resolve_precision(cfg.train.precision, device)
+    start_grading(cfg)  # the grading workers start beside the model load, not inside step 1
     model, tok = load_policy(cfg, results_dir, device, precision)
     ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
     dataset, facts = training_dataset(cfg, tok)
