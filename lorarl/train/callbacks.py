@@ -1,5 +1,11 @@
 """Per-step metrics → metrics.csv (source of truth) and MLflow (the view), with step wall time.
 
+MLflow sees each step as it is recorded (every ``live_every`` steps, batched): under its own key when no later
+attempt can train that step again (no checkpoints: a killed cell starts over in a new run), else under
+``live/<key>`` until a complete checkpoint covers it; then it goes under its own key, exactly once across kills
+(``log_only_saved``, lorarl.train.checkpoint). A step a killed attempt logged live and the next attempt trains
+again keeps the killed attempt's live value (each (live key, step) once too); its own key gets the retrained one.
+
 A step is a training step (one rollout batch, ``train.steps``' unit); with PPO mini-batches or several
 epochs it holds ``updates_per_step`` optimiser updates (TRL's global steps): a row's ``step`` is the
 training step, ``update`` the optimiser update it ends at, and ``step_time_s`` the step's wall time."""
@@ -15,6 +21,7 @@ from transformers import TrainerCallback
 from lorarl.jobclock import first_work
 from lorarl.tracking.client import Tracker
 
+LIVE = "live/"  # the prefix of a value logged before a checkpoint covers its step (MLflow's UI groups it apart)
 SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
         "train_loss"}
 
@@ -23,16 +30,18 @@ class MetricsRecorder(TrainerCallback):
     """Collects TRL's per-step logs, adds `step_time_s`, appends to CSV, batches to MLflow."""
 
     def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10, updates_per_step: int = 1,
-                 write: bool = True):
+                 write: bool = True, live_every: int = 1):
         self.csv_path = Path(csv_path)
         self.write = write  # False on ranks other than 0: rows kept (the monitors read them), nothing written
         self.updates_per_step = int(updates_per_step)  # optimiser updates per training step (TrainConfig)
         self.tracker = tracker
         self.flush_every = flush_every
+        self.live_every = live_every  # steps per live MLflow batch: a running cell shows each step at once
         # with checkpoints (lorarl.train.checkpoint): MLflow gets a step only once a checkpoint covers it
         self.log_only_saved = False
         self.rows: list[dict[str, float]] = []
         self._pending: list[dict[str, float]] = []
+        self._unsent: list[dict[str, float]] = []  # rows not yet sent live
         self._t0 = 0.0
         self._time, self._updates = 0.0, 0  # wall time and optimiser updates since the last logged row
 
@@ -54,10 +63,26 @@ class MetricsRecorder(TrainerCallback):
                     if k not in SKIP and (v is None or isinstance(v, (int, float)))})
         row["step_time_s"] = self._time / max(self._updates, 1) * u  # mean over the window, per training step
         self._time, self._updates = 0.0, 0
+        self.record(row)
+
+    def record(self, row: dict[str, float]) -> None:
+        """One step's row: kept, sent live, and written (metrics.csv, MLflow's own keys) at the next flush."""
         self.rows.append(row)
         self._pending.append(row)
+        self._unsent.append(row)
+        if len(self._unsent) >= self.live_every:
+            self.send_live()
         if len(self._pending) >= self.flush_every and not self.log_only_saved:
             self.flush()
+
+    def send_live(self) -> None:
+        """The rows recorded since the last live batch, to MLflow now (a store away: pending, training goes on)."""
+        rows, self._unsent = self._unsent, []
+        if not self.write or self.tracker is None or not rows:
+            return
+        if self.log_only_saved:  # a checkpoint does not cover them yet: their own keys wait for it
+            rows = [{"step": r["step"], **{LIVE + k: v for k, v in r.items() if k != "step"}} for r in rows]
+        self.tracker.log_metrics(rows, wait=False)
 
     def flush(self) -> None:
         if not self.write:
@@ -65,7 +90,7 @@ class MetricsRecorder(TrainerCallback):
             return
         self._write_csv()
         if self.tracker is not None and self._pending:
-            self.tracker.log_metrics(self._pending, wait=False)  # store away: train on, send later
+            self.tracker.log_metrics(self._pending, wait=False)  # steps sent live under their own keys: dropped  # store away: train on, send later
         self._pending = []
 
     def on_save(self, args, state, control, **kw):
