@@ -140,3 +140,38 @@ def test_launcher_ends_the_runs_of_its_failed_job(tmp_path: Path):
     assert dead_runs.after_job(tmp_path, "st", ["a"], "job 1 ended OUT_OF_MEMORY (its launcher)") == [runs["a"]]
     assert t.client.get_run(runs["a"]).data.tags["lorarl.killed_reason"] == "job 1 ended OUT_OF_MEMORY (its launcher)"
     assert t.client.get_run(runs["b"]).info.status == "RUNNING"  # another job's cell
+
+
+STUDY = {"name": "lv", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
+                                    "train": {"steps": 2, "prompts_per_step": 2, "generations": 2,
+                                              "max_completion_length": 8}},
+         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+
+
+def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path, monkeypatch, capsys):
+    """`lorarl launch train`: the job (no scheduler here) ends without a result; the cell's run is KILLED."""
+    import yaml
+    from types import SimpleNamespace
+
+    from lorarl.pipeline import launch
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump(STUDY))
+    run = Tracker(tmp_path, "lv").start("s0", "s0", tags={}, params={})  # the attempt's run, then SIGKILL
+    _lock_file(tmp_path, "lv", "s0")
+
+    class Executor:
+        def __init__(self, kind, folder, *a, **k):
+            self.folder = Path(folder)
+
+        def submit(self, fn):
+            return SimpleNamespace(job_id="9", paths=SimpleNamespace(folder=self.folder,
+                                                                     stderr=self.folder / "9_0_log.err"))
+
+    monkeypatch.setattr(launch, "make_executor", Executor)
+    monkeypatch.setattr(launch, "_wait", lambda job, *a: RuntimeError("job 9 ended without a result"))
+    monkeypatch.setattr(launch, "final_state", lambda job, executor: {"State": "OUT_OF_MEMORY"})
+    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local") == 1
+    got = Tracker(tmp_path, "lv").client.get_run(run)
+    assert got.info.status == "KILLED" and got.data.tags["lorarl.killed_reason"] == "job 9 ended OUT_OF_MEMORY (its launcher)"
+    assert "its process is gone" in capsys.readouterr().err
