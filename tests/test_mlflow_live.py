@@ -175,3 +175,17 @@ def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path,
     got = Tracker(tmp_path, "lv").client.get_run(run)
     assert got.info.status == "KILLED" and got.data.tags["lorarl.killed_reason"] == "job 9 ended OUT_OF_MEMORY (its launcher)"
     assert "its process is gone" in capsys.readouterr().err
+
+
+def test_sync_mlflow_ends_a_dead_run_of_an_unfinished_cell(tmp_path: Path):
+    import yaml
+
+    from lorarl.pipeline.sync import sync_study
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump(STUDY))
+    run = Tracker(tmp_path, "lv").start("s0", "s0", tags={}, params={})
+    _lock_file(tmp_path, "lv", "s0")
+    assert sync_study(study, tmp_path) == []  # nothing finished to replay
+    got = Tracker(tmp_path, "lv").client.get_run(run)
+    assert got.info.status == "KILLED" and got.data.tags["lorarl.killed_reason"] == "seen by lorarl sync-mlflow"
