@@ -15,10 +15,17 @@ from pathlib import Path
 from lorarl.tracking import dead_runs
 from lorarl.tracking.client import Tracker
 from lorarl.train.callbacks import MetricsRecorder
+from lorarl.train.checkpoint import CellCheckpoints, Checkpoint
 
 
 def _history(t: Tracker, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in t.client.get_metric_history(t.run_id, key))
+
+
+def _cell():
+    from lorarl.study import parse_study, study_cells
+
+    return study_cells(parse_study({"name": "st", "defaults": {"model": "local:tiny-test"}}))[0]
 
 
 def _row(step: int, attempt: int) -> dict[str, float]:
@@ -28,7 +35,7 @@ def _row(step: int, attempt: int) -> dict[str, float]:
 def test_checkpointed_cell_shows_each_step_live_and_its_own_keys_once_across_a_kill(tmp_path: Path):
     t = Tracker(tmp_path, "st")
     run = t.start("c", "c", tags={}, params={})
-    rec = MetricsRecorder(tmp_path / "metrics.csv", t)
+    rec = MetricsRecorder(tmp_path / "metrics.csv", t, live_every_s=0)  # every step at once
     rec.log_only_saved = True  # as lorarl.train.checkpoint.restore sets it for a cell with checkpoints
     for s in (1, 2):
         rec.record(_row(s, 0))
@@ -41,10 +48,12 @@ def test_checkpointed_cell_shows_each_step_live_and_its_own_keys_once_across_a_k
 
     t2 = Tracker(tmp_path, "st")  # the next attempt: resumes from checkpoint-2 and trains step 3 again
     t2.resume(run)
-    rec2 = MetricsRecorder(tmp_path / "metrics.csv", t2)
-    rec2.log_only_saved = True
-    rec2.rows = [_row(1, 0), _row(2, 0)]
-    t2.log_metrics(rec2.rows)  # what restore re-sends: all at or below the high-water mark
+    rec2 = MetricsRecorder(tmp_path / "metrics.csv", t2, live_every_s=0)
+    ckpt = CellCheckpoints(tmp_path, "st", _cell())
+    ckpt.resumed = Checkpoint(tmp_path / "checkpoint-2", 2, {"mlflow_run_id": run, "rows": [_row(1, 0), _row(2, 0)]})
+    ckpt.restore(rec2, run)  # re-sends the checkpoint's rows: all at or below their keys' high-water marks
+    ckpt.release()
+    assert rec2.log_only_saved and _history(t2, "live/reward") == [(1, 1.0), (2, 2.0), (3, 3.0)]
     for s in (3, 4):
         rec2.record(_row(s, 1))
     rec2.flush()
@@ -56,10 +65,22 @@ def test_checkpointed_cell_shows_each_step_live_and_its_own_keys_once_across_a_k
         assert [int(r["step"]) for r in csv.DictReader(fh)] == [1, 2, 3, 4]  # the files: each step once
 
 
+def test_live_batches_wait_their_interval_and_a_checkpoint_sends_the_rest(tmp_path: Path):
+    t = Tracker(tmp_path, "st")
+    t.start("c", "c", tags={}, params={})
+    rec = MetricsRecorder(tmp_path / "metrics.csv", t, live_every_s=3600)
+    rec.log_only_saved = True
+    for s in (1, 2, 3):
+        rec.record(_row(s, 0))
+    assert _history(t, "live/reward") == [(1, 1.0)]  # the first at once; the next within the hour
+    rec.flush()  # a checkpoint: live first, then the own keys
+    assert _history(t, "live/reward") == _history(t, "reward") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
 def test_cell_without_checkpoints_logs_its_own_keys_at_once(tmp_path: Path):
     t = Tracker(tmp_path, "st")
     t.start("c", "c", tags={}, params={})
-    rec = MetricsRecorder(tmp_path / "metrics.csv", t, flush_every=10)
+    rec = MetricsRecorder(tmp_path / "metrics.csv", t, flush_every=10, live_every_s=0)
     for s in (1, 2, 3):
         rec.record(_row(s, 0))
     assert _history(t, "reward") == [(1, 1.0), (2, 2.0), (3, 3.0)]  # before metrics.csv's flush every 10 steps

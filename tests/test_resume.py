@@ -200,7 +200,8 @@ def test_kill_after_a_checkpoint_and_between_checkpoints_then_rerun(models, refe
     assert [c.step for c in checkpoint.complete_checkpoints(ckpts)] == [4]
     run_id = checkpoint.complete_checkpoints(ckpts)[-1].run_id
     assert [m.step for m in client.get_metric_history(run_id, "reward")] == [1, 2]  # MLflow lags behind
-    assert _steps(client, run_id, "live/reward") == [1, 2, 3, 4]  # ... but showed every step live
+    live = _steps(client, run_id, "live/reward")  # ... but showed the steps live: the checkpoint's and maybe more
+    assert live[:2] == [1, 2] and live == list(range(1, len(live) + 1)) and len(live) <= 4, live
     assert not (tmp_path / "resume" / "s3" / "summary.json").exists()
     assert client.get_run(run_id).info.status == "RUNNING"  # the dead process could not end its run
     from lorarl.tracking.dead_runs import end_dead_runs
@@ -217,7 +218,7 @@ def test_kill_after_a_checkpoint_and_between_checkpoints_then_rerun(models, refe
     assert [c.step for c in checkpoint.complete_checkpoints(ckpts)] == [6]
     assert checkpoint.progress(ckpts)["step"] == 7
     assert sorted(m.step for m in client.get_metric_history(run_id, "reward")) == [1, 2, 3, 4, 5, 6]
-    assert _steps(client, run_id, "live/reward") == [1, 2, 3, 4, 5, 6]  # step 7 was killed before it was logged
+    assert _steps(client, run_id, "live/reward") == [1, 2, 3, 4, 5, 6]  # step 7 was killed before it was recorded
     assert client.get_run(run_id).data.tags["lorarl.killed_attempts"] == "1"
 
     # 3. rerun to the end

@@ -1,10 +1,12 @@
 """Per-step metrics → metrics.csv (source of truth) and MLflow (the view), with step wall time.
 
-MLflow sees each step as it is recorded (every ``live_every`` steps, batched): under its own key when no later
-attempt can train that step again (no checkpoints: a killed cell starts over in a new run), else under
-``live/<key>`` until a complete checkpoint covers it; then it goes under its own key, exactly once across kills
-(``log_only_saved``, lorarl.train.checkpoint). A step a killed attempt logged live and the next attempt trains
-again keeps the killed attempt's live value (each (live key, step) once too); its own key gets the retrained one.
+MLflow sees each step as it is recorded (batched: at most one live batch per ``LIVE_EVERY_S``, so a store
+write never costs a fast step much; a longer step is sent at its end): under its own key when no later attempt
+can train that step again (no checkpoints: a killed cell starts over in a new run), else under ``live/<key>``,
+and under its own key once a complete checkpoint covers it, exactly once across kills (``log_only_saved``,
+lorarl.train.checkpoint). A checkpoint sends what is still unsent live first, and a resumed run re-sends its
+checkpoint's rows live too, so ``live/`` ends with every step once; a step a killed attempt showed live and the
+next attempt trains again keeps the killed attempt's live value there, its own key the retrained one.
 
 A step is a training step (one rollout batch, ``train.steps``' unit); with PPO mini-batches or several
 epochs it holds ``updates_per_step`` optimiser updates (TRL's global steps): a row's ``step`` is the
@@ -21,6 +23,7 @@ from transformers import TrainerCallback
 from lorarl.jobclock import first_work
 from lorarl.tracking.client import Tracker
 
+LIVE_EVERY_S = 2.0  # the shortest time between two live MLflow batches of a cell (docs/tracking.md#live-metrics)
 LIVE = "live/"  # the prefix of a value logged before a checkpoint covers its step (MLflow's UI groups it apart)
 SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
         "train_loss"}
@@ -30,13 +33,14 @@ class MetricsRecorder(TrainerCallback):
     """Collects TRL's per-step logs, adds `step_time_s`, appends to CSV, batches to MLflow."""
 
     def __init__(self, csv_path: Path, tracker: Tracker | None, flush_every: int = 10, updates_per_step: int = 1,
-                 write: bool = True, live_every: int = 1):
+                 write: bool = True, live_every_s: float = LIVE_EVERY_S):
         self.csv_path = Path(csv_path)
         self.write = write  # False on ranks other than 0: rows kept (the monitors read them), nothing written
         self.updates_per_step = int(updates_per_step)  # optimiser updates per training step (TrainConfig)
         self.tracker = tracker
         self.flush_every = flush_every
-        self.live_every = live_every  # steps per live MLflow batch: a running cell shows each step at once
+        self.live_every_s = live_every_s  # shortest time between two live batches (0: every step at once)
+        self._live_at = float("-inf")  # when the last live batch went (time.monotonic)
         # with checkpoints (lorarl.train.checkpoint): MLflow gets a step only once a checkpoint covers it
         self.log_only_saved = False
         self.rows: list[dict[str, float]] = []
@@ -70,7 +74,7 @@ class MetricsRecorder(TrainerCallback):
         self.rows.append(row)
         self._pending.append(row)
         self._unsent.append(row)
-        if len(self._unsent) >= self.live_every:
+        if time.monotonic() - self._live_at >= self.live_every_s:
             self.send_live()
         if len(self._pending) >= self.flush_every and not self.log_only_saved:
             self.flush()
@@ -80,14 +84,15 @@ class MetricsRecorder(TrainerCallback):
         rows, self._unsent = self._unsent, []
         if not self.write or self.tracker is None or not rows:
             return
-        if self.log_only_saved:  # a checkpoint does not cover them yet: their own keys wait for it
-            rows = [{"step": r["step"], **{LIVE + k: v for k, v in r.items() if k != "step"}} for r in rows]
-        self.tracker.log_metrics(rows, wait=False)
+        self.tracker.log_metrics(live_rows(rows) if self.log_only_saved else rows, wait=False)  # checkpointed:
+        self._live_at = time.monotonic()  # their own keys wait for the checkpoint that covers them
 
     def flush(self) -> None:
         if not self.write:
             self._pending = []
             return
+        if self.log_only_saved:
+            self.send_live()  # live/ keeps every step, ahead of (or with) its own key
         self._write_csv()
         if self.tracker is not None and self._pending:
             self.tracker.log_metrics(self._pending, wait=False)  # steps sent live under their own keys: dropped  # store away: train on, send later
@@ -109,6 +114,11 @@ class MetricsRecorder(TrainerCallback):
             w.writeheader()
             w.writerows(self.rows)
         tmp.replace(self.csv_path)
+
+
+def live_rows(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The rows with every metric under its ``live/`` key."""
+    return [{"step": r["step"], **{LIVE + k: v for k, v in r.items() if k != "step"}} for r in rows]
 
 
 class ResumedAtEnd(Exception):

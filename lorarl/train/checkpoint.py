@@ -206,7 +206,10 @@ class CellCheckpoints:
             return
         recorder.rows = [dict(r) for r in self.resumed.rows]
         if recorder.tracker is not None and recorder.rows:
-            recorder.tracker.log_metrics(recorder.rows)  # steps at or below the high-water mark are dropped
+            from lorarl.train.callbacks import live_rows
+
+            live = live_rows(recorder.rows) if recorder.log_only_saved else []  # live/ shows every step too
+            recorder.tracker.log_metrics(recorder.rows + live)  # steps at or below a key's high-water mark: dropped
         recorder._write_csv()
 
     def check_trainer_args(self, args: Any) -> None:
