@@ -163,7 +163,8 @@ def test_launcher_ends_the_runs_of_its_failed_job(tmp_path: Path):
     assert t.client.get_run(runs["b"]).info.status == "RUNNING"  # another job's cell
 
 
-STUDY = {"name": "lv", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
+STUDY = {"name": "lv", "defaults": {"model": "local:tiny-test",
+                                    "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
                                     "train": {"steps": 2, "prompts_per_step": 2, "generations": 2,
                                               "max_completion_length": 8}},
          "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
@@ -194,7 +195,8 @@ def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path,
     monkeypatch.setattr(launch, "final_state", lambda job, executor: {"State": "OUT_OF_MEMORY"})
     assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local") == 1
     got = Tracker(tmp_path, "lv").client.get_run(run)
-    assert got.info.status == "KILLED" and got.data.tags["lorarl.killed_reason"] == "job 9 ended OUT_OF_MEMORY (its launcher)"
+    assert got.info.status == "KILLED"
+    assert got.data.tags["lorarl.killed_reason"] == "job 9 ended OUT_OF_MEMORY (its launcher)"
     assert "its process is gone" in capsys.readouterr().err
 
 

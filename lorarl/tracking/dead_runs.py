@@ -89,7 +89,8 @@ def after_job(results_dir: str | Path, study: str, cells: Iterable[str], why: st
     from lorarl.tracking.client import Tracker, resolve_tracking
 
     try:
-        if resolve_tracking(None, results_dir).startswith("sqlite:///") and not (Path(results_dir) / "mlflow.db").exists():
+        local = resolve_tracking(None, results_dir).startswith("sqlite:///")
+        if local and not (Path(results_dir) / "mlflow.db").exists():
             return []  # no store yet: no run to end
         tracker = Tracker(results_dir, study)
         tracker.retry_s = min(tracker.retry_s, 10.0)

@@ -24,7 +24,7 @@ from lorarl.jobclock import first_work
 from lorarl.tracking.client import Tracker
 
 LIVE_EVERY_S = 2.0  # the shortest time between two live MLflow batches of a cell (docs/tracking.md#live-metrics)
-LIVE = "live/"  # the prefix of a value logged before a checkpoint covers its step (MLflow's UI groups it apart)
+LIVE = "live/"  # the prefix of a value logged before a checkpoint covers its step
 SKIP = {"epoch", "total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second",
         "train_loss"}
 
@@ -84,8 +84,9 @@ class MetricsRecorder(TrainerCallback):
         rows, self._unsent = self._unsent, []
         if not self.write or self.tracker is None or not rows:
             return
-        self.tracker.log_metrics(live_rows(rows) if self.log_only_saved else rows, wait=False)  # checkpointed:
-        self._live_at = time.monotonic()  # their own keys wait for the checkpoint that covers them
+        # with checkpoints, their own keys wait for the checkpoint that covers them
+        self.tracker.log_metrics(live_rows(rows) if self.log_only_saved else rows, wait=False)
+        self._live_at = time.monotonic()
 
     def flush(self) -> None:
         if not self.write:
@@ -95,7 +96,8 @@ class MetricsRecorder(TrainerCallback):
             self.send_live()  # live/ keeps every step, ahead of (or with) its own key
         self._write_csv()
         if self.tracker is not None and self._pending:
-            self.tracker.log_metrics(self._pending, wait=False)  # steps sent live under their own keys: dropped  # store away: train on, send later
+            self.tracker.log_metrics(self._pending, wait=False)  # store away: train on, send later (steps already
+            # sent live under their own keys are dropped: no checkpoints)
         self._pending = []
 
     def on_save(self, args, state, control, **kw):
