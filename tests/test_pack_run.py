@@ -85,7 +85,11 @@ def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monke
     client = mlflow.MlflowClient(f"sqlite:///{interrupted}/mlflow.db")
     for c in cells:  # MLflow: every step exactly once in the cell's one run, across the interruption
         assert [m.step for m in client.get_metric_history(run_ids[c.id], "reward")] == [1, 2, 3]
-        assert client.get_run(run_ids[c.id]).data.tags["lorarl.pack"] == "pack-0000000000"
+        live = sorted(m.step for m in client.get_metric_history(run_ids[c.id], "live/reward"))
+        assert live == [1, 2, 3]  # shown live, each step once
+        tags = client.get_run(run_ids[c.id]).data.tags
+        assert tags["lorarl.pack"] == "pack-0000000000" and tags["lorarl.state"] == "done"
+        assert "lorarl.killed_attempts" not in tags  # interrupted, its run ended by the process itself: no kill
     assert json.loads((interrupted / "pk" / ".packs" / "pack-0000000000.json").read_text())["left_out"] == {}
     # a second pack job over finished (staged) cells trains nothing
     assert packrun.train_pack("pk", cells, interrupted, pack_id="pack-0000000000")["trained"] == []

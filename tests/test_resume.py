@@ -151,6 +151,10 @@ def run_train(study: Path, results: Path, fault: str | None = None) -> subproces
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+def _steps(client, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
 def adapter_tensors(cell_dir: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -196,7 +200,15 @@ def test_kill_after_a_checkpoint_and_between_checkpoints_then_rerun(models, refe
     assert [c.step for c in checkpoint.complete_checkpoints(ckpts)] == [4]
     run_id = checkpoint.complete_checkpoints(ckpts)[-1].run_id
     assert [m.step for m in client.get_metric_history(run_id, "reward")] == [1, 2]  # MLflow lags behind
+    live = _steps(client, run_id, "live/reward")  # ... but showed the steps live: the checkpoint's and maybe more
+    assert live[:2] == [1, 2] and live == list(range(1, len(live) + 1)) and len(live) <= 4, live
     assert not (tmp_path / "resume" / "s3" / "summary.json").exists()
+    assert client.get_run(run_id).info.status == "RUNNING"  # the dead process could not end its run
+    from lorarl.tracking.dead_runs import end_dead_runs
+
+    assert end_dead_runs(Tracker(tmp_path, "resume"), "the test saw it die") == [run_id]  # its lock is free
+    dead = client.get_run(run_id)
+    assert dead.info.status == "KILLED" and dead.data.tags["lorarl.state"] == "killed"
 
     # 2. rerun: resumes at 4 (MLflow gets 3-4 from the checkpoint), killed at the end of step 7,
     #    i.e. after checkpoint-6 and with step 7 computed but not yet covered by a checkpoint
@@ -206,6 +218,8 @@ def test_kill_after_a_checkpoint_and_between_checkpoints_then_rerun(models, refe
     assert [c.step for c in checkpoint.complete_checkpoints(ckpts)] == [6]
     assert checkpoint.progress(ckpts)["step"] == 7
     assert sorted(m.step for m in client.get_metric_history(run_id, "reward")) == [1, 2, 3, 4, 5, 6]
+    assert _steps(client, run_id, "live/reward") == [1, 2, 3, 4, 5, 6]  # step 7 was killed before it was recorded
+    assert client.get_run(run_id).data.tags["lorarl.killed_attempts"] == "1"
 
     # 3. rerun to the end
     third = run_train(study, tmp_path)
@@ -217,6 +231,8 @@ def test_kill_after_a_checkpoint_and_between_checkpoints_then_rerun(models, refe
 
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.lifecycle_stage == "active"
+    assert run.data.tags["lorarl.killed_attempts"] == "2" and run.data.tags["lorarl.state"] == "done"
+    assert _steps(client, run_id, "live/reward") == list(range(1, STEPS + 1))  # live keys: each step once too
     for key in CORE + ["step_time_s"]:
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
         assert steps == list(range(1, STEPS + 1)), (key, steps)  # continuous, no duplicate

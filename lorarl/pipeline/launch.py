@@ -262,14 +262,15 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
         provenance.record_job_id(prov, index, job.job_id, name)
         print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
-        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time())
+        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), ids)
     finally:
         publish.unclaim(claims)
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
-            cell_id: str, config_hash: str | None, prov: Path, t0: float) -> int:
-    """Wait for our own job; success = the job succeeded AND its outputs are there."""
+            cell_id: str, config_hash: str | None, prov: Path, t0: float, members: list[str] | None = None) -> int:
+    """Wait for our own job; success = the job succeeded AND its outputs are there. A train or pack job that
+    failed leaves no cell's MLflow run RUNNING (lorarl.tracking.dead_runs)."""
 
     def on_signal(signum: int, frame: Any) -> None:  # Snakemake interrupted: don't leave an orphan job
         print(f"[lorarl] {signal.Signals(signum).name}: cancelling job {job.job_id}", file=sys.stderr, flush=True)
@@ -300,6 +301,10 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
         f"stderr {job.paths.stderr}"])
     print(failed, file=sys.stderr, flush=True)
+    if stage in ("train", "pack"):
+        from lorarl.tracking.dead_runs import after_job
+
+        after_job(results_dir, study_name, members or [cell_id], f"job {job.job_id} ended {state} (its launcher)")
     return oom.after_failure(Path(job.paths.folder), error_summary(error), failed)  # OOM_EXIT: Snakemake retries it
 
 

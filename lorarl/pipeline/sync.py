@@ -10,7 +10,8 @@ Base pseudo-cells get their shared run (base/mlflow_run.json) and evaluation num
 A new run id is written back into summary.json with its modification time kept (Snakemake's mtime
 trigger must not rerun anything). The study's parent run gets what the aggregate gives it
 (lorarl.pipeline.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
-files say the study did. Run it again: nothing is logged twice.
+files say the study did. A cell's run left RUNNING by a process that is gone (its cell lock free) is ended
+KILLED first (lorarl.tracking.dead_runs). Run it again: nothing is logged twice.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from lorarl import paths
 from lorarl.tracking.client import CELL_TAG, SUPERSEDED_TAG, Tracker
+from lorarl.tracking.dead_runs import end_dead_runs
 from lorarl.pipeline.study_run import fill
 from lorarl.pipeline.study_span import first_start_ms
 
@@ -170,6 +172,7 @@ def sync_study(study_path: str | Path, results_dir: str | Path = "results") -> l
     study = load_study(study_path)
     tracker = Tracker(results_dir, study.name)
     tracker.study_run(start_time=first_start_ms(study, results_dir))  # a new parent starts where the study did
+    end_dead_runs(tracker, "seen by lorarl sync-mlflow")  # an unfinished cell's run whose process is gone
     out = [sync_cell(tracker, study, c, results_dir) for c in study_cells(study)]
     if study.kind != "kl_bound_toy":
         out += [sync_base(tracker, study, b, results_dir) for b in base_cells(study)]

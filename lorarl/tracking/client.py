@@ -47,6 +47,7 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cell
 # the experiment's kind (the UI's kind selector shows it); MLflow 3.17's UI picks the view it opens from the link
 # or the browser's switch, not from this tag (lorarl.report.mlflow_links.VIEW; docs/tracking.md)
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
+STATE_TAG, REASON_TAG, KILLS_TAG = "lorarl.state", "lorarl.killed_reason", "lorarl.killed_attempts"  # dead_runs
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
 RETRY_ENV = "LORARL_TRACKING_RETRY_S"  # total retry time of a write that must succeed
@@ -251,6 +252,10 @@ class Tracker:
             for r in old:
                 if r.data.tags.get(START_TAG) != token:
                     self.client.set_tag(r.info.run_id, SUPERSEDED_TAG, "true")
+                    if r.info.status == "RUNNING":  # its process died (this one holds the cell): not running on
+                        self.client.set_tag(r.info.run_id, STATE_TAG, "killed")
+                        self.client.set_tag(r.info.run_id, REASON_TAG, "superseded by a fresh start of the cell")
+                        self.client.set_terminated(r.info.run_id, status="KILLED")
                     self.client.delete_run(r.info.run_id)
             if mine:
                 return mine[0].info.run_id
@@ -264,13 +269,21 @@ class Tracker:
 
     def resume(self, run_id: str) -> str:
         """Reopen a run after a requeue or a kill: the high-water mark is read from the run itself
-        (per metric), so a (metric, step) already logged by any earlier attempt is never logged again."""
+        (per metric), so a (metric, step) already logged by any earlier attempt is never logged again.
+        A run still RUNNING (or ended KILLED by lorarl.tracking.dead_runs) lost its last attempt to a kill:
+        ``lorarl.killed_attempts`` counts them; ``lorarl.state`` says running until the run ends."""
+        from mlflow.entities import RunTag
+
         self.run_id = run_id
 
         def reopen() -> dict[str, int]:
             run = self.client.get_run(run_id)
             if run.info.lifecycle_stage != "active":
                 raise RuntimeError(f"MLflow run {run_id} is {run.info.lifecycle_stage}; cannot resume it")
+            tags = {STATE_TAG: "running"}
+            if run.info.status == "RUNNING" or run.data.tags.get(STATE_TAG) == "killed":  # its last attempt died
+                tags[KILLS_TAG] = str(int(run.data.tags.get(KILLS_TAG, "0")) + 1)  # (the caller holds the cell's lock)
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             self.client.update_run(run_id, status="RUNNING")
             return {key: max((m.step for m in self.client.get_metric_history(run_id, key)), default=-1)
                     for key in run.data.metrics}
@@ -355,14 +368,21 @@ class Tracker:
         self._retry("log the summary", lambda: self.client.log_batch(self.run_id, metrics=metrics, tags=items))
         self.logged.update({k: 0 for k in values})
 
-    def finish(self, status: str = "FINISHED") -> None:
+    def finish(self, status: str = "FINISHED", state: str | None = None) -> None:
         """End the run. FINISHED must reach the store (after catching up); a failure status is best
-        effort (a quick try: the original error matters more than an unreachable store)."""
+        effort (a quick try: the original error matters more than an unreachable store), with ``state``
+        as the run's ``lorarl.state`` tag (preempted, failed)."""
         if status == "FINISHED":
             self.catch_up()
             self._retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status))
             return
+
+        def end() -> None:
+            if state is not None:
+                self.client.set_tag(self.run_id, STATE_TAG, state)
+            self.client.set_terminated(self.run_id, status=status)
+
         try:
-            self._retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status), 2.0)
+            self._retry("end the run", end, 2.0)
         except TrackingUnavailable as err:
             print(f"[lorarl] {err}", file=sys.stderr, flush=True)

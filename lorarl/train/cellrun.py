@@ -148,7 +148,7 @@ class CellRun:
 
     # ---- a host with a step loop (the pack) ---------------------------------------------------------
     def step_done(self, step: int, row: dict, model: Any, update_refused: bool = False) -> str:
-        """One training step's metrics row: recorded (metrics.csv, MLflow once a checkpoint covers it), the
+        """One training step's metrics row: recorded (metrics.csv, MLflow: live, then its own key), the
         monitors updated, the snapshot saved. Returns what the cell does next: "running", "diverged" (a
         non-finite metric, or ``update_refused``: its update was not applied), "stopped" (a collapse flag with
         ``train.stop_on_collapse``) or "paused" (``stop_at``)."""
@@ -156,11 +156,7 @@ class CellRun:
 
         rec = self.recorder
         full = {"step": step, **{k: float(v) for k, v in row.items()}, "step_time_s": float(row.get("time/step_s", 0.0))}
-        rec.stamp_startup(full)
-        rec.rows.append(full)
-        rec._pending.append(full)
-        if len(rec._pending) >= rec.flush_every and not rec.log_only_saved:
-            rec.flush()
+        rec.record(full)  # start-up stamped on its first row; metrics.csv, MLflow (live now, its own key at a checkpoint)
         state = "running"
         if update_refused:
             self.divergence._mark(step, "non-finite loss or gradient (update skipped)")
@@ -239,9 +235,10 @@ class CellRun:
         return cellstate.monitor_state(self.divergence, self.collapse_step(), self.host_state())
 
     def fail(self, err: BaseException) -> None:
+        if self.tracker is not None and self.run_id is not None:  # ended before the lock goes: never taken for dead
+            stopped = isinstance(err, (SystemExit, KeyboardInterrupt))  # a preemption, a requeue, a cancel
+            self.tracker.finish("KILLED" if stopped else "FAILED", state="preempted" if stopped else "failed")
         self.ckpt.release()
-        if self.tracker is not None:
-            self.tracker.finish("KILLED" if isinstance(err, (SystemExit, KeyboardInterrupt)) else "FAILED")
 
     def finish(self, policy: Any, model: Any, *, facts: dict, state_dict: dict | None = None, tokenizer: Any = None,
                extra: dict | None = None) -> dict:

@@ -13,8 +13,9 @@ Layout, outside Snakemake's declared outputs (its incomplete-output cleanup neve
         .lock                one trainer per cell at a time
 
 Invariants that make the metric history continuous and duplicate-free across kills and requeues:
-1. The MetricsRecorder sends a step to MLflow only after a complete checkpoint covers it
-   (`log_only_saved`): MLflow's high-water mark never passes the latest complete checkpoint.
+1. The MetricsRecorder sends a step to MLflow's own keys only after a complete checkpoint covers it
+   (`log_only_saved`): their high-water mark never passes the latest complete checkpoint. Before that the
+   step shows live under `live/<key>` (lorarl.train.callbacks; each (live key, step) once as well).
 2. A resumed run reloads the rows of its checkpoint into metrics.csv and re-logs the ones above
    the MLflow run's high-water mark (a kill between lorarl.json and the MLflow flush loses nothing);
    Tracker.log_metrics drops every step at or below that mark (nothing is logged twice).
@@ -205,7 +206,10 @@ class CellCheckpoints:
             return
         recorder.rows = [dict(r) for r in self.resumed.rows]
         if recorder.tracker is not None and recorder.rows:
-            recorder.tracker.log_metrics(recorder.rows)  # steps at or below the high-water mark are dropped
+            from lorarl.train.callbacks import live_rows
+
+            live = live_rows(recorder.rows) if recorder.log_only_saved else []  # live/ shows every step too
+            recorder.tracker.log_metrics(recorder.rows + live)  # steps at or below a key's high-water mark: dropped
         recorder._write_csv()
 
     def check_trainer_args(self, args: Any) -> None:
