@@ -17,8 +17,9 @@ from lorarl.signature import signature_dump
 from lorarl.train.tokenbudget import forward_rows, padded_tokens, plan_chunks, put_back, row_lengths, split_tokens
 
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
-KL = [(0.0, "k3", True), (0.1, "k1", True), (0.1, "k3", True), (0.1, "k3", False), (0.1, "one_sided", True)]
-LEVELS = ("token", "sequence")
+# the KL term off, and on (aggregated per loss type) with corrected k3 per sequence and uncorrected k1 per token
+# (every estimator x level with row chunks: tests/test_microbatch.py; a chunk's per-row terms are the same here)
+KL = [(0.0, "k3", True, "token"), (0.1, "k3", True, "sequence"), (0.1, "k1", False, "token")]
 TC = 18  # completion columns: the longest completion (16) leaves 2 padding columns even in the whole batch
 COMPLETIONS = [16, 2, 3, 1, 12, 2, 4, 1]  # length-skewed: two long completions among short ones
 PROMPTS = [5, 3, 5, 4, 2, 5, 3, 5]  # left-padded to 5
@@ -82,8 +83,7 @@ def _budgets(batch) -> dict[str, int]:
     return {"smallest": 1, "medium": 2 * max(lengths), "whole": len(lengths) * max(lengths)}
 
 
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("beta,estimator,corrected", KL)
+@pytest.mark.parametrize("beta,estimator,corrected,level", KL)
 @pytest.mark.parametrize("loss_type", LOSSES)
 def test_token_chunks_give_the_unchunked_loss_and_gradients(setup, loss_type, beta, estimator, corrected, level):
     trainer, batch = setup
