@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +154,30 @@ def test_the_knob_is_runtime_and_exclusive_with_rows():
         _cfg(micro_batch_tokens=512, micro_batch_size=2)
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         _cfg(micro_batch_tokens=0)
+
+
+def test_the_memory_plan_charges_a_budget_as_its_rows_and_learns_the_largest():
+    from lorarl.memory import plan_cell
+    from lorarl.study import load_study, study_cells
+
+    cfg = next(c.config for c in study_cells(load_study(Path(__file__).resolve().parents[1] / "experiments" / "peft_zoo.yaml")) if c.config.adapter.method == "lora")
+    t = cfg.train.model_copy(update={"micro_batch_size": None})
+    free = plan_cell(cfg.model_copy(update={"train": t}), 80)
+    assert free.max_micro_tokens == free.max_micro_batch * free.seq > 0  # the largest budget that fits
+    for rows in (1, 3, free.max_micro_batch):
+        budget = rows * free.seq + free.seq - 1  # a forward holds at most `rows` whole-width rows
+        tok = plan_cell(cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_tokens": budget})}), 80)
+        assert tok.micro_batch == min(rows, tok.rows) and tok.fits == (rows <= free.max_micro_batch)
+    over = plan_cell(cfg.model_copy(update={"train": t.model_copy(update={"micro_batch_tokens": 1})}), 80)
+    assert over.micro_batch == 1  # a row longer than the budget goes alone
+
+
+def test_an_oom_retry_shrinks_a_token_budget_with_its_rung():
+    from lorarl.memory.ladder import TrainRung, planned_train, train_config
+
+    cfg = _cfg(micro_batch_tokens=512)  # 4 prompts x 2 generations = 8 rows per update
+    assert planned_train(cfg, "cpu") == TrainRung(8, 8, False)
+    half = train_config(cfg, TrainRung(4, 4, True))
+    assert (half.train.micro_batch_tokens, half.train.micro_batch_size) == (256, None)
+    assert train_config(cfg, TrainRung(8, 8, False)).train.micro_batch_tokens == 512
+    assert signature_dump(half) == signature_dump(cfg)
