@@ -174,6 +174,13 @@ def test_pack_micro_batch_is_the_smallest_members():
 
     assert pack_micro_batch([cell(4), cell(2), cell(None)]) == 2
     assert pack_micro_batch([cell(None), cell("auto")]) is None
+    from lorarl.pack.build import pack_micro_tokens
+
+    def budget(n):
+        return SimpleNamespace(config=CellConfig.model_validate({"train": {"micro_batch_tokens": n}}))
+
+    assert pack_micro_tokens([budget(512), budget(None), budget(256)]) == 256
+    assert pack_micro_tokens([budget(None), cell(2)]) is None
 
 
 def _method_config(method):
