@@ -15,6 +15,10 @@ dr_grpo    token sum / (rows x max_completion_length)            rows_c / rows
 dapo       token sum / tokens of the generation batch           1 (chunk-independent)
 =========  ==================================================  =========================
 
+``train.micro_batch_tokens`` = N token positions per forward/backward instead: the rows sorted by length
+and grouped, each chunk cut to its longest row (:mod:`lorarl.train.tokenbudget`); the same shares apply, as
+they depend on a chunk's rows and tokens, not on their order.
+
 Why not TRL's own ``per_device_train_batch_size = m`` with ``gradient_accumulation_steps``: TRL divides
 each chunk's grpo/bnpo/dr_grpo loss by the number of chunks, which equals the unbatched loss only for
 equal chunks and, for bnpo, equal token counts per chunk; it also changes what ``steps_per_generation``
