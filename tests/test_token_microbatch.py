@@ -154,6 +154,11 @@ def test_the_knob_is_runtime_and_exclusive_with_rows():
         _cfg(micro_batch_tokens=512, micro_batch_size=2)
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         _cfg(micro_batch_tokens=0)
+    from lorarl.train.tokenbudget import check_world
+
+    check_world(512, 1), check_world(None, 4)  # one process, or no budget: fine
+    with pytest.raises(ValueError, match=r"micro_batch_tokens \(512\) on 2 ranks.*allowed on several ranks"):
+        check_world(512, 2)
 
 
 def test_the_memory_plan_charges_a_budget_as_its_rows_and_learns_the_largest():

@@ -97,3 +97,12 @@ def put_back(parts: list[tuple[list[int], torch.Tensor]], B: int, T: int) -> tor
 def forward_rows(budget: int, width: int) -> int:
     """Rows of a ``width``-wide log-prob forward that keep it within the token budget (at least one)."""
     return max(1, budget // max(width, 1))
+
+
+def check_world(budget: int | None, world: int) -> None:
+    """A token budget on one process only: every rank must run as many forwards/backwards as the others (DDP's
+    gradient all-reduce and FSDP2's gathers are collective), and each rank's lengths give it its own count."""
+    if budget and world > 1:
+        raise ValueError(f"train.micro_batch_tokens ({budget}) on {world} ranks: each rank's rows would give it its "
+                         "own number of chunks (collective forwards/backwards); allowed on several ranks: "
+                         "train.micro_batch_size, micro_batch_tokens null")

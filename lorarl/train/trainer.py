@@ -40,6 +40,7 @@ from lorarl.train.advantages import advantages_from_deposits
 from lorarl.numerics.divergence import nan_reward_fault
 from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
+from lorarl.train.tokenbudget import check_world
 from lorarl.train.monitors import KLMonitors
 from lorarl.train.ranks import RankSharding
 from lorarl.train.prompt_fit import LeftTruncation
@@ -122,6 +123,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.micro_batch_size = micro_batch_size  # rows per forward/backward (lorarl.train.microbatch); None: all
         self.micro_batch_tokens = micro_batch_tokens  # token positions per forward/backward (lorarl.train.tokenbudget)
+        check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
         self.kl_beta = beta
