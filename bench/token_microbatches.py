@@ -27,7 +27,7 @@ from lorarl.config import CellConfig
 from lorarl.memory.arch import VOCAB_LOCAL
 from lorarl.memory.measure import measure_update, tiny_trainer
 from lorarl.models import RECIPES, build_tiny, build_tokenizer
-from lorarl.train.tokenbudget import plan_chunks, row_lengths
+from lorarl.train.tokenbudget import padded_tokens, plan_chunks, row_lengths
 
 G = 4  # completions per prompt
 PROMPT = 24  # prompt tokens (left-padded from 16..24)
@@ -66,7 +66,8 @@ def padding(batch: dict, micro: int | None, budget: int | None) -> int:
     if budget is None:
         return B * width - real  # row chunks: every chunk at the batch's width
     lengths = row_lengths(batch)
-    return sum(len(c) * lengths[c[0]] for c in plan_chunks(lengths, budget)) - real
+    chunks = plan_chunks(lengths, budget)
+    return padded_tokens(chunks, [lengths[c[0]] for c in chunks], real)
 
 
 def one(model_dir: str, root: str, recipe: str, batch: dict, micro: int | None, budget: int | None,

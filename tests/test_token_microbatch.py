@@ -123,7 +123,7 @@ def test_the_plan_sorts_groups_and_keeps_each_chunk_within_its_budget():
         for c in chunks:
             assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= budget, (budget, c)
     assert plan_chunks(lengths, 240) == [[0, 4, 6, 2, 1, 5, 3, 7]]
-    assert padded_tokens(lengths, [[0], [4, 6], [2, 1, 5, 3, 7]], [30, 20, 6], sum(lengths)) == 30 + 40 + 30 - 81
+    assert padded_tokens([[0], [4, 6], [2, 1, 5, 3, 7]], [30, 20, 6], sum(lengths)) == 30 + 40 + 30 - 81
     with pytest.raises(ValueError, match="micro_batch_tokens must be at least 1"):
         plan_chunks(lengths, 0)
     assert (forward_rows(100, 30), forward_rows(10, 30)) == (3, 1)

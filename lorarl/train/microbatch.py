@@ -94,17 +94,22 @@ class MicroBatching:
     micro_batch_tokens: int | None = None
     _micro_parts: list | None = None  # while a micro-batched update runs: its chunks' log-probs
 
+    def _update_chunks(self, inputs: dict) -> list[tuple[list[int], dict]] | None:
+        """The update's (rows, chunk) pairs: by token budget, else by rows; None: one forward/backward of the
+        whole batch as it is (TRL's own path: no budget or micro-batch, or nothing to cut, or not training)."""
+        if not (self.model.training and torch.is_grad_enabled()):
+            return None
+        m, B = self.micro_batch_size, inputs["completion_ids"].size(0)
+        if self.micro_batch_tokens:
+            chunks = split_tokens(inputs, self.micro_batch_tokens)
+            whole = len(chunks) == 1 and chunks[0][1]["completion_ids"].shape == inputs["completion_ids"].shape
+            return None if whole else chunks
+        if not m or m >= B:
+            return None
+        return [(list(range(lo, min(lo + m, B))), c) for lo, c in zip(range(0, B, m), split_rows(inputs, m))]
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        m, budget = self.micro_batch_size, self.micro_batch_tokens
-        B = inputs["completion_ids"].size(0)
-        training = self.model.training and torch.is_grad_enabled()
-        if budget and training:
-            rows_chunks = split_tokens(inputs, budget)
-            if len(rows_chunks) == 1 and rows_chunks[0][1]["completion_ids"].shape == inputs["completion_ids"].shape:
-                rows_chunks = None  # one chunk, nothing trimmed: TRL's own path
-        else:
-            rows_chunks = [(list(range(lo, min(lo + m, B))), c) for lo, c in zip(range(0, B, m), split_rows(inputs, m))] \
-                if m and m < B and training else None
+        rows_chunks = self._update_chunks(inputs)
         if rows_chunks is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if return_outputs:
@@ -124,7 +129,7 @@ class MicroBatching:
         finally:
             self._micro_parts = None
         parts = [(rows, lp) for (rows, _), lp in zip(rows_chunks, logps)]
-        self._remember_batch(inputs, put_back(parts, B, mask_BT.size(1)), mask_BT)
+        self._remember_batch(inputs, put_back(parts, *mask_BT.shape), mask_BT)
         return loss + done  # value: the whole update's loss; gradient: the last chunk's (the rest is applied)
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):

@@ -80,7 +80,7 @@ def split_tokens(inputs: dict, budget: int) -> list[tuple[list[int], dict]]:
     return [(rows, take_rows(inputs, rows, max(lengths[rows[0]] - Tp, 1))) for rows in plan_chunks(lengths, budget)]
 
 
-def padded_tokens(lengths: list[int], chunks: list[list[int]], widths: list[int], real: int) -> int:
+def padded_tokens(chunks: list[list[int]], widths: list[int], real: int) -> int:
     """Padding positions the forwards of ``chunks`` compute (rows x width, summed) beyond ``real`` tokens."""
     return sum(len(c) * w for c, w in zip(chunks, widths)) - real
 
