@@ -100,6 +100,7 @@ class TrainConfig(Strict):
     prompt_overflow: Literal["drop", "truncate_left"] = Field("drop", json_schema_extra={"signature_omits_default": True})  # a prompt over max_prompt_length: dropped, or its last tokens kept (verl's left truncation, papers 002/003/004)
     stop_on_collapse: bool = False  # end training at the first collapse flag (lorarl.train.flags); saves compute
     micro_batch_size: Sequences | Literal["auto"] | None = Field(None, json_schema_extra={"runtime": True})  # sequences per forward/backward, gradients accumulated over the update's batch (memory, not results); null = the whole batch, auto = the memory plan's on the job's GPU
+    micro_batch_tokens: int | None = Field(None, ge=1, json_schema_extra={"runtime": True})  # token positions (padding included) per forward/backward, rows sorted by length and grouped (a longer row alone): a length-skewed batch pads less than by rows; null = by rows (micro_batch_size); set one of the two
     gradient_checkpointing: Literal["auto", "on", "off"] = Field("auto", json_schema_extra={"runtime": True})  # recompute activations in the backward (memory for time); auto = on for GPU cells
     sharding: Literal["auto", "ddp", "fsdp2"] = Field("auto", json_schema_extra={"runtime": True})  # several ranks: ddp = a full replica per rank, fsdp2 = weights/grads/optimiser sharded; auto = fsdp2 for full fine-tuning and for an adapter cell whose replica does not fit the job's GPU (memory plan), else ddp
 
@@ -113,6 +114,9 @@ class TrainConfig(Strict):
         rows = (self.mini_batch_prompts or self.prompts_per_step) * self.generations  # sequences of one update
         if isinstance(self.micro_batch_size, int) and self.micro_batch_size > rows:  # a short last chunk is fine
             raise ValueError(f"train.micro_batch_size ({self.micro_batch_size}) exceeds the update's {rows} sequences; allowed: 1..{rows}, null, auto")
+        if self.micro_batch_tokens is not None and self.micro_batch_size is not None:
+            raise ValueError(f"train.micro_batch_tokens ({self.micro_batch_tokens}) and train.micro_batch_size "
+                             f"({self.micro_batch_size}) both set; allowed: one of the two (the other null)")
         if self.prompt_overflow == "truncate_left" and self.max_prompt_length is None:
             raise ValueError("train.prompt_overflow truncate_left needs train.max_prompt_length (how many tokens to keep)")
         if self.dual_clip is not None and self.dual_clip <= 1 + (self.epsilon_high or self.epsilon):

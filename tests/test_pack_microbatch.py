@@ -101,6 +101,36 @@ def test_packed_micro_batches_give_each_members_unbatched_update(pack, loss_type
                 torch.testing.assert_close(g[k][n], g_whole[k][n], atol=1e-6, rtol=1e-5, msg=f"m={m} cell {k} {n}")
 
 
+@pytest.mark.parametrize("loss_type", LOSSES)
+def test_packed_token_budgets_give_each_members_unbatched_update(pack, loss_type):
+    """``train.micro_batch_tokens`` in a pack: each member's rows sorted by length and chunked by positions
+    (every row alone, a medium budget, the whole batch); KL on for one member, per-sequence ratios."""
+    from lorarl.train.tokenbudget import row_lengths
+
+    trainer, batches = pack
+    for k, c in enumerate(trainer.cells):
+        c.loss = dataclasses.replace(c.loss, loss_type=loss_type, beta=0.1 * k, importance_sampling_level="sequence",
+                                     delta=3.0, epsilon_high=0.28)
+        batches[k]["advantages"] = _advantages("distillation", batches[k]["completion_mask"].float(), 5 + k)
+    whole, g_whole = _grads(trainer, batches, None)
+    logps_whole = dict(trainer.last_logps)
+    widest = max(max(row_lengths(b)) for b in batches)
+    for budget in (1, 2 * widest, 5 * widest):
+        trainer.micro_batch_tokens = budget
+        try:
+            got, g = _grads(trainer, batches, None)
+            chunked = trainer.logps_chunked(batches, [0, 1])
+        finally:
+            trainer.micro_batch_tokens = None
+        for k in range(len(SEEDS)):
+            assert got[k] == pytest.approx(whole[k], abs=1e-6, rel=1e-6), (budget, k, got[k], whole[k])
+            mask = batches[k]["completion_mask"].bool()
+            torch.testing.assert_close(trainer.last_logps[k][mask], logps_whole[k][mask], atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(chunked[k][mask], logps_whole[k][mask], atol=1e-6, rtol=1e-6)
+            for n in g[k]:
+                torch.testing.assert_close(g[k][n], g_whole[k][n], atol=1e-6, rtol=1e-6, msg=f"{budget} cell {k} {n}")
+
+
 def test_chunked_policy_log_probs_equal_unchunked(pack):
     trainer, batches = pack
     with torch.no_grad():
@@ -144,6 +174,13 @@ def test_pack_micro_batch_is_the_smallest_members():
 
     assert pack_micro_batch([cell(4), cell(2), cell(None)]) == 2
     assert pack_micro_batch([cell(None), cell("auto")]) is None
+    from lorarl.pack.build import pack_micro_tokens
+
+    def budget(n):
+        return SimpleNamespace(config=CellConfig.model_validate({"train": {"micro_batch_tokens": n}}))
+
+    assert pack_micro_tokens([budget(512), budget(None), budget(256)]) == 256
+    assert pack_micro_tokens([budget(None), cell(2)]) is None
 
 
 def _method_config(method):

@@ -2,6 +2,8 @@
 
 A cell fits when its projected peak (lorarl.memory.plan) at its own settings stays within ``HEADROOM`` of
 the GPU: ``train.micro_batch_size`` (int, null = the whole update batch, auto = the largest that fits),
+``train.micro_batch_tokens`` (token positions per forward: charged as its whole-width rows, at least one;
+``max_micro_tokens`` is the largest budget that fits, the largest micro-batch times the charged sequence),
 ``train.gradient_checkpointing`` (auto = on: a GPU cell), ``rollout.generation_batch_size`` (int, null = the
 whole rollout batch, auto = the largest that fits). The teacher / PRM share the policy's GPU unless the job
 has a second one (``slurm.train.gpus_per_node: 2``; lorarl.memory.auto places them at job start). On a
@@ -46,6 +48,8 @@ class CellPlan:
     ranks: int = 1  # training ranks (lorarl.memory.ranks.Layout.ranks)
     strategy: str = "single"  # single | ddp | fsdp2
     rank_rows: int = 0  # one rank's share of the update's rows (micro_batch is per rank)
+    max_micro_tokens: int = 0  # the largest train.micro_batch_tokens that fits: max_micro_batch x seq
+
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -57,7 +61,7 @@ def shape_key(cfg: Any) -> str:
     return json.dumps([cfg.model, cfg.task.name, cfg.adapter.model_dump(mode="json", include={"method", "rank",
                        "target_modules"}), t.prompts_per_step, t.generations, t.max_completion_length,
                        t.max_prompt_length, t.updates_per_generation, t.beta, t.kl_monitor_every, t.precision,
-                       t.micro_batch_size, t.gradient_checkpointing, r.engine, r.generation_batch_size,
+                       t.micro_batch_size, t.micro_batch_tokens, t.gradient_checkpointing, r.engine, r.generation_batch_size,
                        r.gpu_memory_utilization, r.sleep_mode, rw.regime, rw.prm, rw.prm_model, rw.teacher,
                        rw.teacher_dtype, rw.teacher_batch_size, rw.prm_batch_size], sort_keys=True)
 
@@ -98,7 +102,9 @@ def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str 
 
     best_m = largest(lambda m: peak(m, 1)["peak"] <= budget, shape.rows)
     best_g = largest(lambda g: peak(1, g)["peak"] <= budget, gen_whole) if gen_whole else 0
-    m = _setting(t.micro_batch_size, shape.rows, best_m)
+    seq = shape.prompt + shape.completion
+    tokens = getattr(t, "micro_batch_tokens", None)  # a budget's forward holds at most its whole-width rows' positions
+    m = min(max(tokens // seq, 1), shape.rows) if tokens else _setting(t.micro_batch_size, shape.rows, best_m)
     g = _setting(ro.generation_batch_size, gen_whole, best_g) if gen_whole else 0
     got = peak(max(m, 1), max(g, 1))
     aux_gb = aux_gpu_bytes(shape) / GIB if not aux_here else 0.0
@@ -110,7 +116,7 @@ def plan_cell(cfg: Any, gpu_memory_gb: float = 80.0, gpus: int = 1, device: str 
     return CellPlan(cell, cells, cfg.model, cfg.adapter.method, rows, batch,
                     shape.prompt + shape.completion, m, g, ckpt, got["peak"] / GIB, aux_gb, best_m, best_g, fits,
                     knobs, parts, notes + [f"worst phase: {got['worst_phase']}"], gpus, nodes, ranks, strategy,
-                    shape.rows)
+                    shape.rows, best_m * seq)
 
 
 def _global(cfg: Any) -> tuple[int, int]:
@@ -139,7 +145,8 @@ def _knobs(shape: Shape, t: Any, ro: Any, peak: Any, budget: float, best_m: int,
             out.append("train.gradient_checkpointing: on" + (
                 f" (and train.micro_batch_size: {with_ckpt} or auto)" if with_ckpt < m else ""))
     if m > best_m or m == 0:
-        out.append(f"train.micro_batch_size: {best_m} (or auto)" if best_m else
+        out.append(f"train.micro_batch_size: {best_m} (or auto; or train.micro_batch_tokens: "
+                   f"{best_m * (shape.prompt + shape.completion)})" if best_m else
                    "train.micro_batch_size: even 1 sequence does not fit: a GPU with more memory "
                    "(e.g. H200 141 GB) or shorter sequences")
     if shape.aux and aux_here and peak(max(min(m, best_m), 1), 1)["worst_phase"] == "scoring":

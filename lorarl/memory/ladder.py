@@ -13,6 +13,9 @@ of a pack):
    lorarl.pipeline.train_layout.oom_resources); without one the launcher refuses the attempt ("no larger
    layout allowed by the profile"). A job past its ladder otherwise: :class:`LadderExhausted`.
 
+A cell with ``train.micro_batch_tokens`` plans the whole update's rows and runs a rung's micro-batch as that
+fraction of its token budget (half the rows: half the tokens; ``train_config``).
+
 A rung that would change nothing (a micro-batch of 1 cannot shrink) is left out, so every retry differs from
 the attempt before. Evaluation (``eval.backend: hf``): ``eval.batch_size`` halved at rungs 2 and 3 (no
 checkpointing in inference); the vllm backend sizes its own batches: one rung.
@@ -101,8 +104,12 @@ def planned_train(cfg: Any, device: str) -> TrainRung:
 
 def train_config(cfg: Any, r: TrainRung) -> Any:
     """``cfg`` running rung ``r`` (a copy; runtime fields only)."""
-    train = cfg.train.model_copy(update={"micro_batch_size": r.micro_batch_size,
-                                         "gradient_checkpointing": "on" if r.gradient_checkpointing else "off"})
+    t = cfg.train
+    knob = {"micro_batch_size": r.micro_batch_size}
+    if t.micro_batch_tokens:  # a token budget shrinks with the rung's share of the update's rows
+        rows = (t.mini_batch_prompts or t.prompts_per_step) * t.generations
+        knob = {"micro_batch_tokens": max(1, t.micro_batch_tokens * min(r.micro_batch_size, rows) // rows)}
+    train = t.model_copy(update={**knob, "gradient_checkpointing": "on" if r.gradient_checkpointing else "off"})
     rollout = cfg.rollout
     if r.generation_batch_size is not None:
         rollout = rollout.model_copy(update={"generation_batch_size": r.generation_batch_size})

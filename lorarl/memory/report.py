@@ -9,7 +9,7 @@ from typing import Any
 from lorarl.memory.cells import CellPlan
 
 COLUMNS = ["cell", "cells", "model", "method", "ranks", "strategy", "rows/update", "rows/rank", "tokens", "micro",
-           "max micro", "ckpt", "gen chunk", "max gen", "peak GiB/GPU", "2nd GPU GiB", "fits"]
+           "max micro", "max tokens", "ckpt", "gen chunk", "max gen", "peak GiB/GPU", "2nd GPU GiB", "fits"]
 
 
 def add_arguments(me: Any) -> None:
@@ -30,7 +30,7 @@ def add_arguments(me: Any) -> None:
 def _row(p: CellPlan) -> list[str]:
     return [p.cell, str(p.cells), p.model.split("/")[-1], p.method, str(p.ranks), p.strategy, str(p.rows),
             str(p.rank_rows), str(p.seq),
-            str(p.micro_batch or "-"), str(p.max_micro_batch), "on" if p.checkpointing else "off",
+            str(p.micro_batch or "-"), str(p.max_micro_batch), str(p.max_micro_tokens or "-"), "on" if p.checkpointing else "off",
             str(p.generation_batch or "-"), str(p.max_generation_batch), f"{p.peak_gb:.1f}",
             f"{p.aux_gpu_gb:.1f}" if p.aux_gpu_gb else "-", "yes" if p.fits else "NO"]
 

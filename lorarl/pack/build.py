@@ -162,6 +162,13 @@ def pack_micro_batch(cells: list[Any]) -> int | None:
     return min(sizes) if sizes else None
 
 
+def pack_micro_tokens(cells: list[Any]) -> int | None:
+    """Token positions of each cell's chunk per forward/backward: the smallest ``train.micro_batch_tokens`` a
+    member sets (a runtime knob; None when no member sets one; it wins over ``pack_micro_batch``)."""
+    budgets = [c.config.train.micro_batch_tokens for c in cells if c.config.train.micro_batch_tokens]
+    return min(budgets) if budgets else None
+
+
 def _checkpoint_base(host: torch.nn.Module) -> None:
     """Activation checkpointing on the pack's shared base (non-reentrant: no input grads needed)."""
     base = host.get_base_model() if hasattr(host, "get_base_model") else host
@@ -232,7 +239,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                             generation_batch_size=_int_or_none(cfg0.rollout.generation_batch_size))
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
-                            update_cells=update_cells, micro_batch_size=pack_micro_batch(cells))
+                            update_cells=update_cells, micro_batch_size=pack_micro_batch(cells),
+                            micro_batch_tokens=pack_micro_tokens(cells))
     if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
         _checkpoint_base(trainer.host)
     rollouts = None

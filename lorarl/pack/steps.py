@@ -39,6 +39,7 @@ from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.tiled import tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.pack.vllm_rollouts import logp_gap
+from lorarl.train.tokenbudget import forward_rows
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
 
 
@@ -141,7 +142,9 @@ class PackLoop:
         pos = torch.arange(W + T, device=ids.device).unsqueeze(0).expand(ids.size(0), -1)
         temp = torch.cat([torch.full((b["prompt_ids"].size(0),), self.sample.cell(k)[0], device=ids.device)
                           for k, b in batches.items()])[:, None, None]  # each cell's temperature
-        R = (self.trainer.micro_batch_size or ids.size(0)) * len(batches)  # rows per forward (micro_batch_size per cell)
+        per_cell = forward_rows(self.trainer.micro_batch_tokens, ids.size(1)) if self.trainer.micro_batch_tokens \
+            else self.trainer.micro_batch_size  # rows per forward of each cell: its micro-batch or token budget
+        R = (per_cell or ids.size(0)) * len(batches)
         parts = []
         with torch.no_grad():
             for lo in range(0, ids.size(0), R):

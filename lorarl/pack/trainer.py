@@ -19,7 +19,9 @@ Not here: rollout generation with per-cell sampling RNG and the regime scoring (
 the update takes batches already scored (what ``LorarlGRPOTrainer._generate_and_score_completions``
 returns). One optimiser update per generation batch.
 
-Memory: ``update_cells`` cells and ``micro_batch_size`` rows of each per forward/backward. Row chunks are
+Memory: ``update_cells`` cells and ``micro_batch_size`` rows of each per forward/backward, or each cell's
+chunk of at most ``micro_batch_tokens`` positions (:mod:`lorarl.train.tokenbudget`; the cells' chunks of one
+forward are then padded to common widths, so a forward holds at most cells x the widest chunk). Chunks are
 scaled by their share of the cell's normaliser (:func:`lorarl.train.microbatch.chunk_share`), so every
 cell's gradient is its unbatched update's. With activation checkpointing the backward recomputes the
 routed forward: it runs inside the same routing as the forward (``Router.route``).
@@ -37,6 +39,7 @@ from lorarl.pack.loss import LossSettings, cell_loss
 from lorarl.pack.routing import Router
 from lorarl.pack.tiled import LOGIT_TOKENS, tiled_logps
 from lorarl.train.microbatch import chunk_share, split_rows
+from lorarl.train.tokenbudget import put_back, split_tokens
 
 
 @dataclass
@@ -69,14 +72,18 @@ def _mask(batch: dict) -> torch.Tensor:
     return mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT
 
 
-def _row_chunks(batch: dict, m: int | None) -> list[dict]:
-    """A cell's update batch in chunks of ``m`` rows (one chunk when m is None); each chunk carries the
-    whole batch's token count (dapo's normaliser, ``num_items_in_batch``)."""
-    if not m or m >= batch["completion_ids"].size(0):
-        return [batch]
+def _row_chunks(batch: dict, m: int | None, tokens: int | None = None) -> list[tuple[list[int], dict]]:
+    """A cell's update batch as (rows, chunk): chunks of ``m`` rows, or of at most ``tokens`` positions
+    (lorarl.train.tokenbudget: rows sorted by length, each chunk trimmed), one chunk when neither is set; each
+    chunk carries the whole batch's token count (dapo's normaliser, ``num_items_in_batch``)."""
+    B = batch["completion_ids"].size(0)
+    if not tokens and (not m or m >= B):
+        return [(list(range(B)), batch)]
     if "num_items_in_batch" not in batch:
         batch = {**batch, "num_items_in_batch": _mask(batch).sum()}
-    return split_rows(batch, m)
+    if tokens:
+        return split_tokens(batch, tokens)
+    return [(list(range(lo, min(lo + m, B))), c) for lo, c in zip(range(0, B, m), split_rows(batch, m))]
 
 
 def _accumulate(out: dict, k: int, loss: torch.Tensor, stats: dict, tokens: float) -> None:
@@ -91,7 +98,7 @@ class PackedTrainer:
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
                  temperature: float | list[float] = 1.0, update_cells: int | None = None,
-                 micro_batch_size: int | None = None):
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -104,6 +111,7 @@ class PackedTrainer:
         # one batched forward (speed on a GPU)
         self.update_cells = update_cells
         self.micro_batch_size = micro_batch_size  # rows of each cell per forward/backward (None: all)
+        self.micro_batch_tokens = micro_batch_tokens  # or token positions of each cell's chunk (wins when set)
         self._sizes: list[int] | None = None  # the routing of the last forward (its backward recomputes it)
         self.logit_tokens = LOGIT_TOKENS  # tokens of fp32 vocabulary logits per tile (lorarl.pack.tiled)
         # TRL divides the logits by the cell's temperature (unfused path; the fused head takes one for all)
@@ -166,18 +174,19 @@ class PackedTrainer:
         return res
 
     def logps_chunked(self, batches: list[dict], idx: list[int]) -> list[torch.Tensor]:
-        """:meth:`logps` (no grad) at most ``micro_batch_size`` rows of each cell per forward."""
-        m = self.micro_batch_size
-        if not m:
+        """:meth:`logps` (no grad) at most ``micro_batch_size`` rows (or ``micro_batch_tokens`` positions) of
+        each cell per forward."""
+        m, tokens = self.micro_batch_size, self.micro_batch_tokens
+        if not m and not tokens:
             return self.logps(batches, idx)
-        pieces = {k: split_rows(batches[k], m) for k in idx}
-        parts: dict[int, list[torch.Tensor]] = {k: [] for k in idx}
+        pieces = {k: _row_chunks(batches[k], m, tokens) for k in idx}
+        parts: dict[int, list] = {k: [] for k in idx}
         for j in range(max(len(v) for v in pieces.values())):
             sub = [k for k in idx if j < len(pieces[k])]
-            chunk = [pieces[k][j] if k in sub else None for k in range(len(batches))]
+            chunk = [pieces[k][j][1] if k in sub else None for k in range(len(batches))]
             for k, lp in zip(sub, self.logps(chunk, sub)):
-                parts[k].append(lp)
-        return [torch.cat(parts[k], dim=0) for k in idx]
+                parts[k].append((pieces[k][j][0], lp))
+        return [put_back(parts[k], *batches[k]["completion_ids"].shape) for k in idx]
 
     def losses(self, batches: list[dict]) -> dict[int, tuple[torch.Tensor, dict]]:
         """Cell index → (loss with grad, stats), for the running cells that have a batch (None: no step)."""
@@ -202,14 +211,14 @@ class PackedTrainer:
         chunk = max(1, self.update_cells or len(idx) or 1)
         out: dict[int, tuple[torch.Tensor, dict]] = {}
         kept: dict[int, list[torch.Tensor]] = {}
-        rows = {k: _row_chunks(batches[k], self.micro_batch_size) for k in idx}
+        rows = {k: _row_chunks(batches[k], self.micro_batch_size, self.micro_batch_tokens) for k in idx}
         for i in range(0, len(idx), chunk):
             part = idx[i:i + chunk]
             for j in range(max(len(rows[k]) for k in part)):
-                sub = {k: rows[k][j] for k in part if j < len(rows[k])}
+                sub = {k: rows[k][j][1] for k in part if j < len(rows[k])}
                 o = self.losses([sub.get(k) for k in range(len(batches))])
                 for k, lp in self.last_logps.items():
-                    kept.setdefault(k, []).append(lp)
+                    kept.setdefault(k, []).append((rows[k][j][0], lp))
                 if not o:
                     continue
                 share = {k: chunk_share(self.cells[k].loss.loss_type, _mask(sub[k]), _mask(batches[k]))
@@ -218,7 +227,7 @@ class PackedTrainer:
                     sum(loss * share[k] for k, (loss, _) in o.items()).backward()  # frees this chunk's activations
                 for k, (loss, stats) in o.items():
                     _accumulate(out, k, loss.detach() * share[k], stats, float(_mask(sub[k]).sum()))
-        self.last_logps = {k: torch.cat(v, dim=0) for k, v in kept.items()}
+        self.last_logps = {k: put_back(v, *batches[k]["completion_ids"].shape) for k, v in kept.items()}
         if not out:
             return {}
         out = {k: (loss, {n: v / max(tokens, 1.0) for n, v in stats.items()}) for k, (loss, stats, tokens) in out.items()}

@@ -15,6 +15,10 @@ dr_grpo    token sum / (rows x max_completion_length)            rows_c / rows
 dapo       token sum / tokens of the generation batch           1 (chunk-independent)
 =========  ==================================================  =========================
 
+``train.micro_batch_tokens`` = N token positions per forward/backward instead: the rows sorted by length
+and grouped, each chunk cut to its longest row (:mod:`lorarl.train.tokenbudget`); the same shares apply, as
+they depend on a chunk's rows and tokens, not on their order.
+
 Why not TRL's own ``per_device_train_batch_size = m`` with ``gradient_accumulation_steps``: TRL divides
 each chunk's grpo/bnpo/dr_grpo loss by the number of chunks, which equals the unbatched loss only for
 equal chunks and, for bnpo, equal token counts per chunk; it also changes what ``steps_per_generation``
@@ -36,6 +40,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from lorarl.train.tokenbudget import forward_rows, put_back, split_tokens
 
 ROW_KEYS_SKIP = ("num_items_in_batch",)  # batch-level scalars every chunk shares
 
@@ -81,20 +87,35 @@ def _mask(inputs: dict) -> torch.Tensor:
 
 class MicroBatching:
     """Mixin for :class:`lorarl.train.trainer.LorarlGRPOTrainer`: ``micro_batch_size`` rows per
-    forward/backward (None = the whole batch, TRL's own path)."""
+    forward/backward, or ``micro_batch_tokens`` token positions (:mod:`lorarl.train.tokenbudget`; it wins when
+    both are set); None = the whole batch, TRL's own path."""
 
     micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
     _micro_parts: list | None = None  # while a micro-batched update runs: its chunks' log-probs
 
+    def _update_chunks(self, inputs: dict) -> list[tuple[list[int], dict]] | None:
+        """The update's (rows, chunk) pairs: by token budget, else by rows; None: one forward/backward of the
+        whole batch as it is (TRL's own path: no budget or micro-batch, or nothing to cut, or not training)."""
+        if not (self.model.training and torch.is_grad_enabled()):
+            return None
+        m, B = self.micro_batch_size, inputs["completion_ids"].size(0)
+        if self.micro_batch_tokens:
+            chunks = split_tokens(inputs, self.micro_batch_tokens)
+            whole = len(chunks) == 1 and chunks[0][1]["completion_ids"].shape == inputs["completion_ids"].shape
+            return None if whole else chunks
+        if not m or m >= B:
+            return None
+        return [(list(range(lo, min(lo + m, B))), c) for lo, c in zip(range(0, B, m), split_rows(inputs, m))]
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        m = self.micro_batch_size
-        B = inputs["completion_ids"].size(0)
-        if not m or m >= B or not (self.model.training and torch.is_grad_enabled()):
+        rows_chunks = self._update_chunks(inputs)
+        if rows_chunks is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if return_outputs:
             raise ValueError("The GRPOTrainer does not support returning outputs")
         mask_BT = _mask(inputs)
-        chunks = split_rows(inputs, m)
+        chunks = [c for _, c in rows_chunks]
         done = torch.zeros((), device=mask_BT.device)
         logps = []
         self._micro_parts = logps  # _compute_loss appends each chunk's detached log-probs here
@@ -107,11 +128,15 @@ class MicroBatching:
                 done = done + loss.detach()
         finally:
             self._micro_parts = None
-        self._remember_batch(inputs, torch.cat(logps, dim=0), mask_BT)
+        parts = [(rows, lp) for (rows, _), lp in zip(rows_chunks, logps)]
+        self._remember_batch(inputs, put_back(parts, *mask_BT.shape), mask_BT)
         return loss + done  # value: the whole update's loss; gradient: the last chunk's (the rest is applied)
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         m = self.micro_batch_size
+        if self.micro_batch_tokens:  # at most the budget's positions of logits at once (widest rows: the batch's)
+            ids = args[0] if args else kwargs["input_ids"]
+            m = forward_rows(self.micro_batch_tokens, ids.size(1))
         if m and (kwargs.get("batch_size") is None or kwargs["batch_size"] > m):
             kwargs["batch_size"] = m  # at most m rows of full-vocabulary logits at once
         return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)

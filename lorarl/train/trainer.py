@@ -40,6 +40,7 @@ from lorarl.train.advantages import advantages_from_deposits
 from lorarl.numerics.divergence import nan_reward_fault
 from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
+from lorarl.train.tokenbudget import check_world
 from lorarl.train.monitors import KLMonitors
 from lorarl.train.ranks import RankSharding
 from lorarl.train.prompt_fit import LeftTruncation
@@ -93,7 +94,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, micro_batch_size: int | None = None,
-                 prompt_keep: int | None = None, **kwargs):
+                 micro_batch_tokens: int | None = None, prompt_keep: int | None = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -121,6 +122,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.micro_batch_size = micro_batch_size  # rows per forward/backward (lorarl.train.microbatch); None: all
+        self.micro_batch_tokens = micro_batch_tokens  # token positions per forward/backward (lorarl.train.tokenbudget)
+        check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
         self.kl_beta = beta

@@ -143,5 +143,6 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         dynamic_sampling_max_batches=t.dynamic_sampling_max_batches,
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout, grading=grading,
         micro_batch_size=micro_size(t.micro_batch_size),  # rows per forward/backward (lorarl.train.microbatch)
+        micro_batch_tokens=t.micro_batch_tokens,  # token positions per forward/backward (lorarl.train.tokenbudget)
         prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
