@@ -8,7 +8,7 @@ uninterrupted run, whatever hosts it:
   metrics to 1e-6, every step once in its one MLflow run;
 * the solo (TRL) engine: paused at step 2 without ``checkpoint_every``, left out by a pack (its own job resumes
   it), resumed: equal to the uninterrupted run, ``adv/std_peak`` included (the trainer's monitor state travels in
-  the checkpoint's mark).
+  the checkpoint's mark); the same cell in a pack logs every metric the solo run logged, under the same names.
 """
 
 from __future__ import annotations
@@ -136,3 +136,13 @@ def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_
     assert done["mlflow_run_id"] == paused["mlflow_run_id"]
     assert_equal_runs(outputs(res / "pz" / x.id), outputs(ref / "pz" / x.id), resumed_from=[2])
     assert mlflow_steps(res, done["mlflow_run_id"])[0] == [1, 2, 3, 4]
+    # every metric the solo job logs, a packed member logs under the same name (ppo_kl, entropy, clip_ratio/*,
+    # completions/*, num_tokens, ...); a resident member's columns equal its pack's (tests/test_resident.py)
+    from lorarl.pack.run import train_alone
+
+    assert train_alone("pz", x, tmp_path / "packed")["state"] == "done"
+    solo_cols = set(pd.read_csv(ref / "pz" / x.id / "metrics.csv").columns)
+    packed = pd.read_csv(tmp_path / "packed" / "pz" / x.id / "metrics.csv")
+    assert {"ppo_kl", "entropy", "clip_ratio/high_max", "num_tokens"} <= solo_cols
+    assert solo_cols - set(packed.columns) == set()
+    assert packed["num_tokens"].is_monotonic_increasing and packed["ppo_kl"].notna().all()
