@@ -28,6 +28,10 @@ def test_the_progress_line_counts_cells_steps_and_the_eta():
     assert "ETA ? (no step measured yet)" in progress_line(snap(eta_s=None))
     ended = progress_line(snap(counts={"done": 7, "diverged": 1}, steps_left=0, progress=1.0, ended=True))
     assert "8/8 cells trained, 1 diverged; 640/640 steps (100%); training ended" in ended
+    evals = progress_line(snap(counts={"done": 8}, steps_left=0, progress=1.0, ended=True, eta_s=70.0,
+                               jobs_left={"evaluate": 3, "aggregate": 1}))
+    assert evals.endswith("8/8 cells trained; 640/640 steps (100%); training ended; ETA 1m10s (4 jobs left)")
+    assert "(3 jobs left)" in progress_line(snap(jobs_left={"train": 2, "evaluate": 1}))
 
 
 class Out(io.StringIO):

@@ -8,7 +8,7 @@ line per study, from what `lorarl status --watch` computes (lorarl.pipeline.watc
 the steps trained, the ETA of lorarl.pipeline.eta), and each local base model's build line whenever it changes
 (lorarl.build_progress: the build's SFT step, s/step and ETA):
 
-    [lorarl] demo 12:03:41: 3/8 cells trained, 2 running; 410/640 steps (64%); ETA 4m50s
+    [lorarl] demo 12:03:41: 3/8 cells trained, 2 running; 410/640 steps (64%); ETA 4m50s (17 jobs left)
     [lorarl] base model tiny-arith: building, SFT step 412/800 (52%), 0.11 s/step, ETA 43s
 
 It only reads the files the jobs write (display only: no job waits on it), and a failure to read them costs
@@ -38,12 +38,14 @@ def progress_line(s: dict) -> str:
     parts += [f"{c[k]} {k}" for k in ("running", "queued", "failed", "diverged") if c.get(k)]
     total = s.get("steps_total", 0)
     steps = f"{total - s['steps_left']}/{total} steps ({100 * s['progress']:.0f}%)"
-    if s["ended"]:
+    jobs = sum((s.get("jobs_left") or {}).values())  # every job the run still executes (evaluations, ...)
+    if s["ended"] and not jobs:
         eta = "training ended"
     elif s["eta_s"] is None:
         eta = "ETA ? (no step measured yet)"
     else:
-        eta = f"ETA {'>= ' if s.get('eta_lower_bound') else ''}{_fmt_s(s['eta_s'])}"
+        eta = (f"{'training ended; ' if s['ended'] else ''}ETA {'>= ' if s.get('eta_lower_bound') else ''}"
+               f"{_fmt_s(s['eta_s'])}" + (f" ({jobs} jobs left)" if jobs else ""))
     return f"{PREFIX} {s['study']} {time.strftime('%H:%M:%S')}: {', '.join(parts)}; {steps}; {eta}"
 
 
