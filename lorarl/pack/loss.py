@@ -52,20 +52,19 @@ EXTREMES = {"clip_ratio/low_min": min, "clip_ratio/high_max": max}  # stats merg
 
 def clip_stats(coef_1: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, s: LossSettings) -> dict[str, float]:
     """TRL 1.16's ``clip_ratio/*`` of one cell (GRPOTrainer._compute_loss): the share of tokens whose ratio was
-    clipped below (negative advantage) or above (positive advantage), and the extreme sequences' shares."""
-    low = ((coef_1 < 1 - s.epsilon_low) & (adv_BT < 0)).float()
-    high = ((coef_1 > 1 + s.epsilon_high) & (adv_BT > 0)).float()
-    if low.size(1) == 1:  # sequence-level ratio: one value per sequence, as TRL's
-        seq = lambda x: x.squeeze(1)  # noqa: E731
-        mean = lambda x: float(x.mean()) if x.numel() else 0.0  # noqa: E731
-    else:
-        seq = lambda x: (x * mask_BT).sum(-1) / mask_BT.sum(-1)  # noqa: E731  (TRL's masked_seq_mean)
-        mean = lambda x: klmod.masked_mean(x, mask_BT).item()  # noqa: E731
+    clipped below (negative advantage) or above (positive advantage), and the extreme sequences' shares. The shares
+    are means over the response tokens (a sequence-level ratio counts once per token, where TRL counts it once per
+    sequence), so a cell's update in micro-batches reports what the whole update does (lorarl.pack.trainer)."""
+    low = ((coef_1 < 1 - s.epsilon_low) & (adv_BT < 0)).float().expand_as(mask_BT)
+    high = ((coef_1 > 1 + s.epsilon_high) & (adv_BT > 0)).float().expand_as(mask_BT)
+    mean = lambda x: klmod.masked_mean(x, mask_BT).item()  # noqa: E731
+    n_S = mask_BT.sum(-1)
+    seq = lambda x: ((x * mask_BT).sum(-1) / n_S)[n_S > 0]  # noqa: E731  (TRL's masked_seq_mean, empty rows out)
     low_S, high_S = seq(low), seq(high)
     return {"clip_ratio/low_mean": mean(low), "clip_ratio/high_mean": mean(high),
             "clip_ratio/region_mean": mean(torch.maximum(low, high)),
-            "clip_ratio/low_min": float(low_S.nan_to_num(float("inf")).min()) if low_S.numel() else 0.0,
-            "clip_ratio/high_max": float(high_S.nan_to_num(float("-inf")).max()) if high_S.numel() else 0.0}
+            "clip_ratio/low_min": float(low_S.min()) if low_S.numel() else 0.0,
+            "clip_ratio/high_max": float(high_S.max()) if high_S.numel() else 0.0}
 
 
 def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict,
