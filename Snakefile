@@ -26,6 +26,11 @@ rule all:
 
 onstart:
     claim_packs()
+    start_progress()
+
+
+onsuccess:
+    print_outputs()
 
 
 onerror:

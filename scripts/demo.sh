@@ -12,12 +12,9 @@ ARGS=("$@")  # extra snakemake arguments
 # packed study took 0.60x the solo one's wall time at equal held-out accuracy. LORARL_DEMO_PACK=1: one job per cell.
 PACK=(--config "pack=${LORARL_DEMO_PACK:-4}")
 start=$(date +%s)
-# the base model is the first job, alone: its SFT progress every 15 s (lorarl/build_progress.py; it stops when built)
-python -m lorarl.build_progress tiny-arith --every 15 > >(sed -u 's/^/[demo] /') &
-watcher=$!
-trap 'kill "$watcher" 2>/dev/null || true' EXIT
 # one Snakemake run: the base's evaluation beside the training packs, each cell's evaluation and diagnosis as
-# soon as its pack ends; each job is named as it finishes
+# soon as its pack ends; each job is named as it finishes, the base model's SFT progress shows while it builds
+# and the study's progress (cells, steps, ETA) every `progress_every` seconds (lorarl/pipeline/console.py)
 snakemake all "${PACK[@]}" ${ARGS[@]+"${ARGS[@]}"}
 echo "[demo] finished in $(( $(date +%s) - start ))s | tables, figures, report.html"
 echo "[demo] table:   results/demo/tables/summary.md (with intervals: results/demo/tables/stats.md)"

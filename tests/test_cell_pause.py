@@ -10,7 +10,8 @@ uninterrupted run, whatever hosts it:
   it), resumed: equal to the uninterrupted run, ``adv/std_peak`` included (the trainer's monitor state travels in
   the checkpoint's mark); each job starts its grading workers and waits for them before its first step, outside
   the step's time (``time/startup_s`` on the job's first row), so the resumed cell's step times are the
-  uninterrupted one's: each job's first step at most twice the cell's median step (docs/report.md#step-time).
+  uninterrupted one's: each job's first step at most twice the cell's median step (docs/report.md#step-time);
+  the same cell in a pack logs every metric the solo run logged, under the same names.
 """
 
 from __future__ import annotations
@@ -154,3 +155,13 @@ def test_a_solo_run_pauses_is_left_out_by_packs_and_resumes_equal(tiny_dir, tmp_
     assert "grading pool" in jobclock.startup_s() and pool.wait_started() == 0.0  # a ready pool costs nothing more
     assert_no_one_off_step(want, [1])
     assert_no_one_off_step(got, [1, 3])
+    # every metric the solo job logs, a packed member logs under the same name (ppo_kl, entropy, clip_ratio/*,
+    # completions/*, num_tokens, ...); a resident member's columns equal its pack's (tests/test_resident.py)
+    from lorarl.pack.run import train_alone
+
+    assert train_alone("pz", x, tmp_path / "packed")["state"] == "done"
+    solo_cols = set(pd.read_csv(ref / "pz" / x.id / "metrics.csv").columns)
+    packed = pd.read_csv(tmp_path / "packed" / "pz" / x.id / "metrics.csv")
+    assert {"ppo_kl", "entropy", "clip_ratio/high_max", "num_tokens"} <= solo_cols
+    assert solo_cols - set(packed.columns) == set()
+    assert packed["num_tokens"].is_monotonic_increasing and packed["ppo_kl"].notna().all()

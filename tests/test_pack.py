@@ -21,6 +21,9 @@ from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
 from tests.test_grpo import G, MAXLEN, P, args, dataset, fake_score, load, tiny_dir  # noqa: F401
 
 K = 3
+# what the loss logs (TRL's and lorarl's, per update): a packed cell's must equal the solo trainer's
+LOSS_STATS = ("ppo_kl", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+              "clip_ratio/low_min", "clip_ratio/high_max")
 
 
 def peft_config(kind):
@@ -89,7 +92,7 @@ def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg,
         t.model.zero_grad()
         loss = t.compute_loss(t.model, b)
         loss.backward()
-        solo.append((loss.item(), grads(t.model)))
+        solo.append((loss.item(), grads(t.model), {n: v[-1] for n, v in t._metrics["train"].items() if n in LOSS_STATS}))
     assert any(g.abs().max() > 0 for g in solo[1][1].values())  # beta > 0: the KL term always has a gradient
     pcs = [PackCell(f"c{k}", t.model, torch.optim.SGD(t.model.parameters(), lr=0.0),
                     LossSettings(loss_type="grpo", beta=beta, epsilon_high=0.28, max_completion_length=MAXLEN))
@@ -100,8 +103,11 @@ def test_packed_loss_and_grads_equal_solo_trainer(tiny_dir, tmp_path, kind, reg,
         c.model.zero_grad()
     losses = pack.losses([b for _, b in cells])
     sum(loss for loss, _ in losses.values()).backward()
-    for k, (loss_s, grads_s) in enumerate(solo):
+    for k, (loss_s, grads_s, stats_s) in enumerate(solo):
         assert abs(losses[k][0].item() - loss_s) <= 1e-6
+        assert set(stats_s) == set(LOSS_STATS) - ({"kl"} if betas[k] == 0 else set()), stats_s  # what TRL logged
+        for n, v in stats_s.items():  # the loss's metrics under the solo trainer's names and definitions
+            assert losses[k][1][n] == pytest.approx(v, abs=1e-5), (k, n)
         g = grads(pcs[k].model)
         assert g.keys() == grads_s.keys() and g
         worst = max((g[n] - grads_s[n]).abs().max().item() for n in g)

@@ -37,7 +37,7 @@ def staged(results, cell):
 
     d = results / "pk" / cell / ".packed"
     rows = pd.read_csv(d / "metrics.csv")
-    keep = [c for c in rows.columns if not c.startswith(("time/", "pack/step_s", "tokens_per_s", "step_time_s"))]
+    keep = [c for c in rows.columns if not c.startswith(("time/", "pack/step_s", "tokens_per_s", "step_time"))]
     return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
 
 

@@ -11,7 +11,7 @@ import torch
 
 from tests.test_grpo import load, tiny_dir  # noqa: F401
 
-NOISY = ("time/", "pack/step_s", "tokens_per_s", "pack/cells")  # wall-clock and pack size: not part of the result
+NOISY = ("time/", "pack/step_s", "tokens_per_s", "pack/cells", "step_time")  # wall-clock and pack size: not part of the result
 
 
 def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None,

@@ -126,6 +126,7 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
                                                                      "aggregate": 1}
     stats = jobs_run(first)
     assert stats.get("train") == 2 and stats.get("evaluate") == 3 and stats.get("aggregate") == 1, stats
+    assert "[lorarl] e2e report : results/e2e/report.html" in first.stdout  # onsuccess names the outputs (console.py)
     # the doctor projects every job the run executes (its base model is built: none here), each with its start-up,
     # scheduled on the profile's 2 cores; under the run's own load the projection is within 25% of the measured time
     assert projected["jobs"] == {k: n for k, n in stats.items() if k != "all"}, (projected["jobs"], stats)

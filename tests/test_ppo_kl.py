@@ -58,3 +58,11 @@ def test_packed_cell_loss_reports_the_same_ppo_kl():
                                                "old_per_token_logps": old})
     assert stats["ppo_kl"] == pytest.approx(float(klmod.masked_mean(klmod.ppo_kl(new.detach(), old), mask)))
     assert stats["ppo_kl"] == pytest.approx((-0.5 + 1.0 + 0.1 + 0.0 - 0.8) / 5)
+    # TRL's clip_ratio/*: row 0 (advantage +1) has one ratio e^0.5 > 1.2 (clipped high), e^-1 < 0.8 is not
+    # clipped (positive advantage); row 1 (advantage -1): e^0.8 is above, not below, so nothing clipped low
+    assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 5) and stats["clip_ratio/low_mean"] == 0.0
+    assert stats["clip_ratio/region_mean"] == pytest.approx(1 / 5)
+    assert stats["clip_ratio/high_max"] == pytest.approx(1 / 3) and stats["clip_ratio/low_min"] == 0.0
+    _, low = cell_loss(LossSettings(), new, {"completion_mask": mask, "advantages": torch.tensor([-1.0, -1.0]),
+                                             "old_per_token_logps": old})
+    assert low["clip_ratio/low_mean"] == pytest.approx(1 / 5) and low["clip_ratio/low_min"] == 0.0  # row 1: none

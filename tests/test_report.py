@@ -15,6 +15,7 @@ import yaml
 from lorarl.train import flags
 from lorarl.report import stats
 from lorarl.study import StudyError, load_study
+from tests.report_canvas import capture, captions, no_reprs, outside
 from tests.report_fixture import STUDY, make_study, trace
 
 
@@ -147,12 +148,17 @@ def test_study_baseline_is_validated(tmp_path):
 
 
 # ----------------------------------------------------------------------------- figures + page
-def test_registry_draws_every_headline_figure_with_its_csv(tmp_path):
+def test_registry_draws_every_headline_figure_with_its_csv(tmp_path, monkeypatch):
     from lorarl.report import build
     from lorarl.report.registry import REGISTRY
 
     sp, res = make_study(tmp_path)
+    drawn = capture(monkeypatch)
     out = build(sp, res)
+    # what a reader sees: no label or legend cut at the canvas, captions in the study's axes, no Python repr
+    assert {name: b for name, fig in drawn.items() if (b := outside(fig))} == {}
+    assert any("per reward regime" in c for c in captions(out["report"].read_text()))
+    assert no_reprs(out["report"].read_text()) == [] and "baseline: rank = full" in out["report"].read_text()
     assert set(REGISTRY) == {"kl_vs_rank", "pass1_vs_rank_fullft", "collapse_truncation", "adv_std_peak",
                              "accuracy_vs_params", "training_dynamics", "update_sparsity", "update_views", "reward_vs_kl",
                              "subspace_similarity", "heldout_by_regime", "heldout_vs_baseline", "search_rungs"}

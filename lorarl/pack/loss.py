@@ -47,9 +47,31 @@ class LossSettings:
             raise ValueError(f"importance_sampling_level {self.importance_sampling_level!r}; allowed: token, sequence")
 
 
-def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+EXTREMES = {"clip_ratio/low_min": min, "clip_ratio/high_max": max}  # stats merged over chunks by min/max, not means
+
+
+def clip_stats(coef_1: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor, s: LossSettings) -> dict[str, float]:
+    """TRL 1.16's ``clip_ratio/*`` of one cell (GRPOTrainer._compute_loss): the share of tokens whose ratio was
+    clipped below (negative advantage) or above (positive advantage), and the extreme sequences' shares. The shares
+    are means over the response tokens (a sequence-level ratio counts once per token, where TRL counts it once per
+    sequence), so a cell's update in micro-batches reports what the whole update does (lorarl.pack.trainer)."""
+    low = ((coef_1 < 1 - s.epsilon_low) & (adv_BT < 0)).float().expand_as(mask_BT)
+    high = ((coef_1 > 1 + s.epsilon_high) & (adv_BT > 0)).float().expand_as(mask_BT)
+    mean = lambda x: klmod.masked_mean(x, mask_BT).item()  # noqa: E731
+    n_S = mask_BT.sum(-1)
+    seq = lambda x: ((x * mask_BT).sum(-1) / n_S)[n_S > 0]  # noqa: E731  (TRL's masked_seq_mean, empty rows out)
+    low_S, high_S = seq(low), seq(high)
+    return {"clip_ratio/low_mean": mean(low), "clip_ratio/high_mean": mean(high),
+            "clip_ratio/region_mean": mean(torch.maximum(low, high)),
+            "clip_ratio/low_min": float(low_S.min()) if low_S.numel() else 0.0,
+            "clip_ratio/high_max": float(high_S.max()) if high_S.numel() else 0.0}
+
+
+def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict,
+              entropy_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """One cell's loss on its rows: ``batch`` holds ``completion_mask``, ``advantages`` ([B, T] or [B]),
-    optional ``old_per_token_logps``, ``lorarl_ref_logps`` (when beta > 0), ``num_items_in_batch`` (dapo)."""
+    optional ``old_per_token_logps``, ``lorarl_ref_logps`` (when beta > 0), ``num_items_in_batch`` (dapo).
+    ``entropy_BT``: the policy's per-token entropy, when the forward measured it (logged as ``entropy``)."""
     mask_BT = batch["completion_mask"]
     if "tool_mask" in batch:
         mask_BT = mask_BT * batch["tool_mask"]
@@ -80,7 +102,10 @@ def cell_loss(s: LossSettings, logp_BT: torch.Tensor, batch: dict) -> tuple[torc
     else:  # dapo
         normalizer = torch.as_tensor(n_items).clamp(min=1.0) / 1
         loss = (per_token_BT * mask_BT).sum() / normalizer
-    stats: dict[str, float] = {"ppo_kl": klmod.masked_mean(klmod.ppo_kl(logp_BT.detach(), old_BT), mask_BT).item()}
+    stats: dict[str, float] = {"ppo_kl": klmod.masked_mean(klmod.ppo_kl(logp_BT.detach(), old_BT), mask_BT).item(),
+                               **clip_stats(coef_1.detach(), adv_BT, mask_BT, s)}
+    if entropy_BT is not None:  # TRL's `entropy`: of the policy's (temperature-scaled) next-token distribution
+        stats["entropy"] = klmod.masked_mean(entropy_BT, mask_BT).item()
     if s.beta > 0:
         ref_BT = batch["lorarl_ref_logps"]
         weight_BT = klmod.importance_weight(logp_BT, old_BT, mask_BT, s.importance_sampling_level) \

@@ -67,6 +67,7 @@ def _load_state(slot: _Slot, cell: Any, member: Any) -> None:
     member.order.load_state_dict(streams["data_order"])
     member.sampler.set_state(streams["sampler"])
     member.adv_std_peak = float(run.monitors.get("adv_std_peak", 0.0))
+    member.tokens_seen = float(run.monitors.get("tokens_seen", 0.0))
     cell.diverged_at = run.divergence.step
     cell.state = "diverged" if run.divergence.step is not None else "stopped" if run.collapse_at is not None else "running"
 
@@ -239,10 +240,10 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
 
 
 class _PeakOf:
-    """A member's monitors for its checkpoints (the running peak of adv/std)."""
+    """A member's monitors for its checkpoints (the running peak of adv/std, the tokens seen)."""
 
     def __init__(self, member: Any):
         self.member = member
 
     def __call__(self) -> dict:
-        return {"adv_std_peak": float(self.member.adv_std_peak)}
+        return {"adv_std_peak": float(self.member.adv_std_peak), "tokens_seen": float(self.member.tokens_seen)}

@@ -36,6 +36,7 @@ import torch
 from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
+from lorarl.pack.rowstats import rollout_stats
 from lorarl.pack.tiled import tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.pack.vllm_rollouts import logp_gap
@@ -90,6 +91,7 @@ class Member:
     overlong_factor: float = 1.0  # why: DAPO penalty at the length limit
     step: int = 0  # why: optimiser steps this cell has taken (resume: restored)
     adv_std_peak: float = 0.0  # why: running peak of adv/std (the collapse flag reads it)
+    tokens_seen: float = 0.0  # why: prompt + completion tokens trained on so far (TRL's num_tokens; resume: restored)
     grading: Any = None  # why: answer format + math-verify settings of the accuracy metric (reward.*)
     extra: dict = field(default_factory=dict)  # why: per-cell state the runner keeps (checkpoint, recorder)
 
@@ -216,6 +218,10 @@ class PackLoop:
                "deposits/mean": sum(all_vals) / max(len(all_vals), 1)}
         if m.overlong_buffer:
             met["overlong/frac_penalized"] = penalized / n
+        for term, values in (getattr(m.regime, "last_terms", None) or {}).items():  # reward.terms, unweighted
+            met[f"reward_terms/{term}"] = sum(values) / n
+        met.update(rollout_stats(ro.completion_ids, self.eos, dep.totals, m.generations, m.regime.name))
+        met["rollout/degenerate_rate"] = float(adv.stats.degenerate_P.float().mean())
         vals = adv.adv_BT[valid_BT]
         if vals.numel():
             std = vals.std().item() if vals.numel() > 1 else 0.0
@@ -263,6 +269,7 @@ class PackLoop:
             b["advantages"] = adv_BT.to(b["prompt_ids"].device)
             batches[k], metrics[k] = b, met
             own_s[k] = time.perf_counter() - t_k
+            met["time/reward_s"] = own_s[k]
         t_score = time.perf_counter() - t_score
         t_ref = time.perf_counter()
         ref = self._ref_logps({k: batches[k] for k in idx if self.members[k].beta > 0})
@@ -288,12 +295,12 @@ class PackLoop:
             if c.state == "diverged" and c.diverged_at is not None:
                 c.diverged_at = m.step
             tokens = float(batches[k]["completion_mask"].sum())
+            m.tokens_seen += tokens + float(batches[k]["prompt_mask"].sum())  # TRL's num_tokens
             row = {"loss": u.get("loss", float("nan")), "grad_norm": u.get("grad_norm", float("nan")),
                    "learning_rate": float(lrs[k]), **metrics[k], "time/step_s": cell_s[k], "pack/step_s": wall, "time/generate_s": t_gen, "time/score_s": t_score + t_gen,
                    "time/ref_forward_s": t_ref, "rollout/tokens": tokens, "tokens_per_s": tokens / cell_s[k] if cell_s[k] else 0.0,
-                   "pack/cells": float(len(idx))}
-            if "kl" in u:
-                row["kl"] = u["kl"]
+                   "pack/cells": float(len(idx)), "step_time": cell_s[k], "num_tokens": m.tokens_seen}
+            row.update({n: v for n, v in u.items() if n not in row and n != "diverged"})  # ppo_kl, entropy, clip_ratio/*, kl
             if ros[k].logprobs is not None and k in self.trainer.last_logps:  # vLLM: sampler vs trainer
                 row.update(logp_gap(ros[k].logprobs, self.trainer.last_logps[k]))
             if m.beta > 0 and k in ref and k in self.trainer.last_logps:
@@ -325,6 +332,7 @@ class PackLoop:
         missing = {k: b for k, b in sub.items() if k not in ref}
         old = dict(self.trainer.last_logps)
         ref = {**ref, **self._ref_logps(missing)}
+        t_new = time.perf_counter()
         new = self._policy_logps(sub)
         for k in live:
             row, mask = out[self.members[k].name], batches[k]["completion_mask"]
@@ -338,6 +346,7 @@ class PackLoop:
                 # one update per step here: the rollout-to-updated KL is the last update's (solo trainer's names)
                 row["kl_new_old/update"], row["kl_new_old/update/logratio"] = row["kl_new_old"], row["kl_new_old/logratio"]
             row["time/kl_monitor_s"] = time.perf_counter() - t0
+            row["time/kl_new_old_s"] = time.perf_counter() - t_new  # as the solo trainer's: the new policy's forward
 
 
 def finite_row(row: dict) -> bool:

@@ -35,17 +35,28 @@ def _plain_head(model: Any) -> tuple[Any, Any] | None:
     return get_decoder(), head
 
 
-def _tile(head: Any, h_RtH: torch.Tensor, ids_Rt: torch.Tensor, temp_R11: torch.Tensor | None) -> torch.Tensor:
+def entropy_of(logp_RtV: torch.Tensor) -> torch.Tensor:
+    """Per-token entropy (nats) of the next-token distributions whose log-probs are ``logp_RtV`` (TRL's
+    ``entropy_from_logits`` of the same temperature-scaled logits)."""
+    return -(logp_RtV.exp() * logp_RtV).sum(-1)
+
+
+def _tile(head: Any, h_RtH: torch.Tensor, ids_Rt: torch.Tensor, temp_R11: torch.Tensor | None,
+          entropy: bool = False) -> Any:
     logits = head(h_RtH).float()
     if temp_R11 is not None:
         logits = logits / temp_R11
-    return torch.log_softmax(logits, -1).gather(-1, ids_Rt.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(logits, -1)
+    picked = logp.gather(-1, ids_Rt.unsqueeze(-1)).squeeze(-1)
+    return (picked, entropy_of(logp.detach())) if entropy else picked
 
 
 def tiled_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                T: int, temp_R11: torch.Tensor | None = None, tokens: int = LOGIT_TOKENS) -> torch.Tensor | None:
+                T: int, temp_R11: torch.Tensor | None = None, tokens: int = LOGIT_TOKENS,
+                entropy: list | None = None) -> torch.Tensor | None:
     """``[R, T]`` log-probs of the last ``T`` tokens of each row (``None``: not a plain-head model, or one
-    tile would cover the whole completion anyway)."""
+    tile would cover the whole completion anyway). ``entropy``: a list that receives the ``[R, T]`` per-token
+    entropies (detached), computed from each tile's logits."""
     R = input_ids.size(0)
     cols = max(1, tokens // max(R, 1))
     found = _plain_head(model) if cols < T else None
@@ -55,11 +66,17 @@ def tiled_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   use_cache=False).last_hidden_state[:, -T - 1:-1]
     targets = input_ids[:, -T:]
-    parts = []
+    parts, ents = [], []
+    want = entropy is not None
     for lo in range(0, T, cols):
         h, y = hidden[:, lo:lo + cols], targets[:, lo:lo + cols]
         if torch.is_grad_enabled() and hidden.requires_grad:
-            parts.append(checkpoint(_tile, head, h, y, temp_R11, use_reentrant=False))
+            got = checkpoint(_tile, head, h, y, temp_R11, want, use_reentrant=False)
         else:
-            parts.append(_tile(head, h, y, temp_R11))
+            got = _tile(head, h, y, temp_R11, want)
+        parts.append(got[0] if want else got)
+        if want:
+            ents.append(got[1])
+    if want:
+        entropy.append(torch.cat(ents, dim=1))
     return torch.cat(parts, dim=1)

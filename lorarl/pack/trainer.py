@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from lorarl.pack.loss import LossSettings, cell_loss
+from lorarl.pack.loss import EXTREMES, LossSettings, cell_loss
 from lorarl.pack.routing import Router
-from lorarl.pack.tiled import LOGIT_TOKENS, tiled_logps
+from lorarl.pack.tiled import LOGIT_TOKENS, entropy_of, tiled_logps
 from lorarl.train.microbatch import chunk_share, split_rows
 from lorarl.train.tokenbudget import put_back, split_tokens
 
@@ -89,7 +89,8 @@ def _row_chunks(batch: dict, m: int | None, tokens: int | None = None) -> list[t
 def _accumulate(out: dict, k: int, loss: torch.Tensor, stats: dict, tokens: float) -> None:
     """Cell k's update loss (sum of its chunks' shares) and token-weighted stats (means over its tokens)."""
     prev_loss, prev_stats, prev_tokens = out.get(k, (0.0, {}, 0.0))
-    merged = {n: prev_stats.get(n, 0.0) + v * tokens for n, v in stats.items()}
+    merged = {n: (EXTREMES[n](prev_stats[n], v) if n in prev_stats else v) if n in EXTREMES
+              else prev_stats.get(n, 0.0) + v * tokens for n, v in stats.items()}
     out[k] = (prev_loss + loss, merged, prev_tokens + tokens)
 
 
@@ -124,13 +125,16 @@ class PackedTrainer:
                              "need fused_lm_head=False")
         self.global_step = 0
         self.last_logps: dict[int, torch.Tensor] = {}  # cell -> detached log-probs of its last update's forward
+        self.last_entropy: dict[int, torch.Tensor] = {}  # cell -> per-token entropy of the last forward that asked
 
     def running(self) -> list[int]:
         return [k for k, c in enumerate(self.cells) if c.state == "running"]
 
     # ------------------------------------------------------------------ forward
-    def logps(self, batches: list[dict], idx: list[int]) -> list[torch.Tensor]:
-        """Per-token log-probs ``[B_k, T_k]`` of each listed cell's completion tokens, one forward."""
+    def logps(self, batches: list[dict], idx: list[int], entropy: bool = False) -> list[torch.Tensor]:
+        """Per-token log-probs ``[B_k, T_k]`` of each listed cell's completion tokens, one forward. ``entropy``:
+        also each token's next-token entropy (detached), kept in ``last_entropy`` (cell -> ``[B_k, T_k]``)."""
+        ent: list[torch.Tensor] | None = [] if entropy else None
         P = max(batches[k]["prompt_ids"].size(1) for k in idx)
         T = max(batches[k]["completion_ids"].size(1) for k in idx)
         ids, attn, pos = [], [], []
@@ -154,22 +158,31 @@ class PackedTrainer:
                 out = self.host(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 labels=labels, fused_lm_head=True)
                 logp_all = out.log_probs[:, -T:]
+                if ent is not None and getattr(out, "entropy", None) is not None:  # a head built with "entropy"
+                    ent.append(out.entropy[:, -T:].detach())
             else:
                 temp = None
                 if any(self.temperatures[k] != 1.0 for k in idx):  # each cell's rows by its own temperature
                     temp = torch.cat([torch.full((sizes[k],), self.temperatures[k], device=input_ids.device)
                                       for k in idx])[:, None, None]
                 logp_all = tiled_logps(self.host, input_ids, attention_mask, position_ids, T, temp,
-                                       self.logit_tokens)  # vocabulary logits a tile of tokens at a time
+                                       self.logit_tokens, ent)  # vocabulary logits a tile of tokens at a time
                 if logp_all is None:
                     logits = self.host(input_ids=input_ids, attention_mask=attention_mask,
                                        position_ids=position_ids).logits[:, -T - 1:-1].float()
                     logits = logits if temp is None else logits / temp
-                    logp_all = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+                    logp_all = torch.log_softmax(logits, -1)
+                    if ent is not None:
+                        ent.append(entropy_of(logp_all.detach()))
+                    logp_all = logp_all.gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+        ent_all = torch.cat(ent, dim=1) if ent else None
         res, start = [], 0
+        self.last_entropy = {}
         for k in idx:
             n, t_k = sizes[k], batches[k]["completion_ids"].size(1)
             res.append(logp_all[start:start + n, :t_k])
+            if ent_all is not None:
+                self.last_entropy[k] = ent_all[start:start + n, :t_k]
             start += n
         return res
 
@@ -193,9 +206,9 @@ class PackedTrainer:
         idx = [k for k in self.running() if batches[k] is not None]
         if not idx:
             return {}
-        lps = self.logps(batches, idx)
+        lps = self.logps(batches, idx, entropy=True)
         self.last_logps = {k: lp.detach() for k, lp in zip(idx, lps)}
-        return {k: cell_loss(self.cells[k].loss, lp, batches[k]) for k, lp in zip(idx, lps)}
+        return {k: cell_loss(self.cells[k].loss, lp, batches[k], self.last_entropy.get(k)) for k, lp in zip(idx, lps)}
 
     # ------------------------------------------------------------------ update
     def step(self, batches: list[dict]) -> dict[str, dict[str, float]]:
@@ -230,7 +243,8 @@ class PackedTrainer:
         self.last_logps = {k: put_back(v, *batches[k]["completion_ids"].shape) for k, v in kept.items()}
         if not out:
             return {}
-        out = {k: (loss, {n: v / max(tokens, 1.0) for n, v in stats.items()}) for k, (loss, stats, tokens) in out.items()}
+        out = {k: (loss, {n: v if n in EXTREMES else v / max(tokens, 1.0) for n, v in stats.items()})
+               for k, (loss, stats, tokens) in out.items()}
         metrics: dict[str, dict[str, float]] = {}
         for k, (loss, stats) in out.items():
             c = self.cells[k]

@@ -115,7 +115,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
         "failed": [f"{r.cell} ({r.train.detail[:60]})" if r.train.detail else r.cell
                    for r in rows if r.train.state == "failed"],
         "flags": _flag_summary(rows),
-        "steps_left": left, "progress": 1 - left / total if total else 1.0,
+        "steps_left": left, "steps_total": total, "progress": 1 - left / total if total else 1.0,
         "eta_s": e["eta_s"] if step_s is not None or not e["lower_bound"] else None,
         "eta_lower_bound": e["lower_bound"], "jobs_left": e["jobs_left"], "eta_note": note,
         "ended": all(r.train.state in TERMINAL for r in rows),

@@ -47,3 +47,8 @@ def is_baseline_row(study: Any, labels: dict) -> bool:
 
     base = getattr(study, "baseline", None)
     return bool(base) and all(str(labels.get(k)) == label_of(v) for k, v in base.items())
+
+
+def baseline_text(baseline: dict) -> str:
+    """The study's baseline setting as a reader writes it (`kl = 0.05, method = lora`), never a Python dict."""
+    return ", ".join(f"{k} = {v}" for k, v in baseline.items())

@@ -79,12 +79,56 @@ def color_of(label: str) -> tuple:
 
 
 def save(fig, out: Path, table: pd.DataFrame) -> Path:
-    """The PNG and, beside it, the CSV of exactly what it draws."""
+    """The PNG and, beside it, the CSV of exactly what it draws: one-point panels as points on a readable
+    axis, every label and legend inside the canvas."""
     table.to_csv(out.with_suffix(".csv"), index=False)
-    fig.tight_layout()
+    for ax in fig.axes:
+        single_points(ax)
+    fit(fig)
     fig.savefig(out)
     plt().close(fig)
     return out
+
+
+def fit(fig, tries: int = 4, pad_in: float = 0.05) -> None:
+    """Lay the figure out (tight_layout), then grow its canvas while any artist (a long axis label wider than its
+    axes, a legend placed beside them) would be cut at an edge; the axes keep their share of the canvas."""
+    for _ in range(tries):
+        fig.tight_layout()
+        fig.canvas.draw()
+        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches, every visible artist
+        w, h = fig.get_size_inches()
+        left, bottom = max(-box.x0, 0.0), max(-box.y0, 0.0)
+        right, top = max(box.x1 - w, 0.0), max(box.y1 - h, 0.0)
+        if max(left, bottom, right, top) <= 0.0:
+            return
+        fig.set_size_inches(w + (left + right + 2 * pad_in if left + right else 0.0),
+                            h + (bottom + top + 2 * pad_in if bottom + top else 0.0), forward=False)
+
+
+def single_points(ax) -> None:
+    """A panel whose lines each hold one point on one shared x (a run with one snapshot, one setting): matplotlib
+    would draw an invisible line on an axis spanning x ± 1 in half steps. Draw the points as markers and give
+    the axis a readable span: from 0 (or the value's order of magnitude) to past the value, integer ticks
+    when the value is one."""
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) and ln.get_transform() == ax.transData]  # no axhline
+    xs = {float(x) for ln in lines for x in ln.get_xdata() if pd.notna(x)}
+    scale = ax.get_xscale()
+    if len(xs) != 1 or scale not in ("linear", "symlog", "log") or any(len(ln.get_xdata()) > 1 for ln in lines):
+        return
+    (x,) = xs
+    for ln in lines:
+        ln.set_marker(ln.get_marker() if ln.get_marker() not in (None, "None", "", " ") else "o")
+        ln.set_markersize(max(ln.get_markersize(), 6.0))
+    if scale == "log":
+        ax.set_xlim(x / 3, 3 * x)
+        return
+    lo, hi = (0.0, 1.25 * x) if x > 0 else (1.25 * x, 0.0) if x < 0 else (-1.0, 1.0)
+    ax.set_xlim(lo, hi)
+    if scale == "linear" and float(x).is_integer():
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def rank_order(data: StudyData, rank_axis: str) -> list[str]:

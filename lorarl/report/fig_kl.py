@@ -71,7 +71,7 @@ def reward_vs_kl(data: StudyData, out: Path) -> Path | None:
         ax.errorbar(r["kl_mean"], r["reward_mean"], xerr=_sd(r["kl_sd"]), yerr=_sd(r["reward_sd"]), marker="o",
                     ms=6, capsize=3, ls="none", color=draw.color_of(lab), label=lab)
     ax.set_xscale("symlog", linthresh=1e-4)
-    ax.set_xlabel(f"{kl}, mean over the {window_text(data)}")
+    ax.set_xlabel(f"{kl},\nmean over the {window_text(data)}")  # two lines: one ran past the canvas
     ax.set_ylabel("train reward, same window")
     ax.set_title(f"{data.study.name}: reward vs KL to the base")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))

@@ -16,9 +16,16 @@ def _kl_metric(data: StudyData) -> str:
     return next(m for m in ("kl_ref/k3", data.train_column("kl")) if m in data.curves and data.curves[m].notna().any())
 
 
+def _lines(data: StudyData) -> dict:
+    """The caption's series, named by the study's axes other than the rank (and the seed)."""
+    rank = data.axis_by_field("adapter.rank")
+    others = [k for k in data.keys if k != rank]
+    return {"lines": f"one line per setting of {', '.join(others)}" if others else "one line"}
+
+
 @register("kl_vs_rank", "000 Fig. 2", ("axis:adapter.rank", "curve:kl_ref/k3|curve:kl"),
-          "Mean KL(π‖π_base) over training (k3, the β term's estimator) vs LoRA rank, one line per "
-          "other setting; mean ± sd over seeds. Paper 000: KL grows with rank.")
+          "Mean KL(π‖π_base) over training (k3, the β term's estimator) vs LoRA rank, {lines}; mean ± sd "
+          "over seeds. Paper 000: KL grows with rank.", caption_vars=lambda data: _lines(data))
 def kl_vs_rank(data: StudyData, out: Path) -> Path | None:
     rank = data.axis_by_field("adapter.rank")
     metric = _kl_metric(data)
@@ -45,9 +52,10 @@ def kl_vs_rank(data: StudyData, out: Path) -> Path | None:
 
 
 @register("pass1_vs_rank_fullft", "001 Fig. 2", ("axis:adapter.rank", "eval", "fullft:adapter.rank"),
-          "Held-out headline metric vs LoRA rank, one line per other setting (e.g. reward regime); "
+          "Held-out headline metric vs LoRA rank, {lines}; "
           "dashed = full fine-tuning mean of the same setting, band = ± 1 sd over seeds. With eval_every "
-          "snapshots, hollow markers = the mean per-cell peak over training (paper 001 shows process at peak).")
+          "snapshots, hollow markers = the mean per-cell peak over training (paper 001 shows process at peak).",
+          caption_vars=lambda data: _lines(data))
 def pass1_vs_rank_fullft(data: StudyData, out: Path) -> Path | None:
     from lorarl.report.tables import primary_metrics
 

@@ -23,10 +23,24 @@ def regime_keys(data: StudyData) -> list[str]:
     return [k for k in data.keys if k != rank]
 
 
+def _caption_vars(data: StudyData) -> dict:
+    """What the series are, in the study's own axes: a caption names no axis the study lacks."""
+    keys = regime_keys(data)
+    rank = data.axis_by_field("adapter.rank")
+    within = f" (its {rank} values and seeds)" if rank else " (its seeds)"
+    if data.axis_by_field("reward.regime"):
+        per = "reward regime"
+    elif keys:
+        per = f"setting of {', '.join(keys)}"
+    else:
+        return {"per": "study", "over": "all its cells"}
+    return {"per": per, "over": f"all cells of a {per}{within}"}
+
+
 @register("collapse_truncation", "001 Fig. 3", ("curve:frac_truncated", "evcurve|curve:accuracy"),
           "Collapse: accuracy (held-out at snapshots when the study has them, else the training batch's) "
-          "mean ± sd over all cells of a regime, with frac_truncated on the right axis (dotted); "
-          "ticks = steps where a collapse flag fired.")
+          "mean ± sd over {over}, with frac_truncated on the right axis (dotted); "
+          "ticks = steps where a collapse flag fired.", caption_vars=_caption_vars)
 def collapse_truncation(data: StudyData, out: Path) -> Path | None:
     keys = regime_keys(data)
     attach = data.cells.set_index("cell")[[*data.study.axes]]
@@ -75,8 +89,8 @@ def collapse_truncation(data: StudyData, out: Path) -> Path | None:
 
 
 @register("adv_std_peak", "001 Fig. 4", ("curve:adv/std",),
-          "Peak advantage std by regime: per-cell max of adv/std over training, mean ± sd over the "
-          "cells of the regime; dashed line = 1 (group-normalised advantages).")
+          "Peak advantage std per {per}: per-cell max of adv/std over training, mean ± sd over "
+          "{over}; dashed line = 1 (group-normalised advantages).", caption_vars=_caption_vars)
 def adv_std_peak(data: StudyData, out: Path) -> Path | None:
     keys = regime_keys(data)
     per = draw.per_cell(data, "adv/std", "max")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lorarl.report.columns import baseline_text
 from lorarl.report.mlflow_links import experiment_url, run_url, ui_target
 
 CSS = """body{font-family:sans-serif;margin:1.5em;max-width:1400px;color:#222}
@@ -86,7 +87,7 @@ def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tabl
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(study.name)}</h1><p>generated {now}; axes: "
              + ", ".join(f"{_e(a)} ({len(ax.values)})" for a, ax in study.axes.items())
-             + (f"; baseline: {_e(study.baseline)}" if study.baseline else "") + "</p>",
+             + (f"; baseline: {_e(baseline_text(study.baseline))}" if study.baseline else "") + "</p>",
              mlflow_line(target, study.name),
              "<h2>Cells</h2>", status_section(status_rows, summaries, target),
              "<h2>Headline metrics with uncertainty</h2>", _md_table(stats_md)]

@@ -7,12 +7,14 @@ from pathlib import Path
 import pandas as pd
 
 from lorarl.report.draw import plt as pyplot
-from lorarl.report.draw import color_of, series_label, series_labels, spectrum_curves
+from lorarl.report.draw import color_of, fit, series_label, series_labels, single_points, spectrum_curves
 from lorarl.study import Study
 
 
 def _save(fig, out: Path) -> Path:
-    fig.tight_layout()
+    for ax in fig.axes:
+        single_points(ax)
+    fit(fig)  # every label and legend inside the canvas (lorarl.report.draw.fit)
     fig.savefig(out)
     pyplot().close(fig)
     return out
@@ -166,6 +168,7 @@ def diagnostics_figure(study: Study, diag: pd.DataFrame, out: Path) -> Path | No
     curves = diag[diag["metric"].isin(["update_p", "update_cum_energy"])]
     curves = spectrum_curves(curves, ["group"]).set_index(["group", "metric", "index"])["value"]
     curves.to_csv(out.with_name(out.stem + "_curves.csv"))
+    curves = curves.sort_index()  # looked up by (group, metric) below: unsorted, pandas warns at each lookup
     sim = diag[diag["metric"].isin(["subspace_sim_top", "subspace_sim_bottom"])]
     sim = sim.groupby(["group", "metric"], sort=False)["value"].mean().unstack("metric")
     fig, axes = pyplot().subplots(2, 3, figsize=(13, 7))

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from lorarl.report import bounds, stats
-from lorarl.report.columns import is_baseline_row
+from lorarl.report.columns import baseline_text, is_baseline_row
 from lorarl.report.data import StudyData, scores_matrix
 from lorarl.study import label_of, study_cells
 
@@ -157,7 +157,7 @@ def stats_markdown(data: StudyData, table: pd.DataFrame) -> str:
     """One column per metric, one row per group; the method in the caption."""
     keys = data.keys
     lines = [f"# {data.study.name}: headline metrics with uncertainty", "",
-             f"Caption: {stats.METHOD}." + (f" Baseline: {data.study.baseline}." if data.study.baseline else ""), ""]
+             f"Caption: {stats.METHOD}." + (f" Baseline: {baseline_text(data.study.baseline)}." if data.study.baseline else ""), ""]
     if table.empty:
         return "\n".join(lines + ["(no finished cells yet)"]) + "\n"
     metrics = list(dict.fromkeys(table["metric"]))

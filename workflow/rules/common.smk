@@ -250,9 +250,44 @@ def print_failures():
     """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
     from lorarl.pipeline.watch import failure_lines
 
+    stop_progress()
     for name, (f, s) in STUDIES.items():
         if not get_kind(s.kind).cell_stages:
             continue
         for line in failure_lines(f, RESULTS):
             print(f"[lorarl] {name}: {line}", file=sys.stderr)
         print(f"[lorarl] {name}: details with `lorarl status {f}`", file=sys.stderr)
+
+
+# The console of plain `snakemake all` (lorarl.pipeline.console): each study's progress every `progress_every`
+# seconds and each local base model's build while it runs (`onstart`), where the outputs are (`onsuccess`).
+_PROGRESS = []
+
+
+def start_progress():
+    """`onstart`: the progress lines' thread (none with `progress_every: 0`); display only, no job waits on it."""
+    from lorarl.models import study_recipes
+    from lorarl.pipeline.console import Progress
+    from lorarl.study import study_cells
+
+    every = float(config.get("progress_every", 60) or 0)
+    grpo = [(f, s) for f, s in STUDIES.values() if get_kind(s.kind).cell_stages]
+    if every <= 0 or not grpo:
+        return
+    recipes = [r for _, s in grpo for r in study_recipes(study_cells(s))]
+    _PROGRESS.append(Progress([f for f, _ in grpo], RESULTS, every, recipes).start())
+
+
+def stop_progress():
+    """`onsuccess` and `onerror`: no progress line after Snakemake's last ones."""
+    while _PROGRESS:
+        _PROGRESS.pop().stop()
+
+
+def print_outputs():
+    """`onsuccess`: each study's report.html, tables and figures."""
+    from lorarl.pipeline.console import output_lines
+
+    stop_progress()
+    for line in output_lines(list(STUDIES), RESULTS):
+        print(line, flush=True)
