@@ -19,7 +19,7 @@ import pandas as pd
 from lorarl.report import bounds, stats
 from lorarl.report.columns import is_baseline_row
 from lorarl.report.data import StudyData, scores_matrix
-from lorarl.study import label_of, study_cells
+from lorarl.study import every_cell, label_of, study_cells
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -59,7 +59,7 @@ def _bounds(data: StudyData, col: str, ids: list[str], vals) -> bounds.Bounds | 
     """The range of a row's column (lorarl.report.bounds: the train reward's from its cells' reward settings)
     unless one of its values lies outside it."""
     want = set(ids)
-    cfgs = [c.config for c in study_cells(data.study) if c.id in want] if col == "final_train_reward" else []
+    cfgs = [c.config for c in every_cell(data.study) if c.id in want] if col == "final_train_reward" else []
     return bounds.consistent(bounds.column_bounds(col, cfgs), vals)
 
 
@@ -176,7 +176,7 @@ def per_cell_runtime(data: StudyData) -> pd.DataFrame:
     per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
                                             **{m.split("/")[-1]: (m, "sum") for m in mon})
     if step_col == "time/step_s":
-        updates = {cell.id: cell.config.train.updates_per_step for cell in study_cells(data.study)}
+        updates = {cell.id: cell.config.train.updates_per_step for cell in every_cell(data.study)}
         per["step_s"] = per["step_s"] * pd.Series([updates.get(i, 1) for i in per.index], index=per.index)
     per["train_min"] = per["step_s"] * per["steps"] / 60.0
     return per
