@@ -40,3 +40,11 @@ def test_added_seed_cells_in_every_table(tmp_path):
     assert search.loc["4", "cell_steps"] == 3 * 6 and search.loc["all", "cell_steps"] == 4 * 2 + 6 * 6
     assert search.loc["4", "n_cells"] == 3 and search.loc["all", "fixed_cell_steps"] == 10 * 6
     assert search.loc["4", "state"] == "finished" and search.loc["1", "state"] == "stopped"
+    peak = pd.read_csv(tdir / "peak_final.csv", dtype={"rank": str}).set_index("rank")
+    assert peak.loc[["1", "2"], "final_mean"].isna().all()  # stopped at step 2: no final, never the rung's value
+    assert peak.loc[["1", "2"], "peak_step_mean"].eq(2).all() and peak.loc[["4", "8"], "final_mean"].notna().all()
+    rungs = pd.read_csv(res / "adr" / "figures" / "search_rungs.csv")
+    end = rungs[(rungs["decision"] == "final") & (rungs["setting"] == "rank=4")]["value"]
+    by_cell = cells.set_index("cell")["synthetic/pass@1"]
+    assert end.tolist() == [by_cell[["r4-s0", "r4-s1"]].mean()]  # the rung points' seeds, not the added one
+    assert by_cell[["r4-s0", "r4-s1"]].mean() != by_cell[["r4-s0", "r4-s1", "r4-s2"]].mean()

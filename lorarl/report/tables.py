@@ -205,16 +205,21 @@ def runtime_table(data: StudyData) -> pd.DataFrame:
 
 def peak_final_table(data: StudyData) -> pd.DataFrame:
     """Paper 001 Table 3: per group and curve benchmark, the primary metric at its peak step (per cell,
-    then mean ± sd over seeds) and at the final step, with the peak step; needs eval_every snapshots."""
+    then mean ± sd over seeds) and at the final step, with the peak step; needs eval_every snapshots. A cell
+    with no evaluation at its last step (an adaptive study's search stopped it at a rung: censored) has no
+    final value, never its last rung's; its peak is over the snapshots it reached."""
     ev = data.evcurves
     if ev.empty:
         return pd.DataFrame()
+    last = {c.id: c.config.train.steps for c in every_cell(data.study)}
     rows = []
     for (cell, bench), g in ev.groupby(["cell", "benchmark"], sort=False):
         g = g.sort_values("step")
         i = int(np.argmax(g["value"].to_numpy()))
+        end = g["value"][g["step"] == last.get(cell)]
         rows.append({"cell": cell, "benchmark": bench, **{k: g[k].iloc[0] for k in data.keys},
-                     "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]), "final": g["value"].iloc[-1]})
+                     "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]),
+                     "final": end.iloc[-1] if len(end) else math.nan})
     df = pd.DataFrame(rows)
     keys = data.keys + ["benchmark"]
     out = stats.mean_sd(df, keys, ["peak", "final", "peak_step"])
