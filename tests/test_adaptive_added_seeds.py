@@ -48,3 +48,14 @@ def test_added_seed_cells_in_every_table(tmp_path):
     by_cell = cells.set_index("cell")["synthetic/pass@1"]
     assert end.tolist() == [by_cell[["r4-s0", "r4-s1"]].mean()]  # the rung points' seeds, not the added one
     assert by_cell[["r4-s0", "r4-s1"]].mean() != by_cell[["r4-s0", "r4-s1", "r4-s2"]].mean()
+
+
+def test_a_tie_decided_by_the_hash_is_flagged_in_search_csv(tmp_path):
+    from lorarl.report.adaptive import search_table
+
+    level = {"1": 0.1, "2": 0.5, "4": 0.5, "8": 0.9}  # ranks 2 and 4 tie at the keep line (2 of 4 kept)
+    f, study, table, res = adaptive_results(tmp_path, STUDY, value=lambda c: level[c.axes["rank"]])
+    search = search_table(study, table, res).set_index("rank")
+    assert search.loc["2", "hash_ties"] == "2" and search.loc["4", "hash_ties"] == "2"
+    assert pd.isna(search.loc["1", "hash_ties"]) and pd.isna(search.loc["8", "hash_ties"])
+    assert sorted(search.loc[["2", "4"], "state"]) == ["finished", "stopped"]

@@ -64,8 +64,9 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
              "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
              "Avg over benchmarks (paper 002)": ("avg", tables.avg_columns),
              "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table),
-             "adaptive search: each setting's mean metric at every rung it reached, its state, and the cell-steps "
-             "its cells got against the full grid's (docs/adaptive.md)": ("search", search_frame),
+             "adaptive search: each setting's mean metric at every rung it reached, its state, the rungs where a tie "
+             "was decided by the name's hash (hash_ties), and the cell-steps its cells got, added seeds included, "
+             "against the same cells trained to the end (docs/adaptive.md)": ("search", search_frame),
              "hypotheses: decision, estimate [interval] at the deciding look, seeds used of the cap, cell-steps of the "
              "two settings against the fixed design at the cap (docs/adaptive.md)": ("hypotheses", hypotheses_frame)}
     shown = {}

@@ -85,7 +85,8 @@ def search_table(study: Any, table: Any, results: str | Path) -> pd.DataFrame:
     """Per setting: its labels, the mean metric at each rung it reached (``rung/<step>``), its state and the step
     it ended at, and the cell-steps its cells got (added seeds included) against the same cells trained to their
     end. State ``finished`` once a setting that passed the last rung has every cell finished, ``finishing``
-    while one still trains."""
+    while one still trains; ``hash_ties``: the rungs where its side of the keep line was decided by the sha256
+    of its name (tied with a setting on the other side at every rung so far: lorarl.adaptive.halving)."""
     led = search_ledger(study, results)
     if not led or not led.get("rungs"):
         return pd.DataFrame()
@@ -100,11 +101,12 @@ def search_table(study: Any, table: Any, results: str | Path) -> pd.DataFrame:
         done = all(spent.get(c, 0) >= table.cell(c).config.train.steps for c in cells)
         row["state"] = "finished" if st["state"] == "finishing" and done else st["state"]
         row["stopped_at_step"] = st.get("rung") if st["state"] in (STOPPED, "failed") else None
+        row["hash_ties"] = " ".join(str(r["step"]) for r in led["rungs"] if name in r.get("hash_ties", [])) or None
         row["n_cells"] = len(cells)
         row["cell_steps"] = sum(spent.get(c, 0) for c in cells)
         row["fixed_cell_steps"] = sum(table.cell(c).config.train.steps for c in cells)
         rows.append(row)
-    total = {k: "all" for k in rows[0] if not k.startswith("rung/") and k not in ("state", "stopped_at_step", "n_cells",
+    total = {k: "all" for k in rows[0] if not k.startswith("rung/") and k not in ("state", "stopped_at_step", "hash_ties", "n_cells",
                                                                                     "cell_steps", "fixed_cell_steps")}
     rows.append({**total, "n_cells": sum(r["n_cells"] for r in rows), "cell_steps": sum(r["cell_steps"] for r in rows),
                  "fixed_cell_steps": sum(r["fixed_cell_steps"] for r in rows)})
