@@ -44,7 +44,8 @@ DIAG = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "max_angle_rig
 
 # adaptive studies (lorarl.report.adaptive): censored cells, the search's and the hypotheses' tables
 ADAPTIVE = ("stopped_at_step", "n_stopped", "censored_at_step", "setting", "decision", "cell_steps", "hypothesis",
-            "kind", "setting_a", "setting_b", "margin", "estimate", "seeds_used", "max_seeds", "fixed_cell_steps")
+            "kind", "setting_a", "setting_b", "margin", "estimate", "seeds_used", "max_seeds", "fixed_cell_steps",
+            "n_cells", "hash_ties")
 
 REPORT_COLUMNS: frozenset[str] = frozenset(CELL + SUMMARY + STATS + LONG + TRAIN + DIAG + ADAPTIVE)
 

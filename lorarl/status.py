@@ -127,11 +127,11 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
 
 def study_status(study_path: str | Path | Any, results_dir: str | Path = "results") -> list[CellStatus]:
     """`study_path`: a study file, or a loaded Study."""
-    from lorarl.study import base_cells, study_cells, load_study
+    from lorarl.study import base_cells, load_study
 
     study = load_study(study_path) if isinstance(study_path, (str, Path)) else study_path
     results_dir = Path(results_dir)
-    cells = [(c, "cell") for c in study_cells(study)] + [(b, "base") for b in base_cells(study)]
+    cells = [(c, "cell") for c in _cells(study, results_dir)] + [(b, "base") for b in base_cells(study)]
     slurm_ids: list[str] = []  # only Slurm submissions are looked up: a local job id is a pid on this machine
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"
@@ -184,6 +184,17 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
             st.evaluate = StageStatus("done", "", "", f"{len(evals)} benchmark(s)")
         out.append(st)
     return out
+
+
+def _cells(study: Any, results_dir: Path) -> list[Any]:
+    """The study's cells, then the seeds a hypothesis added that the workflow started (lorarl.adaptive.ledger)."""
+    from lorarl.study import cell_table, study_cells
+
+    if not getattr(study, "hypotheses", None):
+        return study_cells(study)
+    from lorarl.adaptive.ledger import started_cells
+
+    return started_cells(study, cell_table(study), results_dir)
 
 
 def _stopped(study: Any, results_dir: Path) -> dict[str, int]:

@@ -251,3 +251,10 @@ def base_cells(study: Study) -> list[Cell]:
 def study_cells(study: Study) -> list[Cell]:
     """The matrix cells in axis order, excluded combos dropped, identical cells merged."""
     return cell_table(study).cells
+
+
+def every_cell(study: Study) -> list[Cell]:
+    """The matrix cells, then the seeds a hypothesis may add at run time (lorarl.adaptive.seeds): every cell
+    whose files a reader may meet, so that a lookup by id never misses an added seed."""
+    table = cell_table(study)
+    return list(table.cells) + list(table.extra_cells())

@@ -47,10 +47,11 @@ def _mask_density(cfg) -> float | None:
     return 0.5 if mask in ("principal", "nonprincipal", "low_magnitude") else 0.75
 
 
-def fake_results(study: Study, results: Path, seed: int = 0) -> Path:
-    """Write the files of a finished ``study`` under ``results``; returns ``results``."""
+def fake_results(study: Study, results: Path, seed: int = 0, cells: list | None = None) -> Path:
+    """Write the files of a finished ``study`` under ``results`` (``cells``: these cells instead of the study's,
+    e.g. the seeds a hypothesis added); returns ``results``."""
     rng = np.random.default_rng(seed)
-    for k, cell in enumerate(study_cells(study)):
+    for k, cell in enumerate(study_cells(study) if cells is None else cells):
         kw = dict(results=results, study=study.name, cell=cell.id)
         cdir = paths.path("summary", **kw).parent
         cdir.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,26 @@ def test_ties_are_broken_by_the_previous_rung_then_by_the_name_hash_never_by_ord
     assert at(led, 20) == {"rank=1": "promote", "rank=2": "stop"}
 
 
+def test_exact_ties_are_compared_exactly_and_hash_decided_ties_are_flagged():
+    """0.015 and 0.015000000000000001 (one float bit apart) are a tie: the hash decides it, and says so."""
+    settings = grid()
+    table = {"r1-s0": {10: 0.015000000000000001}, "r1-s1": {10: 0.015000000000000001}, "r2-s0": {10: 0.015},
+             "r2-s1": {10: 0.015}, "r4-s0": {10: 0.4}, "r4-s1": {10: 0.4}, "r8-s0": {10: 0.0},
+             "r8-s1": {10: 0.0}}
+    led = decide(spec(eta=2), settings, recs(table))
+    means = led["rungs"][0]["values"]
+    assert means["rank=1"]["mean"] != means["rank=2"]["mean"]  # the floats differ in their last bit
+    winner = min(["rank=1", "rank=2"], key=tie_key)
+    assert winner == "rank=2"  # the hash favours the one whose float is a bit lower: the bit does not decide
+    assert at(led, 10)[winner] == "promote" and at(led, 10)["rank=4"] == "promote"
+    assert sorted(led["rungs"][0]["hash_ties"]) == ["rank=1", "rank=2"]
+    assert "decided by the name's sha256" in led["rungs"][0]["basis"]["rank=1"]
+    assert "sha256" not in led["rungs"][0]["basis"]["rank=4"]
+    # a tie that the cut does not split is not flagged: keep 2 of rank 4 (0.4) and rank 1/2 tied below
+    led = decide(spec(eta=4, min_kept=1), settings, recs(table))
+    assert at(led, 10)["rank=4"] == "promote" and led["rungs"][0]["hash_ties"] == []
+
+
 def test_a_failed_cell_fails_its_setting_without_a_slot_and_without_blocking_the_rung():
     table = full({"1": 0.3, "2": 0.5, "4": 0.6, "8": 0.9})
     del table["r8-s1"]  # diverged at step 5: no record at rung 10, and none will come

@@ -1,5 +1,5 @@
 """Censored cells in every table (docs/adaptive.md): a study whose search stopped half its settings at a rung
-(synthetic records, tests/study_shapes.py; the real decision function) has, in cells.csv, the summary table,
+(synthetic records, tests/adaptive_results.py; the real decision function) has, in cells.csv, the summary table,
 the stats table and report.html, a row for every setting, the stopped ones censored at their rung (never
 failed, never a zero), and `lorarl status` says `stopped`; the rung plot and the search/hypotheses tables are
 drawn; a cell stopped and later trained to its end is an ordinary finished cell."""
@@ -7,52 +7,18 @@ drawn; a cell stopped and later trained to its end is an ordinary finished cell.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
-from lorarl import paths
-from lorarl.adaptive.ledger import update_hypotheses, update_search
-from lorarl.study import cell_table, load_study
-from tests.study_shapes import fake_results
-
-STUDY = {
-    "name": "adr",
-    "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 8},
-                 "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-                 "train": {"steps": 6, "prompts_per_step": 2, "generations": 2}, "eval": {"eval_every": 2}},
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4, 8]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-    "search": {"rule": "sha", "rungs": [2], "eta": 2},
-    "hypotheses": {"top": {"kind": "non_inferiority", "a": {"rank": 4}, "b": {"rank": 8}, "margin": 0.1,
-                           "min_seeds": 2, "max_seeds": 2}},
-}
+from tests.adaptive_results import STUDY, adaptive_results
 
 
 def stopped_study(tmp_path: Path):
-    f = tmp_path / "adr.yaml"
-    f.write_text(yaml.safe_dump(STUDY, sort_keys=False))
-    study = load_study(f)
-    table = cell_table(study)
-    res = fake_results(study, tmp_path / "results", seed=3)
-    for c in table.cells:  # rung 2: the higher the rank, the better (ranks 4 and 8 are kept)
-        p = paths.path("eval_step_summary", results=res, study="adr", cell=c.id, benchmark="synthetic", step=2)
-        doc = json.loads(p.read_text())
-        doc["metrics"]["pass@1"]["value"] = int(c.axes["rank"]) / 10 + int(c.axes["seed"]) / 100
-        p.write_text(json.dumps(doc))
-    led = update_search(study, table, res)
+    f, study, table, res = adaptive_results(tmp_path, STUDY)
+    led = json.loads((res / "adr" / "adaptive" / "search.json").read_text())
     stopped = [c for n, st in led["state"].items() if st["state"] == "stopped" for c in led["settings"][n]["cells"]]
     assert sorted(stopped) == ["r1-s0", "r1-s1", "r2-s0", "r2-s1"]
-    for cid in stopped:  # never trained past the rung: no summary, no final evaluation, no later snapshot
-        cdir = paths.cell_dir(res, "adr", cid)
-        for name in ["summary.json", "metrics.csv", "diagnostics.parquet",
-                     *[f"eval/{p.name}" for p in (cdir / "eval").glob("*") if "@2." not in p.name]]:
-            (cdir / name).unlink(missing_ok=True) if not (cdir / name).is_dir() else shutil.rmtree(cdir / name)
-        (cdir / "rungs").mkdir()
-        (cdir / "rungs" / "step-2.json").write_text(json.dumps({"cell": cid, "step": 2, "state": "at_rung"}))
-    update_hypotheses(study, table, res)
     return f, study, table, res
 
 

@@ -49,7 +49,13 @@ BAD = [  # (name, study, a fragment the message must contain)
     ("eta 1", _with("search.eta", 1), "search.eta"),
     ("eta text", _with("search.eta", "three"), "search.eta"),
     ("eta boolean", _with("search.eta", True), "search.eta"),
+    ("eta a quoted number", _with("search.eta", "3"), "search.eta"),
+    ("eta a float", _with("search.eta", 3.0), "search.eta"),
+    ("min_kept a quoted number", _with("search.min_kept", "1"), "search.min_kept"),
+    ("rung a quoted number", _with("search.rungs", ["2", 6]), "search.rungs"),
     ("min_kept 0", _with("search.min_kept", 0), "search.min_kept"),
+    ("min_kept keeps every setting", _with("search.min_kept", 6), "search.min_kept: 6 keeps every one"),
+    ("min_kept above the settings", _with("search.min_kept", 9), "search.min_kept"),
     ("direction unknown", _with("search.direction", "up"), "search.direction"),
     ("unknown search field", _with("search.etta", 2), "search.etta"),
     ("search not a mapping", _with("search", [2, 6]), "search"),
@@ -73,6 +79,11 @@ BAD = [  # (name, study, a fragment the message must contain)
     ("equivalence without margin", _with(f"{H}.kind", "equivalence"), H),
     ("alpha 0", _with(f"{H}.alpha", 0), f"{H}.alpha"),
     ("alpha 0.7", _with(f"{H}.alpha", 0.7), f"{H}.alpha"),
+    ("alpha a quoted number", _with(f"{H}.alpha", "0.05"), f"{H}.alpha"),
+    ("margin a quoted number", _with(f"{H}.margin", "0.02"), f"{H}.margin"),
+    ("max_seeds a quoted number", _with(f"{H}.max_seeds", "4"), f"{H}.max_seeds"),
+    ("min_seeds a quoted number", _with(f"{H}.min_seeds", "3"), f"{H}.min_seeds"),
+    ("spending a quoted number", _with(f"{H}.spending", "1.5"), f"{H}.spending"),
     ("min_seeds 1", _with(f"{H}.min_seeds", 1), f"{H}.min_seeds"),
     ("max_seeds 500", _with(f"{H}.max_seeds", 500), f"{H}.max_seeds"),
     ("min_seeds above max_seeds", _with(f"{H}.min_seeds", 8, _with(f"{H}.max_seeds", 4)), H),
@@ -96,6 +107,17 @@ def test_each_bad_block_is_refused_cleanly(name, study, place, tmp_path: Path):
     case = badstudies.Case("adaptive", name, yaml.safe_dump(study, sort_keys=False), place)
     result = badstudies.check(case, tmp_path)
     assert result.problems == [], result.message
+
+
+def test_a_quoted_number_is_refused_naming_what_is_allowed(tmp_path: Path):
+    from lorarl.study import StudyError
+
+    with pytest.raises(StudyError, match=r"search\.eta: '3' is text \(quoted\); allowed: an integer without quotes"):
+        load_study(_write(tmp_path, _with("search.eta", "3")))
+    with pytest.raises(StudyError, match=rf"{H}\.alpha: '0\.05' is text \(quoted\); allowed: a number without"):
+        load_study(_write(tmp_path, _with(f"{H}.alpha", "0.05")))
+    study = load_study(_write(tmp_path, _with("search.min_kept", 5, _with(f"{H}.margin", 0))))  # 5 of 6: fine
+    assert study.search.min_kept == 5 and study.hypotheses["r4_beats_r1"].margin == 0.0  # an int where a float goes
 
 
 def test_a_valid_study_resolves_the_defaults(tmp_path: Path):

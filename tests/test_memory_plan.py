@@ -15,7 +15,7 @@ from lorarl.memory.arch import PUBLISHED, arch_for
 from lorarl.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-PUBLISHED_STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not p.stem.endswith("_cpu") and p.stem != "demo")
+PUBLISHED_STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not p.stem.endswith("_cpu") and p.stem not in ("demo", "demo_adaptive"))
 KNOBS = ("train.micro_batch_size", "train.gradient_checkpointing", "rollout.generation_batch_size",
          "slurm.train.gpus_per_node", "a GPU with more memory", "eval.batch_size")
 

@@ -13,7 +13,7 @@ from lorarl.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 PUBLISHED = sorted(p for p in EXPERIMENTS.glob("*.yaml")
-                   if not p.stem.endswith("_cpu") and p.stem != "demo")
+                   if not p.stem.endswith("_cpu") and p.stem not in ("demo", "demo_adaptive"))
 TWINS = sorted(EXPERIMENTS.glob("*_cpu.yaml"))
 HEADER = ("setting", "paper (section/table)", "this file", "note")
 # The settings every fidelity table covers (the list); extra rows are welcome.

@@ -16,7 +16,11 @@ The rules (docs/adaptive.md says the same for users):
   cells failed at or before that step (summary.json ``state`` ``diverged``/``failed``, or a non-finite
   value): a failed setting is never ranked or promoted, and does not lower the number kept.
 * Ranking: better value first (``direction``); ties are broken by the previous rungs' values (latest
-  first), then by the sha256 of the setting's name: never by arrival order or axis order.
+  first), then by the sha256 of the setting's name: never by arrival order or axis order. Values are
+  compared rounded to ``PLACES`` decimal places (:func:`exact`), so a float's last bit (0.015 vs
+  0.015000000000000001, two sums of the same scores in another order) never decides a tie. A setting whose
+  side of the keep line was decided by the hash (tied at every rung with one on the other side) is listed
+  in its rung's ``hash_ties``.
 * ``keep = min(recorded, max(min_kept, floor(N / eta)))`` for a rung that N settings reached.
 * ``sha``: a rung decides when each of its N settings has a value or has failed (a missing record
   waits: no decision); the best ``keep`` are promoted, the others stopped (censored at that rung).
@@ -45,7 +49,13 @@ from lorarl.adaptive.settings import Setting, tie_key
 __all__ = ["decide", "inputs_hash", "PROMOTE", "STOP", "FAIL"]
 
 PROMOTE, STOP, FAIL = "promote", "stop", "fail"
-VERSION = 1  # of the rules above: part of the inputs hash (a new rule re-decides)
+VERSION = 2  # of the rules above: part of the inputs hash (a new rule re-decides)
+PLACES = 12  # decimal places a rung value is compared at: far below any metric's resolution (1 / problems x samples)
+
+
+def exact(v: float) -> float:
+    """A rung value as ranked: rounded to ``PLACES`` decimals (Python's correctly rounded ``round``)."""
+    return round(v, PLACES)
 
 
 def _spec_dict(spec: Any) -> dict[str, Any]:
@@ -75,11 +85,24 @@ def _status(s: Setting, step: int, records: dict[str, Any]) -> tuple[str, float 
     return "ok", math.fsum(got.values()) / len(got), got
 
 
+def _values_key(sign: float, history: dict[str, list[float | None]], name: str) -> tuple:
+    return tuple(-sign * exact(v) if v is not None else math.inf for v in reversed(history[name]))
+
+
 def _ranker(sign: float, history: dict[str, list[float | None]]):
     def key(name: str) -> tuple:
-        vals = tuple(-sign * v if v is not None else math.inf for v in reversed(history[name]))
-        return vals + (tie_key(name),)
+        return _values_key(sign, history, name) + (tie_key(name),)
+    key.values = lambda name: _values_key(sign, history, name)  # the key without the hash
     return key
+
+
+def _hash_ties(ranked: list[str], cut: int, rank) -> list[str]:
+    """The settings of ``ranked`` (best first) tied, at every rung, with one on the other side of position ``cut``:
+    the hash put them on their side."""
+    if not 0 < cut < len(ranked):
+        return []
+    edge = {rank.values(ranked[cut - 1]), rank.values(ranked[cut])}
+    return [n for n in ranked if len(edge) == 1 and rank.values(n) in edge]
 
 
 def _previous(previous: dict[str, Any] | None, digest: str) -> dict[int, dict[str, Any]]:
@@ -91,11 +114,12 @@ def _previous(previous: dict[str, Any] | None, digest: str) -> dict[int, dict[st
 
 
 def _fresh(alive: list[str], status: dict[str, tuple], rank, rule: str, eta: int, min_kept: int,
-           complete: bool) -> tuple[dict[str, str], list[str], dict[str, str], int | None]:
-    """Decisions at one rung from its records alone: (decided, promotion order, basis, keep)."""
+           complete: bool) -> tuple[dict[str, str], list[str], dict[str, str], int | None, list[str]]:
+    """Decisions at one rung from its records alone: (decided, promotion order, basis, keep, hash ties)."""
     decided: dict[str, str] = {}
     order: list[str] = []
     basis: dict[str, str] = {}
+    ties: list[str] = []
     for n in alive:
         if status[n][0] == "failed":
             decided[n], basis[n] = FAIL, "a cell failed at or before this step"
@@ -107,14 +131,17 @@ def _fresh(alive: list[str], status: dict[str, tuple], rank, rule: str, eta: int
             if status[n][0] == "ok":
                 seen.append(n)
             q = len(seen) // eta
-            for t in sorted(seen, key=rank)[:q]:
+            ranked = sorted(seen, key=rank)
+            for t in ranked[:q]:
                 if t not in decided:
+                    ties += [n for n in _hash_ties(ranked, q, rank) if n == t and n not in ties]
                     decided[t], basis[t] = PROMOTE, f"asha: in the best {q} of the first {len(seen)} recorded"
                     order.append(t)
     keep = None
     if complete:
         ok = sorted((n for n in alive if status[n][0] == "ok"), key=rank)
         keep = min(len(ok), max(min_kept, len(alive) // eta))
+        ties += [n for n in _hash_ties(ok, keep, rank) if n not in ties and n not in decided]
         for i, n in enumerate(ok):
             if n in decided:
                 continue
@@ -123,7 +150,9 @@ def _fresh(alive: list[str], status: dict[str, tuple], rank, rule: str, eta: int
                 order.append(n)
             else:
                 decided[n], basis[n] = STOP, f"rung complete: rank {i + 1}, best {keep} of {len(alive)} kept"
-    return decided, order, basis, keep
+    for n in ties:
+        basis[n] += "; tied with a setting on the other side of the cut at every rung: decided by the name's sha256"
+    return decided, order, basis, keep, ties
 
 
 def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
@@ -147,7 +176,7 @@ def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
         for n in alive:
             history[n].append(status[n][1])
         complete = prev_complete and all(status[n][0] != "missing" for n in alive)
-        decided, order, basis, keep = _fresh(alive, status, _ranker(sign, history), sp.get("rule", "sha"),
+        decided, order, basis, keep, ties = _fresh(alive, status, _ranker(sign, history), sp.get("rule", "sha"),
                                              eta, min_kept, complete)
         before = prev.get(step, {"decided": {}, "promoted": [], "basis": {}})
         for n, d in before["decided"].items():
@@ -173,6 +202,7 @@ def decide(spec: Any, settings: Sequence[Setting], records: dict[str, Any],
                        for n in alive},
             "decided": {n: final[n] for n in alive if n in final}, "promoted": promoted,
             "basis": {n: basis[n] for n in alive if n in final},
+            "hash_ties": [n for n in alive if n in final and "decided by the name's sha256" in basis[n]],
         })
         alive, prev_complete = promoted, complete
     for n in alive:  # promoted at the last rung: trains to the end

@@ -30,7 +30,8 @@ from lorarl.io import atomic_write_text
 from lorarl.matrix import label_of
 
 __all__ = ["search_path", "hypotheses_path", "render", "write_if_changed", "read", "update_search",
-           "cell_plan", "stopped_now", "hypothesis_observations", "hypothesis_censored", "update_hypotheses", "censored_cells"]
+           "cell_plan", "stopped_now", "hypothesis_observations", "hypothesis_censored", "update_hypotheses", "censored_cells",
+           "started_cells"]
 
 
 def search_path(results: str | Path, study: str) -> Path:
@@ -122,6 +123,13 @@ def stopped_now(study: Any, table: Any, results: str | Path, led: dict[str, Any]
 def _started(results: str | Path, study: str, cells: tuple[str, str]) -> bool:
     """An added seed is in the study once the workflow started one of its cells (its folder exists)."""
     return any(paths.cell_dir(results, study, c).is_dir() for c in cells)
+
+
+def started_cells(study: Any, table: Any, results: str | Path) -> list[Any]:
+    """The study's cells, then the cells of the seeds a hypothesis added that the workflow started (their folder
+    exists): every cell a table, a figure, a count or `lorarl status` shows."""
+    extra = [c for c in table.extra_cells() if paths.cell_dir(results, study.name, c.id).is_dir()]
+    return list(table.cells) + extra
 
 
 def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: Any, metric: str,

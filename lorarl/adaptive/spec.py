@@ -3,7 +3,9 @@
 
 Both are study-level decisions, never cell science: they are fields of the study, not of a cell's
 config, so no cell's id, signature or evaluation signature depends on them (tests/test_adaptive_spec.py).
-The field types and bounds are checked by pydantic when the study is parsed (lorarl.study); what
+The field types and bounds are checked by pydantic when the study is parsed (lorarl.study); numeric fields are
+strict (a quoted number such as ``eta: '3'`` is refused, not read as 3: a string there is a typo or a template
+left unfilled, and a sweep over it would run something nobody wrote). What
 depends on the study's axes and cells (paired axes, setting selectors, rungs against `train.steps`
 and the snapshot steps, the metric against each cell's benchmarks) is checked by :func:`check_blocks`
 once the cell table is built. Every error is a StudyError naming the field and what is allowed, so
@@ -13,9 +15,10 @@ once the cell table is built. Every error is a StudyError naming the field and w
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictInt, ValidationInfo, field_validator, model_validator
 
 from lorarl.adaptive.seeds import added_values
 from lorarl.matrix import NOT_APPLICABLE, StudyError, label_of
@@ -42,15 +45,42 @@ def _metric_field(v: str | None) -> str | None:
     return v
 
 
-class SearchSpec(Strict):
+def _numeric(ann: Any) -> set[type]:
+    """The number types a field's annotation holds (through lists, unions, optionals and Annotated)."""
+    if ann in (int, float):
+        return {ann}
+    return set().union(*(_numeric(a) for a in typing.get_args(ann) if a is not ann)) if typing.get_args(ann) else set()
+
+
+def _quoted(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and any(isinstance(v, str) for v in value))
+
+
+class Unquoted(Strict):
+    """Numeric fields refuse text, with a message naming what is allowed (pydantic's strict mode refuses it too,
+    this says why): ``eta: '3'`` is not 3."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_text(cls, value: Any, info: ValidationInfo) -> Any:
+        f = cls.model_fields.get(info.field_name or "")
+        kinds = _numeric(f.annotation) if f is not None else set()
+        if not _quoted(value) or not kinds:
+            return value
+        kind = "a number" if float in kinds else "an integer"
+        example = f.default if f.default is not None else [10, 30]
+        raise ValueError(f"{value!r} is text (quoted); allowed: {kind} without quotes, e.g. {example}")
+
+
+class SearchSpec(Unquoted):
     """`search:` successive halving over rungs (training steps at which the held-out metric is measured)."""
 
     rule: Literal["sha", "asha"] = "sha"  # sha: a rung decides once every live setting has its record; asha: promotes as records arrive
-    rungs: list[int] | None = None  # training steps where settings are compared (snapshot steps < train.steps); null = eval_every x eta^k
+    rungs: list[StrictInt] | None = None  # training steps where settings are compared (snapshot steps < train.steps); null = eval_every x eta^k
     metric: str | None = None  # `<benchmark>/<metric>` read at each rung (a curve benchmark); null = the first curve benchmark's headline
     direction: Literal["max", "min"] = "max"  # whether a higher (max) or lower (min) rung value is better
-    eta: int = Field(3, ge=2)  # reduction factor: a rung keeps the best 1/eta of its settings
-    min_kept: int = Field(1, ge=1)  # a rung keeps at least this many settings (whatever eta says)
+    eta: int = Field(3, ge=2, strict=True)  # reduction factor: a rung keeps the best 1/eta of its settings
+    min_kept: int = Field(1, ge=1, strict=True)  # a rung keeps at least this many settings (whatever eta says)
     paired: list[str] | None = None  # axes whose cells form one setting, averaged and kept or stopped together; null = [seed_axis]
 
     @field_validator("metric")
@@ -70,17 +100,17 @@ class SearchSpec(Strict):
         return v
 
 
-class HypothesisSpec(Strict):
+class HypothesisSpec(Unquoted):
     """One named comparison `a` vs `b` on the study's headline metric, paired by seed and problem."""
 
     kind: Literal["superiority", "non_inferiority", "equivalence"]  # which claim about d = a - b is tested
     a: dict[str, Any] = Field(min_length=1)  # the setting compared: {axis: label} of every non-seed axis
     b: dict[str, Any] = Field(min_length=1)  # the reference setting, same form
-    margin: float = Field(0.0, ge=0)  # in metric units: superiority d > margin; non-inferiority d > -margin; equivalence |d| < margin
-    alpha: float = Field(0.05, gt=0, lt=0.5)  # error rate of the claim, valid at every look (one added seed = one look)
-    min_seeds: int = Field(3, ge=2)  # seeds of both settings before the first look (the interval needs a spread)
-    max_seeds: int = Field(12, ge=2, le=MAX_SEEDS)  # the seed cap: no seed is added past it (the design's last look); 12 with rho 1.5: 34-40% fewer seeds than the fixed design of equal power (docs/adaptive.md)
-    spending: float = Field(1.5, gt=0, le=10)  # rho of the alpha spending function alpha * (n / max_seeds)^rho (1 ~ Pocock, 3 ~ O'Brien-Fleming)
+    margin: float = Field(0.0, ge=0, strict=True)  # in metric units: superiority d > margin; non-inferiority d > -margin; equivalence |d| < margin
+    alpha: float = Field(0.05, gt=0, lt=0.5, strict=True)  # error rate of the claim, valid at every look (one added seed = one look)
+    min_seeds: int = Field(3, ge=2, strict=True)  # seeds of both settings before the first look (the interval needs a spread)
+    max_seeds: int = Field(12, ge=2, le=MAX_SEEDS, strict=True)  # the seed cap: no seed is added past it (the design's last look); 12 with rho 1.5: 34-40% fewer seeds than the fixed design of equal power (docs/adaptive.md)
+    spending: float = Field(1.5, gt=0, le=10, strict=True)  # rho of the alpha spending function alpha * (n / max_seeds)^rho (1 ~ Pocock, 3 ~ O'Brien-Fleming)
     metric: str | None = None  # `<benchmark>/<metric>` of the final evaluation; null = the study's headline (first benchmark's)
     direction: Literal["max", "min"] = "max"  # whether a higher (max) or lower (min) metric is better (min: d = b - a)
 
@@ -197,6 +227,13 @@ def _check_search(study: Any, table: Any, source: str) -> None:
                                     + (f"multiples of {every} below {steps}" if every else
                                        "set defaults.eval.eval_every so that every rung is a multiple of it"))
     check_metric(table, s.metric, "search.metric", source, curve=True)
+    from lorarl.adaptive.settings import study_settings
+
+    n = len(study_settings(study, table, s.paired or [study.seed_axis]))
+    if s.min_kept >= n:
+        raise _fail(source, f"search.min_kept: {s.min_kept} keeps every one of the study's {n} setting(s) at every "
+                            f"rung, so the search can stop nothing; allowed: min_kept < {n}"
+                            + ("" if n > 1 else " (a study with one setting has nothing to search: drop `search:`)"))
 
 
 def _setting_of(study: Any, table: Any, name: str, side: str, sel: dict[str, Any], source: str) -> tuple:

@@ -68,8 +68,9 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
              "generated samples, each benchmark weighted by problems × samples, eval.average: samples)":
                  ("avg", tables.avg_columns),
              "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table),
-             "adaptive search: each setting's mean metric at every rung it reached, its state, and the cell-steps "
-             "its cells got against the full grid's (docs/adaptive.md)": ("search", search_frame),
+             "adaptive search: each setting's mean metric at every rung it reached, its state, the rungs where a tie "
+             "was decided by the name's hash (hash_ties), and the cell-steps its cells got, added seeds included, "
+             "against the same cells trained to the end (docs/adaptive.md)": ("search", search_frame),
              "hypotheses: decision, estimate [interval] at the deciding look, seeds used of the cap, cell-steps of the "
              "two settings against the fixed design at the cap, bad seeds (diverged, collapse flags) and the "
              "assumption each claim rests on (docs/adaptive.md)": ("hypotheses", hypotheses_frame)}

@@ -49,8 +49,9 @@ def censored(study: Any, table: Any, results: str | Path, ledger: dict | None = 
 
 def report_cells(study: Any, table: Any, results: str | Path) -> list[Any]:
     """The study's cells, then the seeds a hypothesis added that the workflow started (their folder exists)."""
-    extra = [c for c in table.extra_cells() if paths.cell_dir(results, study.name, c.id).is_dir()]
-    return list(table.cells) + extra
+    from lorarl.adaptive.ledger import started_cells
+
+    return started_cells(study, table, results)
 
 
 def censored_rows(study: Any, table: Any, results: str | Path) -> list[dict]:
@@ -71,9 +72,21 @@ def cell_steps(study: Any, table: Any, results: str | Path) -> dict[str, int]:
     return out
 
 
+def setting_cells(study: Any, table: Any, results: str | Path, led: dict, name: str) -> list[str]:
+    """A setting's cells: the search's (its seed-axis cells), then the seeds a hypothesis added to it that the
+    workflow started (they train straight through, outside the search, but their steps are spent all the same)."""
+    labels = led["settings"][name]["labels"]
+    added = [c.id for c in report_cells(study, table, results)[len(table.cells):]
+             if all(c.axes.get(a) == lab for a, lab in labels.items())]
+    return list(led["settings"][name]["cells"]) + added
+
+
 def search_table(study: Any, table: Any, results: str | Path) -> pd.DataFrame:
     """Per setting: its labels, the mean metric at each rung it reached (``rung/<step>``), its state and the step
-    it ended at, and the cell-steps its cells got."""
+    it ended at, and the cell-steps its cells got (added seeds included) against the same cells trained to their
+    end. State ``finished`` once a setting that passed the last rung has every cell finished, ``finishing``
+    while one still trains; ``hash_ties``: the rungs where its side of the keep line was decided by the sha256
+    of its name (tied with a setting on the other side at every rung so far: lorarl.adaptive.halving)."""
     led = search_ledger(study, results)
     if not led or not led.get("rungs"):
         return pd.DataFrame()
@@ -84,14 +97,18 @@ def search_table(study: Any, table: Any, results: str | Path) -> pd.DataFrame:
         for rung in led["rungs"]:
             v = (rung["values"] or {}).get(name)
             row[f"rung/{rung['step']}"] = v["mean"] if isinstance(v, dict) else None
-        row["state"] = st["state"]
+        cells = setting_cells(study, table, results, led, name)
+        done = all(spent.get(c, 0) >= table.cell(c).config.train.steps for c in cells)
+        row["state"] = "finished" if st["state"] == "finishing" and done else st["state"]
         row["stopped_at_step"] = st.get("rung") if st["state"] in (STOPPED, "failed") else None
-        row["cell_steps"] = sum(spent.get(c, 0) for c in led["settings"][name]["cells"])
-        row["fixed_cell_steps"] = sum(table.cell(c).config.train.steps for c in led["settings"][name]["cells"])
+        row["hash_ties"] = " ".join(str(r["step"]) for r in led["rungs"] if name in r.get("hash_ties", [])) or None
+        row["n_cells"] = len(cells)
+        row["cell_steps"] = sum(spent.get(c, 0) for c in cells)
+        row["fixed_cell_steps"] = sum(table.cell(c).config.train.steps for c in cells)
         rows.append(row)
-    total = {k: "all" for k in rows[0] if not k.startswith("rung/") and k not in ("state", "stopped_at_step",
+    total = {k: "all" for k in rows[0] if not k.startswith("rung/") and k not in ("state", "stopped_at_step", "hash_ties", "n_cells",
                                                                                     "cell_steps", "fixed_cell_steps")}
-    rows.append({**total, "cell_steps": sum(r["cell_steps"] for r in rows),
+    rows.append({**total, "n_cells": sum(r["n_cells"] for r in rows), "cell_steps": sum(r["cell_steps"] for r in rows),
                  "fixed_cell_steps": sum(r["fixed_cell_steps"] for r in rows)})
     return pd.DataFrame(rows)
 

@@ -2,7 +2,9 @@
 
 The values are the ledger's (``results/<study>/adaptive/search.json``): at each rung, the mean over the
 setting's paired cells (its seeds) of the rung metric, the number the search ranked; the last point of a
-setting that went through every rung is its final held-out metric (mean over its seeds) at the last step.
+setting that went through every rung is its final held-out metric at the last step, the mean over the same cells
+(the same seeds) as its rung points: a seed a hypothesis added later is not in the line, so no point of it
+averages other seeds than the others. Drawn only once every one of those cells finished.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ MARKS = {"promote": ("o", "kept (promoted)"), "stop": ("X", "stopped (censored)"
          "waiting": ("s", "waiting for the rung's decision")}
 
 
-def _final(data: StudyData, metric: str, name: str, labels: dict) -> float | None:
-    """A finished setting's final metric: the mean over its finished cells (lorarl.report.data.StudyData.cells)."""
+def _final(data: StudyData, metric: str, cells: list[str]) -> float | None:
+    """A finished setting's final metric: the mean over ``cells`` (the ones its rung values average), once every
+    one of them has it (lorarl.report.data.StudyData.cells)."""
     c = data.cells
     if c.empty or metric not in c:
         return None
-    rows = c[(c[list(labels)].astype(str) == pd.Series(labels)).all(axis=1)] if labels else c
-    vals = rows[metric].dropna()
-    return float(vals.mean()) if len(vals) else None
+    vals = c.set_index("cell")[metric].reindex(cells)
+    return float(vals.mean()) if vals.notna().all() else None
 
 
 @register("search_rungs", "adaptive", ("search",),
@@ -44,7 +46,7 @@ def search_rungs(data: StudyData, out: Path) -> Path | None:
     finals = []
     for name, st in led["state"].items():
         if st["state"] == "finishing":
-            v = _final(data, metric, name, led["settings"][name]["labels"])
+            v = _final(data, metric, led["settings"][name]["cells"])
             if v is not None:
                 finals.append({"setting": name, **led["settings"][name]["labels"], "step": _last_step(data),
                                "value": v, "decision": "final"})

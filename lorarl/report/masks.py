@@ -16,7 +16,7 @@ import pandas as pd
 from lorarl.report.columns import is_baseline_row
 from lorarl.report.data import StudyData
 from lorarl.report.stats import mean_sd
-from lorarl.study import study_cells
+from lorarl.study import every_cell, study_cells
 
 
 def is_mask_study(data: StudyData) -> bool:
@@ -25,7 +25,7 @@ def is_mask_study(data: StudyData) -> bool:
 
 def mask_density(data: StudyData) -> pd.Series:
     """Per finished cell (index): the trained fraction of its masked linear layers (1.0 dense, NaN otherwise)."""
-    methods = {c.id: c.config.adapter.method for c in study_cells(data.study)}
+    methods = {c.id: c.config.adapter.method for c in every_cell(data.study)}
     out = {}
     for cell, s in data.summaries.items():
         masks = ((s.get("adapter") or {}).get("structure") or {}).get("masks")
@@ -56,7 +56,7 @@ def mask_tables(data: StudyData) -> dict[str, pd.DataFrame]:
     cells = data.cells.set_index("cell").join(density)
     out: dict[str, pd.DataFrame] = {}
     ev = data.evcurves
-    final = {c.id: c.config.train.steps for c in study_cells(data.study)}
+    final = {c.id: c.config.train.steps for c in every_cell(data.study)}
     if not ev.empty:
         snaps = ev[ev["step"] != ev["cell"].map(final)]
         for step, g in snaps.groupby("step", sort=True):

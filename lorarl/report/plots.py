@@ -38,11 +38,11 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds, clipped to the
     reward's range where lorarl knows it (lorarl.report.bounds)."""
     from lorarl.report.bounds import consistent, reward_bounds
-    from lorarl.study import study_cells
+    from lorarl.study import every_cell
 
     if metric not in curves:
         return None
-    cfg = {c.id: c.config for c in study_cells(study)}
+    cfg = {c.id: c.config for c in every_cell(study)}  # with the seeds a hypothesis added
     keys = [a for a in study.axes if a != study.seed_axis]
     df = curves.sort_values("step").copy()
     df["smoothed"] = df.groupby("cell")[metric].transform(lambda s: s.rolling(smooth, min_periods=1).mean())

@@ -22,7 +22,7 @@ import pandas as pd
 from lorarl.report import bounds, stats
 from lorarl.report.columns import baseline_text, is_baseline_row
 from lorarl.report.data import StudyData, scores_matrix
-from lorarl.study import label_of, study_cells
+from lorarl.study import every_cell, label_of, study_cells
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -71,7 +71,7 @@ def _bounds(data: StudyData, col: str, ids: list[str], vals) -> bounds.Bounds | 
     """The range of a row's column (lorarl.report.bounds: the train reward's from its cells' reward settings)
     unless one of its values lies outside it."""
     want = set(ids)
-    cfgs = [c.config for c in study_cells(data.study) if c.id in want] if col == "final_train_reward" else []
+    cfgs = [c.config for c in every_cell(data.study) if c.id in want] if col == "final_train_reward" else []
     return bounds.consistent(bounds.column_bounds(col, cfgs), vals)
 
 
@@ -188,7 +188,7 @@ def per_cell_runtime(data: StudyData) -> pd.DataFrame:
     per = c.groupby("cell", sort=False).agg(steps=("step", "max"), step_s=(step_col, "mean"),
                                             **{m.split("/")[-1]: (m, "sum") for m in mon})
     if step_col == "time/step_s":
-        updates = {cell.id: cell.config.train.updates_per_step for cell in study_cells(data.study)}
+        updates = {cell.id: cell.config.train.updates_per_step for cell in every_cell(data.study)}
         per["step_s"] = per["step_s"] * pd.Series([updates.get(i, 1) for i in per.index], index=per.index)
     per["train_min"] = per["step_s"] * per["steps"] / 60.0
     return per
@@ -218,16 +218,21 @@ def runtime_table(data: StudyData) -> pd.DataFrame:
 
 def peak_final_table(data: StudyData) -> pd.DataFrame:
     """Paper 001 Table 3: per group and curve benchmark, the primary metric at its peak step (per cell,
-    then mean ± sd over seeds) and at the final step, with the peak step; needs eval_every snapshots."""
+    then mean ± sd over seeds) and at the final step, with the peak step; needs eval_every snapshots. A cell
+    with no evaluation at its last step (an adaptive study's search stopped it at a rung: censored) has no
+    final value, never its last rung's; its peak is over the snapshots it reached."""
     ev = data.evcurves
     if ev.empty:
         return pd.DataFrame()
+    last = {c.id: c.config.train.steps for c in every_cell(data.study)}
     rows = []
     for (cell, bench), g in ev.groupby(["cell", "benchmark"], sort=False):
         g = g.sort_values("step")
         i = int(np.argmax(g["value"].to_numpy()))
+        end = g["value"][g["step"] == last.get(cell)]
         rows.append({"cell": cell, "benchmark": bench, **{k: g[k].iloc[0] for k in data.keys},
-                     "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]), "final": g["value"].iloc[-1]})
+                     "peak": g["value"].iloc[i], "peak_step": int(g["step"].iloc[i]),
+                     "final": end.iloc[-1] if len(end) else math.nan})
     df = pd.DataFrame(rows)
     keys = data.keys + ["benchmark"]
     out = stats.mean_sd(df, keys, ["peak", "final", "peak_step"])
