@@ -154,3 +154,19 @@ def test_neither_block_changes_any_cell_signature(tmp_path: Path):
     assert len(ref) == 13
     assert signs(BASE, "blocks") == ref
     assert signs(other, "other") == ref
+
+
+def test_the_shipped_adaptive_demo_loads_and_its_hypotheses_add_seeds():
+    """experiments/demo_adaptive.yaml: both blocks, and a hypothesis whose first look needs a seed the axis
+    does not list (its cells are the added seeds lorarl.adaptive.seeds plans)."""
+    from lorarl.adaptive.seeds import comparison_seeds
+
+    study = load_study(Path(__file__).resolve().parents[1] / "experiments" / "demo_adaptive.yaml")
+    table = cell_table(study)
+    assert study.search is not None and len(table.cells) == 4
+    listed = {c.id for c in table.cells}
+    for name, h in study.hypotheses.items():
+        seeds = comparison_seeds(study, table, h)
+        assert len(seeds) == h.max_seeds > len(study.axes[study.seed_axis].values)
+        added = {c for _, a, b in seeds for c in (a, b)} - listed
+        assert added and all(c.endswith(("-s1", "-s2")) for c in added), (name, added)
