@@ -44,7 +44,7 @@ def test_004_lora_pissa_sweep_has_its_heldout_curve(tmp_path):
     drawn = _draw("heldout_vs_baseline", data, tmp_path)
     assert set(drawn["series"]) == {"method=lora", "method=pissa"}
     per = drawn.groupby("benchmark")["group"].nunique().to_dict()
-    assert per == {"aime24": 9, "amc23": 9, "math500": 3}  # dsqwen: rank x lr; llama: rank 64 x lr
+    assert per == {"aime24_evalchemy": 9, "amc23_evalchemy": 9, "math500_evalchemy": 3}  # dsqwen: rank x lr; llama: rank 64 x lr
     assert sorted(drawn["step"].unique()) == list(range(20, 201, 20))
     ev = data.evcurves
     one = ev[(ev["model"] == "llama") & (ev["method"] == "pissa") & (ev["lr"] == "1e-05") & (ev["step"] == 60)]

@@ -37,7 +37,8 @@ def test_tables_4_and_5_with_the_density_of_each_mask(tmp_path):
             fp = data.summaries[ids[row["mask"]]]["adapter"]["structure"].get("masks")
             assert row["mask_density_mean"] == (fp["density"] if fp else 1.0)  # dense: every weight trains
         cols = [c.removesuffix("_mean") for c in t if "@" in c and c.endswith("_mean")]
-        assert cols == ["math500/avg@2", "amc23/avg@32", "aime24/avg@64", "aime25/avg@64"]
+        assert cols == ["math500_evalchemy/avg@2", "amc23_evalchemy/avg@32", "aime24_evalchemy/avg@64",
+                        "aime25_evalchemy/avg@64"]
         assert t["avg_mean"].tolist() == pytest.approx(t[[f"{c}_mean" for c in cols]].mean(axis=1).tolist())
     cell = ids["safe"]
     for col in cols:  # Table 4: the snapshot's evaluation at step 320; Table 5: the final one

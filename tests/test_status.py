@@ -41,8 +41,8 @@ def _checkpoint(res: Path, cell: str, step: int, pid: int) -> None:
 
 
 def test_status_of_each_kind_of_cell(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(provenance, "pip_freeze", lambda: ["lorarl==0"])  # tested below; slow-ish
-    monkeypatch.setattr(provenance, "git_info", lambda: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
+    monkeypatch.setattr(provenance, "pip_freeze", lambda *a, **k: ["lorarl==0"])  # tested below; slow-ish
+    monkeypatch.setattr(provenance, "git_info", lambda *a, **k: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     study = load_study(tmp_path / "study.yaml")
     res = tmp_path / "results"

@@ -42,8 +42,8 @@ def _running(res: Path, cell_id: str, step: int, pid: int) -> None:
 
 
 def test_watch_counts_steps_failures_and_eta(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, "pip_freeze", lambda: ["lorarl==0"])
-    monkeypatch.setattr(provenance, "git_info", lambda: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
+    monkeypatch.setattr(provenance, "pip_freeze", lambda *a, **k: ["lorarl==0"])
+    monkeypatch.setattr(provenance, "git_info", lambda *a, **k: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
     sp = _study(tmp_path, 12)
     res = tmp_path / "results"
     cells = study_cells(load_study(sp))
@@ -103,8 +103,8 @@ def test_eta_counts_every_job_left_with_this_runs_job_times(tmp_path, monkeypatc
     """Training, evaluations, diagnostics and the aggregation still to run, each timed from this run's finished jobs
     of its kind (a training job: its start-up, the finished one's time less its steps, plus its steps), the
     aggregation from the doctor's projection; scheduled on the doctor's profile slots."""
-    monkeypatch.setattr(provenance, "pip_freeze", lambda: ["lorarl==0"])
-    monkeypatch.setattr(provenance, "git_info", lambda: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
+    monkeypatch.setattr(provenance, "pip_freeze", lambda *a, **k: ["lorarl==0"])
+    monkeypatch.setattr(provenance, "git_info", lambda *a, **k: {"sha": "x", "dirty": False, "diff": "", "untracked": []})
     sp = _study(tmp_path, 2)
     res = tmp_path / "results"
     (res / "models" / "tiny-test").mkdir(parents=True)
