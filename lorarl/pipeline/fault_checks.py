@@ -51,7 +51,7 @@ def check(results: Path, ref: Path, study: str = "chaos", steps: int = 4) -> dic
         for key in [c for c in m.columns if c != "step"]:
             got = hist.get(key, [])
             # a key recorded on some rows only (time/startup_s: a job's first row) is expected where it has a value
-            present = set(m.loc[m[key].notna(), "step"]) if m[key].notna().any() else want
+            present = want if m[key].notna().all() else set(m.loc[m[key].notna(), "step"]) & want
             out["lost"] += len(present - set(got))
             out["duplicated"] += len(got) - len(set(got))
             out["extra"] += len(set(got) - want)
