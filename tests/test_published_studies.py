@@ -132,3 +132,35 @@ def test_init_geometry_diagnoses_snapshots_through_training_without_evaluating_t
     cfg = study_cells(load_study(EXPERIMENTS / "init_geometry.yaml"))[0].config
     assert snapshot_steps(cfg) == [100, 200, 300, 400]
     assert all(step is None for _, step in eval_targets(cfg))
+
+
+# The sampler each paper used (docs/gpus.md#the-sampler-per-study): 002-004 name vLLM, 000 and 001 name no engine.
+SAMPLERS = {"kl_free": "hf", "kl_free_gemma_ablation": "hf", "reward_density": "hf", "peft_zoo": "vllm",
+            "peft_zoo_7b": "vllm", "peft_zoo_ablations": "vllm", "init_geometry": "vllm", "init_geometry_7b": "vllm",
+            "off_principal_lora_pissa": "vllm", "off_principal_masks": "vllm"}
+
+
+def test_every_trained_published_study_says_its_sampler():
+    assert {p.stem for p in PUBLISHED} - {"kl_bound_toy"} == set(SAMPLERS)  # a new study declares its sampler here
+
+
+@pytest.mark.parametrize("stem", sorted(SAMPLERS))
+def test_published_study_samples_with_its_papers_engine_and_its_cpu_twin_with_hf(stem):
+    path = EXPERIMENTS / f"{stem}.yaml"
+    row = fidelity_table(path).get("sampler")
+    assert row, f"{path.name}: its fidelity table needs a `sampler` row"
+    assert row[1].startswith(f"rollout.engine: {SAMPLERS[stem]}"), row[1]
+    assert ("vLLM" in row[0]) == (SAMPLERS[stem] == "vllm"), row[0]  # the paper's words quoted for vLLM, silence otherwise
+    assert {c.config.rollout.engine for c in study_cells(load_study(path))} == {SAMPLERS[stem]}
+    twin = EXPERIMENTS / f"{stem}_cpu.yaml"
+    if twin.exists():  # the CPU twin: HF generate, a different study (the engine is in the signature)
+        assert {c.config.rollout.engine for c in study_cells(load_study(twin))} == {"hf"}
+
+
+def test_the_engine_is_in_the_cells_signature():
+    from lorarl.signature import train_signature
+
+    cells = study_cells(load_study(EXPERIMENTS / "peft_zoo.yaml"))
+    cfg = cells[0].config
+    hf = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
+    assert train_signature(cfg) != train_signature(hf)
