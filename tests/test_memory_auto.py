@@ -3,6 +3,7 @@ the teacher / PRM go where the job's GPUs are (1 GPU: beside the policy; 2: the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ def test_reward_density_teacher_and_prm_follow_the_device_count(monkeypatch, gpu
 
 
 def test_auto_takes_the_plans_values_on_a_gpu_and_the_whole_batch_on_a_cpu():
-    c = cell("peft_zoo.yaml", "lora")
+    c = cell("peft_zoo.yaml", "lora")  # its vLLM engine made HF generate here: the generation chunk is the plan's
+    c = replace(c, config=c.config.model_copy(update={"rollout": c.config.rollout.model_copy(update={"engine": "hf"})}))
     assert c.config.train.micro_batch_size == "auto" and c.config.rollout.generation_batch_size == "auto"
     lines: list[str] = []
     gpu = resolve_job(c.config, gpus=1, free_bytes=int(79.2 * GIB), log=lines.append)

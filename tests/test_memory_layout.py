@@ -173,7 +173,7 @@ def test_auto_knobs_are_per_rank_under_torchrun(monkeypatch):
     assert per_rank.rank_rows == 16 and got.train.micro_batch_size == per_rank.max_micro_batch <= 16
     monkeypatch.delenv("WORLD_SIZE")  # one process (today's trainer): the whole update on this GPU
     assert resolve_job(cfg, gpus=8, free_bytes=80 * GIB, log=lambda s: None).train.micro_batch_size == \
-        plan_cell(cfg, 80, world=1).max_micro_batch == 20
+        plan_cell(cfg, 80, world=1).max_micro_batch == 13  # beside its colocated vLLM engine (30% of the GPU)
 
 
 PUBLISHED = sorted(p for p in EXPERIMENTS.glob("*.yaml")
