@@ -40,7 +40,7 @@ def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> tuple[dict[st
     from lorarl.diagnose.weights import LowRank
 
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    key = model_key(param_digests(base))
+    key = model_key(digests=param_digests(base))
     w0 = {n: m.weight.detach().clone() for n, m in base.named_modules()
           if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
     if full:
