@@ -4,7 +4,7 @@ Layout: `<root>/<model-key>/diagnose/<module name>.pt`, root = `results/svd_cach
 key, digest check, lock and atomic write this reuses: lorarl.adapters.svd_cache). The model key is the base's
 content digest; each file also stores its own weight's digest and is recomputed if that does not match. A file
 keeps K = the next power of two ≥ max(64, what was asked) singular vectors per side and end, all singular values
-and one full M×M-side factor, all float64 (Qwen3-1.7B all-linear: 5.2 GB per base; docs/report.md). Concurrent
+and one full M×M-side factor, all float64 (Qwen3-1.7B all-linear: 5.9 GiB per base; docs/report.md). Concurrent
 jobs: the first computes under the folder's lock, the others wait and read its file.
 """
 

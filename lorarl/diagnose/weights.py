@@ -313,7 +313,8 @@ def diagnose_matrix(name: str, W0_DN, W1_DN, A_RN=None, rank: int | None = None,
 
     Scalar metrics have index 0; vector metrics (singular values, cosines, c/p/cum_energy) one row
     per entry, index = 0-based mode (skip them with vectors=False). Subspace similarity needs the
-    LoRA A; `rank` (default A's row count) sets its r. Two SVDs (W0, W+) are shared by all metrics.
+    LoRA A; `rank` (default A's row count) sets its r. W0's factors and W+'s Gram spectrum are shared
+    by all metrics.
     `P_DN`: the adapter product (α/r)BA (residual inits, where it differs from W+ − W0): its
     SVD-aligned distribution along W0's directions is added as ``product_update_c/p/cum_energy``.
     `A_steps`: training step -> the LoRA A at that step (snapshots and the final adapter): paper 003 Fig. 7's
