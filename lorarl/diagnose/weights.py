@@ -27,6 +27,8 @@ from typing import Mapping
 import pandas as pd
 import torch
 
+from lorarl.diagnose.gram import tuned_spectrum
+
 DEFAULT_K = 16  # top-k singular subspace for principal angles and the principal mask
 DEFAULT_ALPHA = 0.05  # density of the principal / low-magnitude reference masks
 BF16_ETA = 1e-3  # relative tolerance of the bf16 probe (paper 004, Def. 2.1)
@@ -90,59 +92,6 @@ def base_factors(W0_DN, keep: int) -> BaseFactors:
     F = Vh.T.contiguous() if right else U.contiguous()
     return BaseFactors(S, U[:, :k].contiguous(), Vh[:k].contiguous(), U[:, M - k:].contiguous(),
                        Vh[M - k:].contiguous(), F, right)
-
-
-def tuned_spectrum(W1_DN, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W+'s singular values (all M) and top-k singular vectors (U_Dk, V_Nk) from the eigendecomposition of its
-    M×M Gram matrix in float64 (σ_i = √λ_i; the other side's top vectors u_i = W+ v_i / σ_i). About 10x
-    cheaper than the SVD; σ_i's absolute error grows to ~ε·σ_1²/σ_i (1e-16·κ relative), far below the
-    stated tolerance for any weight with κ = σ_1/σ_M < 1e4."""
-    W = _f64(W1_DN)
-    D, N = W.shape
-    G_MM = W.T @ W if D >= N else W @ W.T
-    k = min(k, G_MM.shape[0])
-    lam_M, top = top_eigh(G_MM, k)
-    s_M = lam_M.clamp_min(0).sqrt()
-    other = (W @ top if D >= N else W.T @ top) / s_M[:k]
-    return (s_M, other, top) if D >= N else (s_M, top, other)
-
-
-def top_eigh(G_MM: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All eigenvalues (descending) of a symmetric float64 G and the eigenvectors of the k largest (M×k).
-
-    On the CPU one Householder tridiagonalisation (LAPACK dsytrd) serves both: dsterf gives every eigenvalue,
-    dstebz + dstein the top k eigenvectors of the tridiagonal, mapped back through the k-column product of the
-    reflectors, about the cost of eigenvalues alone (a full eigh computes all M vectors: ~8x on this CPU). On
-    a GPU: torch.linalg.eigh (cheap there; not exercised by the tests, which run on the CPU)."""
-    M = G_MM.shape[0]
-    if G_MM.is_cuda or M < 3:
-        lam, Q = torch.linalg.eigh(G_MM)
-        return lam.flip(0), Q[:, M - k:].flip(1)
-    import numpy as np
-    from scipy.linalg import lapack
-
-    lwork = int(lapack.dsytrd_lwork(M, lower=1)[0])
-    c, d, e, tau, info = lapack.dsytrd(G_MM.cpu().numpy(), lower=1, lwork=max(lwork, M))
-    if info != 0:
-        raise RuntimeError(f"dsytrd failed (info={info})")
-    lam, info = lapack.dsterf(d, e)
-    if info != 0:
-        raise RuntimeError(f"dsterf failed (info={info})")
-    m, w, iblock, isplit, info = lapack.dstebz(d, e, 3, 0.0, 0.0, M - k + 1, M, 0.0, "B")
-    if info != 0 or m != k:
-        raise RuntimeError(f"dstebz found {m} of the top {k} eigenvalues (info={info})")
-    Z, info = lapack.dstein(d, e, w[:m], iblock, isplit)
-    if info != 0:
-        raise RuntimeError(f"dstein: {info} eigenvectors did not converge")
-    Z = np.ascontiguousarray(Z[:, :m])
-    for i in range(M - 2, -1, -1):  # Q = H(1)…H(M−1), H(i) = I − τ_i v vᵀ, v = e_{i+1} + c[i+2:, i] (0-based)
-        if tau[i] == 0.0:
-            continue
-        v = np.concatenate(([1.0], c[i + 2:, i]))
-        Z[i + 1:] -= tau[i] * np.outer(v, v @ Z[i + 1:])
-    order = np.argsort(w[:m])[::-1].copy()
-    return (torch.from_numpy(np.sort(lam)[::-1].copy()).to(G_MM.device),
-            torch.from_numpy(Z[:, order]).to(G_MM.device))
 
 
 def aligned_update(base: BaseFactors, W0_DN, dW) -> torch.Tensor:
