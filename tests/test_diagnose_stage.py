@@ -170,3 +170,18 @@ def test_diagnostics_figure_and_tables(tmp_path):
     assert (cum.round(6) == 1.0).all()  # cumulative energy ends at 1 for every group
     per_matrix = pd.read_csv(tmp_path / "diagnostics_per_matrix.csv")
     assert len(per_matrix) == 4  # 2 groups x 2 matrices
+
+
+def test_low_rank_path_only_where_the_merge_is_s_b_a():
+    """A merged W+ that is W0 + s·B·A (up to float32 rounding) takes the low-rank path; a DoRA-like column
+    rescale or a masked merge of the same factors keeps the dense one."""
+    from lorarl.diagnose.main import _low_rank_update
+    from lorarl.diagnose.weights import LowRank
+
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(24, 16, generator=g)
+    up = LowRank(0.1 * torch.randn(24, 2, generator=g), torch.randn(2, 16, generator=g), 2.0)
+    merged = w0 + up.s * (up.B_DR @ up.A_RN)
+    assert _low_rank_update(w0, merged, up)
+    assert not _low_rank_update(w0, merged * (1 + 0.01 * torch.randn(16, generator=g)), up)  # DoRA magnitude
+    assert not _low_rank_update(w0, w0 + up.s * (up.B_DR @ up.A_RN) * (torch.rand(24, 16, generator=g) < 0.5), up)
