@@ -12,6 +12,7 @@ import torch
 from scipy.linalg import subspace_angles
 from scipy.stats import ortho_group
 
+from tests.diagnose_reference import reference_rows
 from lorarl.diagnose import weights as dg
 
 SHAPES = [(40, 40), (48, 24), (24, 48)]  # square, tall (D > N), wide (D < N)
@@ -290,7 +291,6 @@ def test_diagnose_model_and_parquet_roundtrip(tmp_path):
 
 
 # --- the fast path (base factors once, Gram spectrum of W+, LoRA updates through B and A) against the old one
-from diagnose_reference import reference_rows  # noqa: E402
 
 
 def _spectrum_matrix(D, N, seed):
