@@ -12,8 +12,8 @@ import torch
 from scipy.linalg import subspace_angles
 from scipy.stats import ortho_group
 
-from tests.diagnose_reference import reference_rows
 from lorarl.diagnose import weights as dg
+from tests.diagnose_reference import reference_rows
 
 SHAPES = [(40, 40), (48, 24), (24, 48)]  # square, tall (D > N), wide (D < N)
 
