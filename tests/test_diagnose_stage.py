@@ -40,21 +40,23 @@ def test_weight_pairs_and_diagnose_cell(tmp_path, tiny_base):
             torch.nn.init.normal_(p, std=0.05)  # non-zero update so W+ != W0
     peft_model.save_pretrained(adapter_dir)
 
-    pairs = weight_pairs(str(tiny_base), adapter_dir, full=False)
+    pairs, key = weight_pairs(str(tiny_base), adapter_dir, full=False)
     assert len(pairs) == 7  # q, k, v, o, gate, up, down of the single layer
     mods = dict(peft_model.named_modules())
-    for name, (w0, w1, a, product) in pairs.items():
+    for name, (w0, w1, a, product, update) in pairs.items():
         assert product is None  # plain LoRA: the product is W+ − W0 itself
         lora = mods[f"base_model.model.{name}"]
         expected = w0 + 2.0 * lora.lora_B["default"].weight @ lora.lora_A["default"].weight
         assert torch.allclose(w1, expected, atol=1e-6)
         assert torch.equal(a, lora.lora_A["default"].weight)
+        assert update.s == 2.0 and torch.allclose(update.dense().float(), w1 - w0, atol=1e-6)  # low-rank path
 
     tracker = Tracker(results, "diag")
     run_id = tracker.start(cell.id, cell.id, {}, {})
     paths.path("summary", results=results, study="diag", cell=cell.id).write_text(json.dumps({"mlflow_run_id": run_id}))
     out = diagnose_cell("diag", cell, results)
     assert out["matrices"] == 7 and 0 < out["diag/spectral_drift"] < 1
+    assert len(list((results / "svd_cache" / key / "diagnose").glob("*.pt"))) == 7  # W0's factors, for the next cell
     df = pd.read_parquet(paths.path("diagnostics", results=results, study="diag", cell=cell.id))
     assert set(df.columns) == {"matrix", "metric", "index", "value"}
     assert {"spectral_drift", "bf16_sparsity", "subspace_sim_top", "update_cum_energy"} <= set(df["metric"])
@@ -80,13 +82,14 @@ def test_residual_init_diagnoses_the_adapter_product(tmp_path, tiny_base):
             if "lora_B" in n or "lora_A" in n:
                 p.add_(torch.randn_like(p) * 0.05)  # training moved both factors
     policy.save(tmp_path / "adapter")
-    pairs = weight_pairs(str(tiny_base), tmp_path / "adapter", full=False)
+    pairs, _ = weight_pairs(str(tiny_base), tmp_path / "adapter", full=False)
     mods = dict(policy.model.named_modules())
-    name, (w0, w1, a, product) = next(iter(pairs.items()))
+    name, (w0, w1, a, product, update) = next(iter(pairs.items()))
     lora = mods[f"base_model.model.{name}"]
     A, B = lora.lora_A["default"].weight, lora.lora_B["default"].weight
-    assert torch.allclose(a, A) and torch.allclose(product, 2.0 * B @ A, atol=1e-6)
-    assert not torch.allclose(product, w1 - w0, atol=1e-3)  # the two views differ for a residual init
+    assert torch.allclose(a, A) and torch.allclose(product.dense().float(), 2.0 * B @ A, atol=1e-6)
+    assert not torch.allclose(product.dense().float(), w1 - w0, atol=1e-3)  # the two views differ for a residual init
+    assert torch.allclose(update.dense().float(), w1 - w0, atol=1e-6)  # W+ − W0 = s·[B, −B0]·[A; A0], rank 2r
     df = diagnose_model(pairs, k=2)
     both = df[df["matrix"] == name]
     assert {"update_p", "product_update_p", "product_update_cum_energy"} <= set(both["metric"])
@@ -167,3 +170,18 @@ def test_diagnostics_figure_and_tables(tmp_path):
     assert (cum.round(6) == 1.0).all()  # cumulative energy ends at 1 for every group
     per_matrix = pd.read_csv(tmp_path / "diagnostics_per_matrix.csv")
     assert len(per_matrix) == 4  # 2 groups x 2 matrices
+
+
+def test_low_rank_path_only_where_the_merge_is_s_b_a():
+    """A merged W+ that is W0 + s·B·A (up to float32 rounding) takes the low-rank path; a DoRA-like column
+    rescale or a masked merge of the same factors keeps the dense one."""
+    from lorarl.diagnose.main import _low_rank_update
+    from lorarl.diagnose.weights import LowRank
+
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(24, 16, generator=g)
+    up = LowRank(0.1 * torch.randn(24, 2, generator=g), torch.randn(2, 16, generator=g), 2.0)
+    merged = w0 + up.s * (up.B_DR @ up.A_RN)
+    assert _low_rank_update(w0, merged, up)
+    assert not _low_rank_update(w0, merged * (1 + 0.01 * torch.randn(16, generator=g)), up)  # DoRA magnitude
+    assert not _low_rank_update(w0, w0 + up.s * (up.B_DR @ up.A_RN) * (torch.rand(24, 16, generator=g) < 0.5), up)

@@ -13,6 +13,7 @@ from scipy.linalg import subspace_angles
 from scipy.stats import ortho_group
 
 from lorarl.diagnose import weights as dg
+from tests.diagnose_reference import reference_rows
 
 SHAPES = [(40, 40), (48, 24), (24, 48)]  # square, tall (D > N), wide (D < N)
 
@@ -287,3 +288,69 @@ def test_diagnose_model_and_parquet_roundtrip(tmp_path):
     path = dg.write_parquet(df, tmp_path / "cell" / "diagnostics.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(path), df)
     assert sorted(p.name for p in path.parent.iterdir()) == ["diagnostics.parquet"]
+
+
+# --- the fast path (base factors once, Gram spectrum of W+, LoRA updates through B and A) against the old one
+
+
+def _spectrum_matrix(D, N, seed):
+    """A W0 with distinct singular values spanning a decade (κ = 10): top-k subspaces well defined."""
+    M = min(D, N)
+    return torch.from_numpy(_with_spectrum(D, N, np.geomspace(10.0, 1.0, M), seed=seed)[0])
+
+
+def _case(method, D, N, r=3, seed=5):
+    """(W0, W1, A, product, update, A_steps) of one method on random factors, all float64."""
+    g = torch.Generator().manual_seed(seed)
+    W0 = _spectrum_matrix(D, N, seed)
+    B, A = 0.3 * torch.randn(D, r, generator=g, dtype=torch.float64), torch.randn(r, N, generator=g, dtype=torch.float64)
+    s = 2.0 / r
+    steps = {5: torch.randn(r, N, generator=g, dtype=torch.float64), 10: A}
+    if method == "lora":
+        up = dg.LowRank(B, A, s)
+        return W0, W0 + up.dense(), A, None, up, steps
+    if method == "pissa":  # the converted adapter: ΔW = s(BA − B0A0) = s·[B, −B0]·[A; A0]; the product s·BA
+        B0, A0 = 0.3 * torch.randn(D, r, generator=g, dtype=torch.float64), torch.randn(r, N, generator=g, dtype=torch.float64)
+        up = dg.LowRank(torch.cat([B, -B0], 1), torch.cat([A, A0], 0), s)
+        return W0, W0 + up.dense(), A, dg.LowRank(B, A, s), up, steps
+    if method == "dora":  # column-norm magnitude rescaled: not a low-rank update, the dense path
+        V = W0 + s * B @ A
+        m = torch.linalg.vector_norm(W0, dim=0) * (1 + 0.05 * torch.randn(N, generator=g, dtype=torch.float64))
+        return W0, V * (m / torch.linalg.vector_norm(V, dim=0)), A, None, None, steps
+    if method == "sparse":  # a masked update (10% of the entries), the dense path
+        mask = torch.rand(D, N, generator=g, dtype=torch.float64) < 0.1
+        return W0, W0 + 0.05 * torch.randn(D, N, generator=g, dtype=torch.float64) * mask, None, None, None, None
+    raise ValueError(method)
+
+
+
+
+@pytest.mark.parametrize("method", ["lora", "pissa", "dora", "sparse"])
+@pytest.mark.parametrize("shape", [(40, 24), (24, 40)])
+def test_fast_path_equals_the_two_svd_reference(method, shape):
+    """Every row of diagnose_matrix (base factors + Gram spectrum + low-rank alignment) equals the old
+    two-SVD computation (tests/diagnose_reference.py) within 1e-6 relative (floor: 1e-6 of the metric's
+    largest |value| in the matrix, for entries near zero such as c_i of modes the update misses)."""
+    W0, W1, A, P, up, steps = _case(method, *shape)
+    kw = dict(k=6, alpha=0.1)
+    new = pd.DataFrame(dg.diagnose_matrix("m", W0, W1, A, P_DN=P, A_steps=steps, update=up, **kw))
+    old = pd.DataFrame(reference_rows("m", W0, W1, A, P_DN=P.dense() if P is not None else None, A_steps=steps, **kw))
+    assert list(new[["metric", "index"]].itertuples(index=False)) == list(old[["metric", "index"]].itertuples(index=False))
+    scale = old.groupby("metric")["value"].transform(lambda v: v.abs().max())
+    err = (new["value"] - old["value"]).abs()
+    bad = old[~(err <= 1e-6 * old["value"].abs() + 1e-6 * scale)]
+    assert bad.empty, pd.concat([bad, new.loc[bad.index, "value"].rename("new")], axis=1).head(10)
+    assert {"update_c", "cos_left", "overlap_principal"} <= set(new["metric"])
+    if method == "pissa":
+        assert "product_update_c" in set(new["metric"])
+
+
+def test_fast_path_shares_given_base_factors():
+    """A base computed once gives the same rows for two different updates as computing it each time."""
+    W0, W1, A, _, up, _ = _case("lora", 40, 24)
+    base = dg.base_factors(W0, keep=8)
+    W1b = W0 + 0.5 * up.dense()
+    for w1, u in ((W1, up), (W1b, dg.LowRank(up.B_DR, up.A_RN, 0.5 * up.s))):
+        shared = dg.diagnose_matrix("m", W0, w1, A, k=6, update=u, base=base)
+        fresh = dg.diagnose_matrix("m", W0, w1, A, k=6, update=u)
+        assert [r["value"] for r in shared] == pytest.approx([r["value"] for r in fresh], rel=1e-12, abs=1e-12)

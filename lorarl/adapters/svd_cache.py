@@ -52,7 +52,7 @@ def model_key(model: torch.nn.Module | None = None, digests: dict[str, str] | No
     return h.hexdigest()
 
 
-def _keep_for(need: int) -> int:
+def keep_for(need: int) -> int:
     k = MIN_KEEP
     while k < need:
         k *= 2
@@ -60,7 +60,8 @@ def _keep_for(need: int) -> int:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive flock on `path` (created with its folder): one writer per cache folder across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -68,6 +69,25 @@ def _lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def atomic_save(entry: dict, path: Path) -> None:
+    """torch.save to a temporary file beside `path`, then rename: a reader never sees a partial file."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(entry, tmp)
+    os.replace(tmp, path)
+
+
+def load_entry(path: Path, digest: str) -> dict | None:
+    """A cache file's dict if it exists, loads and was computed from the weight with this digest; else None
+    (a corrupt or stale file is recomputed, never trusted)."""
+    if not path.exists():
+        return None
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    return d if d.get("digest") == digest else None
 
 
 class SVDCache:
@@ -98,28 +118,21 @@ class SVDCache:
             self._mem[name] = (digest, spec)
             return spec
         path = self._file(name)
-        with _lock(self.dir / ".lock"):
+        with file_lock(self.dir / ".lock"):
             spec = self._load(path, digest, need)
             if spec is None:
                 spec = self._compute(W, need)
-                tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-                torch.save({"digest": digest, "shape": tuple(W.shape), "S": spec.S.cpu(),
-                            "U_top": spec.U_top.cpu(), "Vh_top": spec.Vh_top.cpu(),
-                            "U_bot": spec.U_bot.cpu(), "Vh_bot": spec.Vh_bot.cpu()}, tmp)
-                os.replace(tmp, path)
+                atomic_save({"digest": digest, "shape": tuple(W.shape), "S": spec.S.cpu(),
+                             "U_top": spec.U_top.cpu(), "Vh_top": spec.Vh_top.cpu(),
+                             "U_bot": spec.U_bot.cpu(), "Vh_bot": spec.Vh_bot.cpu()}, path)
             else:
                 self.stats["hits"] += 1
         self._mem[name] = (digest, spec)
         return spec.to(W.device)
 
     def _load(self, path: Path, digest: str, need: int) -> Spectrum | None:
-        if not path.exists():
-            return None
-        try:
-            d = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # a corrupt file is recomputed, never trusted
-            return None
-        if d.get("digest") != digest:
+        d = load_entry(path, digest)
+        if d is None:
             return None
         spec = Spectrum(d["S"], d["U_top"], d["Vh_top"], d["U_bot"], d["Vh_bot"])
         if spec.K < min(need, spec.M):
@@ -129,7 +142,7 @@ class SVDCache:
     def _compute(self, W: torch.Tensor, need: int) -> Spectrum:
         self.stats["misses"] += 1
         t0 = time.perf_counter()
-        spec = spectrum_of(W, _keep_for(need))
+        spec = spectrum_of(W, keep_for(need))
         if W.is_cuda:
             torch.cuda.synchronize(W.device)
         self.stats["svd_seconds"] += time.perf_counter() - t0

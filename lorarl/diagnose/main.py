@@ -26,43 +26,66 @@ SUMMARY_METRICS = ("spectral_drift", "rel_update_fro", "max_angle_left_deg", "ma
                    "overlap_low_magnitude")
 
 
-def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> dict[str, tuple]:
-    """{module name: (W0, W+, A or None, (α/r)BA or None)} for every adapted (or, for full FT, every)
-    Linear. A residual init's adapter is saved converted for the original base (lorarl.adapters.build:
-    A' = [A; A0], B' = [B, −B0], rank 2r, same scale): A and the product (α/r)BA are its first r
-    directions; other adapters get no product (it is W+ − W0 there)."""
+def weight_pairs(base_path: str, adapter_dir: Path, full: bool) -> tuple[dict[str, tuple], str]:
+    """({module name: (W0, W+, A or None, (α/r)BA as a LowRank or None, W+ − W0 as a LowRank or None)}, the
+    base's content key) for every adapted (or, for full FT, every) Linear. A residual init's adapter is saved
+    converted for the original base (lorarl.adapters.build: A' = [A; A0], B' = [B, −B0], rank 2r, same scale):
+    A and the product (α/r)BA are its first r directions; other adapters get no product (it is W+ − W0 there).
+    W+ − W0 is given as s·B'A' only where the merged weight equals it (`_low_rank_update`); DoRA's magnitude,
+    masks or any other merge keep the dense path."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from lorarl.adapters.svd_cache import model_key, param_digests
+    from lorarl.diagnose.weights import LowRank
+
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    key = model_key(digests=param_digests(base))
     w0 = {n: m.weight.detach().clone() for n, m in base.named_modules()
           if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
     if full:
         tuned = AutoModelForCausalLM.from_pretrained(str(adapter_dir), dtype=torch.float32)
         mods = dict(tuned.named_modules())
-        return {n: (w0[n], mods[n].weight.detach(), None, None) for n in w0}
+        return {n: (w0[n], mods[n].weight.detach(), None, None, None) for n in w0}, key
     from peft import PeftModel
 
     meta = adapter_dir / "lorarl_adapter.json"
     converted = meta.exists() and bool(json.loads(meta.read_text()).get("residual_converted"))
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
     prefix = "base_model.model."
-    a_mats, p_mats = {}, {}
+    a_mats, p_mats, u_mats = {}, {}, {}
     for n, m in peft_model.named_modules():
         lora_a = getattr(m, "lora_A", None)
         if isinstance(lora_a, torch.nn.ModuleDict) and "default" in lora_a:
-            key = n[len(prefix):] if n.startswith(prefix) else n
+            name = n[len(prefix):] if n.startswith(prefix) else n
             a = lora_a["default"].weight.detach().clone()
+            b = m.lora_B["default"].weight.detach().clone()
+            s = float(m.scaling["default"])
+            u_mats[name] = LowRank(b, a, s)
             if converted:  # the trained factors: the first r of the 2r directions; s·BA with peft's scaling
                 r = a.shape[0] // 2
-                b = m.lora_B["default"].weight.detach()[:, :r].double()
                 a = a[:r].contiguous()
-                p_mats[key] = (m.scaling["default"] * (b @ a.double())).float()
-            a_mats[key] = a
+                p_mats[name] = LowRank(b[:, :r].contiguous(), a, s)
+            a_mats[name] = a
     merged = peft_model.merge_and_unload()
     mods = dict(merged.named_modules())
     names = sorted(a_mats) if a_mats else [n for n in w0 if n in mods]
-    return {n: (w0[n], mods[n].weight.detach(), a_mats.get(n), p_mats.get(n)) for n in names}
+    out = {}
+    for n in names:
+        w1 = mods[n].weight.detach()
+        upd = u_mats.get(n)
+        out[n] = (w0[n], w1, a_mats.get(n), p_mats.get(n), upd if upd and _low_rank_update(w0[n], w1, upd) else None)
+    return out, key
+
+
+def _low_rank_update(w0, w1, upd) -> bool:
+    """Whether the merged W+ is W0 + s·B·A up to float32 merge rounding (plain LoRA, residual inits' converted
+    adapters), not a DoRA magnitude, a mask or another merge: |W+ − W0 − s·BA| ≤ 1e-5·max|W0| everywhere
+    (a merge's rounding is ~6e-8·|W+|; a method that merges otherwise misses by far more)."""
+    import torch
+
+    gap = (w1.double() - w0.double() - upd.dense().to(w1.device)).abs().max()
+    return bool(gap <= 1e-5 * max(float(w0.abs().max()), float(torch.finfo(torch.float32).tiny)))
 
 
 def lora_factors(adapter_dir: Path) -> dict:
@@ -103,6 +126,7 @@ def factors_through_training(study: str, cell: Cell, results_dir: str | Path, pa
 def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", threads: int | None = None) -> dict:
     import torch
 
+    from lorarl.diagnose.cache import BaseCache
     from lorarl.diagnose.weights import diagnose_model, write_parquet
     from lorarl.models import resolve_model
     from lorarl.tracking.client import Tracker
@@ -111,11 +135,14 @@ def diagnose_cell(study: str, cell: Cell, results_dir: str | Path = "results", t
         torch.set_num_threads(threads)
     cfg = cell.config
     kw = dict(results=results_dir, study=study, cell=cell.id)
-    pairs = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
-                         full=cfg.adapter.method == "full")
+    pairs, base_key = weight_pairs(resolve_model(cfg.model, results_dir), paths.path("adapter", **kw),
+                                   full=cfg.adapter.method == "full")
     first_work("diagnostic")  # weights loaded: the job's start-up ends here (lorarl.jobclock)
     k = min(16, min(min(w[0].shape) for w in pairs.values()))
-    df = diagnose_model(pairs, factors_through_training(study, cell, results_dir, pairs), k=k)
+    cache = BaseCache(Path(results_dir) / "svd_cache", base_key)  # W0's SVDs: once per base, every cell
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the job's device (not testable here: GPU)
+    df = diagnose_model(pairs, factors_through_training(study, cell, results_dir, pairs), cache=cache, k=k,
+                        device=device)
     out = paths.path("diagnostics", **kw)
     write_parquet(df, out)
     scalars = df[df["metric"].isin(SUMMARY_METRICS)].groupby("metric")["value"].mean()
