@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
@@ -135,17 +136,27 @@ def link_tracking(args: argparse.Namespace) -> None:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    from lorarl import ledger
+
     link_tracking(args)
     study = load_study(args.study)
-    kind = get_kind(study.kind)
-    entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
-    if kind.report:
-        from lorarl.report import build
+    ledger.first_work()  # the cost ledger: start-up ends here (the aggregate's own record, lorarl.ledger)
+    outcome = "failed"
+    try:
+        kind = get_kind(study.kind)
+        entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
+        if kind.report:
+            from lorarl.report import build
 
-        build(args.study, args.results)  # stats tables, the papers' figures, report.html
-    from lorarl.pipeline.study_run import publish
+            build(args.study, args.results, price=args.gpu_hour_price)  # stats, the papers' figures, cost, report.html
+        from lorarl.pipeline.study_run import publish
 
-    publish(study, args.results)  # the study's MLflow parent run: tags + report.html, tables, figures
+        publish(study, args.results, price=args.gpu_hour_price)  # the study's MLflow parent run: tags, artifacts, cost
+        outcome = "completed"
+    finally:
+        ledger.run_ended()
+        ledger.write_safely(Path(args.results) / study.name / ".aggregate" / ledger.DIR, "aggregate",
+                            study=study.name, cell="aggregate", outcome=outcome)
     return 0
 
 
@@ -159,7 +170,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         allowed = ", ".join(k.name for k in KINDS.values() if k.report)
         print(f"error: study kind {study.kind!r} has no report; allowed: {allowed}", file=sys.stderr)
         return 2
-    out = build(args.study, args.results)
+    out = build(args.study, args.results, price=args.gpu_hour_price)
     print(out["report"])
     return 0
 
@@ -258,6 +269,25 @@ def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
                        "mlflow_ui; default: the tracking server, or `mlflow ui`'s over sqlite)")
 
 
+def gpu_hour_price(text: str) -> float | None:
+    """`--gpu-hour-price`: a number >= 0, or empty (the profile's default: no price, hours only)."""
+    if text in ("", "none", "None", "null"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"gpu_hour_price: {text!r} is not allowed; allowed: a number >= 0 (price "
+                                         "per GPU-hour), or empty for none (hours only)")
+    return value
+
+
+def _price_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-hour-price", type=gpu_hour_price, default=None, help="price per GPU-hour for the cost "
+                   "section and tables/cost.csv's cost column (the profile's gpu_hour_price; default none: hours only)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lorarl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -295,12 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("study")
     a.add_argument("--results", default="results")
     _tracking_args(a, links=True)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
+    _price_arg(a)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
     _tracking_args(rp, links=True)  # where the MLflow links point (lorarl.report.mlflow_links)
+    _price_arg(rp)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")

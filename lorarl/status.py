@@ -230,11 +230,22 @@ def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) ->
     from lorarl.study import cell_table, study_cells
 
     notes = base_lines(study_recipes(study_cells(study)), results_dir)
+    notes.append(cost_line(study, results_dir))
     if hubcheck.enabled() and all(r.train.state == "not started" for r in rows if r.kind == "cell"):
         table = cell_table(study)
         notes += [f"cannot run here: {line}"  # one short probe of the hub: an offline machine answers at once
                   for line in hubcheck.missing(study, [*table.cells, *table.bases], probe_s=hubcheck.PROBE_S)]
     return notes
+
+
+def cost_line(study: Any, results_dir: str | Path) -> str:
+    """Spent so far and projected to the end, from the jobs' cost records (lorarl.report.cost)."""
+    from lorarl.report.cost import progress, progress_line
+
+    try:
+        return progress_line(progress(study, results_dir))
+    except Exception as err:  # noqa: BLE001 - a status line never fails `lorarl status`
+        return f"cost: unreadable ({type(err).__name__}: {err})"
 
 
 def format_table(rows: list[CellStatus], bases: list[str] = ()) -> str:

@@ -33,7 +33,7 @@ from lorarl.pipeline.executor import make_executor
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import lazy_imports, paths, provenance
+from lorarl import lazy_imports, ledger, paths, provenance
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
@@ -69,10 +69,12 @@ class StageJob(submitit.helpers.Checkpointable):
     resumes from its checkpoints on disk, evaluate and base simply run again."""
 
     def __init__(self, stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
-                 provenance_file: str | None = None, submission: int | None = None):
+                 provenance_file: str | None = None, submission: int | None = None, study_name: str | None = None):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
+        self.study_name = study_name  # for the cost record (lorarl.ledger)
+        self.launcher_pid = os.getpid()  # the same pid in the job: the `debug` executor runs it in this process
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
                                                 "LORARL_PACK_UPDATE_CELLS", "LORARL_PACK_PLACES", "LORARL_TRAIN_UNTIL",
@@ -87,6 +89,7 @@ class StageJob(submitit.helpers.Checkpointable):
                 pin_gpu()  # a pack rank trains its members alone on its GPU
             if int(os.environ["RANK"]) > 0:
                 return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+        ledger.begin(in_process=os.getpid() == getattr(self, "launcher_pid", None))  # this attempt's cost clock
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
@@ -95,12 +98,25 @@ class StageJob(submitit.helpers.Checkpointable):
         except BaseException as err:
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
+            self._cost(outcome)
             if self.provenance_file:
                 _safely(provenance.record_attempt_end, self.provenance_file, self.submission, outcome)
             raise
+        self._cost("completed")
         if self.provenance_file:
             _safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
         return out
+
+    def _cost(self, outcome: str) -> None:
+        """This attempt's ledger record beside its provenance (lorarl.ledger); never fails the job."""
+        ledger.run_ended()
+        if not self.provenance_file:
+            return
+        until = os.environ.get("LORARL_TRAIN_UNTIL")
+        ledger.write_safely(ledger.cost_dir(self.provenance_file), self.stage, key=Path(self.provenance_file).stem
+                            if self.stage != "base" else "base", study=getattr(self, "study_name", None),
+                            cell=self.cell_id, outcome=outcome, threads=self.threads,
+                            until=int(until) if until and until.isdigit() else None)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
@@ -219,7 +235,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
                                          config_hash=config_hash, executor=executor, slurm=slurm)
     ex = make_executor(executor, folder, threads, slurm, name=name)
-    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index))
+    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index, study_name))
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
     return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
@@ -259,7 +275,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
                                              executor=executor, slurm=slurm)
         ex = make_executor(executor, folder, threads, slurm, name=name)
-        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
+        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index, study.name))
         provenance.record_job_id(prov, index, job.job_id, name)
         print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
         return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), ids)

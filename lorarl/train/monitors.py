@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from lorarl import ledger
 from lorarl.numerics import kl as klmod
 
 
@@ -34,6 +35,7 @@ class KLMonitors:
         """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""
         wall = time.perf_counter() - self._step_t0
         self._log("time/step_s", wall)
+        ledger.close_step(wall)  # the step's time no finer phase took: its update (lorarl.ledger)
         tokens = self._gsum(self._step_tokens)[0]  # every rank's tokens of the update
         self._log("tokens_per_s", tokens / wall if wall > 0 else 0.0)
         self._step_tokens = 0.0
@@ -52,6 +54,7 @@ class KLMonitors:
             ref_BT = self._forward_logps(self.reference_model, batch)
             self._log_kl_ref(logp_BT, ref_BT, mask_BT)
             self._log("time/kl_monitor_s", time.perf_counter() - t0)
+            ledger.spent("reference", time.perf_counter() - t0)
         t0 = time.perf_counter()  # the end of a training step (_after_optimizer_step): its last update is done
         new_BT = self._forward_logps(self.model, batch)
         self._log_kl_new_old(new_BT, logp_BT, mask_BT, "/update")  # the last update alone
