@@ -226,7 +226,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.status import as_json, format_table, status_notes, study_status
+    from lorarl.status import as_json, cost_line, format_table, status_notes, study_status
 
     if args.watch:
         from lorarl.pipeline.watch import watch
@@ -242,7 +242,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     study = load_study(args.study)
     link_tracking(args)
     link = text_line(ui_target(args.results, study.name), study.name)  # the study's runs table in MLflow's UI
-    print(format_table(rows, [link, *status_notes(study, rows, args.results)]))
+    # the study's MLflow link, what its jobs cost so far and projected (lorarl.report.cost), then the notes
+    print(format_table(rows, [link, cost_line(study, args.results), *status_notes(study, rows, args.results)]))
     return 0
 
 

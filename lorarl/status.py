@@ -230,7 +230,6 @@ def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) ->
     from lorarl.study import cell_table, study_cells
 
     notes = base_lines(study_recipes(study_cells(study)), results_dir)
-    notes.append(cost_line(study, results_dir))
     if hubcheck.enabled() and all(r.train.state == "not started" for r in rows if r.kind == "cell"):
         table = cell_table(study)
         notes += [f"cannot run here: {line}"  # one short probe of the hub: an offline machine answers at once

@@ -71,7 +71,7 @@ def test_cost_table_per_cell_setting_and_study_with_packs_split_by_tokens(tmp_pa
     assert sum(study[f"phase/{p}_h"] for p in [*cost.PHASES, "idle"]) == pytest.approx(study["device_h"])
 
 
-def test_progress_projects_the_rest_from_the_finished_steps(tmp_path):
+def test_progress_projects_the_rest_from_the_finished_steps(tmp_path, capsys):
     st, res = gpu_study(tmp_path)
     p = cost.progress(st, res)
     assert p["steps_done"] == 25 and p["steps_left"] == 15  # r1-s0 at 5 of 10, r1-s1 not started
@@ -79,9 +79,12 @@ def test_progress_projects_the_rest_from_the_finished_steps(tmp_path):
     assert p["projected_h"] == pytest.approx(3.2 + 15 * 3.0 / 25) and "full_grid_h" not in p
     line = cost.progress_line(p)
     assert line.startswith("cost: 3.2 GPU-h spent") and "projected 5 GPU-h at the end" in line
+    from lorarl.cli import main
     from lorarl.status import cost_line
 
     assert cost_line(st, res) == line
+    assert main(["status", str(tmp_path / "cst.yaml"), "--results", str(res)]) == 0
+    assert line in capsys.readouterr().out.splitlines()  # `lorarl status` prints it under the table
     assert cost.progress_line({}).startswith("cost: no job record yet")
 
 
