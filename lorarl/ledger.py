@@ -17,19 +17,22 @@ record at its end, also when it fails or is requeued:
      "source": "slurm" | "threads" | "affinity" | ...}, "phases_s": {"startup": ..., "generation": ..., ...},
      "idle_s": ..., "cpu_s": ..., "cpu_idle_share": ..., "steps": ..., "member_steps": {cell: steps} | null}
 
-Wall time runs from the process's start (a submitit job's process is the job; in-process (`debug`) from the
-entry's start) to the record. `startup` is the time to the job's first real work (lorarl.jobclock.first_work),
-less any phase timed before it; `other` is the rest of the stage's run after its first work that no phase timer
-covers; `idle_s` is the wall time no phase accounts for (outside the stage's run: the executor's own start and
-end). `cpu_idle_share` is 1 - CPU seconds (this process and its waited-for children) / (cores x wall).
+Wall time runs from the allocation's start (Slurm's start of the job; else the process's start: a submitit job's
+process is the job; in-process (`debug`) from the entry's start) to the record. `startup` is the time from the
+process's start to the job's first real work (lorarl.jobclock.first_work), less any phase timed before it; `other` is the rest of the stage's run after its first work that no phase timer
+covers; `idle_s` is the wall time no phase accounts for (outside the stage's run: the scheduler's start of the
+job's process, the executor's own start and end). `cpu_idle_share` is 1 - CPU seconds (this process and its waited-for children) / (cores x wall).
 The roll-ups (tables/cost.csv, report.html, MLflow, `lorarl status`) read these files: lorarl.report.cost.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -73,7 +76,9 @@ class _Clock:
         self.steps = 0
         self.tokens: dict[str, float] = {}
         self.member_steps: dict[str, int] = {}
-        self.origin = time.time()  # epoch of the job's start
+        self.origin = time.time()  # epoch of the allocation's start (the wall time's origin)
+        self.origin_source = "entry"  # what said so: slurm | process | entry (a job run inside another process)
+        self.proc_start = self.origin  # epoch of the job's process start (start-up counts from here)
         self.run_end: float | None = None  # epoch the stage's run returned
         self.first: float | None = None  # epoch of the first real work
         self.cpu0 = 0.0
@@ -87,14 +92,34 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def slurm_start(env: dict[str, str] | None = None) -> float | None:
+    """When Slurm started this job's current run (`scontrol show job`'s StartTime, whole seconds), or None."""
+    env = os.environ if env is None else env
+    jid = env.get("SLURM_JOB_ID")
+    if not jid or shutil.which("scontrol") is None:
+        return None
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "job", jid], capture_output=True, text=True, timeout=10).stdout
+        m = re.search(r"\bStartTime=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", out)
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
+    except (OSError, subprocess.SubprocessError, ValueError, OverflowError):
+        return None
+
+
 def begin(in_process: bool) -> None:
-    """A job's entry: a fresh clock from the process's start (or from now, for a job run inside another process)."""
+    """A job's entry: a fresh clock from the allocation's start (Slurm's start of the job, else the process's; for a
+    job run inside another process, from now). The time from the allocation's start to the process's is idle."""
     global _clock
     from lorarl.jobclock import process_age_s
 
     _clock = _Clock()
     age = None if in_process else process_age_s()
-    _clock.origin = time.time() - (age or 0.0)
+    _clock.proc_start = time.time() - (age or 0.0)
+    start = None if in_process else slurm_start()
+    # Slurm's whole seconds: the allocation began in that second, at most a day before the process (else: not ours)
+    ok = start is not None and _clock.proc_start - 86400 < start <= _clock.proc_start + 1
+    _clock.origin = min(start, _clock.proc_start) if ok else _clock.proc_start
+    _clock.origin_source = "slurm" if ok else ("entry" if in_process else "process")
     _clock.cpu0 = _cpu_s() if in_process else 0.0
 
 
@@ -188,7 +213,7 @@ def record(stage: str, *, key: str | None = None, study: str | None, cell: str, 
     wall = max(now - c.origin, 0.0)
     phases = dict(c.phases)
     first = c.first if c.first is not None else (c.run_end or now)  # no first work: all of it was start-up
-    phases["startup"] = phases.get("startup", 0.0) + max(first - c.origin - c.before_first, 0.0)
+    phases["startup"] = phases.get("startup", 0.0) + max(first - max(c.proc_start, c.origin) - c.before_first, 0.0)
     if c.first is not None:
         run = max((c.run_end or now) - c.first, 0.0)
         named = sum(v for k, v in c.phases.items()) - c.before_first
@@ -203,7 +228,8 @@ def record(stage: str, *, key: str | None = None, study: str | None, cell: str, 
             "member_steps": dict(c.member_steps) or None, "until": until, "steps": c.steps,
             "job_id": env.get("SLURM_JOB_ID"), "restart_count": int(env.get("SLURM_RESTART_COUNT") or 0),
             "host": socket.gethostname(), "pid": os.getpid(), "outcome": outcome[:500],
-            "started_at": round(c.origin, 3), "ended_at": round(now, 3), "wall_s": round(wall, 3),
+            "started_at": round(c.origin, 3), "started_by": c.origin_source, "ended_at": round(now, 3),
+            "wall_s": round(wall, 3),
             "devices": dev, "phases_s": phases, "idle_s": round(max(wall - sum(phases.values()), 0.0), 3),
             "cpu_s": round(cpu, 3), "cpu_idle_share": round(max(1.0 - cpu / (dev["cpus"] * wall), 0.0), 4)
             if wall > 0 else None}
