@@ -137,26 +137,22 @@ def link_tracking(args: argparse.Namespace) -> None:
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from lorarl import ledger
+    from lorarl.jobclock import process_age_s
+    from lorarl.pipeline.study_run import publish
 
     link_tracking(args)
     study = load_study(args.study)
-    ledger.first_work()  # the cost ledger: start-up ends here (the aggregate's own record, lorarl.ledger)
-    outcome = "failed"
-    try:
+    cost = Path(args.results) / study.name / ".aggregate" / ledger.DIR  # its own record (lorarl.ledger)
+    with ledger.job(cost, "aggregate", in_process=False, process_age_s=process_age_s(), study=study.name,
+                    cell="aggregate"):
+        ledger.first_work()  # start-up ends here
         kind = get_kind(study.kind)
         entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
         if kind.report:
             from lorarl.report import build
 
             build(args.study, args.results, price=args.gpu_hour_price)  # stats, the papers' figures, cost, report.html
-        from lorarl.pipeline.study_run import publish
-
         publish(study, args.results, price=args.gpu_hour_price)  # the study's MLflow parent run: tags, artifacts, cost
-        outcome = "completed"
-    finally:
-        ledger.run_ended()
-        ledger.write_safely(Path(args.results) / study.name / ".aggregate" / ledger.DIR, "aggregate",
-                            study=study.name, cell="aggregate", outcome=outcome)
     return 0
 
 
@@ -226,7 +222,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
-    from lorarl.status import as_json, cost_line, format_table, status_notes, study_status
+    from lorarl.status import as_json, format_table, status_notes, study_status
 
     if args.watch:
         from lorarl.pipeline.watch import watch
@@ -243,7 +239,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     link_tracking(args)
     link = text_line(ui_target(args.results, study.name), study.name)  # the study's runs table in MLflow's UI
     # the study's MLflow link, what its jobs cost so far and projected (lorarl.report.cost), then the notes
-    print(format_table(rows, [link, cost_line(study, args.results), *status_notes(study, rows, args.results)]))
+    from lorarl.report.cost import status_line
+
+    print(format_table(rows, [link, status_line(study, args.results), *status_notes(study, rows, args.results)]))
     return 0
 
 
@@ -270,22 +268,10 @@ def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
                        "mlflow_ui; default: the tracking server, or `mlflow ui`'s over sqlite)")
 
 
-def gpu_hour_price(text: str) -> float | None:
-    """`--gpu-hour-price`: a number >= 0, or empty (the profile's default: no price, hours only)."""
-    if text in ("", "none", "None", "null"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"gpu_hour_price: {text!r} is not allowed; allowed: a number >= 0 (price "
-                                         "per GPU-hour), or empty for none (hours only)")
-    return value
-
-
 def _price_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu-hour-price", type=gpu_hour_price, default=None, help="price per GPU-hour for the cost "
+    from lorarl.report.cost import parse_price
+
+    p.add_argument("--gpu-hour-price", type=parse_price, default=None, help="price per GPU-hour for the cost "
                    "section and tables/cost.csv's cost column (the profile's gpu_hour_price; default none: hours only)")
 
 

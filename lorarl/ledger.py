@@ -106,14 +106,13 @@ def slurm_start(env: dict[str, str] | None = None) -> float | None:
         return None
 
 
-def begin(in_process: bool) -> None:
-    """A job's entry: a fresh clock from the allocation's start (Slurm's start of the job, else the process's; for a
-    job run inside another process, from now). The time from the allocation's start to the process's is idle."""
+def begin(in_process: bool, process_age_s: float | None = None) -> None:
+    """A job's entry: a fresh clock from the allocation's start (Slurm's start of the job, else the process's, which
+    started `process_age_s` ago (lorarl.jobclock.process_age_s); for a job run inside another process, from now).
+    The time from the allocation's start to the process's is idle."""
     global _clock
-    from lorarl.jobclock import process_age_s
-
     _clock = _Clock()
-    age = None if in_process else process_age_s()
+    age = None if in_process else process_age_s
     _clock.proc_start = time.time() - (age or 0.0)
     start = None if in_process else slurm_start()
     # Slurm's whole seconds: the allocation began in that second, at most a day before the process (else: not ours)
@@ -258,3 +257,22 @@ def write_safely(folder: str | Path, stage: str, **kw: Any) -> Path | None:
     except Exception as err:  # noqa: BLE001 - the ledger must never fail a job
         print(f"[lorarl] cost ledger: {type(err).__name__}: {err}", file=sys.stderr)
         return None
+
+
+@contextmanager
+def job(folder: str | Path | None, stage: str, *, in_process: bool, process_age_s: float | None,
+        **kw: Any) -> Iterator[None]:
+    """A job's whole run: a fresh clock (`begin`), and at the end, whatever the end, its record in `folder` (None:
+    none) with its outcome: completed, failed (the exception), or interrupted (SystemExit: a requeue or a cancel)."""
+    begin(in_process, process_age_s)
+    outcome = "completed"
+    try:
+        yield
+    except BaseException as err:
+        outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
+                   else f"failed: {type(err).__name__}: {err}")
+        raise
+    finally:
+        run_ended()
+        if folder is not None:
+            write_safely(folder, stage, outcome=outcome, **kw)

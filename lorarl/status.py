@@ -237,16 +237,6 @@ def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) ->
     return notes
 
 
-def cost_line(study: Any, results_dir: str | Path) -> str:
-    """Spent so far and projected to the end, from the jobs' cost records (lorarl.report.cost)."""
-    from lorarl.report.cost import progress, progress_line
-
-    try:
-        return progress_line(progress(study, results_dir))
-    except Exception as err:  # noqa: BLE001 - a status line never fails `lorarl status`
-        return f"cost: unreadable ({type(err).__name__}: {err})"
-
-
 def format_table(rows: list[CellStatus], bases: list[str] = ()) -> str:
     """`bases`: a line per local base model still building (lorarl.build_progress.base_lines), printed last."""
     table = [["cell", "train", "job", "step", "evaluate", "detail"]]

@@ -109,21 +109,18 @@ def test_stage_job_writes_one_record_per_attempt_also_when_it_fails(tmp_path, mo
 
 
 def test_on_slurm_the_wall_time_starts_with_the_allocation_and_the_wait_for_the_process_is_idle(tmp_path, monkeypatch):
-    from lorarl import jobclock as jc
-
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 6))
     fake = tmp_path / "scontrol"
     fake.write_text(f"#!/bin/sh\necho 'JobId=$3 JobState=RUNNING StartTime={started} EndTime=Unknown'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
-    monkeypatch.setattr(jc, "process_age_s", lambda: 2.0)  # the job's process started 2 s ago
     assert ledger.slurm_start() == pytest.approx(time.time() - 6, abs=1.5)
-    ledger.begin(in_process=False)
+    ledger.begin(False, 2.0)  # the job's process started 2 s ago
     ledger.first_work()
     rec = ledger.record("evaluate", study="s", cell="c", outcome="completed", threads=1)
     assert rec["started_by"] == "slurm" and 5 <= rec["wall_s"] <= 8
     assert rec["phases_s"]["startup"] == pytest.approx(2.0, abs=0.5) and rec["idle_s"] >= 3  # before the process
     monkeypatch.setenv("SLURM_JOB_ID", "")
-    ledger.begin(in_process=False)
+    ledger.begin(False, 2.0)
     assert ledger.record("evaluate", study="s", cell="c", outcome="x")["started_by"] == "process"

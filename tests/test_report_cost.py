@@ -80,9 +80,8 @@ def test_progress_projects_the_rest_from_the_finished_steps(tmp_path, capsys):
     line = cost.progress_line(p)
     assert line.startswith("cost: 3.2 GPU-h spent") and "projected 5 GPU-h at the end" in line
     from lorarl.cli import main
-    from lorarl.status import cost_line
 
-    assert cost_line(st, res) == line
+    assert cost.status_line(st, res) == line
     assert main(["status", str(tmp_path / "cst.yaml"), "--results", str(res)]) == 0
     assert line in capsys.readouterr().out.splitlines()  # `lorarl status` prints it under the table
     assert cost.progress_line({}).startswith("cost: no job record yet")
@@ -150,7 +149,7 @@ def test_cost_metrics_go_to_each_cell_run_and_the_study_parent(tmp_path):
 
 
 def test_a_bad_price_is_refused_naming_the_field_before_anything_is_written(tmp_path, capsys):
-    from lorarl.cli import gpu_hour_price, main
+    from lorarl.cli import main
 
     sp = tmp_path / "cst.yaml"
     sp.write_text(yaml.safe_dump(SPEC))
@@ -160,4 +159,4 @@ def test_a_bad_price_is_refused_naming_the_field_before_anything_is_written(tmp_
         assert exit_.value.code == 2
         assert f"gpu_hour_price: '{bad}' is not allowed; allowed: a number >= 0" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
-    assert gpu_hour_price("") is None and gpu_hour_price("2.5") == 2.5
+    assert cost.parse_price("") is None and cost.parse_price("2.5") == 2.5

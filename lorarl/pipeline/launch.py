@@ -73,8 +73,7 @@ class StageJob(submitit.helpers.Checkpointable):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
-        self.study_name = study_name  # for the cost record (lorarl.ledger)
-        self.launcher_pid = os.getpid()  # the same pid in the job: the `debug` executor runs it in this process
+        self.study_name, self.launcher_pid = study_name, os.getpid()  # the cost record's (the job's pid: `debug`)
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
                                                 "LORARL_PACK_UPDATE_CELLS", "LORARL_PACK_PLACES", "LORARL_TRAIN_UNTIL",
@@ -89,34 +88,32 @@ class StageJob(submitit.helpers.Checkpointable):
                 pin_gpu()  # a pack rank trains its members alone on its GPU
             if int(os.environ["RANK"]) > 0:
                 return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
-        ledger.begin(in_process=os.getpid() == getattr(self, "launcher_pid", None))  # this attempt's cost clock
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
-            out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+            with self._cost():
+                out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
         except BaseException as err:
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
-            self._cost(outcome)
             if self.provenance_file:
                 _safely(provenance.record_attempt_end, self.provenance_file, self.submission, outcome)
             raise
-        self._cost("completed")
         if self.provenance_file:
             _safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
         return out
 
-    def _cost(self, outcome: str) -> None:
-        """This attempt's ledger record beside its provenance (lorarl.ledger); never fails the job."""
-        ledger.run_ended()
-        if not self.provenance_file:
-            return
-        until = os.environ.get("LORARL_TRAIN_UNTIL")
-        ledger.write_safely(ledger.cost_dir(self.provenance_file), self.stage, key=Path(self.provenance_file).stem
-                            if self.stage != "base" else "base", study=getattr(self, "study_name", None),
-                            cell=self.cell_id, outcome=outcome, threads=self.threads,
-                            until=int(until) if until and until.isdigit() else None)
+    def _cost(self) -> Any:
+        """This attempt's cost record beside its provenance (lorarl.ledger); `debug` runs it in the launcher's process."""
+        from lorarl.jobclock import process_age_s
+
+        until, prov = os.environ.get("LORARL_TRAIN_UNTIL", ""), self.provenance_file
+        key = "base" if self.stage == "base" else Path(prov or self.stage).stem
+        return ledger.job(ledger.cost_dir(prov) if prov else None, self.stage,
+                          in_process=os.getpid() == getattr(self, "launcher_pid", None), process_age_s=process_age_s(),
+                          key=key, study=getattr(self, "study_name", None), cell=self.cell_id, threads=self.threads,
+                          until=int(until) if until.isdigit() else None)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.

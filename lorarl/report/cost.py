@@ -132,6 +132,22 @@ def write(study: Any, results: str | Path, price: float | None = None) -> tuple[
     return out, df
 
 
+def parse_price(text: str) -> float | None:
+    """`--gpu-hour-price` (the profile's `gpu_hour_price`): a number >= 0, or empty for none (hours only)."""
+    import argparse
+
+    if text in ("", "none", "None", "null"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"gpu_hour_price: {text!r} is not allowed; allowed: a number >= 0 (price "
+                                         "per GPU-hour), or empty for none (hours only)")
+    return value
+
+
 # ---------------------------------------------------------------------------------------- spent and projected
 def progress(study: Any, results: str | Path, df: pd.DataFrame | None = None) -> dict[str, Any]:
     """Spent so far (device-hours, the study's unit) and projected to the end: the training stages' device-hours per
@@ -182,6 +198,14 @@ def progress_line(p: dict[str, Any]) -> str:
         per = p.get("per_decided_h")
         line += f"; {p['hypotheses_decided']} hypotheses decided" + (f", {per:.4g} {u} each" if per else "")
     return line
+
+
+def status_line(study: Any, results: str | Path) -> str:
+    """`lorarl status`'s cost line: spent so far and projected to the end."""
+    try:
+        return progress_line(progress(study, results))
+    except Exception as err:  # noqa: BLE001 - a status line never fails `lorarl status`
+        return f"cost: unreadable ({type(err).__name__}: {err})"
 
 
 # ---------------------------------------------------------------------------------------------- report + MLflow

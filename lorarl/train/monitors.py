@@ -13,7 +13,8 @@ from lorarl.numerics import kl as klmod
 
 
 class KLMonitors:
-    """Mixin: KL(pi || base) and KL(pi_new || pi_old) monitors, the update's wall time and tokens/s."""
+    """Mixin: KL(pi || base) and KL(pi_new || pi_old) monitors, the update's wall time and tokens/s, the cost ledger's
+    step and checkpoint times (lorarl.ledger)."""
 
     def _log_kl_ref(self, logp_BT, ref_BT, mask_BT, mode="train") -> None:
         self._log("kl_ref/k1", self._gmasked_mean(klmod.k1(logp_BT, ref_BT), mask_BT), mode)
@@ -30,6 +31,10 @@ class KLMonitors:
         rho = torch.exp(log_rho)
         self._log(f"kl_new_old{which}", self._gmasked_mean(rho * log_rho - rho + 1, mask_BT))
         self._log(f"kl_new_old{which}/logratio", self._gmasked_mean(log_rho, mask_BT))
+
+    def _save_checkpoint(self, model, trial):
+        with ledger.phase("checkpoint"):  # HF's checkpoint save: the cost ledger's checkpoint phase (lorarl.ledger)
+            return super()._save_checkpoint(model, trial)
 
     def _after_optimizer_step(self, global_step: int) -> None:
         """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""

@@ -186,10 +186,6 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         return [logps[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]
 
     # ------------------------------------------------------------------ TRL overrides
-    def _save_checkpoint(self, model, trial):
-        with ledger.phase("checkpoint"):  # the cost ledger's checkpoint phase (lorarl.ledger)
-            return super()._save_checkpoint(model, trial)
-
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         if self._captured is not None:  # only inside _compute_loss: the policy's log-probs with grad
