@@ -15,7 +15,8 @@ record at its end, also when it fails or is requeued:
      "until": <rung step> | null, "job_id": "12" | null, "restart_count": 0, "host": ..., "outcome": "completed",
      "started_at": <epoch s>, "ended_at": <epoch s>, "wall_s": ..., "devices": {"gpus": 0, "cpus": 2,
      "source": "slurm" | "threads" | "affinity" | ...}, "phases_s": {"startup": ..., "generation": ..., ...},
-     "idle_s": ..., "cpu_s": ..., "cpu_idle_share": ..., "steps": ..., "member_steps": {cell: steps} | null}
+     "idle_s": ..., "cpu_s": ..., "cpu_idle_share": ..., "steps": <step windows closed: a solo job's optimiser
+     updates, a pack's steps>, "member_steps": {cell: steps} | null}
 
 Wall time runs from the allocation's start (Slurm's start of the job; else the process's start: a submitit job's
 process is the job; in-process (`debug`) from the entry's start) to the record. `startup` is the time from the
