@@ -18,7 +18,7 @@ import pandas as pd
 
 from lorarl.ledger import DIR, PHASES
 
-STUDY_ROWS = ("aggregate",)  # charges of the study as a whole, not of one cell
+STUDY_ROWS = ("aggregate", "toy")  # stages charged to the study as a whole (their own row), not to one cell
 
 
 def _load(paths: Iterable[Path]) -> list[dict]:
@@ -84,7 +84,7 @@ def cost_table(study: Any, results: str | Path, price: float | None = None, reco
     from lorarl.study import every_cell
 
     cells = {c.id: c for c in every_cell(study)}
-    bases = {n for c in cells.values() if (n := recipe_name(c.config.model))}
+    bases = {n for c in cells.values() if (n := recipe_name(getattr(c.config, "model", "")))}  # a toy cell: none
     ch = charges(read_records(results, study.name, bases) if records is None else records)
     if ch.empty:
         return pd.DataFrame()
@@ -156,10 +156,15 @@ def progress(study: Any, results: str | Path, df: pd.DataFrame | None = None) ->
     from lorarl.report.adaptive import cell_steps, hypotheses_ledger
     from lorarl.study import cell_table, study_cells
 
+    from lorarl.kinds import get_kind
+
     df = cost_table(study, results) if df is None else df
     if df.empty:
         return {}
     tot = df[df["level"] == "study"].iloc[0]
+    if not get_kind(study.kind).cell_stages:  # one batch job (the toy): spent only, no training steps to project
+        return {"unit": tot["unit"], "spent_h": float(tot["device_h"]), "gpu_h": float(tot["gpu_h"]),
+                "cpu_core_h": float(tot["cpu_core_h"])}
     table = cell_table(study)
     done = cell_steps(study, table, results)
     train_h = sum(float(tot.get(f"stage/{s}_h", 0.0) or 0.0) for s in ("train", "pack"))
@@ -190,7 +195,7 @@ def progress_line(p: dict[str, Any]) -> str:
     if p.get("projected_h") is not None:
         line += (f"; projected {p['projected_h']:.4g} {u} at the end ({p['per_step_h']:.3g} {u}/step x "
                  f"{p['steps_left']} steps left)")
-    else:
+    elif "steps_left" in p:
         line += "; no finished step yet to project from"
     if p.get("full_grid_h") is not None:
         line += f"; the full grid would take {p['full_grid_h']:.4g} {u}"
