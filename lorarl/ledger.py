@@ -22,12 +22,14 @@ Wall time runs from the allocation's start (Slurm's start of the job; else the p
 process is the job; in-process (`debug`) from the entry's start) to the record. `startup` is the time from the
 process's start to the job's first real work (lorarl.jobclock.first_work), less any phase timed before it; `other` is the rest of the stage's run after its first work that no phase timer
 covers; `idle_s` is the wall time no phase accounts for (outside the stage's run: the scheduler's start of the
-job's process, the executor's own start and end). `cpu_idle_share` is 1 - CPU seconds (this process and its waited-for children) / (cores x wall).
+job's process, the executor's own start and end). A job in its own process rewrites its record at the process's
+exit, adding the time since (`exit_s`: its threads joined, its result written) to the wall time and idle. `cpu_idle_share` is 1 - CPU seconds (this process and its waited-for children) / (cores x wall).
 The roll-ups (tables/cost.csv, report.html, MLflow, `lorarl status`) read these files: lorarl.report.cost.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import resource
@@ -275,5 +277,25 @@ def job(folder: str | Path | None, stage: str, *, in_process: bool, process_age_
         raise
     finally:
         run_ended()
-        if folder is not None:
-            write_safely(folder, stage, outcome=outcome, **kw)
+        path = write_safely(folder, stage, outcome=outcome, **kw) if folder is not None else None
+        if path is not None and not in_process:  # the job's process ends after its stage: its exit counts too
+            atexit.register(_at_exit, path)
+
+
+def _at_exit(path: Path) -> None:
+    """At the process's exit (its threads joined: MLflow's queued batches sent), the record again with the time since
+    it was written added to its wall time and idle (`exit_s`): the allocation is held until the process ends."""
+    import json
+
+    try:
+        rec = json.loads(Path(path).read_text())
+        now = time.time()
+        extra = max(now - rec["ended_at"], 0.0)
+        cpu = max(_cpu_s() - _clock.cpu0, 0.0)
+        rec.update({"ended_at": round(now, 3), "wall_s": round(rec["wall_s"] + extra, 3), "exit_s": round(extra, 3),
+                    "idle_s": round(rec["idle_s"] + extra, 3), "cpu_s": round(cpu, 3)})
+        cores_wall = rec["devices"]["cpus"] * rec["wall_s"]
+        rec["cpu_idle_share"] = round(max(1.0 - cpu / cores_wall, 0.0), 4) if cores_wall > 0 else None
+        write(Path(path).parent, rec)
+    except Exception as err:  # noqa: BLE001 - the ledger must never fail a job, not even at its exit
+        print(f"[lorarl] cost ledger at exit: {type(err).__name__}: {err}", file=sys.stderr)

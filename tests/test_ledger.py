@@ -124,3 +124,21 @@ def test_on_slurm_the_wall_time_starts_with_the_allocation_and_the_wait_for_the_
     monkeypatch.setenv("SLURM_JOB_ID", "")
     ledger.begin(False, 2.0)
     assert ledger.record("evaluate", study="s", cell="c", outcome="x")["started_by"] == "process"
+
+
+def test_a_job_in_its_own_process_counts_its_exit(tmp_path):
+    """The record is written when the stage ends and again at the process's exit, with the time in between."""
+    import subprocess
+    import sys
+
+    code = ("import time; from lorarl import ledger\n"
+            f"with ledger.job({str(tmp_path)!r}, 'diagnose', in_process=False, process_age_s=0.0, study='s', cell='c'):\n"
+            "    ledger.first_work(); time.sleep(0.2)\n"
+            "time.sleep(0.5)  # after the stage: the process is still the job's\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**__import__("os").environ,
+                                                                  "PYTHONPATH": str(Path(__file__).parents[1])})
+    [path] = tmp_path.glob("diagnose-*.json")
+    rec = json.loads(path.read_text())
+    assert rec["exit_s"] >= 0.5 and rec["idle_s"] >= 0.5 and rec["wall_s"] >= 0.7
+    assert rec["phases_s"]["diagnostics"] >= 0.2 and rec["outcome"] == "completed"
+    assert sum(rec["phases_s"].values()) + rec["idle_s"] == pytest.approx(rec["wall_s"], abs=0.01)
