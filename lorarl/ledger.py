@@ -85,6 +85,7 @@ class _Clock:
         self.run_end: float | None = None  # epoch the stage's run returned
         self.first: float | None = None  # epoch of the first real work
         self.cpu0 = 0.0
+        self.path: Path | None = None  # the record written at the job's end (rewritten at the process's exit)
 
 
 _clock = _Clock()
@@ -268,6 +269,8 @@ def job(folder: str | Path | None, stage: str, *, in_process: bool, process_age_
     """A job's whole run: a fresh clock (`begin`), and at the end, whatever the end, its record in `folder` (None:
     none) with its outcome: completed, failed (the exception), or interrupted (SystemExit: a requeue or a cancel)."""
     begin(in_process, process_age_s)
+    if not in_process:  # registered first, so it runs last (atexit is LIFO): after the pools and threads the stage made
+        atexit.register(_at_exit)
     outcome = "completed"
     try:
         yield
@@ -277,16 +280,17 @@ def job(folder: str | Path | None, stage: str, *, in_process: bool, process_age_
         raise
     finally:
         run_ended()
-        path = write_safely(folder, stage, outcome=outcome, **kw) if folder is not None else None
-        if path is not None and not in_process:  # the job's process ends after its stage: its exit counts too
-            atexit.register(_at_exit, path)
+        _clock.path = write_safely(folder, stage, outcome=outcome, **kw) if folder is not None else None
 
 
-def _at_exit(path: Path) -> None:
+def _at_exit() -> None:
     """At the process's exit (its threads joined: MLflow's queued batches sent), the record again with the time since
     it was written added to its wall time and idle (`exit_s`): the allocation is held until the process ends."""
     import json
 
+    path = _clock.path
+    if path is None:
+        return
     try:
         rec = json.loads(Path(path).read_text())
         now = time.time()
