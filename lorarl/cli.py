@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
@@ -135,17 +136,23 @@ def link_tracking(args: argparse.Namespace) -> None:
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    link_tracking(args)
-    study = load_study(args.study)
-    kind = get_kind(study.kind)
-    entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
-    if kind.report:
-        from lorarl.report import build
-
-        build(args.study, args.results)  # stats tables, the papers' figures, report.html
+    from lorarl import ledger
+    from lorarl.jobclock import process_age_s
     from lorarl.pipeline.study_run import publish
 
-    publish(study, args.results)  # the study's MLflow parent run: tags + report.html, tables, figures
+    link_tracking(args)
+    study = load_study(args.study)
+    cost = Path(args.results) / study.name / ".aggregate" / ledger.DIR  # its own record (lorarl.ledger)
+    with ledger.job(cost, "aggregate", in_process=False, process_age_s=process_age_s(), study=study.name,
+                    cell="aggregate"):
+        ledger.first_work()  # start-up ends here
+        kind = get_kind(study.kind)
+        entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.kinds)
+        if kind.report:
+            from lorarl.report import build
+
+            build(args.study, args.results, price=args.gpu_hour_price)  # stats, the papers' figures, cost, report.html
+        publish(study, args.results, price=args.gpu_hour_price)  # the study's MLflow parent run: tags, artifacts, cost
     return 0
 
 
@@ -159,7 +166,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         allowed = ", ".join(k.name for k in KINDS.values() if k.report)
         print(f"error: study kind {study.kind!r} has no report; allowed: {allowed}", file=sys.stderr)
         return 2
-    out = build(args.study, args.results)
+    out = build(args.study, args.results, price=args.gpu_hour_price)
     print(out["report"])
     return 0
 
@@ -231,7 +238,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     study = load_study(args.study)
     link_tracking(args)
     link = text_line(ui_target(args.results, study.name), study.name)  # the study's runs table in MLflow's UI
-    print(format_table(rows, [link, *status_notes(study, rows, args.results)]))
+    # the study's MLflow link, what its jobs cost so far and projected (lorarl.report.cost), then the notes
+    from lorarl.report.cost import status_line
+
+    print(format_table(rows, [link, status_line(study, args.results), *status_notes(study, rows, args.results)]))
     return 0
 
 
@@ -256,6 +266,13 @@ def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
     if links:
         p.add_argument("--mlflow-ui", default=None, help="address of MLflow's UI for the links (the profile's "
                        "mlflow_ui; default: the tracking server, or `mlflow ui`'s over sqlite)")
+
+
+def _price_arg(p: argparse.ArgumentParser) -> None:
+    from lorarl.report.cost import parse_price
+
+    p.add_argument("--gpu-hour-price", type=parse_price, default=None, help="price per GPU-hour for the cost "
+                   "section and tables/cost.csv's cost column (the profile's gpu_hour_price; default none: hours only)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,12 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("study")
     a.add_argument("--results", default="results")
     _tracking_args(a, links=True)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
+    _price_arg(a)
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")
     rp.add_argument("study")
     rp.add_argument("--results", default="results")
     _tracking_args(rp, links=True)  # where the MLflow links point (lorarl.report.mlflow_links)
+    _price_arg(rp)
     rp.set_defaults(fn=cmd_report)
 
     rs = sub.add_parser("rescore", help="re-grade stored evaluation samples (no generation); rewrite summaries")

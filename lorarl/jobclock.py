@@ -40,6 +40,9 @@ def first_work(what: str) -> None:
     if what in _printed:
         return
     _printed.add(what)
+    from lorarl import ledger
+
+    ledger.first_work()  # the cost ledger's start-up ends here too
     age = process_age_s()
     since = "?" if age is None else f"{age:.2f}"
     print(f"{PREFIX}{what}: {since} s after the process started, {time.process_time():.2f} s of CPU "

@@ -56,8 +56,19 @@ def test_pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path):
              cell(tiny_dir, "c", 3, regime="process", lr=5e-3, temperature=1.3)]
     pack = fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu"))
     start = [trained(pack, k) for k in range(3)]
+    from lorarl import ledger
+
+    ledger.begin(in_process=True)
     rows = [pack.loop.step() for _ in range(3)]
     assert pack.loop.step() == {}  # every member reached its train.steps
+    # the cost ledger (lorarl.ledger): each member's tokens (the key of the pack's split), the steps' phases
+    rec = ledger.record("pack", study="s", cell="a,b,c", outcome="completed", threads=1)
+    assert rec["members"] == {n: pytest.approx(sum(r[n]["rollout/tokens"] for r in rows), abs=0.1) for n in "abc"}
+    assert rec["steps"] == 3 and rec["member_steps"] == {"a": 3, "b": 3, "c": 3}
+    walls = sum(r["a"]["pack/step_s"] for r in rows)
+    monitors = sum(max(r[n].get("time/kl_monitor_s", 0.0) for n in "abc") for r in rows)  # after a step's end
+    in_steps = sum(rec["phases_s"].get(p, 0.0) for p in ("generation", "reward", "reference", "update", "handoff"))
+    assert walls - 0.01 <= in_steps <= walls + monitors + 0.01 and rec["phases_s"]["generation"] > 0
     assert all(set(r) == {"a", "b", "c"} for r in rows)
     assert "kl" in rows[0]["b"] and "kl" not in rows[0]["a"]  # beta > 0: the KL term; beta = 0: none
     assert "kl_new_old" in rows[1]["a"] and "kl_ref/k3" in rows[1]["a"]  # monitors at step 2 (every 2)

@@ -155,11 +155,21 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
     assert sorted(r.data.tags["lorarl.cell_id"] for r in runs) == ["s0", "s1"]
     for r in runs:
         assert r.data.params["adapter.rank"] == "2" and r.data.tags["axis.seed"] in ("0", "1")
+        assert r.data.metrics["cost/cpu_core_h"] > 0 and r.data.metrics["cost/gpu_h"] == 0
         assert r.data.tags["git.sha"] and r.data.tags["version.trl"]
         assert len(client.get_metric_history(r.info.run_id, "reward")) == 3
         assert "eval/synthetic/pass_at_1" in r.data.metrics
     table = pd.read_csv(res / "e2e" / "tables" / "summary.csv")
     assert int(table["n_seeds"].iloc[0]) == 2
+    # the cost ledger (lorarl.ledger): one record per job, rolled up into cost.csv and cost/* (docs/report.md#cost-ledger)
+    for cell in ("s0", "s1"):
+        keys = sorted(json.loads(p.read_text())["key"] for p in (res / "e2e" / cell / "cost").glob("*.json"))
+        assert keys == ["diagnose", "evaluate-synthetic", "train"], keys
+    cost = pd.read_csv(res / "e2e" / "tables" / "cost.csv").set_index(["level", "name"])
+    total = cost.loc[("study", "e2e")]
+    assert total["unit"] == "cpu" and total["gpu_h"] == 0 and total["cpu_core_h"] > 0
+    assert total["phase/update_h"] > 0 and total["phase/generation_h"] > 0 and total["stage/train_h"] > 0
+    assert cost.loc[("cell", "s0"), "cpu_core_h"] > 0
     assert (res / "e2e" / "tables" / "cells.csv").read_text().count("\n") == 3
     assert (res / "e2e" / "figures" / "train_reward.png").stat().st_size > 1000
     # the aggregate stage writes the report too; the default profile keeps the log short (issue 13)

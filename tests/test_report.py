@@ -16,6 +16,7 @@ from lorarl.train import flags
 from lorarl.report import stats
 from lorarl.study import StudyError, load_study
 from tests.report_canvas import capture, captions, no_reprs, outside
+from tests.cost_support import make_record, put
 from tests.report_fixture import STUDY, make_study, trace
 
 
@@ -189,9 +190,15 @@ def test_partial_study_report_shows_what_is_done(tmp_path):
     out = build(sp, res)
     assert "(no finished cells yet)" in out["stats_md"].read_text() and "<b>18</b> not started" in \
         out["report"].read_text()
+    assert "no job cost record yet" in out["report"].read_text() and "cost" not in out
     sp, res = make_study(tmp_path, done={"outcome-r1-s0", "outcome-r1-s1", "process-r1-s0"})
-    out = build(sp, res)
+    put(res, "rep", "outcome-r1-s0", make_record("train", "outcome-r1-s0", wall=7200, gpus=1, steps=40,
+                                                 phases={"startup": 720, "generation": 3600, "update": 2160}))
+    out = build(sp, res, price=3.0)  # the cost section: the jobs' records rolled up (tests/test_report_cost.py)
     page = out["report"].read_text()
+    assert '<h2 id="cost">Cost</h2>' in page and "<b>2 GPU-hours</b>" in page and "cost 6 at 3 per GPU-hour" in page
+    assert "GPU-hours by phase" in page and "GPU-hours by stage" in page and "idle share 10.0%" in page
+    assert pd.read_csv(out["cost"]).set_index("level").loc["study", "cost"] == 6.0
     assert "cells finished</th><td>3 / 18" in page
     assert "<b>15</b> not started" in page
     t = pd.read_csv(out["stats_csv"])

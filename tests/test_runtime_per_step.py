@@ -36,12 +36,20 @@ def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_p
     trainer, _ = build(tiny_dir, tmp_path, cell.config, scores=(1.0, 0.0) * 4)
     rec = MetricsRecorder(tmp_path / "metrics.csv", None, updates_per_step=u)
     trainer.add_callback(rec)
+    from lorarl import ledger
+
+    ledger.begin(in_process=True)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     rec.flush()
+    # the cost ledger (lorarl.ledger) closes a step window at every update: its phases add up to the updates' time
+    cost = ledger.record("train", study="rt", cell=cell.id, outcome="completed", threads=1)
+    in_steps = sum(cost["phases_s"].get(p, 0.0) for p in ("generation", "reward", "reference", "update", "handoff"))
     curves = pd.read_csv(tmp_path / "metrics.csv").assign(cell=cell.id)
     assert curves["step"].tolist() == [1, 2] and curves["update"].tolist() == [4, 8]  # rows are training steps
+    assert cost["steps"] == 8 and in_steps == pytest.approx(u * curves["time/step_s"].sum(), rel=0.01, abs=0.01)
+    assert cost["phases_s"]["generation"] > 0 and cost["phases_s"]["update"] > 0 and cost["phases_s"]["reward"] > 0
     data = StudyData(study, tmp_path, pd.DataFrame({"cell": [cell.id]}), curves, pd.DataFrame(), pd.DataFrame(),
                      pd.DataFrame())
     per = per_cell_runtime(data).loc[cell.id]

@@ -200,7 +200,7 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 # a layer's rooms from tying themselves together); the stages import none of each other. A new module or
 # subpackage of lorarl takes its place here.
 LAYERS = (
-    ("foundations", ("numbers", "io", "paths", "jobclock", "jobids", "gitrepo", "signature", "reserved",
+    ("foundations", ("numbers", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "signature", "reserved",
                      "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
                      "prompt_config", "taskconfig", "toyconfig", "build_progress")),
     ("numerics and grading", ("numerics", "grading")),

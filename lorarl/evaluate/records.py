@@ -226,7 +226,11 @@ def run_benchmark(backend: Any, benchmark: Benchmark, problems: Sequence[Problem
     t0 = time.perf_counter()
     completions = backend.generate([p.prompt for p in problems], protocol, seed)
     generation_s = time.perf_counter() - t0
-    samples = grade_samples(benchmark, problems, completions, timeout_s, grading)
+    from lorarl import ledger
+
+    ledger.spent("generation", generation_s)
+    with ledger.phase("reward"):  # grading (lorarl.ledger)
+        samples = grade_samples(benchmark, problems, completions, timeout_s, grading)
     n_choices = max((len(p.choices or ()) for p in problems), default=0)
     letters = "ABCDEFGHIJ"[: n_choices] if n_choices else "ABCD"
     return write_records(out_dir, benchmark.name, samples, protocol, grader=benchmark.grader,

@@ -74,7 +74,10 @@ def _load_state(slot: _Slot, cell: Any, member: Any) -> None:
 
 def _checkpoint(slot: _Slot, cell: Any, member: Any, force: bool) -> bool:
     """Per-step checkpoint bookkeeping of one member; True when the pack must stop (preemption)."""
-    return slot.run.checkpoint(member.step, _state_writer(cell, member), force)
+    from lorarl import ledger
+
+    with ledger.phase("checkpoint"):  # the member's checkpoint write, when due (lorarl.ledger)
+        return slot.run.checkpoint(member.step, _state_writer(cell, member), force)
 
 
 def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str, t_start: float,

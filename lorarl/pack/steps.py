@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from lorarl import ledger
 from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
@@ -235,21 +236,24 @@ class PackLoop:
         idx = self.active()
         if not idx:
             return {}
+        ledger.step_begin()  # the cost ledger's step window (lorarl.ledger)
         prompts: list[list[list[int]] | None] = [None] * len(self.members)
         for k in idx:
             m = self.members[k]
             rows = m.order.take(m.prompts_per_step)
             m.extra["rows_idx"] = [i for i in rows for _ in range(m.generations)]
             prompts[k] = [m.prompt_ids[i] for i in m.extra["rows_idx"]]
-        t_gen = time.perf_counter()
+        t_gen, pushed = time.perf_counter(), ledger.total("handoff")
         gens = [self.members[k].sampler if prompts[k] is not None else None for k in range(len(self.members))]
         if self.rollouts is None:
             ros = generate(self.trainer.router, prompts, gens, self.sample)
         else:  # vLLM: each member's adapter handed over once, then one call; each prompt once, n = G
-            self.rollouts.handover()
+            with ledger.phase("handoff"):  # the members' adapters into the engine, apart from generation
+                self.rollouts.handover()
             groups = [None if p is None else p[::self.members[k].generations] for k, p in enumerate(prompts)]
             ros = self.rollouts(groups, gens, self.members[idx[0]].generations)
         t_gen = time.perf_counter() - t_gen
+        ledger.spent("generation", t_gen - (ledger.total("handoff") - pushed))
         self.last_rollouts = {self.members[k].name: ros[k].completion_ids for k in idx}  # this step's token ids
         t_score = time.perf_counter()
         pre = {k: self._batch(k, ros[k], torch.zeros(len(ros[k].completion_ids), self.sample.max_new_tokens))
@@ -271,15 +275,18 @@ class PackLoop:
             own_s[k] = time.perf_counter() - t_k
             met["time/reward_s"] = own_s[k]
         t_score = time.perf_counter() - t_score
+        ledger.spent("reward", t_score)  # rewards, grading and the students' log-probs they need
         t_ref = time.perf_counter()
         ref = self._ref_logps({k: batches[k] for k in idx if self.members[k].beta > 0})
         for k, lp in ref.items():
             batches[k]["lorarl_ref_logps"] = lp
         t_ref = time.perf_counter() - t_ref
+        ledger.spent("reference", t_ref)
         lrs = {k: self.trainer.cells[k].optimizer.param_groups[0]["lr"] for k in idx}  # the lr of this update
         upd = self.trainer.step(batches)
         wall = time.perf_counter() - t0
         out: dict[str, dict[str, float]] = {}
+        ledger.close_step(wall)  # the rest of the step: the update (lorarl.ledger)
         # A member's step time: its own scoring + the shared work (generate, forwards, update) apportioned by
         # its share of the step's completion tokens; the members' times add up to the pack's wall time.
         toks = {k: float(batches[k]["completion_mask"].sum()) for k in idx}
@@ -295,6 +302,7 @@ class PackLoop:
             if c.state == "diverged" and c.diverged_at is not None:
                 c.diverged_at = m.step
             tokens = float(batches[k]["completion_mask"].sum())
+            ledger.count_tokens(m.name, tokens)  # the key that splits the pack's time among its members
             m.tokens_seen += tokens + float(batches[k]["prompt_mask"].sum())  # TRL's num_tokens
             row = {"loss": u.get("loss", float("nan")), "grad_norm": u.get("grad_norm", float("nan")),
                    "learning_rate": float(lrs[k]), **metrics[k], "time/step_s": cell_s[k], "pack/step_s": wall, "time/generate_s": t_gen, "time/score_s": t_score + t_gen,
@@ -333,6 +341,7 @@ class PackLoop:
         old = dict(self.trainer.last_logps)
         ref = {**ref, **self._ref_logps(missing)}
         t_new = time.perf_counter()
+        ledger.spent("reference", t_new - t0)  # the monitor's reference forward (the new policy's: other)
         new = self._policy_logps(sub)
         for k in live:
             row, mask = out[self.members[k].name], batches[k]["completion_mask"]

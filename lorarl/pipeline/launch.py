@@ -33,7 +33,7 @@ from lorarl.pipeline.executor import make_executor
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import lazy_imports, paths, provenance
+from lorarl import lazy_imports, ledger, paths, provenance
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
@@ -69,10 +69,11 @@ class StageJob(submitit.helpers.Checkpointable):
     resumes from its checkpoints on disk, evaluate and base simply run again."""
 
     def __init__(self, stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
-                 provenance_file: str | None = None, submission: int | None = None):
+                 provenance_file: str | None = None, submission: int | None = None, study_name: str | None = None):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads = results_dir, threads
         self.provenance_file, self.submission = provenance_file, submission
+        self.study_name, self.launcher_pid = study_name, os.getpid()  # the cost record's (the job's pid: `debug`)
         # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
                                                 "LORARL_PACK_UPDATE_CELLS", "LORARL_PACK_PLACES", "LORARL_TRAIN_UNTIL",
@@ -91,7 +92,8 @@ class StageJob(submitit.helpers.Checkpointable):
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
-            out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+            with self._cost():
+                out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
         except BaseException as err:
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
@@ -101,6 +103,17 @@ class StageJob(submitit.helpers.Checkpointable):
         if self.provenance_file:
             _safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
         return out
+
+    def _cost(self) -> Any:
+        """This attempt's cost record beside its provenance (lorarl.ledger); `debug` runs it in the launcher's process."""
+        from lorarl.jobclock import process_age_s
+
+        until, prov = os.environ.get("LORARL_TRAIN_UNTIL", ""), self.provenance_file
+        key = "base" if self.stage == "base" else Path(prov or self.stage).stem
+        return ledger.job(ledger.cost_dir(prov) if prov else None, self.stage,
+                          in_process=os.getpid() == getattr(self, "launcher_pid", None), process_age_s=process_age_s(),
+                          key=key, study=getattr(self, "study_name", None), cell=self.cell_id, threads=self.threads,
+                          until=int(until) if until.isdigit() else None)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
@@ -219,7 +232,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
                                          config_hash=config_hash, executor=executor, slurm=slurm)
     ex = make_executor(executor, folder, threads, slurm, name=name)
-    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index))
+    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index, study_name))
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
     return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
@@ -259,7 +272,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
                                              executor=executor, slurm=slurm)
         ex = make_executor(executor, folder, threads, slurm, name=name)
-        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index))
+        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index, study.name))
         provenance.record_job_id(prov, index, job.job_id, name)
         print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
         return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), ids)

@@ -48,16 +48,17 @@ def artifacts(study: Any, results_dir: str | Path) -> list[tuple[Path, str]]:
     return [(p, where) for p, where in out if p.exists() and (p.is_file() or any(p.iterdir()))]
 
 
-def publish(study: Any, results_dir: str | Path = "results", tracking: str | None = None) -> str | None:
+def publish(study: Any, results_dir: str | Path = "results", tracking: str | None = None,
+            price: float | None = None) -> str | None:
     """Tag the study's parent run and log its artifacts; the run id, or None when no cell has used the
     store yet (no results/mlflow.db: nothing to nest, and making a store here would cost seconds)."""
     db = sqlite_store.db_path(resolve_tracking(tracking, results_dir))
     if db is not None and not db.exists():
         return None
-    return fill(Tracker(results_dir, study.name, tracking), study, results_dir)
+    return fill(Tracker(results_dir, study.name, tracking), study, results_dir, price)
 
 
-def fill(tracker: Tracker, study: Any, results_dir: str | Path) -> str:
+def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | None = None) -> str:
     """What `publish` does, with an open Tracker (`lorarl sync-mlflow` too): the parent's tags, artifacts,
     span and numbers (lorarl.pipeline.study_span). Made here if the store has none, starting where the
     files say the study started."""
@@ -69,4 +70,7 @@ def fill(tracker: Tracker, study: Any, results_dir: str | Path) -> str:
         log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact
         tracker._retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
     study_span.record(tracker, run_id, study, results_dir, [local for local, _ in outputs])
+    from lorarl.report import cost
+
+    cost.log_mlflow(tracker, run_id, study, results_dir, cost.cost_table(study, results_dir, price))  # cost/*
     return run_id

@@ -32,7 +32,8 @@ def caption(stem: str, data=None) -> str:
     return next((c for prefix, c in AGGREGATE_FIGURES.items() if stem.startswith(prefix)), "")
 
 
-def build(study_path: str | Path, results: str | Path = "results") -> dict[str, Path]:
+def build(study_path: str | Path, results: str | Path = "results", price: float | None = None) -> dict[str, Path]:
+    """Everything above; `price`: per GPU-hour, for the cost section and tables/cost.csv (None: hours only)."""
     from lorarl import paths
     from lorarl import status
     from lorarl.tracking import client as tracking
@@ -106,7 +107,13 @@ def build(study_path: str | Path, results: str | Path = "results") -> dict[str, 
     out["provenance"] = tdir / "provenance.csv"  # the code each cell's jobs ran (lorarl.provenance.cell_code)
     pd.DataFrame(html.code_rows(code)).to_csv(out["provenance"], index=False)
     checkout = {**tracking.git_state(), **tracking.package_versions()}
-    page = html.page(study, results, rows, data.summaries, md, shown, figs, skipped, prov, code, checkout)
+    from lorarl.report import cost
+
+    cost_csv, cost_df = cost.write(study, results, price)  # the jobs' cost records rolled up (lorarl.ledger)
+    if cost_csv is not None:
+        out["cost"] = cost_csv
+    cost_html = cost.html_section(cost_df, cost.progress(study, results, cost_df) if not cost_df.empty else {}, price)
+    page = html.page(study, results, rows, data.summaries, md, shown, figs, skipped, prov, code, checkout, cost_html)
     out["report"] = results / study.name / "report.html"
     atomic_write_text(out["report"], page)
     return out

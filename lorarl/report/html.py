@@ -80,7 +80,8 @@ def figure_html(png: Path, caption: str) -> str:
 
 def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tables: dict[str, pd.DataFrame],
          figures: list[tuple[Path, str]], skipped: dict[str, list[str]], provenance: dict[str, str],
-         code: dict[str, list[dict]] | None = None, checkout: dict[str, str] | None = None) -> str:
+         code: dict[str, list[dict]] | None = None, checkout: dict[str, str] | None = None,
+         cost: str = "") -> str:
     target = ui_target(results, study.name)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(study.name)} report</title>"
@@ -98,6 +99,7 @@ def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tabl
     if skipped:
         parts.append("<p>Not drawn (the study lacks what they need): " + "; ".join(
             f"{_e(k)} ({_e(', '.join(v))})" for k, v in skipped.items()) + "</p>")
+    parts += ['<h2 id="cost">Cost</h2>', cost or "<p><i>no cost section</i></p>"]
     parts += ["<h2>Provenance</h2>", code_section(code or {}), "<table>"] + [
         f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in provenance.items()] + ["</table>"]
     parts += ["<h3>The checkout at report time</h3><p>Where this page was built from, not what the cells ran.</p>"

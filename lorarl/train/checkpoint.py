@@ -143,7 +143,8 @@ class CellCheckpoints:
         self._lock = open(self.root / ".lock", "a+")
         self.waited_for_lock = False  # another job trained this cell meanwhile: train_cell checks its outputs
         wait = float(os.environ.get(LOCK_WAIT_ENV, "600")) if lock_wait_s is None else float(lock_wait_s)
-        deadline = time.time() + wait
+        t_wait = time.time()  # the wait for the cell's lock: the cost ledger's wait phase
+        deadline = t_wait + wait
         while True:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -159,6 +160,9 @@ class CellCheckpoints:
                           f"waiting for it (at most ${LOCK_WAIT_ENV} s)", file=sys.stderr, flush=True)
                 self.waited_for_lock = True
                 time.sleep(2.0)
+        from lorarl import ledger
+
+        ledger.spent("wait", time.time() - t_wait)
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"pid {os.getpid()} job {_job_id()} host {os.uname().nodename}{' ' + holder if holder else ''}\n")

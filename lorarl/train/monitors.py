@@ -8,11 +8,13 @@ import time
 
 import torch
 
+from lorarl import ledger
 from lorarl.numerics import kl as klmod
 
 
 class KLMonitors:
-    """Mixin: KL(pi || base) and KL(pi_new || pi_old) monitors, the update's wall time and tokens/s."""
+    """Mixin: KL(pi || base) and KL(pi_new || pi_old) monitors, the update's wall time and tokens/s, the cost ledger's
+    step and checkpoint times (lorarl.ledger)."""
 
     def _log_kl_ref(self, logp_BT, ref_BT, mask_BT, mode="train") -> None:
         self._log("kl_ref/k1", self._gmasked_mean(klmod.k1(logp_BT, ref_BT), mask_BT), mode)
@@ -30,10 +32,15 @@ class KLMonitors:
         self._log(f"kl_new_old{which}", self._gmasked_mean(rho * log_rho - rho + 1, mask_BT))
         self._log(f"kl_new_old{which}/logratio", self._gmasked_mean(log_rho, mask_BT))
 
+    def _save_checkpoint(self, model, trial):
+        with ledger.phase("checkpoint"):  # HF's checkpoint save: the cost ledger's checkpoint phase (lorarl.ledger)
+            return super()._save_checkpoint(model, trial)
+
     def _after_optimizer_step(self, global_step: int) -> None:
         """Update timing, then (every kl_monitor_every training steps) the no-grad monitors on the batch just trained."""
         wall = time.perf_counter() - self._step_t0
         self._log("time/step_s", wall)
+        ledger.close_step(wall)  # the step's time no finer phase took: its update (lorarl.ledger)
         tokens = self._gsum(self._step_tokens)[0]  # every rank's tokens of the update
         self._log("tokens_per_s", tokens / wall if wall > 0 else 0.0)
         self._step_tokens = 0.0
@@ -52,6 +59,7 @@ class KLMonitors:
             ref_BT = self._forward_logps(self.reference_model, batch)
             self._log_kl_ref(logp_BT, ref_BT, mask_BT)
             self._log("time/kl_monitor_s", time.perf_counter() - t0)
+            ledger.spent("reference", time.perf_counter() - t0)
         t0 = time.perf_counter()  # the end of a training step (_after_optimizer_step): its last update is done
         new_BT = self._forward_logps(self.model, batch)
         self._log_kl_new_old(new_BT, logp_BT, mask_BT, "/update")  # the last update alone

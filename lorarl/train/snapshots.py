@@ -50,6 +50,12 @@ class SnapshotSaver(TrainerCallback):
         return missing
 
     def save_step(self, step: int, model: Any, state_dict: dict | None = None) -> None:
+        from lorarl import ledger
+
+        with ledger.phase("checkpoint"):  # a snapshot's write (lorarl.ledger)
+            self._save_step(step, model, state_dict)
+
+    def _save_step(self, step: int, model: Any, state_dict: dict | None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         dst = self.root / f"step-{step}"
         tmp = self.root / f".step-{step}.tmp"

@@ -35,6 +35,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from lorarl import ledger
 from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.numerics.divergence import nan_reward_fault
@@ -67,6 +68,7 @@ class _StepHooks(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kw):
         self.trainer._step_t0 = time.perf_counter()
+        ledger.step_begin()  # the cost ledger's step window (lorarl.ledger)
 
     def on_step_end(self, args, state, control, **kw):
         self.trainer._after_optimizer_step(state.global_step)
@@ -191,10 +193,11 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         return out
 
     def _generate(self, prompts: list):
-        t0 = time.perf_counter()
+        t0, pushed = time.perf_counter(), ledger.total("handoff")
         out = super()._generate(prompts)  # HF generate, or vLLM: weight sync (when the step moved) + sampling
         mode = "train" if self.model.training else "eval"
         self._log("time/generate_s", time.perf_counter() - t0, mode)
+        ledger.spent("generation", time.perf_counter() - t0 - (ledger.total("handoff") - pushed))  # push apart
         self._log("rollout/tokens", self._gsum(sum(len(ids) for ids in out[1]))[0], mode)  # every rank's
         self._prompt_ids_list = out[0]
         return out
@@ -255,6 +258,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         if self.overlong_buffer:
             self._log_mean("overlong/frac_penalized", penalized, n, mode)
         self._log("time/reward_s", time.perf_counter() - t0, mode)
+        ledger.spent("reward", time.perf_counter() - t0)
         rewards = torch.tensor(dep.totals, dtype=torch.float32, device=self.accelerator.device)
         return self.accelerator.gather(rewards.unsqueeze(1))  # [B, 1] of every rank, as TRL's own (it slices)
 
@@ -267,6 +271,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             t0 = time.perf_counter()
             out["lorarl_ref_logps"] = self._forward_logps(self.reference_model, out)
             self._log("time/ref_forward_s", time.perf_counter() - t0, mode)
+            ledger.spent("reference", time.perf_counter() - t0)
         return out
 
     def _score_round(self, inputs, mode: str):

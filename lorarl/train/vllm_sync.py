@@ -35,4 +35,7 @@ def sync_weights(generation: Any, named_params: Any) -> None:
         empty_cache()
         generation.llm.wake_up(tags=["weights"])
         generation._llm_weights_sleeping = False
-    push_weights(generation.llm, named_params())
+    from lorarl import ledger
+
+    with ledger.phase("handoff"):  # inside the step's generation window; the ledger takes it out of generation
+        push_weights(generation.llm, named_params())

@@ -198,6 +198,22 @@ def test_two_cell_study_end_to_end(models, tmp_path: Path):
     assert rows["s0"]["train"]["state"] == rows["s1"]["train"]["state"] == "done"
     assert rows["s0"]["evaluate"]["state"] == "done"
     assert (res / "tables" / "summary.md").exists()
+    # the cost ledger (lorarl.ledger) against the scheduler: every Slurm job left one record, and the study's
+    # core-seconds (wall x allocated CPUs, by the jobs themselves) equal sacct's elapsed x AllocCPUS within 10%
+    from lorarl.provenance import job_ids as prov_ids
+    from lorarl.report.cost import read_records
+
+    recs = [r for r in read_records(wd / "results", "sl2") if r["stage"] != "aggregate"]  # the aggregate runs locally
+    submitted = {j for p in res.glob("*/provenance/*.json") for j in prov_ids(p)}
+    assert {r["job_id"] for r in recs} == submitted and len(recs) == len(submitted), (recs, submitted)
+    assert all(r["devices"]["gpus"] == 1 for r in recs if r["stage"] == "train"), recs  # the fake GPU Slurm gave
+    assert all(r["devices"]["gpus"] == 0 and r["started_by"] == "slurm" for r in recs if r["stage"] == "diagnose"), recs
+    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(submitted), "-o", "JobID,ElapsedRaw,AllocCPUS"],
+                          capture_output=True, text=True).stdout
+    sacct_s = sum(int(e) * int(c) for line in acct.split() for _, e, c in [line.split("|")])
+    ledger_s = sum(r["wall_s"] * r["devices"]["cpus"] for r in recs)
+    assert abs(ledger_s - sacct_s) <= 0.1 * sacct_s, (ledger_s, sacct_s, acct)
+    print(f"[cost ledger] {len(recs)} jobs: ledger {ledger_s:.1f} core-s, sacct {sacct_s} core-s")
 
     again = snakemake(wd)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
