@@ -58,6 +58,8 @@ PHASES: dict[str, str] = {
     "diagnostics": "weight-space diagnostics",
     "wait": "waiting on a lock, a claim or a decision",
     "other": "the stage's run after its first work that no finer phase covers (logging, writing outputs, tables)",
+    "scheduler": "a Slurm allocation held after its job's process ended (the step's and job's end): sacct's elapsed "
+                 "less the record's wall time, added when the study is rolled up (lorarl.report.cost.scheduler_tails)",
 }
 
 # A stage's work with no finer timer: the phase it falls under (the registry's fact, not an `if` elsewhere).

@@ -160,3 +160,17 @@ def test_a_bad_price_is_refused_naming_the_field_before_anything_is_written(tmp_
         assert f"gpu_hour_price: '{bad}' is not allowed; allowed: a number >= 0" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     assert cost.parse_price("") is None and cost.parse_price("2.5") == 2.5
+
+
+def test_scheduler_tail_is_sacct_elapsed_less_the_jobs_own_wall_time():
+    """The allocation after a Slurm job's process ended (its step and job end) is charged as `scheduler`; a requeued
+    job (sacct: its last run only), a job sacct cannot say, and a local job are left as they are; never negative."""
+    recs = [{"job_id": "11", "started_by": "slurm", "restart_count": 0, "wall_s": 100.0, "phases_s": {"update": 90.0}},
+            {"job_id": "12", "started_by": "slurm", "restart_count": 1, "wall_s": 50.0, "phases_s": {}},
+            {"job_id": "13", "started_by": "slurm", "restart_count": 0, "wall_s": 40.0, "phases_s": {}},
+            {"job_id": "14", "started_by": "slurm", "restart_count": 0, "wall_s": 30.0, "phases_s": {}},
+            {"job_id": None, "started_by": "process", "restart_count": 0, "wall_s": 20.0, "phases_s": {}}]
+    got = cost.scheduler_tails(recs, elapsed={"11": 112, "12": 80, "14": 29})
+    assert got[0]["phases_s"] == {"update": 90.0, "scheduler": 12.0} and got[0]["wall_s"] == 112.0
+    assert [r["wall_s"] for r in got[1:]] == [50.0, 40.0, 30.0, 20.0]
+    assert all("scheduler" not in r["phases_s"] for r in got[1:])

@@ -39,7 +39,51 @@ def read_records(results: str | Path, study: str, bases: Iterable[str] = ()) -> 
     files = list(sdir.glob(f"*/{DIR}/*.json")) + list(sdir.glob(f".*/{DIR}/*.json")) + \
         list(sdir.glob(f".packs/*/{DIR}/*.json"))
     files += [p for b in bases for p in (Path(results) / "models" / ".logs" / b / DIR).glob("*.json")]
-    return _load(set(files))
+    return scheduler_tails(_load(set(files)))
+
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+def sacct_elapsed(job_ids: list[str]) -> dict[str, int]:
+    """sacct's ElapsedRaw of each ended job (one call; {} where sacct is missing or cannot answer)."""
+    import shutil
+    import subprocess
+
+    if not job_ids or shutil.which("sacct") is None:
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids), "-o", "JobID,State,ElapsedRaw"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    got = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[0] in job_ids and parts[1].split()[0] in FINAL and parts[2].isdigit():
+            got[parts[0]] = int(parts[2])
+    return got
+
+
+def scheduler_tails(records: list[dict], elapsed: dict[str, int] | None = None) -> list[dict]:
+    """Each Slurm job's allocation after its process ended (the step's and the job's end on the node), which no clock
+    in the job can see: sacct's ElapsedRaw less the record's wall time, as the record's `scheduler` phase. Only for a
+    job with one record and no requeue (a requeued job's sacct line is its last run's); never negative; sacct's
+    whole seconds round it. Nothing changes where sacct cannot say (not a Slurm job, sacct missing, job running)."""
+    ids = sorted({str(r["job_id"]) for r in records if r.get("started_by") == "slurm" and r.get("job_id")})
+    elapsed = sacct_elapsed(ids) if elapsed is None else elapsed
+    by_job: dict[str, list[dict]] = {}
+    for r in records:
+        by_job.setdefault(str(r.get("job_id")), []).append(r)
+    for job, recs in by_job.items():
+        if job not in elapsed or len(recs) != 1 or recs[0].get("restart_count"):
+            continue
+        r = recs[0]
+        tail = max(float(elapsed[job]) - float(r.get("wall_s") or 0.0), 0.0)
+        if tail > 0:
+            r["phases_s"] = {**(r.get("phases_s") or {}), "scheduler": round(tail, 3)}
+            r["wall_s"] = round(float(r.get("wall_s") or 0.0) + tail, 3)
+    return records
 
 
 def charges(records: list[dict], unit: str | None = None) -> pd.DataFrame:

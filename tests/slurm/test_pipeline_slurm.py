@@ -211,9 +211,12 @@ def test_two_cell_study_end_to_end(models, tmp_path: Path):
     acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(submitted), "-o", "JobID,ElapsedRaw,AllocCPUS"],
                           capture_output=True, text=True).stdout
     sacct_s = sum(int(e) * int(c) for line in acct.split() for _, e, c in [line.split("|")])
-    ledger_s = sum(r["wall_s"] * r["devices"]["cpus"] for r in recs)
+    ledger_s = sum(r["wall_s"] * r["devices"]["cpus"] for r in recs)  # with each job's scheduler tail (sacct's)
+    in_job_s = sum((r["wall_s"] - r["phases_s"].get("scheduler", 0.0)) * r["devices"]["cpus"] for r in recs)
     assert abs(ledger_s - sacct_s) <= 0.1 * sacct_s, (ledger_s, sacct_s, acct)
-    print(f"[cost ledger] {len(recs)} jobs: ledger {ledger_s:.1f} core-s, sacct {sacct_s} core-s")
+    assert 0.75 * sacct_s <= in_job_s <= 1.02 * sacct_s, (in_job_s, sacct_s, acct)  # the jobs' own clocks alone
+    print(f"[cost ledger] {len(recs)} jobs: ledger {ledger_s:.1f} core-s ({in_job_s:.1f} by the jobs' clocks), "
+          f"sacct {sacct_s} core-s")
 
     again = snakemake(wd)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
