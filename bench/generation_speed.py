@@ -21,7 +21,7 @@ Every engine's tokens are compared with today's (``same``: all rows equal). No t
     PYTHONPATH=. python bench/generation_speed.py                        # CPU: twin at 2 layers, 16 tokens
     PYTHONPATH=. python bench/generation_speed.py --twin-layers 28 --tokens 128   # a GPU: the real depth
 
-On CUDA the models run in bfloat16, on the CPU in float32.
+On CUDA the models run in bfloat16, on the CPU in float32 (``--threads``, default 1).
 """
 
 from __future__ import annotations
@@ -92,8 +92,10 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["tiny", "qwen3-1.7b"])
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (a shared box: 1 thread, no oversubscription)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(a.threads)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     layers = a.twin_layers or (28 if device == "cuda" else 2)
     where = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
