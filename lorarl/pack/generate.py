@@ -20,7 +20,7 @@ exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.
 
 KV cache (``runtime.generation``, :mod:`lorarl.decoding`): transformers' dynamic cache, or a static cache of
 ``prompt_width + max_new_tokens`` positions (fixed shapes); the decode loop stays eager (the routing's row blocks
-are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_decoding.py).
+are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_rowsample.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ only when a uniform falls on a CDF boundary).
   its checkpoints (a resumed run samples what the uninterrupted run samples: tests/test_resume.py).
 * KV cache and compiled decode step (``runtime.generation``, :mod:`lorarl.decoding`): set on the chunk's
   generation config (``cache_implementation="static"``, ``compile_config``); ``generate``'s logits processors,
-  :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/test_decoding.py).
+  :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/test_rowsample.py).
 * Several ranks (lorarl.train.ranks): the table is drawn for the rows of every rank from rank 0's stream and
   each rank takes its rows (row ``i`` of the generation batch gets row ``i`` of the table: :func:`batch_uniforms`),
   prompts padded to the widest over the ranks, so the samples do not depend on the number of ranks either.
