@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
+from lorarl.decoding import RuntimeConfig  # pydantic only at import (torch inside its functions)
 from lorarl.prompt_config import BasePrompt, PromptConfig, check_base_prompts  # noqa: F401 (PromptConfig re-exported)
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
 from lorarl.taskconfig import Strict, TaskConfig, TaskSource  # noqa: F401  (re-exported: the task section lives there)
@@ -347,6 +348,7 @@ class CellConfig(Strict):
     reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
     rollout: RolloutConfig = RolloutConfig()  # which engine samples the training rollouts (hf | vllm)
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, json_schema_extra={"runtime": True})  # how the jobs run on their machine (the HF engine's KV cache and compiled decode: lorarl.decoding); never in a signature
 
     @model_validator(mode="before")
     @classmethod

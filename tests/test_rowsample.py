@@ -1,6 +1,7 @@
 """HF rollouts in chunks (rollout.generation_batch_size, lorarl.train.rowsample): the solo trainer's and
-the pack's samples are the same whatever the chunk size (1, 3 with an uneven last chunk, null), they still
-depend on the seed, and the sampler draws from the warped distribution."""
+the pack's samples are the same whatever the chunk size (1, 3 with an uneven last chunk, null) and whatever
+the KV cache (runtime.generation.cache static or dynamic, lorarl.decoding), they still depend on the seed, and
+the sampler draws from the warped distribution."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import dataclasses
 import pytest
 import torch
 
+from lorarl.decoding import GenerationEngine
 from lorarl.train.rowsample import chunk_slices, inverse_cdf
 from tests.test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401
+from tests.tiny_model import used_static
 
 ROWS, MAXLEN = 8, 10
 CHUNKS = [None, 1, 3, ROWS]  # 3: chunks of 3, 3 and 2 rows
+STATIC = GenerationEngine(cache="static")  # the default on this CPU is the dynamic cache (lorarl.decoding)
 
 
 def test_chunk_slices():
@@ -50,8 +54,8 @@ def eos_model(tiny_dir):  # noqa: F811
     return model, tok
 
 
-def solo_samples(trainer, tok, chunk, seed):
-    trainer.generation_batch_size = chunk
+def solo_samples(trainer, tok, chunk, seed, engine=None):
+    trainer.generation_batch_size, trainer.generation_engine = chunk, engine
     prompts = [tok(f"Q: {i}+{3 * i}=?" + " x" * (i % 3))["input_ids"] for i in range(ROWS)]  # uneven widths
     torch.manual_seed(seed)  # what the HF Trainer seeds from the cell's seed (and restores on resume)
     ids, logprobs = trainer._generate_single_turn(prompts, None, {}, 2)
@@ -71,10 +75,13 @@ def test_solo_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(eos_model,
     lengths = {len(c) for c in ref}
     assert len(lengths) > 1 and max(lengths) <= MAXLEN  # rows end at different steps: the test can fail
     assert all(c[-1] == tok.eos_token_id for c in ref if len(c) < MAXLEN)
+    assert not used_static(model)
     for chunk in CHUNKS[1:]:
         ids, rng = solo_samples(trainer, tok, chunk, 5)
         assert ids == ref, chunk
         assert torch.equal(rng, after), chunk
+    ids, rng = solo_samples(trainer, tok, 3, 5, STATIC)  # a static KV cache: the same tokens, the same stream
+    assert ids == ref and torch.equal(rng, after) and used_static(model)
     assert solo_samples(trainer, tok, 3, 6)[0] != ref  # another seed, other samples
 
 
@@ -93,6 +100,7 @@ def test_solo_rollouts_apply_the_sampling_warpers(eos_model, tmp_path):
                             do_sample=False, max_new_tokens=MAXLEN, eos_token_id=tok.eos_token_id,
                             pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
     assert ids[1] == greedy[: len(ids[1])] and len(ids[1]) in (len(greedy), MAXLEN)
+    assert solo_samples(trainer, tok, 3, 5, STATIC)[0] == ids  # greedy through a static KV cache: the same tokens
 
 
 def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, tmp_path):  # noqa: F811
@@ -103,13 +111,16 @@ def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, 
     cells = [cell(tiny_dir, "a", 1, temperature=0.9), cell(tiny_dir, "b", 2, top_p=0.9)]
     for c in cells:
         c.config.rollout.generation_batch_size = 3
+        c.config.runtime.generation.cache = "dynamic"
     pack = build_pack(cells, results_dir=tmp_path)
     lp = pack.loop
     assert lp.sample.generation_batch_size == 3  # the cells' rollout.generation_batch_size reaches the sampler
+    assert lp.sample.engine.cache == "dynamic"  # and their runtime.generation
     prompts = [lp.members[0].prompt_ids[:5], lp.members[1].prompt_ids[2:5]]  # 8 rows: chunks of 3 cross the cells
 
-    def samples(chunk, seeds=(11, 12)):
-        s = dataclasses.replace(lp.sample, generation_batch_size=chunk)
+    def samples(chunk, seeds=(11, 12), engine=None, temperature=None):
+        s = dataclasses.replace(lp.sample, generation_batch_size=chunk, engine=engine or lp.sample.engine)
+        s = s if temperature is None else dataclasses.replace(s, temperature=temperature)
         gens = [torch.Generator().manual_seed(x) for x in seeds]
         ros = generate(lp.trainer.router, prompts, gens, s)
         return [r.completion_ids for r in ros], [g.get_state() for g in gens]
@@ -120,6 +131,10 @@ def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, 
         got, st = samples(chunk)
         assert got == ref, chunk
         assert all(torch.equal(a, b) for a, b in zip(st, states)), chunk  # each cell's stream consumed alike
+    got, st = samples(3, engine=STATIC)  # a static KV cache: the same tokens, each cell's stream consumed alike
+    assert got == ref and all(torch.equal(a, b) for a, b in zip(st, states))
+    cold = 1e-4  # near-greedy: the top token takes the whole mass
+    assert samples(3, engine=STATIC, temperature=cold)[0] == samples(None, temperature=cold)[0]
     other, _ = samples(3, seeds=(11, 99))
     assert other[0] == ref[0] and other[1] != ref[1]  # cell b's seed changes b's samples only
 
@@ -130,6 +145,8 @@ def test_the_cell_setting_reaches_the_solo_trainer(tiny_dir, tmp_path):  # noqa:
 
     cfg = CellConfig.model_validate({"model": str(tiny_dir), "adapter": {"method": "lora", "rank": 2},
                                      "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 4},
-                                     "rollout": {"generation_batch_size": 3}})
+                                     "rollout": {"generation_batch_size": 3},
+                                     "runtime": {"generation": {"cache": "static", "compile": "off"}}})
     trainer, _ = tiny_trainer(str(tiny_dir), cfg, str(tmp_path))
     assert trainer.generation_batch_size == 3
+    assert trainer.generation_engine == GenerationEngine(cache="static", compile="off")  # runtime.generation

@@ -204,7 +204,7 @@ LAYERS = (
                      "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
                      "prompt_config", "taskconfig", "toyconfig", "build_progress")),
     ("numerics and grading", ("numerics", "grading")),
-    ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking")),
+    ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
     ("config schema and registries", ("config", "kinds", "evalplan")),
     ("study resolution", ("matrix", "yamlpos", "preflight", "hubcheck", "adaptive", "study", "profiles")),
     ("stages", ("train", "evaluate", "diagnose", "toy")),

@@ -20,3 +20,10 @@ def save_tiny(d, hidden: int = 32, intermediate: int = 64) -> str:
     model.save_pretrained(d)
     tok.save_pretrained(d)
     return str(d)
+
+
+def used_static(model) -> bool:
+    """transformers' generate built a StaticCache on ``model`` (it records the cache length there)."""
+    from lorarl.decoding import base_model
+
+    return getattr(base_model(model), "_previous_max_cache_length", None) is not None

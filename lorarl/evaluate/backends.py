@@ -108,7 +108,7 @@ class HFBackend:
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
                  merge: bool = False, device: str | None = None, dtype: str = "auto",
                  batch_size: int = 16, use_chat_template: bool | None = None,
-                 prompt_config: Any = None) -> None:
+                 prompt_config: Any = None, generation: Any = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -139,6 +139,7 @@ class HFBackend:
         self.batch_size = batch_size
         self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
         self.eos_ids: list[int] = eos
+        self.generation = generation  # runtime.generation: KV cache and compiled decode step (lorarl.decoding)
 
     def _generation_config(self, protocol: Protocol) -> Any:
         from transformers import GenerationConfig
@@ -163,7 +164,10 @@ class HFBackend:
         """``protocol.n`` completions for each prompt (a user message), in prompt order."""
         import torch
 
-        gen_cfg = self._generation_config(protocol)
+        from lorarl.decoding import apply, plan
+
+        dev = torch.device(self.device).type
+        gen_cfg = apply(self._generation_config(protocol), plan(self.generation, self.model, dev), dev)
         ids = self.encode(prompts)
         # one job per (prompt, sample); longest prompts first so batches pad little
         jobs = sorted(((i, s) for i in range(len(prompts)) for s in range(protocol.n)),

@@ -116,7 +116,7 @@ def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_d
     from lorarl.evaluate.backends import HFBackend
 
     return HFBackend(model_path, adapter, merge=True, batch_size=ev.batch_size,
-                     prompt_config=cfg.prompt)
+                     prompt_config=cfg.prompt, generation=getattr(getattr(cfg, "runtime", None), "generation", None))
 
 
 def metric_values(summary: dict) -> dict[str, float]:

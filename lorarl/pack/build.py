@@ -236,7 +236,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                             temperature=tuple(c.config.train.temperature for c in cells),
                             top_p=tuple(c.config.train.top_p for c in cells), pad_token_id=int(pad),
                             eos_token_ids=tuple(int(e) for e in eos_ids),
-                            generation_batch_size=_int_or_none(cfg0.rollout.generation_batch_size))
+                            generation_batch_size=_int_or_none(cfg0.rollout.generation_batch_size),
+                            engine=cfg0.runtime.generation)
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells),

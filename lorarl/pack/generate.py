@@ -17,6 +17,10 @@ pack of one, and for every chunk), so every decode step sees the same key length
 of one and in any chunk; rows never interact (causal attention, per-row matmuls), so a pack of K samples
 exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
 (no top-k: TRL's default ``top_k=0``).
+
+KV cache (``runtime.generation``, :mod:`lorarl.decoding`): transformers' dynamic cache, or a static cache of
+``prompt_width + max_new_tokens`` positions (fixed shapes); the decode loop stays eager (the routing's row blocks
+are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_rowsample.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lorarl.decoding import GenerationEngine, new_cache, plan
 from lorarl.train.rowsample import chunk_slices, draw_uniforms, inverse_cdf, left_pad
 
 
@@ -39,6 +44,7 @@ class SampleSettings:
     pad_token_id: int = 0  # why: filler after a row's end (and left padding)
     eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
     generation_batch_size: int | None = None  # why: rows generated at once (KV-cache memory; samples unchanged)
+    engine: GenerationEngine | None = None  # why: runtime.generation, the KV cache (static or dynamic; lorarl.decoding)
 
     def cell(self, k: int) -> tuple[float, float]:
         """(temperature, top_p) of cell k."""
@@ -106,8 +112,6 @@ def _decode(router, rows: list[list[int]], cell_N: list[int], u_NT: torch.Tensor
             s: SampleSettings) -> list[list[int]]:
     """One chunk: prefill, then one forward per decode step over the chunk's rows (KV cache); row ``i``
     of cell ``k`` draws its step-``t`` token at ``u_NT[i, t]`` under cell k's temperature and top-p."""
-    from transformers import DynamicCache
-
     host = router.host
     dev = next(host.parameters()).device
     ids_NP, mask_NP = left_pad(rows, s.prompt_width, s.pad_token_id)
@@ -122,7 +126,7 @@ def _decode(router, rows: list[list[int]], cell_N: list[int], u_NT: torch.Tensor
     for k in dict.fromkeys(cell_N):
         first = cell_N.index(k)
         spans[k] = slice(first, first + cell_N.count(k))
-    cache = DynamicCache()
+    cache = new_cache(host, plan(s.engine, host, dev.type, routed=True), s.prompt_width + s.max_new_tokens)
     attn_NL, next_pos_N = mask_NP, pos_NP[:, -1] + 1
     with router.route(sizes):
         logits = host(input_ids=ids_NP, attention_mask=attn_NL, position_ids=pos_NP, past_key_values=cache,

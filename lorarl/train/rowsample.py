@@ -21,6 +21,9 @@ only when a uniform falls on a CDF boundary).
   returns a one-hot score for the drawn token, which ``generate`` (``do_sample=False``) takes. ``U_NT``
   comes from the global CPU RNG, which the HF Trainer seeds from the cell's seed and saves/restores in
   its checkpoints (a resumed run samples what the uninterrupted run samples: tests/test_resume.py).
+* KV cache and compiled decode step (``runtime.generation``, :mod:`lorarl.decoding`): set on the chunk's
+  generation config (``cache_implementation="static"``, ``compile_config``); ``generate``'s logits processors,
+  :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/test_rowsample.py).
 * Several ranks (lorarl.train.ranks): the table is drawn for the rows of every rank from rank 0's stream and
   each rank takes its rows (row ``i`` of the generation batch gets row ``i`` of the table: :func:`batch_uniforms`),
   prompts padded to the widest over the ranks, so the samples do not depend on the number of ranks either.
@@ -137,6 +140,7 @@ class ChunkedRollouts:
     multimodal prompts keep TRL's own path."""
 
     generation_batch_size: int | str | None = None  # rows generated at once; None = the whole batch
+    generation_engine: Any = None  # runtime.generation (lorarl.decoding): KV cache and compiled decode step
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if self.use_vllm or self.use_transformers_continuous_batching or multimodal_fields or \
@@ -148,6 +152,7 @@ class ChunkedRollouts:
     def _chunked_generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         from trl.models import unwrap_model_for_generation
 
+        from lorarl.decoding import apply, plan
         from lorarl.train.ranks import global_max
 
         dev, pad = self.accelerator.device, self._tokenizer.pad_token_id
@@ -168,6 +173,7 @@ class ChunkedRollouts:
             warpers = sampling_warpers(cfg)  # what HF would apply with do_sample=True
             greedy = copy.deepcopy(self.generation_config)  # TRL's, with HF's sampling handed to RowSampler
             greedy.do_sample, greedy.temperature, greedy.top_k, greedy.top_p, greedy.min_p = False, 1.0, None, 1.0, None
+            apply(greedy, plan(self.generation_engine, model, dev.type), dev.type)  # static cache + compile, or not
             for sl in chunk_slices(len(prompt_ids), self.generation_batch_size):
                 ids_NP, mask_NP = left_pad(prompt_ids[sl], width, pad)
                 seq_NL = model.generate(input_ids=ids_NP.to(dev), attention_mask=mask_NP.to(dev),

@@ -96,7 +96,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, micro_batch_size: int | None = None,
-                 micro_batch_tokens: int | None = None, prompt_keep: int | None = None, **kwargs):
+                 micro_batch_tokens: int | None = None, prompt_keep: int | None = None,
+                 generation_engine: Any = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -128,6 +129,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
+        self.generation_engine = generation_engine  # hf: runtime.generation, KV cache and compiled decode (lorarl.decoding)
         self.kl_beta = beta
         self.kl_estimator = kl_estimator
         self.kl_importance_correction = bool(args.use_bias_correction_kl)
