@@ -1,12 +1,18 @@
-"""An adaptive study end to end through `snakemake all`, SIGKILLed in the middle (real training, tiny model).
+"""The shipped adaptive demo (experiments/demo_adaptive.yaml, the file itself) end to end through `snakemake all`,
+SIGKILLed in the middle (real training), shrunk the way a user shrinks a study: `--config set=...` (lorarl.study_set:
+the tiny test model, 4 steps, a snapshot every 2: one rung at step 2; the axes, `search:` and `hypotheses:` as
+shipped).
 
-Two settings of one seed each (the pairing of seeds is tested on hand-built records), 4 steps, one rung at
-step 2 (eta 2: one setting kept). `snakemake -n` says what waits
-on the rung; `snakemake all` is SIGKILLed once the rung is decided and the kept cells train on; `snakemake all`
-again finishes the study with the same decisions: the stopped cells censored at step 2 (checkpoint kept, no
-summary, MLflow run tagged and finished), the kept ones trained to the end from their rung (every step once,
-none retrained), censored rows in the tables; then `--config search=off` would resume the stopped cells from
-their rung and rerun none of their rung's evaluations (a dry run)."""
+Two ranks x two KL coefficients x one seed; the search's settings are the ranks (paired over seed and KL), eta 2:
+one rank is kept. Each rank has a non-inferiority hypothesis that needs 2 seeds (cap 3): the kept rank's adds seed
+1 to its two settings (and seed 2 while undecided: cells outside the search, trained straight through), the stopped
+rank's is censored. `snakemake -n` says what waits on the rung; `snakemake all` is SIGKILLed once the rung is
+decided and a kept cell trains on; `snakemake all` again finishes the study with the same decisions: the stopped
+cells censored at step 2 (checkpoint kept, no summary, MLflow run tagged and finished), the kept ones trained to
+the end from their rung (every step once, none retrained, the summary says it resumed there), the added seeds
+trained and counted in every table, the status and the search's cell-steps, report.html written; then
+`--config search=off` would resume the stopped cells from their rung and rerun none of their rung's evaluations
+(a dry run)."""
 
 from __future__ import annotations
 
@@ -26,19 +32,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-STUDY = {
-    "name": "ad",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3},
-        "eval": {"max_new_tokens": 16, "eval_every": 2},
-    },
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0]}},
-    "search": {"rule": "sha", "rungs": [2], "eta": 2},
-}
+DEMO = REPO / "experiments" / "demo_adaptive.yaml"
+SET = {"model": "local:tiny-test", "task.n_train": 64, "task.n_eval": 8, "train.steps": 4, "train.prompts_per_step": 2,
+       "train.generations": 2, "train.max_completion_length": 16, "eval.max_new_tokens": 16, "eval.eval_every": 2}
+CELLS = [f"r{r}-kl{k}-s0" for r in ("1", "8") for k in ("0", "0.05")]  # the matrix: the search's cells
 
 
 def command(wd: Path, *args: str) -> list[str]:
@@ -74,22 +71,23 @@ def test_adaptive_study_killed_then_finished(tmp_path: Path):
     import mlflow
 
     t0 = time.time()
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(
-        {"studies": [str(tmp_path / "study.yaml")], "results": "results", "launcher": "local", "slurm": {}}))
-    res = tmp_path / "results" / "ad"
+        {"studies": [str(DEMO)], "results": "results", "launcher": "local", "slurm": {}, "set": SET}))
+    res = tmp_path / "results" / "demo_adaptive"
     dry = snakemake(tmp_path, "-n", "all")
-    assert "[lorarl] ad: rung 2: waits on 2 setting(s): rank=1, rank=2 (2 cell(s) still to record" in dry.stderr
-    assert jobs_run(dry) == {"base_model": 1, "evaluate": 1, "train_rung": 2, "evaluate_step": 2, "decide_rung": 1,
+    study = res / "study_set.yaml"  # the shipped file with SET: what every job is handed (lorarl.study_set)
+    assert yaml.safe_load(study.read_text())["hypotheses"] == yaml.safe_load(DEMO.read_text())["hypotheses"]
+    assert "[lorarl] demo_adaptive: rung 2: waits on 2 setting(s): rank=1, rank=8 (4 cell(s) still to record" in dry.stderr
+    assert jobs_run(dry) == {"base_model": 1, "evaluate": 1, "train_rung": 4, "evaluate_step": 4, "decide_rung": 1,
                              "aggregate": 1, "all": 1}  # nothing past the rung before it is decided
 
     first = subprocess.Popen(command(tmp_path, "all"), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 1500
     views = []
-    while time.time() < deadline and first.poll() is None:  # the rung decided, the kept cells training on
+    while time.time() < deadline and first.poll() is None:  # the rung decided, a kept cell training on
         views = list(res.glob("adaptive/search-*/rung-2-all.json"))
-        if views and list(res.glob("*/logs/train.log")):  # the log of a `train` job (to the end)
+        if views and list(res.glob("*-s0/logs/train.log")):  # the log of a searched cell's `train` job (to the end)
             break
         time.sleep(1)
     assert views and first.poll() is None, (first.poll(), views)
@@ -105,17 +103,20 @@ def test_adaptive_study_killed_then_finished(tmp_path: Path):
     view = json.loads(decided)
     assert view["complete"] and sorted(view["decided"].values()) == ["promote", "stop"]
     kept = view["promoted"][0]
+    rank, other = kept.removeprefix("rank="), {"rank=1": "8", "rank=8": "1"}[kept]
     ledger = json.loads((res / "adaptive" / "search.json").read_text())
     assert ledger["rungs"][0]["decided"] == view["decided"] and ledger["conflicts"] == []
+    assert sorted(ledger["settings"][kept]["cells"]) == [f"r{rank}-kl0-s0", f"r{rank}-kl0.05-s0"]
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/results/mlflow.db")
-    for cell in ("r1-s0", "r2-s0"):
+    for cell in CELLS:
         d = res / cell
         mark = json.loads((d / "rungs" / "step-2.json").read_text())
         run = client.get_run(mark["mlflow_run_id"])
         assert [m.step for m in client.get_metric_history(run.info.run_id, "adaptive/rung_value")] == [2]
-        if ledger["settings"][kept]["cells"].count(cell):  # kept: trained from its rung to the end
+        if cell in ledger["settings"][kept]["cells"]:  # kept: trained from its rung to the end
             summary = json.loads((d / "summary.json").read_text())
-            assert summary["resumed_from_steps"] == [2] and summary["mlflow_run_id"] == mark["mlflow_run_id"]
+            assert summary["mlflow_run_id"] == mark["mlflow_run_id"], (cell, summary["mlflow_run_id"], mark)
+            assert summary["resumed_from_steps"][:1] == [2], (cell, summary["resumed_from_steps"])  # from its rung
             assert pd.read_csv(d / "metrics.csv")["step"].tolist() == [1, 2, 3, 4]  # none retrained
             assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == [1, 2, 3, 4]
             assert (d / "eval" / "synthetic.json").exists() and run.info.status == "FINISHED"
@@ -125,19 +126,38 @@ def test_adaptive_study_killed_then_finished(tmp_path: Path):
             assert run.data.tags["lorarl.state"] == "stopped" and run.data.tags["lorarl.stopped_at_step"] == "2"
             assert run.info.status == "FINISHED"
             assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == [1, 2]
+    # the kept rank's hypothesis added seed 1 (and 2 if undecided at 2 seeds) to its two settings, trained straight
+    # through outside the search; the stopped rank's is censored and adds none
+    hyp = json.loads((res / "adaptive" / "hypotheses.json").read_text())["hypotheses"]
+    used = hyp[f"kl_free_not_worse_r{rank}"]["seeds_used"]
+    assert used in (2, 3) and hyp[f"kl_free_not_worse_r{rank}"]["decision"] in (
+        ("supported", "refuted", "inconclusive") if used == 3 else ("supported", "refuted"))
+    assert hyp[f"kl_free_not_worse_r{other}"]["decision"] == "censored"
+    added = [f"r{rank}-kl{k}-s{s}" for s in range(1, used) for k in ("0", "0.05")]
+    for cell in added:
+        assert json.loads((res / cell / "summary.json").read_text())["steps"] == 4
+        assert (res / cell / "eval" / "synthetic.json").exists() and not (res / cell / "rungs").exists()
+    assert sorted(p.name for p in res.glob("r*-s[1-9]*")) == sorted(added)  # none beyond the looks, none for the other
     cells = pd.read_csv(res / "tables" / "cells.csv")
-    assert sorted(cells.loc[cells["state"] == "stopped", "cell"]) == sorted(
-        c for c in ("r1-s0", "r2-s0") if c not in ledger["settings"][kept]["cells"])
+    assert sorted(cells.loc[cells["state"] == "stopped", "cell"]) == [f"r{other}-kl0-s0", f"r{other}-kl0.05-s0"]
+    assert set(added) <= set(cells["cell"])  # the added seeds in every table
+    summary = pd.read_csv(res / "tables" / "summary.csv", dtype={"rank": str})
+    assert summary.loc[summary["rank"] == rank, "n_seeds"].tolist() == [used, used]
+    search = pd.read_csv(res / "tables" / "search.csv", dtype={"rank": str}).set_index("rank")
+    assert search.loc[rank, "state"] == "finished" and search.loc[rank, "n_cells"] == 2 + len(added)
+    assert search.loc["all", "cell_steps"] == 4 * (2 + len(added)) + 2 * 2  # kept + added cells to 4; stopped to 2
     assert "censored at step 2" in (res / "tables" / "stats.md").read_text()
-    assert "search_rungs" in (res / "report.html").read_text()
-    status = subprocess.run([sys.executable, "-m", "lorarl.cli", "status", str(tmp_path / "study.yaml"),
+    page = (res / "report.html").read_text()
+    assert "search_rungs" in page and all(c in page for c in added)
+    status = subprocess.run([sys.executable, "-m", "lorarl.cli", "status", str(study),
                              "--results", str(tmp_path / "results")], capture_output=True, text=True, env=env())
-    assert "1 done, 1 stopped" in status.stdout, status.stdout + status.stderr
+    assert f"{2 + len(added)} done, 2 stopped" in status.stdout, status.stdout + status.stderr
+    assert all(c in status.stdout for c in added), status.stdout
 
     again = snakemake(tmp_path, "-n", "all")
     assert "Nothing to be done" in again.stdout + again.stderr
-    assert "[lorarl] ad: rung 2: promoted " in again.stderr and "stopped (censored)" in again.stderr
+    assert "[lorarl] demo_adaptive: rung 2: promoted " in again.stderr and "stopped (censored)" in again.stderr
     off = jobs_run(snakemake(tmp_path, "-n", "all", "--config", "search=off"))
-    # search off: the stopped cell trains on from its rung (1 train job), its rung's evaluation stays
-    assert off.get("train") == 1 and "evaluate_step" not in off and "train_rung" not in off, off
+    # search off: the stopped cells train on from their rung (2 train jobs), their rung's evaluations stay
+    assert off.get("train") == 2 and "evaluate_step" not in off and "train_rung" not in off, off
     print(f"[adaptive e2e] killed after {t_kill:.0f}s, total {time.time() - t0:.0f}s")
