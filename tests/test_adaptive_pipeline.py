@@ -67,6 +67,13 @@ def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+def _text(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
+
+
 def test_adaptive_study_killed_then_finished(tmp_path: Path):
     import mlflow
 
@@ -81,23 +88,46 @@ def test_adaptive_study_killed_then_finished(tmp_path: Path):
     assert jobs_run(dry) == {"base_model": 1, "evaluate": 1, "train_rung": 4, "evaluate_step": 4, "decide_rung": 1,
                              "aggregate": 1, "all": 1}  # nothing past the rung before it is decided
 
-    first = subprocess.Popen(command(tmp_path, "all"), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(command(tmp_path, "all"), cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)  # its jobs: in its process group
     deadline = time.time() + 1500
-    views = []
+    views, running = [], []
     while time.time() < deadline and first.poll() is None:  # the rung decided, a kept cell training on
         views = list(res.glob("adaptive/search-*/rung-2-all.json"))
-        if views and list(res.glob("*-s0/logs/train.log")):  # the log of a searched cell's `train` job (to the end)
+        running = sorted(p.parts[-3] for p in res.glob("*-s0/logs/train.log")  # a searched cell's `train` (to the end)
+                         if "submitted job" in _text(p))  # its job in flight
+        if views and running:
             break
         time.sleep(1)
-    assert views and first.poll() is None, (first.poll(), views)
-    os.kill(first.pid, signal.SIGKILL)  # Snakemake dies; its jobs go on as orphans, adopted by the rerun
+    assert views and running and first.poll() is None, (first.poll(), views)
+    # Snakemake dies; its launchers and jobs go on as orphans, adopted by the rerun. They are frozen until the
+    # rerun has found them: a job that finished in between would have its outputs removed by the rerun's cleanup
+    # of incomplete outputs and be trained again from scratch (the window docs/slurm.md names), not adopted.
+    os.killpg(first.pid, signal.SIGSTOP)
+    os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    before = {c: _text(res / c / "logs" / "train.log") for c in running}  # the frozen launchers write no more
     decided = views[0].read_bytes()
     t_kill = time.time() - t0
 
     snakemake(tmp_path, "--unlock")
-    second = snakemake(tmp_path, "all")
+    logs = [open(tmp_path / f"rerun.{k}", "w+") for k in ("out", "err")]  # read once it ended
+    second = subprocess.Popen(command(tmp_path, "all"), cwd=tmp_path, env=env(), stdout=logs[0], stderr=logs[1])
+    try:
+        while time.time() < deadline and second.poll() is None and not all(  # the rerun's launcher: found or not
+                (t := _text(res / c / "logs" / "train.log")) != before[c] and ("earlier launcher" in t or "submitted job" in t)
+                for c in running):
+            time.sleep(1)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)  # thawed: the adopted jobs finish, their launchers exit
+        for f in logs:
+            f.close()
+    second.wait(timeout=max(600.0, deadline - time.time()))
+    out, err = (_text(tmp_path / f"rerun.{k}") for k in ("out", "err"))
+    second = subprocess.CompletedProcess(second.args, second.returncode, out, err)
+    assert second.returncode == 0, out[-3000:] + err[-6000:]
+    for c in running:  # the rerun waited on the orphan training job instead of submitting a second one
+        assert "adopted job" in _text(res / c / "logs" / "train.log"), _text(res / c / "logs" / "train.log")
     assert views[0].read_bytes() == decided  # the same decisions: the view is reused, never redone
     assert "decide_rung" not in jobs_run(second) and "train_rung" not in jobs_run(second)
     view = json.loads(decided)
