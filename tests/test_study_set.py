@@ -41,7 +41,7 @@ def test_set_overrides_the_defaults_and_keeps_the_matrix(tmp_path: Path):
     ([4], "allowed: a mapping of study default fields"),
 ])
 def test_a_bad_set_is_refused_before_anything_is_written(tmp_path: Path, bad, says):
-    with pytest.raises(StudyError, match=None) as err:
+    with pytest.raises(StudyError) as err:
         effective_file(DEMO, bad, tmp_path)
     assert says in str(err.value)
     assert not (tmp_path / "demo_adaptive").exists()
