@@ -40,6 +40,20 @@ def _axis_fields(raw: dict) -> dict[str, str]:
     return {p: name for name, ax in study.axes.items() for sets in ax.writes() for p, _ in sets}
 
 
+def _typed(value: Any) -> Any:
+    """A value as YAML reads it: Snakemake hands `--config set='{...}'` over with every scalar as text ("4")."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, str):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
+
+
 def apply_set(raw: dict, overrides: Any, source: str) -> dict:
     """The study mapping ``raw`` with ``overrides`` written into its ``defaults`` (a new mapping; ``raw`` unchanged).
     Raises StudyError naming ``set.<key>`` and what is allowed."""
@@ -79,7 +93,7 @@ def apply_set(raw: dict, overrides: Any, source: str) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise StudyError(f"config set.{key}: {source} gives {part!r} a value that is not a mapping")
-        node[parts[-1]] = value
+        node[parts[-1]] = _typed(value)
     return out
 
 

@@ -30,6 +30,9 @@ def test_set_overrides_the_defaults_and_keeps_the_matrix(tmp_path: Path):
     mtime = out.stat().st_mtime_ns
     assert effective_file(DEMO, SMALL, tmp_path) == out and out.stat().st_mtime_ns == mtime  # unchanged: not rewritten
     assert effective_file(DEMO, {}, tmp_path) == DEMO and effective_file(DEMO, None, tmp_path) == DEMO
+    # `--config set='{"train.steps": 4}'`: Snakemake hands every scalar over as text; read as YAML, the same study
+    texts = {k: str(v) for k, v in SMALL.items()}
+    assert load_study(effective_file(DEMO, texts, tmp_path / "cli")).model_dump() == small.model_dump()
 
 
 @pytest.mark.parametrize("bad, says", [
