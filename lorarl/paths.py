@@ -29,6 +29,7 @@ PATTERNS = {
     "hypotheses_ledger": "{results}/{study}/adaptive/hypotheses.json",  # sequential comparisons (lorarl.adaptive.ledger)
     "rung_mark": "{results}/{study}/{cell}/rungs/step-{step}.json",  # a train job stopped at a rung (lorarl.train.until)
     "rung_view": "{results}/{study}/adaptive/{tag}/rung-{step}-{n}.json",  # a rung's decisions (checkpoint rule)
+    "study_set": "{results}/{study}/study_set.yaml",  # the study as a `--config set=...` run has it (lorarl.study_set)
     "hypothesis_look": "{results}/{study}/adaptive/{tag}/{hypothesis}-{n}.json",  # a look after n seeds (checkpoint rule)
 }
 

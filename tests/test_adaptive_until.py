@@ -113,6 +113,12 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert client.get_run(run.info.run_id).data.tags["lorarl.state"] == "done"
 
+    # a late job of the kept cell (a lost launcher's, started after the rerun finished the cell; its checkpoints are
+    # gone): its outputs are in place, so it trains nothing and the summary stays the one resumed from the rung
+    runs = len(client.search_runs([run.info.experiment_id]))
+    assert stage(rung_job([cell], seg)) == summary == json.loads((cdir / "summary.json").read_text())
+    assert len(client.search_runs([run.info.experiment_id])) == runs  # no new MLflow run
+
     monkeypatch.setenv(UNTIL_ENV, str(RUNG))  # a finished cell asked for its rung: a mark, no training
     assert stage(rung_job([cell], seg))["ended"] is True
     assert json.loads((cdir / "summary.json").read_text()) == summary
@@ -145,6 +151,12 @@ def test_a_fixed_pack_stops_every_member_at_the_rung(tiny_dir, teacher, tmp_path
         pd.testing.assert_frame_equal(numbers(got), numbers(want))  # bit for bit, like a pack of fresh members
         w, ref = weights(got), weights(want)
         assert all(torch.equal(w[k], ref[k]) for k in ref)
+    from lorarl.pack import publish
+
+    c = cells[0]  # published by its own train job; then a late pack-of-one job of it (the pack host) trains nothing
+    assert publish.publish(seg, "ut", c.id, c.hash)
+    done = json.loads((seg / "ut" / c.id / "summary.json").read_text())
+    assert packrun.train_alone("ut", c, seg) == done and done["resumed_from_steps"] == [RUNG]
 
 
 def test_a_cell_that_ends_before_its_rung_publishes_and_fills_the_rungs_snapshot(tiny_dir, teacher, tmp_path,

@@ -99,6 +99,9 @@ def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_i
         except RuntimeError:
             left_out[c.id] = "being trained by another job"
             continue
+        if run.done is not None:  # finished by another job since the check above: its lock is released
+            left_out[c.id] = "finished (or staged) already"
+            continue
         slots.append(_Slot(c, run))
     return slots, left_out
 

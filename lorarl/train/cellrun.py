@@ -1,7 +1,7 @@
 """One cell's run, whatever hosts it: written once, used by the solo job, the pack and (later) the resident pack.
 
     run = CellRun(study, cell, results_dir, cfg)             # the cell's lock, its checkpoint folder
-    if run.done: return run.done                             # a duplicate job: the one it waited for finished it
+    if run.done: return run.done                             # its outputs in place: another job finished it
     run.start(precision)                                     # MLflow run (new, or the checkpoint's reopened), rows so far
     run.watch(policy.save, tokenizer, snapshot_steps)        # snapshots, collapse and divergence monitors
     ... the host trains: HF's Trainer with run.callbacks() + run.attach(trainer) + run.train(trainer) (solo), or
@@ -85,16 +85,18 @@ class CellRun:
 
     # ---- opening ------------------------------------------------------------------------------------
     def _finished_meanwhile(self) -> dict | None:
-        """After waiting for another job's lock on this cell: its summary, if that job finished it."""
-        if not self.ckpt.waited_for_lock:
-            return None
+        """The summary of a cell whose outputs of this config are in place by the time this job holds its lock (the
+        job it waited for finished it, or a lost launcher's job that started late finds a rerun finished it): nothing
+        to train. Never the case for a job Snakemake runs on its own outputs: it removes them before the job starts."""
         try:
             summary = json.loads((self.final / "summary.json").read_text())
         except (OSError, ValueError):
             return None
-        if summary.get("config_hash") != self.cell.hash:
+        if not isinstance(summary, dict) or summary.get("config_hash") != self.cell.hash:
             return None
-        print(f"[lorarl] cell {self.cell.id} was trained by the job this one waited for; nothing to do", flush=True)
+        how = "by the job this one waited for" if self.ckpt.waited_for_lock else "already, by another job"
+        print(f"[lorarl] cell {self.cell.id} was trained {how} (its outputs of this config are in place); nothing to "
+              f"do", flush=True)
         self.ckpt.release()
         return summary
 

@@ -40,7 +40,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     # the cell's lock and checkpoints (results/<study>/.checkpoints/<cell>/): rank 0 owns them, the others follow
     run = CellRun(study, cell, results_dir, cfg, main=ranks.is_main(), stop_at=stop_at)
-    if run.done is not None:  # a duplicate job waited for the cell's lock: the other one trained it
+    if run.done is not None:  # its outputs in place: another job trained it (waited for, or a late duplicate)
         return run.done
     inputs = prepare(cfg, results_dir, output_dir=run.ckpt.root)  # policy, reference, data, regime, TRL args
     run.start(inputs.precision, params={"train.ranks": ranks.world_size()})

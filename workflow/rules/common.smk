@@ -16,6 +16,7 @@ from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
 from lorarl.provenance import INVOCATION_ENV
 from lorarl.study import StudyError, cell_table, load_study_to_run
+from lorarl.study_set import effective_file as _effective_study_file
 from lorarl.evalplan import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
@@ -47,10 +48,12 @@ wildcard_constraints:
 
 def _load_studies(files):
     """Each study, validated, its hub models and datasets cached or reachable (unless the profile's `hub_check:
-    false`). A bad study exits 2 here, as `lorarl cells` does, before any job runs or anything is written."""
+    false`). A bad study exits 2 here, as `lorarl cells` does, before any job runs or anything is written.
+    `--config set=...` (lorarl.study_set): the file the jobs get is the study with those defaults overridden."""
     out = {}
     for f in files:
         try:
+            f = str(_effective_study_file(f, config.get("set"), RESULTS))
             s = load_study_to_run(f, config.get("hub_check", True))
         except StudyError as err:
             print(f"error: {err}", file=sys.stderr)
