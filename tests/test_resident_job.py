@@ -34,14 +34,16 @@ real = build.build_pack
 build.build_pack = lambda *a, **kw: fake_regimes(real(*a, **kw))
 import lorarl.train.prepare as prepare
 prepare.reward_of = lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward))
+from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.launch import run_stage
-run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1)
+run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1, params=JobParams(places=int(sys.argv[4])))
 """
 
 
 @pytest.mark.slow
 def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.jobparams import JobParams
     from lorarl.pipeline.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), checkpoint_every=1)
@@ -49,21 +51,20 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
     study = str(tmp_path / "rz.yaml")
     order = [a, b, c]
     ids, res, ref = ",".join(x.id for x in order), tmp_path / "res", tmp_path / "ref"
-    env = {**os.environ, "LORARL_PACK_PLACES": "2", "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
+    env = {**os.environ, "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res)], cwd=REPO, env=env,
+    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res), "2"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     # a finished at 2 (staged); b paused at 2 (the slot boundary: a checkpoint) and was killed at its step 3
     assert (res / "rz" / a.id / ".packed" / "summary.json").exists()
     ckpts = res / "rz" / ".checkpoints"
     assert sorted(p.name for p in (ckpts / b.id).glob("checkpoint-*")) == ["checkpoint-2"]
-    with pytest.MonkeyPatch.context() as mp:  # the rerun: the same job, in process
-        mp.setenv("LORARL_PACK_PLACES", "2")
-        out = run_stage("pack", study, ids, str(res), threads=1)
+    out = run_stage("pack", study, ids, str(res), threads=1, params=JobParams(places=2))  # the rerun, in process
     assert out["trained"] == sorted([b.id, c.id]) and a.id in out["left_out"]  # a: staged already
-    assert json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.json").read_text())["resident"] == 2
-    segs = json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.ledger.json").read_text())["segments"]
+    rid = pack_id(ids.split(','), resident=True)
+    assert json.loads((res / "rz" / ".packs" / f"{rid}.json").read_text())["resident"] == 2
+    segs = json.loads((res / "rz" / ".packs" / f"{rid}.ledger.json").read_text())["segments"]
     # the killed process's two admissions are kept; the rerun's (run 1) are appended
     assert [(s["run"], s["admitted"]) for s in segs] == [(0, [a.id, b.id]), (0, [b.id, c.id]), (1, [b.id, c.id])]
     published(res, order)
@@ -155,20 +156,20 @@ def test_the_memory_plan_caps_the_places():
         check_places(most + 1, cfgs, gpu_memory_gb=80.0)
 
 
-def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards, monkeypatch):
-    """A rung's pack job (LORARL_TRAIN_UNTIL, resident or fixed) is named with its rung in workflow/rules/pack.smk:
+def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards):
+    """A rung's pack job (its --until, resident or fixed) is named with its rung in workflow/rules/pack.smk:
     the job writes that record (the rule's output), and each member's rung mark, staged."""
     from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.jobparams import JobParams
     from lorarl.pipeline.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
     ids = sorted(cells)
-    monkeypatch.setenv("LORARL_PACK_PLACES", "1")
-    monkeypatch.setenv("LORARL_TRAIN_UNTIL", "1")
-    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1)
-    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id([*ids, 'until=1'])}.json").read_text())
+    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1,
+                    params=JobParams(places=1, until=1))
+    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, until=1, resident=True)}.json").read_text())
     assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
-    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids)}.ledger.json").read_text())["segments"]
+    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, resident=True)}.ledger.json").read_text())["segments"]
     assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it
 
 

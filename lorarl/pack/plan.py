@@ -64,11 +64,16 @@ def pack_key(cfg: Any, lengths: bool = True) -> str | None:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def pack_id(members: list[str]) -> str:
-    """A pack's name: its member ids, hashed (the job's record is results/<study>/.packs/<id>.json)."""
+def pack_id(members: list[str], until: int | None = None, resident: bool = False) -> str:
+    """A pack job's name: its member ids, hashed (the job's record is results/<study>/.packs/<id>.json); with
+    ``until``, a rung's pack (its members train to that step); ``resident``, a resident job. Distinct by
+    construction: the hashed text of a fixed pack is its ids (``a,b``), a rung's adds ``,until=<step>`` and a
+    resident job's starts with ``resident:``; a cell id holds neither ``=`` nor ``:`` (workflow/rules/common.smk),
+    so a resident job never takes the id of an earlier fixed pack of the same cells, nor a rung's pack a whole one's."""
     import hashlib
 
-    return "pack-" + hashlib.sha1(",".join(members).encode()).hexdigest()[:10]
+    text = ",".join([*members, *([f"until={until}"] if until is not None else [])])
+    return "pack-" + hashlib.sha1((f"resident:{text}" if resident else text).encode()).hexdigest()[:10]
 
 
 def _int(v: Any) -> Any:

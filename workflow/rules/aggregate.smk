@@ -19,4 +19,5 @@ rule aggregate:
     # the profile's store and UI, only for report.html's MLflow links (config in the command, not a param: no rerun)
     shell:
         "lorarl aggregate {params.study} --results {params.results} --tracking {config[tracking]:q} "
-        "--tracking-credentials={config[tracking_credentials]:q} --mlflow-ui={config[mlflow_ui]:q} > {log} 2>&1"
+        "--tracking-credentials={config[tracking_credentials]:q} --mlflow-ui={config[mlflow_ui]:q} "
+        "--invocation={INVOCATION:q} > {log} 2>&1"

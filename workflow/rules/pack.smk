@@ -30,7 +30,7 @@ def _group(cells):
 def _study_packs(s):
     """pack id -> member ids, for the study's unfinished cells (packs of two or more only). The cells of an adaptive
     study's search whose next segment the decisions on disk allow are packed per rung: such a pack trains its
-    members up to that rung and stops (LORARL_TRAIN_UNTIL); cells promoted while Snakemake runs train solo."""
+    members up to that rung and stops (the job's `--until`); cells promoted while Snakemake runs train solo."""
     table = TABLES[s]
     ad = ADAPT.get(s)
     searched = ad.search.setting_of if ad is not None and ad.search is not None else {}
@@ -46,7 +46,7 @@ def _study_packs(s):
     for until, cells in groups.items():
         for p in _group(cells):
             if len(p) > 1:
-                pid = _pack_id(p if until is None else [*p, f"until={until}"])
+                pid = _pack_id(p, until=until, resident=bool(PACK_PLACES))  # distinct by kind (lorarl.pack.plan)
                 out[pid], PACK_UNTIL[(s, pid)] = p, until
     return out
 
@@ -73,7 +73,7 @@ def claim_packs():
 
 
 def pack_until(wildcards):
-    """$LORARL_TRAIN_UNTIL of a pack job: its rung, or empty (to the end)."""
+    """`--until` of a pack job: its rung, or empty (to the end)."""
     until = PACK_UNTIL.get((wildcards.study, wildcards.pack))
     return "" if until is None else str(until)
 
@@ -130,5 +130,5 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} LORARL_PACK_PLACES={params.places} "
-        "LORARL_TRAIN_UNTIL={params.until} " + launch("train")
+        launch("train", OOM_ATTEMPT + " --update-cells={params.update_cells} --places={params.places} "
+               "--until={params.until}")
