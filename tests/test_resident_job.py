@@ -117,13 +117,29 @@ def test_resident_settings_on_the_command_line_extend_the_default_config(default
 
 
 def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_dir, tmp_path):
+    """Bad pack settings exit 2 at parse, before any job, naming the field and the allowed values: a bad count, an
+    unknown key (the schema used to dump itself, exit 1, never naming it), places the memory plan refuses on the
+    jobs' GPU (used to be refused only inside the job, its members then trained elsewhere). The jobs' command lines
+    carry their parameters as arguments, no environment variable."""
     resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True))
-    bad = snakemake_dry(tmp_path, {"max_cells": 4, "resident": True, "places": 0})
-    assert bad.returncode == 2, bad.stderr[-2000:]
-    assert "pack.places must be an integer >= 1" in bad.stderr and not (tmp_path / "results").exists()
-    good = snakemake_dry(tmp_path, {"resident": True, "places": 2}, "--quiet", "host")  # each job's block
+    for pack, said in (({"max_cells": 4, "resident": True, "places": 0}, "pack.places must be an integer >= 1"),
+                       ({"resident": True, "place": 2}, "unknown key(s) pack.place (did you mean pack.places?); "
+                                                        "allowed: pack.max_cells, pack.update_cells, pack.resident, "
+                                                        "pack.places, pack.gpu_memory_gb"),
+                       ({"resident": True, "places": 2, "gpu_memory_gb": 0.001},
+                        "pack.places = 2: the memory plan admits at most 0 places on a 0.001 GiB GPU")):
+        bad = snakemake_dry(tmp_path, pack)
+        assert bad.returncode == 2, bad.stderr[-2000:]
+        assert said in bad.stderr and "allowed: " in bad.stderr, bad.stderr[-2000:]
+        assert not (tmp_path / "results").exists()
+    good = snakemake_dry(tmp_path, {"resident": True, "places": 2, "gpu_memory_gb": 80}, "--quiet", "host",
+                         "--printshellcmds")  # each job's block and command; the tiny cells fit an 80 GiB GPU
     assert good.returncode == 0, good.stderr[-3000:]
     assert re.search(r"\btrain_pack\s+1\n", good.stdout + good.stderr), good.stderr[-3000:]  # one job, two lengths
+    cmds = [line for line in (good.stdout + good.stderr).splitlines() if "lorarl launch" in line]
+    assert cmds and not [c for c in cmds if "LORARL_" in c], cmds  # job parameters as arguments
+    assert [c for c in cmds if "launch pack" in c and "--places=2 " in c and "--attempt=1 " in c], cmds
+    assert all("--invocation=" in c for c in cmds), cmds
     fixed = snakemake_dry(tmp_path, {"max_cells": 2}, "--quiet", "host")  # train.steps in the fixed key: two jobs
     assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
     # the doctor's plan (lorarl.pipeline.doctor_jobs) is Snakemake's: the same jobs, the same pack ids

@@ -70,7 +70,8 @@ def check_places(places: Any, cfgs: list[Any], gpu_memory_gb: float | None = Non
     """``places`` as an integer >= 1 that the memory plan admits on a GPU of ``gpu_memory_gb`` (None: the job's own
     GPU when it has one; no check on a CPU). Raises ValueError naming the field and the allowed values."""
     if isinstance(places, bool) or not isinstance(places, int) or places < 1:
-        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}")
+        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}; "
+                         "allowed: a whole number >= 1")
     if gpu_memory_gb is None:
         gpu_memory_gb = _gpu_memory_gb()
     if gpu_memory_gb:
@@ -78,10 +79,30 @@ def check_places(places: Any, cfgs: list[Any], gpu_memory_gb: float | None = Non
 
         most, peak = admitted_places(cfgs, gpu_memory_gb, places)
         if places > most:
-            raise ValueError(f"pack.places = {places}: the memory plan admits at most {most} places on this "
-                             f"{gpu_memory_gb:.0f} GiB GPU (the largest {places}-member mix peaks at {peak:.1f} GiB); "
-                             f"allowed: 1..{most}")
+            allowed = (f"1..{most}" if most else "none: not one member fits beside the shared base; train these "
+                       "cells without resident packs (pack: 1), or on a larger GPU (pack.gpu_memory_gb)")
+            raise ValueError(f"pack.places = {places}: the memory plan admits at most {most} places on a "
+                             f"{gpu_memory_gb:g} GiB GPU (the largest {places}-member mix peaks at {peak:.1f} GiB); "
+                             f"allowed: {allowed}")
     return places
+
+
+def host_gpu_memory_gb() -> float | None:
+    """The smallest GPU of this host in GiB, from ``nvidia-smi`` (no torch: the Snakefile's parse stays light);
+    None without one. What the local launcher's pack jobs run on (workflow/rules/pack.smk checks their places)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30).stdout
+        mib = [float(x) for x in out.split() if x.replace(".", "", 1).isdigit()]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return min(mib) / 1024 if mib else None
 
 
 def _gpu_memory_gb() -> float | None:

@@ -7,15 +7,17 @@
 # packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
 # places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
-from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id
+from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells, pack_id as _pack_id
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
 from lorarl.pack.publish import claim_pending as _pack_claim_pending, unfinished as _pack_unfinished
+from lorarl.pack.resident import check_places as _pack_check_places, host_gpu_memory_gb as _host_gpu_memory_gb
 from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
 
-try:
+try:  # every `pack:` key checked here (the schema leaves the block to lorarl.pack.plan): exit 2 naming the field
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
     PACK_UPDATE_CELLS = _pack_update_cells(config.get("pack"))
     PACK_PLACES = _pack_resident_places(config.get("pack"))  # resident packs: places per job (0: fixed packs)
+    PACK_GPU_GB = _pack_gpu_memory_gb(config.get("pack"))  # the pack jobs' GPU (None: this host's, for local jobs)
 except ValueError as err:
     print(f"error: config: {err}", file=sys.stderr)  # before any job runs or anything is written
     sys.exit(2)
@@ -56,6 +58,29 @@ PACK_UNTIL = {}  # (study, pack id) -> the rung its members train to (None: thei
 
 PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items()
          if "train" in get_kind(st.kind).cell_stages and (PACK_MAX_CELLS > 1 or PACK_PLACES)}
+
+
+def _check_places():
+    """Resident places the memory plan refuses exit 2 here, before any job starts (the job checks the same at its
+    start, lorarl.pack.resident.check_places; refused there, its members would train elsewhere). The GPU: the
+    setting `pack.gpu_memory_gb`, else this host's for local jobs; none known (Slurm without the setting, or a CPU):
+    the job's own check only."""
+    if not PACK_PLACES or not any(PACKS.values()):
+        return
+    gb = PACK_GPU_GB if PACK_GPU_GB is not None else (
+        _host_gpu_memory_gb() if config["launcher"] in ("local", "debug") else None)
+    if not gb:
+        return
+    for s, packs in PACKS.items():
+        for pid, members in packs.items():
+            try:
+                _pack_check_places(PACK_PLACES, [TABLES[s].cell(c).config for c in members], gpu_memory_gb=gb)
+            except ValueError as err:
+                print(f"error: config: study {s}, resident job {pid} ({len(members)} cells): {err}", file=sys.stderr)
+                sys.exit(2)
+
+
+_check_places()
 
 
 def pack_targets():
