@@ -112,6 +112,7 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == list(range(1, STEPS + 1))
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert client.get_run(run.info.run_id).data.tags["lorarl.state"] == "done"
+    assert "lorarl.paused_at_step" not in client.get_run(run.info.run_id).data.tags  # finished: no longer paused
 
     # a finished cell asked for its rung: a mark, no training
     assert stage(rung_job([cell], seg))["ended"] is True

@@ -207,6 +207,7 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
               f"{', '.join(s.cell.id for s in slots)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
         for s in slots:  # the grading workers ready before the first step: the job's start-up, not the step's
             s.run.ready()
+        left: dict[int, float] = {}  # member -> when its last step here ended (its wall_time_s ends there)
         with slots[0].run.ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
             stop = False
             while not stop:
@@ -230,9 +231,14 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
                     ck.terminate_requested = ck.terminate_requested or lead.terminate_requested
                     c, m = trainer.cells[k], loop.members[k]
                     stop = _checkpoint(s, c, m, force=c.state != "running") or stop
+                    if c.state != "running" or k not in loop.active():
+                        left.setdefault(k, time.time())
         for k, s in enumerate(slots):
+            extra = {"pack": info} if info else {}
+            if k in left:  # the same wall_time_s as a solo job's and any host's: up to its own last step, not the pack's
+                extra["wall_time_s"] = round(left[k] - s.run.t_start + s.run.ckpt.elapsed_before, 2)
             summaries[s.cell.id] = s.run.finish(pack.policies[k], trainer.cells[k].model, facts=pack.data_facts,
-                                                extra={"pack": info} if info else None)
+                                                extra=extra or None)
     except BaseException as err:
         for s in slots:
             s.run.fail(err)

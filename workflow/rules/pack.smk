@@ -9,7 +9,8 @@
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
 from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells, pack_id as _pack_id
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
-from lorarl.pack.publish import claim_pending as _pack_claim_pending, unfinished as _pack_unfinished
+from lorarl.pack.publish import claim_pending as _pack_claim_pending, clear_stale_claims as _pack_clear_stale
+from lorarl.pack.publish import unfinished as _pack_unfinished
 from lorarl.pack.resident import check_places as _pack_check_places, host_gpu_memory_gb as _host_gpu_memory_gb
 from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
 
@@ -89,8 +90,12 @@ def pack_targets():
 
 
 def claim_packs():
-    """`onstart` (nothing runs yet): claim the members of every pack job this run executes, pending, in Snakemake's
-    name, so that a member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    """`onstart` (nothing runs yet): remove the stale claims a kill left (lorarl.pack.publish.clear_stale_claims, one
+    line each), then claim the members of every pack job this run executes, pending, in Snakemake's name, so that a
+    member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    for s, (_, st) in STUDIES.items():
+        if "train" in get_kind(st.kind).cell_stages and os.path.isdir(os.path.join(RESULTS, s)):
+            _pack_clear_stale(RESULTS, s, TABLES[s].ids)
     for job in workflow.dag.needrun_jobs():
         if job.rule.name == "train_pack":
             study, pid = job.wildcards_dict["study"], job.wildcards_dict["pack"]
