@@ -75,15 +75,11 @@ class StageJob(submitit.helpers.Checkpointable):
     def __init__(self, stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
                  provenance_file: str | None = None, submission: int | None = None,
                  params: JobParams = JobParams()):
-        from lorarl.tracking.client import TRACKING_ENV
-        from lorarl.tracking.credentials import CREDENTIALS_ENV
-
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
         self.results_dir, self.threads, self.params = results_dir, threads, params
         self.provenance_file, self.submission = provenance_file, submission
-        # the profile's MLflow store (lorarl launch --tracking ...), a user setting: travels with the job whatever
-        # the executor
-        self.env = {k: os.environ[k] for k in (TRACKING_ENV, CREDENTIALS_ENV) if k in os.environ}
+        # the profile's MLflow store (lorarl launch --tracking), a user setting: travels with the job, any executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
@@ -99,7 +95,8 @@ class StageJob(submitit.helpers.Checkpointable):
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
-            out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads, getattr(self, "params", JobParams()))
+            out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
+                            getattr(self, "params", JobParams()))
         except BaseException as err:
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
