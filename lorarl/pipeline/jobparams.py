@@ -6,8 +6,8 @@ They are arguments of the job's command line (``lorarl launch <stage> <study> <t
 :class:`JobParams`, and handed down explicitly: to the launcher (its out-of-memory retries, output check and
 provenance), inside the submitted job (``StageJob`` pickles it, so a requeued job keeps it), to the stage
 (``Job.params``, lorarl.pipeline.stages) and from there as plain arguments to the code that uses them. No job
-parameter travels in the environment (the ``LORARL_*`` variables that remain are user knobs and test hooks:
-docs/contributing.md).
+parameter travels in the environment (the ``LORARL_*`` variables that remain are user knobs, test hooks and one
+value a job sets for itself: the table in docs/contributing.md).
 """
 
 from __future__ import annotations
