@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -142,7 +141,7 @@ def _full_study(wd: Path, model: str, k: int, steps: int) -> Path:
     return path
 
 
-def full_worker(kind: str, study_path: str, cells: str, results: str) -> dict:
+def full_worker(kind: str, study_path: str, cells: str, results: str, update_cells: int = 0) -> dict:
     """One job in this process: the pack job over ``cells``, or the solo job of one cell."""
     t0 = time.perf_counter()
     import torch
@@ -156,7 +155,8 @@ def full_worker(kind: str, study_path: str, cells: str, results: str) -> dict:
     if kind == "pack":
         from lorarl.pack.run import train_pack
 
-        train_pack(st.name, [table.cell(c) for c in ids], results, threads=1, pack_id="pack-bench")
+        train_pack(st.name, [table.cell(c) for c in ids], results, threads=1, pack_id="pack-bench",
+                   update_cells=update_cells or None)
     else:
         from lorarl.train.main import train_cell
 
@@ -167,9 +167,10 @@ def full_worker(kind: str, study_path: str, cells: str, results: str) -> dict:
             "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _full_job(kind: str, study: Path, cells: list[str], results: Path) -> subprocess.Popen:
+def _full_job(kind: str, study: Path, cells: list[str], results: Path, update_cells: int = 0) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, "--full-worker", kind, "--study", str(study), "--cells",
-                             ",".join(cells), "--results", str(results)], stdout=subprocess.PIPE, text=True)
+                             ",".join(cells), "--results", str(results), "--update-cells", str(update_cells)],
+                            stdout=subprocess.PIPE, text=True)
 
 
 def _demo_model(wd: Path) -> str:
@@ -186,7 +187,7 @@ def _demo_model(wd: Path) -> str:
     return str(d)
 
 
-def run_full(ks: list[int], steps: int, model: str | None) -> None:
+def run_full(ks: list[int], steps: int, model: str | None, update_cells: int = 0) -> None:
     import tempfile
 
     wd = Path(tempfile.mkdtemp(prefix="packed-bench-"))
@@ -201,7 +202,7 @@ def run_full(ks: list[int], steps: int, model: str | None) -> None:
         study = _full_study(wd, model, k, steps)
         ids = [f"s{i}" for i in range(k)]
         t = time.perf_counter()
-        packed = _result(_full_job("pack", study, ids, wd / f"r-pack-{k}"))
+        packed = _result(_full_job("pack", study, ids, wd / f"r-pack-{k}", update_cells))
         pw = time.perf_counter() - t
         t = time.perf_counter()
         seq = [_result(_full_job("solo", study, [c], wd / f"r-seq-{k}")) for c in ids]
@@ -232,11 +233,10 @@ def main() -> None:
     ap.add_argument("--results", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.full_worker:
-        print(json.dumps(full_worker(a.full_worker, a.study, a.cells, a.results)))
+        print(json.dumps(full_worker(a.full_worker, a.study, a.cells, a.results, a.update_cells)))
         return
     if a.full:
-        os.environ["LORARL_PACK_UPDATE_CELLS"] = str(a.update_cells)  # the pack worker reads it (lorarl.pack.run)
-        run_full([int(x) for x in a.ks.split(",")], a.steps, a.model)
+        run_full([int(x) for x in a.ks.split(",")], a.steps, a.model, a.update_cells)  # the pack worker's argument
         return
     if a.worker:
         print(json.dumps(worker(a.worker, a.steps, a.seed)))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
+from lorarl.pipeline import jobparams
 from lorarl.pipeline.stages import launchable
 from lorarl.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
 
@@ -114,7 +115,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     slurm = json.loads(args.slurm) if args.slurm else None
     use_tracking(args)
-    return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm)
+    return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm,
+                  jobparams.from_args(args))
 
 
 def link_tracking(args: argparse.Namespace) -> None:
@@ -152,7 +154,9 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
             from lorarl.report import build
 
             build(args.study, args.results, price=args.gpu_hour_price)  # stats, the papers' figures, cost, report.html
-        publish(study, args.results, price=args.gpu_hour_price)  # the study's MLflow parent run: tags, artifacts, cost
+        # the study's MLflow parent run: tags, artifacts, cost; timed as the last complete run when it is that run's
+        # aggregate (lorarl.pipeline.study_span)
+        publish(study, args.results, price=args.gpu_hour_price, invocation=args.invocation)
     return 0
 
 
@@ -305,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--executor", default="local", choices=["debug", "local", "slurm"])
     la.add_argument("--threads", type=int, default=1)
     la.add_argument("--slurm", default=None, help="JSON of submitit Slurm parameters (from the profile)")
+    jobparams.add_arguments(la)  # the job's parameters: --attempt, --until, --places, ... (lorarl.pipeline.jobparams)
     _tracking_args(la)
     la.set_defaults(fn=cmd_launch)
 
@@ -313,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--results", default="results")
     _tracking_args(a, links=True)  # where report.html's MLflow links point (the aggregate rule passes the profile's)
     _price_arg(a)
+    a.add_argument("--invocation", default=None,
+                   help="the `snakemake` run of this aggregate (its rule passes it): times the study's last run")
     a.set_defaults(fn=cmd_aggregate)
 
     rp = sub.add_parser("report", help="write results/<study>/report.html (partial studies: what is done)")

@@ -6,7 +6,7 @@ failed or rerun stage never loses it. It is appended to, never rewritten from sc
 
     {"stage": "train", "study": ..., "cell": ..., "config_hash": ...,
      "submissions": [                                  # one per `lorarl launch` (Snakemake run)
-        {"submitted_at": ..., "invocation": <the `snakemake` run: $LORARL_INVOCATION, else null>,
+        {"submitted_at": ..., "invocation": <the `snakemake` run: the job's --invocation, else null>,
          "host": <submit host>, "executor": "slurm", "slurm": {...params},
          "job_id": "12", "git": {"sha": ..., "dirty": true, "diff": "blobs/<sha256>.diff",
          "untracked": [...]}, "pip_freeze": "blobs/<sha256>.txt", "python": ...,
@@ -38,9 +38,6 @@ from typing import Any, Callable, Iterator
 from lorarl.gitrepo import REPO, code_state, git
 
 from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
-
-
-INVOCATION_ENV = "LORARL_INVOCATION"  # set by workflow/rules/common.smk: which `snakemake` run submitted a job
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
@@ -175,13 +172,13 @@ def update(path: str | Path, fn: Callable[[dict], None]) -> dict:
 
 
 def record_submission(path: str | Path, *, stage: str, study: str | None, cell: str, config_hash: str | None,
-                      executor: str, slurm: dict | None, repo: str | Path = REPO) -> int:
-    """At submit time (before the job exists): code (of the checkout `repo`), packages, submit host. Returns its
-    index."""
+                      executor: str, slurm: dict | None, repo: str | Path = REPO, invocation: str | None = None) -> int:
+    """At submit time (before the job exists): code (of the checkout `repo`), packages, submit host, and the
+    `snakemake` run submitting it (``invocation``: the job's ``--invocation``; None by hand). Returns its index."""
     path = Path(path)
     git = git_info(repo)
     git["diff"] = store_blob(path.parent, git["diff"], ".diff") if git["diff"] else None
-    entry = {"submitted_at": now(), "invocation": os.environ.get(INVOCATION_ENV), "host": socket.gethostname(),
+    entry = {"submitted_at": now(), "invocation": invocation, "host": socket.gethostname(),
              "executor": executor, "slurm": slurm or {}, "python": sys.executable, "cwd": os.getcwd(), "git": git,
              "pip_freeze": store_blob(path.parent, "\n".join(pip_freeze()) + "\n", ".txt"),
              "job_id": None, "attempts": []}

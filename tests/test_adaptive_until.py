@@ -1,5 +1,5 @@
 """A cell trained to a rung and later to its end equals a cell trained in one go (lorarl.train.until): the
-rung job (the train stage with $LORARL_TRAIN_UNTIL, which hands the trainer the rung as its ``stop_at``) pauses
+rung job (the train stage with the job parameter ``until``, its ``--until``, which hands the trainer the rung as its ``stop_at``) pauses
 the cell's run there: checkpoint kept (whatever train.checkpoint_every), the rung's snapshot saved, nothing
 published, the MLflow run tagged ``lorarl.state=paused``, and the stage writes the rung mark last; the resumed
 job retrains no step. The same for a fixed pack (the pack stage): every member pauses at the rung (no step past
@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from lorarl.train import checkpoint
-from lorarl.train.until import UNTIL_ENV, mark_path, staged_mark_path
+from lorarl.pipeline.jobparams import JobParams
+from lorarl.train.until import mark_path, staged_mark_path
 from tests.test_grpo import tiny_dir  # noqa: F401
 
 STEPS, RUNG = 4, 2
@@ -39,11 +40,12 @@ def teacher(tiny_dir, tmp_path_factory):
     return str(out)
 
 
-def rung_job(cells, results, target=None):
-    """What the train/pack stage of a job gets (lorarl.pipeline.stages.Job)."""
+def rung_job(cells, results, target=None, until=RUNG):
+    """What the train/pack stage of a job gets (lorarl.pipeline.stages.Job); ``until``: its --until (None: to the end)."""
     by_id = {c.id: c for c in cells}
     return SimpleNamespace(cell=lambda: cells[0], target=target, table=SimpleNamespace(cell=by_id.__getitem__),
-                           results_dir=results, study=SimpleNamespace(name="ut"), threads=1)
+                           results_dir=results, study=SimpleNamespace(name="ut"), threads=1,
+                           params=JobParams(until=until))
 
 
 def study(tmp_path, tiny_dir, teacher, kls=(0.0,)):
@@ -83,7 +85,6 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
     train_cell("ut", cell, one, threads=1)
     stage = get_stage("train").run
 
-    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
     mark = stage(rung_job([cell], seg))
     cdir = seg / "ut" / cell.id
     assert mark == json.loads(mark_path(seg, "ut", cell.id, RUNG).read_text())
@@ -100,8 +101,7 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
     again = stage(rung_job([cell], seg))  # a rerun of the rung job (a kill after the save): trains nothing
     assert again["ended"] is False and [c.step for c in checkpoint.complete_checkpoints(ckpts[0].path.parent)] == [RUNG]
 
-    monkeypatch.delenv(UNTIL_ENV)
-    summary = stage(rung_job([cell], seg))  # a promotion (or search=off): resumes at the rung
+    summary = stage(rung_job([cell], seg, until=None))  # a promotion (or search=off): resumes at the rung
     assert summary["resumed_from_steps"] == [RUNG] and summary["mlflow_run_id"] == mark["mlflow_run_id"]
     core = ["step", "reward", "reward_std", "loss", "grad_norm", "entropy", "learning_rate", "num_tokens"]  # test_resume
     pd.testing.assert_frame_equal(numbers(cdir)[core], numbers(one / "ut" / cell.id)[core], rtol=1e-5, atol=1e-6)
@@ -112,14 +112,15 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward")) == list(range(1, STEPS + 1))
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
     assert client.get_run(run.info.run_id).data.tags["lorarl.state"] == "done"
+    assert "lorarl.paused_at_step" not in client.get_run(run.info.run_id).data.tags  # finished: no longer paused
 
     # a late job of the kept cell (a lost launcher's, started after the rerun finished the cell; its checkpoints are
     # gone): its outputs are in place, so it trains nothing and the summary stays the one resumed from the rung
     runs = len(client.search_runs([run.info.experiment_id]))
-    assert stage(rung_job([cell], seg)) == summary == json.loads((cdir / "summary.json").read_text())
+    assert stage(rung_job([cell], seg, until=None)) == summary == json.loads((cdir / "summary.json").read_text())
     assert len(client.search_runs([run.info.experiment_id])) == runs  # no new MLflow run
 
-    monkeypatch.setenv(UNTIL_ENV, str(RUNG))  # a finished cell asked for its rung: a mark, no training
+    # a finished cell asked for its rung: a mark, no training
     assert stage(rung_job([cell], seg))["ended"] is True
     assert json.loads((cdir / "summary.json").read_text()) == summary
 
@@ -133,7 +134,6 @@ def test_a_fixed_pack_stops_every_member_at_the_rung(tiny_dir, teacher, tmp_path
     one, seg = tmp_path / "one", tmp_path / "seg"
     packrun.train_pack("ut", cells, one, pack_id="pack-0000000000")
 
-    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
     out = get_stage("pack").run(rung_job(cells, seg, target=",".join(c.id for c in cells)))
     assert out["trained"] == [] and out["states"] == {c.id: "paused" for c in cells}
     for c in cells:
@@ -143,7 +143,6 @@ def test_a_fixed_pack_stops_every_member_at_the_rung(tiny_dir, teacher, tmp_path
         assert not mark_path(seg, "ut", c.id, RUNG).exists()  # the member's own rung job moves it into place
         [ck] = checkpoint.complete_checkpoints(seg / "ut" / ".checkpoints" / c.id)
         assert ck.step == RUNG and [r["step"] for r in ck.rows] == [1, 2]  # no member trained a step past it
-    monkeypatch.delenv(UNTIL_ENV)
     assert packrun.train_pack("ut", cells, seg, pack_id="pack-0000000000")["trained"] == sorted(c.id for c in cells)
     for c in cells:
         got, want = seg / "ut" / c.id / ".packed", one / "ut" / c.id / ".packed"
@@ -168,7 +167,6 @@ def test_a_cell_that_ends_before_its_rung_publishes_and_fills_the_rungs_snapshot
 
     [cell] = study(tmp_path, tiny_dir, teacher)
     monkeypatch.setenv(FAULT_ENV, "nan_reward_at_step:1")
-    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
     mark = get_stage("train").run(rung_job([cell], tmp_path))
     cdir = tmp_path / "ut" / cell.id
     summary = json.loads((cdir / "summary.json").read_text())
@@ -180,15 +178,15 @@ def test_a_cell_that_ends_before_its_rung_publishes_and_fills_the_rungs_snapshot
 
 
 @pytest.mark.parametrize("raw", ["0", "x", "-3"])
-def test_a_bad_until_is_refused(raw, monkeypatch):
-    from lorarl.train.until import until_step
+def test_a_bad_until_is_refused(raw, capsys):
+    from lorarl.cli import main
 
-    monkeypatch.setenv(UNTIL_ENV, raw)
-    with pytest.raises(ValueError, match=UNTIL_ENV):
-        until_step()
+    with pytest.raises(SystemExit) as exit_:  # before anything is submitted or written
+        main(["launch", "train", "study.yaml", "c", f"--until={raw}"])
+    assert exit_.value.code == 2 and f"--until {raw!r}: allowed: a whole number >= 1" in capsys.readouterr().err
 
 
-def test_a_members_rung_job_moves_its_packs_staged_mark_into_place(tmp_path, monkeypatch):
+def test_a_members_rung_job_moves_its_packs_staged_mark_into_place(tmp_path):
     """The launcher's side (lorarl.pipeline.rung_jobs): a pack left the member's mark staged; the member's own
     rung job moves it into place (its one output) instead of training; without one it trains."""
     from types import SimpleNamespace
@@ -198,11 +196,11 @@ def test_a_members_rung_job_moves_its_packs_staged_mark_into_place(tmp_path, mon
     from lorarl.train.until import write_mark
 
     cell = SimpleNamespace(id="r1-s0", hash="abc")
-    monkeypatch.setenv(UNTIL_ENV, str(RUNG))
-    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc") == [str(mark_path(tmp_path, "ut", "r1-s0", RUNG))]
-    assert not handed_over(tmp_path, "ut", "r1-s0", "abc")  # nothing staged: the job trains the cell itself
+    job = JobParams(until=RUNG)
+    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc", job) == [str(mark_path(tmp_path, "ut", "r1-s0", RUNG))]
+    assert not handed_over(tmp_path, "ut", "r1-s0", "abc", RUNG)  # nothing staged: the job trains the cell itself
     write_mark(tmp_path, "ut", cell, RUNG, staged=True, ended=False, state="at_rung")
-    assert not handed_over(tmp_path, "ut", "r1-s0", "other")  # a mark of another config is not this job's
-    assert handed_over(tmp_path, "ut", "r1-s0", "abc")
+    assert not handed_over(tmp_path, "ut", "r1-s0", "other", RUNG)  # a mark of another config is not this job's
+    assert handed_over(tmp_path, "ut", "r1-s0", "abc", RUNG)
     assert not staged_mark_path(tmp_path, "ut", "r1-s0", RUNG).exists()
-    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc") == []
+    assert inflight.missing_outputs("train", str(tmp_path), "ut", "r1-s0", "abc", job) == []

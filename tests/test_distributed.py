@@ -205,13 +205,14 @@ def test_two_ranks_train_the_one_process_full_fine_tuning_cell(models, tmp_path:
     shutil.rmtree(tmp_path)
 
 
-def launch(study_file: Path, slurm: str = '{"tasks_per_node": 2}', **env) -> tuple[subprocess.CompletedProcess, float]:
+def launch(study_file: Path, slurm: str = '{"tasks_per_node": 2}', attempt: int = 1,
+           **env) -> tuple[subprocess.CompletedProcess, float]:
     """`lorarl launch train` on the local executor with 2 tasks: submitit's ranks, as a Slurm job of 2 tasks."""
     import time
 
     root = study_file.parent
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study_file), "s3", "--results", str(root),
-           "--executor", "local", "--threads", "1", "--slurm", slurm, "--tracking", "sqlite"]
+           "--executor", "local", "--threads", "1", "--slurm", slurm, "--tracking", "sqlite", f"--attempt={attempt}"]
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT", "LORARL_FAULT")}
     t0 = time.monotonic()
@@ -276,9 +277,9 @@ def test_the_last_out_of_memory_retry_runs_on_the_larger_layout_the_profile_allo
     error = "torch.OutOfMemoryError: CUDA out of memory: 1 rank(s) < 2 (test hook LORARL_FAULT=oom_ranks_below:2)"
     (logs / oom.RECORD).write_text(json.dumps([{"attempt": k, "oom": True, "error": error, "failed": None}
                                                for k in (1, 2, 3)]))
-    refused, _ = launch(study_file, LORARL_ATTEMPT="4", LORARL_FAULT="oom_ranks_below:2")  # no on_oom: refused
+    refused, _ = launch(study_file, attempt=4, LORARL_FAULT="oom_ranks_below:2")  # no on_oom: refused
     assert refused.returncode == 1 and "no larger layout allowed by the profile" in refused.stderr
-    last, _ = launch(study_file, profile, LORARL_ATTEMPT="4", LORARL_FAULT="oom_ranks_below:2")
+    last, _ = launch(study_file, profile, attempt=4, LORARL_FAULT="oom_ranks_below:2")
     assert last.returncode == 0, last.stderr[-4000:]
     assert "retrying on the larger layout the profile allows: 2 ranks (1 node(s))" in last.stdout
     summary = json.loads((tmp_path / "dist" / "s3" / "summary.json").read_text())

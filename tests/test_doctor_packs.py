@@ -96,7 +96,7 @@ def test_resident_plan_is_one_job_per_group_as_the_workflow_plans_it(tmp_path, m
     jobs = planned_jobs(study, res, 1, places=2)
     packs = [j for j in jobs if j.kind == "pack"]
     assert [j.target.split(",") for j in packs] == [[c.id for c in cells]] == plan_residents(cells)  # study order
-    assert packs[0].cell == pack_id([c.id for c in cells])  # the rule's wildcard: the members, hashed
+    assert packs[0].cell == pack_id([c.id for c in cells], resident=True)  # the rule's wildcard: members and kind
     assert {j.cell: j.holds for j in jobs if j.kind == "publish"} == {c.id: packs[0].key for c in cells}
     assert rule_counts(jobs) == {"train_pack": 1, "train": 4, "evaluate": 5, "diagnose": 4, "aggregate": 1}
     fixed = planned_jobs(study, res, 2)  # fixed packs keep train.steps in the key: two jobs of two
@@ -119,7 +119,7 @@ def test_pack_steps_of_the_planned_jobs_resident_against_fixed(tmp_path, monkeyp
     # 2 places over 10, 30, 10, 30: [10, 30] -> at 10 the next 10 (ends 20) -> at 20 the last 30 (ends 50); fixed
     # packs of 2 (lengths apart): 10 + 30
     assert two == {"resident": True, "places": 2, "max_cells": 2, "pack_steps": 50, "fixed_pack_steps": 40,
-                   "solo_steps": 80, "jobs": [{"job": pack_id([c.id for c in cells]), "members": 4,
+                   "solo_steps": 80, "jobs": [{"job": pack_id([c.id for c in cells], resident=True), "members": 4,
                                                "pack_steps": 50, "packs_formed": 3, "fixed_pack_steps": 40}]}
     four = pack_steps(cells, planned_jobs(study, res, 1, places=4), 1, 4)
     assert (four["pack_steps"], four["fixed_pack_steps"], four["jobs"][0]["packs_formed"]) == (30, 40, 1)

@@ -144,16 +144,14 @@ def test_loaders_local_file_field_map_limit_and_synthetic_task(tmp_path):
     assert len(syn) == 6 and syn[0].prompt.startswith("Q: ")
 
 
-def test_requested_targets_env_and_errors(monkeypatch):
+def test_requested_targets_and_errors():
     from lorarl.evaluate.main import requested_targets
 
     c = cell_cfg({"benchmarks": ["synthetic", "gsm8k"], "eval_every": 5})
-    monkeypatch.delenv(plan.TARGET_ENV, raising=False)
-    assert requested_targets(c, False) == plan.eval_targets(c)
-    monkeypatch.setenv(plan.TARGET_ENV, "gsm8k@5")
-    assert requested_targets(c, False) == [("gsm8k", 5)]
+    assert requested_targets(c, False) == plan.eval_targets(c)  # no --eval-target: all of the cell's
+    assert requested_targets(c, False, ["gsm8k@5"]) == [("gsm8k", 5)]
     with pytest.raises(plan.EvalPlanError, match="allowed: synthetic, gsm8k$"):
-        requested_targets(c, True)                                          # the base has no snapshots
+        requested_targets(c, True, ["gsm8k@5"])                             # the base has no snapshots
     with pytest.raises(plan.EvalPlanError, match="math500"):
         requested_targets(c, False, ["math500"])
 
@@ -210,7 +208,6 @@ def study(tmp_path, monkeypatch):
         golds.update({p.prompt: p.gold for p in ev.load_problems(name, study_cells(s)[0].config)})
     backend = OracleBackend(golds)
     monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir, plan=None: backend)
-    monkeypatch.delenv(plan.TARGET_ENV, raising=False)
     tracker = Tracker(res, s.name)
     for cell in study_cells(s):
         d = res / s.name / cell.id
@@ -260,19 +257,16 @@ def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study, monke
     assert not any("@" in k for k in metrics)
 
 
-def test_base_pseudo_cell_shares_one_run_across_jobs(study, monkeypatch):
+def test_base_pseudo_cell_shares_one_run_across_jobs(study):
     import mlflow
 
     from lorarl.evaluate.main import evaluate_cell
 
     base = base_cells(study.study)[0]
-    monkeypatch.setenv(plan.TARGET_ENV, "synthetic")
-    evaluate_cell("evs", base, study.results, is_base=True)
-    monkeypatch.setenv(plan.TARGET_ENV, "gsm8k")
-    evaluate_cell("evs", base, study.results, is_base=True)
-    monkeypatch.setenv(plan.TARGET_ENV, "synthetic@5")
+    evaluate_cell("evs", base, study.results, is_base=True, targets=["synthetic"])
+    evaluate_cell("evs", base, study.results, is_base=True, targets=["gsm8k"])
     with pytest.raises(plan.EvalPlanError):
-        evaluate_cell("evs", base, study.results, is_base=True)
+        evaluate_cell("evs", base, study.results, is_base=True, targets=["synthetic@5"])
     client = mlflow.MlflowClient(f"sqlite:///{study.results}/mlflow.db")
     exp = client.get_experiment_by_name("evs")
     runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("lorarl.base") == "true"]
@@ -284,16 +278,15 @@ def test_base_pseudo_cell_shares_one_run_across_jobs(study, monkeypatch):
     assert client.get_metric_history(runs[0].info.run_id, "eval/synthetic/pass_at_1")[0].step == 0
 
 
-def test_missing_snapshot_is_a_clear_error(study, monkeypatch):
+def test_missing_snapshot_is_a_clear_error(study):
     import shutil
 
     from lorarl.evaluate.main import evaluate_cell
 
     cell = study_cells(study.study)[1]
     shutil.rmtree(study.results / "evs" / cell.id / "snapshots")
-    monkeypatch.setenv(plan.TARGET_ENV, "synthetic@5")
     with pytest.raises(FileNotFoundError, match="snapshot of step 5 missing"):
-        evaluate_cell("evs", cell, study.results)
+        evaluate_cell("evs", cell, study.results, targets=["synthetic@5"])
 
 
 def test_full_model_snapshot_is_loaded_as_a_model(study):

@@ -33,7 +33,9 @@ STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name":
          "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
 
 
-def test_missing_outputs_of_each_stage(tmp_path: Path, monkeypatch):
+def test_missing_outputs_of_each_stage(tmp_path: Path):
+    from lorarl.pipeline.jobparams import JobParams
+
     res = str(tmp_path)
     cell = tmp_path / "st" / "c"
     assert len(inflight.missing_outputs("train", res, "st", "c", "h1")) == 4
@@ -44,10 +46,9 @@ def test_missing_outputs_of_each_stage(tmp_path: Path, monkeypatch):
     (cell / "summary.json").write_text(json.dumps({"config_hash": "h0"}))
     assert "expected h1" in inflight.missing_outputs("train", res, "st", "c", "h1")[0]  # another config's
     assert inflight.missing_outputs("train", res, "st", "c", "h0") == []
-    monkeypatch.setenv("LORARL_EVAL_TARGET", "synthetic@2")
-    assert [Path(p).name for p in inflight.missing_outputs("evaluate", res, "st", "c")] == \
+    assert [Path(p).name for p in inflight.missing_outputs("evaluate", res, "st", "c", None,
+                                                           JobParams(eval_target="synthetic@2"))] == \
         ["synthetic@2.json", "synthetic@2.jsonl"]
-    monkeypatch.delenv("LORARL_EVAL_TARGET")
     assert inflight.missing_outputs("evaluate", res, "st", "c") == []  # all targets: not one file to check
     assert [Path(p).name for p in inflight.missing_outputs("diagnose", res, "st", "c")] == ["diagnostics.parquet"]
 

@@ -15,6 +15,7 @@ import yaml
 from lorarl.memory.ladder import (LadderExhausted, TrainRung, eval_ladder, planned_train, rung, train_config,
                                   train_ladder)
 from lorarl.pipeline import launch, oom
+from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.stages import Job
 from lorarl.signature import signature_dump
 
@@ -80,50 +81,45 @@ def test_is_oom():
     assert not oom.is_oom("OSError: [Errno 28] No space left on device")
 
 
-def test_only_an_out_of_memory_failure_is_retried(tmp_path: Path, monkeypatch, capsys):
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "1")
-    assert oom.before_attempt(tmp_path, "train", "c") is None
-    assert oom.after_failure(tmp_path, "ValueError: bad data") == 1  # not out of memory
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "2")
-    assert oom.before_attempt(tmp_path, "train", "c") == 1  # Snakemake's retry is refused at once
+def test_only_an_out_of_memory_failure_is_retried(tmp_path: Path, capsys):
+    assert oom.before_attempt(tmp_path, "train", "c", 1) is None
+    assert oom.after_failure(tmp_path, "ValueError: bad data", 1) == 1  # not out of memory
+    assert oom.before_attempt(tmp_path, "train", "c", 2) == 1  # Snakemake's retry is refused at once
     err = capsys.readouterr().err
     assert "[lorarl] error: ValueError: bad data" in err and "only out-of-memory failures are retried" in err
 
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "1")
-    assert oom.before_attempt(tmp_path, "train", "c") is None  # a new Snakemake run starts afresh
+    assert oom.before_attempt(tmp_path, "train", "c", 1) is None  # a new Snakemake run starts afresh
     assert not (tmp_path / oom.RECORD).exists()
-    assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory") == oom.OOM_EXIT
+    assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory", 1) == oom.OOM_EXIT
     for n in (2, 3):
-        monkeypatch.setenv(oom.ATTEMPT_ENV, str(n))
-        assert oom.before_attempt(tmp_path, "train", "c") is None
+        assert oom.before_attempt(tmp_path, "train", "c", n) is None
         assert f"attempt {n} after out of memory in attempt {n - 1}" in capsys.readouterr().out
-        assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory") == oom.OOM_EXIT
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "4")
-    assert oom.before_attempt(tmp_path, "train", "c") == 1
+        assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory", n) == oom.OOM_EXIT
+    assert oom.before_attempt(tmp_path, "train", "c", 4) == 1
     assert "no larger layout allowed by the profile" in capsys.readouterr().err
-    assert oom.before_attempt(tmp_path, "train", "c", larger="2 ranks (1 node(s))") is None  # the profile's on_oom
+    assert oom.before_attempt(tmp_path, "train", "c", 4, larger="2 ranks (1 node(s))") is None  # the profile's on_oom
     assert "retrying on the larger layout the profile allows: 2 ranks (1 node(s))" in capsys.readouterr().out
-    assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory") == oom.OOM_EXIT
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "5")  # past the ladder: refused whatever the profile allows
-    assert oom.before_attempt(tmp_path, "train", "c", larger="2 ranks (1 node(s))") == 1
+    assert oom.after_failure(tmp_path, "torch.OutOfMemoryError: CUDA out of memory", 4) == oom.OOM_EXIT
+    # past the ladder: refused whatever the profile allows
+    assert oom.before_attempt(tmp_path, "train", "c", 5, larger="2 ranks (1 node(s))") == 1
     assert "the larger layout ran out of memory too" in capsys.readouterr().err
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "x")
-    with pytest.raises(ValueError, match="LORARL_ATTEMPT must be a whole number"):
-        oom.attempt()
+    with pytest.raises(ValueError, match="job parameter attempt='x': allowed: a whole number >= 1"):
+        JobParams(attempt="x")
+    with pytest.raises(ValueError, match="job parameter attempt=0: allowed"):
+        JobParams(attempt=0)
 
 
 def test_a_retried_cell_runs_one_rung_down_with_its_hashes_unchanged(tmp_path: Path, monkeypatch, capsys):
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(STUDY))
     plain = Job(str(study), "s0", str(tmp_path), 1).cell()
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "3")
-    job = oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1))
+    job = oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1, JobParams(attempt=3)))
     cell = job.cell()
     assert (cell.config.train.micro_batch_size, cell.config.rollout.generation_batch_size,
             cell.config.train.gradient_checkpointing) == (4, 4, "on")
     assert (cell.id, cell.hash, cell.eval_hash) == (plain.id, plain.hash, plain.eval_hash)
     assert "out-of-memory retry, attempt 3: s0: micro_batch_size 8 -> 4" in capsys.readouterr().out
-    ev = oom.job_for_attempt("evaluate", Job(str(study), "s0", str(tmp_path), 1))
+    ev = oom.job_for_attempt("evaluate", Job(str(study), "s0", str(tmp_path), 1, JobParams(attempt=3)))
     assert ev.cell().config.eval.batch_size == 2 and ev.cell().hash == plain.hash
     assert not ev.table.is_base("s0")  # the rest of the table is the study's
 
@@ -140,9 +136,8 @@ def test_the_fault_hook_raises_cuda_out_of_memory_above_its_threshold(tmp_path: 
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(STUDY))
     monkeypatch.setenv("LORARL_FAULT", "oom_above:4")
-    for n, fails in (("1", True), ("2", False)):  # 8 sequences > 4; then 4
-        monkeypatch.setenv(oom.ATTEMPT_ENV, n)
-        job = oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1))
+    for n, fails in ((1, True), (2, False)):  # 8 sequences > 4; then 4
+        job = oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1, JobParams(attempt=n)))
         if fails:
             with pytest.raises(torch.OutOfMemoryError, match="LORARL_FAULT=oom_above:4"):
                 job.cell()
@@ -152,7 +147,6 @@ def test_the_fault_hook_raises_cuda_out_of_memory_above_its_threshold(tmp_path: 
     with pytest.raises(ValueError, match="oom_above:N needs a whole number"):
         oom.fault_threshold()
     monkeypatch.setenv("LORARL_FAULT", "oom_ranks_below:2")  # a job of fewer ranks runs out of memory
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "1")
     with pytest.raises(torch.OutOfMemoryError, match="1 rank\\(s\\) < 2"):
         oom.job_for_attempt("train", Job(str(study), "s0", str(tmp_path), 1)).cell()
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -190,15 +184,14 @@ def test_the_launcher_exits_with_the_oom_status_and_refuses_a_non_oom_retry(tmp_
     submitted: list = []
     _fake_submit(monkeypatch, RuntimeError("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB"),
                  submitted)
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "1")
-    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local") == oom.OOM_EXIT
-    assert submitted[-1].env[oom.ATTEMPT_ENV] == "1"  # the attempt travels with the job
+    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local",
+                         params=JobParams(attempt=1)) == oom.OOM_EXIT
+    assert submitted[-1].params.attempt == 1  # the attempt travels with the job, as an argument
     _fake_submit(monkeypatch, RuntimeError("ValueError: bad input"), submitted)
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "2")
-    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local") == 1  # ran: not an OOM
-    assert len(submitted) == 2
-    monkeypatch.setenv(oom.ATTEMPT_ENV, "3")
-    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local") == 1
+    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local",
+                         params=JobParams(attempt=2)) == 1  # ran: not an OOM
+    assert len(submitted) == 2 and submitted[-1].params.attempt == 2
+    assert launch.launch("train", str(study), "s0", str(tmp_path), executor="local", params=JobParams(attempt=3)) == 1
     assert len(submitted) == 2  # attempt 2 was no OOM: attempt 3 is not submitted
     err = capsys.readouterr().err
     assert err.rstrip().endswith("attempt 3 not run: attempt 2 did not run out of memory; only out-of-memory "

@@ -296,3 +296,28 @@ def test_pack_setting_parsing():
     for bad in (-1, "4", 2.5, {"max_cells": 0}, {"size": 2}):
         with pytest.raises(ValueError, match="max_cells"):
             max_cells(bad)
+
+
+def test_a_pack_jobs_id_is_distinct_by_kind():
+    """A resident job never takes the id (and so the record, ledger and log) of an earlier fixed pack of the same
+    cells, nor a rung's pack a whole one's: the kind is in the hashed text, where no cell id can put it."""
+    import re
+
+    from lorarl.pack.plan import pack_id
+
+    ids = ["r1-s0", "r8-s0"]
+    kinds = [pack_id(ids), pack_id(ids, until=2), pack_id(ids, resident=True), pack_id(ids, until=2, resident=True)]
+    assert len(set(kinds)) == 4 and all(re.fullmatch(r"pack-[0-9a-f]{10}", k) for k in kinds)
+    assert kinds[0] == pack_id(list(ids)) != pack_id(ids[::-1])  # the members, in order
+
+
+def test_pack_settings_name_the_field_and_the_allowed_values():
+    from lorarl.pack.plan import gpu_memory_gb, max_cells
+
+    with pytest.raises(ValueError, match=r"unknown key\(s\) pack\.place \(did you mean pack\.places\?\); allowed: "
+                                         r"pack\.max_cells, .*pack\.gpu_memory_gb"):
+        max_cells({"resident": True, "place": 2})
+    assert gpu_memory_gb({"resident": True, "places": 2}) is None and gpu_memory_gb({"gpu_memory_gb": "80"}) == 80.0
+    for bad in (0, -1, "lots", True):
+        with pytest.raises(ValueError, match="pack.gpu_memory_gb must be a number of GiB > 0.*allowed: a number > 0"):
+            gpu_memory_gb({"gpu_memory_gb": bad})

@@ -114,12 +114,13 @@ def _study(tmp_path, tiny_dir, kls=(0.0, 0.05, 0.1), rollout=None):
     return p
 
 
-def _launch_pack(study, members, results, tasks=1, slurm=None, **env):
+def _launch_pack(study, members, results, tasks=1, slurm=None, attempt=1, **env):
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), ",".join(members), "--results",
            str(results), "--executor", "local", "--threads", "1", "--slurm",
-           json.dumps(slurm if slurm is not None else {"tasks_per_node": tasks}), "--tracking", "sqlite"]
+           json.dumps(slurm if slurm is not None else {"tasks_per_node": tasks}), "--tracking", "sqlite",
+           f"--attempt={attempt}"]
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                              "MASTER_PORT", "LORARL_FAULT", "LORARL_ATTEMPT")}
+                                                              "MASTER_PORT", "LORARL_FAULT")}
     return subprocess.run(cmd, capture_output=True, text=True, env={**clean, **env}, timeout=900)
 
 
@@ -179,7 +180,7 @@ def test_the_last_out_of_memory_retry_of_a_pack_runs_on_more_ranks(tiny_dir, tmp
     error = "torch.OutOfMemoryError: CUDA out of memory: 1 rank(s) < 2 (test hook LORARL_FAULT=oom_ranks_below:2)"
     (logs / oom.RECORD).write_text(json.dumps([{"attempt": k, "oom": True, "error": error, "failed": None}
                                                for k in (1, 2, 3)]))
-    hook = {"LORARL_ATTEMPT": "4", "LORARL_FAULT": "oom_ranks_below:2"}
+    hook = {"attempt": 4, "LORARL_FAULT": "oom_ranks_below:2"}
     refused = _launch_pack(study, ids, tmp_path, slurm={}, **hook)
     assert refused.returncode == 1 and "no larger layout allowed by the profile" in refused.stderr
     last = _launch_pack(study, ids, tmp_path, slurm={"layouts": {"on_oom": {"tasks_per_node": 4}}}, **hook)

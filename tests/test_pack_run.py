@@ -129,6 +129,34 @@ def test_claims_are_alive_only_while_their_launcher_runs(tmp_path):
     os.environ.pop(publish.GRACE_ENV, None)
 
 
+def test_a_killed_holders_claim_is_said_and_removed_at_the_next_start(tmp_path, capsys):
+    """A pack launcher (or Snakemake) killed leaves its `.pack.claim`: a member's launcher ignores it with a line, and
+    the next `snakemake` removes it at its start (onstart: clear_stale_claims), one line per claim; a live claim, and
+    another host's, stay."""
+    import socket
+    import subprocess
+    import sys
+
+    from lorarl.pack import publish
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process that ran on this host and is gone: a killed holder
+    dead = publish.claim_path(tmp_path, "st", "c1")
+    dead.parent.mkdir(parents=True)
+    dead.write_text(f"{gone.pid} {socket.gethostname()} pack-x\n")
+    (live,) = publish.claim(tmp_path, "st", ["c2"], "pack-y")
+    other = publish.claim_path(tmp_path, "st", "c3")
+    other.parent.mkdir(parents=True)
+    other.write_text(f"{gone.pid} another-host pack-z\n")
+    assert publish.wait_and_publish(tmp_path, "st", "c1", "h1", 0.01) is False  # not held: trains it itself
+    assert f"train c1: ignoring the stale claim of pack pack-x (holder process {gone.pid} is gone)" in \
+        capsys.readouterr().out
+    assert publish.clear_stale_claims(tmp_path, "st", ["c1", "c2", "c3", "c4"]) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()
+    assert f"st/c1: removed a stale pack claim (pack-x, holder process {gone.pid} is gone)" in capsys.readouterr().err
+    publish.unclaim([live])
+
+
 def test_a_pending_claim_holds_a_member_until_its_pack_launcher_claims_and_ends(tmp_path, monkeypatch, capsys):
     """Snakemake's onstart claim (pending, in its own name) keeps a member's train job waiting for a pack launcher
     that starts after it; the launcher's own claim replaces it, and its end lets the member go on."""

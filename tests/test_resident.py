@@ -117,3 +117,43 @@ def test_a_member_paused_at_its_rung_frees_its_place(tiny_dir, tmp_path, fake_re
         got = outputs(res / "rz" / x.id)
         assert_equal_runs(got, outputs(ref / "rz" / x.id), resumed_from=None, steps=x.config.train.steps)
         assert (3 in got[2]["resumed_from_steps"]) == (x is not order[0])  # from its rung
+
+
+def test_wall_time_ends_at_the_members_own_last_step_on_every_host(tiny_dir, tmp_path, fake_rewards, collapses_at_3,
+                                                                   monkeypatch):
+    """`wall_time_s` means one thing on every host (docs/packed.md): from the moment a host took the cell to its own
+    last step there. A member that stops at 3 beside one that trains to 4 (whose step 4 takes 1.5 s more here)
+    ends that much earlier, in a fixed pack as in a resident one; it used to end with its pack."""
+    import time
+
+    from lorarl.pack import build
+    from lorarl.pack.resident import train_resident
+    from lorarl.pack.run import train_pack
+
+    cells = resident_cells(tmp_path, tiny_dir, steps=(4,), collapse=(True, False))
+    short, long_ = cells["s4-cTrue"], cells["s4-cFalse"]
+    real = build.build_pack  # fake_rewards' fake regimes
+
+    def slow_after_the_short_one(*a, **kw):
+        pack = real(*a, **kw)
+        step = pack.loop.step
+
+        def step_then_wait():
+            rows = step()
+            if rows and short.id not in rows:
+                time.sleep(1.5)
+            return rows
+
+        pack.loop.step = step_then_wait
+        return pack
+
+    monkeypatch.setattr(build, "build_pack", slow_after_the_short_one)
+    for host in ("fixed", "resident"):
+        res = tmp_path / host
+        if host == "fixed":
+            train_pack("rz", [short, long_], res, pack_id="pack-fixed")
+        else:
+            train_resident("rz", [short, long_], res, places=2, resident_id="pack-resident")
+        s, lg = (json.loads((res / "rz" / c.id / ".packed" / "summary.json").read_text()) for c in (short, long_))
+        assert s["stopped_on_collapse"] == 3 and lg["steps"] == 4, host
+        assert lg["wall_time_s"] - s["wall_time_s"] >= 1.4, (host, s["wall_time_s"], lg["wall_time_s"])

@@ -34,14 +34,16 @@ real = build.build_pack
 build.build_pack = lambda *a, **kw: fake_regimes(real(*a, **kw))
 import lorarl.train.prepare as prepare
 prepare.reward_of = lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward))
+from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.launch import run_stage
-run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1)
+run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1, params=JobParams(places=int(sys.argv[4])))
 """
 
 
 @pytest.mark.slow
 def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.jobparams import JobParams
     from lorarl.pipeline.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), checkpoint_every=1)
@@ -49,21 +51,20 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
     study = str(tmp_path / "rz.yaml")
     order = [a, b, c]
     ids, res, ref = ",".join(x.id for x in order), tmp_path / "res", tmp_path / "ref"
-    env = {**os.environ, "LORARL_PACK_PLACES": "2", "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
+    env = {**os.environ, "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res)], cwd=REPO, env=env,
+    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res), "2"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     # a finished at 2 (staged); b paused at 2 (the slot boundary: a checkpoint) and was killed at its step 3
     assert (res / "rz" / a.id / ".packed" / "summary.json").exists()
     ckpts = res / "rz" / ".checkpoints"
     assert sorted(p.name for p in (ckpts / b.id).glob("checkpoint-*")) == ["checkpoint-2"]
-    with pytest.MonkeyPatch.context() as mp:  # the rerun: the same job, in process
-        mp.setenv("LORARL_PACK_PLACES", "2")
-        out = run_stage("pack", study, ids, str(res), threads=1)
+    out = run_stage("pack", study, ids, str(res), threads=1, params=JobParams(places=2))  # the rerun, in process
     assert out["trained"] == sorted([b.id, c.id]) and a.id in out["left_out"]  # a: staged already
-    assert json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.json").read_text())["resident"] == 2
-    segs = json.loads((res / "rz" / ".packs" / f"{pack_id(ids.split(','))}.ledger.json").read_text())["segments"]
+    rid = pack_id(ids.split(','), resident=True)
+    assert json.loads((res / "rz" / ".packs" / f"{rid}.json").read_text())["resident"] == 2
+    segs = json.loads((res / "rz" / ".packs" / f"{rid}.ledger.json").read_text())["segments"]
     # the killed process's two admissions are kept; the rerun's (run 1) are appended
     assert [(s["run"], s["admitted"]) for s in segs] == [(0, [a.id, b.id]), (0, [b.id, c.id]), (1, [b.id, c.id])]
     published(res, order)
@@ -116,13 +117,29 @@ def test_resident_settings_on_the_command_line_extend_the_default_config(default
 
 
 def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_dir, tmp_path):
+    """Bad pack settings exit 2 at parse, before any job, naming the field and the allowed values: a bad count, an
+    unknown key (the schema used to dump itself, exit 1, never naming it), places the memory plan refuses on the
+    jobs' GPU (used to be refused only inside the job, its members then trained elsewhere). The jobs' command lines
+    carry their parameters as arguments, no environment variable."""
     resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True))
-    bad = snakemake_dry(tmp_path, {"max_cells": 4, "resident": True, "places": 0})
-    assert bad.returncode == 2, bad.stderr[-2000:]
-    assert "pack.places must be an integer >= 1" in bad.stderr and not (tmp_path / "results").exists()
-    good = snakemake_dry(tmp_path, {"resident": True, "places": 2}, "--quiet", "host")  # each job's block
+    for pack, said in (({"max_cells": 4, "resident": True, "places": 0}, "pack.places must be an integer >= 1"),
+                       ({"resident": True, "place": 2}, "unknown key(s) pack.place (did you mean pack.places?); "
+                                                        "allowed: pack.max_cells, pack.update_cells, pack.resident, "
+                                                        "pack.places, pack.gpu_memory_gb"),
+                       ({"resident": True, "places": 2, "gpu_memory_gb": 0.001},
+                        "pack.places = 2: the memory plan admits at most 0 places on a 0.001 GiB GPU")):
+        bad = snakemake_dry(tmp_path, pack)
+        assert bad.returncode == 2, bad.stderr[-2000:]
+        assert said in bad.stderr and "allowed: " in bad.stderr, bad.stderr[-2000:]
+        assert not (tmp_path / "results").exists()
+    good = snakemake_dry(tmp_path, {"resident": True, "places": 2, "gpu_memory_gb": 80}, "--quiet", "host",
+                         "--printshellcmds")  # each job's block and command; the tiny cells fit an 80 GiB GPU
     assert good.returncode == 0, good.stderr[-3000:]
     assert re.search(r"\btrain_pack\s+1\n", good.stdout + good.stderr), good.stderr[-3000:]  # one job, two lengths
+    cmds = [line for line in (good.stdout + good.stderr).splitlines() if "lorarl launch" in line]
+    assert cmds and not [c for c in cmds if "LORARL_" in c], cmds  # job parameters as arguments
+    assert [c for c in cmds if "launch pack" in c and "--places=2 " in c and "--attempt=1 " in c], cmds
+    assert all("--invocation=" in c for c in cmds), cmds
     fixed = snakemake_dry(tmp_path, {"max_cells": 2}, "--quiet", "host")  # train.steps in the fixed key: two jobs
     assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
     # the doctor's plan (lorarl.pipeline.doctor_jobs) is Snakemake's: the same jobs, the same pack ids
@@ -155,20 +172,20 @@ def test_the_memory_plan_caps_the_places():
         check_places(most + 1, cfgs, gpu_memory_gb=80.0)
 
 
-def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards, monkeypatch):
-    """A rung's pack job (LORARL_TRAIN_UNTIL, resident or fixed) is named with its rung in workflow/rules/pack.smk:
+def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_rewards):
+    """A rung's pack job (its --until, resident or fixed) is named with its rung in workflow/rules/pack.smk:
     the job writes that record (the rule's output), and each member's rung mark, staged."""
     from lorarl.pack.plan import pack_id
+    from lorarl.pipeline.jobparams import JobParams
     from lorarl.pipeline.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
     ids = sorted(cells)
-    monkeypatch.setenv("LORARL_PACK_PLACES", "1")
-    monkeypatch.setenv("LORARL_TRAIN_UNTIL", "1")
-    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1)
-    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id([*ids, 'until=1'])}.json").read_text())
+    out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1,
+                    params=JobParams(places=1, until=1))
+    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, until=1, resident=True)}.json").read_text())
     assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
-    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids)}.ledger.json").read_text())["segments"]
+    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, resident=True)}.ledger.json").read_text())["segments"]
     assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it
 
 

@@ -70,7 +70,7 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
         {"studies": [str(tmp_path / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
          "pack": {"resident": True, "places": 2}}))
     res = tmp_path / "results" / "rs"
-    pid = pack_id(list(CELLS))
+    pid = pack_id(list(CELLS), resident=True)
     first = killed_run(tmp_path, f"results/rs/.packs/{pid}.json")
     assert first.returncode != 0, first.stderr[-3000:]
     log = (res / ".packs" / f"{pid}.log").read_text()
@@ -85,9 +85,10 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
     again = snakemake(tmp_path, "all")  # the same command, no fault: resumes both members in one new resident job
     stats = jobs_run(again)
     assert stats.get("train_pack") == 1 and stats.get("train") == 3 and stats.get("aggregate") == 1, stats
-    rec = json.loads((res / ".packs" / f"{pack_id(['n5', 'n4'])}.json").read_text())  # the unfinished cells' group
-    assert rec["resident"] == 2 and rec["trained"] == ["n4", "n5"], rec  # LORARL_PACK_PLACES reached the job
-    assert json.loads((res / ".packs" / f"{pack_id(['n5', 'n4'])}.ledger.json").read_text())["segments"][0][
+    rid = pack_id(['n5', 'n4'], resident=True)
+    rec = json.loads((res / ".packs" / f"{rid}.json").read_text())  # the unfinished cells' group
+    assert rec["resident"] == 2 and rec["trained"] == ["n4", "n5"], rec  # the rule's --places reached the job
+    assert json.loads((res / ".packs" / f"{rid}.ledger.json").read_text())["segments"][0][
         "admitted"] == ["n5", "n4"]
     ref = tmp_path / "ref"  # each cell's uninterrupted solo run (a pack of one), in process
     ref.mkdir()

@@ -283,3 +283,49 @@ def test_train_reaches_nothing_above_it():
                 path.append(parent[path[-1]])
             walks.append(" <- ".join(path))
     assert not walks, "lorarl.train reaches up (hand it a resolved config instead):\n" + "\n".join(walks)
+
+
+ENV_NAME = re.compile(r"\bLORARL_[A-Z][A-Z0-9_]*")
+ENV_SCANNED = ("lorarl", "workflow", "scripts", "Snakefile")  # the code that runs a study (tests and bench set them)
+
+
+def env_table(text: str) -> set[str]:
+    """The variables the table of docs/contributing.md lists (its section: job parameters and environment)."""
+    section = text.split("## Job parameters and environment variables", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(LORARL_[A-Z0-9_]+)` \|", section, re.M))
+
+
+def env_named(root: Path) -> dict[str, list[str]]:
+    """variable -> the files under ``root`` (ENV_SCANNED) that name it."""
+    out: dict[str, list[str]] = {}
+    for top in ENV_SCANNED:
+        base = root / top
+        for f in ([base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())):
+            if f.suffix in (".pyc",) or "__pycache__" in f.parts:
+                continue
+            for name in set(ENV_NAME.findall(f.read_text(errors="replace"))):
+                out.setdefault(name, []).append(str(f.relative_to(root)))
+    return out
+
+
+def test_the_code_names_only_the_environment_variables_of_the_table():
+    """No job parameter travels in the environment: a LORARL_* variable the code names is a user knob, a test hook
+    or the job's own, listed in docs/contributing.md; and the table lists none the code no longer names."""
+    named = env_named(REPO)
+    listed = env_table((REPO / "docs" / "contributing.md").read_text())
+    assert {"LORARL_TRACKING", "LORARL_FAULT"} <= listed  # the table was found
+    unlisted = {k: v for k, v in named.items() if k not in listed}
+    assert not unlisted, f"LORARL_* variables not in docs/contributing.md's table: {unlisted}"
+    assert not listed - set(named), f"listed in docs/contributing.md but named nowhere: {sorted(listed - set(named))}"
+
+
+def test_the_environment_scan_sees_a_new_variable(tmp_path: Path):
+    (tmp_path / "lorarl").mkdir()
+    (tmp_path / "workflow").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "Snakefile").write_text('shell: "LORARL_TRAIN_UNTIL={wildcards.step} lorarl launch"\n')
+    (tmp_path / "lorarl" / "m.py").write_text('X = os.environ.get("LORARL_PACK_PLACES")  # see ``LORARL_*``\n')
+    assert env_named(tmp_path) == {"LORARL_TRAIN_UNTIL": ["Snakefile"], "LORARL_PACK_PLACES": ["lorarl/m.py"]}
+    table = "## Job parameters and environment variables\n\n| `LORARL_FAULT` | hooks | unset | test hook |\n\n## Tests\n" \
+            "| `LORARL_OTHER` | x | y | z |\n"
+    assert env_table(table) == {"LORARL_FAULT"}

@@ -146,8 +146,6 @@ def test_the_last_complete_run_is_timed_without_the_gaps_between_reruns(tmp_path
     """Four cells run in one `snakemake all` (A); four days later one is rerun (B): the parent spans four days,
     `study/last_run_wall_time_s` only B, from its first job's start to the end of its aggregate; an aggregate by
     hand and `sync-mlflow` into a new store give the same number (results/<study>/.last_run.json)."""
-    from lorarl.provenance import INVOCATION_ENV
-
     monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(VALID))
     study = load_study(tmp_path / "study.yaml")
@@ -160,24 +158,20 @@ def test_the_last_complete_run_is_timed_without_the_gaps_between_reruns(tmp_path
     for cell in ("r1-s0", "r1-s1", "r2-s0", "r2-s1"):
         _submitted(res, cell, "host-1-A", start, 60)
         _finished(res, cell, (start + 60) * 1000)
-    monkeypatch.setenv(INVOCATION_ENV, "host-1-A")  # A's own aggregate, at start + 70 s
-    _aggregated(res, (start + 70) * 1000)
-    publish(study, res)
+    _aggregated(res, (start + 70) * 1000)  # A's own aggregate (its rule's --invocation), at start + 70 s
+    publish(study, res, invocation="host-1-A")
     assert t.client.get_run(t.parent_id).data.metrics["study/last_run_wall_time_s"] == pytest.approx(69.0)  # from the 1st job's start
     _submitted(res, "r2-s1", "host-2-B", later, 30)  # B reruns one cell (started 1 s after its submission)
     _finished(res, "r2-s1", (later + 30) * 1000)
-    monkeypatch.setenv(INVOCATION_ENV, "host-2-B")
     _aggregated(res, (later + 40) * 1000)
-    publish(study, res)
+    publish(study, res, invocation="host-2-B")
     metrics = t.client.get_run(t.parent_id).data.metrics
     assert metrics["study/wall_time_s"] > 4 * 86_400 and metrics["study/last_run_wall_time_s"] == pytest.approx(39.0)
     assert json.loads((res / "bad" / ".last_run.json").read_text())["invocation"] == "host-2-B"
-    monkeypatch.setenv(INVOCATION_ENV, "host-3-C")  # an invocation that only re-aggregates: B stays the last run
-    _aggregated(res, (later + 500) * 1000)
-    publish(study, res)
+    _aggregated(res, (later + 500) * 1000)  # an invocation that only re-aggregates: B stays the last run
+    publish(study, res, invocation="host-3-C")
     assert _history(t.client, t.parent_id)["study/cells_total"] == [4]
     assert [m.value for m in t.client.get_metric_history(t.parent_id, "study/last_run_wall_time_s")] == [69.0, 39.0]
-    monkeypatch.delenv(INVOCATION_ENV)
     new_uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"  # a new store rebuilt from the files: the same number
     (tmp_path / "new").mkdir()
     monkeypatch.setenv(tracking.TRACKING_ENV, new_uri)

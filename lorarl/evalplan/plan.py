@@ -27,12 +27,10 @@ if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.
     from lorarl.config import BenchmarkEval, CellConfig
     from lorarl.grading.verify import GradingSettings
 
-__all__ = ["SYNTHETIC", "TARGET_ENV", "EvalPlanError", "benchmark_specs", "resolve_protocol", "data_revision",
+__all__ = ["SYNTHETIC", "EvalPlanError", "benchmark_specs", "resolve_protocol", "data_revision",
            "trained_benchmarks",
            "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
            "parse_target", "train_signature", "eval_signature", "check_eval_config"]
-
-TARGET_ENV = "LORARL_EVAL_TARGET"  # comma list of targets one evaluate job runs (set by the rules)
 
 
 def format_target(benchmark: str, step: int | None) -> str:

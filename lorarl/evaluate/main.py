@@ -1,9 +1,9 @@
 """Evaluate stage: a trained cell (its final adapter or an ``eval_every`` snapshot) or a study's
 ``base`` pseudo-cell on its benchmarks; every sample kept, numbers logged to the cell's MLflow run.
 
-One job evaluates the targets named in ``$LORARL_EVAL_TARGET`` (``gsm8k``, ``math500@40``, comma
-separated; the Snakemake rules set it), or every target of the cell when it is unset (``lorarl
-run --stages evaluate``).  Files: ``<cell>/eval/<benchmark>[@step].jsonl`` (every sample) and
+One job evaluates the targets named by its ``--eval-target`` (``gsm8k``, ``math500@40``, comma
+separated; the Snakemake rules pass it, lorarl.pipeline.jobparams), or every target of the cell without one
+(``lorarl run --stages evaluate``).  Files: ``<cell>/eval/<benchmark>[@step].jsonl`` (every sample) and
 ``.json`` (summary), written by :mod:`lorarl.evaluate.records`.  :func:`rescore_cell` grades the
 stored samples again without generating.
 """
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 from lorarl import paths
 from lorarl.evalplan.bases import base_label
-from lorarl.evalplan.plan import (SYNTHETIC, TARGET_ENV, EvalPlanError, benchmark_specs,
+from lorarl.evalplan.plan import (SYNTHETIC, EvalPlanError, benchmark_specs,
                                   eval_targets, format_target, cell_grading, parse_target,
                                   protocol_for)
 from lorarl.study import Cell
@@ -30,11 +30,8 @@ Target = tuple[str, "int | None"]
 
 
 def requested_targets(cfg: Any, is_base: bool, targets: Iterable[str] | None = None) -> list[Target]:
-    """The targets one job runs: ``targets``, else ``$LORARL_EVAL_TARGET``, else all of the cell's."""
+    """The targets one job runs: ``targets`` (the job's ``--eval-target``), else all of the cell's."""
     allowed = eval_targets(cfg, is_base)
-    if targets is None:
-        env = os.environ.get(TARGET_ENV, "").strip()
-        targets = [t for t in env.split(",") if t.strip()] if env else None
     if not targets:
         return allowed
     out = [parse_target(t) for t in targets]

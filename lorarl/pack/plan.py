@@ -32,7 +32,7 @@ from lorarl.adapters.names import RESIDUAL_INITS
 PACKABLE_METHODS = ("lora", "dora", "rslora")  # LoRA layers the router understands (lorarl.pack.routing)
 VLLM_PACKABLE_METHODS = ("lora", "rslora")  # what one multi-LoRA engine serves (lorarl.pack.vllm_rollouts)
 
-PACK_KEYS = ("max_cells", "update_cells", "resident", "places")  # the Snakemake config's `pack:` block
+PACK_KEYS = ("max_cells", "update_cells", "resident", "places", "gpu_memory_gb")  # the Snakemake config's `pack:`
 _TRAIN_KEYS = ("max_completion_length", "max_prompt_length", "prompt_overflow", "precision", "steps",
                "prompts_per_step", "generations", "num_iterations", "mini_batch_prompts")
 
@@ -64,11 +64,16 @@ def pack_key(cfg: Any, lengths: bool = True) -> str | None:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def pack_id(members: list[str]) -> str:
-    """A pack's name: its member ids, hashed (the job's record is results/<study>/.packs/<id>.json)."""
+def pack_id(members: list[str], until: int | None = None, resident: bool = False) -> str:
+    """A pack job's name: its member ids, hashed (the job's record is results/<study>/.packs/<id>.json); with
+    ``until``, a rung's pack (its members train to that step); ``resident``, a resident job. Distinct by
+    construction: the hashed text of a fixed pack is its ids (``a,b``), a rung's adds ``,until=<step>`` and a
+    resident job's starts with ``resident:``; a cell id holds neither ``=`` nor ``:`` (workflow/rules/common.smk),
+    so a resident job never takes the id of an earlier fixed pack of the same cells, nor a rung's pack a whole one's."""
     import hashlib
 
-    return "pack-" + hashlib.sha1(",".join(members).encode()).hexdigest()[:10]
+    text = ",".join([*members, *([f"until={until}"] if until is not None else [])])
+    return "pack-" + hashlib.sha1((f"resident:{text}" if resident else text).encode()).hexdigest()[:10]
 
 
 def _int(v: Any) -> Any:
@@ -81,11 +86,12 @@ def max_cells(setting: Any) -> int:
     Accepted: absent/null/false/0/1 (off), an integer K, or ``{max_cells: K}``."""
     value = _int(setting.get("max_cells", 1)) if isinstance(setting, dict) else setting
     if isinstance(setting, dict) and set(setting) - set(PACK_KEYS):
-        raise ValueError(f"pack: unknown keys {sorted(set(setting) - set(PACK_KEYS))}; allowed: {', '.join(PACK_KEYS)}")
+        raise ValueError(unknown_keys(setting))
     if not isinstance(setting, dict) and value in (None, False, 0):
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}")
+        raise ValueError(f"pack.max_cells must be an integer >= 1 (1 = no packing); got {value!r}; "
+                         "allowed: a whole number >= 1, or pack: 1 / null / false (off)")
     return value
 
 
@@ -97,7 +103,7 @@ def resident_places(setting: Any) -> int:
     resident = setting.get("resident", False)
     resident = {"true": True, "false": False}.get(resident.lower(), resident) if isinstance(resident, str) else resident
     if not isinstance(resident, bool):
-        raise ValueError(f"pack.resident must be true or false; got {setting.get('resident')!r}")
+        raise ValueError(f"pack.resident must be true or false; got {setting.get('resident')!r}; allowed: true, false")
     places = _int(setting.get("places"))
     if not resident:
         if places is not None:
@@ -105,7 +111,8 @@ def resident_places(setting: Any) -> int:
                              "allowed: remove pack.places, or set pack.resident: true")
         return 0
     if places is None or isinstance(places, bool) or not isinstance(places, int) or places < 1:
-        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}")
+        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}; "
+                         "allowed: a whole number >= 1")
     if "max_cells" in setting:
         cells = max_cells(setting)
         if cells < 2:
@@ -116,12 +123,40 @@ def resident_places(setting: Any) -> int:
     return places
 
 
+def unknown_keys(setting: dict) -> str:
+    """The error of a `pack:` block with keys lorarl does not know: each named, a near one suggested, the allowed."""
+    import difflib
+
+    names = []
+    for k in sorted(map(str, set(setting) - set(PACK_KEYS))):
+        near = difflib.get_close_matches(k, PACK_KEYS, n=1)
+        names.append(f"pack.{k}" + (f" (did you mean pack.{near[0]}?)" if near else ""))
+    return f"unknown key(s) {', '.join(names)}; allowed: {', '.join('pack.' + k for k in PACK_KEYS)}"
+
+
+def gpu_memory_gb(setting: Any) -> float | None:
+    """``pack.gpu_memory_gb``: the GiB of the GPU a pack job runs on, for the check of ``pack.places`` against the
+    memory plan before any job starts (None: not given; the local launcher's jobs use this host's GPU)."""
+    value = setting.get("gpu_memory_gb") if isinstance(setting, dict) else None
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        out = -1.0
+    if isinstance(value, bool) or not out > 0:
+        raise ValueError(f"pack.gpu_memory_gb must be a number of GiB > 0 (the pack jobs' GPU); got {value!r}; "
+                         "allowed: a number > 0")
+    return out
+
+
 def update_cells(setting: Any) -> int:
     """``pack.update_cells``: cells per forward/backward of a pack's update (0 = all at once, the default;
     1 = one cell at a time: the same result bit for bit, the activations of one cell, no slower on a CPU)."""
     value = _int(setting.get("update_cells", 0)) if isinstance(setting, dict) else 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"pack.update_cells must be an integer >= 0 (0 = all cells at once); got {value!r}")
+        raise ValueError(f"pack.update_cells must be an integer >= 0 (0 = all cells at once); got {value!r}; "
+                         "allowed: a whole number >= 0")
     return value
 
 

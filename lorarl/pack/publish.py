@@ -18,6 +18,11 @@ outputs in ``<cell dir>/.packed/``; the member's ``train`` job (``lorarl launch 
 3. otherwise (no pack, or the pack failed on this cell or paused it) trains the cell: from a member's checkpoint
    as a pack of one (:func:`lorarl.pack.run.train_alone`, the same run), else solo as always.
 
+A claim outlives a kill of its holder (the pack's launcher, or Snakemake's pending one): a holder gone on this host
+makes it stale. Stale claims are ignored by every reader (:func:`claim_alive`), said once by a member's launcher
+that finds one, and removed when the next `snakemake` starts (``onstart``, :func:`clear_stale_claims`), each with a
+log line; a claim of another host is kept (its process cannot be checked from here).
+
 A cell that finished (or was staged) is never put in a pack, so ``--forcerun`` of one member's
 summary.json reruns that cell alone, solo, with the TRL-based trainer (its pack-mates stay as they are).
 """
@@ -28,6 +33,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -123,6 +129,29 @@ def claim_alive(p: Path) -> bool:
     return pid_alive(fields[0])
 
 
+def stale_holder(p: Path) -> list[str] | None:
+    """The fields of a claim whose holder is gone (a process of this host no longer running); None otherwise."""
+    fields = _claim_fields(p)
+    if fields is None or fields[1] != socket.gethostname() or pid_alive(fields[0]):
+        return None
+    return fields
+
+
+def clear_stale_claims(results_dir: str | Path, study: str, cells: list[str]) -> list[Path]:
+    """Remove the stale claims of these cells (their holder was killed), each said in one line; the paths removed.
+    Snakemake's ``onstart`` calls it before any job runs (workflow/rules/pack.smk)."""
+    out = []
+    for c in cells:
+        p = claim_path(results_dir, study, c)
+        if not p.exists() or (fields := stale_holder(p)) is None:
+            continue
+        p.unlink(missing_ok=True)
+        print(f"[lorarl] {study}/{c}: removed a stale pack claim ({fields[2]}, holder process {fields[0]} is gone)",
+              file=sys.stderr, flush=True)
+        out.append(p)
+    return out
+
+
 def is_pending(p: Path) -> bool:
     """The claim is Snakemake's pending one: the pack's launcher has not claimed the cell yet."""
     fields = _claim_fields(p)
@@ -173,6 +202,9 @@ def wait_and_publish(results_dir: str | Path, study: str, cell: str, config_hash
         deadline = time.time() + grace
         while time.time() < deadline and not p.exists():
             time.sleep(min(poll_s, 0.5))
+    if (gone := stale_holder(p)) is not None:  # its holder was killed: nothing holds the cell
+        print(f"[lorarl] train {cell}: ignoring the stale claim of pack {gone[2]} (holder process {gone[0]} is gone)",
+              flush=True)
     pending_s = float(os.environ.get(PENDING_ENV, "300"))
     waited, pending_until = False, time.time() + pending_s
     staged = staged_dir(results_dir, study, cell) / "summary.json"

@@ -16,7 +16,7 @@ bookkeeping); this module decides who sits in the places:
    member still running pauses with its full state (``CellRun.stop_at``; lorarl.train.cellstate), and the pack is
    re-formed from them and the next waiting cell. A paused member comes back equal to its uninterrupted run
    (tests/test_cell_leaves.py); nothing is shared between members but the frozen base;
-3. a member ending paused at the job's rung (``stop_at``: an adaptive study's ``$LORARL_TRAIN_UNTIL``, or stopped
+3. a member ending paused at the job's rung (``stop_at``: an adaptive study's rung, the job's ``--until``, or stopped
    there by the search) leaves for good: its place goes to the next waiting cell.
 
 Each member's outputs are staged for its own ``train`` job (lorarl.pack.publish), as a fixed pack's. The job's
@@ -28,7 +28,6 @@ admissions go to ``results/<study>/.packs/<id>.ledger.json`` as they happen (ato
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,9 +37,6 @@ from lorarl import paths
 from lorarl.io import write_json
 from lorarl.pack import run as packrun
 from lorarl.pack.plan import pack_key, plan_packs
-
-PLACES_ENV = "LORARL_PACK_PLACES"  # set by the train_pack rule from `pack: {resident: true, places: P}`
-
 
 def resident_key(cfg: Any) -> str | None:
     """Cells that may share a resident job: the pack key, lengths aside (None: the cell cannot pack)."""
@@ -74,7 +70,8 @@ def check_places(places: Any, cfgs: list[Any], gpu_memory_gb: float | None = Non
     """``places`` as an integer >= 1 that the memory plan admits on a GPU of ``gpu_memory_gb`` (None: the job's own
     GPU when it has one; no check on a CPU). Raises ValueError naming the field and the allowed values."""
     if isinstance(places, bool) or not isinstance(places, int) or places < 1:
-        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}")
+        raise ValueError(f"pack.places must be an integer >= 1 (the cells a resident job holds at once); got {places!r}; "
+                         "allowed: a whole number >= 1")
     if gpu_memory_gb is None:
         gpu_memory_gb = _gpu_memory_gb()
     if gpu_memory_gb:
@@ -82,10 +79,30 @@ def check_places(places: Any, cfgs: list[Any], gpu_memory_gb: float | None = Non
 
         most, peak = admitted_places(cfgs, gpu_memory_gb, places)
         if places > most:
-            raise ValueError(f"pack.places = {places}: the memory plan admits at most {most} places on this "
-                             f"{gpu_memory_gb:.0f} GiB GPU (the largest {places}-member mix peaks at {peak:.1f} GiB); "
-                             f"allowed: 1..{most}")
+            allowed = (f"1..{most}" if most else "none: not one member fits beside the shared base; train these "
+                       "cells without resident packs (pack: 1), or on a larger GPU (pack.gpu_memory_gb)")
+            raise ValueError(f"pack.places = {places}: the memory plan admits at most {most} places on a "
+                             f"{gpu_memory_gb:g} GiB GPU (the largest {places}-member mix peaks at {peak:.1f} GiB); "
+                             f"allowed: {allowed}")
     return places
+
+
+def host_gpu_memory_gb() -> float | None:
+    """The smallest GPU of this host in GiB, from ``nvidia-smi`` (no torch: the Snakefile's parse stays light);
+    None without one. What the local launcher's pack jobs run on (workflow/rules/pack.smk checks their places)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30).stdout
+        mib = [float(x) for x in out.split() if x.replace(".", "", 1).isdigit()]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return min(mib) / 1024 if mib else None
 
 
 def _gpu_memory_gb() -> float | None:
@@ -97,7 +114,8 @@ def _gpu_memory_gb() -> float | None:
 
 
 def train_resident(study: str, cells: list[Any], results_dir: str | Path = "results", places: int = 4,
-                   threads: int | None = None, resident_id: str = "resident", stop_at: int | None = None) -> dict:
+                   threads: int | None = None, resident_id: str = "resident", stop_at: int | None = None,
+                   update_cells: int | None = None) -> dict:
     """Train ``cells`` (one compatible group) through ``places`` places; stage each member's outputs; the record.
     One process: in a job of several ranks, rank 0 hosts every place (the others return at once)."""
     from lorarl.pack import ranks
@@ -142,7 +160,8 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
         def waiting() -> bool:
             return bool(queue)
 
-        summaries = packrun._train(study, slots, results_dir, threads, info, t_seg, boundary=waiting, door=door)
+        summaries = packrun._train(study, slots, results_dir, threads, info, t_seg, boundary=waiting, door=door,
+                                    update_cells=update_cells)
         by_id = {s.cell.id: s.cell for s in slots}
         for cid, s in summaries.items():
             at = s.get("paused_at_step")
@@ -186,8 +205,3 @@ def engine_for(cells: list[Any], places: int, results_dir: str | Path) -> Any:
     cfg = cells[0].config
     return pack_engine(_vllm_api(), resolve_model(cfg.model, results_dir), engine_args(cfg, lora))
 
-
-def places_from_env() -> int | None:
-    """``$LORARL_PACK_PLACES`` of a pack job (None: a fixed pack)."""
-    value = os.environ.get(PLACES_ENV, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None

@@ -23,7 +23,6 @@ come back later in any pack or alone (:func:`train_alone`: a pack of one in the 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ from lorarl.io import write_json as _write_json
 from lorarl.jobclock import first_work
 from lorarl.pack import publish
 
-UPDATE_CELLS_ENV = "LORARL_PACK_UPDATE_CELLS"  # set by the train_pack rule from the `pack: {update_cells}` setting
 OUTCOME = ("state", "mlflow_run_id", "paused_at_step", "stopped_on_collapse")  # a member's outcome in the record
 
 
@@ -107,10 +105,11 @@ def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_i
 
 
 def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results", threads: int | None = None,
-               pack_id: str = "pack", stop_at: int | None = None) -> dict:
+               pack_id: str = "pack", stop_at: int | None = None, update_cells: int | None = None) -> dict:
     """Train the members of one pack; stage each member's outputs; write the pack's record. On several ranks
     (a pack job of W tasks) each rank trains its share of the members (lorarl.pack.ranks) and rank 0 writes
-    the record. ``stop_at``: every member ends paused at that training step (full state saved, nothing staged)."""
+    the record. ``stop_at``: every member ends paused at that training step (full state saved, nothing staged).
+    ``update_cells``: cells per backward pass (``pack.update_cells``, the job's ``--update-cells``; None: all)."""
     from lorarl.pack import ranks
 
     rank, world = ranks.world()
@@ -120,7 +119,7 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
     try:
         out = _train_members(study, ranks.place(cells, rank, world), results_dir, threads, pack_id,
                              {"id": pack_id, "members": [c.id for c in cells], **({"rank": rank} if meet else {})},
-                             stop_at)
+                             stop_at, update_cells)
     except BaseException as err:
         if meet is not None:
             try:
@@ -166,11 +165,12 @@ def train_alone(study: str, cell: Any, results_dir: str | Path = "results", thre
 
 
 def _train_members(study: str, cells: list[Any], results_dir: str | Path, threads: int | None, pack_id: str,
-                   info: dict, stop_at: int | None = None) -> dict:
+                   info: dict, stop_at: int | None = None, update_cells: int | None = None) -> dict:
     """Train these members as one pack in this process (their outputs staged); the rank's outcome."""
     t_start = time.time()
     slots, left_out = _claim_members(study, cells, results_dir, pack_id, t_start, stop_at)
-    summaries = _train(study, slots, results_dir, threads, info, t_start, left_out) if slots else {}
+    summaries = (_train(study, slots, results_dir, threads, info, t_start, left_out, update_cells=update_cells)
+                 if slots else {})
     return {"trained": sorted(c for c, s in summaries.items() if s.get("state") != "paused"),
             "left_out": left_out, "states": {c: s["state"] for c, s in summaries.items()},
             "outcomes": {c: {k: s[k] for k in OUTCOME if k in s} for c, s in summaries.items()},
@@ -178,11 +178,13 @@ def _train_members(study: str, cells: list[Any], results_dir: str | Path, thread
 
 
 def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int | None, info: dict | None,
-           t_start: float, left_out: dict | None = None, boundary: Any = None, door: Any = None) -> dict[str, dict]:
+           t_start: float, left_out: dict | None = None, boundary: Any = None, door: Any = None,
+           update_cells: int | None = None) -> dict[str, dict]:
     """Build the pack of these members' cells, resume each from its own state, step until every member finished
     (or paused, or stopped), and end each member's run. Returns {cell id: its summary}. ``boundary()`` (a resident
     pack's): asked after a step in which a member left; True = every member still running pauses at this step.
-    ``door`` (a resident job's, lorarl.pack.build.Door): the base, reference, data and regimes its packs share."""
+    ``door`` (a resident job's, lorarl.pack.build.Door): the base, reference, data and regimes its packs share.
+    ``update_cells``: cells per backward pass (the pack job's ``--update-cells``; None: all at once)."""
     import torch
 
     from lorarl.evalplan.plan import snapshot_steps
@@ -194,9 +196,8 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
     summaries: dict[str, dict] = {}
     try:
         device = "cpu" if not torch.cuda.is_available() else "cuda"
-        chunk = int(os.environ.get(UPDATE_CELLS_ENV, "0") or 0) or None  # pack.update_cells (memory knob)
         pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir,
-                          device=device, update_cells=chunk, door=door)
+                          device=device, update_cells=update_cells or None, door=door)
         loop, trainer = pack.loop, pack.loop.trainer
         for k, s in enumerate(slots):
             c, m = trainer.cells[k], loop.members[k]
@@ -212,6 +213,7 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
               f"{', '.join(s.cell.id for s in slots)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
         for s in slots:  # the grading workers ready before the first step: the job's start-up, not the step's
             s.run.ready()
+        left: dict[int, float] = {}  # member -> when its last step here ended (its wall_time_s ends there)
         with slots[0].run.ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
             stop = False
             while not stop:
@@ -235,9 +237,14 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
                     ck.terminate_requested = ck.terminate_requested or lead.terminate_requested
                     c, m = trainer.cells[k], loop.members[k]
                     stop = _checkpoint(s, c, m, force=c.state != "running") or stop
+                    if c.state != "running" or k not in loop.active():
+                        left.setdefault(k, time.time())
         for k, s in enumerate(slots):
+            extra = {"pack": info} if info else {}
+            if k in left:  # the same wall_time_s as a solo job's and any host's: up to its own last step, not the pack's
+                extra["wall_time_s"] = round(left[k] - s.run.t_start + s.run.ckpt.elapsed_before, 2)
             summaries[s.cell.id] = s.run.finish(pack.policies[k], trainer.cells[k].model, facts=pack.data_facts,
-                                                extra={"pack": info} if info else None)
+                                                extra=extra or None)
     except BaseException as err:
         for s in slots:
             s.run.fail(err)

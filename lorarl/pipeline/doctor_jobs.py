@@ -117,7 +117,7 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
     by = {c.id: c for c in todo}
     for members in plan_pack_jobs(todo, pack_max_cells, places):  # as workflow/rules/pack.smk groups them
         if len(members) > 1:
-            pid = pack_id(members)
+            pid = pack_id(members, resident=bool(places))  # the rule's wildcard (workflow/rules/pack.smk)
             pack = add(PlannedJob("pack", pid, ",".join(members), models(by[members[0]].config)))
             for m in members:  # the member's train launcher waits for its pack (lorarl.pack.publish)
                 trained[m] = add(PlannedJob("publish", m, after=models(by[m].config), holds=pack))

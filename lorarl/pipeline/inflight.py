@@ -27,6 +27,7 @@ from pathlib import Path
 from lorarl import paths
 from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
 from lorarl import provenance
+from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.slurm import squeue_rows
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
@@ -92,13 +93,15 @@ def wait_local(pid: str, poll_s: float = 1.0) -> None:
         time.sleep(poll_s)
 
 
-def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str) -> list[Path]:
-    """The declared outputs of one stage of one cell (the Snakemake rules use the same paths)."""
+def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str,
+                     params: JobParams = JobParams()) -> list[Path]:
+    """The declared outputs of one stage of one cell (the Snakemake rules use the same paths); ``params``: the
+    job's parameters (a rung job's ``until``, an evaluate job's ``eval_target``)."""
     kw = dict(results=results_dir, study=study, cell=cell)
     if stage == "train":
         from lorarl.pipeline.rung_jobs import expected
 
-        return expected(results_dir, study, cell) or [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json",
+        return expected(results_dir, study, cell, params.until) or [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json",
                                                                                  "adapter")]
     if stage == "diagnose":
         return [paths.path("diagnostics", **kw)]
@@ -109,7 +112,7 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
     if stage == "evaluate":
         from lorarl.evalplan.plan import parse_target
 
-        target = os.environ.get("LORARL_EVAL_TARGET", "")
+        target = params.eval_target
         if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file
             return []
         bench, step = parse_target(target)
@@ -125,10 +128,10 @@ def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str)
 
 
 def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
-                    config_hash: str | None = None) -> list[str]:
+                    config_hash: str | None = None, params: JobParams = JobParams()) -> list[str]:
     """What of the stage's outputs is absent or not this config's (empty: the stage is done)."""
     try:
-        wanted = expected_outputs(stage, results_dir, study, cell)
+        wanted = expected_outputs(stage, results_dir, study, cell, params)
     except Exception as err:  # noqa: BLE001 - an unparsable eval target: cannot confirm the outputs
         return [f"(cannot tell the outputs: {err})"]
     out = [str(p) for p in wanted if not p.exists()]

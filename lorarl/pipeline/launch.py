@@ -30,20 +30,22 @@ import submitit
 
 from lorarl.pipeline import inflight, oom, train_layout
 from lorarl.pipeline.executor import make_executor
+from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import lazy_imports, ledger, paths, provenance
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
-EVAL_TARGET_ENV = "LORARL_EVAL_TARGET"  # set by the evaluate rules: which benchmark[@step] this job is
 
 
-def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
-    """What a job executes; out of disk space becomes one clear error (lorarl.pipeline.diskfull)."""
+def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None,
+              params: JobParams = JobParams()) -> dict:
+    """What a job executes (``params``: its command line's job parameters, lorarl.pipeline.jobparams); out of
+    disk space becomes one clear error (lorarl.pipeline.diskfull)."""
     lazy_imports.defer_optional_imports()  # transformers' scikit-learn import, to its first use (lorarl.lazy_imports)
     try:
-        return _run_stage(stage, study_path, cell_id, results_dir, threads)
+        return _run_stage(stage, study_path, cell_id, results_dir, threads, params)
     except Exception as err:
         from lorarl.pipeline.diskfull import disk_full_error, free_partial_outputs, is_disk_full
 
@@ -53,12 +55,13 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
         raise
 
 
-def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None) -> dict:
+def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
+               params: JobParams) -> dict:
     """What a job executes: the registered stage (lorarl.pipeline.stages) imports its heavy stack itself."""
     spec = get_stage(stage)  # unknown names fail before anything runs
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    job = oom.job_for_attempt(stage, Job(study_path, cell_id, results_dir, threads))  # out-of-memory retries
+    job = oom.job_for_attempt(stage, Job(study_path, cell_id, results_dir, threads, params))  # out-of-memory retries
     out = spec.run(job)
     oom.annotate(stage, job)
     return out
@@ -66,18 +69,18 @@ def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, thre
 
 class StageJob(submitit.helpers.Checkpointable):
     """One stage of one cell, as submitted. Requeued as is on preemption/timeout: the train stage
-    resumes from its checkpoints on disk, evaluate and base simply run again."""
+    resumes from its checkpoints on disk, evaluate and base simply run again. Its job parameters (``params``)
+    are pickled with it, so a requeued job keeps them."""
 
     def __init__(self, stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
-                 provenance_file: str | None = None, submission: int | None = None, study_name: str | None = None):
+                 provenance_file: str | None = None, submission: int | None = None, study_name: str | None = None,
+                 params: JobParams = JobParams()):
         self.stage, self.study_path, self.cell_id = stage, study_path, cell_id
-        self.results_dir, self.threads = results_dir, threads
+        self.results_dir, self.threads, self.params = results_dir, threads, params
         self.provenance_file, self.submission = provenance_file, submission
         self.study_name, self.launcher_pid = study_name, os.getpid()  # the cost record's (the job's pid: `debug`)
-        # the profile's MLflow store (lorarl launch --tracking ...): travels with the job, whatever the executor
-        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS",
-                                                "LORARL_PACK_UPDATE_CELLS", "LORARL_PACK_PLACES", "LORARL_TRAIN_UNTIL",
-                                                oom.ATTEMPT_ENV) if k in os.environ}
+        # the profile's MLflow store (lorarl launch --tracking), a user setting: travels with the job, any executor
+        self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
@@ -87,13 +90,15 @@ class StageJob(submitit.helpers.Checkpointable):
 
                 pin_gpu()  # a pack rank trains its members alone on its GPU
             if int(os.environ["RANK"]) > 0:
-                return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+                return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
+                                 getattr(self, "params", JobParams()))
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
             _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
             with self._cost():
-                out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads)
+                out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
+                                getattr(self, "params", JobParams()))
         except BaseException as err:
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
@@ -108,12 +113,12 @@ class StageJob(submitit.helpers.Checkpointable):
         """This attempt's cost record beside its provenance (lorarl.ledger); `debug` runs it in the launcher's process."""
         from lorarl.jobclock import process_age_s
 
-        until, prov = os.environ.get("LORARL_TRAIN_UNTIL", ""), self.provenance_file
+        prov = self.provenance_file
         key = "base" if self.stage == "base" else Path(prov or self.stage).stem
         return ledger.job(ledger.cost_dir(prov) if prov else None, self.stage,
                           in_process=os.getpid() == getattr(self, "launcher_pid", None), process_age_s=process_age_s(),
                           key=key, study=getattr(self, "study_name", None), cell=self.cell_id, threads=self.threads,
-                          until=int(until) if until.isdigit() else None)
+                          until=getattr(self, "params", JobParams()).until)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
@@ -170,9 +175,9 @@ def error_summary(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"[:1000]
 
 
-def _stage_key(stage: str) -> str:
+def _stage_key(stage: str, params: JobParams) -> str:
     """train | base | evaluate[-<benchmark>[@step]]: one log folder and provenance file per job kind."""
-    target = os.environ.get(EVAL_TARGET_ENV, "") if stage == "evaluate" else ""
+    target = params.eval_target if stage == "evaluate" else ""
     return f"{stage}-{target}" if target else stage
 
 
@@ -183,10 +188,12 @@ def _clear_stale_results(folder: Path) -> None:
 
 
 def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "results",
-           executor: str = "local", threads: int = 1, slurm: dict[str, Any] | None = None) -> int:
-    """Submit one stage of one cell, wait for it, report failure with the log tail. Returns exit code."""
+           executor: str = "local", threads: int = 1, slurm: dict[str, Any] | None = None,
+           params: JobParams = JobParams()) -> int:
+    """Submit one stage of one cell with its job parameters (``params``: `lorarl launch`'s --attempt, --until,
+    --places, ...), wait for it, report failure with the log tail. Returns exit code."""
     results_dir = str(Path(results_dir).resolve())  # the job may start in another directory
-    key = _stage_key(stage)
+    key = _stage_key(stage, params)
     config_hash = None
     if stage == "base":
         study_name = None
@@ -198,12 +205,12 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study = load_study(study_path)
         study_name = study.name
         if stage == "pack":
-            return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm)
+            return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm, params)
         config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
         if stage == "train":
             from lorarl.pipeline.rung_jobs import handed_over
 
-            if handed_over(results_dir, study.name, cell_id, config_hash):  # a pack trained it (to the end, or a rung)
+            if handed_over(results_dir, study.name, cell_id, config_hash, params.until):  # a pack trained it (to the end, or a rung)
                 return 0
         folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
@@ -215,7 +222,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     if stage == "train":  # the profile's layout for this cell (per-study/per-model overrides), ranks made explicit
         cfg = cell_table(study).cell(cell_id).config
         big = train_layout.oom_resources(slurm, study.name, cfg.model, cfg)  # layouts.on_oom: the last OOM retry's
-        if big is not None and oom.attempt() >= oom.MAX_ATTEMPTS:
+        if big is not None and params.attempt >= oom.MAX_ATTEMPTS:
             larger = f"{train_layout.ranks(big, cfg)} ranks ({big.get('nodes', 1)} node(s))"
         slurm = train_layout.job_resources(big if larger else train_layout.train_resources(slurm, study.name, cfg.model),
                                            cfg, executor)
@@ -224,22 +231,23 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     if key != stage:
         prov = prov.with_name(f"{key}.json")
     t0 = time.time()
-    if (refused := oom.before_attempt(folder, key, cell_id, larger)) is not None:  # a retry that is not an OOM's
+    if (refused := oom.before_attempt(folder, key, cell_id, params.attempt, larger)) is not None:  # not an OOM's retry
         return refused
-    if _adopted(executor, folder, name, prov, key, stage, results_dir, study_name, cell_id, config_hash):
+    if _adopted(executor, folder, name, prov, key, stage, results_dir, study_name, cell_id, config_hash, params):
         return 0
     _clear_stale_results(folder)
     index = provenance.record_submission(prov, stage=stage, study=study_name, cell=cell_id,
-                                         config_hash=config_hash, executor=executor, slurm=slurm)
+                                         config_hash=config_hash, executor=executor, slurm=slurm,
+                                         invocation=params.invocation)
     ex = make_executor(executor, folder, threads, slurm, name=name)
-    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index, study_name))
+    job = ex.submit(StageJob(stage, study_path, cell_id, results_dir, threads, str(prov), index, study_name, params))
     provenance.record_job_id(prov, index, job.job_id, name)
     print(f"[lorarl] {key} {cell_id}: submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
-    return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0)
+    return _finish(job, executor, key, stage, results_dir, study_name, cell_id, config_hash, prov, t0, params)
 
 
 def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
-                 slurm: dict[str, Any] | None) -> int:
+                 slurm: dict[str, Any] | None, params: JobParams) -> int:
     """`lorarl launch pack <study> <c1,c2,...>`: claim the members (lorarl.pack.publish), submit ONE job
     that trains them all (lorarl.pack.run), wait, release the claims. The job's layout is its members'
     training layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
@@ -251,7 +259,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
     table = cell_table(study)
     for c in ids:
         table.cell(c)  # unknown ids fail here, before anything is written
-    pid = pack_id(ids)
+    pid = pack_id(ids, resident=params.places is not None)  # the job's id (a rung's pack: its rule names the rung)
     claims = publish.claim(results_dir, study.name, ids, pid)
     try:
         folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
@@ -261,27 +269,30 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
             threads = int(slurm.get("cpus_per_task", threads or 1))
         threads = max(1, int(threads or 1))
         slurm, larger = train_layout.pack_layout(slurm, study.name, [table.cell(c).config for c in ids], executor,
-                                                 oom.attempt() >= oom.MAX_ATTEMPTS)
+                                                 params.attempt >= oom.MAX_ATTEMPTS)
         prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
-        if (refused := oom.before_attempt(folder, "pack", pid, larger)) is not None:
+        if (refused := oom.before_attempt(folder, "pack", pid, params.attempt, larger)) is not None:
             return refused
-        if _adopted(executor, folder, name, prov, "pack", "pack", results_dir, study.name, pid, None):
+        if _adopted(executor, folder, name, prov, "pack", "pack", results_dir, study.name, pid, None, params):
             return 0
         _clear_stale_results(folder)
         index = provenance.record_submission(prov, stage="pack", study=study.name, cell=members, config_hash=None,
-                                             executor=executor, slurm=slurm)
+                                             executor=executor, slurm=slurm, invocation=params.invocation)
         ex = make_executor(executor, folder, threads, slurm, name=name)
-        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index, study.name))
+        job = ex.submit(StageJob("pack", study_path, members, results_dir, threads, str(prov), index, study.name,
+                                 params))
         provenance.record_job_id(prov, index, job.job_id, name)
         print(f"[lorarl] pack {pid} ({members}): submitted job {job.job_id} ({executor}), logs in {folder}", flush=True)
-        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), ids)
+        return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), params,
+                       ids)
     finally:
         publish.unclaim(claims)
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
-            cell_id: str, config_hash: str | None, prov: Path, t0: float, members: list[str] | None = None) -> int:
+            cell_id: str, config_hash: str | None, prov: Path, t0: float, params: JobParams,
+            members: list[str] | None = None) -> int:
     """Wait for our own job; success = the job succeeded AND its outputs are there. A train or pack job that
     failed leaves no cell's MLflow run RUNNING (lorarl.tracking.dead_runs)."""
 
@@ -296,7 +307,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash, params)
     if error is None and not missing:
         print(f"[lorarl] {key} {cell_id}: done in {time.time() - t0:.1f}s (job {job.job_id})", flush=True)
         return 0
@@ -318,7 +329,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
         from lorarl.tracking.dead_runs import after_job
 
         after_job(results_dir, study_name, members or [cell_id], f"job {job.job_id} ended {state} (its launcher)")
-    return oom.after_failure(Path(job.paths.folder), error_summary(error), failed)  # OOM_EXIT: Snakemake retries it
+    return oom.after_failure(Path(job.paths.folder), error_summary(error), params.attempt, failed)  # OOM_EXIT: retried
 
 
 def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseException | None:
@@ -365,7 +376,7 @@ def _wait(job: submitit.Job, executor: str, key: str, cell_id: str) -> BaseExcep
 
 
 def _adopted(executor: str, folder: Path, name: str, prov: Path, key: str, stage: str, results_dir: str,
-             study_name: str | None, cell_id: str, config_hash: str | None) -> bool:
+             study_name: str | None, cell_id: str, config_hash: str | None, params: JobParams) -> bool:
     """A lost launcher's job of this stage still in flight is waited on instead of submitting a duplicate:
     True = it finished with its outputs. False = none, or it ended without them (failed, or they were
     written before this Snakemake started and removed by its cleanup of incomplete outputs): submit again
@@ -375,14 +386,15 @@ def _adopted(executor: str, folder: Path, name: str, prov: Path, key: str, stage
         return False
     print(f"[lorarl] {key} {cell_id}: job {found[0]} of an earlier launcher is still {found[1]}: waiting on it "
           f"instead of submitting a duplicate", flush=True)
-    if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash) == 0:
+    if _finish_adopted(found[0], executor, folder, key, stage, results_dir, study_name, cell_id, config_hash,
+                       params) == 0:
         return True
     print(f"[lorarl] {key} {cell_id}: submitting it again", flush=True)
     return False
 
 
 def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: str, results_dir: str,
-                    study_name: str | None, cell_id: str, config_hash: str | None) -> int:
+                    study_name: str | None, cell_id: str, config_hash: str | None, params: JobParams) -> int:
     """Wait on a job submitted by an earlier (lost) launcher; its outputs decide the result."""
     if executor == "slurm":
         job = submitit.SlurmJob(folder, job_id)
@@ -391,7 +403,7 @@ def _finish_adopted(job_id: str, executor: str, folder: Path, key: str, stage: s
     else:
         inflight.wait_local(job_id)
         info = {"State": "EXITED"}
-    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash)
+    missing = inflight.missing_outputs(stage, results_dir, study_name, cell_id, config_hash, params)
     if not missing:
         print(f"[lorarl] {key} {cell_id}: adopted job {job_id} finished; outputs in place", flush=True)
         return 0

@@ -1,7 +1,8 @@
 """CUDA out of memory: the workflow retries the job one rung down the memory ladder (lorarl.memory.ladder).
 
 The train, evaluate and train_pack rules have `retries:`; Snakemake's attempt number reaches `lorarl launch`
-as $LORARL_ATTEMPT (a rule resource: no param, so never a rerun trigger, never in a signature). Then:
+as its `--attempt` (a rule resource: no param, so never a rerun trigger, never in a signature), the job's
+parameter `attempt` (lorarl.pipeline.jobparams), passed to every function here that needs it. Then:
 
 * launcher: an attempt's failure is recorded in `<stage log folder>/oom-attempts.json`; one that died of
   CUDA out of memory (:func:`is_oom`) exits with :data:`OOM_EXIT`, any other with 1. Attempt k > 1 is
@@ -35,20 +36,12 @@ from lorarl.io import read_json, write_json
 from lorarl.memory import ladder
 from lorarl.memory.auto import world_size
 
-ATTEMPT_ENV = "LORARL_ATTEMPT"  # Snakemake's attempt number of the job (set by the rules)
 FAULT_ENV = "LORARL_FAULT"
 RECORD = "oom-attempts.json"  # in the stage's log folder: one entry per failed attempt
 OOM_EXIT = 3  # `lorarl launch` exit status of an attempt that ran out of memory
 MAX_ATTEMPTS = 4  # the rules' retries + 1: rungs 1-3, then the layout rung
 STAGES = ("train", "evaluate", "pack")
 _MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory")
-
-
-def attempt() -> int:
-    raw = os.environ.get(ATTEMPT_ENV, "1").strip() or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"${ATTEMPT_ENV} must be a whole number >= 1; got {raw!r}")
-    return int(raw)
 
 
 def is_oom(err: BaseException | str | None) -> bool:
@@ -62,11 +55,11 @@ def is_oom(err: BaseException | str | None) -> bool:
 
 # ---- launcher side --------------------------------------------------------------------------------
 
-def before_attempt(folder: Path, key: str, target: str, larger: str | None = None) -> int | None:
-    """None: submit this attempt. Else the exit status of a retry that is not run (printed why). ``larger``:
+def before_attempt(folder: Path, key: str, target: str, n: int, larger: str | None = None) -> int | None:
+    """None: submit attempt ``n`` (the job's ``--attempt``). Else the exit status of a retry that is not run
+    (printed why). ``larger``:
     the larger layout the profile allows this job (train: ``slurm.train.layouts.on_oom``), said at the last
     attempt, which runs on it; None: there is none, and the last attempt is refused."""
-    n = attempt()
     record = Path(folder) / RECORD
     if n == 1:
         record.unlink(missing_ok=True)
@@ -101,13 +94,13 @@ def before_attempt(folder: Path, key: str, target: str, larger: str | None = Non
     return None
 
 
-def after_failure(folder: Path, error: str, failed: str | None = None) -> int:
-    """Record this attempt's failure (``failed``: the launcher's FAILED line, repeated by refused retries); the
-    launcher's exit status (OOM_EXIT for out of memory)."""
+def after_failure(folder: Path, error: str, n: int, failed: str | None = None) -> int:
+    """Record the failure of attempt ``n`` (``failed``: the launcher's FAILED line, repeated by refused retries);
+    the launcher's exit status (OOM_EXIT for out of memory)."""
     oom = is_oom(error)
     record = Path(folder) / RECORD
-    entries = [e for e in read_json(record) or [] if e.get("attempt") != attempt()]
-    write_json(record, entries + [{"attempt": attempt(), "oom": oom, "error": error[:1000], "failed": failed}])
+    entries = [e for e in read_json(record) or [] if e.get("attempt") != n]
+    write_json(record, entries + [{"attempt": n, "oom": oom, "error": error[:1000], "failed": failed}])
     return OOM_EXIT if oom else 1
 
 
@@ -202,9 +195,11 @@ class _LadderTable:
 
 
 def job_for_attempt(stage: str, job: Any) -> Any:
-    """``job`` whose cells run this attempt's rung (unchanged at attempt 1 without the fault hook)."""
-    if stage in STAGES and (attempt() > 1 or fault_threshold() is not None or fault_ranks() is not None):
-        job._table = _LadderTable(job.table, stage, attempt(), job.results_dir)
+    """``job`` whose cells run the rung of its attempt (``job.params.attempt``; unchanged at attempt 1 without
+    the fault hook)."""
+    n = job.params.attempt
+    if stage in STAGES and (n > 1 or fault_threshold() is not None or fault_ranks() is not None):
+        job._table = _LadderTable(job.table, stage, n, job.results_dir)
     return job
 
 
@@ -223,7 +218,8 @@ def annotate(stage: str, job: Any) -> None:
             from lorarl.evalplan.plan import format_target
 
             cell = table._table.cell(cell_id)
-            for bench, step in requested_targets(cell.config, table._table.is_base(cell_id)):
+            wanted = [t for t in job.params.eval_target.split(",") if t.strip()]  # the job's --eval-target
+            for bench, step in requested_targets(cell.config, table._table.is_base(cell_id), wanted):
                 target = format_target(bench, step)
                 _add(cdir / "eval" / f"{target}.json", entries)
                 _tag(job.results_dir, study, cdir, f"lorarl.oom_retries.{target.replace('@', '_at_')}", entries)

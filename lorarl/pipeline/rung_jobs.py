@@ -1,4 +1,4 @@
-"""The launcher's side of a job that trains a cell up to a rung (``$LORARL_TRAIN_UNTIL``, lorarl.train.until).
+"""The launcher's side of a job that trains a cell up to a rung (its ``--until``, lorarl.train.until).
 
 Such a job's one output is the cell's rung mark ``<cell>/rungs/step-<step>.json``, not the cell's outputs:
 :func:`expected` names it for the launcher's output check (lorarl.pipeline.inflight). When packs are on, the
@@ -13,14 +13,13 @@ import json
 import os
 from pathlib import Path
 
-from lorarl.train.until import UNTIL_ENV, mark_path, staged_mark_path, until_step
+from lorarl.train.until import mark_path, staged_mark_path
 
-__all__ = ["expected", "handed_over", "UNTIL_ENV"]
+__all__ = ["expected", "handed_over"]
 
 
-def expected(results: str | Path, study: str, cell: str) -> list[Path] | None:
-    """The output of this train job when it stops at a rung (None: a train job to the end)."""
-    step = until_step()
+def expected(results: str | Path, study: str, cell: str, step: int | None) -> list[Path] | None:
+    """The output of this train job when it stops at a rung ``step`` (None: a train job to the end)."""
     return None if step is None else [mark_path(results, study, cell, step)]
 
 
@@ -31,11 +30,11 @@ def _hash(p: Path) -> str | None:
         return None
 
 
-def handed_over(results: str | Path, study: str, cell: str, config_hash: str) -> bool:
-    """True when a pack trained the cell for this job (outputs, or the rung mark, now in place): nothing to submit."""
+def handed_over(results: str | Path, study: str, cell: str, config_hash: str, step: int | None) -> bool:
+    """True when a pack trained the cell for this job (outputs, or the rung mark at ``step``, the job's ``--until``,
+    now in place): nothing to submit."""
     from lorarl.pack.publish import wait_and_publish
 
-    step = until_step()
     published = wait_and_publish(results, study, cell, config_hash)  # a pack that holds the cell: wait for it
     if step is None:
         if published:

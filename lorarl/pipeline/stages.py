@@ -9,18 +9,21 @@ A stage's target (the `cell` argument of `lorarl launch`) is a cell id, a comma 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from lorarl.pipeline.jobparams import JobParams
 
 
 @dataclass
 class Job:
-    """What a stage function gets: the study file, the target, where results go, CPU threads."""
+    """What a stage function gets: the study file, the target, where results go, CPU threads, the job's parameters."""
 
     study_path: str  # the study YAML ("-" for `base`)
     target: str  # cell id, comma list, "all", or a recipe name (see the module doc)
     results_dir: str  # results root
     threads: int | None  # CPU threads of the job (OMP_NUM_THREADS is set by the launcher)
+    params: JobParams = field(default_factory=JobParams)  # its command line's job parameters (lorarl.pipeline.jobparams)
     _study: Any = None
     _table: Any = None
 
@@ -89,7 +92,7 @@ def _train(job: Job) -> dict:
     from lorarl.train.main import train_cell
 
     cell, study = job.cell(), job.study.name  # resources resolved here, where the job starts
-    rung = until.until_step()  # an adaptive study's rung job ($LORARL_TRAIN_UNTIL): the run pauses there
+    rung = job.params.until  # an adaptive study's rung job (`--until`): the run pauses there
     out = until.already_ended(job.results_dir, study, cell) if rung is not None else None  # finished: a mark only
     if out is None and waiting_engine(job.results_dir, study, cell) == "pack":  # a pack's state: a pack of one
         from lorarl.pack.run import train_alone
@@ -103,13 +106,14 @@ def _train(job: Job) -> dict:
     return until.write_mark(job.results_dir, study, cell, rung, **until.mark_fields(out))  # the rung job's output, last
 
 
-@register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell ($LORARL_EVAL_TARGET)")
+@register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell (`--eval-target`)")
 def _evaluate(job: Job) -> dict:
     from lorarl.evaluate.main import evaluate_cell
 
     cell = job.cell()
+    targets = [t for t in job.params.eval_target.split(",") if t.strip()] or None  # none: all of the cell's
     return evaluate_cell(job.study.name, cell, job.results_dir, is_base=job.table.is_base(cell.id),
-                         threads=job.threads)
+                         threads=job.threads, targets=targets)
 
 
 @register_stage("diagnose", "weight-space diagnostics of one trained cell")
@@ -137,14 +141,16 @@ def _pack(job: Job) -> dict:
     from lorarl.train import until
 
     ids, study = job.target.split(","), job.study.name
-    rung = until.until_step()  # a rung's pack ($LORARL_TRAIN_UNTIL): every member pauses there
+    rung = job.params.until  # a rung's pack (`--until`): every member pauses there
     cells = [job.table.cell(c) for c in ids]
-    places = resident.places_from_env()  # a resident job ($LORARL_PACK_PLACES): its places, else a fixed pack
+    places = job.params.places  # a resident job (`--places`): its places, else a fixed pack
+    chunk = job.params.update_cells  # pack.update_cells (`--update-cells`, a memory knob): None, all at once
     if places:
         out = resident.train_resident(study, cells, job.results_dir, places, threads=job.threads,
-                                      resident_id=pack_id(ids), stop_at=rung)
+                                      resident_id=pack_id(ids, resident=True), stop_at=rung, update_cells=chunk)
     else:
-        out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung)
+        out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung,
+                         update_cells=chunk)
     if rung is not None and world()[0] == 0:  # rank 0 holds every rank's outcome: each member's mark, staged
         for c in cells:
             if c.id in out["outcomes"]:  # trained (or paused) here; a member left out: its own rung job trains it
@@ -154,7 +160,7 @@ def _pack(job: Job) -> dict:
 
         # the rule's output: a rung's pack is named with its rung (workflow/rules/pack.smk), its record too
         write_json(paths.path("pack_done", results=str(job.results_dir), study=study,
-                              pack=pack_id([*ids, f"until={rung}"])), out)
+                              pack=pack_id(ids, until=rung, resident=bool(places))), out)
     return out
 
 

@@ -49,16 +49,18 @@ def artifacts(study: Any, results_dir: str | Path) -> list[tuple[Path, str]]:
 
 
 def publish(study: Any, results_dir: str | Path = "results", tracking: str | None = None,
-            price: float | None = None) -> str | None:
+            price: float | None = None, invocation: str | None = None) -> str | None:
     """Tag the study's parent run and log its artifacts; the run id, or None when no cell has used the
-    store yet (no results/mlflow.db: nothing to nest, and making a store here would cost seconds)."""
+    store yet (no results/mlflow.db: nothing to nest, and making a store here would cost seconds).
+    ``invocation``: the `snakemake` run of this aggregate (`lorarl aggregate --invocation`; None by hand)."""
     db = sqlite_store.db_path(resolve_tracking(tracking, results_dir))
     if db is not None and not db.exists():
         return None
-    return fill(Tracker(results_dir, study.name, tracking), study, results_dir, price)
+    return fill(Tracker(results_dir, study.name, tracking), study, results_dir, price, invocation)
 
 
-def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | None = None) -> str:
+def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | None = None,
+         invocation: str | None = None) -> str:
     """What `publish` does, with an open Tracker (`lorarl sync-mlflow` too): the parent's tags, artifacts,
     span and numbers (lorarl.pipeline.study_span). Made here if the store has none, starting where the
     files say the study started."""
@@ -69,7 +71,7 @@ def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | N
     for local, where in outputs:
         log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact
         tracker._retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
-    study_span.record(tracker, run_id, study, results_dir, [local for local, _ in outputs])
+    study_span.record(tracker, run_id, study, results_dir, [local for local, _ in outputs], invocation)
     from lorarl.report import cost
 
     cost.log_mlflow(tracker, run_id, study, results_dir, cost.cost_table(study, results_dir, price))  # cost/*

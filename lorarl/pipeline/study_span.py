@@ -17,7 +17,8 @@ Each aggregate updates the same parent: its end time, and each metric whose valu
 
 The parent's duration counts every gap between reruns, so beside it `study/last_run_wall_time_s` times the
 study's last complete run: the newest `snakemake` invocation that submitted a job of the study (every job
-submission records its invocation, $LORARL_INVOCATION, set by workflow/rules/common.smk), logged once every
+submission records its invocation, the job's `--invocation` written by workflow/rules/common.smk; the aggregate
+rule passes its own to `lorarl aggregate --invocation`), logged once every
 cell has finished. It runs from the first start of that invocation's jobs (the parent's clock: a job's start,
 not its time in a queue) to the end of the aggregate that ran in the same invocation (the end above). An
 aggregate of another invocation (one that only re-aggregated), `lorarl aggregate` by hand and `sync-mlflow`
@@ -28,7 +29,6 @@ aggregate) the run ends at its last job's end.
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +36,6 @@ from typing import Any, Iterable
 
 from lorarl import paths
 from lorarl.io import read_json, write_json
-from lorarl.provenance import INVOCATION_ENV
 from lorarl.status import study_status
 from lorarl.tracking.client import Tracker
 
@@ -106,7 +105,7 @@ def submissions(study: Any, results_dir: str | Path) -> list[dict]:
     return out
 
 
-def last_run(study: Any, results_dir: str | Path, end_ms: int) -> dict | None:
+def last_run(study: Any, results_dir: str | Path, end_ms: int, current: str | None = None) -> dict | None:
     """The study's last complete run ending at `end_ms` if this process is the aggregate of its invocation, else
     as `.last_run.json` recorded it, else ending at its last job's end: {invocation, start_ms, end_ms,
     wall_time_s}; None before any job of a `snakemake` run (`lorarl run`, or files older than the invocation)."""
@@ -120,7 +119,7 @@ def last_run(study: Any, results_dir: str | Path, end_ms: int) -> dict | None:
     if not starts:
         return None
     start = min(starts)
-    current, path = os.environ.get(INVOCATION_ENV), Path(results_dir) / study.name / LAST_FILE
+    path = Path(results_dir) / study.name / LAST_FILE  # current: this aggregate's invocation (None: by hand)
     if current != newest:  # not that run's aggregate: as its aggregate recorded it, else up to its last job's end
         saved = read_json(path)
         if isinstance(saved, dict) and saved.get("invocation") == newest:
@@ -142,9 +141,11 @@ def cell_counts(study: Any, results_dir: str | Path) -> dict[str, float]:
     return out
 
 
-def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, outputs: Iterable[Path] = ()) -> dict:
+def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, outputs: Iterable[Path] = (),
+           invocation: str | None = None) -> dict:
     """Stretch the parent run `run_id` over the study (end time) and log its wall time and cell counts;
-    a metric is logged again only when its value changed. Returns the values."""
+    a metric is logged again only when its value changed. ``invocation``: the `snakemake` run this aggregate
+    belongs to (None: by hand, or `sync-mlflow`). Returns the values."""
     from mlflow.entities import Metric
 
     run = tracker._retry("read the study run", lambda: tracker.client.get_run(run_id))
@@ -152,7 +153,7 @@ def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, o
     end = max(start, last_write_ms(study, results_dir, outputs) or int(time.time() * 1000))
     values = {WALL: round((end - start) / 1000.0, 3), **cell_counts(study, results_dir)}
     if values["study/cells_total"] and values["study/cells_finished"] == values["study/cells_total"]:
-        last = last_run(study, results_dir, end)  # complete: the run that completed it, timed without the gaps
+        last = last_run(study, results_dir, end, invocation)  # complete: the run that completed it, timed without the gaps
         if last is not None:
             values[LAST] = last["wall_time_s"]
     ts = int(time.time() * 1000)

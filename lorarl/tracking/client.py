@@ -48,6 +48,7 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's nesting tag (the UI shows the cell
 # or the browser's switch, not from this tag (lorarl.report.mlflow_links.VIEW; docs/tracking.md)
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 STATE_TAG, REASON_TAG, KILLS_TAG = "lorarl.state", "lorarl.killed_reason", "lorarl.killed_attempts"  # dead_runs
+PAUSED_AT_TAG = "lorarl.paused_at_step"  # a paused run's step (lorarl.train.cellrun); gone once the run goes on
 PACKAGES = ("torch", "transformers", "trl", "peft", "lorarl")
 TRACKING_ENV = "LORARL_TRACKING"  # sqlite | http(s)://host:port (lorarl launch sets it from the profile)
 RETRY_ENV = "LORARL_TRACKING_RETRY_S"  # total retry time of a write that must succeed
@@ -271,7 +272,8 @@ class Tracker:
         """Reopen a run after a requeue or a kill: the high-water mark is read from the run itself
         (per metric), so a (metric, step) already logged by any earlier attempt is never logged again.
         A run still RUNNING (or ended KILLED by lorarl.tracking.dead_runs) lost its last attempt to a kill:
-        ``lorarl.killed_attempts`` counts them; ``lorarl.state`` says running until the run ends."""
+        ``lorarl.killed_attempts`` counts them; ``lorarl.state`` says running until the run ends. A paused run's
+        ``lorarl.paused_at_step`` goes: the run trains on (a finished run never keeps it; a new pause sets it again)."""
         from mlflow.entities import RunTag
 
         self.run_id = run_id
@@ -284,6 +286,8 @@ class Tracker:
             if run.info.status == "RUNNING" or run.data.tags.get(STATE_TAG) == "killed":  # its last attempt died
                 tags[KILLS_TAG] = str(int(run.data.tags.get(KILLS_TAG, "0")) + 1)  # (the caller holds the cell's lock)
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            if PAUSED_AT_TAG in run.data.tags:
+                self.client.delete_tag(run_id, PAUSED_AT_TAG)
             self.client.update_run(run_id, status="RUNNING")
             return {key: max((m.step for m in self.client.get_metric_history(run_id, key)), default=-1)
                     for key in run.data.metrics}

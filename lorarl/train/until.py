@@ -1,8 +1,9 @@
 """Train a cell only up to a step: the rung jobs of an adaptive study (docs/adaptive.md).
 
-``LORARL_TRAIN_UNTIL=<step>`` (set by the workflow's ``train_rung`` rule and by a rung's ``train_pack`` job; the
-launcher carries it to the job) is read once, at the job's entry (the ``train`` and ``pack`` stages,
-lorarl.pipeline.stages: :func:`until_step`), and handed to the trainer as its ``stop_at``
+The job's ``--until <step>`` (written by the workflow's ``train_rung`` rule and by a rung's ``train_pack`` rule;
+``lorarl launch`` parses it into the job's parameters, lorarl.pipeline.jobparams, which travel with the job) is
+read at the job's entry (the ``train`` and ``pack`` stages, lorarl.pipeline.stages: ``job.params.until``) and
+handed to the trainer as its ``stop_at``
 (:func:`lorarl.train.main.train_cell`, :func:`lorarl.pack.run.train_pack`, :func:`lorarl.pack.run.train_alone`).
 A rung stop IS a pause of the cell's run, the one way a run pauses (lorarl.train.cellrun): the checkpoint at
 ``step`` holds the full state and is kept (whatever ``train.checkpoint_every``), the snapshot at ``step`` is
@@ -23,28 +24,16 @@ mark staged (:func:`staged_mark_path`); the member's own rung job moves it into 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from lorarl import paths
 from lorarl.io import write_json
 
-UNTIL_ENV = "LORARL_TRAIN_UNTIL"  # the training step a train/pack job stops at (an adaptive study's rung)
 AT_RUNG = "at_rung"  # the rung mark's state of a cell paused at its rung (its MLflow run says lorarl.state=paused)
 
-__all__ = ["UNTIL_ENV", "AT_RUNG", "until_step", "mark_path", "staged_mark_path", "write_mark", "mark_fields",
+__all__ = ["AT_RUNG", "mark_path", "staged_mark_path", "write_mark", "mark_fields",
            "already_ended"]
-
-
-def until_step() -> int | None:
-    """The step of ``$LORARL_TRAIN_UNTIL`` (None: train to the end)."""
-    raw = os.environ.get(UNTIL_ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"${UNTIL_ENV}={raw!r}: allowed: a positive training step")
-    return int(raw)
 
 
 def mark_path(results: str | Path, study: str, cell: str, step: int) -> Path:

@@ -1,6 +1,6 @@
 # Adaptive studies (docs/adaptive.md): a study with a `search:` or `hypotheses:` block expands only what its
 # decisions allow, through Snakemake's checkpoints. Per cell of a searched setting, training is cut into segments
-# at the rungs: `train_rung` trains it up to a rung (LORARL_TRAIN_UNTIL: checkpoint kept, nothing published, the
+# at the rungs: `train_rung` trains it up to a rung (its `--until`: checkpoint kept, nothing published, the
 # rung mark its output), `evaluate_step` scores the rung's snapshot, and the checkpoint `decide_rung` decides the
 # rung from those records (lorarl.pipeline.decide). Only then do the input functions (lorarl.adaptive.flow) ask
 # for the next segment of the promoted cells; a stopped cell is asked for nothing more (censored at its rung).
@@ -111,7 +111,7 @@ rule train_rung:
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/train@{{step}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_TRAIN_UNTIL={wildcards.step} " + launch("train")
+        launch("train", OOM_ATTEMPT + " --until={wildcards.step}")
 
 
 checkpoint decide_rung:

@@ -20,4 +20,4 @@ rule aggregate:
     shell:
         "lorarl aggregate {params.study} --results {params.results} --tracking {config[tracking]:q} "
         "--tracking-credentials={config[tracking_credentials]:q} --mlflow-ui={config[mlflow_ui]:q} "
-        "--gpu-hour-price={config[gpu_hour_price]:q} > {log} 2>&1"
+        "--gpu-hour-price={config[gpu_hour_price]:q} --invocation={INVOCATION:q} > {log} 2>&1"

@@ -14,16 +14,15 @@ from snakemake.utils import validate
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import parent_recipe, recipe_hash, recipe_name
-from lorarl.provenance import INVOCATION_ENV
 from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.study_set import effective_file as _effective_study_file
 from lorarl.evalplan import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
 
-# This `snakemake` run, recorded with every job it submits (lorarl.provenance): a study's last complete
-# run is timed from it (study/last_run_wall_time_s, lorarl.pipeline.study_span).
-os.environ[INVOCATION_ENV] = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+# This `snakemake` run, an argument of every job it submits (`--invocation`, recorded by lorarl.provenance) and of
+# its aggregates: a study's last complete run is timed from it (study/last_run_wall_time_s, lorarl.pipeline.study_span).
+INVOCATION = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
 
 # Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)
 from snakemake.logging import logger as _snakemake_logger
@@ -112,20 +111,23 @@ def slurm_json(stage):
 SLURM_JSON = {stage: slurm_json(stage) for stage in ("base", "train", "evaluate", "diagnose", "toy")}
 
 
-def launch(stage):
-    """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<stage>`` resources."""
+def launch(stage, job_args=""):
+    """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<stage>`` resources. ``job_args``:
+    the job's parameters as arguments (lorarl.pipeline.jobparams: ``--attempt``, ``--until``, ``--places``, ...),
+    never environment variables."""
     return (
         "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
         "--executor {params.launcher} --threads {threads} --slurm {SLURM_JSON[" + stage + "]:q} "
-        "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} > {log} 2>&1"
+        "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} "
+        "--invocation={INVOCATION:q} " + (job_args + " " if job_args else "") + "> {log} 2>&1"
     )
 
 
 # Out of memory (lorarl.pipeline.oom): train, evaluate and train_pack jobs are retried OOM_RETRIES times; the
-# attempt number reaches the job as $LORARL_ATTEMPT through a resource (not a param: never a rerun trigger),
+# attempt number reaches the job as its `--attempt` through a resource (not a param: never a rerun trigger),
 # and each retry after an out-of-memory failure runs one rung down the memory ladder (lorarl.memory.ladder).
 OOM_RETRIES = 3
-OOM_ATTEMPT = "LORARL_ATTEMPT={resources.oom_attempt} "
+OOM_ATTEMPT = "--attempt={resources.oom_attempt}"
 
 
 def oom_attempt(wildcards, attempt):
@@ -172,7 +174,7 @@ def eval_hash(wildcards):
 
 
 def eval_target(wildcards):
-    """$LORARL_EVAL_TARGET of an evaluate job: `<benchmark>` or `<benchmark>@<step>`."""
+    """`--eval-target` of an evaluate job: `<benchmark>` or `<benchmark>@<step>`."""
     step = int(wildcards.step) if "step" in wildcards.keys() else None
     return eval_plan.format_target(wildcards.benchmark, step)
 

@@ -2,7 +2,7 @@
 # trained cell, and per benchmark of a study's `base` pseudo-cell. Every sample is kept
 # (<cell>/eval/<benchmark>[@step].jsonl) next to its summary (.json); lorarl.evaluate.main runs it.
 
-EVAL_LAUNCH = OOM_ATTEMPT + "LORARL_EVAL_TARGET={params.eval_target} " + launch("evaluate")
+EVAL_LAUNCH = launch("evaluate", OOM_ATTEMPT + " --eval-target={params.eval_target:q}")
 
 
 rule evaluate:

@@ -7,15 +7,18 @@
 # packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
 # places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
-from lorarl.pack.plan import max_cells as _pack_max_cells, pack_id as _pack_id
+from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells, pack_id as _pack_id
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
-from lorarl.pack.publish import claim_pending as _pack_claim_pending, unfinished as _pack_unfinished
+from lorarl.pack.publish import claim_pending as _pack_claim_pending, clear_stale_claims as _pack_clear_stale
+from lorarl.pack.publish import unfinished as _pack_unfinished
+from lorarl.pack.resident import check_places as _pack_check_places, host_gpu_memory_gb as _host_gpu_memory_gb
 from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
 
-try:
+try:  # every `pack:` key checked here (the schema leaves the block to lorarl.pack.plan): exit 2 naming the field
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
     PACK_UPDATE_CELLS = _pack_update_cells(config.get("pack"))
     PACK_PLACES = _pack_resident_places(config.get("pack"))  # resident packs: places per job (0: fixed packs)
+    PACK_GPU_GB = _pack_gpu_memory_gb(config.get("pack"))  # the pack jobs' GPU (None: this host's, for local jobs)
 except ValueError as err:
     print(f"error: config: {err}", file=sys.stderr)  # before any job runs or anything is written
     sys.exit(2)
@@ -30,7 +33,7 @@ def _group(cells):
 def _study_packs(s):
     """pack id -> member ids, for the study's unfinished cells (packs of two or more only). The cells of an adaptive
     study's search whose next segment the decisions on disk allow are packed per rung: such a pack trains its
-    members up to that rung and stops (LORARL_TRAIN_UNTIL); cells promoted while Snakemake runs train solo."""
+    members up to that rung and stops (the job's `--until`); cells promoted while Snakemake runs train solo."""
     table = TABLES[s]
     ad = ADAPT.get(s)
     searched = ad.search.setting_of if ad is not None and ad.search is not None else {}
@@ -46,7 +49,7 @@ def _study_packs(s):
     for until, cells in groups.items():
         for p in _group(cells):
             if len(p) > 1:
-                pid = _pack_id(p if until is None else [*p, f"until={until}"])
+                pid = _pack_id(p, until=until, resident=bool(PACK_PLACES))  # distinct by kind (lorarl.pack.plan)
                 out[pid], PACK_UNTIL[(s, pid)] = p, until
     return out
 
@@ -58,14 +61,41 @@ PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items()
          if "train" in get_kind(st.kind).cell_stages and (PACK_MAX_CELLS > 1 or PACK_PLACES)}
 
 
+def _check_places():
+    """Resident places the memory plan refuses exit 2 here, before any job starts (the job checks the same at its
+    start, lorarl.pack.resident.check_places; refused there, its members would train elsewhere). The GPU: the
+    setting `pack.gpu_memory_gb`, else this host's for local jobs; none known (Slurm without the setting, or a CPU):
+    the job's own check only."""
+    if not PACK_PLACES or not any(PACKS.values()):
+        return
+    gb = PACK_GPU_GB if PACK_GPU_GB is not None else (
+        _host_gpu_memory_gb() if config["launcher"] in ("local", "debug") else None)
+    if not gb:
+        return
+    for s, packs in PACKS.items():
+        for pid, members in packs.items():
+            try:
+                _pack_check_places(PACK_PLACES, [TABLES[s].cell(c).config for c in members], gpu_memory_gb=gb)
+            except ValueError as err:
+                print(f"error: config: study {s}, resident job {pid} ({len(members)} cells): {err}", file=sys.stderr)
+                sys.exit(2)
+
+
+_check_places()
+
+
 def pack_targets():
     """The record of every pack to train (empty when packing is off or every cell is done)."""
     return [paths.pattern("pack_done", results=RESULTS, study=s, pack=p) for s, packs in PACKS.items() for p in packs]
 
 
 def claim_packs():
-    """`onstart` (nothing runs yet): claim the members of every pack job this run executes, pending, in Snakemake's
-    name, so that a member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    """`onstart` (nothing runs yet): remove the stale claims a kill left (lorarl.pack.publish.clear_stale_claims, one
+    line each), then claim the members of every pack job this run executes, pending, in Snakemake's name, so that a
+    member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    for s, (_, st) in STUDIES.items():
+        if "train" in get_kind(st.kind).cell_stages and os.path.isdir(os.path.join(RESULTS, s)):
+            _pack_clear_stale(RESULTS, s, TABLES[s].ids)
     for job in workflow.dag.needrun_jobs():
         if job.rule.name == "train_pack":
             study, pid = job.wildcards_dict["study"], job.wildcards_dict["pack"]
@@ -73,7 +103,7 @@ def claim_packs():
 
 
 def pack_until(wildcards):
-    """$LORARL_TRAIN_UNTIL of a pack job: its rung, or empty (to the end)."""
+    """`--until` of a pack job: its rung, or empty (to the end)."""
     until = PACK_UNTIL.get((wildcards.study, wildcards.pack))
     return "" if until is None else str(until)
 
@@ -130,5 +160,5 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        OOM_ATTEMPT + "LORARL_PACK_UPDATE_CELLS={params.update_cells} LORARL_PACK_PLACES={params.places} "
-        "LORARL_TRAIN_UNTIL={params.until} " + launch("train")
+        launch("train", OOM_ATTEMPT + " --update-cells={params.update_cells} --places={params.places} "
+               "--until={params.until}")

@@ -28,4 +28,4 @@ rule train:
     log:
         f"{RESULTS}/{{study}}/{{cell}}/logs/train.log",
     shell:
-        OOM_ATTEMPT + launch("train")
+        launch("train", OOM_ATTEMPT)
