@@ -69,3 +69,11 @@ def disk_full_hook(path: Path) -> None:
         import errno
 
         raise OSError(errno.ENOSPC, "No space left on device (LORARL_FAULT=disk_full)", str(path))
+
+
+def tail_text(path: Path, n: int = 40) -> str:
+    """The last ``n`` lines of a log (a job's stderr in a failure report), or a note that it is missing."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return f"(no log at {path})"

@@ -332,3 +332,11 @@ def code_tags(by_cell: dict[str, list[dict]], checkout: dict[str, str]) -> dict[
                     for p in states[0]["packages"]},
                  "lorarl.code_states": str(len(states)), "lorarl.code_mixed": str(len(states) > 1).lower()})
     return tags
+
+
+def safely(fn: Any, *args: Any) -> None:
+    """Call a provenance writer; an error is a line on stderr, never the job's failure."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - provenance must never fail a job
+        print(f"[lorarl] provenance: {type(err).__name__}: {err}", file=sys.stderr)

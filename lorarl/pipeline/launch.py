@@ -35,6 +35,7 @@ from lorarl.pipeline.stages import Job, get_stage
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import lazy_imports, ledger, paths, provenance
+from lorarl.io import tail_text
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
 
@@ -94,7 +95,7 @@ class StageJob(submitit.helpers.Checkpointable):
                                  getattr(self, "params", JobParams()))
         if self.provenance_file:
             os.environ[provenance.ENV_PATH] = self.provenance_file
-            _safely(provenance.record_attempt_start, self.provenance_file, self.submission)
+            provenance.safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
             with self._cost():
                 out = run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
@@ -103,10 +104,10 @@ class StageJob(submitit.helpers.Checkpointable):
             outcome = ("interrupted (requeue, preemption or cancel)" if isinstance(err, SystemExit)
                        else f"failed: {type(err).__name__}: {err}")
             if self.provenance_file:
-                _safely(provenance.record_attempt_end, self.provenance_file, self.submission, outcome)
+                provenance.safely(provenance.record_attempt_end, self.provenance_file, self.submission, outcome)
             raise
         if self.provenance_file:
-            _safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
+            provenance.safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
         return out
 
     def _cost(self) -> Any:
@@ -123,20 +124,6 @@ class StageJob(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.
         return submitit.helpers.DelayedSubmission(self)
-
-
-def _safely(fn: Any, *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception as err:  # noqa: BLE001 - provenance must never fail a job
-        print(f"[lorarl] provenance: {type(err).__name__}: {err}", file=sys.stderr)
-
-
-def tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except FileNotFoundError:
-        return f"(no log at {path})"
 
 
 def final_state(job: submitit.Job, executor: str, wait_s: float = 60) -> dict[str, str]:
@@ -321,7 +308,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     failed = "\n".join([  # the failure report; a refused retry repeats it (Snakemake rewrites the stage log)
         f"[lorarl] error: {error_summary(error)}",
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),
-        f"[lorarl] tail of {job.paths.stderr}:\n{tail(job.paths.stderr)}",
+        f"[lorarl] tail of {job.paths.stderr}:\n{tail_text(job.paths.stderr)}",
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
         f"stderr {job.paths.stderr}"])
     print(failed, file=sys.stderr, flush=True)
