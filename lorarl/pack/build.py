@@ -27,10 +27,9 @@ import torch
 
 from lorarl.pack.generate import SampleSettings
 from lorarl.pack.loss import LossSettings
-from lorarl.pack.steps import DataOrder, Member, PackLoop
+from lorarl.pack.steps import Member, PackLoop
 from lorarl.pack.trainer import PackCell, PackedTrainer
-
-SAMPLE_STREAM = 0x5A3D  # why: the sampling generator's seed is (seed, this), distinct from the data order's
+from lorarl.train.streams import DataOrder, sampling_generator
 
 
 @dataclass
@@ -111,10 +110,6 @@ class Door:
 def _int_or_none(value) -> int | None:
     """``rollout.generation_batch_size``: a number of rows, else None (null; "auto" the memory plan has not resolved)."""
     return value if isinstance(value, int) else None
-
-
-def sampler_seed(seed: int) -> int:
-    return int(seed) * 1_000_003 + SAMPLE_STREAM
 
 
 def _share_base(base: torch.nn.Module) -> torch.nn.Module:
@@ -225,7 +220,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
         regime, grading = door.regime(cfg, results_dir, device)
         members.append(Member(
             name=cell.id, regime=regime, prompts=texts, prompt_ids=ids, answers=answers,
-            order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
+            order=DataOrder(len(ids), cfg.seed), sampler=sampling_generator(cfg.seed),
             steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
             overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=grading))

@@ -4,8 +4,9 @@
     rows = loop.step()            # {cell name: metrics row} for the cells that took this step
 
 One step, for every member still running and below its ``steps``:
-1. the member draws its P prompts from ITS OWN data order (a permutation per epoch from its own
-   ``torch.Generator`` seeded by the cell's seed);
+1. the member draws its P prompts from ITS OWN data order (:class:`lorarl.train.streams.DataOrder`: a
+   permutation per epoch from its own ``torch.Generator`` seeded by the cell's seed; the solo job's TRL sampler
+   yields the same order);
 2. one batched generation over all members' rows (:func:`lorarl.pack.generate.generate`, each cell
    sampling from its own generator), or with ``rollout.engine: vllm`` every member's current adapter handed to
    the pack's engine and ONE multi-LoRA ``generate`` call (:class:`lorarl.pack.vllm_rollouts.VLLMRollouts`);
@@ -40,34 +41,9 @@ from lorarl.pack.rowstats import rollout_stats
 from lorarl.pack.tiled import tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.pack.vllm_rollouts import logp_gap
+from lorarl.train.streams import DataOrder
 from lorarl.train.tokenbudget import forward_rows
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
-
-
-class DataOrder:
-    """A cell's own prompt order: a fresh permutation per epoch from its own generator."""
-
-    def __init__(self, n: int, seed: int):
-        self.n = n
-        self.gen = torch.Generator().manual_seed(int(seed))
-        self.perm: list[int] = []
-        self.pos = 0
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        while len(out) < count:
-            if self.pos >= len(self.perm):
-                self.perm, self.pos = torch.randperm(self.n, generator=self.gen).tolist(), 0
-            out.append(self.perm[self.pos])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "perm": list(self.perm), "pos": self.pos}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.gen.set_state(d["gen"])
-        self.perm, self.pos = list(d["perm"]), int(d["pos"])
 
 
 @dataclass

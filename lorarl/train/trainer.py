@@ -9,6 +9,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   :func:`lorarl.train.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
   ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`), and runs the reference forward, only when ``beta > 0``.
 * HF rollouts: ``rollout.generation_batch_size`` rows at a time, samples independent of it (:mod:`lorarl.train.rowsample`).
+* the data order and the sampling stream are the cell's own (:mod:`lorarl.train.streams`), the pack loop's, so a
+  cell trains the same in a solo job and in a pack (docs/packed.md, "One cell, one result").
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
 
@@ -47,6 +49,7 @@ from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
 from lorarl.train.rowsample import ChunkedRollouts
+from lorarl.train.streams import CellStreams, sampling_generator
 from lorarl.train.sharding import Fsdp2Sharding
 
 class _RegimeReward:
@@ -81,7 +84,8 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, ChunkedRollouts, MicroBatching, LeftTruncation,
+                        GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
@@ -113,6 +117,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
+        self.sample_generator = sampling_generator(args.seed)  # the cell's sampling stream, as in a pack (streams)
         with llm_extra_kwargs(**engine_kwargs(args, rollout)):  # the cell's seed, enforce_eager, logprobs_mode
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
