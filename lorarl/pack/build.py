@@ -182,7 +182,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.adapters import build_adapter
     from lorarl.numerics.kl import needs_reference
     from lorarl.stop_ids import stop_token_ids
-    from lorarl.train.trl_args import checkpointing
+    from lorarl.train.trl_args import adamw, checkpointing
 
     from lorarl.pack.plan import pack_key
 
@@ -213,7 +213,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                              "pack must share their (residual) base bit for bit")
         residual_digest = digest
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, t.adam_beta2))
+        opt = policy.optimizer or adamw(params, t)  # the solo job's optimiser (HF's Trainer's, lorarl.train.trl_args)
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
                               num_training_steps=t.steps)
         pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=t.max_grad_norm))

@@ -91,9 +91,11 @@ class OrderSampler(Sampler):
 
 
 class CellStreams:
-    """Mixin of ``LorarlGRPOTrainer``: TRL's train sampler over the cell's :class:`DataOrder` and the cell's
-    sampling generator (``sample_generator``, read by :class:`lorarl.train.rowsample.ChunkedRollouts`), saved and
-    restored with the HF Trainer's RNG states in every checkpoint."""
+    """Mixin of ``LorarlGRPOTrainer``: TRL's train sampler over the cell's :class:`DataOrder`, the cell's sampling
+    generator (``sample_generator``, read by :class:`lorarl.train.rowsample.ChunkedRollouts`), saved and restored
+    with the HF Trainer's RNG states in every checkpoint, and, with one update per generation batch, that update's
+    rows in the order they were sampled (the pack's order: TRL's row shuffle would only reorder the update's sums,
+    which moves a gradient by an ulp and Adam turns that into 1e-6 on the adapter)."""
 
     sample_generator: torch.Generator  # why: the cell's sampling stream (set by the trainer from args.seed)
 
@@ -117,3 +119,10 @@ class CellStreams:
         super()._load_rng_state(checkpoint)
         if checkpoint is not None and os.path.isfile(self._sampling_file(checkpoint)):
             self.sample_generator.set_state(torch.load(self._sampling_file(checkpoint), weights_only=True))
+
+    def _prepare_inputs(self, generation_batch: dict) -> dict:
+        if not self.model.training or self.args.steps_per_generation > 1:
+            return super()._prepare_inputs(generation_batch)  # PPO mini-batches: TRL's shuffled split
+        if self._step % self.num_iterations == 0 or self._buffered_inputs is None:
+            self._buffered_inputs = [self._generate_and_score_completions(generation_batch)]
+        return self._buffered_inputs[0]
