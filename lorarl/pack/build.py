@@ -235,7 +235,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells),
-                            micro_batch_tokens=pack_micro_tokens(cells))
+                            micro_batch_tokens=pack_micro_tokens(cells),
+                            trl_head=True)  # the solo job's log-prob head (TRL's kernel), per cell
     if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
         _checkpoint_base(trainer.host)
     rollouts = None

@@ -38,7 +38,7 @@ from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.rowstats import rollout_stats
-from lorarl.pack.tiled import tiled_logps
+from lorarl.pack.tiled import cell_logps, tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.pack.vllm_rollouts import logp_gap
 from lorarl.train.streams import DataOrder
@@ -70,6 +70,17 @@ class Member:
     tokens_seen: float = 0.0  # why: prompt + completion tokens trained on so far (TRL's num_tokens; resume: restored)
     grading: Any = None  # why: answer format + math-verify settings of the accuracy metric (reward.*)
     extra: dict = field(default_factory=dict)  # why: per-cell state the runner keeps (checkpoint, recorder)
+
+
+def _runs(rows: list[tuple[slice, float]]) -> list[tuple[slice, float]]:
+    """Consecutive one-row slices of one temperature merged (one head call per cell's run of rows)."""
+    out: list[tuple[slice, float]] = []
+    for sl, t in rows:
+        if out and out[-1][1] == t and out[-1][0].stop == sl.start:
+            out[-1] = (slice(out[-1][0].start, sl.stop), t)
+        else:
+            out.append((sl, t))
+    return out
 
 
 def _text(ids: list[int], tok: Any) -> str:
@@ -127,7 +138,12 @@ class PackLoop:
         with torch.no_grad():
             for lo in range(0, ids.size(0), R):
                 sl = slice(lo, lo + R)
-                got = tiled_logps(self.ref, ids[sl], attn[sl], pos[sl], T, temp[sl], self.trainer.logit_tokens)
+                got = None
+                if self.trainer.trl_head:  # the solo job's head (TRL's fused kernel), each cell at its temperature
+                    rows = [(slice(i - lo, i - lo + 1), float(temp[i])) for i in range(lo, min(lo + R, ids.size(0)))]
+                    got = cell_logps(self.ref, ids[sl], attn[sl], pos[sl], T, _runs(rows))
+                if got is None:
+                    got = tiled_logps(self.ref, ids[sl], attn[sl], pos[sl], T, temp[sl], self.trainer.logit_tokens)
                 if got is None:
                     logits = self.ref(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, -T - 1:-1]
                     logits = logits.float() / temp[sl]

@@ -150,6 +150,7 @@ class ChunkedRollouts:
 
         dev, pad = self.accelerator.device, self._tokenizer.pad_token_id
         width = global_max(self.accelerator, max(len(p) for p in prompt_ids))  # over every rank (lorarl.train.ranks)
+        width = max(width, getattr(self, "prompt_width", None) or 0)  # the cell's fixed width (the pack's)
         m = self.pad_to_multiple_of
         width = -(-width // m) * m if m else width
         steps = int(self.generation_config.max_new_tokens)

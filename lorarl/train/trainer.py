@@ -98,7 +98,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
                  kl_estimator: str = "k3", kl_monitor_every: int = 0, dynamic_sampling: bool = False,
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, micro_batch_size: int | None = None,
-                 micro_batch_tokens: int | None = None, prompt_keep: int | None = None, **kwargs):
+                 micro_batch_tokens: int | None = None, prompt_keep: int | None = None,
+                 prompt_width: int | None = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -130,6 +131,9 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         self.micro_batch_tokens = micro_batch_tokens  # token positions per forward/backward (lorarl.train.tokenbudget)
         check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
+        # prompt columns of every rollout and update batch (lorarl.train.prepare.prompt_width), completions padded to
+        # max_completion_length: a row's arithmetic is the pack's (fixed widths), whatever the rest of its batch
+        self.prompt_width = prompt_width
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
         self.kl_beta = beta
         self.kl_estimator = kl_estimator
@@ -287,6 +291,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
             for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT,
                                                      *((self._gsum, self._gmax) if several else ())).items():
                 self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
+        if self.prompt_width is not None and mode == "train":
+            out = fixed_widths(out, self.prompt_width, self.max_completion_length, self._tokenizer.pad_token_id)
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -388,6 +394,25 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
             else:
                 self._remember_batch(inputs, logp_BT.detach(), mask_BT)
         return loss
+
+
+def fixed_widths(out: dict, width: int, T: int, pad: int) -> dict:
+    """TRL's scored batch with its prompts left-padded to ``width`` columns and its completion-aligned ``[B, T_b]``
+    tensors right-padded to ``T`` (the pack's widths: lorarl.pack.steps), so every forward of the update sees the
+    shapes and positions a pack of one sees."""
+    import torch.nn.functional as F
+
+    P_b, T_b = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    if P_b > width or T_b > T:
+        raise ValueError(f"a batch of {P_b} prompt / {T_b} completion columns is wider than the cell's {width} / {T}")
+    res = dict(out)
+    for key, value in (("prompt_ids", pad), ("prompt_mask", 0)):
+        res[key] = F.pad(out[key], (width - P_b, 0), value=value)
+    B = out["completion_ids"].size(0)
+    for key, v in out.items():
+        if key not in ("prompt_ids", "prompt_mask") and torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, T_b):
+            res[key] = F.pad(v, (0, T - T_b), value=pad if key == "completion_ids" else 0)
+    return res
 
 
 def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:

@@ -141,6 +141,7 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     import torch
 
     from lorarl.train.microbatch import micro_size
+    from lorarl.train.prepare import prompt_width
     from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
@@ -161,4 +162,5 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         micro_batch_size=micro_size(t.micro_batch_size),  # rows per forward/backward (lorarl.train.microbatch)
         micro_batch_tokens=t.micro_batch_tokens,  # token positions per forward/backward (lorarl.train.tokenbudget)
         prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
+        prompt_width=prompt_width(cfg, tokenizer, list(train_dataset["prompt"])) if train_dataset is not None else None,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
