@@ -98,9 +98,11 @@ def one_step(trainer, inputs):
 def make_pair(tiny_dir, tmp_path, beta, loss_type, **kw):
     from trl import GRPOTrainer
     from lorarl.train.rowsample import ChunkedRollouts
+    from lorarl.train.streams import CellStreams, sampling_generator
 
-    class Stock(ChunkedRollouts, GRPOTrainer):
-        """Stock TRL with lorarl's HF sampler (lorarl.train.rowsample), so both draw the same generations."""
+    class Stock(CellStreams, ChunkedRollouts, GRPOTrainer):
+        """Stock TRL with lorarl's HF sampler (lorarl.train.rowsample) and the cell's data order and sampling stream
+        (lorarl.train.streams), so both draw the same prompts and generations."""
 
     m1, tok = load(tiny_dir)
     m2, _ = load(tiny_dir)
@@ -108,6 +110,7 @@ def make_pair(tiny_dir, tmp_path, beta, loss_type, **kw):
     torch.manual_seed(0)
     stock = Stock(model=m1, reward_funcs=[stock_reward], args=a, train_dataset=dataset(),
                         processing_class=tok, peft_config=lora())
+    stock.sample_generator = sampling_generator(a.seed)
     torch.manual_seed(0)
     ours_args = args(tmp_path, loss_type=loss_type, **kw)  # TRL's beta 0: the coefficient is kl_beta
     ours = LorarlGRPOTrainer(model=m2, regime=OutcomeDeposits(score_fn=fake_score), args=ours_args, kl_beta=beta,

@@ -55,12 +55,14 @@ def eos_model(tiny_dir):  # noqa: F811
 
 
 def solo_samples(trainer, tok, chunk, seed, engine=None):
+    from lorarl.train.streams import sampling_generator
+
     trainer.generation_batch_size, trainer.generation_engine = chunk, engine
     prompts = [tok(f"Q: {i}+{3 * i}=?" + " x" * (i % 3))["input_ids"] for i in range(ROWS)]  # uneven widths
-    torch.manual_seed(seed)  # what the HF Trainer seeds from the cell's seed (and restores on resume)
+    trainer.sample_generator = sampling_generator(seed)  # the cell's sampling stream (lorarl.train.streams)
     ids, logprobs = trainer._generate_single_turn(prompts, None, {}, 2)
     assert logprobs is None and len(ids) == ROWS
-    return ids, torch.rand(4)  # the global stream after the rollouts: the same for every chunking
+    return ids, trainer.sample_generator.get_state()  # the stream after the rollouts: the same for every chunking
 
 
 def test_solo_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(eos_model, tmp_path):

@@ -27,10 +27,9 @@ import torch
 
 from lorarl.pack.generate import SampleSettings
 from lorarl.pack.loss import LossSettings
-from lorarl.pack.steps import DataOrder, Member, PackLoop
+from lorarl.pack.steps import Member, PackLoop
 from lorarl.pack.trainer import PackCell, PackedTrainer
-
-SAMPLE_STREAM = 0x5A3D  # why: the sampling generator's seed is (seed, this), distinct from the data order's
+from lorarl.train.streams import DataOrder, sampling_generator
 
 
 @dataclass
@@ -113,10 +112,6 @@ def _int_or_none(value) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def sampler_seed(seed: int) -> int:
-    return int(seed) * 1_000_003 + SAMPLE_STREAM
-
-
 def _share_base(base: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``base`` whose parameters and buffers ARE the base's (no second copy of the weights)."""
     memo = {id(t): t for t in list(base.parameters()) + list(base.buffers())}
@@ -187,7 +182,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from lorarl.adapters import build_adapter
     from lorarl.numerics.kl import needs_reference
     from lorarl.stop_ids import stop_token_ids
-    from lorarl.train.trl_args import checkpointing
+    from lorarl.train.trl_args import adamw, checkpointing
 
     from lorarl.pack.plan import pack_key
 
@@ -218,14 +213,14 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                              "pack must share their (residual) base bit for bit")
         residual_digest = digest
         params = [p for p in policy.model.parameters() if p.requires_grad]
-        opt = policy.optimizer or torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, betas=(0.9, t.adam_beta2))
+        opt = policy.optimizer or adamw(params, t)  # the solo job's optimiser (HF's Trainer's, lorarl.train.trl_args)
         sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=math.ceil(t.warmup_ratio * t.steps),
                               num_training_steps=t.steps)
         pcs.append(PackCell(cell.id, policy.model, opt, LossSettings.from_train(t), sched, max_grad_norm=t.max_grad_norm))
         regime, grading = door.regime(cfg, results_dir, device)
         members.append(Member(
             name=cell.id, regime=regime, prompts=texts, prompt_ids=ids, answers=answers,
-            order=DataOrder(len(ids), cfg.seed), sampler=torch.Generator().manual_seed(sampler_seed(cfg.seed)),
+            order=DataOrder(len(ids), cfg.seed), sampler=sampling_generator(cfg.seed),
             steps=t.steps, prompts_per_step=t.prompts_per_step, generations=t.generations, beta=t.beta,
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
             overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=grading))
@@ -241,7 +236,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells),
-                            micro_batch_tokens=pack_micro_tokens(cells))
+                            micro_batch_tokens=pack_micro_tokens(cells),
+                            trl_head=True)  # the solo job's log-prob head (TRL's kernel), per cell
     if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
         _checkpoint_base(trainer.host)
     rollouts = None

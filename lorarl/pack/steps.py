@@ -4,8 +4,9 @@
     rows = loop.step()            # {cell name: metrics row} for the cells that took this step
 
 One step, for every member still running and below its ``steps``:
-1. the member draws its P prompts from ITS OWN data order (a permutation per epoch from its own
-   ``torch.Generator`` seeded by the cell's seed);
+1. the member draws its P prompts from ITS OWN data order (:class:`lorarl.train.streams.DataOrder`: a
+   permutation per epoch from its own ``torch.Generator`` seeded by the cell's seed; the solo job's TRL sampler
+   yields the same order);
 2. one batched generation over all members' rows (:func:`lorarl.pack.generate.generate`, each cell
    sampling from its own generator), or with ``rollout.engine: vllm`` every member's current adapter handed to
    the pack's engine and ONE multi-LoRA ``generate`` call (:class:`lorarl.pack.vllm_rollouts.VLLMRollouts`);
@@ -38,37 +39,12 @@ from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.pack.generate import SampleSettings, generate
 from lorarl.pack.rowstats import rollout_stats
-from lorarl.pack.tiled import tiled_logps
+from lorarl.pack.tiled import cell_logps, tiled_logps
 from lorarl.pack.trainer import PackedTrainer
 from lorarl.pack.vllm_rollouts import logp_gap
+from lorarl.train.streams import DataOrder
 from lorarl.train.tokenbudget import forward_rows
 from lorarl.rewards import Rollouts, decode_tokens, overlong_penalty
-
-
-class DataOrder:
-    """A cell's own prompt order: a fresh permutation per epoch from its own generator."""
-
-    def __init__(self, n: int, seed: int):
-        self.n = n
-        self.gen = torch.Generator().manual_seed(int(seed))
-        self.perm: list[int] = []
-        self.pos = 0
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        while len(out) < count:
-            if self.pos >= len(self.perm):
-                self.perm, self.pos = torch.randperm(self.n, generator=self.gen).tolist(), 0
-            out.append(self.perm[self.pos])
-            self.pos += 1
-        return out
-
-    def state_dict(self) -> dict:
-        return {"gen": self.gen.get_state(), "perm": list(self.perm), "pos": self.pos}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.gen.set_state(d["gen"])
-        self.perm, self.pos = list(d["perm"]), int(d["pos"])
 
 
 @dataclass
@@ -95,6 +71,17 @@ class Member:
     tokens_seen: float = 0.0  # why: prompt + completion tokens trained on so far (TRL's num_tokens; resume: restored)
     grading: Any = None  # why: answer format + math-verify settings of the accuracy metric (reward.*)
     extra: dict = field(default_factory=dict)  # why: per-cell state the runner keeps (checkpoint, recorder)
+
+
+def _runs(rows: list[tuple[slice, float]]) -> list[tuple[slice, float]]:
+    """Consecutive one-row slices of one temperature merged (one head call per cell's run of rows)."""
+    out: list[tuple[slice, float]] = []
+    for sl, t in rows:
+        if out and out[-1][1] == t and out[-1][0].stop == sl.start:
+            out[-1] = (slice(out[-1][0].start, sl.stop), t)
+        else:
+            out.append((sl, t))
+    return out
 
 
 def _text(ids: list[int], tok: Any) -> str:
@@ -152,7 +139,12 @@ class PackLoop:
         with torch.no_grad():
             for lo in range(0, ids.size(0), R):
                 sl = slice(lo, lo + R)
-                got = tiled_logps(self.ref, ids[sl], attn[sl], pos[sl], T, temp[sl], self.trainer.logit_tokens)
+                got = None
+                if self.trainer.trl_head:  # the solo job's head (TRL's fused kernel), each cell at its temperature
+                    rows = [(slice(i - lo, i - lo + 1), float(temp[i])) for i in range(lo, min(lo + R, ids.size(0)))]
+                    got = cell_logps(self.ref, ids[sl], attn[sl], pos[sl], T, _runs(rows))
+                if got is None:
+                    got = tiled_logps(self.ref, ids[sl], attn[sl], pos[sl], T, temp[sl], self.trainer.logit_tokens)
                 if got is None:
                     logits = self.ref(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, -T - 1:-1]
                     logits = logits.float() / temp[sl]

@@ -80,3 +80,55 @@ def tiled_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     if want:
         entropy.append(torch.cat(ents, dim=1))
     return torch.cat(parts, dim=1)
+
+
+def fused_head_logps(hidden_RLH: torch.Tensor, labels_RL: torch.Tensor, head: Any, temperature: float,
+                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """TRL's fused log-prob head (``trl.trainer.utils.add_fused_lm_head``, the solo job's) on one cell's rows:
+    the decoder's last hidden states ``[R, L, H]`` and next-token labels ``[R, L]`` (-100: not scored) ->
+    ``[R, L - 1]`` log-probs of the labels at the cell's ``temperature`` (0 where not scored), and the per-token
+    entropy when asked (detached). The same kernel and the same arithmetic as the solo job's forward, so a cell's
+    log-probs, loss and gradients are the solo job's bit for bit (docs/packed.md, "One cell, one result"); one
+    call per cell, so each cell keeps its own temperature in one batched decoder forward."""
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.kernels.chunked_logprob import _use_triton
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    h, y = hidden_RLH[:, :-1], labels_RL[:, 1:]
+    mask = y != -100
+    compact = _use_triton(h.device)  # TRL's rule: only the scored positions on Triton devices, every one elsewhere
+    outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
+    per_token = ChunkedLogProbFunction.apply(
+        h[mask] if compact else h.reshape(-1, h.size(-1)), head.weight, head.bias,
+        y[mask] if compact else y.clamp(min=0).reshape(-1), float(temperature), _CHUNKED_LOGPROB_CHUNK_SIZE,
+        None, 1.0, outputs)
+    if compact:
+        per_token = [None if x is None else x.new_zeros(mask.shape).masked_scatter(mask, x) for x in per_token]
+    else:
+        per_token = [None if x is None else x.view(mask.shape).masked_fill(~mask, 0) for x in per_token]
+    ent = per_token[1].detach() if entropy and per_token[1] is not None else None
+    return per_token[0], ent
+
+
+def cell_logps(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               T: int, rows: list[tuple[slice, float]], entropy: list | None = None) -> torch.Tensor | None:
+    """``[R, T]`` log-probs of the last ``T`` tokens of each row through TRL's fused head, one decoder forward for
+    all rows and one head call per cell (``rows``: each cell's row slice and temperature); ``None`` when the model's
+    logits are not plain ``lm_head(hidden)``. ``entropy``: a list that receives the ``[R, T]`` entropies."""
+    found = _plain_head(model)
+    if found is None:
+        return None
+    body, head = found
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).last_hidden_state
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :-T] = -100
+    parts, ents = [], []
+    for sl, temp in rows:
+        lp, ent = fused_head_logps(hidden[sl], labels[sl], head, temp, entropy is not None)
+        parts.append(lp[:, -T:])
+        if ent is not None:
+            ents.append(ent[:, -T:])
+    if entropy is not None and ents:
+        entropy.append(torch.cat(ents))
+    return torch.cat(parts)

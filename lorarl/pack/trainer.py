@@ -37,7 +37,7 @@ import torch
 
 from lorarl.pack.loss import EXTREMES, LossSettings, cell_loss
 from lorarl.pack.routing import Router
-from lorarl.pack.tiled import LOGIT_TOKENS, entropy_of, tiled_logps
+from lorarl.pack.tiled import LOGIT_TOKENS, cell_logps, entropy_of, tiled_logps
 from lorarl.train.microbatch import chunk_share, split_rows
 from lorarl.train.tokenbudget import put_back, split_tokens
 
@@ -99,7 +99,7 @@ class PackedTrainer:
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
                  temperature: float | list[float] = 1.0, update_cells: int | None = None,
-                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None):
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None, trl_head: bool = False):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -107,6 +107,9 @@ class PackedTrainer:
         self.host = cells[0].model
         self.pad_token_id = int(pad_token_id)
         self.fused_lm_head = fused_lm_head  # TRL's log-prob head (trl.trainer.utils.add_fused_lm_head on the host)
+        # TRL's fused head's kernel called per cell (lorarl.pack.tiled.cell_logps): the solo job's log-prob
+        # arithmetic with each cell's own temperature; plain-head models only (else the tiled path)
+        self.trl_head = trl_head
         # cells per forward/backward of the update (None: all in one). Rows never interact, so any chunking
         # gives the same result bit for bit; smaller chunks hold fewer activations (memory), one pass is
         # one batched forward (speed on a GPU)
@@ -161,6 +164,14 @@ class PackedTrainer:
                 if ent is not None and getattr(out, "entropy", None) is not None:  # a head built with "entropy"
                     ent.append(out.entropy[:, -T:].detach())
             else:
+                logp_all = None
+                if self.trl_head:  # the solo job's head, each cell's rows at its own temperature
+                    rows, at = [], 0
+                    for k in idx:
+                        rows.append((slice(at, at + sizes[k]), self.temperatures[k]))
+                        at += sizes[k]
+                    logp_all = cell_logps(self.host, input_ids, attention_mask, position_ids, T, rows, ent)
+            if logp_all is None:
                 temp = None
                 if any(self.temperatures[k] != 1.0 for k in idx):  # each cell's rows by its own temperature
                     temp = torch.cat([torch.full((sizes[k],), self.temperatures[k], device=input_ids.device)

@@ -11,9 +11,10 @@ tests/test_distributed.py):
 * A prompt group never spans two ranks (``N`` divides ``train.prompts_per_step``), so lorarl's ``[B, T]``
   advantages from reward deposits are computed on each rank from whole groups.
 * Rollouts: the sampling uniforms of row ``i`` are row ``i`` of ONE table drawn for the whole generation
-  batch from rank 0's RNG stream (TRL seeds each rank's stream differently; every rank takes its rows of
-  the table: lorarl.train.rowsample.batch_uniforms) and prompts are left-padded to the batch's
-  widest prompt over all ranks, so a row samples the same tokens on 1 rank or on N (:func:`row_uniforms`).
+  batch from the cell's own sampling generator, the same on every rank (lorarl.train.streams; every rank takes
+  its rows of the table: lorarl.train.rowsample.batch_uniforms) and prompts are left-padded to the cell's
+  prompt width (at least the batch's widest prompt over all ranks), so a row samples the same tokens on 1 rank
+  or on N.
 * Mini-batches: after scoring, the ranks gather the generation batch, shuffle it with the one permutation a
   single process draws, cut it into ``steps_per_generation`` PPO mini-batches and each rank trains on its
   ``1/N`` of every mini-batch (:meth:`RankSharding._prepare_inputs`); DDP averages the gradients, so an

@@ -19,15 +19,18 @@ only when a uniform falls on a CDF boundary).
   with a final logits processor (:class:`RowSampler`) that applies the sampling warpers (temperature,
   top-k, top-p, min-p, in HF's order, after HF's other processors such as a repetition penalty) and
   returns a one-hot score for the drawn token, which ``generate`` (``do_sample=False``) takes. ``U_NT``
-  comes from the global CPU RNG, which the HF Trainer seeds from the cell's seed and saves/restores in
-  its checkpoints (a resumed run samples what the uninterrupted run samples: tests/test_resume.py).
+  comes from the cell's own sampling generator (:func:`lorarl.train.streams.sampling_generator`), whose state
+  the trainer saves and restores with its checkpoints' RNG states (a resumed run samples what the
+  uninterrupted run samples: tests/test_resume.py).
 * KV cache and compiled decode step (``runtime.generation``, :mod:`lorarl.decoding`): set on the chunk's
   generation config (``cache_implementation="static"``, ``compile_config``); ``generate``'s logits processors,
   :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/test_rowsample.py).
-* Several ranks (lorarl.train.ranks): the table is drawn for the rows of every rank from rank 0's stream and
-  each rank takes its rows (row ``i`` of the generation batch gets row ``i`` of the table: :func:`batch_uniforms`),
-  prompts padded to the widest over the ranks, so the samples do not depend on the number of ranks either.
-* Packed trainer (:mod:`lorarl.pack.generate`): the same table, drawn from each cell's own generator.
+* Several ranks (lorarl.train.ranks): every rank draws the table for the rows of every rank from its copy of
+  the generator and takes its rows (row ``i`` of the generation batch gets row ``i`` of the table:
+  :func:`batch_uniforms`), prompts padded to the widest over the ranks, so the samples do not depend on the
+  number of ranks either.
+* Packed trainer (:mod:`lorarl.pack.generate`): the same table, drawn from the same per-cell generator, so a
+  cell samples the same tokens in a solo job and in a pack (docs/packed.md, "One cell, one result").
 """
 
 from __future__ import annotations
@@ -88,21 +91,16 @@ def sampling_warpers(cfg: Any) -> list:
     return out
 
 
-def batch_uniforms(accelerator: Any, rows: int, steps: int) -> torch.Tensor:
-    """This rank's rows of ``U_NT``. One process: drawn from the global CPU RNG. Several ranks (TRL seeds each
-    rank's RNG differently): the table of the whole generation batch is drawn from rank 0's stream (rank 0
-    draws it from its global RNG, as one process does; the others from a copy of that state) and each rank
-    takes its rows, so row ``i`` gets row ``i`` of the one-process table."""
+def batch_uniforms(accelerator: Any, rows: int, steps: int, generator: torch.Generator) -> torch.Tensor:
+    """This rank's rows of ``U_NT``, drawn from the cell's sampling generator (lorarl.train.streams). Several ranks:
+    every rank holds the same generator (seeded by the cell's seed, advanced by the same draws), draws the table of
+    the whole generation batch and takes its rows, so row ``i`` gets row ``i`` of the one-process table."""
     if accelerator.num_processes == 1:
-        return draw_uniforms(rows, steps)
-    from lorarl.train.ranks import broadcast, row_slice
+        return draw_uniforms(rows, steps, generator)
+    from lorarl.train.ranks import row_slice
 
     total, mine = row_slice(accelerator, rows)
-    state = broadcast(torch.get_rng_state())
-    gen = None if accelerator.process_index == 0 else torch.Generator()
-    if gen is not None:
-        gen.set_state(state)
-    return draw_uniforms(total, steps, gen)[mine]
+    return draw_uniforms(total, steps, generator)[mine]
 
 
 class RowSampler:
@@ -157,10 +155,11 @@ class ChunkedRollouts:
 
         dev, pad = self.accelerator.device, self._tokenizer.pad_token_id
         width = global_max(self.accelerator, max(len(p) for p in prompt_ids))  # over every rank (lorarl.train.ranks)
+        width = max(width, getattr(self, "prompt_width", None) or 0)  # the cell's fixed width (the pack's)
         m = self.pad_to_multiple_of
         width = -(-width // m) * m if m else width
         steps = int(self.generation_config.max_new_tokens)
-        u_NT = batch_uniforms(self.accelerator, len(prompt_ids), steps)  # the whole call's stream, before any chunk
+        u_NT = batch_uniforms(self.accelerator, len(prompt_ids), steps, self.sample_generator)  # the whole call's stream, before any chunk
         eos_E = torch.tensor(self.eos_token_ids, device=dev)
         out: list[list[int]] = []
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,

@@ -9,6 +9,8 @@ What it changes, and nothing else (facts in /work/shared/notes/trl-grpo-1.16.md)
   :func:`lorarl.train.advantages.advantages_from_deposits`, refills degenerate groups with freshly sampled
   ones (DAPO dynamic sampling, :mod:`lorarl.train.dynamic_sampling`), and runs the reference forward, only when ``beta > 0``.
 * HF rollouts: ``rollout.generation_batch_size`` rows at a time, samples independent of it (:mod:`lorarl.train.rowsample`).
+* the data order and the sampling stream are the cell's own (:mod:`lorarl.train.streams`), the pack loop's, so a
+  cell trains the same in a solo job and in a pack (docs/packed.md, "One cell, one result").
 * ``_compute_loss``: TRL's loss (TRL's own ``beta`` is forced to 0, so TRL never touches a reference)
   plus ``beta * aggregate(estimator)``, aggregated exactly as TRL aggregates its policy loss.
 
@@ -48,6 +50,7 @@ from lorarl.train.prompt_fit import LeftTruncation
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
 from lorarl.train.rowsample import ChunkedRollouts
+from lorarl.train.streams import CellStreams, sampling_generator
 from lorarl.train.sharding import Fsdp2Sharding
 
 class _RegimeReward:
@@ -83,7 +86,8 @@ def _text(x: Any) -> str:
     return str(x)
 
 
-class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts, MicroBatching, LeftTruncation, GRPOTrainer):
+class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, ChunkedRollouts, MicroBatching, LeftTruncation,
+                        GRPOTrainer):
     """GRPOTrainer whose advantages come from reward deposits and whose KL term is its own.
 
     ``kl_beta`` is the KL coefficient of lorarl's own KL term; TRL's ``args.beta`` must be 0 (TRL's
@@ -97,7 +101,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, micro_batch_size: int | None = None,
                  micro_batch_tokens: int | None = None, prompt_keep: int | None = None,
-                 generation_engine: Any = None, **kwargs):
+                 generation_engine: Any = None, prompt_width: int | None = None, **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -116,6 +120,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             raise ValueError(f"loss_type {args.loss_type!r} is not supported; allowed: {', '.join(klmod.LOSS_TYPES)}")
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
+        self.sample_generator = sampling_generator(args.seed)  # the cell's sampling stream, as in a pack (streams)
         with llm_extra_kwargs(**engine_kwargs(args, rollout)):  # the cell's seed, enforce_eager, logprobs_mode
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
@@ -128,6 +133,9 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
         self.micro_batch_tokens = micro_batch_tokens  # token positions per forward/backward (lorarl.train.tokenbudget)
         check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
+        # prompt columns of every rollout and update batch (lorarl.train.prepare.prompt_width), completions padded to
+        # max_completion_length: a row's arithmetic is the pack's (fixed widths), whatever the rest of its batch
+        self.prompt_width = prompt_width
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once
         self.generation_engine = generation_engine  # hf: runtime.generation, KV cache and compiled decode (lorarl.decoding)
         self.kl_beta = beta
@@ -289,6 +297,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             for name, value in self.freshness.update(self.state.global_step, sampler_BT, policy_BT, mask_BT,
                                                      *((self._gsum, self._gmax) if several else ())).items():
                 self._log(name, value, mode)  # raises RolloutStaleError after freshness_patience stale steps
+        if self.prompt_width is not None and mode == "train":
+            out = fixed_widths(out, self.prompt_width, self.max_completion_length, self._tokenizer.pad_token_id)
         dep, dev = self._deposits, self.accelerator.device
         B, T = out["completion_ids"].shape
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -390,6 +400,25 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, ChunkedRollouts
             else:
                 self._remember_batch(inputs, logp_BT.detach(), mask_BT)
         return loss
+
+
+def fixed_widths(out: dict, width: int, T: int, pad: int) -> dict:
+    """TRL's scored batch with its prompts left-padded to ``width`` columns and its completion-aligned ``[B, T_b]``
+    tensors right-padded to ``T`` (the pack's widths: lorarl.pack.steps), so every forward of the update sees the
+    shapes and positions a pack of one sees."""
+    import torch.nn.functional as F
+
+    P_b, T_b = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    if P_b > width or T_b > T:
+        raise ValueError(f"a batch of {P_b} prompt / {T_b} completion columns is wider than the cell's {width} / {T}")
+    res = dict(out)
+    for key, value in (("prompt_ids", pad), ("prompt_mask", 0)):
+        res[key] = F.pad(out[key], (width - P_b, 0), value=value)
+    B = out["completion_ids"].size(0)
+    for key, v in out.items():
+        if key not in ("prompt_ids", "prompt_mask") and torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, T_b):
+            res[key] = F.pad(v, (0, T - T_b), value=pad if key == "completion_ids" else 0)
+    return res
 
 
 def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:

@@ -42,6 +42,19 @@ def context_budget(t: Any) -> int | None:
     return t.max_prompt_length + t.max_completion_length if t.max_prompt_length else None
 
 
+OPTIM = "adamw_torch_fused"  # why: HF's Trainer's optimiser for the solo job, named (not HF's default); adamw builds it
+
+
+def adamw(params: Any, t: Any) -> Any:
+    """The optimiser HF's Trainer builds from :func:`grpo_args` (``optim=OPTIM``: torch's fused AdamW, betas (0.9,
+    ``adam_beta2``), eps 1e-8, ``weight_decay``), for a host that builds its own (lorarl.pack.build), so that a cell's
+    update is the solo job's to the last bit (the for-loop AdamW rounds differently: up to 1e-6 after 3 steps)."""
+    import torch
+
+    return torch.optim.AdamW(params, lr=t.lr, betas=(0.9, t.adam_beta2), eps=1e-8, weight_decay=t.weight_decay,
+                             fused=True)
+
+
 def checkpointing(setting: str, use_cpu: bool) -> bool:
     """``train.gradient_checkpointing``: on, off, or auto = on for a cell that trains on a GPU."""
     return setting == "on" or (setting == "auto" and not use_cpu)
@@ -92,8 +105,11 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         loss_type=t.loss_type,
         epsilon=t.epsilon,
         epsilon_high=t.epsilon_high,
+        optim=OPTIM,  # the pack builds the same optimiser (adamw)
         weight_decay=t.weight_decay,
+        adam_beta1=0.9,
         adam_beta2=t.adam_beta2,
+        adam_epsilon=1e-8,
         max_grad_norm=t.max_grad_norm or 0.0,  # HF's Trainer clips only when > 0
         warmup_steps=t.warmup_ratio,  # < 1: a fraction of max_steps (the optimiser updates)
         lr_scheduler_type=t.lr_scheduler,
@@ -125,6 +141,7 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     import torch
 
     from lorarl.train.microbatch import micro_size
+    from lorarl.train.prepare import prompt_width
     from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
@@ -146,4 +163,5 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         micro_batch_tokens=t.micro_batch_tokens,  # token positions per forward/backward (lorarl.train.tokenbudget)
         prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
         generation_engine=getattr(getattr(cfg, "runtime", None), "generation", None),  # hf: lorarl.decoding
+        prompt_width=prompt_width(cfg, tokenizer, list(train_dataset["prompt"])) if train_dataset is not None else None,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
