@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from lorarl import ledger
 from lorarl.numerics import kl as klmod
@@ -66,3 +68,17 @@ class KLMonitors:
         rollout_BT = batch.get("old_per_token_logps")  # the rollout policy's; None: one update per step
         self._log_kl_new_old(new_BT, logp_BT if rollout_BT is None else rollout_BT, mask_BT)
         self._log("time/kl_new_old_s", time.perf_counter() - t0)
+
+
+class StepHooks(TrainerCallback):
+    """Runs after every other callback: step timing first (excludes the monitors), then the monitors."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.trainer._step_t0 = time.perf_counter()
+        ledger.step_begin()  # the cost ledger's step window (lorarl.ledger)
+
+    def on_step_end(self, args, state, control, **kw):
+        self.trainer._after_optimizer_step(state.global_step)

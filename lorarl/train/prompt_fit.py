@@ -30,3 +30,23 @@ class LeftTruncation:
         if self.prompt_keep is None:
             return prompt_ids, images, fields
         return [keep_last(p, self.prompt_keep) for p in prompt_ids], images, fields
+
+
+def fixed_widths(out: dict, width: int, T: int, pad: int) -> dict:
+    """TRL's scored batch with its prompts left-padded to ``width`` columns and its completion-aligned ``[B, T_b]``
+    tensors right-padded to ``T`` (the pack's widths: lorarl.pack.steps), so every forward of the update sees the
+    shapes and positions a pack of one sees."""
+    import torch
+    import torch.nn.functional as F
+
+    P_b, T_b = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    if P_b > width or T_b > T:
+        raise ValueError(f"a batch of {P_b} prompt / {T_b} completion columns is wider than the cell's {width} / {T}")
+    res = dict(out)
+    for key, value in (("prompt_ids", pad), ("prompt_mask", 0)):
+        res[key] = F.pad(out[key], (width - P_b, 0), value=value)
+    B = out["completion_ids"].size(0)
+    for key, v in out.items():
+        if key not in ("prompt_ids", "prompt_mask") and torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, T_b):
+            res[key] = F.pad(v, (0, T - T_b), value=pad if key == "completion_ids" else 0)
+    return res

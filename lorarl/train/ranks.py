@@ -214,3 +214,13 @@ def rank_rows(batch: dict, r: int, n: int) -> dict:
     lo, hi = r * B // n, (r + 1) * B // n
     return {k: (v[lo:hi] if (isinstance(v, torch.Tensor) and v.dim() >= 1 and v.size(0) == B)
                 or (isinstance(v, list) and len(v) == B) else v) for k, v in batch.items()}
+
+
+def check_ranks(trainer: Any, args: Any) -> None:
+    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank (vLLM: one engine per rank or per
+    tensor-parallel group, pushed the whole effective weights, FSDP2 shards gathered; per-row seeds:
+    lorarl.train.vllm_seeds)."""
+    if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
+        raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
+                         f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "
+                         f"the {trainer.accelerator.num_processes} ranks")

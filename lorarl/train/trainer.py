@@ -34,7 +34,6 @@ import time
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from lorarl import ledger
@@ -44,9 +43,9 @@ from lorarl.numerics.divergence import nan_reward_fault
 from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
 from lorarl.train.tokenbudget import check_world
-from lorarl.train.monitors import KLMonitors
-from lorarl.train.ranks import RankSharding
-from lorarl.train.prompt_fit import LeftTruncation
+from lorarl.train.monitors import KLMonitors, StepHooks
+from lorarl.train.ranks import RankSharding, check_ranks
+from lorarl.train.prompt_fit import LeftTruncation, fixed_widths
 from lorarl.rewards import Deposits, Regime, Rollouts, decode_tokens, overlong_penalty
 from lorarl.train.rollout import FreshnessGate, attach_vllm, engine_kwargs, llm_extra_kwargs
 from lorarl.train.rowsample import ChunkedRollouts
@@ -61,20 +60,6 @@ class _RegimeReward:
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError("LorarlGRPOTrainer computes rewards through its regime, not reward functions")
-
-
-class _StepHooks(TrainerCallback):
-    """Runs after every other callback: step timing first (excludes the monitors), then the monitors."""
-
-    def __init__(self, trainer: "LorarlGRPOTrainer"):
-        self.trainer = trainer
-
-    def on_step_begin(self, args, state, control, **kw):
-        self.trainer._step_t0 = time.perf_counter()
-        ledger.step_begin()  # the cost ledger's step window (lorarl.ledger)
-
-    def on_step_end(self, args, state, control, **kw):
-        self.trainer._after_optimizer_step(state.global_step)
 
 
 def _text(x: Any) -> str:
@@ -126,7 +111,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed
         self.freshness: FreshnessGate | None = attach_vllm(self, rollout) if self.use_vllm else None
         if self.accelerator.num_processes > 1:  # a prompt group on one rank; not yet wired: vLLM
-            _check_ranks(self, args)
+            check_ranks(self, args)
         self.regime = regime
         self.grading = grading  # answer format + math-verify settings of the accuracy metric (reward.*)
         self.micro_batch_size = micro_batch_size  # rows per forward/backward (lorarl.train.microbatch); None: all
@@ -165,7 +150,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         self._last_batch: tuple[dict, torch.Tensor] | None = None
         self._step_t0 = time.perf_counter()
         self._step_tokens = 0.0
-        self.add_callback(_StepHooks(self))
+        self.add_callback(StepHooks(self))
 
     # ------------------------------------------------------------------ helpers
     def _log(self, name: str, value: float, mode: str = "train") -> None:
@@ -400,32 +385,3 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
             else:
                 self._remember_batch(inputs, logp_BT.detach(), mask_BT)
         return loss
-
-
-def fixed_widths(out: dict, width: int, T: int, pad: int) -> dict:
-    """TRL's scored batch with its prompts left-padded to ``width`` columns and its completion-aligned ``[B, T_b]``
-    tensors right-padded to ``T`` (the pack's widths: lorarl.pack.steps), so every forward of the update sees the
-    shapes and positions a pack of one sees."""
-    import torch.nn.functional as F
-
-    P_b, T_b = out["prompt_ids"].size(1), out["completion_ids"].size(1)
-    if P_b > width or T_b > T:
-        raise ValueError(f"a batch of {P_b} prompt / {T_b} completion columns is wider than the cell's {width} / {T}")
-    res = dict(out)
-    for key, value in (("prompt_ids", pad), ("prompt_mask", 0)):
-        res[key] = F.pad(out[key], (width - P_b, 0), value=value)
-    B = out["completion_ids"].size(0)
-    for key, v in out.items():
-        if key not in ("prompt_ids", "prompt_mask") and torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, T_b):
-            res[key] = F.pad(v, (0, T - T_b), value=pad if key == "completion_ids" else 0)
-    return res
-
-
-def _check_ranks(trainer: "LorarlGRPOTrainer", args: Any) -> None:
-    """What several ranks need (lorarl.train.ranks): whole prompt groups per rank (vLLM: one engine per rank or per
-    tensor-parallel group, pushed the whole effective weights, FSDP2 shards gathered; per-row seeds:
-    lorarl.train.vllm_seeds)."""
-    if (args.per_device_train_batch_size * args.steps_per_generation) % trainer.num_generations:
-        raise ValueError(f"a rank's {args.per_device_train_batch_size * args.steps_per_generation} rollouts are not "
-                         f"whole groups of {trainer.num_generations}: train.prompts_per_step must be a multiple of "
-                         f"the {trainer.accelerator.num_processes} ranks")
