@@ -113,10 +113,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from lorarl.pipeline.launch import launch
 
-    slurm = json.loads(args.slurm) if args.slurm else None
     use_tracking(args)
-    return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads, slurm,
-                  jobparams.from_args(args))
+    return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads,
+                  json.loads(args.slurm) if args.slurm else None, jobparams.from_args(args))
 
 
 def link_tracking(args: argparse.Namespace) -> None:
@@ -154,9 +153,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
             from lorarl.report import build
 
             build(args.study, args.results, price=args.gpu_hour_price)  # stats, the papers' figures, cost, report.html
-        # the study's MLflow parent run: tags, artifacts, cost; timed as the last complete run when it is that run's
-        # aggregate (lorarl.pipeline.study_span)
-        publish(study, args.results, price=args.gpu_hour_price, invocation=args.invocation)
+        publish(study, args.results, price=args.gpu_hour_price, invocation=args.invocation)  # the MLflow parent run
     return 0
 
 
@@ -170,8 +167,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         allowed = ", ".join(k.name for k in KINDS.values() if k.report)
         print(f"error: study kind {study.kind!r} has no report; allowed: {allowed}", file=sys.stderr)
         return 2
-    out = build(args.study, args.results, price=args.gpu_hour_price)
-    print(out["report"])
+    print(build(args.study, args.results, price=args.gpu_hour_price)["report"])
     return 0
 
 

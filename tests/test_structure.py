@@ -206,7 +206,7 @@ LAYERS = (
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
     ("config schema and registries", ("config", "kinds", "evalplan")),
-    ("study resolution", ("matrix", "yamlpos", "preflight", "hubcheck", "adaptive", "study", "profiles")),
+    ("study resolution", ("matrix", "yamlpos", "preflight", "hubcheck", "adaptive", "study", "study_set", "profiles")),
     ("stages", ("train", "evaluate", "diagnose", "toy")),
     ("hosts and readers of stages", ("memory", "pack", "status", "report")),
     ("pipeline", ("pipeline",)),

@@ -107,16 +107,6 @@ def training_dataset(cfg: Any, tokenizer: Any) -> tuple[Any, dict]:
     return datasets.Dataset.from_list(data), facts
 
 
-def prompt_width(cfg: Any, tokenizer: Any, prompts: list) -> int:
-    """The prompt columns of every rollout and update batch of a cell: its longest training prompt in tokens (after
-    ``train.prompt_overflow: truncate_left``), the same in a solo job and in any pack (lorarl.pack.build), so a row's
-    arithmetic never depends on the other rows of its batch (docs/packed.md, "One cell, one result")."""
-    from lorarl.tasks.prompt import prompt_ids
-    from lorarl.train.prompt_fit import keep_last, prompt_keep
-
-    return max(len(keep_last(prompt_ids(tokenizer, p, cfg.prompt), prompt_keep(cfg.train))) for p in prompts)
-
-
 def reward_of(cfg: Any, tokenizer: Any, results_dir: str | Path, device: str) -> tuple[Any, Any]:
     """The cell's reward regime (a teacher's or PRM's model loaded on ``device``) and its grading settings."""
     from lorarl.rewards.outcome import settings_of

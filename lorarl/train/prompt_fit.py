@@ -50,3 +50,12 @@ def fixed_widths(out: dict, width: int, T: int, pad: int) -> dict:
         if key not in ("prompt_ids", "prompt_mask") and torch.is_tensor(v) and v.dim() == 2 and v.shape == (B, T_b):
             res[key] = F.pad(v, (0, T - T_b), value=pad if key == "completion_ids" else 0)
     return res
+
+
+def prompt_width(cfg: Any, tokenizer: Any, prompts: list) -> int:
+    """The prompt columns of every rollout and update batch of a cell: its longest training prompt in tokens (after
+    ``train.prompt_overflow: truncate_left``), the same in a solo job and in any pack (lorarl.pack.build), so a row's
+    arithmetic never depends on the other rows of its batch (docs/packed.md, "One cell, one result")."""
+    from lorarl.tasks.prompt import prompt_ids
+
+    return max(len(keep_last(prompt_ids(tokenizer, p, cfg.prompt), prompt_keep(cfg.train))) for p in prompts)

@@ -118,7 +118,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         self.micro_batch_tokens = micro_batch_tokens  # token positions per forward/backward (lorarl.train.tokenbudget)
         check_world(micro_batch_tokens, self.accelerator.num_processes)  # one process only, for now
         self.prompt_keep = prompt_keep  # train.prompt_overflow truncate_left: the last N prompt tokens (None: all)
-        # prompt columns of every rollout and update batch (lorarl.train.prepare.prompt_width), completions padded to
+        # prompt columns of every rollout and update batch (lorarl.train.prompt_fit.prompt_width), completions padded to
         # max_completion_length: a row's arithmetic is the pack's (fixed widths), whatever the rest of its batch
         self.prompt_width = prompt_width
         self.generation_batch_size = getattr(rollout, "generation_batch_size", None)  # hf: rows generated at once

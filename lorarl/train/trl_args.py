@@ -141,7 +141,7 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     import torch
 
     from lorarl.train.microbatch import micro_size
-    from lorarl.train.prepare import prompt_width
+    from lorarl.train.prompt_fit import prompt_width
     from lorarl.train.prompt_fit import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
