@@ -86,6 +86,7 @@ def mlflow_steps(results, run_id, key="reward"):
 def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack import publish
     from lorarl.pack.run import train_alone, train_pack
+    from lorarl.pipeline.jobparams import JobParams
     from lorarl.pipeline.stages import get_stage
     from lorarl.train import cellstate
 
@@ -111,7 +112,8 @@ def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tin
     again = train_pack("pz", [z, x], res, pack_id="pack-second")  # x at position 1, beside rank 2 from scratch
     assert again["trained"] == ["r2", "r8"] and again["left_out"] == {}
     assert publish.publish(res, "pz", x.id, x.hash)  # its own train job moves the staged outputs into place
-    job = SimpleNamespace(cell=lambda: y, results_dir=res, study=SimpleNamespace(name="pz"), threads=None)
+    job = SimpleNamespace(cell=lambda: y, results_dir=res, study=SimpleNamespace(name="pz"), threads=None,
+                          params=JobParams())  # no --until: to the end
     alone = get_stage("train").run(job)  # y's own train job: a pack engine's state goes on as a pack of one
     assert alone["state"] == "done" and alone["mlflow_run_id"] == runs["r1"]
     for c in (x, y):
