@@ -17,7 +17,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -140,10 +140,15 @@ class SVDCache:
         return spec
 
     def _compute(self, W: torch.Tensor, need: int) -> Spectrum:
-        self.stats["misses"] += 1
-        t0 = time.perf_counter()
-        spec = spectrum_of(W, keep_for(need))
-        if W.is_cuda:
-            torch.cuda.synchronize(W.device)
-        self.stats["svd_seconds"] += time.perf_counter() - t0
-        return spec
+        return timed_miss(self.stats, W, lambda: spectrum_of(W, keep_for(need)))
+
+
+def timed_miss(stats: dict, W: torch.Tensor, compute: Any) -> Any:
+    """A cache miss: ``compute()``'s result, its seconds (the device synchronised) added to ``stats``."""
+    stats["misses"] += 1
+    t0 = time.perf_counter()
+    out = compute()
+    if W.is_cuda:
+        torch.cuda.synchronize(W.device)
+    stats["svd_seconds"] += time.perf_counter() - t0
+    return out

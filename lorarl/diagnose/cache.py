@@ -10,12 +10,11 @@ jobs: the first computes under the folder's lock, the others wait and read its f
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
-from lorarl.adapters.svd_cache import atomic_save, file_lock, keep_for, load_entry, tensor_digest
+from lorarl.adapters.svd_cache import atomic_save, file_lock, keep_for, load_entry, tensor_digest, timed_miss
 from lorarl.diagnose.weights import BaseFactors, base_factors
 
 
@@ -62,13 +61,7 @@ class BaseCache:
         return base if _enough(base, need) else None
 
     def _compute(self, W0: torch.Tensor, need: int) -> BaseFactors:
-        self.stats["misses"] += 1
-        t0 = time.perf_counter()
-        base = base_factors(W0, keep_for(need))
-        if W0.is_cuda:
-            torch.cuda.synchronize(W0.device)
-        self.stats["svd_seconds"] += time.perf_counter() - t0
-        return base
+        return timed_miss(self.stats, W0, lambda: base_factors(W0, keep_for(need)))
 
 
 def _enough(base: BaseFactors, need: int) -> bool:
