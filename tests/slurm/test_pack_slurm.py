@@ -30,7 +30,8 @@ def _preempt_twice(tmp_path: Path, wd: Path, pack: str, progress: list[Path], ce
     from lorarl.pack.plan import pack_id
 
     name = yaml.safe_load((wd / "study.yaml").read_text())["name"]
-    targets = (f"results/{name}/.packs/{pack_id(cells)}.json", *(f"results/{name}/{c}/summary.json" for c in cells))
+    pid = pack_id(cells, resident="resident" in pack)  # a resident job's id differs from a fixed pack's of the same cells
+    targets = (f"results/{name}/.packs/{pid}.json", *(f"results/{name}/{c}/summary.json" for c in cells))
     log = (tmp_path / "snakemake.log").open("w")
     proc = subprocess.Popen(snakemake_cmd(wd, targets=targets) + [pack], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=env())
