@@ -1,13 +1,17 @@
 """Atomic file writes: a reader (a rerun, Snakemake, the report, a resumed job) never sees half a file.
 
 `atomic_write_text` writes a temporary file next to the target, fsyncs it and `os.replace`s it in;
-on any error the temporary file is removed and the target is left as it was.
+on any error the temporary file is removed and the target is left as it was. A writer killed with
+SIGKILL cannot remove its temporary file: each one is named after its host and process
+(`.<name>.<host>.<pid>.<random>.tmp`), and the next write of the same target removes those of this
+host whose process is gone (another host's are left: their process cannot be checked from here).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, fsync it, then ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    host = socket.gethostname().replace(".", "_")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{host}.{os.getpid()}.", suffix=".tmp")
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -30,6 +35,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _sweep_dead_temporaries(path, host)
+
+
+def _sweep_dead_temporaries(path: Path, host: str) -> None:
+    """Remove the temporary files of ``path`` that a killed writer on this host left behind."""
+    prefix = f".{path.name}.{host}."
+    for p in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = p.name[len(prefix):].split(".", 1)[0] if p.name.startswith(prefix) else ""
+        if pid.isdigit() and not pid_alive(pid):
+            p.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, obj: Any, indent: int = 2) -> None:
