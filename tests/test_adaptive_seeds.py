@@ -119,3 +119,37 @@ def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
             if len(ln.split()) == 2 and ln.split()[1].isdigit()}
     assert jobs.get("train") == 2 and jobs.get("hypothesis_look") == 1, jobs  # seed 3 of both settings, look 4
     assert {"r4-s3", "r8-s3"} <= cells and not {"r4-s4", "r8-s4"} & cells  # no seed past the next one
+
+
+def test_search_off_trains_the_stopped_cells_on_and_their_hypothesis_waits_on_them(tmp_path):
+    """`--config search=off` after the search stopped rank 1 (a hypothesis at that rank, one seed on the axis): a
+    dry run plans the stopped cells to their end and the look that adds the hypothesis's second seed, and says the
+    hypothesis waits (not censored); once those cells finished, the hypothesis is decided, not censored."""
+    from lorarl.adaptive.ledger import hypothesis_censored, update_hypotheses
+    from tests.adaptive_results import STUDY as ADR, adaptive_results
+    from tests.study_shapes import fake_results
+
+    spec = copy.deepcopy(ADR)
+    spec["axes"] = {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
+                    "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
+                    "seed": {"field": "seed", "prefix": "s", "values": [0]}}
+    spec["search"] = {"rule": "sha", "rungs": [2], "eta": 2, "paired": ["seed", "kl"]}
+    spec["hypotheses"] = {f"h{r}": {"kind": "non_inferiority", "a": {"rank": r, "kl": 0.0}, "b": {"rank": r, "kl": 0.05},
+                                    "margin": 0.05, "min_seeds": 2, "max_seeds": 3} for r in (1, 8)}
+    model = tmp_path / "results" / "models" / "tiny-test" / "config.json"
+    model.parent.mkdir(parents=True)
+    model.write_text("{}")
+    os.utime(model, (1e9, 1e9))  # built before every result
+    f, study, table, res = adaptive_results(tmp_path, spec)
+    assert hypothesis_censored(study, table, res, study.hypotheses["h1"])  # search on: r1's cells stopped
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": [str(f)], "results": "results",
+                                                          "launcher": "local", "slurm": {}}))
+    dry = snakemake(tmp_path, "-n", "all", "--quiet", "host", "--config", "search=off")
+    text = dry.stdout + dry.stderr
+    assert "hypothesis h1 (non_inferiority): undecided after 0 seed(s) (cap 3); waits on the records" in text, text
+    trained = set(re.findall(r"rule train:[^\n]*\n(?:[^\n]*\n)*?[^\n]*cell=([\w.-]+)", text)) or set(
+        re.findall(r"cell=(r\d-kl[\d.]+-s\d)", text))
+    assert {"r1-kl0-s0", "r1-kl0.05-s0", "r1-kl0-s1", "r1-kl0.05-s1"} <= trained, text  # stopped ones, then seed 1
+    fake_results(study, res, seed=5, cells=[table.cell(c) for c in ("r1-kl0-s0", "r1-kl0.05-s0")])  # trained on
+    assert not hypothesis_censored(study, table, res, study.hypotheses["h1"])
+    assert update_hypotheses(study, table, res)["hypotheses"]["h1"]["decision"] != "censored"

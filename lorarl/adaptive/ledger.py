@@ -154,11 +154,11 @@ def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: A
 
 
 def hypothesis_censored(study: Any, table: Any, results: str | Path, spec: Any) -> bool:
-    """A side has a cell the search stopped (read from ``search.json``): its final metric is never observed."""
-    if study.search is None:
-        return False
-    censored = censored_cells(read(search_path(results, study.name)))
-    return any(c in censored for _, a, b in comparison_seeds(study, table, spec) for c in (a, b))
+    """A side has a cell the search stopped (read from ``search.json``) that has not finished since: its final
+    metric is not observed. Once ``--config search=off`` (or a promotion) trains such a cell to its end, the
+    hypothesis is decided from it like any other (lorarl.adaptive.ledger.stopped_now)."""
+    stopped = stopped_now(study, table, results)
+    return any(c in stopped for _, a, b in comparison_seeds(study, table, spec) for c in (a, b))
 
 
 def bad_seeds(study: Any, table: Any, results: str | Path, spec: Any, seeds: set[str]) -> dict[str, str]:
@@ -176,7 +176,7 @@ def bad_seeds(study: Any, table: Any, results: str | Path, spec: Any, seeds: set
 
 def update_hypotheses(study: Any, table: Any, results: str | Path = "results") -> dict[str, Any]:
     """Every hypothesis's state from the final evaluations on disk, written to ``hypotheses.json``;
-    a side with a cell the search stopped is censored (read from ``search.json``)."""
+    a side with a cell the search stopped and that has not finished since is censored (hypothesis_censored)."""
     out: dict[str, Any] = {}
     for name, h in study.hypotheses.items():
         metric = check_metric(table, h.metric, f"hypotheses.{name}.metric", "<study>", curve=False)

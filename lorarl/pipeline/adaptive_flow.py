@@ -230,7 +230,9 @@ def describe(ad: AdaptiveStudy) -> list[str]:
         lines.append(f"cell-steps allowed by the decisions so far: {now} of the full grid's {full}")
     for name, h in study.hypotheses.items():
         obs = ledger.hypothesis_observations(study, table, results, h, ad.metrics[name])
-        st = hypothesis_state(h, obs, censored=ledger.hypothesis_censored(study, table, results, h))
+        # search=off trains a stopped cell on: its hypothesis waits on it, it is not censored
+        censored = ad.search is not None and ledger.hypothesis_censored(study, table, results, h)
+        st = hypothesis_state(h, obs, censored=censored)
         more = f"; waits on seed {len(obs) + 1}" if st["decision"] == "undecided" and not st["pending"] else ""
         pend = "; waits on the records of its seeds" if st["pending"] else ""
         lines.append(f"hypothesis {name} ({st['kind']}): {st['decision']} after {st['seeds_used']} seed(s) "
