@@ -131,7 +131,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
 
     study = load_study(study_path) if isinstance(study_path, (str, Path)) else study_path
     results_dir = Path(results_dir)
-    cells = [(c, "cell") for c in _cells(study, results_dir)] + [(b, "base") for b in base_cells(study)]
+    cells = [(c, "cell") for c in status_cells(study, results_dir)] + [(b, "base") for b in base_cells(study)]
     slurm_ids: list[str] = []  # only Slurm submissions are looked up: a local job id is a pid on this machine
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"
@@ -186,7 +186,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
     return out
 
 
-def _cells(study: Any, results_dir: Path) -> list[Any]:
+def status_cells(study: Any, results_dir: str | Path) -> list[Any]:
     """The study's cells, then the seeds a hypothesis added that the workflow started (lorarl.adaptive.ledger)."""
     from lorarl.study import cell_table, study_cells
 

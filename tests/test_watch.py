@@ -130,3 +130,21 @@ def test_eta_counts_every_job_left_with_this_runs_job_times(tmp_path, monkeypatc
     assert "times: the doctor + this run; 1 at once" in text
     _running(res, "s1", 10, os.getpid())  # s1 trains (this process is "the job"): its 10 steps left, no start-up
     assert snapshot(str(sp), res)["eta_s"] == pytest.approx(10 * 0.5 + 30 + 20 + 30 + 5)
+
+
+def test_progress_counts_the_seeds_a_hypothesis_added(tmp_path):
+    """An adaptive study whose hypothesis added seeds: the snapshot (the console's line, `status --watch`) counts
+    their cells and their steps, as `lorarl status` does (it raised KeyError on them)."""
+    import copy
+
+    from tests.adaptive_results import STUDY, adaptive_results
+
+    spec = copy.deepcopy(STUDY)
+    spec["axes"]["seed"]["values"] = [0]  # the hypothesis needs 2: it adds seed 1
+    f, study, table, res = adaptive_results(tmp_path, spec, added=True)
+    extra = [c for c in table.extra_cells() if (res / study.name / c.id).is_dir()]
+    assert extra  # the hypothesis's added seeds were started
+    s = snapshot(str(f), res)
+    assert s["n"] == len(table.cells) + len(extra)
+    steps = sum(c.config.train.optimizer_updates for c in [*table.cells, *extra])
+    assert s["steps_total"] == steps

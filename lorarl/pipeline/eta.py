@@ -59,10 +59,10 @@ def _last(path: Path | None) -> dict[str, Any]:
 
 def finished_durations(study: Any, results: Path) -> dict[str, list[tuple[str, float]]]:
     """kind -> [(cell, seconds from submission to the end)] of this study's finished jobs."""
-    from lorarl.study import study_cells
+    from lorarl.status import status_cells
 
     out: dict[str, list[tuple[str, float]]] = {}
-    for c in study_cells(study):
+    for c in status_cells(study, results):  # the seeds a hypothesis added included
         pdir = paths.cell_dir(results, study.name, c.id) / "provenance"
         for f in sorted(pdir.glob("*.json")) if pdir.is_dir() else []:
             kind = "evaluate" if f.stem.startswith("evaluate") else f.stem
@@ -84,7 +84,7 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
     """{eta_s, jobs_left (per kind), lower_bound, not_measured, sources, slots, running_jobs} for the jobs still to
     run. ``rows``: the cells' status (lorarl.status); ``step_s``: the measured seconds per optimiser
     update (None: not yet)."""
-    from lorarl.study import study_cells
+    from lorarl.status import status_cells
 
     results, now = Path(results), time.time() if now is None else now
     doc = _doctor(results, study.name)
@@ -98,7 +98,7 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
     keep = {j.key for j in jobs}
     jobs = [PlannedJob(j.kind, j.cell, j.target, tuple(a for a in j.after if a in keep), j.base, j.holds)
             if j.kind == "aggregate" else j for j in jobs]
-    updates = {c.id: c.config.train.optimizer_updates for c in study_cells(study)}
+    updates = {c.id: c.config.train.optimizer_updates for c in status_cells(study, results)}
     done_steps = {r.cell: int(r.train.step.split("/")[0]) for r in rows
                   if r.kind == "cell" and r.train.step.split("/")[0].isdigit()}
     seen = finished_durations(study, results)

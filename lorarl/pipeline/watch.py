@@ -63,14 +63,15 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
     """Counts, running cells with their step, failures, flags and the ETA, from `lorarl.status`."""
     from lorarl.build_progress import base_lines
     from lorarl.models import study_recipes
-    from lorarl.status import study_status
-    from lorarl.study import load_study, study_cells
+    from lorarl.status import status_cells, study_status
+    from lorarl.study import load_study
 
     study = load_study(study_path)
     results = Path(results)
+    cells = status_cells(study, results)  # the seeds a hypothesis added included, as in `lorarl status`
     # progress counts optimiser updates (TRL's global step); step times are per training step
-    per = {c.id: c.config.train.updates_per_step for c in study_cells(study)}
-    steps = {c.id: c.config.train.optimizer_updates for c in study_cells(study)}
+    per = {c.id: c.config.train.updates_per_step for c in cells}
+    steps = {c.id: c.config.train.optimizer_updates for c in cells}
     rows = [r for r in study_status(study_path, results) if r.kind == "cell"]
     counts: dict[str, int] = {}
     for r in rows:
@@ -110,7 +111,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
             + f"; {e['slots']} at once")
     return {
         "study": study.name, "n": len(rows), "counts": counts,
-        "bases": base_lines(study_recipes(study_cells(study)), results),  # local base models still building (lorarl.build_progress)
+        "bases": base_lines(study_recipes(cells), results),  # local base models still building (lorarl.build_progress)
         "running": [f"{r.cell} {r.train.step or '?'}" for r in running],
         "failed": [f"{r.cell} ({r.train.detail[:60]})" if r.train.detail else r.cell
                    for r in rows if r.train.state == "failed"],
