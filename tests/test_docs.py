@@ -1,7 +1,7 @@
 """The documentation stays whole: every relative link in README.md, docs/*.md and the measurement logs
-bench/results/*.md resolves (the file, and the #anchor to a heading of it, GitHub's slugs), every `lorarl` subcommand (read from the CLI
-parser's help) and every config section (the top-level fields of the study and cell config models)
-is documented on some page."""
+bench/results/*.md resolves (the file, and the #anchor to a heading of it, GitHub's slugs), every `lorarl`
+subcommand (read from the CLI parser's help) and every config section (the top-level fields of the study and
+cell config models) is documented on some page (README.md or docs/)."""
 
 from __future__ import annotations
 
