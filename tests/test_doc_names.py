@@ -1,5 +1,6 @@
-"""Every dotted `lorarl.x.y` name the docs (README.md, docs/) and the package's docstrings mention resolves to a
-module, class, function or attribute of the package, and every `tests/....py` path the docs name exists: a name
+"""Every dotted `lorarl.x.y` name the docs (README.md, docs/, the measurement logs bench/results/*.md) and the
+package's docstrings mention resolves to a module, class, function or attribute of the package, and every
+`tests/....py` path the docs name exists: a name
 that moved is caught here, not by a reader. Names whose first part is not a module of the package (MLflow tags
 such as `lorarl.state`, file names such as `lorarl.json`, the placeholder `lorarl.x`) are not code names."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\blorarl(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 TEST_PATH = re.compile(r"\btests/[A-Za-z0-9_/]+\.py\b")
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "bench" / "results").glob("*.md"))]
 
 
 def _docstrings(path: Path) -> str:

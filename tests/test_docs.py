@@ -1,7 +1,7 @@
-"""The documentation stays whole: every relative link in README.md and docs/*.md resolves (the file,
-and the #anchor to a heading of it, GitHub's slugs), every `lorarl` subcommand (read from the CLI
-parser's help) and every config section (the top-level fields of the study and cell config models)
-is documented on some page."""
+"""The documentation stays whole: every relative link in README.md, docs/*.md and the measurement logs
+bench/results/*.md resolves (the file, and the #anchor to a heading of it, GitHub's slugs), every `lorarl`
+subcommand (read from the CLI parser's help) and every config section (the top-level fields of the study and
+cell config models) is documented on some page (README.md or docs/)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LOGS = sorted((REPO / "bench" / "results").glob("*.md"))  # measurement logs the pages link to (their latest figure)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -57,9 +58,10 @@ def test_the_pages_exist():
     names = {p.name for p in PAGES}
     assert {"README.md", "studies.md", "slurm.md", "gpus.md", "evaluation.md", "report.md", "packed.md",
             "reliability.md", "benchmarks.md", "tracking.md", "contributing.md"} <= names
+    assert {"gpucheck-h200.md", "doctor-projection.md", "ci-time.md"} <= {p.name for p in LOGS}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES + LOGS, ids=[str(p.relative_to(REPO)) for p in PAGES + LOGS])
 def test_every_relative_link_resolves(page: Path):
     broken = []
     for target in links(page):

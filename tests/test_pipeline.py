@@ -134,9 +134,9 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
         print(f"\n[projection] {trial['line']}")
     if not within(trial):
         # The wall time of one trial on a shared 2-core machine moves with what its neighbours run from minute to
-        # minute, which the 1-second load samples only partly see (docs/gpus.md: 15 runs of this test gave 0.84-1.29
-        # of the measured time, two of them outside 25%; the watch's ETA, from the same doctor's figures, came to
-        # 0.97-1.19 of its projection). A miss of either is retried once, from scratch in a fresh
+        # minute, which the 1-second load samples only partly see (bench/results/doctor-projection.md: 15 runs of
+        # this test gave 0.84-1.29 of the measured time, two of them outside 25%; the watch's ETA, from the same
+        # doctor's figures, came to 0.97-1.19 of its projection). A miss of either is retried once, from scratch in a fresh
         # directory (doctor, base model, run): the bound holds for that trial, and both are printed. CI runs this
         # module alone, after its other processes (scripts/test.sh, ALONE): beside them both trials once missed.
         trial = projection_trial(study_dir(tmp_path))
