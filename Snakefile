@@ -25,6 +25,7 @@ rule all:
 
 
 onstart:
+    keep_finished_aside()
     claim_packs()
     start_progress()
 

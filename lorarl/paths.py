@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# A trained cell's outputs, as the train rule declares them, in publishing order: summary.json last (the "done"
+# mark). The solo job (lorarl.train.cellrun), a pack's hand-over (lorarl.pack.publish) and the kept-aside outputs of
+# a killed run (lorarl.train.salvage) move them in this order.
+CELL_OUTPUTS = ("cell.json", "metrics.csv", "adapter", "summary.json")
+
 # Patterns with {results}, {study}, {cell}, {name}, {benchmark} placeholders.
 PATTERNS = {
     "base_model": "{results}/models/{name}/config.json",

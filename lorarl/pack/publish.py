@@ -42,7 +42,7 @@ from lorarl.io import atomic_write_text, pid_alive
 
 STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
 CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
-OUTPUTS = ("cell.json", "metrics.csv", "adapter", "summary.json")  # summary.json last: the "done" mark
+OUTPUTS = paths.CELL_OUTPUTS  # summary.json last: the "done" mark
 GRACE_ENV = "LORARL_PACK_GRACE_S"  # a member launcher's wait for a pack launcher starting beside it
 PENDING_ENV = "LORARL_PACK_PENDING_S"  # a member launcher's wait on a pending claim for its pack launcher's own
 PENDING = "pending"  # a claim's 4th field: written by Snakemake (claim_pending), not yet by the pack's launcher

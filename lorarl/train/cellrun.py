@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 from lorarl import paths
 from lorarl.io import write_json
-from lorarl.train import cellstate, ranks
+from lorarl.train import cellstate, ranks, salvage
 
-OUTPUTS = ("cell.json", "metrics.csv", "adapter", "summary.json")  # summary.json last: the "done" mark
+OUTPUTS = paths.CELL_OUTPUTS  # summary.json last: the "done" mark
 
 
 class CellRun:
@@ -86,15 +86,20 @@ class CellRun:
     # ---- opening ------------------------------------------------------------------------------------
     def _finished_meanwhile(self) -> dict | None:
         """The summary of a cell whose outputs of this config are in place by the time this job holds its lock (the
-        job it waited for finished it, or a lost launcher's job that started late finds a rerun finished it): nothing
-        to train. Never the case for a job Snakemake runs on its own outputs: it removes them before the job starts."""
+        job it waited for finished it, or a lost launcher's job that started late finds a rerun finished it), or were
+        kept aside from a killed run's finished job (lorarl.train.salvage): nothing to train. Otherwise never the
+        case for a job Snakemake runs on its own outputs: it removes them before the job starts."""
         try:
             summary = json.loads((self.final / "summary.json").read_text())
         except (OSError, ValueError):
-            return None
-        if not isinstance(summary, dict) or summary.get("config_hash") != self.cell.hash:
-            return None
+            summary = None
         how = "by the job this one waited for" if self.ckpt.waited_for_lock else "already, by another job"
+        if not isinstance(summary, dict) or summary.get("config_hash") != self.cell.hash:
+            # a job of a killed Snakemake finished it and the rerun removed its outputs (lorarl.train.salvage)
+            summary = salvage.restore(self.results_dir, self.study, self.cell.id, self.cell.hash)
+            how = "by a job of the killed run (its outputs, kept aside at the rerun's start, are back in place)"
+        if summary is None:
+            return None
         print(f"[lorarl] cell {self.cell.id} was trained {how} (its outputs of this config are in place); nothing to "
               f"do", flush=True)
         self.ckpt.release()
