@@ -125,8 +125,9 @@ class HFBackend:
     peft wrapper (slower, but exactly what was trained).  ``batch_size`` counts sequences (prompts
     x samples) per ``generate`` call and changes memory use only.  Batches are bucketed by prompt
     length (:func:`length_batches`: longest first, so little padding) and the completions come back
-    in prompt order: greedy completions are the same per prompt whatever the batching (checked against
-    one prompt per call and prompt-order batches); sampling draws from one generator seeded once per
+    in prompt order: greedy completions are the same per prompt whatever the batching in float32 (checked
+    against one prompt per call and prompt-order batches; in bfloat16 padding can move a logit by
+    rounding); sampling draws from one generator seeded once per
     call, so sampled outputs for a seed are reproducible for the same prompts and batch size but
     change with the batches' composition.  ``by_length=False``: batches in prompt order (the reference
     the bucketing is measured against).  ``last_padding``: pad tokens of each batch of the last call.
