@@ -54,3 +54,14 @@ def test_the_evaluation_job_refuses_vllm_before_writing_anything(tmp_path, monke
 def test_out_of_memory_retries_halve_the_batch_of_backends_that_batch():
     assert eval_ladder(64, "hf") == eval_ladder(64, "auto") == [64, 32, 16]
     assert eval_ladder(64, "vllm") == [64]  # vLLM pages its KV cache: no batch to halve
+
+
+@pytest.mark.parametrize("backend, vllm, warned", [("hf", True, True), ("auto", False, True), ("auto", True, False),
+                                                   ("vllm", True, False)])
+def test_sampled_protocols_on_a_gpu_warn_where_hf_runs_them(monkeypatch, backend, vllm, warned):
+    from lorarl.evaluate.vllm_backend import sampled_on_hf
+
+    monkeypatch.setattr(engines, "probe_vllm", lambda cuda, v, cpu: (cuda, vllm, False))
+    cfg = CellConfig.model_validate({"eval": {"backend": backend, "benchmarks": {"synthetic": {
+        "protocol": {"temperature": 0.6, "n": 4, "ks": [1, 4]}}}}})
+    assert bool(sampled_on_hf(cfg)) == warned
