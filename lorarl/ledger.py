@@ -48,6 +48,8 @@ DIR = "cost"  # the records' folder beside a job's provenance
 # The phases, in report order: what each one's seconds are (docs/report.md#cost-ledger).
 PHASES: dict[str, str] = {
     "startup": "process start to the first real work: interpreter, imports, reading the study, model and engine loads",
+    "load": "an evaluation's weights into its generation engine: model load, adapter merge, vLLM engine start, a "
+            "snapshot's weights pushed",
     "generation": "sampling completions: training rollouts, an evaluation's generation",
     "reward": "rewards and grading of completions (an evaluation's grading too)",
     "reference": "the reference model's forward (the KL term)",

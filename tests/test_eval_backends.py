@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lorarl.evaluate.backends import (Completion, HFBackend, completions_from_ids,  # noqa: E402
-                                      format_prompt, merge_adapter)
+                                      format_prompt, length_batches, merge_adapter, padding_tokens)
 from lorarl.grading.protocols import Protocol  # noqa: E402
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, request_seed, sampling_kwargs  # noqa: E402
 
@@ -91,6 +91,33 @@ def test_batching_does_not_change_greedy_output(tiny):
     one = HFBackend(tiny["base"], tiny["lora"], batch_size=1).generate(PROMPTS, GREEDY)
     many = HFBackend(tiny["base"], tiny["lora"], batch_size=8).generate(PROMPTS, GREEDY)
     assert one == many
+
+
+SHUFFLED = ["Q: 1=?\nA: ", "Q: 45+45-9+120-3=?\nA: ", "Q: 3-1=?\nA: ", "Q: 12+7+100-5=?\nA: ",
+            "Q: 2=?\nA: ", "Q: 45+45-9+120-3+7=?\nA: "]  # lengths short, long, mid, long, short, long
+
+
+def test_length_batches_put_similar_lengths_together_and_pad_less():
+    lengths = [3, 9, 5, 8, 3, 10]
+    assert length_batches(lengths, 1, 2) == [[(5, 0), (1, 0)], [(3, 0), (2, 0)], [(0, 0), (4, 0)]]
+    assert length_batches(lengths, 2, 3, by_length=False)[0] == [(0, 0), (0, 1), (1, 0)]  # prompt order
+    assert padding_tokens(lengths, length_batches(lengths, 1, 2)) == [1, 3, 0]
+    assert padding_tokens(lengths, length_batches(lengths, 1, 2, by_length=False)) == [6, 3, 7]
+
+
+def test_length_bucketed_batches_give_the_same_greedy_completions_in_prompt_order_with_less_padding(tiny):
+    backend = HFBackend(tiny["base"], tiny["lora"], merge=True, batch_size=2)
+    bucketed = backend.generate(SHUFFLED, GREEDY)
+    bucketed_pad = backend.last_padding
+    backend.by_length = False
+    in_order = backend.generate(SHUFFLED, GREEDY)
+    order_pad = backend.last_padding
+    backend.batch_size = 1
+    alone = backend.generate(SHUFFLED, GREEDY)  # one prompt per call: no padding at all
+    assert bucketed == in_order == alone and len(bucketed) == len(SHUFFLED)
+    assert len({c[0].text for c in bucketed}) > 1  # the prompts get different completions: the order is checked
+    assert backend.last_padding == [0] * len(SHUFFLED)
+    assert len(bucketed_pad) == len(order_pad) == 3 and sum(bucketed_pad) < sum(order_pad) / 2
 
 
 def test_sampling_shapes_and_seed(tiny):

@@ -207,7 +207,7 @@ def study(tmp_path, monkeypatch):
     for name in ("synthetic", "gsm8k"):
         golds.update({p.prompt: p.gold for p in ev.load_problems(name, study_cells(s)[0].config)})
     backend = OracleBackend(golds)
-    monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir, plan=None: backend)
+    monkeypatch.setattr(ev, "make_backend", lambda cfg, model, adapter, merge_dir, plan=None, **kw: backend)
     tracker = Tracker(res, s.name)
     for cell in study_cells(s):
         d = res / s.name / cell.id
@@ -228,15 +228,19 @@ def study(tmp_path, monkeypatch):
 def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study, monkeypatch):
     import mlflow
 
-    from lorarl import jobclock
+    from lorarl import jobclock, ledger
     from lorarl.evaluate.main import evaluate_cell
     from lorarl.grading import pool
 
     cell = study_cells(study.study)[0]
     pool.shutdown_pool()  # a fresh job: its grading workers start beside the model load, waited for before grading
     monkeypatch.setattr(jobclock, "_startup", {})
+    ledger.begin(in_process=True)
     out = evaluate_cell(study.study.name, cell, study.results)
+    ledger.run_ended()
     assert "grading pool" in jobclock.startup_s()  # the job's start-up, apart from any benchmark's grading
+    phases = ledger.record("evaluate", study="evs", cell=cell.id, outcome="completed")["phases_s"]
+    assert {"load", "generation", "reward"} <= set(phases)  # the evaluation's phases in its cost record
     assert sorted(out) == ["gsm8k", "synthetic", "synthetic@5"]
     assert out["synthetic"]["pass@1"] == pytest.approx(0.5)         # every second problem right
     assert set(out["gsm8k"]) == {"avg@2", "pass@1", "pass@2"} and out["gsm8k"]["pass@2"] == 1.0
@@ -246,6 +250,7 @@ def test_evaluate_cell_writes_every_target_and_logs_mlflow_at_steps(study, monke
     summ = json.loads((edir / "gsm8k.json").read_text())
     assert summ["n_problems"] == 4 and summ["n_samples"] == 8 and summ["protocol"]["ks"] == [1, 2]
     assert summ["meta"]["source"]["path"].endswith("gsm8k.jsonl") and summ["meta"]["seed"] == 0
+    assert summ["meta"]["backend"] == "hf"  # the backend that ran
     assert json.loads((edir / "synthetic@5.json").read_text())["step"] == 5
     assert [c[2] for c in study.backend.calls] == [cell.config.seed] * 3  # the cell's seed samples
     client = mlflow.MlflowClient(f"sqlite:///{study.results}/mlflow.db")

@@ -50,7 +50,7 @@ def test_a_stage_without_finer_timers_books_its_work_under_its_registered_phase(
 
 
 def test_unknown_phase_is_refused_naming_the_allowed_ones():
-    with pytest.raises(ValueError, match="unknown ledger phase 'gen'; allowed: startup, generation, reward"):
+    with pytest.raises(ValueError, match="unknown ledger phase 'gen'; allowed: startup, load, generation, reward"):
         ledger.spent("gen", 1.0)
 
 

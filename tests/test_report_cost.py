@@ -26,9 +26,10 @@ def gpu_study(tmp: Path) -> tuple:
     sp.write_text(yaml.safe_dump(SPEC))
     st, res = load_study(sp), tmp / "results"
     put(res, "cst", "r1-s0", make_record("train", "r1-s0", wall=3600, gpus=1, study="cst", steps=5,
-                                         phases={"startup": 360, "generation": 1800, "update": 1080}))  # idle 360
-    put(res, "cst", "r1-s0", make_record("evaluate", "r1-s0", key="evaluate-synthetic", wall=720, gpus=1,
-                                         study="cst", phases={"startup": 120, "generation": 480, "reward": 120}))
+                                         phases={"startup": 360, "generation": 1800, "update": 900,
+                                                 "evaluation": 180}))  # idle 360; a snapshot evaluated in the job
+    put(res, "cst", "r1-s0", make_record("evaluate", "r1-s0", key="evaluate-synthetic", wall=720, gpus=1, study="cst",
+                                         phases={"startup": 60, "load": 60, "generation": 480, "reward": 120}))
     put(res, "cst", ".packs/p1", make_record("pack", "r4-s0,r4-s1", wall=3600, gpus=2, study="cst",
                                              members={"r4-s0": 300.0, "r4-s1": 100.0},
                                              phases={"startup": 600, "generation": 2400, "update": 600}))
@@ -69,6 +70,13 @@ def test_cost_table_per_cell_setting_and_study_with_packs_split_by_tokens(tmp_pa
     assert study["unit"] == "gpu" and study["gpu_h"] == pytest.approx(3.2) and study["cost"] == pytest.approx(6.4)
     assert study["idle_share"] == pytest.approx(360 / (3.2 * 3600))  # only the solo train job left time untimed
     assert sum(study[f"phase/{p}_h"] for p in [*cost.PHASES, "idle"]) == pytest.approx(study["device_h"])
+    # the evaluation's share: the evaluate job (load, generation, grading) and the train job's snapshot evaluation
+    assert rows.loc[("cell", "r1-s0"), "eval_h"] == pytest.approx(0.25)
+    assert rows.loc[("cell", "r1-s0"), "eval_share"] == pytest.approx(0.25 / 1.2)
+    assert rows.loc[("cell", "r1-s0"), "phase/load_h"] == pytest.approx(60 / 3600)
+    assert rows.loc[("setting", "rank=4"), "eval_share"] == 0 and study["eval_share"] == pytest.approx(0.25 / 3.2)
+    assert "eval_share" in pd.read_csv(out).columns and cost.metrics(study)["cost/eval_share"] == study["eval_share"]
+    assert "evaluation share 7.8%" in cost.html_section(df, {}, 2.0)
 
 
 def test_progress_projects_the_rest_from_the_finished_steps(tmp_path, capsys):

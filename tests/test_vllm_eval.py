@@ -162,6 +162,7 @@ def _second_lora(tiny, tmp_path):
 def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
     """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
     vLLM's memory check, as the fake does), each target generated from its own adapter."""
+    from lorarl.evaluate import engines
     from lorarl.evaluate import main as ev
     from lorarl.evaluate import vllm_backend
     from lorarl.grading.benchmarks import Problem
@@ -169,6 +170,7 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
     monkeypatch.setattr(vllm_backend, "_vllm_api", fake_vllm.api)
+    monkeypatch.setattr(engines, "probe_vllm", lambda *probe: (True, True, False))  # the fake engine runs "here"
     second = _second_lora(tiny, tmp_path)
     cfg = CellConfig.model_validate({"eval": {"backend": "vllm", "benchmarks": {"synthetic": {
         "protocol": {"kind": "greedy", "temperature": 0, "n": 1, "ks": [1], "max_new_tokens": 6}}}}})

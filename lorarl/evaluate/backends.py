@@ -20,7 +20,8 @@ from typing import Any, Iterable, Sequence
 from lorarl.grading.protocols import Protocol
 from lorarl.stop_ids import stop_token_ids
 
-__all__ = ["Completion", "HFBackend", "merge_adapter", "completions_from_ids", "format_prompt"]
+__all__ = ["Completion", "HFBackend", "merge_adapter", "completions_from_ids", "format_prompt", "length_batches",
+           "padding_tokens"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,27 @@ def format_prompt(tokenizer: Any, prompt: str, use_chat_template: bool | None) -
     return prompt, False
 
 
+def length_batches(lengths: Sequence[int], n: int, batch_size: int, by_length: bool = True
+                   ) -> list[list[tuple[int, int]]]:
+    """The ``generate`` calls of one evaluation: (prompt index, sample index) jobs, ``batch_size`` per call.
+
+    ``by_length``: longest prompts first (ties in prompt order), so each batch holds prompts of similar length and
+    its left padding is small; False: prompt order (the reference). The caller restores prompt order."""
+    jobs = [(i, s) for i in range(len(lengths)) for s in range(n)]
+    if by_length:
+        jobs.sort(key=lambda j: (-lengths[j[0]], j))
+    return [jobs[k:k + batch_size] for k in range(0, len(jobs), batch_size)]
+
+
+def padding_tokens(lengths: Sequence[int], batches: Sequence[Sequence[tuple[int, int]]]) -> list[int]:
+    """Pad tokens of each batch's prompts (left padding to the batch's longest prompt)."""
+    out = []
+    for chunk in batches:
+        width = max(lengths[i] for i, _ in chunk)
+        out.append(sum(width - lengths[i] for i, _ in chunk))
+    return out
+
+
 def plain_prompt_config(use_chat_template: bool | None = None) -> Any:
     """A PromptConfig with no system prompt and the old ``use_chat_template`` switch (None = auto)."""
     from lorarl.config import PromptConfig
@@ -101,14 +123,20 @@ class HFBackend:
 
     ``merge=True`` folds the adapter into the weights (``merge_and_unload``); ``False`` keeps the
     peft wrapper (slower, but exactly what was trained).  ``batch_size`` counts sequences (prompts
-    x samples) per ``generate`` call and changes memory use only; sampled outputs for a given seed
-    are reproducible for the same batch size and prompts.
+    x samples) per ``generate`` call and changes memory use only.  Batches are bucketed by prompt
+    length (:func:`length_batches`: longest first, so little padding) and the completions come back
+    in prompt order: greedy completions are the same per prompt whatever the batching in float32 (checked
+    against one prompt per call and prompt-order batches; in bfloat16 padding can move a logit by
+    rounding); sampling draws from one generator seeded once per
+    call, so sampled outputs for a seed are reproducible for the same prompts and batch size but
+    change with the batches' composition.  ``by_length=False``: batches in prompt order (the reference
+    the bucketing is measured against).  ``last_padding``: pad tokens of each batch of the last call.
     """
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, *,
                  merge: bool = False, device: str | None = None, dtype: str = "auto",
                  batch_size: int = 16, use_chat_template: bool | None = None,
-                 prompt_config: Any = None, generation: Any = None) -> None:
+                 prompt_config: Any = None, generation: Any = None, by_length: bool = True) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -137,6 +165,8 @@ class HFBackend:
                 model = model.merge_and_unload()
         self.model = model.to(self.device).eval()
         self.batch_size = batch_size
+        self.by_length = by_length
+        self.last_padding: list[int] = []
         self.prompt_config = prompt_config if prompt_config is not None else plain_prompt_config(use_chat_template)
         self.eos_ids: list[int] = eos
         self.generation = generation  # runtime.generation: KV cache and compiled decode step (lorarl.decoding)
@@ -169,14 +199,13 @@ class HFBackend:
         dev = torch.device(self.device).type
         gen_cfg = apply(self._generation_config(protocol), plan(self.generation, self.model, dev), dev)
         ids = self.encode(prompts)
-        # one job per (prompt, sample); longest prompts first so batches pad little
-        jobs = sorted(((i, s) for i in range(len(prompts)) for s in range(protocol.n)),
-                      key=lambda j: (-len(ids[j[0]]), j))
+        lengths = [len(r) for r in ids]
+        batches = length_batches(lengths, protocol.n, self.batch_size, self.by_length)
+        self.last_padding = padding_tokens(lengths, batches)
         results: dict[tuple[int, int], Completion] = {}
         torch.manual_seed(seed)
         pad = self.tokenizer.pad_token_id
-        for start in range(0, len(jobs), self.batch_size):
-            chunk = jobs[start:start + self.batch_size]
+        for chunk in batches:
             rows = [ids[i] for i, _ in chunk]
             width = max(len(r) for r in rows)  # left padding, as the tokenizer pads for generation
             input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)

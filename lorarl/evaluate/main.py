@@ -99,13 +99,14 @@ def weights_for(cfg: Any, results_dir: str | Path, study: str, cell_id: str, is_
 
 
 def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_dir: Path,
-                 plan: list | None = None) -> Any:
-    """The generation backend of ``eval.backend`` (``vllm``: a GPU, or vLLM's CPU build; tests/vllm_real).
+                 plan: list | None = None, backend: str = "hf") -> Any:
+    """The generation backend ``backend`` (``eval.backend`` resolved: lorarl.evaluate.engines; ``vllm``: a GPU, or
+    vLLM's CPU build; tests/vllm_real).
 
     ``plan``: every (model path, adapter) the job evaluates; the vLLM backend builds ONE engine for all of them
     (:meth:`lorarl.evaluate.vllm_backend.VLLMBackend.select` moves it on), HF one model per weight set."""
     ev = cfg.eval
-    if ev.backend == "vllm":
+    if backend == "vllm":
         from lorarl.evaluate.vllm_backend import VLLMBackend
 
         return VLLMBackend(model_path, adapter, plan=plan, merge_dir=merge_dir, seed=cfg.seed,
@@ -215,6 +216,10 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     if threads:
         torch.set_num_threads(threads)
     cfg = cell.config
+    from lorarl import ledger
+    from lorarl.evaluate.engines import resolve_backend
+
+    engine = resolve_backend(cfg.eval.backend)  # vllm where it cannot run: refused before anything is written
     wanted = requested_targets(cfg, is_base, targets)
     cdir = paths.cell_dir(results_dir, study, cell.id)
     out_dir = cdir / "eval"
@@ -232,10 +237,12 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
     for step in steps:
         model_path, adapter = weights[step]
         merge_dir = cdir / ".merged" / ("final" if step is None else f"step-{step}")
-        if hasattr(backend, "select"):  # vLLM: one engine per job (a second engine fails vLLM's memory check)
-            backend.select(model_path, adapter, merge_dir)
-        else:
-            backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps])
+        with ledger.phase("load"):  # the weights into the engine: the job's evaluation load (lorarl.ledger)
+            if hasattr(backend, "select"):  # vLLM: one engine per job (a second engine fails vLLM's memory check)
+                backend.select(model_path, adapter, merge_dir)
+            else:
+                backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps],
+                                       backend=engine)
         for name, s in wanted:
             if s != step:
                 continue
@@ -245,7 +252,7 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             meta = {"study": study, "cell": cell.id, "model": cfg.model, "is_base": is_base,
                     "target": format_target(name, step), "config_hash": cell.hash,
                     "source": spec.model_dump(mode="json", exclude={"protocol", "grading"}),
-                    "backend": cfg.eval.backend}
+                    "backend": engine}  # the one that ran (eval.backend auto resolves per machine)
             wait_started()  # the first time: the job's start-up (lorarl.jobclock), apart from the grading time
             summaries.append(run_benchmark(backend, get_benchmark(name), problems[name], out_dir,
                                            protocol=protocol_for(name, spec, cfg.eval), seed=cfg.seed,

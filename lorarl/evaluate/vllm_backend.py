@@ -263,10 +263,12 @@ class VLLMBackend:
 
 
 def sampled_on_hf(cfg: Any) -> list[str]:
-    """One line per benchmark of ``cfg`` whose protocol samples (avg@n / pass@k) under ``eval.backend: hf``."""
+    """One line per benchmark of ``cfg`` whose protocol samples (avg@n / pass@k) under ``eval.backend: hf`` (or
+    ``auto`` where vLLM is not installed)."""
     from lorarl.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.evaluate.engines import BACKENDS, resolve_backend
 
-    if cfg.eval.backend != "hf":
+    if BACKENDS[cfg.eval.backend].vllm == "require" or resolve_backend(cfg.eval.backend, cuda=True) != "hf":
         return []
     lines = []
     for name, spec in benchmark_specs(cfg).items():

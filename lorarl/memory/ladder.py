@@ -67,8 +67,10 @@ def train_ladder(planned: TrainRung) -> list[TrainRung]:
 
 def eval_ladder(batch_size: int, backend: str = "hf") -> list[int]:
     """``eval.batch_size`` of each evaluation attempt, attempt 1 first."""
+    from lorarl.evaluate.engines import BACKENDS
+
     rungs = [batch_size]
-    if backend == "hf":
+    if BACKENDS[backend].halves_batch:
         for _ in range(2):
             if smaller(rungs[-1]) != rungs[-1]:
                 rungs.append(smaller(rungs[-1]))

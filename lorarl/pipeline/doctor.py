@@ -316,7 +316,10 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         heavy = sampled_on_hf(cfg) if device == "cuda" else []
         if heavy:  # not a failure: a loud note in the table (the evaluation jobs print a banner too)
             return "WARNING sampled protocols with eval.backend hf on a GPU: " + "; ".join(heavy)
-        return f"eval.backend {cfg.eval.backend}"
+        from lorarl.evaluate.engines import resolve_backend
+
+        ran = resolve_backend(cfg.eval.backend)  # vllm where it cannot run: this check fails, naming why
+        return f"eval.backend {cfg.eval.backend}" + (f" (runs {ran} here)" if ran != cfg.eval.backend else "")
 
     checks.run("evaluation backend", eval_backend)
 

@@ -19,6 +19,8 @@ import pandas as pd
 from lorarl.ledger import DIR, PHASES
 
 STUDY_ROWS = ("aggregate", "toy")  # stages charged to the study as a whole (their own row), not to one cell
+EVAL_STAGES = ("evaluate",)  # jobs that are evaluations: all their time is the evaluation's (load, generation, grading)
+EVAL_PHASES = ("evaluation",)  # the evaluation inside another job (a training job's snapshot evaluation)
 
 
 def _load(paths: Iterable[Path]) -> list[dict]:
@@ -123,7 +125,8 @@ def _shares(r: dict) -> dict[str, float]:
 def cost_table(study: Any, results: str | Path, price: float | None = None, records: list[dict] | None = None
                ) -> pd.DataFrame:
     """Per cell, per setting, per study: GPU-hours (0 on a CPU study), CPU core-hours, device-hours by phase and by
-    stage, the idle share; `cost` = GPU-hours x `price` when a price per GPU-hour is given."""
+    stage, the idle share, the evaluation's device-hours and share (`eval_h`, `eval_share`: evaluation jobs and a
+    training job's snapshot evaluations); `cost` = GPU-hours x `price` when a price per GPU-hour is given."""
     from lorarl.models import recipe_name
     from lorarl.study import every_cell
 
@@ -156,6 +159,8 @@ def _row(level: str, name: str, g: pd.DataFrame, keys: list[str], cell: Any, lab
            "device_h": dev / 3600, "wall_h": g["wall_s"].sum() / 3600,
            "idle_share": g.loc[g["phase"] == "idle", "device_s"].sum() / dev if dev else 0.0,
            "cpu_idle_share": max(1 - g["cpu_s"].sum() / g["core_s"].sum(), 0.0) if g["core_s"].sum() else None}
+    evals = g.loc[g["stage"].isin(EVAL_STAGES) | g["phase"].isin(EVAL_PHASES), "device_s"].sum()
+    row.update({"eval_h": evals / 3600, "eval_share": evals / dev if dev else 0.0})  # the evaluation's share
     by_phase = g.groupby("phase")["device_s"].sum()
     row.update({f"phase/{p}_h": by_phase.get(p, 0.0) / 3600 for p in [*PHASES, "idle"]})
     by_stage = g.groupby("stage")["device_s"].sum()
@@ -260,7 +265,7 @@ def status_line(study: Any, results: str | Path) -> str:
 # ---------------------------------------------------------------------------------------------- report + MLflow
 def html_section(df: pd.DataFrame, p: dict[str, Any], price: float | None) -> str:
     """report.html's cost section: device-hours by phase and by stage (the study row and each setting), idle share,
-    cost at the configured price per GPU-hour (none: hours only)."""
+    the evaluation's share, cost at the configured price per GPU-hour (none: hours only)."""
     from lorarl.report.html import _e, _table
 
     if df.empty:
@@ -269,14 +274,15 @@ def html_section(df: pd.DataFrame, p: dict[str, Any], price: float | None) -> st
     tot = df[df["level"] == "study"].iloc[0]
     head = (f"<p>Measured by every job (lorarl.ledger): <b>{tot['device_h']:.4g} {u}</b> "
             f"(GPU-hours {tot['gpu_h']:.4g}, CPU core-hours {tot['cpu_core_h']:.4g}), idle share "
-            f"{tot['idle_share']:.1%}" + (f", cost {tot['cost']:.4g} at {price:g} per GPU-hour" if price is not None
+            f"{tot['idle_share']:.1%}, evaluation share {tot['eval_share']:.1%}" + (f", cost {tot['cost']:.4g} at {price:g} per GPU-hour" if price is not None
                                           else ", no price per GPU-hour configured (hours only)") + ".</p>")
     if p:
         head += f"<p>{_e(progress_line(p))}</p>"
     phase = [c for c in df if c.startswith("phase/") and df[c].abs().sum() > 0]
     stage = [c for c in df if c.startswith("stage/")]
     show = df[df["level"].isin(["study", "setting"])]
-    cols = ["level", "name", "device_h", "gpu_h", "cpu_core_h", "idle_share", *(["cost"] if "cost" in df else [])]
+    cols = ["level", "name", "device_h", "gpu_h", "cpu_core_h", "eval_share", "idle_share",
+            *(["cost"] if "cost" in df else [])]
     return (head + f"<h3>{_e(u)} by phase</h3>" + _table(show[["level", "name", *phase]]) +
             f"<h3>{_e(u)} by stage</h3>" + _table(show[["level", "name", *stage]]) +
             "<h3>per cell</h3>" + _table(df[df["level"] == "cell"][cols]))
@@ -284,7 +290,7 @@ def html_section(df: pd.DataFrame, p: dict[str, Any], price: float | None) -> st
 
 def metrics(row: pd.Series) -> dict[str, float]:
     """`cost/*` MLflow metrics of one cost.csv row."""
-    keys = ["gpu_h", "cpu_core_h", "device_h", "idle_share", *(k for k in row.index if k.startswith(("phase/",
+    keys = ["gpu_h", "cpu_core_h", "device_h", "idle_share", "eval_h", "eval_share", *(k for k in row.index if k.startswith(("phase/",
                                                                                                      "stage/")))]
     if "cost" in row:
         keys.append("cost")
