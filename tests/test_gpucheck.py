@@ -158,6 +158,9 @@ def test_a_check_starts_when_its_need_fits_and_is_cut_at_its_bound():
     from lorarl.gpucheck import checks as ck
     from lorarl.gpucheck.main import gated
 
+    ten = bd.Budget(minutes=10, t0=time.perf_counter())  # a bound: 3x the need, 2 minutes more at least, within it
+    assert ten.bound(10.0) == pytest.approx(130.0) and ten.bound(100.0) == pytest.approx(300.0)
+    assert ten.bound(1000.0) == pytest.approx(600 - bd.RESERVE_S, abs=0.5) and bd.Budget(None, 0.0).bound(5.0) is None
     clock = bd.Budget(minutes=0.15, t0=time.perf_counter())  # 9 s, RESERVE_S of them kept for the report
     rows: list = []
 

@@ -13,8 +13,8 @@ estimates, all measured in this run:
   estimate; a later check's need is its estimate x the mean ratio so far (clamped to [0.5, 4]).
 
 A check starts only when its need fits what is left (less :data:`RESERVE_S` for writing the report); otherwise its
-rows read ``skipped (needs ~N s, M s left)``. A started check gets its own bound (:meth:`Budget.bound`: twice its
-need, at least a minute more, never past the budget): its processes still running then are killed
+rows read ``skipped (needs ~N s, M s left)``. A started check gets its own bound (:meth:`Budget.bound`: three times
+its need, at least two minutes more, never past the budget): its processes still running then are killed
 (lorarl.gpucheck.checks.sub) and its rows read ``cut`` with what it measured. So every row ends within the budget
 and the report, rewritten after each row, always lists every row at the end.
 """
@@ -100,6 +100,8 @@ def _sync(device: str) -> None:
 
 
 RESERVE_S = 5.0  # kept back from the budget for the report's last writes
+BOUND_FACTOR = 3.0  # a started check may run this many times its need (the estimates were off by up to 1.9x)
+BOUND_MIN_EXTRA_S = 120.0  # and at least this much past its need (a CPU smoke's short checks vary under load)
 FACTOR_RANGE = (0.5, 4.0)  # what the earlier rows' wall/estimate ratio may scale a later estimate by
 
 
@@ -134,10 +136,11 @@ class Budget:
         return f"skipped (needs ~{need_s:.0f} s, {left:.0f} s left of {self.minutes:g} min)"
 
     def bound(self, need_s: float) -> float | None:
-        """Seconds a started check may run: twice its need (a minute more at least), never past the budget."""
+        """Seconds a started check may run: BOUND_FACTOR x its need (BOUND_MIN_EXTRA_S more at least), never past
+        the budget (a check far past its need is cut so the checks after it keep their time)."""
         if self.minutes is None:
             return None
-        return max(min(max(2 * need_s, need_s + 60.0), self.left_s() - RESERVE_S), 0.0)
+        return max(min(max(BOUND_FACTOR * need_s, need_s + BOUND_MIN_EXTRA_S), self.left_s() - RESERVE_S), 0.0)
 
     def took(self, estimate_s: float, wall_s: float) -> None:
         """A started check's wall time against its raw estimate (a cut one's is a lower bound, kept as is)."""
