@@ -96,12 +96,12 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
             rows.extend(ck.not_run(n, f"its model build failed ({twin.arch})") for n in names)
             continue
         built.append((bd.model_size(arch), time.perf_counter() - t0))
-        rows.append(ck.row(f"model build: {twin.arch}", "pass",
+        rows.append(bd.record(ck.row(f"model build: {twin.arch}", "pass",
                            f"{info['params'] / 1e6:,.1f} M parameters ({info['layers']} layers, hidden {info['hidden']}, "
                            f"vocab {info['vocab']}), random weights, built in {info['build_s']:.1f} s; "
                            f"{speed.decode_s_per_token * 1e3:.1f} ms per decoded token ({n_rows} rows), "
                            f"{speed.train_s_per_token * 1e6:.2f} us per trained token, {speed.svd_s:.2f} s per "
-                           "float64 SVD of an MLP matrix", model=info, speed=speed.__dict__))
+                           "float64 SVD of an MLP matrix", model=info, speed=speed.__dict__), need, built[-1][1]))
         model = str(mdir.resolve())
         doctor_s = bd.doctor_estimate(start_s, speed, n_rows, twin.completion, st["steps"], st["eval_limit"],
                                       arch.layers)
