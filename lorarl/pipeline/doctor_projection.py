@@ -206,8 +206,8 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     from lorarl.pack.plan import max_cells, resident_places
     from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part, recorded_waits
     from lorarl.pipeline.doctor_jobs import RULE_THREADS, as_rows, makespan, planned_jobs, rule_counts
-    from lorarl.report.cost import read_records
     from lorarl.pipeline.doctor_packs import pack_steps, places_refused
+    from lorarl.report.cost import read_records
     from lorarl.study import study_cells
 
     split, evals = m["split"], m.get("evaluation", {})
