@@ -190,6 +190,48 @@ def test_projection_arithmetic_on_hand_made_measurements(tmp_path, monkeypatch):
     assert slurm["wall_h"] * 3600 == pytest.approx(5.0 + train + diagnose + evaluate + evaluate + 6.0)
 
 
+WAIT_CASES = [  # (recorded jobs: stage, folder, wait s), the projection's figure that grows, by how much
+    ([], None, 0.0),
+    ([("train", "s0", 2.0), ("train", "s1", 4.0)], "train_h", 2 * 3.0),  # 2 train jobs x the mean 3 s
+    ([("evaluate", "s0", 1.5)], "eval_h", 3 * 1.5),  # 2 cells' and the base's evaluations
+    ([("diagnose", "s1", 2.0)], "diagnostics_h", 2 * 2.0),
+    ([("aggregate", ".aggregate", 5.0)], "aggregate_h", 5.0),
+    ([("doctor", "doctor", 100.0)], None, 0.0),  # not a job the study runs: its smoke's wait is not charged
+]
+
+
+@pytest.mark.parametrize("recorded,figure,grows", WAIT_CASES)
+def test_projection_charges_each_job_its_kinds_recorded_waits(tmp_path, monkeypatch, recorded, figure, grows):
+    """Waits on a lock, a claim or a decision (the cost ledger's wait phase of the study's recorded jobs): each job of
+    a kind is charged its kind's mean, as wait seconds (no CPU); the projection grows by exactly that."""
+    from lorarl.pipeline.doctor_projection import project
+
+    monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
+    study = _study(tmp_path, {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
+    res = tmp_path / "results"
+    (res / "models" / "tiny-test").mkdir(parents=True)
+    (res / "models" / "tiny-test" / "config.json").write_text("{}")
+    smoke, prof = study_cells(study)[0], {"name": "default", "launcher": "slurm", "jobs": 1, "slurm": {}}
+    before = project(study, smoke, measurements({}), prof, str(res))
+    for i, (stage, folder, wait) in enumerate(recorded):
+        d = res / "jobs" / folder / "cost"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{stage}-{i}.json").write_text(json.dumps({"schema": 1, "stage": stage, "phases_s": {"wait": wait,
+                                                                                                 "other": 9.0}}))
+    after = project(study, smoke, measurements({}), prof, str(res))
+    assert after["serial_h"] * 3600 == pytest.approx(before["serial_h"] * 3600 + grows)
+    assert after["wall_h"] * 3600 == pytest.approx(before["wall_h"] * 3600 + grows)  # one slot: the jobs in turn
+    for key in ("train_h", "eval_h", "diagnostics_h", "aggregate_h"):
+        assert after[key] * 3600 == pytest.approx(before[key] * 3600 + (grows if key == figure else 0.0)), key
+    kind = {"train_h": "train", "eval_h": "evaluate", "diagnostics_h": "diagnose", "aggregate_h": "aggregate"}.get(figure)
+    for a, b in zip(after["schedule"], before["schedule"]):  # not on the CPU
+        assert a["cpu_s"] == pytest.approx(b["cpu_s"]) and a["wait_s"] == pytest.approx(
+            b["wait_s"] + (grows / sum(r["kind"] == kind for r in before["schedule"]) if a["kind"] == kind else 0.0))
+    text = "\n".join(after["assumptions"])
+    assert ("none recorded: 0 s" in text) == (kind is None)
+    assert set(after["waits"]) == ({kind} if kind else set())
+
+
 def test_job_stats_of_a_snakemake_log():
     from lorarl.pipeline.doctor_jobs import parse_job_stats
 

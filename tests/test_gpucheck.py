@@ -7,12 +7,13 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from lorarl.gpucheck.checks import multilora_row, push_row, vllm_importable
-from lorarl.gpucheck.main import VLLM_CHECKS
+from lorarl.gpucheck.main import DOCTOR_ROWS, VLLM_CHECKS
 from lorarl.gpucheck.shapes import ARCHS, twins
 from lorarl.study import load_study, study_cells
 
@@ -127,17 +128,81 @@ def test_vllm_only_without_vllm_fails_saying_why(tmp_path):
     assert "--cpu-smoke --vllm-only`" in (tmp_path / "gpucheck.md").read_text() and not (tmp_path / "work").exists()
 
 
-def test_a_budget_lists_what_did_not_fit(tmp_path):
-    """--minutes: a check starts only when its estimate fits; the rest read 'not run: budget', never fail."""
-    proc = _run("--cpu-smoke", "--minutes", "0.05", out=tmp_path, timeout=600)
+def test_a_budget_lists_every_row_skipped_with_its_need_and_ends_within_it(tmp_path):
+    """--minutes: the budget runs from the process's start; a check starts only when its need fits, the rest read
+    'skipped (needs ~N s, M s left)' (not a failure), every row is listed, and the run ends within the budget."""
+    t0 = time.perf_counter()
+    proc = _run("--cpu-smoke", "--minutes", "0.25", out=tmp_path, timeout=600)
+    took = time.perf_counter() - t0
     res = json.loads((tmp_path / "gpucheck.json").read_text())
-    assert proc.returncode == 0 and res["ok"] and res["minutes"] == 0.05, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and res["ok"] and res["minutes"] == 0.25, proc.stdout + proc.stderr
     rows = {r["check"]: r for r in res["checks"]}
-    assert rows["job start-up"]["status"] == "pass" and rows["job start-up"]["data"]["start_s"] > 0
-    for name in ("doctor: reward_density", "packed K=4 vs 4 solo", "distributed launcher, 1 GPU", "doctor: peft_zoo"):
-        assert rows[name]["status"] == "not run" and rows[name]["why"].startswith("budget (estimated"), rows[name]
-    assert "--cpu-smoke --minutes 0.05`" in (tmp_path / "gpucheck.md").read_text()
+    assert rows["job start-up"]["status"] in ("pass", "cut") and rows["job start-up"]["data"]["start_s"] > 0
+    for study in ("reward_density", "peft_zoo"):
+        for name in [f"{c}: {study}" for c in DOCTOR_ROWS] + (["packed K=4 vs 4 solo", "distributed launcher, 1 GPU"]
+                                                                if study == "reward_density" else []):
+            assert rows[name]["status"] == "not run", rows[name]
+            assert re.fullmatch(r"skipped \(needs ~\d+ s, \d+ s left of 0.25 min\)", rows[name]["why"]), rows[name]
+    assert all(r["status"] in ("pass", "cut") or r["why"].startswith(("skipped (needs ~", "vllm not importable"))
+               for r in res["checks"])
+    assert "--cpu-smoke --minutes 0.25`" in (tmp_path / "gpucheck.md").read_text()
     assert not (tmp_path / "work" / "results").exists()  # nothing started past the budget
+    assert res["wall_s"] <= 15 + 1 and took <= 15 + 10, (res["wall_s"], took)
+
+
+def test_a_check_starts_when_its_need_fits_and_is_cut_at_its_bound():
+    """The gate (lorarl.gpucheck.main.gated): a check that took twice its estimate doubles the next need; a need
+    past what is left is skipped with the need, its work never started; a started check still running at its
+    bound is killed there, its rows read 'cut' (also the ones it did not reach); all within the budget."""
+    from lorarl.gpucheck import budget as bd
+    from lorarl.gpucheck import checks as ck
+    from lorarl.gpucheck.main import gated
+
+    ten = bd.Budget(minutes=10, t0=time.perf_counter())  # a bound: 3x the need, 2 minutes more at least, within it
+    assert ten.bound(10.0) == pytest.approx(130.0) and ten.bound(100.0) == pytest.approx(300.0)
+    assert ten.bound(1000.0) == pytest.approx(600 - bd.RESERVE_S, abs=0.5) and bd.Budget(None, 0.0).bound(5.0) is None
+    clock = bd.Budget(minutes=0.15, t0=time.perf_counter())  # 9 s, RESERVE_S of them kept for the report
+    rows: list = []
+
+    def slow() -> list:
+        time.sleep(1.0)
+        return [ck.row("slow", "pass", "slept 1 s")]
+
+    gated(rows, clock, ["slow"], 0.5, slow)
+    assert rows[0]["status"] == "pass" and rows[0]["data"]["estimate_s"] == 0.5 and rows[0]["data"]["wall_s"] >= 1.0
+    assert 2.0 <= clock.factor() < 3.0 and clock.need(1.0) == pytest.approx(clock.factor())
+    started = []
+    gated(rows, clock, ["big", "big too"], 10.0, lambda: started.append(1) or [])
+    assert not started and [r["status"] for r in rows[1:]] == ["not run", "not run"]
+    assert re.fullmatch(r"skipped \(needs ~(\d+) s, \d+ s left of 0.15 min\)", rows[1]["why"])
+    assert int(rows[1]["why"].split("~")[1].split()[0]) == round(10.0 * clock.ratios[0])
+
+    def endless() -> list:
+        proc = ck.sub([sys.executable, "-c", "import time; time.sleep(120)"])
+        return [ck.row("endless", "pass" if proc.returncode == 0 else "fail", f"exit {proc.returncode}")]
+
+    gated(rows, clock, ["endless", "endless's second row"], 0.5, endless)
+    cut = rows[3:]
+    assert [(r["check"], r["status"]) for r in cut] == [("endless", "cut"), ("endless's second row", "cut")]
+    assert cut[0]["figure"] == "exit -9" and cut[0]["why"].startswith("cut at its bound (")
+    assert time.perf_counter() - clock.t0 <= 0.15 * 60 - bd.RESERVE_S + 1.0 and not ck.DEADLINE
+
+
+def test_doctor_estimate_counts_warm_up_evaluation_and_diagnostics():
+    """The doctor's need (lorarl.gpucheck.budget.doctor_estimate) grows by each part it counts; with the third H200
+    run's calibration (bench/results/gpucheck-h200.md: start-up 25 s, 63.4 ms per decoded token for 16 rows,
+    135.75 us per trained token, 512 tokens, 3 steps) it is above the 399 s its doctor ran before it was killed."""
+    from lorarl.gpucheck import budget as bd
+
+    speed = bd.Speed(0.0634, 135.75e-6, 0.0, svd_s=0.5)
+    base = bd.doctor_estimate(25.0, speed, 16, 512, 3, 4)
+    assert base >= 399
+    assert bd.doctor_estimate(25.0, speed, 16, 512, 3, 4, layers=28) == pytest.approx(
+        base + 28 * bd.ADAPTED_PER_LAYER * bd.SVDS_PER_MATRIX * 0.5)
+    step = speed.step_s(16, 512) + (bd.GENERATE_SLOWDOWN - 1) * 512 * 0.0634
+    assert bd.doctor_estimate(25.0, speed, 16, 512, 4, 4) == pytest.approx(base + step)
+    no_decode = bd.Speed(0.0, 135.75e-6, 0.0)
+    assert bd.doctor_estimate(25.0, no_decode, 16, 512, 3, 4) == pytest.approx(75 + 4 * no_decode.step_s(16, 512))
 
 
 def test_bad_minutes_exit_2(tmp_path):

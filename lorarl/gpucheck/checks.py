@@ -24,24 +24,25 @@ HEADROOM = 0.90  # peak memory above this share of the device fails (as lorarl d
 PACK_K = 4  # members of the packed job, against as many solo jobs of the same shape
 
 
-DEADLINE: list[float] = []  # the run's end (time.monotonic) under --minutes: a job still running then is killed
-GRACE_S = 30.0
+DEADLINE: list[float] = []  # the running check's bound (time.monotonic) under --minutes: its processes are killed then
+CUT: list[list[str]] = []  # the commands killed at the bound since the check started (lorarl.gpucheck.main.gated)
 
 
 def sub(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run one check's process (its own session, so its job processes go with it); past the run's deadline
-    (plus a grace) the whole group is killed and the result says so (returncode -9)."""
+    """Run one check's process (its own session, so its job processes go with it); at the check's bound
+    (DEADLINE) the whole group is killed, the command noted in CUT and the result says so (returncode -9)."""
     import os
     import signal
 
-    timeout = max(DEADLINE[0] - time.monotonic(), 0.0) + GRACE_S if DEADLINE else None
+    timeout = max(DEADLINE[0] - time.monotonic(), 0.0) if DEADLINE else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        err += f"\nkilled: still running {GRACE_S:.0f} s past the --minutes budget"
+        err += "\ncut: still running at its check's bound under --minutes"
+        CUT.append(cmd)
         return subprocess.CompletedProcess(cmd, -9, out, err)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 

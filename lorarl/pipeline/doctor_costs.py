@@ -13,7 +13,11 @@ doctor's smoke, scaled: training by the cell's optimiser updates (lorarl.pipelin
 what the smoke training spent beside its steps is the job's fixed part), an evaluation by the benchmark's problems
 (the doctor evaluates one problem first, so its timed evaluation is warm: seconds per problem, and what the first
 problem cost beyond them is the job's fixed part), diagnostics as measured, aggregation as a fresh
-`lorarl aggregate` of the smoke study (``login.aggregate``), a base model as the doctor's own build of it.
+`lorarl aggregate` of the smoke study (``login.aggregate``), a base model as the doctor's own build of it. A job
+also waits on a lock, a claim or a decision (the cost ledger's ``wait`` phase, lorarl.ledger): each job of a kind is
+charged the mean wait the study's own recorded jobs of that stage spent (:func:`recorded_waits`; an earlier or
+interrupted run of the study, e.g. on the same machine and store), as seconds that do not depend on the CPU; with
+no records, none.
 
 Each part is (wall seconds, CPU seconds) as measured while the doctor job ran alone in its session on a machine that
 may be shared (the doctor job's load sample gives its CPU share); a job's cost is (cpu, wait): CPU seconds on an idle
@@ -33,11 +37,12 @@ Part = tuple[float, float]  # (wall seconds, CPU seconds) as measured
 class JobCosts:
     """(cpu, wait) seconds of a planned job, and the parts it is made of."""
 
-    def __init__(self, m: dict, shared: bool):
+    def __init__(self, m: dict, shared: bool, waits: dict[str, tuple[float, int]] | None = None):
         self.sample = (m.get("load") or {}) if shared else {}
         self.machine = machine_rate(self.sample) if shared else None  # per-thread CPU rate of k running threads
         self.rate = self.machine(1) if self.machine else 1.0  # a lone job's share of a core when measured
         self.m, self.ph = m, m.get("phases") or {}
+        self.waits = waits or {}  # stage -> (mean wait seconds per recorded job, jobs recorded): recorded_waits
         login, clock = m.get("login") or {}, m.get("clock") or {}
         self.notes: list[str] = []
         probe = login.get("launcher") or {}
@@ -108,6 +113,10 @@ class JobCosts:
         rest = max(first[0] - self.load[0] - per, 0.0)
         return _sum(self.load, (rest, first[1] * rest / first[0] if first[0] else 0.0))
 
+    def wait(self, kind: str) -> Part:
+        """A job of this kind's mean recorded wait on a lock, a claim or a decision: wall seconds, no CPU."""
+        return self.waits.get(kind, (0.0, 0))[0], 0.0
+
     def launched(self, *parts: Part, model: bool = True) -> Part:
         return _sum(self.overhead, *((self.stack,) if model else ()), *parts)
 
@@ -120,9 +129,24 @@ def _minus(a: Part, b: Part) -> Part:
     return max(a[0] - b[0], 0.0), max(a[1] - b[1], 0.0)
 
 
+def recorded_waits(records: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per stage: (mean ``wait`` phase seconds per job, jobs recorded) of cost-ledger records (lorarl.ledger)."""
+    sums: dict[str, list[float]] = {}
+    for r in records:
+        sums.setdefault(str(r.get("stage")), []).append(float((r.get("phases_s") or {}).get("wait") or 0.0))
+    return {k: (sum(v) / len(v), len(v)) for k, v in sums.items()}
+
+
 def job_part(c: JobCosts, job: PlannedJob, train: dict[str, Part], evals: dict[tuple[str, str], Part | None],
              diag: Part) -> Part | None:
-    """(wall, cpu) of a planned job as measured conditions would have it; None: not measured."""
+    """(wall, cpu) of a planned job as measured conditions would have it, with its kind's recorded waits; None: not
+    measured."""
+    part = _work_part(c, job, train, evals, diag)
+    return None if part is None else _sum(part, c.wait(job.kind))
+
+
+def _work_part(c: JobCosts, job: PlannedJob, train: dict[str, Part], evals: dict[tuple[str, str], Part | None],
+               diag: Part) -> Part | None:
     if job.kind == "train":
         return train[job.cell]
     if job.kind == "pack":
@@ -143,5 +167,6 @@ def job_part(c: JobCosts, job: PlannedJob, train: dict[str, Part], evals: dict[t
 def describe(c: JobCosts) -> dict[str, Any]:
     """The per-job start-up parts in seconds (as measured), for the report."""
     return {k: round(v[0], 3) for k, v in c.parts.items()} | {
+        f"wait ({kind}, mean of {n} recorded)": round(w, 3) for kind, (w, n) in sorted(c.waits.items())} | {
         "per launched job": round(c.overhead[0], 3), "per model job (+ imports, store, first load)":
         round(c.overhead[0] + c.stack[0], 3), "cpu share of a lone job": round(c.rate, 3)}

@@ -204,9 +204,10 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     on the profile's slots; the assumptions spelled out."""
     from lorarl.evalplan.plan import parse_target
     from lorarl.pack.plan import max_cells, resident_places
-    from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part
-    from lorarl.pipeline.doctor_jobs import as_rows, makespan, planned_jobs, rule_counts
+    from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part, recorded_waits
+    from lorarl.pipeline.doctor_jobs import RULE_THREADS, as_rows, makespan, planned_jobs, rule_counts
     from lorarl.pipeline.doctor_packs import pack_steps, places_refused
+    from lorarl.report.cost import read_records
     from lorarl.study import study_cells
 
     split, evals = m["split"], m.get("evaluation", {})
@@ -222,7 +223,9 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     lay = stage_layouts(profile, m["device"]["kind"])
     w0 = int(m.get("train_ranks") or 1)
     shared = profile.get("launcher", "local") != "slurm"  # local/debug: the jobs share the doctor's machine
-    c = JobCosts(m, shared)
+    results = results_dir or (m.get("request") or {}).get("results") or "/nonexistent/results"
+    waits = {k: v for k, v in recorded_waits(read_records(results, study.name)).items() if k in RULE_THREADS}
+    c = JobCosts(m, shared, waits)
     t0 = chosen.config.train
     smoke_step = step_seconds(chosen.config, split, chosen.config, smoke_prompt, smoke_prompt, rate)[0]
     fixed = _sum(c.launched(c.train_checks), c.train_fixed(t0.optimizer_updates * smoke_step + _monitors(t0, split)))
@@ -236,7 +239,6 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         work[cell.id] = c.work(t.optimizer_updates * step_s + _monitors(t, split), "train")  # step_s: per update
         detail.append({"cell": cell.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps, "ranks": ranks})
-    results = results_dir or (m.get("request") or {}).get("results") or "/nonexistent/results"
     pack, places = max_cells(profile.get("pack")), resident_places(profile.get("pack"))  # refused before: doctor_report
     jobs = planned_jobs(study, results, pack, places)
     train = {cid: _sum(fixed, w) for cid, w in work.items()}
@@ -292,7 +294,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         "startup": describe(c), "schedule": as_rows(jobs, cost), "load": c.sample, "pack_max_cells": pack,
         "pack_places": places, "packs": pack_steps(cells, jobs, pack, places), "places_refused": places_refused(
             cells, jobs, places, m["device"].get("memory_gb", 0.0) if m["device"]["kind"] == "cuda" else 0.0),
-        "scheduler": list(start),
+        "scheduler": list(start), "waits": {k: {"mean_s": w, "jobs_recorded": n} for k, (w, n) in waits.items()},
         "gpu_hours": gpu_s / 3600, "gpus_per_job": gpus, "problem_counts": counts, "degenerate_rate": rate,
         "layout": {s: str(v) if v is not None else "CPU" for s, v in lay.items()}, "smoke_ranks": w0,
         "per_cell": detail, "assumptions": _assumptions(split, smoke_prompt, chosen, cells, m, lay, w0, gpus, slots,
@@ -360,6 +362,10 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
         "an evaluation job costs the model load and what the smoke's first problem cost beyond the rest (it is "
         "evaluated alone first) plus the smoke's warm seconds per problem (same protocol: n samples, token budget) "
         "times the benchmark's full problem count; snapshots cost as much as finals",
+        "waits on a lock, a claim or a decision (the cost ledger's wait phase): each job is charged the mean wait "
+        "of the study's recorded jobs of its kind (" + (", ".join(f"{k} {w:.3g}s over {n}" for k, (w, n) in
+                                                           sorted(c.waits.items())) or "none recorded: 0 s") +
+        "), not on the CPU; a wait on a free slot is the schedule's own",
         f"diagnostics: the smoke cell's {m.get('diagnose_s', 0.0):.3g}s per cell; aggregation: a fresh `lorarl "
         "aggregate` of the smoke study (its cost grows little with cells: docs/benchmarks.md); a base model: the "
         "doctor's own build of the smoke cell's base, when it built one",
