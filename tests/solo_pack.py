@@ -167,4 +167,4 @@ def assert_same_result(solo: HostRun, pack: HostRun, tol: float = 1e-6) -> None:
     assert any(not torch.equal(pack.weights[n], pack.start[n]) for n in pack.weights), "the cell did not train"
     gaps = worst_gaps(solo, pack)
     over = {k: v for k, v in gaps.items() if not v <= tol}
-    assert not over, f"solo vs pack of one beyond {tol}: {over}"
+    assert not over, f"solo vs pack beyond {tol}: {over}"
