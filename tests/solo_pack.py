@@ -111,7 +111,8 @@ def with_runtime(cfg: Any, **sections: dict) -> Any:
     cell's training signature (a knob that may change the result by design is not a runtime knob)."""
     from lorarl.signature import train_signature
 
-    out = cfg.model_copy(update={s: getattr(cfg, s).model_copy(update=f) for s, f in sections.items()})
+    fields = cfg.model_dump()
+    out = type(cfg).model_validate({**fields, **{s: {**fields[s], **f} for s, f in sections.items()}})  # checked
     if train_signature(out) != train_signature(cfg):
         raise ValueError(f"not runtime-only (the training signature changes): {sections}")
     return out

@@ -3,7 +3,8 @@ equals the same cell trained as a pack of one (lorarl.pack.steps / trainer), and
 test_pack_steps.py: a pack of K = K packs of one): the same sampled token ids at every step, every metric both
 log and the trained adapter within 1e-6 in float32 on the CPU (bit for bit on the adapter where measured), for
 LoRA, a residual init (PiSSA), DoRA, beta 0 and beta > 0, each loss type, with warm-up, weight decay, clipping
-and the KL monitors."""
+and the KL monitors. Each member of a pack of two ranks equals its own solo run, whatever runtime knob (micro-batch,
+token budget, update chunks, grouped adapter terms, generation batch) either host runs with."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def plain(tiny_dir, tmp_path_factory):
     results = tmp_path_factory.mktemp("plain")
     cfgs = [cell_config(tiny_dir, seed=3 + k, adapter=a, train=t) for k, (a, t) in enumerate(MEMBERS)]
     return cfgs, [train_solo(c, results) for c in cfgs], train_pack(cfgs, results)
+
+
+def test_the_knobs_are_runtime_only(tiny_dir):
+    """Every field of the table leaves the cell's training signature as it is; a science field does not."""
+    cfg = cell_config(tiny_dir)
+    for solo_knobs, pack_knobs, _ in KNOBS.values():
+        with_runtime(with_runtime(cfg, **solo_knobs), **pack_knobs)
+    with pytest.raises(ValueError, match="not runtime-only"):
+        with_runtime(cfg, train={"max_completion_length": 4})
 
 
 @pytest.mark.parametrize("name", list(KNOBS))
