@@ -161,7 +161,8 @@ class MicroBatching:
         """Each in-loss metric the chunks logged once each becomes one entry, the whole update's
         (:func:`merge_chunks`; the chunks' tokens and rows summed over the ranks in one collective)."""
         n = len(chunks)
-        counts = self._gsum(*[float(_mask(c).sum()) for c in chunks], *[float(c["completion_ids"].size(0)) for c in chunks])
+        counts = self._gsum(*[float(_mask(c).sum()) for c in chunks],
+                            *[float(c["completion_ids"].size(0)) for c in chunks])
         tokens, rows = counts[:n], counts[n:]
         sequence_level = getattr(self, "importance_sampling_level", "token") == "sequence"
         metrics = self._metrics["train"]
