@@ -5,6 +5,15 @@
     pack = train_pack_of_one(cfg, results_dir, steps)  # lorarl.pack.build + PackLoop
     assert_same_result(solo, pack, tol=1e-6)
 
+A pack of several members (mixed ranks, each against its own solo run) and runtime knobs (a micro-batch size,
+update chunks, grouped adapter terms: memory and speed, never results) go through the same harness:
+
+    cfgs = [cell_config(tiny_dir, seed=3, adapter={"rank": 2, "alpha": 4}),
+            cell_config(tiny_dir, seed=4, adapter={"rank": 8, "alpha": 16}, train={"beta": 0.05})]
+    packed = train_pack(with_runtime(c, train={"micro_batch_size": 1}) for c in cfgs), results_dir, grouped=True)
+    for cfg, member in zip(cfgs, packed):
+        assert_same_result(train_solo(cfg, results_dir), member, tol=1e-6)
+
 Both hosts grade with :func:`score` (deterministic, non-degenerate: an untrained tiny model is never right, so
 the real grader would give flat groups and no policy gradient). Each run records every step's sampled token ids
 (what the regime saw), its metrics rows and its trained adapter.
@@ -97,19 +106,44 @@ def train_solo(cfg: Any, results_dir: str | Path) -> HostRun:
     return HostRun(ids=regime.ids, rows=rows, weights=_tensors(trainer.model), start=start)
 
 
-def train_pack_of_one(cfg: Any, results_dir: str | Path) -> HostRun:
-    """The same cell as a pack of one (:func:`lorarl.pack.build.build_pack`, the PackLoop's full steps)."""
+def with_runtime(cfg: Any, **sections: dict) -> Any:
+    """``cfg`` with runtime fields changed (``train={"micro_batch_size": 1}``); refuses a field that is in the
+    cell's training signature (a knob that may change the result by design is not a runtime knob)."""
+    from lorarl.signature import train_signature
+
+    fields = cfg.model_dump()
+    out = type(cfg).model_validate({**fields, **{s: {**fields[s], **f} for s, f in sections.items()}})  # checked
+    if train_signature(out) != train_signature(cfg):
+        raise ValueError(f"not runtime-only (the training signature changes): {sections}")
+    return out
+
+
+def train_pack(cfgs: Any, results_dir: str | Path, update_cells: int | None = None,
+               grouped: bool | None = None) -> list[HostRun]:
+    """The cells as ONE pack (:func:`lorarl.pack.build.build_pack`, the PackLoop's full steps), one run per member
+    in order. ``update_cells``: cells per forward/backward of the update; ``grouped``: the router's grouped adapter
+    terms (None: the device's default, one cell at a time on a CPU)."""
     from types import SimpleNamespace
 
     from lorarl.pack.build import build_pack
 
-    pack = build_pack([SimpleNamespace(id="cell", config=cfg)], results_dir=results_dir, device="cpu")
-    member = pack.loop.members[0]
-    member.regime = regime = _regime()
-    model = pack.loop.trainer.cells[0].model
-    start = _tensors(model)
-    rows = [_clean(pack.loop.step()["cell"]) for _ in range(cfg.train.steps)]
-    return HostRun(ids=regime.ids, rows=rows, weights=_tensors(model), start=start)
+    cells = [SimpleNamespace(id=f"m{k}", config=c) for k, c in enumerate(cfgs)]
+    pack = build_pack(cells, results_dir=results_dir, device="cpu", update_cells=update_cells)
+    if grouped is not None:
+        pack.loop.trainer.router.grouped = grouped
+    regimes = [_regime() for _ in cells]
+    for member, regime in zip(pack.loop.members, regimes):
+        member.regime = regime
+    models = [pc.model for pc in pack.loop.trainer.cells]
+    starts = [_tensors(m) for m in models]
+    steps = [pack.loop.step() for _ in range(max(c.config.train.steps for c in cells))]
+    return [HostRun(ids=regime.ids, rows=[_clean(row[c.id]) for row in steps if c.id in row], weights=_tensors(model),
+                    start=start) for c, regime, model, start in zip(cells, regimes, models, starts)]
+
+
+def train_pack_of_one(cfg: Any, results_dir: str | Path) -> HostRun:
+    """The same cell as a pack of one."""
+    return train_pack([cfg], results_dir)[0]
 
 
 def worst_gaps(solo: HostRun, pack: HostRun) -> dict:
@@ -134,4 +168,4 @@ def assert_same_result(solo: HostRun, pack: HostRun, tol: float = 1e-6) -> None:
     assert any(not torch.equal(pack.weights[n], pack.start[n]) for n in pack.weights), "the cell did not train"
     gaps = worst_gaps(solo, pack)
     over = {k: v for k, v in gaps.items() if not v <= tol}
-    assert not over, f"solo vs pack of one beyond {tol}: {over}"
+    assert not over, f"solo vs pack beyond {tol}: {over}"

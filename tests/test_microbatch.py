@@ -1,7 +1,8 @@
 """Micro-batched updates (``train.micro_batch_size``, lorarl.train.microbatch): an update cut into chunks of
 1, 2 or 3 sequences (uneven last chunk) gives the loss and the gradients of the unbatched update, for every
 loss type x advantage shape (outcome, process, distillation) x KL setting x ratio level; activation
-checkpointing gives the gradients of no checkpointing; chunked log-probs equal unchunked; a 20-step cell
+checkpointing gives the gradients of no checkpointing; the in-loss metrics (entropy, kl, clip ratios) are logged once,
+the unbatched update's; chunked log-probs equal unchunked; a 20-step cell
 trained with micro-batches of 2 and checkpointing ends with the adapter of the plain run."""
 
 from __future__ import annotations
@@ -69,13 +70,17 @@ def _advantages(regime: str, mask_BT: torch.Tensor) -> torch.Tensor:
 
 
 def _grads(trainer, batch, m):
+    """The update's loss, gradients and the in-loss metrics it logged (name -> its entries)."""
     trainer.micro_batch_size = m
     trainer.model.zero_grad(set_to_none=True)
+    before = {k: len(v) for k, v in trainer._metrics["train"].items()}
     loss = trainer.compute_loss(trainer.model, batch)
     trainer.accelerator.backward(loss)
     grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.micro_batch_size = None
-    return loss.item(), grads
+    logged = {k: v[before.get(k, 0):] for k, v in trainer._metrics["train"].items()
+              if len(v) > before.get(k, 0) and not k.startswith("kl_new_old")}  # (the monitor's, of a repeated batch)
+    return loss.item(), grads, logged
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -97,14 +102,31 @@ def test_micro_batches_give_the_unbatched_loss_and_gradients(setup, loss_type, r
     batch["advantages"] = _advantages(regime, mask_BT)
     trainer.loss_type, trainer.kl_beta, trainer.kl_estimator = loss_type, beta, estimator
     trainer.kl_importance_correction, trainer.importance_sampling_level = corrected, level
-    whole, g_whole = _grads(trainer, batch, None)
+    whole, g_whole, logged_whole = _grads(trainer, batch, None)
     assert math.isfinite(whole) and g_whole
+    assert {"entropy", "clip_ratio/low_min", "clip_ratio/high_max"} <= logged_whole.keys()
     for m in (1, 2, 3):  # 3: chunks of 3 and 1
-        loss, g = _grads(trainer, batch, m)
+        loss, g, logged = _grads(trainer, batch, m)
         assert loss == pytest.approx(whole, abs=1e-6, rel=1e-6), (m, loss, whole)
+        assert logged.keys() == logged_whole.keys() and all(len(v) == 1 for v in logged.values()), m
+        for name, (value,) in logged.items():  # the in-loss metrics: the whole update's, once (microbatch.merge_chunks)
+            assert value == pytest.approx(logged_whole[name][0], abs=1e-6, rel=1e-6, nan_ok=True), (m, name)
         assert g.keys() == g_whole.keys()
         for name in g:
             torch.testing.assert_close(g[name], g_whole[name], atol=1e-6, rtol=1e-5, msg=f"m={m} {name}")
+
+
+def test_chunk_metrics_merge_into_the_whole_updates():
+    """A masked mean weighted by each chunk's tokens (rows for a sequence-level clip ratio), the extremes' min / max."""
+    from lorarl.train.microbatch import merge_chunks
+
+    tokens, rows = [6.0, 2.0], [2.0, 2.0]
+    assert merge_chunks("entropy", [1.0, 3.0], tokens, rows) == pytest.approx(1.5)  # (6 + 6) / 8, not 2
+    assert merge_chunks("clip_ratio/low_mean", [1.0, 3.0], tokens, rows, sequence_level=True) == pytest.approx(2.0)
+    assert merge_chunks("clip_ratio/low_mean", [1.0, 3.0], tokens, rows) == pytest.approx(1.5)
+    assert merge_chunks("clip_ratio/low_min", [0.5, 0.25], tokens, rows) == 0.25
+    assert merge_chunks("clip_ratio/high_max", [float("nan"), 0.25], tokens, rows) == 0.25
+    assert merge_chunks("kl", [1.0, 3.0], [0.0, 0.0], rows) == 0.0  # no tokens: TRL's 0 / max(0, 1)
 
 
 def test_chunks_and_shares():

@@ -94,7 +94,8 @@ def test_a_freed_place_takes_the_next_cell_after_a_finish_and_a_collapse(tiny_di
 
 def test_a_member_paused_at_its_rung_frees_its_place(tiny_dir, tmp_path, fake_rewards):
     """Issue 40 item 4: a member stopped at the adaptive rung (the job's ``stop_at``) leaves for good and its place
-    goes to the next waiting cell; the rung-paused cells resume later (any host) equal to their solo runs."""
+    goes to the next waiting cell; the rung-paused cells resume later (any host) equal to their runs in a job of one
+    place (places 2 = places 1: metrics and adapter to 1e-6)."""
     from lorarl.pack.resident import train_resident
     from lorarl.train import cellstate
 
@@ -112,7 +113,9 @@ def test_a_member_paused_at_its_rung_frees_its_place(tiny_dir, tmp_path, fake_re
     again = train_resident("rz", order, res, places=2, resident_id="pack-rest")  # promoted: on to their ends
     assert again["trained"] == ["s4-cFalse", "s5-cFalse", "s6-cFalse"]
     published(res, order)
-    solo_runs(ref, order)
+    one = train_resident("rz", order, ref, places=1, resident_id="pack-one")  # the reference: one place (a runtime
+    assert one["segments"] == 4 and one["base_loads"] == 1  # knob), each cell alone in turn (its solo run: test above)
+    published(ref, order)
     for x in order:
         got = outputs(res / "rz" / x.id)
         assert_equal_runs(got, outputs(ref / "rz" / x.id), resumed_from=None, steps=x.config.train.steps)

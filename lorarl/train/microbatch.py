@@ -27,8 +27,12 @@ Here TRL keeps its batch shapes and counters; only the forward/backward is chunk
 
 Per-token and per-sequence terms (advantages, PPO ratios at either level, dual clip, the KL term and
 its importance weight, vLLM's importance-sampling ratio) are row-local, so a chunk computes them alone.
-Metrics TRL and lorarl log inside the loss (clip ratios, entropy, ``kl``) become means over the chunks of
-the update. The KL monitors see the whole batch: the chunks' log-probs are put back together.
+Metrics TRL and lorarl log inside the loss (entropy, ``kl``, ``ppo_kl``, ``kl_ref/*``, clip ratios) are each
+chunk's masked mean; after the chunks they are merged into the whole update's value (:func:`merge_chunks`:
+weighted by each chunk's tokens, over all ranks; a clip ratio's min / max over sequences as the min / max), so
+the logged row is the unbatched one's to float rounding (a plain mean of the chunks' means would move
+``entropy`` by 7e-5 on the tiny test model, tests/test_solo_pack.py). The KL monitors see the whole batch: the
+chunks' log-probs are put back together.
 
 Every log-prob forward (policy, old policy, reference) takes at most m rows at a time, so the logits
 peak is bounded by the chunk; the fp32 log-softmax is TRL's, unchanged. Teacher and PRM forwards are
@@ -80,6 +84,25 @@ def chunk_share(loss_type: str, chunk_mask_BT: torch.Tensor, mask_BT: torch.Tens
     raise ValueError(f"micro-batching supports loss_type grpo, bnpo, dr_grpo, dapo; got {loss_type!r}")
 
 
+CHUNK_EXTREMES = {"clip_ratio/low_min": min, "clip_ratio/high_max": max}  # why: TRL logs these as a min / max over
+# the update's sequences (so over the chunks' own), every other in-loss metric as a masked mean over its tokens
+SEQUENCE_MEANS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")  # why: means over rows,
+# not tokens, when importance_sampling_level is "sequence" (TRL's global_masked_mean of a [B, 1] ratio)
+
+
+def merge_chunks(name: str, values: list[float], tokens: list[float], rows: list[float],
+                 sequence_level: bool = False) -> float:
+    """The whole update's value of an in-loss metric from its chunks' values: min / max for the clip ratios' extremes
+    (NaN chunks, which have no sequence, skipped), else the mean weighted by each chunk's tokens (rows for a
+    sequence-level clip ratio): what one forward/backward over the update logs."""
+    if name in CHUNK_EXTREMES:
+        kept = [v for v in values if v == v]
+        return CHUNK_EXTREMES[name](kept) if kept else float("nan")
+    weights = rows if sequence_level and name in SEQUENCE_MEANS else tokens
+    total = sum(weights)
+    return sum(v * w for v, w in zip(values, weights)) / max(total, 1.0)
+
+
 def _mask(inputs: dict) -> torch.Tensor:
     mask_BT = inputs["completion_mask"]
     return mask_BT * inputs["tool_mask"] if "tool_mask" in inputs else mask_BT
@@ -118,6 +141,7 @@ class MicroBatching:
         chunks = [c for _, c in rows_chunks]
         done = torch.zeros((), device=mask_BT.device)
         logps = []
+        logged = {k: len(v) for k, v in self._metrics["train"].items()}  # the in-loss metrics before the chunks
         self._micro_parts = logps  # _compute_loss appends each chunk's detached log-probs here
         try:
             for i, chunk in enumerate(chunks):
@@ -128,9 +152,24 @@ class MicroBatching:
                 done = done + loss.detach()
         finally:
             self._micro_parts = None
+        self._merge_chunk_metrics(logged, chunks)
         parts = [(rows, lp) for (rows, _), lp in zip(rows_chunks, logps)]
         self._remember_batch(inputs, put_back(parts, *mask_BT.shape), mask_BT)
         return loss + done  # value: the whole update's loss; gradient: the last chunk's (the rest is applied)
+
+    def _merge_chunk_metrics(self, logged: dict[str, int], chunks: list[dict]) -> None:
+        """Each in-loss metric the chunks logged once each becomes one entry, the whole update's
+        (:func:`merge_chunks`; the chunks' tokens and rows summed over the ranks in one collective)."""
+        n = len(chunks)
+        counts = self._gsum(*[float(_mask(c).sum()) for c in chunks],
+                            *[float(c["completion_ids"].size(0)) for c in chunks])
+        tokens, rows = counts[:n], counts[n:]
+        sequence_level = getattr(self, "importance_sampling_level", "token") == "sequence"
+        metrics = self._metrics["train"]
+        for name, values in metrics.items():
+            before = logged.get(name, 0)
+            if len(values) - before == n:
+                values[before:] = [merge_chunks(name, values[before:], tokens, rows, sequence_level)]
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         m = self.micro_batch_size
