@@ -35,10 +35,13 @@ def name_tests(root: Path, names: set[str], owner: str = "lorarl/rewards") -> li
             rel = str(f.relative_to(root))
             if rel.startswith(owner + "/") or "__pycache__" in f.parts:
                 continue
+            text = f.read_text() if f.suffix == ".py" or f.suffix == ".smk" or f.name == "Snakefile" else ""
+            if not any(f"{q}{n}{q}" in text for n in names for q in "'\""):  # no quoted name: nothing to parse
+                continue
             if f.suffix == ".py":
-                tree = ast.parse(f.read_text(), rel)
+                tree = ast.parse(text, rel)
                 out += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _compares_name(n, names)]
             elif f.suffix == ".smk" or f.name == "Snakefile":
-                out += [f"{rel}:{i}" for i, line in enumerate(f.read_text().splitlines(), 1) if smk.search(line)]
+                out += [f"{rel}:{i}" for i, line in enumerate(text.splitlines(), 1) if smk.search(line)]
     return sorted(set(out))
 
