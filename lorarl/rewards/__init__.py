@@ -41,7 +41,7 @@ class Rollouts:
     prompt_ids: list[list[int]]  # prompt token ids, unpadded
     completion_ids: list[list[int]]  # completion token ids, unpadded (EOS included when emitted)
     token_texts: list[list[str]] = field(default_factory=list)  # decoded text of each completion token
-    answers: list[str] | None = None  # gold answers: only the outcome regime may read them
+    answers: list[str] | None = None  # gold answers: only a regime with `needs_gold` (outcome) is handed them
     student_logps: list[list[float]] | None = None  # log pi_theta of each completion token (distillation)
 
     def __len__(self) -> int:
