@@ -101,7 +101,7 @@ class Regime(Protocol):
 
     name: str  # its `reward.regime` name
     needs_student_logps: bool  # the trainer must fill Rollouts.student_logps
-    needs_gold: bool  # the trainer hands it the gold answers (Rollouts.answers); None for every other regime
+    needs_gold: bool  # the trainer hands it the gold answers (Rollouts.answers; None for a regime without)
     reports_accuracy: bool  # its grade is the accuracy metric (its `last_correct`); else the trainer grades apart
 
     def deposits(self, rollouts: Rollouts) -> Deposits: ...
