@@ -118,7 +118,7 @@ def patch(scenario: str, short: int) -> None:
     def build_pack(*a, **kw):
         pack = real(*a, **kw)
         for m in pack.loop.members:
-            if m.regime.name == "outcome":
+            if isinstance(m.regime, OutcomeDeposits):
                 m.regime = OutcomeDeposits(score_fn=text_score)
         return pack
 

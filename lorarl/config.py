@@ -205,16 +205,17 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
-        if self.terms is not None and self.regime != "outcome":
-            raise ValueError(f"reward.terms applies to reward.regime 'outcome' (the sum is deposited on the last token "
+        from lorarl.rewards.registry import load_all  # the regime's facts (its spec)
+
+        regimes = load_all()
+        if self.terms is not None and not regimes[self.regime].takes_terms:
+            takers = " / ".join(repr(n) for n, spec in sorted(regimes.items()) if spec.takes_terms)
+            raise ValueError(f"reward.terms applies to reward.regime {takers} (the sum is deposited on the last token "
                              f"as its grade is); allowed with regime {self.regime!r}: terms null")
         if self.terms is not None and self.incorrect_reward != 0:
             raise ValueError(f"reward.terms replaces the 1 / incorrect_reward grade by the terms' weighted sum; allowed "
                              f"with terms: incorrect_reward 0 (got {self.incorrect_reward})")
-        if self.regime == "distillation" and not self.teacher:
-            raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
-        if self.regime == "process" and self.prm == "hf" and not self.prm_model:
-            raise ValueError("reward.prm_model is required when reward.prm is 'hf'")
+        regimes[self.regime].check(self)  # its required settings (a teacher, an HF PRM's model)
         check_grading(self.grading, self.answer_format, "reward.grading")
         return self
 

@@ -119,12 +119,12 @@ def references(cfg: Any) -> list[Ref]:
     out: list[Ref] = []
     if not all(hasattr(cfg, a) for a in ("model", "reward", "task", "eval")):
         return out  # another study kind's cell (the toy KL-bound study: nothing on the hub)
+    from lorarl.rewards.registry import extra_models  # the teacher / PRM the regime loads
+
     reward = cfg.reward
-    models = [("model", cfg.model)]
-    if reward.regime == "distillation" or cfg.eval.teacher_benchmarks:
+    models = [("model", cfg.model)] + [(x.field, x.model) for x in extra_models(reward)]
+    if cfg.eval.teacher_benchmarks and ("reward.teacher", reward.teacher) not in models:  # scored by the teacher
         models.append(("reward.teacher", reward.teacher))
-    if reward.regime == "process" and reward.prm == "hf":
-        models.append(("reward.prm_model", reward.prm_model))
     out += [Ref(f, v, "model", v) for f, v in models if _hub_id(v)]
     task = cfg.task
     if task.name == "dataset":

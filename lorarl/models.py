@@ -13,6 +13,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from lorarl.jobclock import first_work
 
@@ -69,14 +70,20 @@ def parent_recipe(name: str) -> str | None:
     return RECIPES[name].init_from
 
 
+def cell_models(cfg: Any) -> list[str]:
+    """The models of a cell that may be local recipes: its base model and the extra models of its reward
+    regime that resolve `local:<recipe>` (a distillation teacher; lorarl.rewards.ExtraModel.local_recipe)."""
+    from lorarl.rewards.registry import extra_models
+
+    return [cfg.model] + [x.model for x in extra_models(cfg.reward) if x.local_recipe and x.model]
+
+
 def study_recipes(cells: list) -> list[str]:
     """The local recipes a study's cells need (their base models and distillation teachers), each after the
     recipe it continues (`init_from`)."""
     names: list[str] = []
     for c in cells:
-        cfg = c.config
-        teacher = cfg.reward.teacher if cfg.reward.regime == "distillation" else None
-        for model in (cfg.model, teacher):
+        for model in cell_models(c.config):
             chain, name = [], recipe_name(model) if model else None
             while name and name not in names and name not in chain:
                 chain.append(name)

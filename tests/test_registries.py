@@ -16,7 +16,7 @@ from lorarl.cli import main
 from lorarl.config import RewardConfig
 from lorarl.pipeline import stages
 from lorarl.pipeline.launch import run_stage
-from lorarl.rewards import REGIMES, Deposits
+from lorarl.rewards import REGIMES, Deposits, RegimeSpec
 from lorarl.rewards.registry import build_regime, regime_names
 from lorarl.study import StudyError, cell_table, parse_study
 
@@ -88,11 +88,11 @@ def test_regimes_register_themselves_and_config_follows_the_registry(monkeypatch
         RewardConfig(regime="dense")
 
     class Constant:
-        name, needs_student_logps = "constant", False
+        name, needs_student_logps, needs_gold, reports_accuracy = "constant", False, False, False
 
         def deposits(self, rollouts):
             return Deposits([[len(ids) - 1] for ids in rollouts.completion_ids], [[0.5]] * len(rollouts))
 
-    monkeypatch.setitem(REGIMES, "constant", lambda cfg, tok, **kw: Constant())
+    monkeypatch.setitem(REGIMES, "constant", RegimeSpec("constant", lambda cfg, tok, **kw: Constant()))
     cfg = RewardConfig(regime="constant")  # the config accepts what the registry holds
     assert build_regime(cfg, None).name == "constant"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.name_scan import name_tests
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # the house limit for one module (source, tests, benchmarks, rules)
 CHECKED_DIRS = ("lorarl", "workflow", "tests", "bench")
@@ -329,3 +331,30 @@ def test_the_environment_scan_sees_a_new_variable(tmp_path: Path):
     table = "## Job parameters and environment variables\n\n| `LORARL_FAULT` | hooks | unset | test hook |\n\n## Tests\n" \
             "| `LORARL_OTHER` | x | y | z |\n"
     assert env_table(table) == {"LORARL_FAULT"}
+
+
+def test_no_regime_name_is_tested_outside_the_rewards_package():
+    """A reward regime's facts (the models it loads, gold answers, accuracy, required settings) live in its
+    registry entry (lorarl.rewards.RegimeSpec, Regime): no code elsewhere compares `reward.regime` with a name."""
+    from lorarl.rewards.registry import regime_names
+
+    names = set(regime_names())
+    assert {"outcome", "distillation"} <= names  # the registry was read
+    found = name_tests(REPO, names)
+    assert not found, ("regime names tested outside lorarl/rewards/ (ask the regime's spec instead: "
+                       "docs/contributing.md):\n" + "\n".join(found))
+
+
+def test_the_regime_name_scan_sees_each_kind_of_test(tmp_path: Path):
+    for d in ("lorarl/rewards", "workflow/rules", "scripts", "bench"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "Snakefile").write_text('x = config["regime"] != "outcome"\n')
+    (tmp_path / "lorarl" / "rewards" / "own.py").write_text('ok = regime == "outcome"\n')  # the owner may
+    (tmp_path / "lorarl" / "m.py").write_text('a = r.regime == "outcome"\nb = "x" != r\n'
+                                              'c = r in ("y", "process")\nd = r.name in {"z"}\n')
+    (tmp_path / "scripts" / "s.py").write_text('if "process" not in names:\n    pass\n')
+    (tmp_path / "workflow" / "rules" / "r.smk").write_text('rule a:\n    run:\n        if cfg.regime == "process":\n'
+                                                           '            x = r in ("process",)\n        y = "outcome"\n')
+    assert name_tests(tmp_path, {"outcome", "process"}) == [
+        "Snakefile:1", "lorarl/m.py:1", "lorarl/m.py:3", "scripts/s.py:1", "workflow/rules/r.smk:3",
+        "workflow/rules/r.smk:4"]

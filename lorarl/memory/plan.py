@@ -114,18 +114,15 @@ def shape_of(cfg: Any, device: str = "cuda", results_dir: str = "results") -> tu
     """The cell's :class:`Shape` on ``device`` (cuda: what its GPU job runs; cpu: a CPU job)."""
     from lorarl.numerics.kl import needs_reference
     from lorarl.numerics.precision import resolve_precision
+    from lorarl.rewards.registry import extra_models
 
     t, rw = cfg.train, cfg.reward
     arch = arch_for(cfg.model, results_dir)
     precision = resolve_precision(t.precision, device)
     trainable, frozen = _adapter_counts(arch, cfg.adapter)
     prompt, note = prompt_tokens(cfg)
-    aux = []
-    if rw.regime == "distillation" and rw.teacher:
-        aux.append(("teacher", arch_for(rw.teacher, results_dir), _dtype_bytes(rw.teacher_dtype, device),
-                    rw.teacher_batch_size))
-    if rw.regime == "process" and rw.prm == "hf":
-        aux.append(("prm", arch_for(rw.prm_model, results_dir), _dtype_bytes("auto", device), rw.prm_batch_size))
+    aux = [(x.role, arch_for(x.model, results_dir), _dtype_bytes(x.dtype, device), x.batch_size)
+           for x in extra_models(rw)]  # the regime's teacher / HF PRM
     vllm = cfg.rollout.gpu_memory_utilization if cfg.rollout.engine == "vllm" and not cfg.rollout.sleep_mode else 0.0
     shape = Shape(arch, device, precision, cfg.adapter.method, trainable, frozen,
                   t.prompts_per_step * t.generations // t.updates_per_generation, t.prompts_per_step * t.generations,

@@ -57,9 +57,10 @@ class Layout:
 
 
 def has_aux(cfg: Any) -> bool:
-    """The cell runs a teacher (distillation) or an HF process-reward model beside the policy."""
-    rw = cfg.reward
-    return bool((rw.regime == "distillation" and rw.teacher) or (rw.regime == "process" and rw.prm == "hf"))
+    """The cell's regime loads a model beside the policy (a distillation teacher, an HF process-reward model)."""
+    from lorarl.rewards.registry import extra_models
+
+    return bool(extra_models(cfg.reward))
 
 
 def share(total: int, ranks: int) -> int:

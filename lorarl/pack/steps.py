@@ -174,15 +174,14 @@ class PackLoop:
         m = self.members[k]
         texts = [_text(c, self.tok) for c in ro.completion_ids]
         rows = m.extra["rows_idx"]
-        outcome = m.regime.name == "outcome"
         answers = [m.answers[i] for i in rows]
         rollouts = Rollouts(prompts=[m.prompts[i] for i in rows], completions=texts, prompt_ids=ro.prompt_ids,
                             completion_ids=ro.completion_ids, token_texts=decode_tokens(self.tok, ro.completion_ids),
-                            answers=answers if outcome else None, student_logps=student_logps)
+                            answers=answers if m.regime.needs_gold else None, student_logps=student_logps)
         dep = m.regime.deposits(rollouts)
         if len(dep) != len(texts):
             raise ValueError(f"regime {m.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
-        if outcome:
+        if m.regime.reports_accuracy:
             accuracy = list(getattr(m.regime, "last_correct", None) or [v[0] for v in dep.values])
         else:
             from lorarl.rewards.outcome import grade

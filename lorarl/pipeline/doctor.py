@@ -24,6 +24,7 @@ import json
 import math
 import platform
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         from lorarl.evalplan.plan import benchmark_specs, trained_benchmarks
         from lorarl.evaluate.main import evaluate_cell, load_problems
         from lorarl.memory.auto import resolve_job, world_size
+        from lorarl.models import resolve_model
         from lorarl.rewards.registry import build_regime
         from lorarl.train.rollout import check_engine
         from lorarl.tasks import task_records
@@ -292,7 +294,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
             return f"vocab {len(tok)}, eos {tok.eos_token!r}"
 
         checks.run("tokenizer", tokenizer_check)
-        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, results_dir=results_dir, device=device, temperature=cfg.train.temperature).name} builds",
+        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, resolve=partial(resolve_model, results_dir=results_dir), device=device, temperature=cfg.train.temperature).name} builds",
                    phase="regime")
         del model
     checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts", phase="train_data")

@@ -83,7 +83,7 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
     from lorarl import paths
     from lorarl.evalplan.plan import eval_targets, format_target
     from lorarl.kinds import get_kind
-    from lorarl.models import parent_recipe, recipe_name
+    from lorarl.models import cell_models, parent_recipe, recipe_name
     from lorarl.pack.plan import pack_id
     from lorarl.pack.publish import unfinished
     from lorarl.pack.resident import plan_pack_jobs
@@ -106,9 +106,7 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
         return [add(PlannedJob("base", recipe, after=tuple(base_job(parent) if parent else ())))]
 
     def models(cfg: Any) -> tuple[str, ...]:
-        names = [recipe_name(cfg.model)]
-        if cfg.reward.regime == "distillation" and cfg.reward.teacher:
-            names.append(recipe_name(cfg.reward.teacher))
+        names = [recipe_name(m) for m in cell_models(cfg)]
         return tuple(k for n in dict.fromkeys(names) if n for k in base_job(n))
 
     cells = study_cells(study)

@@ -7,8 +7,8 @@ end is then the range's end, not an estimate: the interval still covers what the
 
 * evaluation columns (``<benchmark>/pass@k``, ``avg@k``): [0, 1];
 * times (``*_time_s``, ``*_s``): [0, ∞);
-* the train reward: the reward regime's range where lorarl knows it (``outcome``: a right answer pays 1, a
-  wrong one ``reward.incorrect_reward``, DAPO's overlong shaping adds down to ``-overlong_factor``; with
+* the train reward: the reward regime's range where its spec knows it (``RegimeSpec.reward_range``;
+  ``outcome``: a right answer pays 1, a wrong one ``reward.incorrect_reward``, DAPO's overlong shaping adds down to ``-overlong_factor``; with
   ``reward.terms``, at most the terms' weighted maximum, e.g. 4.0 for paper 000's recipe, and no floor); none for
   the dense regimes (process, distillation: unbounded sums) or a reward section with settings this rule does
   not know (``REWARD_FIELDS``). A range contradicted by an observed value is not used.
@@ -34,17 +34,15 @@ REWARD_FIELDS = frozenset({
 
 def outcome_bounds(cfg: Any) -> Bounds | None:
     """The range of one cell's per-completion train reward (see the module doc), or None if unknown."""
+    from lorarl.rewards.registry import spec_of  # the regime's range (lorarl.rewards.RegimeSpec.reward_range)
+
     r = cfg.reward
-    if r.regime != "outcome" or set(r.model_fields_set) - REWARD_FIELDS:
+    known = spec_of(r.regime).reward_range(r)
+    if known is None or set(r.model_fields_set) - REWARD_FIELDS:
         return None
     t = cfg.train
     shaping = float(t.overlong_factor) if t.overlong_buffer else 0.0
-    if getattr(r, "terms", None):  # a weighted sum of reward terms: at most every term at its maximum; no floor
-        from lorarl.rewards.terms import reward_maximum  # (a term such as XML count can go below zero)
-
-        return -math.inf, reward_maximum(r.terms)
-    low = min(float(r.incorrect_reward), 0.0) - shaping
-    return low, 1.0
+    return known[0] - shaping, known[1]
 
 
 def reward_bounds(configs: Iterable[Any]) -> Bounds | None:

@@ -15,6 +15,11 @@ Regimes register themselves: one module per regime (``@register_regime``), found
 
 :class:`Deposits` is all the loss ever sees (through :mod:`lorarl.train.advantages`); the loss never
 branches on the regime. The trainer builds a :class:`Rollouts` per generation batch.
+
+A regime's facts live with it, never as a test of its name elsewhere (tests/test_structure.py holds this):
+what the trainer asks of a built regime are attributes of :class:`Regime` (``needs_gold``,
+``reports_accuracy``, ``needs_student_logps``); what the planners ask of a cell's ``reward:`` config (the
+models it loads, the settings it requires, its reward range) are fields of its :class:`RegimeSpec`.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ class Rollouts:
     prompt_ids: list[list[int]]  # prompt token ids, unpadded
     completion_ids: list[list[int]]  # completion token ids, unpadded (EOS included when emitted)
     token_texts: list[list[str]] = field(default_factory=list)  # decoded text of each completion token
-    answers: list[str] | None = None  # gold answers: only the outcome regime may read them
+    answers: list[str] | None = None  # gold answers: only a regime with `needs_gold` (outcome) is handed them
     student_logps: list[list[float]] | None = None  # log pi_theta of each completion token (distillation)
 
     def __len__(self) -> int:
@@ -96,22 +101,62 @@ class Regime(Protocol):
 
     name: str  # its `reward.regime` name
     needs_student_logps: bool  # the trainer must fill Rollouts.student_logps
+    needs_gold: bool  # the trainer hands it the gold answers (Rollouts.answers; None for a regime without)
+    reports_accuracy: bool  # its grade is the accuracy metric (its `last_correct`); else the trainer grades apart
 
     def deposits(self, rollouts: Rollouts) -> Deposits: ...
 
 
-# `reward.regime` name -> builder(cfg: RewardConfig, tokenizer, *, results_dir, device, temperature) -> Regime.
-# Each regime module of this package registers its own (`@register_regime`); lorarl.rewards.registry
-# imports them all and builds a cell's regime. Adding a regime = adding one module (+ its test).
-REGIMES: dict[str, Callable[..., Regime]] = {}
+@dataclass(frozen=True)
+class ExtraModel:
+    """A model a regime loads beside the policy, as the planners see it (local recipes to build, hub check,
+    memory plan, training ranks)."""
+
+    role: str  # its name in the memory plan ("teacher", "prm")
+    field: str  # the config field naming it ("reward.teacher"): the hub check's messages
+    model: str | None  # the field's value: HF id, path or `local:<recipe>`
+    dtype: str  # dtype of its weights ("auto": the checkpoint's): the memory plan's bytes per parameter
+    batch_size: int  # sequences per forward: the memory plan's activations
+    local_recipe: bool  # a `local:<recipe>` value is built by the workflow and resolved (lorarl.models)
 
 
-def register_regime(name: str) -> Callable[[Callable[..., Regime]], Callable[..., Regime]]:
-    """Decorator of a regime's builder: ``build(cfg, tokenizer, *, results_dir, device, temperature)``."""
+def _no_models(cfg: Any) -> list[ExtraModel]:
+    return []
+
+
+def _no_check(cfg: Any) -> None:
+    return None
+
+
+def _unknown_range(cfg: Any) -> tuple[float, float] | None:
+    return None
+
+
+@dataclass(frozen=True)
+class RegimeSpec:
+    """A registered regime: its builder and the facts of its ``reward:`` config the planners read."""
+
+    name: str  # its `reward.regime` value
+    build: Callable[..., Regime]  # (cfg: RewardConfig, tokenizer, *, resolve, device, temperature) -> Regime
+    extra_models: Callable[[Any], list[ExtraModel]] = _no_models  # the models it loads for this config (teacher, PRM)
+    check: Callable[[Any], None] = _no_check  # raises ValueError naming the field a config lacks (config validation)
+    takes_terms: bool = False  # `reward.terms` (a weighted sum of terms) may replace its grade
+    reward_range: Callable[[Any], tuple[float, float] | None] = _unknown_range  # per-completion reward before overlong shaping (report axes); None: unbounded or unknown
+
+
+# `reward.regime` name -> its RegimeSpec. Each regime module of this package registers its own
+# (`@register_regime`); lorarl.rewards.registry imports them all, builds a cell's regime and answers for
+# its facts. Adding a regime = adding one module (+ its test).
+REGIMES: dict[str, RegimeSpec] = {}
+
+
+def register_regime(name: str, **facts: Any) -> Callable[[Callable[..., Regime]], Callable[..., Regime]]:
+    """Decorator of a regime's builder ``build(cfg, tokenizer, *, resolve, device, temperature)``; ``facts``:
+    the other fields of its :class:`RegimeSpec`."""
     def deco(fn: Callable[..., Regime]) -> Callable[..., Regime]:
         if name in REGIMES:
             raise ValueError(f"reward regime {name!r} registered twice")
-        REGIMES[name] = fn
+        REGIMES[name] = RegimeSpec(name, fn, **facts)
         return fn
     return deco
 

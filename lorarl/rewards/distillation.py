@@ -9,9 +9,9 @@ is the per-token reverse-KL integrand between the two sampling distributions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from lorarl.rewards import Deposits, Rollouts, register_regime
+from lorarl.rewards import Deposits, ExtraModel, Rollouts, register_regime
 
 _PROBES = ["Q: 23+45-17=?\nA: 23+45=68\n68-17=51\n\\boxed{51}",
            "Let $x^2 + 3x = 10$. Then $x = 2$ or $x = -5$.", "  leading spaces\tand tabs\n\nünïcödé 数学"]
@@ -95,6 +95,8 @@ class DistillationDeposits:
 
     name = "distillation"
     needs_student_logps = True
+    needs_gold = False  # the teacher scores tokens, not answers
+    reports_accuracy = False  # log-ratios are no grade: the trainer grades the answers for the metric
 
     def __init__(self, teacher: TeacherScorer):
         self.teacher = teacher
@@ -111,13 +113,27 @@ class DistillationDeposits:
         return Deposits(positions, values, dense=True)
 
 
-@register_regime("distillation")
-def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
-          temperature: float = 1.0) -> DistillationDeposits:
-    """``reward.regime: distillation``: the teacher (``reward.teacher``, loaded here) scores the student's tokens."""
-    from lorarl.models import resolve_model
+def check(cfg: Any) -> None:
+    """Distillation names its teacher."""
+    if not cfg.teacher:
+        raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
 
-    teacher = TeacherScorer.load(resolve_model(cfg.teacher, results_dir), student_tokenizer=tokenizer,
+
+def extra_models(cfg: Any) -> list[ExtraModel]:
+    """The teacher (a `local:<recipe>` teacher is built by the workflow first)."""
+    if not cfg.teacher:
+        return []
+    return [ExtraModel("teacher", "reward.teacher", cfg.teacher, cfg.teacher_dtype, cfg.teacher_batch_size,
+                       local_recipe=True)]
+
+
+@register_regime("distillation", check=check, extra_models=extra_models)
+def build(cfg: Any, tokenizer: Any, *, resolve: Callable[[str], str] | None = None, device: str = "cpu",
+          temperature: float = 1.0) -> DistillationDeposits:
+    """``reward.regime: distillation``: the teacher (``reward.teacher``, loaded here) scores the student's tokens;
+    ``resolve``: where a `local:<recipe>` teacher was built (lorarl.rewards.registry.build_regime)."""
+    path = resolve(cfg.teacher) if resolve is not None and cfg.teacher else cfg.teacher
+    teacher = TeacherScorer.load(path, student_tokenizer=tokenizer,
                                  device=cfg.teacher_device or device, dtype=cfg.teacher_dtype,
                                  batch_size=cfg.teacher_batch_size, temperature=temperature)
     return DistillationDeposits(teacher)

@@ -17,6 +17,7 @@ never a crash and never more than `timeout_s` per completion.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 from lorarl.grading.answers import answer_text, gold_boxes, gsm8k_gold
@@ -56,6 +57,8 @@ class OutcomeDeposits:
 
     name = "outcome"
     needs_student_logps = False
+    needs_gold = True  # it grades against the gold answer
+    reports_accuracy = True  # its 1/0 grade is the accuracy metric
 
     def __init__(self, timeout_s: float = 5.0,
                  score_fn: Callable[[list[str], list[str]], list[float]] | None = None,
@@ -91,8 +94,20 @@ class OutcomeDeposits:
         return Deposits(positions, [[s] for s in scores], dense=False)
 
 
-@register_regime("outcome")
-def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
+def reward_range(cfg: Any) -> tuple[float, float]:
+    """A completion's reward before overlong shaping: a right answer pays 1, a wrong one
+    ``reward.incorrect_reward`` (or 0 if above); a ``reward.terms`` sum at most every term's maximum, no floor
+    (a term such as XML count can go below zero)."""
+    terms = getattr(cfg, "terms", None)
+    if terms:
+        from lorarl.rewards.terms import reward_maximum
+
+        return -math.inf, reward_maximum(terms)
+    return min(float(cfg.incorrect_reward), 0.0), 1.0
+
+
+@register_regime("outcome", takes_terms=True, reward_range=reward_range)
+def build(cfg: Any, tokenizer: Any, *, resolve: Any = None, device: str = "cpu",
           temperature: float = 1.0) -> OutcomeDeposits:
     """``reward.regime: outcome``: math-verify (or the answer format's rule) under ``reward.grading``."""
     return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg), incorrect=cfg.incorrect_reward,

@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from typing import Any, Protocol, Sequence
 
-from lorarl.rewards import Deposits, Rollouts, register_regime
+from lorarl.rewards import Deposits, ExtraModel, Rollouts, register_regime
 
 
 # ----------------------------------------------------------------------------- step splitting
@@ -288,6 +288,8 @@ class ProcessDeposits:
 
     name = "process"
     needs_student_logps = False
+    needs_gold = False  # the PRM never sees the gold answer
+    reports_accuracy = False  # step scores are no grade: the trainer grades the answers for the metric
 
     def __init__(self, scorer: StepScorer, separator: str = "\n", tokenizer: Any = None):
         self.scorer, self.separator, self.tokenizer = scorer, separator, tokenizer
@@ -310,8 +312,21 @@ class ProcessDeposits:
         return text.strip().strip(self.separator).strip() or joined
 
 
-@register_regime("process")
-def build(cfg: Any, tokenizer: Any, *, results_dir: Any = "results", device: str = "cpu",
+def check(cfg: Any) -> None:
+    """The HF backend names its PRM."""
+    if cfg.prm == "hf" and not cfg.prm_model:
+        raise ValueError("reward.prm_model is required when reward.prm is 'hf'")
+
+
+def extra_models(cfg: Any) -> list[ExtraModel]:
+    """The HF backend's PRM (the rule checker loads nothing); a hub id or path, never a local recipe."""
+    if cfg.prm != "hf":
+        return []
+    return [ExtraModel("prm", "reward.prm_model", cfg.prm_model, "auto", cfg.prm_batch_size, local_recipe=False)]
+
+
+@register_regime("process", check=check, extra_models=extra_models)
+def build(cfg: Any, tokenizer: Any, *, resolve: Any = None, device: str = "cpu",
           temperature: float = 1.0) -> ProcessDeposits:
     """``reward.regime: process``: the rule step checker, or a Math-Shepherd-style PRM (loaded here)."""
     if cfg.prm == "rule":

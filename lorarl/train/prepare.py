@@ -18,6 +18,7 @@ a regime per reward setting), so a cell sees the same inputs in a solo job and i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,11 @@ def training_dataset(cfg: Any, tokenizer: Any) -> tuple[Any, dict]:
 
 def reward_of(cfg: Any, tokenizer: Any, results_dir: str | Path, device: str) -> tuple[Any, Any]:
     """The cell's reward regime (a teacher's or PRM's model loaded on ``device``) and its grading settings."""
+    from lorarl.models import resolve_model
     from lorarl.rewards.outcome import settings_of
     from lorarl.rewards.registry import build_regime
 
-    regime = build_regime(cfg.reward, tokenizer, results_dir=str(results_dir), device=device,
+    regime = build_regime(cfg.reward, tokenizer, resolve=partial(resolve_model, results_dir=results_dir), device=device,
                           temperature=cfg.train.temperature)
     return regime, settings_of(cfg.reward)
 

@@ -207,7 +207,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
             prompt_ids=[list(map(int, x)) for x in self._prompt_ids_list],
             completion_ids=[list(map(int, x)) for x in completion_ids_list],
             token_texts=decode_tokens(self._tokenizer, completion_ids_list),
-            answers=answers if self.regime.name == "outcome" else None,  # only the outcome regime sees gold
+            answers=answers if self.regime.needs_gold else None,  # only a regime that grades sees gold
         )
         if self.regime.needs_student_logps:
             rollouts.student_logps = self._student_logps(rollouts.prompt_ids, rollouts.completion_ids)
@@ -218,7 +218,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         if len(dep) != len(texts):
             raise ValueError(f"regime {self.regime.name} returned {len(dep)} deposit lists for {len(texts)} completions")
         accuracy = None
-        if self.regime.name == "outcome":
+        if self.regime.reports_accuracy:
             accuracy = list(getattr(self.regime, "last_correct", None) or [v[0] for v in dep.values])
         elif answers is not None:
             from lorarl.rewards.outcome import grade

@@ -7,6 +7,7 @@ constructor argument of :class:`lorarl.train.trainer.LorarlGRPOTrainer` (``kl_be
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,10 +150,12 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
     rollout = getattr(cfg, "rollout", None)
     if regime is None:  # a test or the memory probe: the cell's own regime (a job's door built it: prepare)
         from lorarl.rewards.outcome import settings_of
+        from lorarl.models import resolve_model
         from lorarl.rewards.registry import build_regime
 
         device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
-        regime = build_regime(cfg.reward, tokenizer, results_dir=results_dir, device=device, temperature=t.temperature)
+        regime = build_regime(cfg.reward, tokenizer, resolve=partial(resolve_model, results_dir=results_dir), device=device,
+                              temperature=t.temperature)
         grading = settings_of(cfg.reward)
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, kl_beta=t.beta, ref_model=ref_model, kl_estimator=t.kl_estimator,

@@ -13,7 +13,7 @@ from snakemake.utils import validate
 
 from lorarl import paths
 from lorarl.kinds import get_kind
-from lorarl.models import parent_recipe, recipe_hash, recipe_name
+from lorarl.models import cell_models, parent_recipe, recipe_hash, recipe_name
 from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.study_set import effective_file as _effective_study_file
 from lorarl.evalplan import plan as eval_plan
@@ -93,10 +93,7 @@ def cell_hash(wildcards):
 
 def base_model_input(wildcards):
     """The local models a cell needs: its base model and a distillation teacher, if local recipes."""
-    cfg = study_cell(wildcards).config
-    names = [recipe_name(cfg.model)]
-    if cfg.reward.regime == "distillation" and cfg.reward.teacher:
-        names.append(recipe_name(cfg.reward.teacher))
+    names = [recipe_name(m) for m in cell_models(study_cell(wildcards).config)]
     return [paths.pattern("base_model", results=RESULTS, name=n) for n in dict.fromkeys(names) if n]
 
 
