@@ -331,39 +331,35 @@ def test_the_environment_scan_sees_a_new_variable(tmp_path: Path):
     assert env_table(table) == {"LORARL_FAULT"}
 
 
+
 # The stage registry (lorarl.pipeline.stages) carries every fact about a stage; nothing else tests a stage's name.
 STAGE_REGISTRY = ("lorarl/pipeline/stages.py",)
 STAGE_BRANCHES_ALLOWED: dict[str, str] = {}  # "file:line" -> why that branch must stay (none today)
-_SMK_STAGE_TEST = re.compile(r"""\bstage\s*(?:==|!=)\s*["'](\w+)["']|["'](\w+)["']\s*(?:==|!=)\s*(?:\w+\.)?stage\b""")
 
 
-def _is_stage(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id == "stage") or (isinstance(node, ast.Attribute) and node.attr == "stage")
+def name_branches(root: Path, subject: str, names: set[str], skip: tuple[str, ...] = ()) -> list[str]:
+    """file:line of each comparison of `subject` (or `x.subject`) with one of ``names``, or its membership in a
+    literal naming one, in lorarl/ and workflow/ (the .smk rules and the Snakefile by their text), ``skip`` excepted."""
+    def is_subject(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Name) and n.id == subject) or (isinstance(n, ast.Attribute) and n.attr == subject)
 
+    def names_one(n: ast.AST) -> bool:
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_one(e) for e in n.elts)
+        return isinstance(n, ast.Constant) and n.value in names
 
-def _names_a_stage(node: ast.AST, names: set[str]) -> bool:
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return any(_names_a_stage(e, names) for e in node.elts)
-    return isinstance(node, ast.Constant) and node.value in names
-
-
-def stage_branches(root: Path, names: set[str]) -> list[str]:
-    """file:line of each comparison of `stage` (or `x.stage`) with a stage's name, or membership in a literal naming
-    one, in lorarl/ and workflow/ (the .smk rules and the Snakefile by their text), the registry excepted."""
+    smk = re.compile(rf"""\b{subject}\s*(?:==|!=)\s*["'](\w+)["']|["'](\w+)["']\s*(?:==|!=)\s*(?:\w+\.)?{subject}\b""")
     out = []
     for path in sorted([*(root / "lorarl").rglob("*.py"), *(root / "workflow").rglob("*.smk"), root / "Snakefile"]):
         rel = str(path.relative_to(root))
-        if rel in STAGE_REGISTRY or not path.is_file():
+        if rel in skip or not path.is_file():
             continue
         if path.suffix != ".py":  # Snakemake syntax: its text
             out += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                    if any(n in names for m in _SMK_STAGE_TEST.finditer(line) for n in m.groups())]
+                    if any(n in names for m in smk.finditer(line) for n in m.groups())]
             continue
-        for node in ast.walk(ast.parse(path.read_text(), rel)):
-            if isinstance(node, ast.Compare):
-                sides = [node.left, *node.comparators]
-                if any(_is_stage(s) for s in sides) and any(_names_a_stage(s, names) for s in sides):
-                    out.append(f"{rel}:{node.lineno}")
+        out += [f"{rel}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(), rel)) if isinstance(n, ast.Compare)
+                and any(map(is_subject, [n.left, *n.comparators])) and any(map(names_one, [n.left, *n.comparators]))]
     return out
 
 
@@ -373,26 +369,21 @@ def test_no_stage_name_is_tested_outside_the_stage_registry():
     from lorarl.pipeline.stages import STAGES
 
     assert {"train", "evaluate", "pack", "base"} <= set(STAGES)
-    found = [b for b in stage_branches(REPO, set(STAGES)) if b not in STAGE_BRANCHES_ALLOWED]
+    found = [b for b in name_branches(REPO, "stage", set(STAGES), STAGE_REGISTRY) if b not in STAGE_BRANCHES_ALLOWED]
     assert not found, ("branches on a stage's name outside lorarl/pipeline/stages.py (make it a field of the "
                        "stage's entry and ask get_stage):\n" + "\n".join(found))
 
 
-def test_the_stage_branch_finder_sees_each_form(tmp_path: Path):
+def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
     (tmp_path / "lorarl").mkdir()
     (tmp_path / "workflow").mkdir()
     (tmp_path / "Snakefile").write_text('x = 1 if stage == "toy" else 2\n')
     (tmp_path / "workflow" / "r.smk").write_text('rule a:\n    params:\n        k=1 if "pack" != wildcards.stage else 0\n')
     (tmp_path / "lorarl" / "m.py").write_text(
-        'def f(stage, job, kind):\n'
-        '    if stage == "train":\n'  # 2
-        '        return 1\n'
-        '    if job.stage in ("base", "other"):\n'  # 4
-        '        return 2\n'
-        '    if "pack" != stage:\n'  # 6
-        '        return 3\n'
-        '    if kind == "train" or stage == "launcher" or stage in STAGES:\n'  # not a stage name beside `stage`
-        '        return 4\n')
-    names = {"train", "base", "pack", "toy"}
-    assert stage_branches(tmp_path, names) == ["Snakefile:1", "lorarl/m.py:2", "lorarl/m.py:4", "lorarl/m.py:6",
-                                              "workflow/r.smk:3"]
+        'def f(stage, job, kind):\n    if stage == "train":\n        return 1\n'  # line 2
+        '    if job.stage in ("base", "other"):\n        return 2\n'  # 4
+        '    if "pack" != stage:\n        return 3\n'  # 6
+        '    return kind == "train" or stage == "launcher" or stage in STAGES\n')  # no stage name beside `stage`
+    assert name_branches(tmp_path, "stage", {"train", "base", "pack", "toy"}) == [
+        "Snakefile:1", "lorarl/m.py:2", "lorarl/m.py:4", "lorarl/m.py:6", "workflow/r.smk:3"]
+    assert name_branches(tmp_path, "stage", {"train"}, ("lorarl/m.py",)) == []

@@ -154,12 +154,11 @@ def stage_layouts(profile: dict, device_kind: str) -> dict[str, Any]:
     """The :class:`~lorarl.memory.ranks.Layout` of each stage's jobs from the profile's slurm resources (no
     GPUs asked on a CPU smoke: None)."""
     from lorarl.memory.ranks import Layout
-    from lorarl.pipeline.stages import get_stage
 
     slurm = profile.get("slurm") or {}
     out = {}
     for stage in ("train", "evaluate", "diagnose"):
-        res = slurm.get(get_stage(stage).resources_key) or {}  # the profile's section of the stage's jobs
+        res = slurm.get(stage) or {}
         gpus = int(res.get("gpus_per_node", 1 if device_kind == "cuda" else 0))
         out[stage] = Layout(gpus, int(res.get("nodes") or 1)) if gpus > 0 else None
     return out
