@@ -45,3 +45,28 @@ def name_tests(root: Path, names: set[str], owner: str = "lorarl/rewards") -> li
                 out += [f"{rel}:{i}" for i, line in enumerate(text.splitlines(), 1) if smk.search(line)]
     return sorted(set(out))
 
+
+def name_branches(root: Path, subject: str, names: set[str], skip: tuple[str, ...] = ()) -> list[str]:
+    """file:line of each comparison of `subject` (or `x.subject`) with one of ``names``, or its membership in a
+    literal naming one, in lorarl/ and workflow/ (the .smk rules and the Snakefile by their text), ``skip`` excepted."""
+    def is_subject(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Name) and n.id == subject) or (isinstance(n, ast.Attribute) and n.attr == subject)
+
+    def names_one(n: ast.AST) -> bool:
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_one(e) for e in n.elts)
+        return isinstance(n, ast.Constant) and n.value in names
+
+    smk = re.compile(rf"""\b{subject}\s*(?:==|!=)\s*["'](\w+)["']|["'](\w+)["']\s*(?:==|!=)\s*(?:\w+\.)?{subject}\b""")
+    out = []
+    for path in sorted([*(root / "lorarl").rglob("*.py"), *(root / "workflow").rglob("*.smk"), root / "Snakefile"]):
+        rel = str(path.relative_to(root))
+        if rel in skip or not path.is_file():
+            continue
+        if path.suffix != ".py":  # Snakemake syntax: its text
+            out += [f"{rel}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                    if any(n in names for m in smk.finditer(line) for n in m.groups())]
+            continue
+        out += [f"{rel}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(), rel)) if isinstance(n, ast.Compare)
+                and any(map(is_subject, [n.left, *n.comparators])) and any(map(names_one, [n.left, *n.comparators]))]
+    return out

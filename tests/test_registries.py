@@ -48,6 +48,29 @@ def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_p
         stages.register_stage("echo", "again")(echo)
 
 
+def test_a_stage_entry_carries_what_the_launcher_asks(monkeypatch, tmp_path):
+    """Outputs, log key, OOM retry, resources key, scratch folder: facts of the entry, read by the launcher's parts."""
+    from lorarl.pipeline import diskfull, inflight, oom
+    from lorarl.pipeline.jobparams import JobParams
+
+    assert stages.resources_keys() == ["base", "train", "evaluate", "diagnose", "toy"]  # the profile's slurm: sections
+    assert stages.log_key("evaluate", JobParams(eval_target="gsm8k@2")) == "evaluate-gsm8k@2"
+    assert stages.log_key("train", JobParams(eval_target="gsm8k")) == "train"
+    echo = stages.Stage("echo", lambda job: {}, "test stage", outputs=lambda r, s, c, p: [tmp_path / f"{c}.done"],
+                        key_param="until", resources_key="gpu", scratch=".echo.tmp")
+    monkeypatch.setitem(stages.STAGES, "echo", echo)
+    assert inflight.missing_outputs("echo", str(tmp_path), "s", "c1") == [str(tmp_path / "c1.done")]
+    (tmp_path / "c1.done").write_text("{}")
+    assert inflight.missing_outputs("echo", str(tmp_path), "s", "c1", config_hash="h") == []  # no hashed output
+    assert stages.log_key("echo", JobParams(until=4)) == "echo-4" and "gpu" in stages.resources_keys()
+    job = stages.Job("s.yaml", "c1", str(tmp_path), 1, JobParams(attempt=2))
+    assert oom.job_for_attempt("echo", job)._table is None  # no oom_retry: the cells run as configured
+    (tmp_path / "s.yaml").write_text("name: s\ndefaults: {model: local:tiny-arith, task: {name: synthetic}}\n")
+    (tmp_path / "s" / "c1" / ".echo.tmp").mkdir(parents=True)
+    diskfull.free_partial_outputs("echo", str(tmp_path / "s.yaml"), "c1", str(tmp_path))
+    assert not (tmp_path / "s" / "c1" / ".echo.tmp").exists() and (tmp_path / "s" / "c1").is_dir()
+
+
 def test_unknown_study_kind_names_the_allowed():
     with pytest.raises(StudyError, match="unknown study kind 'ppo'; allowed: grpo, kl_bound_toy"):
         parse_study({"name": "s", "kind": "ppo"})

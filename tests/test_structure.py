@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.name_scan import name_tests
+from tests.name_scan import name_branches, name_tests
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # the house limit for one module (source, tests, benchmarks, rules)
@@ -358,3 +358,33 @@ def test_the_regime_name_scan_sees_each_kind_of_test(tmp_path: Path):
     assert name_tests(tmp_path, {"outcome", "process"}) == [
         "Snakefile:1", "lorarl/m.py:1", "lorarl/m.py:3", "scripts/s.py:1", "workflow/rules/r.smk:3",
         "workflow/rules/r.smk:4"]
+
+# The stage registry (lorarl.pipeline.stages) carries every fact about a stage; nothing else tests a stage's name.
+STAGE_REGISTRY = ("lorarl/pipeline/stages.py",)
+STAGE_BRANCHES_ALLOWED: dict[str, str] = {}  # "file:line" -> why that branch must stay (none today)
+
+
+def test_no_stage_name_is_tested_outside_the_stage_registry():
+    """Adding a stage is one registry entry: its outputs, log key, OOM retry, resources key, ... are facts of
+    the entry (lorarl.pipeline.stages.Stage), never a `stage == "..."` branch elsewhere."""
+    from lorarl.pipeline.stages import STAGES
+
+    assert {"train", "evaluate", "pack", "base"} <= set(STAGES)
+    found = [b for b in name_branches(REPO, "stage", set(STAGES), STAGE_REGISTRY) if b not in STAGE_BRANCHES_ALLOWED]
+    assert not found, ("branches on a stage's name outside lorarl/pipeline/stages.py (make it a field of the "
+                       "stage's entry and ask get_stage):\n" + "\n".join(found))
+
+
+def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
+    (tmp_path / "lorarl").mkdir()
+    (tmp_path / "workflow").mkdir()
+    (tmp_path / "Snakefile").write_text('x = 1 if stage == "toy" else 2\n')
+    (tmp_path / "workflow" / "r.smk").write_text('rule a:\n    params:\n        k=1 if "pack" != wildcards.stage else 0\n')
+    (tmp_path / "lorarl" / "m.py").write_text(
+        'def f(stage, job, kind):\n    if stage == "train":\n        return 1\n'  # line 2
+        '    if job.stage in ("base", "other"):\n        return 2\n'  # 4
+        '    if "pack" != stage:\n        return 3\n'  # 6
+        '    return kind == "train" or stage == "launcher" or stage in STAGES\n')  # no stage name beside `stage`
+    assert name_branches(tmp_path, "stage", {"train", "base", "pack", "toy"}) == [
+        "Snakefile:1", "lorarl/m.py:2", "lorarl/m.py:4", "lorarl/m.py:6", "workflow/r.smk:3"]
+    assert name_branches(tmp_path, "stage", {"train"}, ("lorarl/m.py",)) == []

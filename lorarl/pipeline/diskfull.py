@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from lorarl.io import disk_full_hook  # noqa: F401 - the hook itself sits below the trainer
+from lorarl.pipeline.stages import get_stage
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -31,14 +32,14 @@ def is_disk_full(err: BaseException) -> bool:
 def free_partial_outputs(stage: str, study_path: str, cell: str, results_dir: str) -> None:
     """After a failed write: remove this attempt's temporary folder (the cell's declared outputs are
     only ever moved in complete, so nothing else of the cell, and nothing of other cells, is touched)."""
-    if stage != "train":
+    scratch = get_stage(stage).scratch  # the stage registry's: where the stage writes before moving outputs in
+    if not scratch:
         return
     try:
         from lorarl import paths
         from lorarl.study import load_study
 
-        shutil.rmtree(paths.cell_dir(results_dir, load_study(study_path).name, cell) / ".train.tmp",
-                      ignore_errors=True)
+        shutil.rmtree(paths.cell_dir(results_dir, load_study(study_path).name, cell) / scratch, ignore_errors=True)
     except Exception:  # noqa: BLE001 - best effort; the disk-full error is what gets reported
         pass
 

@@ -1,20 +1,19 @@
 """`lorarl doctor <study>`: smoke-test one cell on the study's own launcher/profile, project the study's cost.
 
-Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps,
-each benchmark limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``,
-builds a missing ``local:`` base model first, and submits the ``doctor`` stage through
-:func:`lorarl.pipeline.launch.launch` with the profile's launcher and the ``train`` stage's Slurm resources (so on
-a cluster it runs on the real GPU partition). In the job (:func:`doctor_job`) the checks run before
-anything long: rollout engine, model + tokenizer, training data, reward regime (teacher/PRM tokenizer
-checks), evaluation problems, the memory of every evaluation job of the study on this device (the KV cache of
-its longest budget, lorarl.memory.evaluation: on a GPU one that does not fit fails, naming the knob); then the smoke training (through the real train stage), the evaluation
-of each benchmark (timed; the base model's first problem alone first, so the timed evaluation is warm), and
-the weight diagnostics; the job also records its own clock (its process's age at entry, the libraries'
-import, each part's wall and CPU seconds) and samples the machine's load (lorarl.pipeline.doctor_clock).
-Back on the login side (lorarl.pipeline.doctor_report) a fresh launcher, a fresh aggregation of the smoke
-study and a Snakemake dry run of the study are timed, and the measurements become a projection of every
-job the study runs, each with its start-up (lorarl.pipeline.doctor_projection), with its assumptions,
-written as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
+Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps, each benchmark
+limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``, builds a missing ``local:`` base
+model first, and submits the ``doctor`` stage through :func:`lorarl.pipeline.launch.launch` with the profile's launcher
+and the ``train`` stage's Slurm resources (so on a cluster it runs on the real GPU partition). In the job
+(:func:`doctor_job`) the checks run before anything long: rollout engine, model + tokenizer, training data, reward
+regime (teacher/PRM tokenizer checks), evaluation problems, the memory of every evaluation job of the study on this
+device (the KV cache of its longest budget, lorarl.memory.evaluation: on a GPU one that does not fit fails, naming the
+knob); then the smoke training (through the real train stage), the evaluation of each benchmark (timed; the base model's
+first problem alone first, so the timed evaluation is warm), and the weight diagnostics; the job also records its own
+clock (its process's age at entry, the libraries' import, each part's wall and CPU seconds) and samples the machine's
+load (lorarl.pipeline.doctor_clock). Back on the login side (lorarl.pipeline.doctor_report) a fresh launcher, a fresh
+aggregation of the smoke study and a Snakemake dry run of the study are timed, and the measurements become a projection
+of every job the study runs, each with its start-up (lorarl.pipeline.doctor_projection), with its assumptions, written
+as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import json
 import math
 import platform
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -294,7 +292,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
             return f"vocab {len(tok)}, eos {tok.eos_token!r}"
 
         checks.run("tokenizer", tokenizer_check)
-        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, resolve=partial(resolve_model, results_dir=results_dir), device=device, temperature=cfg.train.temperature).name} builds",
+        checks.run("reward regime (teacher/PRM checks)", lambda: f"{build_regime(cfg.reward, tok, resolve=lambda name: resolve_model(name, results_dir), device=device, temperature=cfg.train.temperature).name} builds",
                    phase="regime")
         del model
     checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts", phase="train_data")

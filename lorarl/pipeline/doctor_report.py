@@ -229,6 +229,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                overrides: list[str] | None = None) -> int:
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
     from lorarl.pipeline.launch import launch
+    from lorarl.pipeline.stages import get_stage
     from lorarl.models import recipe_name
     from lorarl.provenance import provenance_path
 
@@ -260,17 +261,18 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     name = recipe_name(cell.config.model)
     if name is not None and not (Path(results_dir) / "models" / name / "config.json").exists():
         t0 = time.time()
-        rc = launch("base", str(smoke_yaml), name, results_dir, prof["launcher"], threads, slurm.get("base"))
+        rc = launch("base", str(smoke_yaml), name, results_dir, prof["launcher"], threads,
+                    slurm.get(get_stage("base").resources_key))
         login["base"] = {"recipe": name, "wall_s": time.time() - t0}
         if rc:
             print(f"error: building the base model {name!r} failed (exit {rc})", file=sys.stderr)
             return 1
     login["submitted_epoch"] = time.time()
     rc = launch("doctor", str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
-                slurm.get("train"))
+                slurm.get(get_stage("doctor").resources_key))
     login["returned_epoch"] = time.time()
     prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, "doctor")
-    where = where_it_ran(prov, prof["launcher"], slurm.get("train") or {})
+    where = where_it_ran(prov, prof["launcher"], slurm.get(get_stage("doctor").resources_key) or {})
     mfile = smoke_dir / MEASURED
     if not mfile.exists():
         print(f"error: the doctor job wrote no measurements (exit {rc}; {_where(where, {})}); see its log above",

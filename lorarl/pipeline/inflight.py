@@ -24,11 +24,11 @@ import os
 import time
 from pathlib import Path
 
-from lorarl import paths
 from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
 from lorarl import provenance
 from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.slurm import squeue_rows
+from lorarl.pipeline.stages import get_stage
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
@@ -95,36 +95,10 @@ def wait_local(pid: str, poll_s: float = 1.0) -> None:
 
 def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str,
                      params: JobParams = JobParams()) -> list[Path]:
-    """The declared outputs of one stage of one cell (the Snakemake rules use the same paths); ``params``: the
-    job's parameters (a rung job's ``until``, an evaluate job's ``eval_target``)."""
-    kw = dict(results=results_dir, study=study, cell=cell)
-    if stage == "train":
-        from lorarl.pipeline.rung_jobs import expected
-
-        return expected(results_dir, study, cell, params.until) or [paths.path(k, **kw) for k in ("summary", "metrics", "cell_json",
-                                                                                 "adapter")]
-    if stage == "diagnose":
-        return [paths.path("diagnostics", **kw)]
-    if stage == "pack":  # cell = the pack id
-        return [paths.path("pack_done", results=results_dir, study=study, pack=cell)]
-    if stage == "base":
-        return [paths.path("base_model", results=results_dir, name=cell)]
-    if stage == "evaluate":
-        from lorarl.evalplan.plan import parse_target
-
-        target = params.eval_target
-        if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file
-            return []
-        bench, step = parse_target(target)
-        if step is None:
-            return [paths.path("eval_summary", benchmark=bench, **kw), paths.path("eval_samples", benchmark=bench, **kw)]
-        return [paths.path("eval_step_summary", benchmark=bench, step=step, **kw),
-                paths.path("eval_step_samples", benchmark=bench, step=step, **kw)]
-    if stage == "doctor":  # `lorarl doctor`: the job's measurements (written even when a check fails)
-        from lorarl.pipeline.doctor import MEASURED
-
-        return [Path(results_dir) / MEASURED]
-    return []  # toy: one job for the whole study, checked by its aggregate
+    """The declared outputs of one stage of one cell (the stage registry's, lorarl.pipeline.stages; the Snakemake
+    rules use the same paths); ``params``: the job's parameters (a rung job's ``until``, an evaluate job's
+    ``eval_target``)."""
+    return get_stage(stage).outputs(results_dir, study, cell, params)
 
 
 def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
@@ -135,7 +109,7 @@ def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
     except Exception as err:  # noqa: BLE001 - an unparsable eval target: cannot confirm the outputs
         return [f"(cannot tell the outputs: {err})"]
     out = [str(p) for p in wanted if not p.exists()]
-    if stage == "train" and not out and config_hash:
+    if get_stage(stage).hashed_output and not out and config_hash:
         summary = wanted[0]  # summary.json, or the rung mark of a job stopped at a rung (lorarl.pipeline.rung_jobs)
         try:
             got = json.loads(summary.read_text()).get("config_hash")

@@ -31,7 +31,7 @@ import submitit
 from lorarl.pipeline import inflight, oom, train_layout
 from lorarl.pipeline.executor import make_executor
 from lorarl.pipeline.jobparams import JobParams
-from lorarl.pipeline.stages import Job, get_stage
+from lorarl.pipeline.stages import Job, get_stage, log_key
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import lazy_imports, ledger, paths, provenance
@@ -85,8 +85,9 @@ class StageJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
-        if self.stage in ("train", "pack") and train_layout.export_ranks() > 1:
-            if self.stage == "pack":
+        spec = get_stage(self.stage)
+        if spec.trains and train_layout.export_ranks() > 1:
+            if spec.members:
                 from lorarl.pack.ranks import pin_gpu
 
                 pin_gpu()  # a pack rank trains its members alone on its GPU
@@ -115,7 +116,7 @@ class StageJob(submitit.helpers.Checkpointable):
         from lorarl.jobclock import process_age_s
 
         prov = self.provenance_file
-        key = "base" if self.stage == "base" else Path(prov or self.stage).stem
+        key = Path(prov or self.stage).stem if get_stage(self.stage).for_study else self.stage  # base: provenance.json
         return ledger.job(ledger.cost_dir(prov) if prov else None, self.stage,
                           in_process=os.getpid() == getattr(self, "launcher_pid", None), process_age_s=process_age_s(),
                           key=key, study=getattr(self, "study_name", None), cell=self.cell_id, threads=self.threads,
@@ -162,12 +163,6 @@ def error_summary(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"[:1000]
 
 
-def _stage_key(stage: str, params: JobParams) -> str:
-    """train | base | evaluate[-<benchmark>[@step]]: one log folder and provenance file per job kind."""
-    target = params.eval_target if stage == "evaluate" else ""
-    return f"{stage}-{target}" if target else stage
-
-
 def _clear_stale_results(folder: Path) -> None:
     """Job ids restart on a fresh cluster: an old `<id>_result.pkl` would be read as this job's result."""
     for p in list(folder.glob("*_result.pkl")) + list(folder.glob("*_submitted.pkl")):
@@ -180,9 +175,9 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
     """Submit one stage of one cell with its job parameters (``params``: `lorarl launch`'s --attempt, --until,
     --places, ...), wait for it, report failure with the log tail. Returns exit code."""
     results_dir = str(Path(results_dir).resolve())  # the job may start in another directory
-    key = _stage_key(stage, params)
+    spec, key = get_stage(stage), log_key(stage, params)
     config_hash = None
-    if stage == "base":
+    if not spec.for_study:
         study_name = None
         folder = Path(results_dir) / "models" / ".logs" / cell_id
     else:
@@ -191,22 +186,22 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
         study_name = study.name
-        if stage == "pack":
+        if spec.members:
             return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm, params)
-        config_hash = cell_table(study).cell(cell_id).hash if stage != "toy" else None
-        if stage == "train":
+        config_hash = None if spec.log_cell else cell_table(study).cell(cell_id).hash
+        if spec.cell_layout:
             from lorarl.pipeline.rung_jobs import handed_over
 
             if handed_over(results_dir, study.name, cell_id, config_hash, params.until):  # a pack trained it (to the end, or a rung)
                 return 0
-        folder = paths.cell_dir(results_dir, study.name, cell_id if stage != "toy" else ".toy") / "logs" / key
+        folder = paths.cell_dir(results_dir, study.name, spec.log_cell or cell_id) / "logs" / key
     folder.mkdir(parents=True, exist_ok=True)
     if executor == "slurm":  # the job's CPU threads are what Slurm grants, not the local Snakemake count
         slurm = coerce(slurm or {})
         threads = int(slurm.get("cpus_per_task", threads or 1))
     threads = max(1, int(threads or 1))
     larger = None
-    if stage == "train":  # the profile's layout for this cell (per-study/per-model overrides), ranks made explicit
+    if spec.cell_layout:  # the profile's layout for this cell (per-study/per-model overrides), ranks made explicit
         cfg = cell_table(study).cell(cell_id).config
         big = train_layout.oom_resources(slurm, study.name, cfg.model, cfg)  # layouts.on_oom: the last OOM retry's
         if big is not None and params.attempt >= oom.MAX_ATTEMPTS:
@@ -214,7 +209,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         slurm = train_layout.job_resources(big if larger else train_layout.train_resources(slurm, study.name, cfg.model),
                                            cfg, executor)
     name = f"lorarl-{key}-{study_name or 'models'}-{cell_id}"
-    prov = provenance.provenance_path(results_dir, study_name, cell_id if stage != "toy" else ".toy", stage)
+    prov = provenance.provenance_path(results_dir, study_name, spec.log_cell or cell_id, stage)
     if key != stage:
         prov = prov.with_name(f"{key}.json")
     t0 = time.time()
@@ -312,7 +307,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}; all job ids of this stage: {ids}; "
         f"stderr {job.paths.stderr}"])
     print(failed, file=sys.stderr, flush=True)
-    if stage in ("train", "pack"):
+    if get_stage(stage).trains:
         from lorarl.tracking.dead_runs import after_job
 
         after_job(results_dir, study_name, members or [cell_id], f"job {job.job_id} ended {state} (its launcher)")

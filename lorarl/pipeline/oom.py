@@ -35,12 +35,12 @@ from typing import Any
 from lorarl.io import read_json, write_json
 from lorarl.memory import ladder
 from lorarl.memory.auto import world_size
+from lorarl.pipeline.stages import get_stage
 
 FAULT_ENV = "LORARL_FAULT"
 RECORD = "oom-attempts.json"  # in the stage's log folder: one entry per failed attempt
 OOM_EXIT = 3  # `lorarl launch` exit status of an attempt that ran out of memory
 MAX_ATTEMPTS = 4  # the rules' retries + 1: rungs 1-3, then the layout rung
-STAGES = ("train", "evaluate", "pack")
 _MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory")
 
 
@@ -153,7 +153,8 @@ class _LadderTable:
     def cell(self, cell_id: str) -> Any:
         cell = self._table.cell(cell_id)
         cfg, limit = cell.config, fault_threshold()
-        if self.stage == "evaluate":
+        spec = get_stage(self.stage)
+        if spec.oom_retry == "eval":
             steps = ladder.eval_ladder(cfg.eval.batch_size, cfg.eval.backend)
             size = ladder.rung(steps, self.n)
             self.retries[cell.id] = [{"attempt": k, "eval.batch_size": steps[k - 1]} for k in range(2, self.n + 1)]
@@ -169,7 +170,7 @@ class _LadderTable:
         from lorarl.memory.auto import resolve_job
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        cfg = resolve_job(cfg, results_dir=self.results_dir, world=1 if self.stage == "pack" else None)  # a member alone
+        cfg = resolve_job(cfg, results_dir=self.results_dir, world=1 if spec.members else None)  # a member alone
         steps = ladder.train_ladder(ladder.planned_train(cfg, device))
         # the last attempt runs on the profile's larger layout (the launcher refuses it without one), on the
         # smallest settings; the other attempts run their rung
@@ -198,7 +199,7 @@ def job_for_attempt(stage: str, job: Any) -> Any:
     """``job`` whose cells run the rung of its attempt (``job.params.attempt``; unchanged at attempt 1 without
     the fault hook)."""
     n = job.params.attempt
-    if stage in STAGES and (n > 1 or fault_threshold() is not None or fault_ranks() is not None):
+    if get_stage(stage).oom_retry and (n > 1 or fault_threshold() is not None or fault_ranks() is not None):
         job._table = _LadderTable(job.table, stage, n, job.results_dir)
     return job
 
@@ -210,10 +211,10 @@ def annotate(stage: str, job: Any) -> None:
         return
     from lorarl import paths
 
-    study = job.study.name
+    study, spec = job.study.name, get_stage(stage)
     for cell_id, entries in table.retries.items():
         cdir = paths.cell_dir(job.results_dir, study, cell_id)
-        if stage == "evaluate":
+        if spec.oom_retry == "eval":
             from lorarl.evaluate.main import requested_targets
             from lorarl.evalplan.plan import format_target
 
@@ -224,7 +225,7 @@ def annotate(stage: str, job: Any) -> None:
                 _add(cdir / "eval" / f"{target}.json", entries)
                 _tag(job.results_dir, study, cdir, f"lorarl.oom_retries.{target.replace('@', '_at_')}", entries)
             continue
-        summary = cdir / (".packed/summary.json" if stage == "pack" else "summary.json")
+        summary = cdir / (".packed/summary.json" if spec.members else "summary.json")  # a pack's member: staged
         if _add(summary, entries):
             _tag(job.results_dir, study, cdir, "lorarl.oom_retries", entries, summary)
 

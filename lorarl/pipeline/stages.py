@@ -1,7 +1,9 @@
 """The stages a job can run, by name: what `lorarl launch <stage>` submits and `lorarl run --stages`
 runs in-process. Each stage is one small function registered here (`@register_stage`); it imports
-its stage package only when the job runs, so the launcher stays light. Adding a stage is one
-function here plus its Snakemake rule.
+its stage package only when the job runs, so the launcher stays light. Its entry carries every fact
+the launcher, the in-flight check, the out-of-memory retries and the workflow ask about it (its
+declared outputs, log key, OOM ladder, Slurm resources key, ...): no `stage == "..."` test elsewhere
+(tests/test_structure.py). Adding a stage is one function here plus its Snakemake rule.
 
 A stage's target (the `cell` argument of `lorarl launch`) is a cell id, a comma list of cell ids
 (`pack`, `toy`: "all" or a list) or a local model recipe (`base`).
@@ -10,6 +12,7 @@ A stage's target (the `cell` argument of `lorarl launch`) is a cell id, a comma 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from lorarl.pipeline.jobparams import JobParams
@@ -47,22 +50,43 @@ class Job:
         return self.table.cell(self.target)
 
 
+Outputs = Callable[[str, "str | None", str, JobParams], "list[Path]"]  # (results, study, target, params) -> paths
+
+
+def no_outputs(results_dir: str, study: str | None, target: str, params: JobParams) -> list[Path]:
+    """A stage whose jobs declare no output of their own (toy: checked by its aggregate)."""
+    return []
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str  # `lorarl launch <name>`, Snakemake's `stage` param
     run: Callable[[Job], dict]  # runs the stage in this process; returns a small summary
     summary: str  # one line for --help
     launchable: bool = True  # offered by `lorarl launch` (doctor runs its own jobs)
+    outputs: Outputs = no_outputs  # its job's declared outputs (the rules' paths): a job without them failed (inflight)
+    hashed_output: bool = False  # its first output records the cell's config_hash: another config's is not done
+    key_param: str = ""  # the job parameter that tells its jobs of one cell apart: log folder, provenance "<stage>-<value>"
+    oom_retry: str = ""  # the memory ladder an out-of-memory retry steps down ("train", "eval"); "": never retried
+    resources_key: str = ""  # the profile's `slurm.<key>` its jobs get (a pack: train's); "": none
+    for_study: bool = True  # False: the target is a model recipe, no study (logs, provenance: results/models/.logs)
+    log_cell: str = ""  # its logs' and provenance's folder when its target is no one cell (no config hash): toy's .toy
+    trains: bool = False  # trains cells: one process per rank of a multi-rank layout; a failed job's MLflow runs closed
+    cell_layout: bool = False  # its one cell's training layout (layouts.on_oom at the last retry); skipped once packed
+    members: bool = False  # the target: cells trained alone in one job (claims, a rank's GPU, staged .packed/ summaries)
+    scratch: str = ""  # the folder under the cell it writes before moving outputs in: removed after a full disk
 
 
 STAGES: dict[str, Stage] = {}
 
 
-def register_stage(name: str, summary: str, launchable: bool = True) -> Callable[[Callable[[Job], dict]], Callable]:
+def register_stage(name: str, summary: str, launchable: bool = True, **facts: Any
+                   ) -> Callable[[Callable[[Job], dict]], Callable]:
+    """``facts``: the Stage fields past ``launchable`` (outputs, oom_retry, resources_key, ...)."""
     def deco(fn: Callable[[Job], dict]) -> Callable[[Job], dict]:
         if name in STAGES:
             raise ValueError(f"stage {name!r} registered twice")
-        STAGES[name] = Stage(name, fn, summary, launchable)
+        STAGES[name] = Stage(name, fn, summary, launchable, **facts)
         return fn
     return deco
 
@@ -77,14 +101,78 @@ def launchable() -> list[str]:
     return [s.name for s in STAGES.values() if s.launchable]
 
 
-@register_stage("base", "build a local base model from its recipe (target: the recipe name)")
+def resources_keys() -> list[str]:
+    """The profile's `slurm:` sections the stages' jobs read (the workflow hands each job its own)."""
+    return list(dict.fromkeys(s.resources_key for s in STAGES.values() if s.resources_key))
+
+
+def log_key(stage: str, params: JobParams) -> str:
+    """train | base | evaluate[-<benchmark>[@step]]: one log folder and provenance file per job of a cell."""
+    spec = get_stage(stage)
+    value = getattr(params, spec.key_param) if spec.key_param else ""
+    return f"{stage}-{value}" if value else stage
+
+
+# ---- the stages' declared outputs (the Snakemake rules use the same paths) -------------------------
+
+def _train_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
+    from lorarl import paths
+    from lorarl.pipeline.rung_jobs import expected
+
+    kw = dict(results=results_dir, study=study, cell=cell)
+    return expected(results_dir, study, cell, params.until) or [paths.path(k, **kw) for k in ("summary", "metrics",
+                                                                                               "cell_json", "adapter")]
+
+
+def _evaluate_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
+    from lorarl import paths
+    from lorarl.evalplan.plan import parse_target
+
+    target, kw = params.eval_target, dict(results=results_dir, study=study, cell=cell)
+    if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file
+        return []
+    bench, step = parse_target(target)
+    if step is None:
+        return [paths.path("eval_summary", benchmark=bench, **kw), paths.path("eval_samples", benchmark=bench, **kw)]
+    return [paths.path("eval_step_summary", benchmark=bench, step=step, **kw),
+            paths.path("eval_step_samples", benchmark=bench, step=step, **kw)]
+
+
+def _diagnose_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
+    from lorarl import paths
+
+    return [paths.path("diagnostics", results=results_dir, study=study, cell=cell)]
+
+
+def _pack_outputs(results_dir: str, study: str | None, pack: str, params: JobParams) -> list[Path]:
+    from lorarl import paths
+
+    return [paths.path("pack_done", results=results_dir, study=study, pack=pack)]  # target: the pack id
+
+
+def _base_outputs(results_dir: str, study: str | None, name: str, params: JobParams) -> list[Path]:
+    from lorarl import paths
+
+    return [paths.path("base_model", results=results_dir, name=name)]
+
+
+def _doctor_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
+    from lorarl.pipeline.doctor import MEASURED
+
+    return [Path(results_dir) / MEASURED]  # the job's measurements (written even when a check fails)
+
+
+@register_stage("base", "build a local base model from its recipe (target: the recipe name)", outputs=_base_outputs,
+                resources_key="base", for_study=False)
 def _base(job: Job) -> dict:
     from lorarl.models import build_base, resolve_model
 
     return build_base(job.target, resolve_model(f"local:{job.target}", job.results_dir), threads=job.threads)
 
 
-@register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)")
+@register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)", outputs=_train_outputs,
+                hashed_output=True, oom_retry="train", resources_key="train", trains=True, cell_layout=True,
+                scratch=".train.tmp")
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
     from lorarl.train import ranks, until
@@ -106,7 +194,8 @@ def _train(job: Job) -> dict:
     return until.write_mark(job.results_dir, study, cell, rung, **until.mark_fields(out))  # the rung job's output, last
 
 
-@register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell (`--eval-target`)")
+@register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell (`--eval-target`)",
+                outputs=_evaluate_outputs, key_param="eval_target", oom_retry="eval", resources_key="evaluate")
 def _evaluate(job: Job) -> dict:
     from lorarl.evaluate.main import evaluate_cell
 
@@ -116,14 +205,16 @@ def _evaluate(job: Job) -> dict:
                          threads=job.threads, targets=targets)
 
 
-@register_stage("diagnose", "weight-space diagnostics of one trained cell")
+@register_stage("diagnose", "weight-space diagnostics of one trained cell", outputs=_diagnose_outputs,
+                resources_key="diagnose")
 def _diagnose(job: Job) -> dict:
     from lorarl.diagnose.main import diagnose_cell
 
     return diagnose_cell(job.study.name, job.cell(), job.results_dir, threads=job.threads)
 
 
-@register_stage("toy", "every cell of a toy KL-bound study in one job (target: all, or a comma list)")
+@register_stage("toy", "every cell of a toy KL-bound study in one job (target: all, or a comma list)",
+                resources_key="toy", log_cell=".toy")
 def _toy(job: Job) -> dict:
     from lorarl.toy.cells import run_toy_study
 
@@ -131,7 +222,8 @@ def _toy(job: Job) -> dict:
     return {"cells": len(run_toy_study(job.study, job.results_dir, ids))}
 
 
-@register_stage("pack", "the member cells of one pack trained in one job (target: a comma list)")
+@register_stage("pack", "the member cells of one pack trained in one job (target: a comma list)", outputs=_pack_outputs,
+                oom_retry="train", resources_key="train", trains=True, members=True)
 def _pack(job: Job) -> dict:
     from lorarl.pack import resident
     from lorarl.pack.plan import pack_id
@@ -164,7 +256,8 @@ def _pack(job: Job) -> dict:
     return out
 
 
-@register_stage("doctor", "checks + a smoke run of one cell (lorarl doctor submits it)", launchable=False)
+@register_stage("doctor", "checks + a smoke run of one cell (lorarl doctor submits it)", launchable=False,
+                outputs=_doctor_outputs, resources_key="train")
 def _doctor(job: Job) -> dict:
     from lorarl.pipeline.doctor import doctor_job
 

@@ -108,16 +108,17 @@ def charges(records: list[dict], unit: str | None = None) -> pd.DataFrame:
 
 
 def _shares(r: dict) -> dict[str, float]:
-    """Which cells a record is charged to, with what share: a pack's members by their tokens."""
+    """Which cells a record is charged to, with what share: a pack's members by their tokens. Read off the record
+    (report sits below the stage registry): a job of no study built a base model; `members` tokens: a pack's."""
     stage = r.get("stage")
-    if stage == "base":
+    if r.get("study") is None:
         return {f"base:{r.get('cell')}": 1.0}
     if stage in STUDY_ROWS:
         return {stage: 1.0}
     tokens = r.get("members") or {}
     cells = [c for c in str(r.get("cell") or "").split(",") if c]
     total = sum(tokens.values())
-    if stage == "pack" and total > 0:
+    if total > 0:
         return {c: t / total for c, t in tokens.items()}
     return {c: 1.0 / len(cells) for c in cells} or {"?": 1.0}
 

@@ -14,6 +14,7 @@ from snakemake.utils import validate
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import cell_models, parent_recipe, recipe_hash, recipe_name
+from lorarl.pipeline.stages import get_stage, resources_keys
 from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.study_set import effective_file as _effective_study_file
 from lorarl.evalplan import plan as eval_plan
@@ -105,16 +106,17 @@ def slurm_json(stage):
 # Runtime settings reach the command from config, not as params: params are a rerun trigger, this text is
 # not, so switching the MLflow store (`tracking:`) or a stage's Slurm resources (`slurm:`: partition, time,
 # the training layout) never reruns a finished cell (tests/test_pipeline.py).
-SLURM_JSON = {stage: slurm_json(stage) for stage in ("base", "train", "evaluate", "diagnose", "toy")}
+SLURM_JSON = {key: slurm_json(key) for key in resources_keys()}
 
 
 def launch(stage, job_args=""):
-    """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<stage>`` resources. ``job_args``:
+    """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<key>`` resources, the stage's
+    resources key (lorarl.pipeline.stages: a pack's jobs get train's). ``job_args``:
     the job's parameters as arguments (lorarl.pipeline.jobparams: ``--attempt``, ``--until``, ``--places``, ...),
     never environment variables."""
     return (
         "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
-        "--executor {params.launcher} --threads {threads} --slurm {SLURM_JSON[" + stage + "]:q} "
+        "--executor {params.launcher} --threads {threads} --slurm {SLURM_JSON[" + get_stage(stage).resources_key + "]:q} "
         "--tracking {config[tracking]:q} --tracking-credentials={config[tracking_credentials]:q} "
         "--invocation={INVOCATION:q} " + (job_args + " " if job_args else "") + "> {log} 2>&1"
     )

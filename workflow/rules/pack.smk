@@ -160,5 +160,5 @@ rule train_pack:
     log:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
-        launch("train", OOM_ATTEMPT + " --update-cells={params.update_cells} --places={params.places} "
+        launch("pack", OOM_ATTEMPT + " --update-cells={params.update_cells} --places={params.places} "
                "--until={params.until}")
