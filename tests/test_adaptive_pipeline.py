@@ -82,7 +82,7 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     views = []
     while time.time() < deadline and first.poll() is None:  # the rung decided, the kept cells training on
         views = list(res.glob("adaptive/search-*/rung-2-all.json"))
-        if views and list(res.glob("*/logs/train.log")):  # the log of a `train` job (to the end)
+        if views and any((res / c / "logs" / "train.log").exists() for c in GRID):  # a kept cell's `train` job
             break
         time.sleep(1)
     assert views and first.poll() is None, (first.poll(), views)
@@ -90,13 +90,13 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     first.wait()
     decided = views[0].read_bytes()
     t_kill = time.time() - t0
-    # the kept cells' orphaned train jobs finish before the rerun: their outputs carry the killed run's
-    # "incomplete" marks, which the rerun would delete and retrain; it keeps them aside and puts them back instead
-    orphans = [c for c in GRID if (res / c / "logs" / "train.log").exists()]
+    # the orphaned train jobs finish before the rerun, which keeps their outputs (lorarl.train.salvage: a cell
+    # Snakemake would rerun for the killed run's marks, or whose outputs it would delete as unexpected, is put back)
+    orphans = sorted(p.parents[1].name for p in res.glob("*/logs/train.log"))
     deadline = time.time() + 600
     while time.time() < deadline and not all((res / c / "summary.json").exists() for c in orphans):
         time.sleep(1)
-    assert orphans and all((res / c / "summary.json").exists() for c in orphans), orphans
+    assert any(c in GRID for c in orphans) and all((res / c / "summary.json").exists() for c in orphans), orphans
     before = {c: (res / c / "summary.json").read_text() for c in orphans}
 
     snakemake(tmp_path, "--unlock")
@@ -106,8 +106,7 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     assert "decide_rung" not in jobs_run(second) and "train_rung" not in jobs_run(second)
     assert "progress unavailable" not in console, console[-3000:]
     for c in orphans:  # finished by the killed run's job: kept, not retrained
-        assert f"[lorarl] demo_adaptive/{c}: finished by a job of the killed run" in console, console[-3000:]
-        assert (res / c / "summary.json").read_text() == before[c]
+        assert (res / c / "summary.json").read_text() == before[c], c
     assert f"[lorarl] demo_adaptive report : results/demo_adaptive/report.html" in console, console[-3000:]
     view = json.loads(decided)
     assert view["complete"] and sorted(view["decided"].values()) == ["promote", "stop"]

@@ -379,3 +379,4 @@ def test_fault_checks_count_lost_duplicated_and_extra_rows(tmp_path: Path):
     (tmp_path / "run" / "results" / "chaos" / "s0" / "cut.json").write_text('{"a": ')
     bad = check(tmp_path / "run" / "results", ref, steps=4)["bad_outputs"]
     assert len(bad) == 2 and any("temporary" in b for b in bad) and any("JSONDecodeError" in b for b in bad)
+

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from lorarl import paths
+from lorarl.train import salvage
 from lorarl.io import atomic_write_text, pid_alive
 
 STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
@@ -170,6 +171,7 @@ def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) ->
             shutil.rmtree(dst)
         os.replace(src / name, dst)
     shutil.rmtree(src, ignore_errors=True)
+    salvage.keep_published(results_dir, study, cell, config_hash)  # for a later kill (lorarl.train.salvage)
     _copy_provenance(results_dir, study, cell)
     return True
 

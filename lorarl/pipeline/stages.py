@@ -188,7 +188,8 @@ def _train(job: Job) -> dict:
         out = train_alone(study, cell, job.results_dir, threads=job.threads, stop_at=rung)
     elif out is None:
         config = resolve_job(cell.config, results_dir=str(job.results_dir))  # the trainer gets a resolved config
-        out = train_cell(study, cell, job.results_dir, threads=job.threads, config=config, stop_at=rung)
+        out = train_cell(study, cell, job.results_dir, threads=job.threads, config=config, stop_at=rung,
+                         invocation=job.params.invocation)
     if rung is None or not ranks.is_main():
         return out
     return until.write_mark(job.results_dir, study, cell, rung, **until.mark_fields(out))  # the rung job's output, last

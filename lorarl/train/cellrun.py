@@ -49,16 +49,19 @@ class CellRun:
 
     def __init__(self, study: str, cell: Any, results_dir: str | Path, cfg: Any, *, engine: str = "hf",
                  main: bool = True, stage: Callable[[Path, Path], Any] | None = None, holder: str = "",
-                 lock_wait_s: float | None = None, stop_at: int | None = None, t_start: float | None = None):
+                 lock_wait_s: float | None = None, stop_at: int | None = None, t_start: float | None = None,
+                 invocation: str | None = None):
         """``cfg``: the config the run trains with (written into cell.json). ``engine``: whose state its checkpoints
         hold ("hf": the solo trainer, "pack": the step loop). ``stage``: publish by handing the work folder to it
         (the pack's staging), else in place. ``holder``/``lock_wait_s``: the lock (lorarl.train.checkpoint).
-        ``stop_at``: end paused at this training step (None: train to ``train.steps``)."""
+        ``stop_at``: end paused at this training step (None: train to ``train.steps``). ``invocation``: the Snakemake
+        run of the job (its kept outputs, lorarl.train.salvage, are put back only for that run's reasons)."""
         from lorarl.train.checkpoint import CellCheckpoints
         from lorarl.numerics.divergence import Divergence
         from lorarl.train.rank_checkpoints import FollowerCheckpoints
 
         self.study, self.cell, self.results_dir, self.cfg, self.main = study, cell, results_dir, cfg, main
+        self.invocation = invocation
         self.t_start = time.time() if t_start is None else t_start
         self.per = int(cfg.train.updates_per_step)  # optimiser updates per training step (HF's global steps)
         self.final = paths.cell_dir(results_dir, study, cell.id)
@@ -96,8 +99,8 @@ class CellRun:
         how = "by the job this one waited for" if self.ckpt.waited_for_lock else "already, by another job"
         if not isinstance(summary, dict) or summary.get("config_hash") != self.cell.hash:
             # a job of a killed Snakemake finished it and the rerun removed its outputs (lorarl.train.salvage)
-            summary = salvage.restore(self.results_dir, self.study, self.cell.id, self.cell.hash)
-            how = "by a job of the killed run (its outputs, kept aside at the rerun's start, are back in place)"
+            summary = salvage.restore(self.results_dir, self.study, self.cell.id, self.cell.hash, self.invocation)
+            how = "by a job of a killed Snakemake run (the outputs Snakemake removed are back in place)"
         if summary is None:
             return None
         print(f"[lorarl] cell {self.cell.id} was trained {how} (its outputs of this config are in place); nothing to "
@@ -322,6 +325,7 @@ class CellRun:
                 shutil.rmtree(dst)
             os.replace(self.work / name, dst)
         shutil.rmtree(self.work, ignore_errors=True)
+        salvage.keep_published(self.results_dir, self.study, self.cell.id, self.cell.hash)  # for a later kill
 
     def pause(self) -> dict:
         """End paused at the stop step: its checkpoint (full state) kept, ``paused.json`` beside it, nothing published,

@@ -15,7 +15,7 @@ from lorarl.train.prepare import RUNTIME_KNOBS, job_config, load_policy, trainin
 
 
 def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threads: int | None = None, *,
-               config: Any = None, stop_at: int | None = None) -> dict:
+               config: Any = None, stop_at: int | None = None, invocation: str | None = None) -> dict:
     """Train one cell and write cell.json, metrics.csv, adapter/, summary.json (summary last). ``config``:
     the cell's config resolved for this job (``auto`` knobs, teacher/PRM devices) by whoever starts the
     job; the trainer resolves nothing itself. ``stop_at``: end paused at that training step, full state
@@ -39,7 +39,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     cfg = job_config(cell, config)  # resolved where the job starts (auto knobs, teacher/PRM devices)
     check_engine(cfg.rollout)  # engine vllm without a GPU/vllm: clear error before anything is written
     # the cell's lock and checkpoints (results/<study>/.checkpoints/<cell>/): rank 0 owns them, the others follow
-    run = CellRun(study, cell, results_dir, cfg, main=ranks.is_main(), stop_at=stop_at)
+    run = CellRun(study, cell, results_dir, cfg, main=ranks.is_main(), stop_at=stop_at, invocation=invocation)
     if run.done is not None:  # its outputs in place: another job trained it (waited for, or a late duplicate)
         return run.done
     inputs = prepare(cfg, results_dir, output_dir=run.ckpt.root)  # policy, reference, data, regime, TRL args

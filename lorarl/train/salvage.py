@@ -1,18 +1,22 @@
-"""A finished cell that a killed Snakemake would throw away: kept aside, then put back instead of retrained.
+"""A finished cell that Snakemake would throw away after a kill: its outputs kept, then put back instead of retrained.
 
-When Snakemake is killed, its running `train` jobs go on (their launchers are orphans) and their outputs get
-Snakemake's "incomplete" marks. A job that finishes before the rerun builds its DAG leaves whole outputs under
-those marks, and the rerun (`rerun-incomplete`) deletes them just before it runs the job again; the finished
-job also removed its checkpoints, so the new job would train the cell from scratch: the same result, paid for
-twice, in a new MLflow run.
+When Snakemake is killed, its running `train` jobs go on (their launchers are orphans), and a job that finishes
+after the kill leaves whole outputs that the rerun deletes before it runs the job again; that job removed its
+checkpoints when it finished, so the new job would train the cell from scratch: the same result, paid twice, in a
+new MLflow run. Two ways it happens:
 
-So the Snakefile's `onstart` (nothing runs yet) hands every `train` job that reruns for that reason alone to
-:func:`keep_aside`: when the cell's outputs are whole and of the cell's config (summary.json with its
-config hash, every other output present), they are hard-linked into ``<cell>/.salvaged/`` (no copy: the
-same files). Snakemake then deletes its names for them; the job, once it holds the cell's lock
-(lorarl.train.cellrun), calls :func:`restore`, which moves them back (summary.json last) and trains nothing.
-A job Snakemake reruns for any other reason (forced, changed params or code, updated input) gets nothing
-kept aside, and :func:`discard` drops what an earlier run kept for it, so `--forcerun` always retrains.
+* the orphan finished before the rerun started: its outputs carry the killed run's "incomplete" marks, and
+  `rerun-incomplete` forces the job (as `--forcerun` would);
+* the orphan finishes after the rerun built its DAG (outputs missing then) but before the rerun's job starts:
+  Snakemake deletes the "unexpected" outputs just before it runs the job.
+
+So every published cell keeps hard links to its outputs in ``<cell>/.salvaged/`` (:func:`keep_published`: no
+copy, the same files) with the time it was published. A later job of the same config that holds the cell's lock
+and finds its outputs gone calls :func:`restore`, which moves them back (summary.json last) and trains nothing, when
+either they were published after its Snakemake run started (the second case: they were not there when it
+decided to run the job), or that run's `onstart` found the job rerun only for the incomplete marks of whole
+outputs (the first case: :func:`allow`, workflow/rules/train.smk). Otherwise (forced by the user, changed params or
+code of outputs that were there at the start) the kept links are dropped and the cell retrains.
 """
 
 from __future__ import annotations
@@ -20,15 +24,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any
 
 from lorarl import paths
 
-__all__ = ["SALVAGED", "keep_aside", "keep_aside_for", "restore", "discard", "describe"]
+__all__ = ["SALVAGED", "keep_published", "allow", "restore", "discard", "describe", "invocation_start"]
 
 SALVAGED = ".salvaged"
 OUTPUTS = paths.CELL_OUTPUTS  # the train rule's outputs; summary.json last
+RECORD = "published.json"  # {"config_hash", "published_at", "allowed": [invocations whose onstart allowed a restore]}
 
 
 def _folder(results: str | Path, study: str, cell: str) -> Path:
@@ -53,29 +58,64 @@ def _link(src: Path, dst: Path) -> None:
         os.link(src, dst)
 
 
-def keep_aside(results: str | Path, study: str, cell: str, config_hash: str) -> bool:
-    """Hard-link the cell's whole outputs of ``config_hash`` into its ``.salvaged`` folder (True), or keep
-    nothing (False: some output missing, or of another config)."""
+def _record(kept: Path) -> dict:
+    try:
+        doc = json.loads((kept / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def invocation_start(invocation: str | None) -> float | None:
+    """The start (epoch seconds) of the Snakemake run named ``invocation`` (``<host>-<pid>-<epoch>``,
+    workflow/rules/common.smk), or None."""
+    tail = (invocation or "").rsplit("-", 1)[-1]
+    return float(tail) if tail.isdigit() else None
+
+
+def keep_published(results: str | Path, study: str, cell: str, config_hash: str) -> bool:
+    """Hard-link the cell's whole outputs of ``config_hash``, just published, into its ``.salvaged`` folder with
+    the time (True); False when they are not whole or the file system has no hard links (nothing kept)."""
     cdir = paths.cell_dir(results, study, cell)
     discard(results, study, cell)
     if not _whole(cdir, config_hash):
         return False
     tmp = cdir / f"{SALVAGED}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name in OUTPUTS:
-        _link(cdir / name, tmp / name)
+    try:
+        tmp.mkdir()
+        for name in OUTPUTS:
+            _link(cdir / name, tmp / name)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    (tmp / RECORD).write_text(json.dumps({"config_hash": config_hash, "published_at": time.time(), "allowed": []}))
     os.replace(tmp, _folder(results, study, cell))  # whole or absent
     return True
 
 
-def restore(results: str | Path, study: str, cell: str, config_hash: str) -> dict | None:
-    """Move the kept outputs of ``config_hash`` back into place (summary.json last) and return the summary; None
-    when nothing of that config is kept (anything else kept is dropped). Call it holding the cell's lock."""
+def allow(results: str | Path, study: str, cell: str, config_hash: str, invocation: str) -> bool:
+    """`onstart` of ``invocation``: the cell's job reruns only for the incomplete marks of its whole outputs; let
+    that run's job put them back (True). Outputs published before links were kept get them now."""
+    kept = _folder(results, study, cell)
+    if _record(kept).get("config_hash") != config_hash and not keep_published(results, study, cell, config_hash):
+        return False
+    doc = _record(kept)
+    doc["allowed"] = [*doc.get("allowed", []), invocation]
+    (kept / RECORD).write_text(json.dumps(doc))
+    return True
+
+
+def restore(results: str | Path, study: str, cell: str, config_hash: str, invocation: str | None) -> dict | None:
+    """Move the kept outputs of ``config_hash`` back into place (summary.json last) and return the summary, when
+    they were published after the run ``invocation`` started or its `onstart` allowed it; otherwise drop them and
+    return None. Call it holding the cell's lock, its outputs not in place."""
     kept = _folder(results, study, cell)
     if not kept.is_dir():
         return None
-    if not _whole(kept, config_hash):
+    doc, started = _record(kept), invocation_start(invocation)
+    ok = (doc.get("config_hash") == config_hash and _whole(kept, config_hash) and invocation is not None
+          and (invocation in doc.get("allowed", []) or (started is not None and doc.get("published_at", 0) >= started)))
+    if not ok:
         discard(results, study, cell)
         return None
     cdir = paths.cell_dir(results, study, cell)
@@ -85,25 +125,17 @@ def restore(results: str | Path, study: str, cell: str, config_hash: str) -> dic
             shutil.rmtree(target)
         os.replace(kept / name, target)
     shutil.rmtree(kept, ignore_errors=True)
+    keep_published(results, study, cell, config_hash)  # kept again, for a later kill
     return json.loads((cdir / "summary.json").read_text())
 
 
 def discard(results: str | Path, study: str, cell: str) -> None:
-    """Drop what was kept aside for the cell (a forced rerun retrains it)."""
+    """Drop what was kept for the cell (a forced rerun retrains it)."""
     shutil.rmtree(_folder(results, study, cell), ignore_errors=True)
     shutil.rmtree(paths.cell_dir(results, study, cell) / f"{SALVAGED}.tmp", ignore_errors=True)
 
 
-def keep_aside_for(job_reasons: list[str], results: str | Path, study: str, cell: str, config_hash: str) -> bool:
-    """`onstart`: a `train` job Snakemake reruns only because its outputs are marked incomplete gets its whole
-    outputs kept aside; any other reason drops what an earlier run kept (True: kept)."""
-    if job_reasons == ["incomplete output files"]:
-        return keep_aside(results, study, cell, config_hash)
-    discard(results, study, cell)
-    return False
-
-
-def describe(kept: list[Any]) -> list[str]:
-    """`onstart`'s lines for the cells kept aside."""
-    return [f"[lorarl] {s}/{c}: finished by a job of the killed run; its outputs are kept and put back by its "
-            f"train job, not retrained" for s, c in kept]
+def describe(kept: list[tuple[str, str]]) -> list[str]:
+    """`onstart`'s lines for the cells whose outputs their train job puts back."""
+    return [f"[lorarl] {s}/{c}: finished by a job of the killed run; its train job puts its outputs back, no "
+            f"retraining" for s, c in kept]

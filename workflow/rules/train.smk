@@ -31,19 +31,34 @@ rule train:
         launch("train", OOM_ATTEMPT)
 
 
+def _rerun_for_incomplete_only(job):
+    """Snakemake reruns ``job`` only because a killed run left its outputs marked incomplete: `rerun-incomplete`
+    forces such a job as `--forcerun` would (reason "forced"), so what the user forced (--forceall, --forcerun of
+    its rule or an output, -F on a target) tells them apart."""
+    reasons = list(workflow.dag.reason(job).get_names())
+    if reasons == ["incomplete output files"]:
+        return True
+    ds = workflow.dag_settings
+    forced = {str(f) for f in ds.forcerun}
+    by_user = (ds.forceall or (ds.forcetargets and job in workflow.dag.targetjobs) or job.rule.name in forced
+               or any(str(f) in forced for f in job.output))
+    return reasons == ["forced"] and not by_user
+
+
 def keep_finished_aside():
-    """`onstart` (nothing runs yet): a `train` job Snakemake reruns only because a killed run left its outputs
-    marked incomplete, whose outputs are whole (its job went on and finished), gets them kept aside and put back
-    by the job instead of a retrain (lorarl.train.salvage); a job rerun for any other reason (forced, changed
-    params or code) drops what an earlier run kept."""
-    from lorarl.train.salvage import describe, keep_aside_for
+    """`onstart` (nothing runs yet): a `train` job Snakemake reruns only because a killed run left its whole
+    outputs marked incomplete (its job went on and finished) may put them back instead of retraining
+    (lorarl.train.salvage.allow); a job rerun for any other reason (forced by the user, changed params) drops what
+    was kept, so it retrains."""
+    from lorarl.train.salvage import allow, describe, discard
 
     kept = []
     for job in workflow.dag.needrun_jobs():
         if job.rule.name == "train":
             s, c = job.wildcards_dict["study"], job.wildcards_dict["cell"]
-            reasons = list(workflow.dag.reason(job).get_names())
-            if keep_aside_for(reasons, RESULTS, s, c, TABLES[s].cell(c).hash):
+            if not _rerun_for_incomplete_only(job):
+                discard(RESULTS, s, c)
+            elif allow(RESULTS, s, c, TABLES[s].cell(c).hash, INVOCATION):
                 kept.append((s, c))
     for line in describe(kept):
         print(line, file=sys.stderr, flush=True)
