@@ -21,6 +21,7 @@ include: "workflow/rules/aggregate.smk"
 rule all:
     input:
         all_targets() + pack_targets(),
+        adaptive_pending,
     default_target: True
 
 

@@ -8,6 +8,7 @@ import re
 import socket
 import sys
 import time
+import types
 
 from snakemake.utils import validate
 
@@ -236,6 +237,18 @@ def cell_ids(study):
 
 def base_ids(study):
     return TABLES[study].base_ids
+
+
+def adaptive_pending(wildcards):
+    """`rule all`, beside all_targets: an adaptive study's files as far as its decisions go (what its aggregate
+    reads), for a study whose tables exist from an earlier run. A pending decision there (a checkpoint not run yet,
+    e.g. a hypothesis's look once `--config search=off` trains the cells the search stopped) is then planned:
+    asked only by an aggregate whose outputs exist, Snakemake plans nothing."""
+    out = []
+    for s in ADAPT:
+        if os.path.exists(paths.path("table_md", results=RESULTS, study=s)):
+            out += aggregate_inputs(types.SimpleNamespace(study=s))
+    return list(dict.fromkeys(out))
 
 
 def all_targets():
