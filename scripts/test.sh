@@ -81,7 +81,7 @@ if [ $# -gt 0 ]; then
   exit
 fi
 BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py tests/test_dependencies.py tests/test_gpucheck.py
-        tests/test_resident_snakemake.py)
+        tests/test_resident_snakemake.py tests/test_wheelhouse.py)
 ALONE=(tests/test_pipeline.py)  # timing bounds: run last, on a machine nothing else of CI is using
 ( rc=0; python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 || rc=$?
   times >"$cpu_dir/beside"; exit $rc ) >"$beside_log" 2>&1 &
