@@ -43,7 +43,6 @@ from lorarl.io import atomic_write_text, pid_alive
 
 STAGED = ".packed"  # <cell dir>/.packed/: a pack's finished outputs of this cell, not yet in place
 CLAIM = ".pack.claim"  # <cell dir>/.pack.claim: a pack launcher is (about to be) training this cell
-OUTPUTS = paths.CELL_OUTPUTS  # summary.json last: the "done" mark
 GRACE_ENV = "LORARL_PACK_GRACE_S"  # a member launcher's wait for a pack launcher starting beside it
 PENDING_ENV = "LORARL_PACK_PENDING_S"  # a member launcher's wait on a pending claim for its pack launcher's own
 PENDING = "pending"  # a claim's 4th field: written by Snakemake (claim_pending), not yet by the pack's launcher
@@ -164,14 +163,7 @@ def publish(results_dir: str | Path, study: str, cell: str, config_hash: str) ->
     src = staged_dir(results_dir, study, cell)
     if _summary_hash(src / "summary.json") != config_hash:
         return False
-    final = paths.cell_dir(results_dir, study, cell)
-    for name in OUTPUTS:
-        dst = final / name
-        if dst.is_dir():
-            shutil.rmtree(dst)
-        os.replace(src / name, dst)
-    shutil.rmtree(src, ignore_errors=True)
-    salvage.keep_published(results_dir, study, cell, config_hash)  # for a later kill (lorarl.train.salvage)
+    salvage.publish(src, results_dir, study, cell, config_hash)  # summary.json last; links kept for a later kill
     _copy_provenance(results_dir, study, cell)
     return True
 

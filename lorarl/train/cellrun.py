@@ -41,7 +41,6 @@ from lorarl import paths
 from lorarl.io import write_json
 from lorarl.train import cellstate, ranks, salvage
 
-OUTPUTS = paths.CELL_OUTPUTS  # summary.json last: the "done" mark
 
 
 class CellRun:
@@ -319,13 +318,7 @@ class CellRun:
             return
         disk_full_hook(self.work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.diskfull)
         write_json(self.work / "summary.json", summary)
-        for name in OUTPUTS:  # summary.json last: the "done" mark
-            dst = self.final / name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            os.replace(self.work / name, dst)
-        shutil.rmtree(self.work, ignore_errors=True)
-        salvage.keep_published(self.results_dir, self.study, self.cell.id, self.cell.hash)  # for a later kill
+        salvage.publish(self.work, self.results_dir, self.study, self.cell.id, self.cell.hash)  # summary.json last
 
     def pause(self) -> dict:
         """End paused at the stop step: its checkpoint (full state) kept, ``paused.json`` beside it, nothing published,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lorarl import paths
 
-__all__ = ["SALVAGED", "keep_published", "allow", "restore", "discard", "describe", "invocation_start"]
+__all__ = ["SALVAGED", "publish", "keep_published", "allow", "restore", "discard", "describe", "invocation_start"]
 
 SALVAGED = ".salvaged"
 OUTPUTS = paths.CELL_OUTPUTS  # the train rule's outputs; summary.json last
@@ -118,15 +118,21 @@ def restore(results: str | Path, study: str, cell: str, config_hash: str, invoca
     if not ok:
         discard(results, study, cell)
         return None
+    publish(kept, results, study, cell, config_hash)  # and kept again, for a later kill
+    return json.loads((paths.cell_dir(results, study, cell) / "summary.json").read_text())
+
+
+def publish(src: Path, results: str | Path, study: str, cell: str, config_hash: str) -> None:
+    """Move a cell's outputs from ``src`` (a job's work folder, a pack's staging, the kept links) into place,
+    summary.json last (the "done" mark), remove ``src``, and keep links to them for a later kill."""
     cdir = paths.cell_dir(results, study, cell)
     for name in OUTPUTS:
         target = cdir / name
         if target.is_dir():
             shutil.rmtree(target)
-        os.replace(kept / name, target)
-    shutil.rmtree(kept, ignore_errors=True)
-    keep_published(results, study, cell, config_hash)  # kept again, for a later kill
-    return json.loads((cdir / "summary.json").read_text())
+        os.replace(src / name, target)
+    shutil.rmtree(src, ignore_errors=True)
+    keep_published(results, study, cell, config_hash)
 
 
 def discard(results: str | Path, study: str, cell: str) -> None:
