@@ -10,7 +10,7 @@ problems, greedy pass@1):
 * ``demo``: the demo's shape: LoRA rank {1, 8} x beta {0, 0.05} x seed {0, 1}, 80 steps (8 cells);
 * ``wide``: method {lora, rslora, dora} x rank {1, 4, 16} x seed {0, 1, 2}, 60 steps of 4 prompts (27 cells).
 
-``run`` trains and evaluates every cell with lorarl's own stages (``lorarl.pipeline.launch.run_stage``:
+``run`` trains and evaluates every cell with lorarl's own stages (``lorarl.pipeline.jobs.launch.run_stage``:
 train, then evaluate every target, the final adapter and each snapshot), in ``--workers`` processes, each
 working through its share of the cells, so that no per-job start-up costs minutes on a 2-core machine; the
 wide grid's three seeds of a setting train as one pack (lorarl.pack: each cell still its own adapter,
@@ -71,7 +71,7 @@ def _model(workdir: Path) -> None:
 def _worker(study: str, packs: list[str], results: str) -> None:
     """Each pack (a comma list of cells) trained together, then each member evaluated."""
     from lorarl.pack import publish
-    from lorarl.pipeline.launch import run_stage
+    from lorarl.pipeline.jobs.launch import run_stage
     from lorarl.study import cell_table, load_study
 
     table = cell_table(load_study(study))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from lorarl.adaptive.hypotheses import robustness_note
 from lorarl.kinds import KINDS, entry, get_kind
-from lorarl.pipeline import jobparams
-from lorarl.pipeline.stages import launchable
+from lorarl.pipeline.jobs import jobparams
+from lorarl.pipeline.jobs.stages import launchable
 from lorarl.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
 
 
@@ -94,9 +94,9 @@ def use_tracking(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
-    from lorarl.pipeline.launch import run_stage
+    from lorarl.pipeline.jobs.launch import run_stage
 
-    from lorarl.pipeline.stages import STAGES
+    from lorarl.pipeline.jobs.stages import STAGES
 
     bad = [s for s in args.stages.split(",") if s not in STAGES]
     if bad:  # before anything runs or is written
@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from lorarl.pipeline.launch import launch
+    from lorarl.pipeline.jobs.launch import launch
 
     use_tracking(args)
     return launch(args.stage, args.study, args.cell, args.results, args.executor, args.threads,
@@ -139,7 +139,7 @@ def link_tracking(args: argparse.Namespace) -> None:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from lorarl import ledger
     from lorarl.jobclock import process_age_s
-    from lorarl.pipeline.study_run import publish
+    from lorarl.pipeline.studyrun.study_run import publish
 
     link_tracking(args)
     study = load_study(args.study)
@@ -209,7 +209,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_mlflow(args: argparse.Namespace) -> int:
-    from lorarl.pipeline.sync import sync_study
+    from lorarl.pipeline.studyrun.sync import sync_study
 
     use_tracking(args)
     report = sync_study(args.study, args.results)
@@ -225,7 +225,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from lorarl.status import as_json, format_table, status_notes, study_status
 
     if args.watch:
-        from lorarl.pipeline.watch import watch
+        from lorarl.pipeline.progress.watch import watch
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
@@ -247,7 +247,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Smoke-test one cell on the study's launcher/profile; report and project the study's cost."""
-    from lorarl.pipeline.doctor_report import run_doctor
+    from lorarl.pipeline.doctor.report import run_doctor
 
     return run_doctor(args.study, args.cell, args.steps, args.profile, args.results, args.eval_limit, args.threads,
                       args.config)
@@ -298,14 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="submit one stage of one cell through submitit and wait")
-    la.add_argument("stage", choices=launchable(), help="a registered stage (lorarl.pipeline.stages)")
+    la.add_argument("stage", choices=launchable(), help="a registered stage (lorarl.pipeline.jobs.stages)")
     la.add_argument("study", help="study YAML (for `base`: ignored)")
     la.add_argument("cell", help="cell id (for `base`: the local model recipe)")
     la.add_argument("--results", default="results")
     la.add_argument("--executor", default="local", choices=["debug", "local", "slurm"])
     la.add_argument("--threads", type=int, default=1)
     la.add_argument("--slurm", default=None, help="JSON of submitit Slurm parameters (from the profile)")
-    jobparams.add_arguments(la)  # the job's parameters: --attempt, --until, --places, ... (lorarl.pipeline.jobparams)
+    jobparams.add_arguments(la)  # the job's parameters: --attempt, --until, --places, ... (lorarl.pipeline.jobs.jobparams)
     _tracking_args(la)
     la.set_defaults(fn=cmd_launch)
 

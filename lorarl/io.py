@@ -79,7 +79,7 @@ def pid_alive(pid: str | int) -> bool:
 
 def disk_full_hook(path: Path) -> None:
     """Test hook LORARL_FAULT=disk_full: the write of `path` fails as on a full disk (ENOSPC); the
-    launcher's handling is in lorarl.pipeline.diskfull."""
+    launcher's handling is in lorarl.pipeline.jobs.diskfull."""
     if os.environ.get("LORARL_FAULT") == "disk_full":
         import errno
 

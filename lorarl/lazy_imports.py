@@ -18,7 +18,7 @@ docs/benchmarks.md). Neither transformers nor torch has a switch for them (`is_s
 `is_scipy_available` are cached `find_spec` calls), and lorarl needs both packages installed (the toy
 study's Optdigits and optimiser, the report's statistics).
 
-`defer_optional_imports()` (where a job starts: `lorarl.pipeline.launch.run_stage`) adds a finder that acts
+`defer_optional_imports()` (where a job starts: `lorarl.pipeline.jobs.launch.run_stage`) adds a finder that acts
 only while one of those transformers modules executes: it answers that module's imports with stand-in
 modules whose names import the real functions on their first call. Any other use of a stand-in (another
 module importing the same package while it stands) imports the real module there and then, so nobody gets

@@ -3,7 +3,7 @@
 A job's process keeps one clock (this module's state): the stage code adds the seconds of each phase where it
 already measures them (`spent(phase, seconds)`, `phase(name)`), a trainer closes each step with `close_step(wall)`
 (the step's time that no finer phase took is its update), a pack counts each member's completion tokens
-(`count_tokens(cell, n)`), and the job's entry (lorarl.pipeline.launch.StageJob; `lorarl aggregate`) writes the
+(`count_tokens(cell, n)`), and the job's entry (lorarl.pipeline.jobs.launch.StageJob; `lorarl aggregate`) writes the
 record at its end, also when it fails or is requeued:
 
     results/<study>/<cell>/cost/<key>-<job id>-<restart>-<pid>.json          (a cell's stage: train, evaluate-<target>, diagnose)

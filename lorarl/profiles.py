@@ -1,5 +1,5 @@
 """A Snakemake profile's settings as a study runs with it: config/config.yaml < the profile's `config:` <
-its configfile < `--config` overrides, each merged into the last as Snakemake merges them (mappings key by key). Read by `lorarl doctor` (lorarl.pipeline.doctor_report) and
+its configfile < `--config` overrides, each merged into the last as Snakemake merges them (mappings key by key). Read by `lorarl doctor` (lorarl.pipeline.doctor.report) and
 `lorarl memory --profile` (lorarl.memory.report), below both."""
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading si
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:
-    """A job of no study builds a base model (``cell``: its recipe; lorarl.pipeline.stages: `for_study`)."""
+    """A job of no study builds a base model (``cell``: its recipe; lorarl.pipeline.jobs.stages: `for_study`)."""
     if study is None:
         return Path(results_dir) / "models" / ".logs" / cell / "provenance.json"
     return Path(results_dir) / str(study) / cell / "provenance" / f"{stage}.json"

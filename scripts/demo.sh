@@ -14,7 +14,7 @@ PACK=(--config "pack=${LORARL_DEMO_PACK:-4}")
 start=$(date +%s)
 # one Snakemake run: the base's evaluation beside the training packs, each cell's evaluation and diagnosis as
 # soon as its pack ends; each job is named as it finishes, the base model's SFT progress shows while it builds
-# and the study's progress (cells, steps, ETA) every `progress_every` seconds (lorarl/pipeline/console.py)
+# and the study's progress (cells, steps, ETA) every `progress_every` seconds (lorarl/pipeline/progress/console.py)
 snakemake all "${PACK[@]}" ${ARGS[@]+"${ARGS[@]}"}
 echo "[demo] finished in $(( $(date +%s) - start ))s | tables, figures, report.html"
 echo "[demo] table:   results/demo/tables/summary.md (with intervals: results/demo/tables/stats.md)"

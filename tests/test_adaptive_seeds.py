@@ -96,7 +96,7 @@ def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
-    from lorarl.pipeline.adaptive_flow import AdaptiveStudy
+    from lorarl.pipeline.decisions.adaptive_flow import AdaptiveStudy
 
     sf = write(tmp_path, STUDY)
     study = load_study(sf)

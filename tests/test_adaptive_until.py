@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from lorarl.train import checkpoint
-from lorarl.pipeline.jobparams import JobParams
+from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.train.until import mark_path, staged_mark_path
 from tests.test_grpo import tiny_dir  # noqa: F401
 
@@ -41,7 +41,7 @@ def teacher(tiny_dir, tmp_path_factory):
 
 
 def rung_job(cells, results, target=None, until=RUNG):
-    """What the train/pack stage of a job gets (lorarl.pipeline.stages.Job); ``until``: its --until (None: to the end)."""
+    """What the train/pack stage of a job gets (lorarl.pipeline.jobs.stages.Job); ``until``: its --until (None: to the end)."""
     by_id = {c.id: c for c in cells}
     return SimpleNamespace(cell=lambda: cells[0], target=target, table=SimpleNamespace(cell=by_id.__getitem__),
                            results_dir=results, study=SimpleNamespace(name="ut"), threads=1,
@@ -77,7 +77,7 @@ def numbers(d):
 def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_path, monkeypatch):
     import mlflow
 
-    from lorarl.pipeline.stages import get_stage
+    from lorarl.pipeline.jobs.stages import get_stage
     from lorarl.train.main import train_cell
 
     [cell] = study(tmp_path, tiny_dir, teacher)
@@ -127,7 +127,7 @@ def test_train_to_a_rung_then_to_the_end_equals_one_go(tiny_dir, teacher, tmp_pa
 
 def test_a_fixed_pack_stops_every_member_at_the_rung(tiny_dir, teacher, tmp_path, monkeypatch):
     from lorarl.pack import run as packrun
-    from lorarl.pipeline.stages import get_stage
+    from lorarl.pipeline.jobs.stages import get_stage
 
     monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
     cells = study(tmp_path, tiny_dir, teacher, kls=(0.0, 0.05))
@@ -162,7 +162,7 @@ def test_a_cell_that_ends_before_its_rung_publishes_and_fills_the_rungs_snapshot
                                                                                     monkeypatch):
     """Diverged at step 1, asked for rung 2: its outputs are published as always, the snapshots it never reached
     are its final policy (the rung can be evaluated), its checkpoints go, and the mark says it ended."""
-    from lorarl.pipeline.stages import get_stage
+    from lorarl.pipeline.jobs.stages import get_stage
     from lorarl.numerics.divergence import FAULT_ENV
 
     [cell] = study(tmp_path, tiny_dir, teacher)
@@ -187,12 +187,12 @@ def test_a_bad_until_is_refused(raw, capsys):
 
 
 def test_a_members_rung_job_moves_its_packs_staged_mark_into_place(tmp_path):
-    """The launcher's side (lorarl.pipeline.rung_jobs): a pack left the member's mark staged; the member's own
+    """The launcher's side (lorarl.pipeline.jobs.rung_jobs): a pack left the member's mark staged; the member's own
     rung job moves it into place (its one output) instead of training; without one it trains."""
     from types import SimpleNamespace
 
-    from lorarl.pipeline import inflight
-    from lorarl.pipeline.rung_jobs import handed_over
+    from lorarl.pipeline.jobs import inflight
+    from lorarl.pipeline.jobs.rung_jobs import handed_over
     from lorarl.train.until import write_mark
 
     cell = SimpleNamespace(id="r1-s0", hash="abc")

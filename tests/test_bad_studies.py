@@ -121,7 +121,7 @@ def test_snakemake_refuses_a_too_large_study_before_writing_anything(tmp_path: P
     nothing written but Snakemake's own log (.snakemake/log/)."""
     import subprocess
 
-    from lorarl.pipeline import faults, recovery
+    from lorarl.pipeline.drills import faults, recovery
 
     for name, says in (("axes multiply to a million cells", "1,000,000 cells: axes.seed (10) x axes.rank (10)"),
                        ("three-line alias bomb", "aliases expand to more than 100,000 nodes")):

@@ -86,8 +86,8 @@ def mlflow_steps(results, run_id, key="reward"):
 def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack import publish
     from lorarl.pack.run import train_alone, train_pack
-    from lorarl.pipeline.jobparams import JobParams
-    from lorarl.pipeline.stages import get_stage
+    from lorarl.pipeline.jobs.jobparams import JobParams
+    from lorarl.pipeline.jobs.stages import get_stage
     from lorarl.train import cellstate
 
     cells = study_cells(tmp_path, tiny_dir)

@@ -1,4 +1,4 @@
-"""The console of plain `snakemake all` (lorarl.pipeline.console): the study's progress line from `lorarl status
+"""The console of plain `snakemake all` (lorarl.pipeline.progress.console): the study's progress line from `lorarl status
 --watch`'s snapshot, the base model's build lines while it builds (each printed when it changes), a study whose
 files cannot be read costing one line, the thread quiet once stopped, and the `onsuccess` lines naming the report,
 the tables and the figures. The Snakefile's handlers (onstart, onsuccess, onerror) run it; the end-to-end run of
@@ -11,7 +11,7 @@ import threading
 import time
 
 from lorarl.build_progress import BuildProgress
-from lorarl.pipeline.console import Progress, output_lines, progress_line
+from lorarl.pipeline.progress.console import Progress, output_lines, progress_line
 
 
 def snap(**kw) -> dict:

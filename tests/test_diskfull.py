@@ -1,4 +1,4 @@
-"""Out of disk space while a cell writes its outputs (lorarl.pipeline.diskfull): a clear error, nothing of the
+"""Out of disk space while a cell writes its outputs (lorarl.pipeline.jobs.diskfull): a clear error, nothing of the
 cell taken as done, no temporary folder left, the finished cell's files untouched. Once with the
 fault hook (ENOSPC on summary.json), once for real on a 16 KiB tmpfs mounted over the cell's folder
 (needs root; skipped without it)."""

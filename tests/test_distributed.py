@@ -267,7 +267,7 @@ def test_the_last_out_of_memory_retry_runs_on_the_larger_layout_the_profile_allo
     runs on the profile's `layouts.on_oom` layout, 2 tasks, and trains the cell; its summary names the ranks."""
     import json
 
-    from lorarl.pipeline import oom
+    from lorarl.pipeline.jobs import oom
 
     base, teacher = models
     study_file = study(tmp_path, teacher, base, {"rank": 2, "alpha": 4}, steps=1)

@@ -129,13 +129,13 @@ def test_every_config_section_is_documented():
 
 
 def test_the_pages_show_the_recovery_commands_the_fault_driver_runs():
-    """docs/slurm.md and docs/reliability.md tell a user the very commands (lorarl.pipeline.recovery) that the
+    """docs/slurm.md and docs/reliability.md tell a user the very commands (lorarl.pipeline.drills.recovery) that the
     fault driver and tests/test_faults.py recover with, word for word: the two cannot drift apart."""
-    from lorarl.pipeline import faults, recovery
+    from lorarl.pipeline.drills import faults, recovery
 
     assert (faults.UNLOCK, faults.RUN) == recovery.COMMANDS["local"]
     for page in recovery.PAGES:
         text = (REPO / page).read_text()
         for command in (recovery.shown(c) for pair in recovery.COMMANDS.values() for c in pair):
             shown = f"`{command}`" in text or re.search(rf"^{re.escape(command)}(\s|$)", text, re.M)
-            assert shown, f"{page} does not show `{command}` (lorarl.pipeline.recovery.COMMANDS)"
+            assert shown, f"{page} does not show `{command}` (lorarl.pipeline.drills.recovery.COMMANDS)"

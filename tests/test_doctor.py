@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from lorarl.cli import main
-from lorarl.pipeline.doctor import step_split, truncation
-from lorarl.pipeline.doctor_projection import project
-from lorarl.pipeline.doctor_report import smoke_study
+from lorarl.pipeline.doctor.job import step_split, truncation
+from lorarl.pipeline.doctor.projection import project
+from lorarl.pipeline.doctor.report import smoke_study
 from lorarl.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
 
 
 def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
-    from lorarl.pipeline.doctor_report import parse_overrides
+    from lorarl.pipeline.doctor.report import parse_overrides
     from lorarl.profiles import read_profile
 
     local = read_profile(None)
@@ -226,7 +226,7 @@ def test_tracking_check_reaches_the_store_or_fails_fast(tmp_path, monkeypatch):
     """The job's first check: the profile's MLflow store answers from the node (sqlite: created here)."""
     import socket
 
-    from lorarl.pipeline.doctor import tracking_check
+    from lorarl.pipeline.doctor.job import tracking_check
 
     monkeypatch.setenv("LORARL_TRACKING", "sqlite")
     assert tracking_check(str(tmp_path)).endswith(f"{tmp_path}/mlflow.db") and (tmp_path / "mlflow.db").exists()

@@ -1,5 +1,5 @@
-"""The doctor's job list and schedule (lorarl.pipeline.doctor_jobs), the CPUs a session gets on a shared machine
-(lorarl.pipeline.doctor_clock.share), each job's cost from the doctor's measurements (lorarl.pipeline.doctor_costs)
+"""The doctor's job list and schedule (lorarl.pipeline.doctor.jobs), the CPUs a session gets on a shared machine
+(lorarl.pipeline.doctor.clock.share), each job's cost from the doctor's measurements (lorarl.pipeline.doctor.costs)
 and the whole projection's arithmetic on hand-made measurements. The projection against a real Snakemake run:
 tests/test_pipeline.py."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline.doctor_clock import share
-from lorarl.pipeline.doctor_jobs import (RULE_NAMES, RULE_THREADS, PlannedJob, machine_rate, makespan, planned_jobs,
+from lorarl.pipeline.doctor.clock import share
+from lorarl.pipeline.doctor.jobs import (RULE_NAMES, RULE_THREADS, PlannedJob, machine_rate, makespan, planned_jobs,
                                          rule_counts, wall_under)
 from lorarl.study import load_study, study_cells
 
@@ -143,7 +143,7 @@ def measurements(load: dict) -> dict:
 
 
 def test_projection_arithmetic_on_hand_made_measurements(tmp_path, monkeypatch):
-    from lorarl.pipeline.doctor_projection import project
+    from lorarl.pipeline.doctor.projection import project
 
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     study = _study(tmp_path, {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
@@ -204,7 +204,7 @@ WAIT_CASES = [  # (recorded jobs: stage, folder, wait s), the projection's figur
 def test_projection_charges_each_job_its_kinds_recorded_waits(tmp_path, monkeypatch, recorded, figure, grows):
     """Waits on a lock, a claim or a decision (the cost ledger's wait phase of the study's recorded jobs): each job of
     a kind is charged its kind's mean, as wait seconds (no CPU); the projection grows by exactly that."""
-    from lorarl.pipeline.doctor_projection import project
+    from lorarl.pipeline.doctor.projection import project
 
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     study = _study(tmp_path, {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
@@ -233,7 +233,7 @@ def test_projection_charges_each_job_its_kinds_recorded_waits(tmp_path, monkeypa
 
 
 def test_job_stats_of_a_snakemake_log():
-    from lorarl.pipeline.doctor_jobs import parse_job_stats
+    from lorarl.pipeline.doctor.jobs import parse_job_stats
 
     log = ("Building DAG of jobs...\nJob stats:\njob          count\n---------  -------\nevaluate         3\n"
            "train            2\naggregate        1\nall              1\ntotal            7\n\nSelect jobs to execute...\n")

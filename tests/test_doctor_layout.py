@@ -1,6 +1,6 @@
 """The doctor's projection for a multi-GPU layout: a training job of the profile's slurm.train nodes x
 gpus_per_node GPUs trains on that many ranks, its steps scaled from the smoke's ranks (ideal data-parallel
-scaling, said so), and GPU-hours = job seconds x the job's GPUs (lorarl.pipeline.doctor_projection)."""
+scaling, said so), and GPU-hours = job seconds x the job's GPUs (lorarl.pipeline.doctor.projection)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lorarl.memory.layout import Layout
-from lorarl.pipeline.doctor_projection import project, stage_layouts, step_seconds
+from lorarl.pipeline.doctor.projection import project, stage_layouts, step_seconds
 from lorarl.study import load_study, study_cells
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,

@@ -1,4 +1,4 @@
-"""The doctor's projection of packed training (lorarl.pipeline.doctor_packs, doctor_jobs, doctor_projection): the
+"""The doctor's projection of packed training (lorarl.pipeline.doctor.packs, doctor_jobs, doctor_projection): the
 pack-steps of resident jobs (list scheduling on P places) against fixed packs, the resident plan equal to the
 workflow's, one start-up per resident job, the report's line, and the memory plan's check of the places. Pure
 functions and in-process calls on hand-made measurements: no Snakemake run, no job process (the dry run that
@@ -15,8 +15,8 @@ import pytest
 
 from lorarl.pack.plan import pack_id
 from lorarl.pack.resident import plan_pack_jobs, plan_residents
-from lorarl.pipeline.doctor_jobs import PlannedJob, planned_jobs, rule_counts
-from lorarl.pipeline.doctor_packs import (describe, fixed_pack_steps, pack_steps, places_check, places_refused,
+from lorarl.pipeline.doctor.jobs import PlannedJob, planned_jobs, rule_counts
+from lorarl.pipeline.doctor.packs import (describe, fixed_pack_steps, pack_steps, places_check, places_refused,
                                           resident_schedule)
 from lorarl.study import study_cells
 from tests.test_doctor_jobs import _study, measurements
@@ -147,8 +147,8 @@ def test_the_docs_example_sixteen_cells_of_20_and_60_steps(tmp_path, monkeypatch
 
 
 def test_projection_of_a_resident_job_one_start_up_and_the_members_steps(tmp_path, monkeypatch):
-    from lorarl.pipeline.doctor_projection import project
-    from lorarl.pipeline.doctor_report import render_markdown
+    from lorarl.pipeline.doctor.projection import project
+    from lorarl.pipeline.doctor.report import render_markdown
 
     study, res = mixed(tmp_path, monkeypatch)
     cells = study_cells(study)
@@ -173,8 +173,8 @@ def test_projection_of_a_resident_job_one_start_up_and_the_members_steps(tmp_pat
                                                                    "memory_gb": 8.0, "driver": "-", "cuda": "-",
                                                                    "torch": "-"}}}
     assert describe(p["packs"]) in render_markdown(rep)
-    # `lorarl status --watch` plans the doctor's jobs again (lorarl.pipeline.eta): the resident job, with its seconds
-    from lorarl.pipeline.eta import study_eta
+    # `lorarl status --watch` plans the doctor's jobs again (lorarl.pipeline.progress.eta): the resident job, with its seconds
+    from lorarl.pipeline.progress.eta import study_eta
 
     (res / "jobs" / "doctor").mkdir(parents=True)
     (res / "jobs" / "doctor" / "doctor.json").write_text(json.dumps({"projection": p}))

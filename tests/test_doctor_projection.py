@@ -1,5 +1,5 @@
 """The doctor's projection: prompt tokens in the token budget, DAPO refill rounds, PPO mini-batches, and the
-step split it starts from (lorarl.pipeline.doctor.step_split, lorarl.doctor_projection)."""
+step split it starts from (lorarl.pipeline.doctor.job.step_split, lorarl.doctor_projection)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline.doctor import step_split
-from lorarl.pipeline.doctor_projection import expected_rounds, project, prompt_tokens_by_cell, step_seconds
+from lorarl.pipeline.doctor.job import step_split
+from lorarl.pipeline.doctor.projection import expected_rounds, project, prompt_tokens_by_cell, step_seconds
 from lorarl.study import load_study, study_cells
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,

@@ -1,4 +1,4 @@
-"""Faults around the launcher (lorarl.pipeline.inflight) and the fault-injection run (lorarl.pipeline.faults).
+"""Faults around the launcher (lorarl.pipeline.jobs.inflight) and the fault-injection run (lorarl.pipeline.drills.faults).
 
 Fast: the outputs decide a stage's success (a job reported successful without its outputs fails the
 cell); a lost launcher's local job is found by its log folder. Slow: a real training job whose
@@ -6,7 +6,7 @@ launcher is SIGKILLed is adopted by the next launcher (no duplicate job, no lock
 small fault-injection run (one SIGKILL of each stage: train, evaluate, diagnose and aggregate
 processes, a launcher and the whole submit host; `snakemake all` again after each invocation with a kill)
 completes with every metric row exactly once, adapters equal to the uninterrupted run and no partial
-output. `python -m lorarl.pipeline.faults --kills 20` prints the full figures.
+output. `python -m lorarl.pipeline.drills.faults --kills 20` prints the full figures.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from lorarl import provenance
-from lorarl.pipeline import inflight, launch, slurm
+from lorarl.pipeline.jobs import inflight, launch, slurm
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
                                                                          "n_eval": 8},
@@ -34,7 +34,7 @@ STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name":
 
 
 def test_missing_outputs_of_each_stage(tmp_path: Path):
-    from lorarl.pipeline.jobparams import JobParams
+    from lorarl.pipeline.jobs.jobparams import JobParams
 
     res = str(tmp_path)
     cell = tmp_path / "st" / "c"
@@ -165,7 +165,7 @@ def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path):
 def test_fault_injection_small_run(tmp_path: Path):
     """One SIGKILL of each stage (train, evaluate, diagnose, aggregate, a launcher, the submit host) in
     a 1-cell study, several kills per `snakemake all`; the study completes every time, as the reference."""
-    from lorarl.pipeline import faults
+    from lorarl.pipeline.drills import faults
 
     out = tmp_path / "figures.json"
     rc = faults.main(["--kills", "1", "--per-pass", "1", "--cells", "1", "--workdir", str(tmp_path / "runs"),
@@ -186,7 +186,7 @@ def test_a_killed_snakemake_all_recovers_with_the_documented_commands(tmp_path: 
     demo, as in a fresh clone): the documented recovery, `snakemake --unlock` then `snakemake all`, each with the
     killed study's `--config studies=...` (default profile only), completes tk and runs nothing of the demo;
     without rerun-incomplete there it stops with IncompleteFilesException."""
-    from lorarl.pipeline import faults, recovery
+    from lorarl.pipeline.drills import faults, recovery
 
     spec = {"name": "tk", "kind": "kl_bound_toy", "defaults": {"toy": {"epochs": 2, "lr": 1.0e-3}},  # seconds
             "axes": {"rank": {"field": "rank", "prefix": "r", "values": [1, 2, 4, 8]},
@@ -217,7 +217,7 @@ def test_a_killed_snakemake_all_recovers_with_the_documented_commands(tmp_path: 
 
 def test_fault_driver_plans(tmp_path: Path):
     """Kill shares across workers, the kill drawn for a new process, and bad arguments (exit 2)."""
-    from lorarl.pipeline import faults
+    from lorarl.pipeline.drills import faults
 
     shares = faults._shares(20, ("train", "host"), 3)
     assert [b["train"] for b in shares] == [7, 7, 6] and sum(b["host"] for b in shares) == 20
@@ -236,7 +236,7 @@ def test_fault_driver_plans(tmp_path: Path):
 
 def test_fault_driver_finds_only_its_own_processes(tmp_path: Path):
     """A process in `run-1` is not one of `run-10`'s (and vice versa): exact folder matches only."""
-    from lorarl.pipeline import faults
+    from lorarl.pipeline.drills import faults
 
     a, b = tmp_path / "pass-1", tmp_path / "pass-10"
     for d in (a, b):
@@ -348,7 +348,7 @@ def test_fault_checks_count_lost_duplicated_and_extra_rows(tmp_path: Path):
     import torch
     from safetensors.torch import save_file
 
-    from lorarl.pipeline.fault_checks import check
+    from lorarl.pipeline.drills.fault_checks import check
 
     def make(root: Path, rows: dict[str, list[int]], bump: float = 0.0, tracked: bool = True) -> Path:
         res = root / "results"

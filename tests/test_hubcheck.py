@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from lorarl import hubcheck
-from lorarl.pipeline import recovery
+from lorarl.pipeline.drills import recovery
 from lorarl.study import StudyError, cell_table, load_study, load_study_to_run
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from lorarl.pipeline.executor import local_gpus, make_executor
+from lorarl.pipeline.jobs.executor import local_gpus, make_executor
 
 
 @pytest.mark.parametrize("env, driver, asked, want", [

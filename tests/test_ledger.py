@@ -81,7 +81,7 @@ def test_pack_tokens_and_the_record_file(tmp_path):
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_stage_job_writes_one_record_per_attempt_also_when_it_fails(tmp_path, monkeypatch, fails):
-    from lorarl.pipeline import launch
+    from lorarl.pipeline.jobs import launch
 
     def fake_stage(stage, study_path, cell_id, results_dir, threads, params=None):
         jobclock.first_work(f"unit {fails}")

@@ -76,7 +76,7 @@ def test_auto_on_a_model_the_plan_does_not_know_is_a_clear_error():
 
 
 def test_the_trainer_takes_a_resolved_config_and_refuses_auto():
-    """Resources are resolved where the job starts (lorarl.pipeline.stages); the trainer resolves nothing
+    """Resources are resolved where the job starts (lorarl.pipeline.jobs.stages); the trainer resolves nothing
     and refuses a config with an `auto` knob left, naming it."""
     from lorarl.train.main import job_config
 

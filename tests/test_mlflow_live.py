@@ -175,7 +175,7 @@ def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path,
     import yaml
     from types import SimpleNamespace
 
-    from lorarl.pipeline import launch
+    from lorarl.pipeline.jobs import launch
 
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(STUDY))
@@ -203,7 +203,7 @@ def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path,
 def test_sync_mlflow_ends_a_dead_run_of_an_unfinished_cell(tmp_path: Path):
     import yaml
 
-    from lorarl.pipeline.sync import sync_study
+    from lorarl.pipeline.studyrun.sync import sync_study
 
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump(STUDY))

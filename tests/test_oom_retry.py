@@ -1,4 +1,4 @@
-"""Out-of-memory retries (lorarl.memory.ladder, lorarl.pipeline.oom): the ladder table, OOM recognition, the
+"""Out-of-memory retries (lorarl.memory.ladder, lorarl.pipeline.jobs.oom): the ladder table, OOM recognition, the
 launcher's retry decisions, a cell run one rung down with its science (signatures) unchanged. The end-to-end
 run through Snakemake's retries is tests/test_oom_snakemake.py."""
 
@@ -14,9 +14,9 @@ import yaml
 
 from lorarl.memory.ladder import (LadderExhausted, TrainRung, eval_ladder, planned_train, rung, train_config,
                                   train_ladder)
-from lorarl.pipeline import launch, oom
-from lorarl.pipeline.jobparams import JobParams
-from lorarl.pipeline.stages import Job
+from lorarl.pipeline.jobs import launch, oom
+from lorarl.pipeline.jobs.jobparams import JobParams
+from lorarl.pipeline.jobs.stages import Job
 from lorarl.signature import signature_dump
 
 R = TrainRung

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pipeline import recovery
+from lorarl.pipeline.drills import recovery
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from tests.test_pack_run import staged
 
 def test_members_are_placed_round_robin_and_the_job_has_no_more_ranks_than_members():
     from lorarl.pack.ranks import place
-    from lorarl.pipeline.train_layout import pack_resources
+    from lorarl.pipeline.jobs.train_layout import pack_resources
     from types import SimpleNamespace
 
     assert [place(list("abcde"), r, 2) for r in (0, 1)] == [list("ace"), list("bd")]
@@ -36,7 +36,7 @@ def test_members_are_placed_round_robin_and_the_job_has_no_more_ranks_than_membe
     multi = pack_resources({"nodes": 4, "gpus_per_node": 8}, "s", cfgs(10), "slurm")
     assert (multi["nodes"], multi["tasks_per_node"]) == (2, 8)  # 10 members need 2 nodes of 8, not 4
     assert "layouts" not in one
-    from lorarl.pipeline.train_layout import pack_layout
+    from lorarl.pipeline.jobs.train_layout import pack_layout
 
     prof = {"tasks_per_node": 1, "layouts": {"on_oom": {"tasks_per_node": 8}}}
     assert pack_layout(prof, "s", cfgs(3), "local", False) == ({"tasks_per_node": 1}, None)
@@ -170,7 +170,7 @@ def test_the_last_out_of_memory_retry_of_a_pack_runs_on_more_ranks(tiny_dir, tmp
     fewer members; without one the attempt is refused. Test hook: a pack job of fewer than 2 ranks runs out
     of memory."""
     from lorarl.pack.plan import pack_id
-    from lorarl.pipeline import oom
+    from lorarl.pipeline.jobs import oom
     from lorarl.study import cell_table, load_study
 
     study = _study(tmp_path, tiny_dir, kls=(0.0, 0.05))

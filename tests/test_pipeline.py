@@ -91,9 +91,9 @@ def doctor_projection(workdir: Path) -> dict:
 def projection_trial(wd: Path) -> dict:
     """`lorarl doctor` on the study in ``wd``, then the study's whole run, timed under a load sampler: the doctor's
     projection under the run's load (``now``) beside the measured wall time (``took``)."""
-    from lorarl.pipeline.doctor_clock import LoadSampler, child_cpu_s
-    from lorarl.pipeline.doctor_jobs import wall_under
-    from lorarl.pipeline.watch import snapshot
+    from lorarl.pipeline.doctor.clock import LoadSampler, child_cpu_s
+    from lorarl.pipeline.doctor.jobs import wall_under
+    from lorarl.pipeline.progress.watch import snapshot
 
     projected = doctor_projection(wd)
     before = snapshot(str(wd / "study.yaml"), wd / "results")  # status --watch: every job, from the doctor

@@ -1,5 +1,5 @@
 """Every extension point is a registry that the code consults by name, never by an if-ladder: stages
-(lorarl.pipeline.stages), study kinds (lorarl.kinds) and reward regimes (lorarl.rewards.registry).
+(lorarl.pipeline.jobs.stages), study kinds (lorarl.kinds) and reward regimes (lorarl.rewards.registry).
 Adding one is adding one entry; unknown names are refused with the allowed values."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from lorarl import kinds
 from lorarl.cli import main
 from lorarl.config import RewardConfig
-from lorarl.pipeline import stages
-from lorarl.pipeline.launch import run_stage
+from lorarl.pipeline.jobs import stages
+from lorarl.pipeline.jobs.launch import run_stage
 from lorarl.rewards import REGIMES, Deposits, RegimeSpec
 from lorarl.rewards.registry import build_regime, regime_names
 from lorarl.study import StudyError, cell_table, parse_study
@@ -50,8 +50,8 @@ def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_p
 
 def test_a_stage_entry_carries_what_the_launcher_asks(monkeypatch, tmp_path):
     """Outputs, log key, OOM retry, resources key, scratch folder: facts of the entry, read by the launcher's parts."""
-    from lorarl.pipeline import diskfull, inflight, oom
-    from lorarl.pipeline.jobparams import JobParams
+    from lorarl.pipeline.jobs import diskfull, inflight, oom
+    from lorarl.pipeline.jobs.jobparams import JobParams
 
     assert stages.resources_keys() == ["base", "train", "evaluate", "diagnose", "toy"]  # the profile's slurm: sections
     assert stages.log_key("evaluate", JobParams(eval_target="gsm8k@2")) == "evaluate-gsm8k@2"

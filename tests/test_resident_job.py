@@ -2,7 +2,7 @@
 checkpoint and each ends equal to its solo run; the Snakemake config's `pack: {resident: true, places: P}` is
 checked before anything runs (exit 2, the field and the allowed values named, nothing written), extends the
 default config from the command line, and plans one job per compatible group, lengths aside: the jobs `lorarl doctor`
-projects (lorarl.pipeline.doctor_jobs). Through Snakemake end to end (the job SIGKILLed, `snakemake all` again,
+projects (lorarl.pipeline.doctor.jobs). Through Snakemake end to end (the job SIGKILLed, `snakemake all` again,
 `--forcerun` of one cell): tests/test_resident_snakemake.py."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ real = build.build_pack
 build.build_pack = lambda *a, **kw: fake_regimes(real(*a, **kw))
 import lorarl.train.prepare as prepare
 prepare.reward_of = lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward))
-from lorarl.pipeline.jobparams import JobParams
-from lorarl.pipeline.launch import run_stage
+from lorarl.pipeline.jobs.jobparams import JobParams
+from lorarl.pipeline.jobs.launch import run_stage
 run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1, params=JobParams(places=int(sys.argv[4])))
 """
 
@@ -43,8 +43,8 @@ run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1, params=JobPa
 @pytest.mark.slow
 def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, tmp_path, fake_rewards):
     from lorarl.pack.plan import pack_id
-    from lorarl.pipeline.jobparams import JobParams
-    from lorarl.pipeline.launch import run_stage
+    from lorarl.pipeline.jobs.jobparams import JobParams
+    from lorarl.pipeline.jobs.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), checkpoint_every=1)
     a, b, c = cells["s2-cFalse"], cells["s4-cFalse"], cells["s4-cTrue"]
@@ -142,8 +142,8 @@ def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_
     assert all("--invocation=" in c for c in cmds), cmds
     fixed = snakemake_dry(tmp_path, {"max_cells": 2}, "--quiet", "host")  # train.steps in the fixed key: two jobs
     assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
-    # the doctor's plan (lorarl.pipeline.doctor_jobs) is Snakemake's: the same jobs, the same pack ids
-    from lorarl.pipeline.doctor_jobs import parse_job_stats, planned_jobs, rule_counts
+    # the doctor's plan (lorarl.pipeline.doctor.jobs) is Snakemake's: the same jobs, the same pack ids
+    from lorarl.pipeline.doctor.jobs import parse_job_stats, planned_jobs, rule_counts
     from lorarl.study import load_study
 
     study = load_study(tmp_path / "rz.yaml")
@@ -176,8 +176,8 @@ def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_re
     """A rung's pack job (its --until, resident or fixed) is named with its rung in workflow/rules/pack.smk:
     the job writes that record (the rule's output), and each member's rung mark, staged."""
     from lorarl.pack.plan import pack_id
-    from lorarl.pipeline.jobparams import JobParams
-    from lorarl.pipeline.launch import run_stage
+    from lorarl.pipeline.jobs.jobparams import JobParams
+    from lorarl.pipeline.jobs.launch import run_stage
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
     ids = sorted(cells)

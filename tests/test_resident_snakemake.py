@@ -62,7 +62,7 @@ def files_of(d: Path) -> dict[str, tuple[int, bytes]]:
 def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_retrains_one_cell_solo(tmp_path):
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_alone
-    from lorarl.pipeline.launch import run_stage
+    from lorarl.pipeline.jobs.launch import run_stage
     from lorarl.study import cell_table, load_study
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))

@@ -109,7 +109,7 @@ def test_a_train_job_that_finishes_after_snakemake_is_killed_is_kept_not_retrain
     the job for the killed run's "incomplete" marks on its now whole outputs and would delete them; its onstart
     lets the job put them back (lorarl.train.salvage), so the cell is not trained twice: the same summary and MLflow
     run. Only the train job's own output is asked for (no evaluation jobs)."""
-    from lorarl.pipeline import faults, recovery
+    from lorarl.pipeline.drills import faults, recovery
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     root = recovery.workspace(tmp_path, {"studies": [str(tmp_path / "study.yaml")], "results": "results",

@@ -1,6 +1,6 @@
 """Snakemake's console lines under the default profile (quiet about rules): each finished job names its study
 and cell, and a dry run's summary neither repeats its job table nor points at job lines the profile hides
-(lorarl.pipeline.snakelog). Records go through Snakemake's own filter and formatter, as on the console."""
+(lorarl.pipeline.progress.snakelog). Records go through Snakemake's own filter and formatter, as on the console."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from snakemake.logging import DefaultFilter, DefaultFormatter
 from snakemake.settings.enums import Quietness
 from snakemake_interface_logger_plugins.common import LogEvent
 
-from lorarl.pipeline import recovery
-from lorarl.pipeline.snakelog import HIDDEN_POINTER, SHOWN_POINTER, install, label
+from lorarl.pipeline.drills import recovery
+from lorarl.pipeline.progress.snakelog import HIDDEN_POINTER, SHOWN_POINTER, install, label
 
 QUIET = {Quietness.RULES, Quietness.HOST, Quietness.REASON}  # profiles/default/config.yaml
 

@@ -1,6 +1,6 @@
 """The sqlite MLflow store is made whole or not at all; a half-made one is repaired or refused clearly.
 
-Found by `python -m lorarl.pipeline.faults --kills 8 --cells 2 --per-pass 2 --workers 2 --seed 1`: a
+Found by `python -m lorarl.pipeline.drills.faults --kills 8 --cells 2 --per-pass 2 --workers 2 --seed 1`: a
 launcher SIGKILLed while its cell created results/mlflow.db left `_alembic_tmp_datasets` behind and
 every later open failed `table _alembic_tmp_datasets already exists`. Here the kill lands exactly
 inside a migration's table copy (a SQLAlchemy hook SIGKILLs the process on the k-th statement that

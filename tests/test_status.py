@@ -14,8 +14,8 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl import provenance
-from lorarl.pipeline.launch import error_summary
-from lorarl.pipeline.slurm import coerce, slurm_parameters
+from lorarl.pipeline.jobs.launch import error_summary
+from lorarl.pipeline.jobs.slurm import coerce, slurm_parameters
 from lorarl.status import format_table, study_status
 from lorarl.study import study_cells, load_study
 

@@ -359,19 +359,19 @@ def test_the_regime_name_scan_sees_each_kind_of_test(tmp_path: Path):
         "Snakefile:1", "lorarl/m.py:1", "lorarl/m.py:3", "scripts/s.py:1", "workflow/rules/r.smk:3",
         "workflow/rules/r.smk:4"]
 
-# The stage registry (lorarl.pipeline.stages) carries every fact about a stage; nothing else tests a stage's name.
-STAGE_REGISTRY = ("lorarl/pipeline/stages.py",)
+# The stage registry (lorarl.pipeline.jobs.stages) carries every fact about a stage; nothing else tests a stage's name.
+STAGE_REGISTRY = ("lorarl/pipeline/jobs/stages.py",)
 STAGE_BRANCHES_ALLOWED: dict[str, str] = {}  # "file:line" -> why that branch must stay (none today)
 
 
 def test_no_stage_name_is_tested_outside_the_stage_registry():
     """Adding a stage is one registry entry: its outputs, log key, OOM retry, resources key, ... are facts of
-    the entry (lorarl.pipeline.stages.Stage), never a `stage == "..."` branch elsewhere."""
-    from lorarl.pipeline.stages import STAGES
+    the entry (lorarl.pipeline.jobs.stages.Stage), never a `stage == "..."` branch elsewhere."""
+    from lorarl.pipeline.jobs.stages import STAGES
 
     assert {"train", "evaluate", "pack", "base"} <= set(STAGES)
     found = [b for b in name_branches(REPO, "stage", set(STAGES), STAGE_REGISTRY) if b not in STAGE_BRANCHES_ALLOWED]
-    assert not found, ("branches on a stage's name outside lorarl/pipeline/stages.py (make it a field of the "
+    assert not found, ("branches on a stage's name outside lorarl/pipeline/jobs/stages.py (make it a field of the "
                        "stage's entry and ask get_stage):\n" + "\n".join(found))
 
 

@@ -13,7 +13,7 @@ from lorarl.badstudies import VALID
 from lorarl.study import parse_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, SUPERSEDED_TAG, Tracker
-from lorarl.pipeline.study_run import publish
+from lorarl.pipeline.studyrun.study_run import publish
 from tracking_helpers import run_writers
 
 

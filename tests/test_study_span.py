@@ -19,8 +19,8 @@ from lorarl.badstudies import VALID
 from lorarl.study import load_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, Tracker
-from lorarl.pipeline.study_run import publish
-from lorarl.pipeline.sync import sync_study
+from lorarl.pipeline.studyrun.study_run import publish
+from lorarl.pipeline.studyrun.sync import sync_study
 
 KIND = ("mlflow.experimentKind", "custom_model_development")  # the experiment's kind (the UI's kind selector)
 NUMBERS = ("study/wall_time_s", "study/cells_total", "study/cells_finished", "study/cells_failed",
@@ -181,7 +181,7 @@ def test_the_last_complete_run_is_timed_without_the_gaps_between_reruns(tmp_path
     assert rebuilt.data.metrics["study/last_run_wall_time_s"] == pytest.approx(39.0)
     (res / "bad" / ".last_run.json").unlink()  # B's aggregate never recorded: B ends with its last job
     (res / "bad" / "r1-s0" / "summary.json").unlink()  # and a study that is not complete has no last run
-    from lorarl.pipeline.study_span import last_run
+    from lorarl.pipeline.studyrun.study_span import last_run
 
     assert last_run(study, res, 0)["wall_time_s"] == pytest.approx(29.0)
     publish(study, res)  # not complete: the last run's number is not logged again

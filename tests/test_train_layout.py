@@ -1,11 +1,11 @@
-"""A cell's training layout is runtime (lorarl.pipeline.train_layout): the profile's slurm.train with
+"""A cell's training layout is runtime (lorarl.pipeline.jobs.train_layout): the profile's slurm.train with
 per-model / per-study overrides, one rank per GPU, and never part of the cell's training signature."""
 
 from __future__ import annotations
 
 import pytest
 
-from lorarl.pipeline import train_layout as tl
+from lorarl.pipeline.jobs import train_layout as tl
 from lorarl.study import parse_study, study_cells
 
 TRAIN = {"partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 8,
@@ -67,7 +67,7 @@ def test_the_layout_is_not_in_the_training_signature():
 
 
 def test_local_executor_starts_one_process_per_rank(tmp_path):
-    from lorarl.pipeline.launch import make_executor
+    from lorarl.pipeline.jobs.launch import make_executor
 
     ex = make_executor("local", tmp_path, 1, {"tasks_per_node": 2, "partition": "gpu"})
     assert ex._executor.parameters["tasks_per_node"] == 2
@@ -115,7 +115,7 @@ def test_a_slurm_job_of_several_ranks_ends_every_task_when_one_dies():
     assert prefixed["slurm_srun_args"] == ["-v", tl.KILL_ON_BAD_EXIT] and "srun_args" not in prefixed
     assert tl.job_resources({"gpus_per_node": 2, "srun_args": ["--kill-on-bad-exit=0"]}, None,
                             "slurm")["srun_args"] == ["--kill-on-bad-exit=0"]  # the profile's choice
-    from lorarl.pipeline.slurm import slurm_parameters
+    from lorarl.pipeline.jobs.slurm import slurm_parameters
     assert slurm_parameters(two)[1]["slurm_srun_args"] == [tl.KILL_ON_BAD_EXIT]  # what submitit receives
     # a pack job's ranks each train their own members: a failed rank leaves the others to finish and stage theirs
     pack = tl.pack_resources({"gpus_per_node": 2}, "s", [cell().config, cell().config], "slurm")

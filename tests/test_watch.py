@@ -14,7 +14,7 @@ import yaml
 from lorarl.train import checkpoint
 from lorarl import provenance
 from lorarl.study import load_study, study_cells
-from lorarl.pipeline.watch import render, snapshot, watch
+from lorarl.pipeline.progress.watch import render, snapshot, watch
 
 
 def _study(tmp: Path, n: int) -> Path:

@@ -2,7 +2,7 @@
 ``base`` pseudo-cell on its benchmarks; every sample kept, numbers logged to the cell's MLflow run.
 
 One job evaluates the targets named by its ``--eval-target`` (``gsm8k``, ``math500@40``, comma
-separated; the Snakemake rules pass it, lorarl.pipeline.jobparams), or every target of the cell without one
+separated; the Snakemake rules pass it, lorarl.pipeline.jobs.jobparams), or every target of the cell without one
 (``lorarl run --stages evaluate``).  Files: ``<cell>/eval/<benchmark>[@step].jsonl`` (every sample) and
 ``.json`` (summary), written by :mod:`lorarl.evaluate.records`.  :func:`rescore_cell` grades the
 stored samples again without generating.

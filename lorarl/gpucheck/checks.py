@@ -59,7 +59,7 @@ def environment() -> dict[str, Any]:
     """Device, driver and library versions (as the doctor job sees them, plus the Python stack)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from lorarl.pipeline.doctor import device_info
+    from lorarl.pipeline.doctor.job import device_info
 
     libs = {}
     for name in ("torch", "transformers", "trl", "peft", "accelerate", "vllm"):

@@ -10,7 +10,7 @@ of a pack):
    half of the update's rows / of the rollout's sequences; the vllm engine has no generation chunk);
 3. rung 2 + gradient checkpointing; a cell that checkpoints already: half again instead;
 4. the last rung's settings on the next larger layout the profile allows (``slurm.train.layouts.on_oom``,
-   lorarl.pipeline.train_layout.oom_resources); without one the launcher refuses the attempt ("no larger
+   lorarl.pipeline.jobs.train_layout.oom_resources); without one the launcher refuses the attempt ("no larger
    layout allowed by the profile"). A job past its ladder otherwise: :class:`LadderExhausted`.
 
 A cell with ``train.micro_batch_tokens`` plans the whole update's rows and runs a rung's micro-batch as that

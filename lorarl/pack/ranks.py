@@ -12,7 +12,7 @@ train it solo on a layout of several ranks). Each rank writes its members' outpu
 runs (one writer per member); rank 0 writes the pack's record once every rank has reported.
 
 Rendezvous: torch.distributed's ``TCPStore`` on the job's first node (``MASTER_ADDR``/``MASTER_PORT``, from
-submitit's job environment: lorarl.pipeline.train_layout.export_ranks), not a process group, so a rank's
+submitit's job environment: lorarl.pipeline.jobs.train_layout.export_ranks), not a process group, so a rank's
 own vLLM engine (``rollout.engine: vllm``) starts as in a one-rank pack. Every rank beats a counter while it
 trains; a rank that fails says so, and one that stops beating (killed) for ``LORARL_COLLECTIVE_TIMEOUT_S``
 fails the job instead of leaving rank 0 waiting. Members another rank has staged stay staged: a rerun of

@@ -62,7 +62,7 @@ def plan_residents(cells: list[Any]) -> list[list[str]]:
 def plan_pack_jobs(cells: list[Any], max_cells: int, places: int) -> list[list[str]]:
     """The training jobs of a study's unfinished cells (in study order) as workflow/rules/pack.smk plans them:
     with ``places`` (resident packs) one per compatible group, else fixed packs of at most ``max_cells``; a group
-    of one cell trains alone (its own ``train`` job). Also the doctor's plan (lorarl.pipeline.doctor_jobs)."""
+    of one cell trains alone (its own ``train`` job). Also the doctor's plan (lorarl.pipeline.doctor.jobs)."""
     return plan_residents(cells) if places else plan_packs(cells, max_cells)
 
 

@@ -2,7 +2,7 @@
 
 MLflow builds a new sqlite store in place: it creates the initial tables, then runs some fifty alembic
 migrations, several of which copy a table through `_alembic_tmp_<name>` (sqlite has no ALTER COLUMN).
-A SIGKILL in that second (measured by `python -m lorarl.pipeline.faults`: a launcher killed while its
+A SIGKILL in that second (measured by `python -m lorarl.pipeline.drills.faults`: a launcher killed while its
 first cell opened `results/mlflow.db`) leaves a store that every later open refuses with
 `table _alembic_tmp_datasets already exists`, and the study can never finish.
 

@@ -316,7 +316,7 @@ class CellRun:
             write_json(self.work / "summary.json", summary)
             self.stage(self.work, self.final)
             return
-        disk_full_hook(self.work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.diskfull)
+        disk_full_hook(self.work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.jobs.diskfull)
         write_json(self.work / "summary.json", summary)
         salvage.publish(self.work, self.results_dir, self.study, self.cell.id, self.cell.hash)  # summary.json last
 

@@ -29,7 +29,7 @@ Engines (what the weights, optimiser, schedule, RNG streams and data cursor look
 
 The two engines' runs of one cell are different trajectories from the first step (their data orders and rollout
 code differ; packing is a runtime choice), so a state resumes only in a host of its own engine: a single-cell job
-takes whichever engine the state names (lorarl.pipeline.stages), a pack leaves out a cell with an ``hf`` state
+takes whichever engine the state names (lorarl.pipeline.jobs.stages), a pack leaves out a cell with an ``hf`` state
 (its own job resumes it) instead of discarding its progress.
 """
 

@@ -1,7 +1,7 @@
 """One cell's training on several processes: what lorarl adds on top of TRL's multi-process GRPO, rank-correct.
 
 The engine is torch.distributed through accelerate, as TRL uses it: ``torchrun`` (one node) or submitit's
-multi-task Slurm job (lorarl.pipeline.train_layout) starts one process per GPU (per CPU rank in the tests, backend gloo);
+multi-task Slurm job (lorarl.pipeline.jobs.train_layout) starts one process per GPU (per CPU rank in the tests, backend gloo);
 the HF Trainer wraps the policy in DDP (adapter cells) or FSDP2 (``fsdp`` layouts), and TRL hands every rank
 its share of the generation batch: rank ``r`` gets rows ``[r*B/N, (r+1)*B/N)`` of the study's ``P x G`` rows.
 

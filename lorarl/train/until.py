@@ -1,8 +1,8 @@
 """Train a cell only up to a step: the rung jobs of an adaptive study (docs/adaptive.md).
 
 The job's ``--until <step>`` (written by the workflow's ``train_rung`` rule and by a rung's ``train_pack`` rule;
-``lorarl launch`` parses it into the job's parameters, lorarl.pipeline.jobparams, which travel with the job) is
-read at the job's entry (the ``train`` and ``pack`` stages, lorarl.pipeline.stages: ``job.params.until``) and
+``lorarl launch`` parses it into the job's parameters, lorarl.pipeline.jobs.jobparams, which travel with the job) is
+read at the job's entry (the ``train`` and ``pack`` stages, lorarl.pipeline.jobs.stages: ``job.params.until``) and
 handed to the trainer as its ``stop_at``
 (:func:`lorarl.train.main.train_cell`, :func:`lorarl.pack.run.train_pack`, :func:`lorarl.pack.run.train_alone`).
 A rung stop IS a pause of the cell's run, the one way a run pauses (lorarl.train.cellrun): the checkpoint at
@@ -18,7 +18,7 @@ Then the stage writes the **rung mark** ``results/<study>/<cell>/rungs/step-<ste
 Ended before it (diverged, stopped on collapse): its outputs published as always, the snapshots it never
 reached filled with its final policy (so the rung can be evaluated), ``ended: true``. Already finished (its
 summary.json of this config, :func:`already_ended`): the mark, no training. A pack job leaves each member's
-mark staged (:func:`staged_mark_path`); the member's own rung job moves it into place (lorarl.pipeline.rung_jobs).
+mark staged (:func:`staged_mark_path`); the member's own rung job moves it into place (lorarl.pipeline.jobs.rung_jobs).
 """
 
 from __future__ import annotations

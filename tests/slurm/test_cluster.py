@@ -134,11 +134,11 @@ def test_checkpointable_requeue_resumes_with_state(tmp_path: Path) -> None:
 
 
 def test_a_dead_rank_ends_every_task_of_a_two_node_job(tmp_path: Path) -> None:
-    """What lorarl asks srun for a training job of several ranks (lorarl.pipeline.train_layout: kill-on-bad-exit):
+    """What lorarl asks srun for a training job of several ranks (lorarl.pipeline.jobs.train_layout: kill-on-bad-exit):
     rank 0 of a 2-node job dies before any collective; rank 1, which would wait 300 s, is ended with it, and the
     job frees both nodes within seconds (without the flag it held them until rank 1 gave up)."""
-    from lorarl.pipeline.slurm import slurm_parameters
-    from lorarl.pipeline.train_layout import job_resources
+    from lorarl.pipeline.jobs.slurm import slurm_parameters
+    from lorarl.pipeline.jobs.train_layout import job_resources
 
     _, params = slurm_parameters(job_resources({"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1}, None, "slurm"))
     job = _executor(tmp_path, "multi", **params).submit(slurm_jobs.rank0_dies, 300)

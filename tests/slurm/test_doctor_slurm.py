@@ -97,7 +97,7 @@ def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_pa
     assert p["cells"] == 4 and p["steps"] == 160 and p["gpus_per_job"] == {"train": 1, "evaluate": 1, "diagnose": 0}
     assert p["gpu_hours"] > 0
     # DAPO cells are charged the expected refill rounds at the smoke's measured degenerate-group rate
-    from lorarl.pipeline.doctor_projection import expected_rounds
+    from lorarl.pipeline.doctor.projection import expected_rounds
 
     rate, rows = m["split"]["degenerate_rate"], {r["cell"]: r for r in p["per_cell"]}
     assert rate is not None and rows["s0-dsFalse"]["rounds_per_rollout"] == 1.0

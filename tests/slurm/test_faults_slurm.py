@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.pipeline import faults
+from lorarl.pipeline.drills import faults
 from tests.slurm.test_pipeline_slurm import (REPO, env, models, snakemake, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 

@@ -2,17 +2,17 @@
 # decisions allow, through Snakemake's checkpoints. Per cell of a searched setting, training is cut into segments
 # at the rungs: `train_rung` trains it up to a rung (its `--until`: checkpoint kept, nothing published, the
 # rung mark its output), `evaluate_step` scores the rung's snapshot, and the checkpoint `decide_rung` decides the
-# rung from those records (lorarl.pipeline.decide). Only then do the input functions (lorarl.adaptive.flow) ask
+# rung from those records (lorarl.pipeline.decisions.decide). Only then do the input functions (lorarl.adaptive.flow) ask
 # for the next segment of the promoted cells; a stopped cell is asked for nothing more (censored at its rung).
 # Hypotheses: the checkpoint `hypothesis_look` after each seed; an undecided comparison asks for the next seed's
 # cells (lorarl.adaptive.seeds). `--config search=off`: no search (every cell to its end, resuming at its rung).
 from pathlib import Path as _Path
 
-from lorarl.pipeline.adaptive_flow import AdaptiveStudy, describe as _describe_adaptive, search_is_off
-from lorarl.pipeline.adaptive_flow import existing_mark as _existing_mark, last_mark as _last_mark
+from lorarl.pipeline.decisions.adaptive_flow import AdaptiveStudy, describe as _describe_adaptive, search_is_off
+from lorarl.pipeline.decisions.adaptive_flow import existing_mark as _existing_mark, last_mark as _last_mark
 
 SEARCH_ON = not search_is_off(config.get("search", "on"))
-DECIDE = f"{sys.executable} -m lorarl.pipeline.decide"
+DECIDE = f"{sys.executable} -m lorarl.pipeline.decisions.decide"
 
 
 def _rung_view(study, step, n):
@@ -38,7 +38,7 @@ def _adaptive_studies():
     return out
 
 
-ADAPT = _adaptive_studies()  # study name -> lorarl.pipeline.adaptive_flow.AdaptiveStudy
+ADAPT = _adaptive_studies()  # study name -> lorarl.pipeline.decisions.adaptive_flow.AdaptiveStudy
 OFF_SEARCH = {n: s for n, (_, s) in STUDIES.items() if s.search is not None and not SEARCH_ON}  # search=off
 for _s, _ad in ADAPT.items():  # what is decided and what waits on a rung (a dry run prints it too)
     for _line in _describe_adaptive(_ad):

@@ -15,7 +15,7 @@ from snakemake.utils import validate
 from lorarl import paths
 from lorarl.kinds import get_kind
 from lorarl.models import cell_models, parent_recipe, recipe_hash, recipe_name
-from lorarl.pipeline.stages import get_stage, resources_keys
+from lorarl.pipeline.jobs.stages import get_stage, resources_keys
 from lorarl.study import StudyError, cell_table, load_study_to_run
 from lorarl.study_set import effective_file as _effective_study_file
 from lorarl.evalplan import plan as eval_plan
@@ -23,12 +23,12 @@ from lorarl.evalplan import plan as eval_plan
 validate(config, "../schemas/config.schema.yaml")
 
 # This `snakemake` run, an argument of every job it submits (`--invocation`, recorded by lorarl.provenance) and of
-# its aggregates: a study's last complete run is timed from it (study/last_run_wall_time_s, lorarl.pipeline.study_span).
+# its aggregates: a study's last complete run is timed from it (study/last_run_wall_time_s, lorarl.pipeline.studyrun.study_span).
 INVOCATION = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
 
-# Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.snakelog)
+# Progress lines name each job's study and cell; a dry run's summary points at no hidden line (lorarl.pipeline.progress.snakelog)
 from snakemake.logging import logger as _snakemake_logger
-from lorarl.pipeline.snakelog import install as _name_jobs
+from lorarl.pipeline.progress.snakelog import install as _name_jobs
 
 
 def _dryrun():
@@ -112,8 +112,8 @@ SLURM_JSON = {key: slurm_json(key) for key in resources_keys()}
 
 def launch(stage, job_args=""):
     """The `lorarl launch` command of a rule whose jobs get the profile's ``slurm.<key>`` resources, the stage's
-    resources key (lorarl.pipeline.stages: a pack's jobs get train's). ``job_args``:
-    the job's parameters as arguments (lorarl.pipeline.jobparams: ``--attempt``, ``--until``, ``--places``, ...),
+    resources key (lorarl.pipeline.jobs.stages: a pack's jobs get train's). ``job_args``:
+    the job's parameters as arguments (lorarl.pipeline.jobs.jobparams: ``--attempt``, ``--until``, ``--places``, ...),
     never environment variables."""
     return (
         "lorarl launch {params.stage} {params.study} {params.target} --results {params.results} "
@@ -123,7 +123,7 @@ def launch(stage, job_args=""):
     )
 
 
-# Out of memory (lorarl.pipeline.oom): train, evaluate and train_pack jobs are retried OOM_RETRIES times; the
+# Out of memory (lorarl.pipeline.jobs.oom): train, evaluate and train_pack jobs are retried OOM_RETRIES times; the
 # attempt number reaches the job as its `--attempt` through a resource (not a param: never a rerun trigger),
 # and each retry after an out-of-memory failure runs one rung down the memory ladder (lorarl.memory.ladder).
 OOM_RETRIES = 3
@@ -193,7 +193,7 @@ def eval_outputs(s, cell, is_base):
 
 def aggregate_inputs(wildcards):
     s = wildcards.study
-    if s in ADAPT:  # as far as the decisions go (lorarl.pipeline.adaptive_flow), and the base pseudo-cells
+    if s in ADAPT:  # as far as the decisions go (lorarl.pipeline.decisions.adaptive_flow), and the base pseudo-cells
         bases = [str(p) for b in base_ids(s) for p in eval_outputs(s, b, True)]
         return ADAPT[s].aggregate_inputs(functools.partial(cell_outputs, s)) + bases
     return study_outputs(s)
@@ -265,7 +265,7 @@ def all_targets():
 
 def print_failures():
     """`onerror`: the default profile is quiet about rules, so list every failed stage here."""
-    from lorarl.pipeline.watch import failure_lines
+    from lorarl.pipeline.progress.watch import failure_lines
 
     stop_progress()
     for name, (f, s) in STUDIES.items():
@@ -276,7 +276,7 @@ def print_failures():
         print(f"[lorarl] {name}: details with `lorarl status {f}`", file=sys.stderr)
 
 
-# The console of plain `snakemake all` (lorarl.pipeline.console): each study's progress every `progress_every`
+# The console of plain `snakemake all` (lorarl.pipeline.progress.console): each study's progress every `progress_every`
 # seconds and each local base model's build while it runs (`onstart`), where the outputs are (`onsuccess`).
 _PROGRESS = []
 
@@ -284,7 +284,7 @@ _PROGRESS = []
 def start_progress():
     """`onstart`: the progress lines' thread (none with `progress_every: 0`); display only, no job waits on it."""
     from lorarl.models import study_recipes
-    from lorarl.pipeline.console import Progress
+    from lorarl.pipeline.progress.console import Progress
     from lorarl.study import study_cells
 
     every = float(config.get("progress_every", 60) or 0)
@@ -303,7 +303,7 @@ def stop_progress():
 
 def print_outputs():
     """`onsuccess`: each study's report.html, tables and figures."""
-    from lorarl.pipeline.console import output_lines
+    from lorarl.pipeline.progress.console import output_lines
 
     stop_progress()
     for line in output_lines(list(STUDIES), RESULTS):

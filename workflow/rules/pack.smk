@@ -26,7 +26,7 @@ except ValueError as err:
 
 def _group(cells):
     """Fixed packs of at most pack.max_cells, or (resident) one job per compatible group, lengths aside (the
-    doctor's projection plans with the same function: lorarl.pipeline.doctor_jobs)."""
+    doctor's projection plans with the same function: lorarl.pipeline.doctor.jobs)."""
     return _plan_pack_jobs(cells, PACK_MAX_CELLS, PACK_PLACES)
 
 

@@ -8,7 +8,7 @@ They work on every profile because `rerun-incomplete` is set in profiles/default
 Snakemake applies on top of any `--profile`: without it `snakemake all` stops at once with Snakemake's
 IncompleteFilesException after a kill.
 
-The fault driver (lorarl.pipeline.faults) and tests/test_faults.py start and recover studies with exactly
+The fault driver (lorarl.pipeline.drills.faults) and tests/test_faults.py start and recover studies with exactly
 these commands, in a folder laid out as a repo root (`workspace`): the Snakefile, workflow/ and profiles/
 linked from this repository, and its own config/config.yaml naming the study.
 """

@@ -165,9 +165,9 @@ def stage_layouts(profile: dict, device_kind: str) -> dict[str, Any]:
 
 
 def _train_ranks_and_gpus(profile: dict, study: str, cfg: Any, on_gpus: bool) -> tuple[int, int]:
-    """A cell's training ranks and GPUs by the launcher's own rule (lorarl.pipeline.train_layout: the per-model
+    """A cell's training ranks and GPUs by the launcher's own rule (lorarl.pipeline.jobs.train_layout: the per-model
     and per-study overrides, ``tasks_per_node``, the teacher's GPU); no GPUs on a CPU smoke."""
-    from lorarl.pipeline import train_layout
+    from lorarl.pipeline.jobs import train_layout
 
     res = train_layout.train_resources((profile.get("slurm") or {}).get("train"), study, cfg.model)
     gpus = int(res.get("nodes") or 1) * int(res.get("gpus_per_node", 1 if on_gpus else 0) or 0)
@@ -200,13 +200,13 @@ def _monitors(t: Any, split: dict) -> float:
 
 def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | None = None) -> dict[str, Any]:
     """Whole-study time and GPU-hours from the smoke's measurements: every job the study's run will execute
-    (lorarl.pipeline.doctor_jobs), each with its start-up and work (lorarl.pipeline.doctor_costs), scheduled
+    (lorarl.pipeline.doctor.jobs), each with its start-up and work (lorarl.pipeline.doctor.costs), scheduled
     on the profile's slots; the assumptions spelled out."""
     from lorarl.evalplan.plan import parse_target
     from lorarl.pack.plan import max_cells, resident_places
-    from lorarl.pipeline.doctor_costs import JobCosts, _sum, describe, job_part, recorded_waits
-    from lorarl.pipeline.doctor_jobs import RULE_THREADS, as_rows, makespan, planned_jobs, rule_counts
-    from lorarl.pipeline.doctor_packs import pack_steps, places_refused
+    from lorarl.pipeline.doctor.costs import JobCosts, _sum, describe, job_part, recorded_waits
+    from lorarl.pipeline.doctor.jobs import RULE_THREADS, as_rows, makespan, planned_jobs, rule_counts
+    from lorarl.pipeline.doctor.packs import pack_steps, places_refused
     from lorarl.report.cost import read_records
     from lorarl.study import study_cells
 
@@ -329,7 +329,7 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
                "not; the idle-machine figure is the same with no other users" if shared else
                "each job runs on its own allocation (no sharing between jobs), queue waits and requeues ignored")
     return [
-        f"every job the study's run executes is counted (lorarl.pipeline.doctor_jobs, from workflow/rules): a "
+        f"every job the study's run executes is counted (lorarl.pipeline.doctor.jobs, from workflow/rules): a "
         "base model job per missing local: recipe, a training job per cell (with pack: one job per pack, and the "
         "member's own train job waiting for it in a slot until the pack ends; with resident packs one such job per "
         "compatible group, lengths aside), an evaluation job per benchmark and snapshot step of "
@@ -348,7 +348,7 @@ def _assumptions(split: dict, smoke_prompt: float, chosen: Any, cells: list, m: 
         "training spent beside its steps (model load, trainer, first use of TRL, saving, MLflow) is every "
         "training job's fixed part; a pack's members train one after another in its one job (no batching gain "
         "counted; a resident job's re-forms at its slot boundaries not charged): beside the hours, the report "
-        "gives the pack-steps the packs run (lorarl.pipeline.doctor_packs)",
+        "gives the pack-steps the packs run (lorarl.pipeline.doctor.packs)",
         f"prompt = the mean token length of a cell's training prompts (its tokenizer, task and prompt "
         f"settings; first {PROMPT_SAMPLE} prompts); the smoke cell's is {smoke_prompt:.1f}; completions are "
         "charged their full budget's share as in the smoke (same fill of max_completion_length)",

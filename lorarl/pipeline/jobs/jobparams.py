@@ -5,7 +5,7 @@ They are arguments of the job's command line (``lorarl launch <stage> <study> <t
 (workflow/rules/*.smk), parsed once by ``lorarl launch`` (:func:`add_arguments`, :func:`from_args`) into one
 :class:`JobParams`, and handed down explicitly: to the launcher (its out-of-memory retries, output check and
 provenance), inside the submitted job (``StageJob`` pickles it, so a requeued job keeps it), to the stage
-(``Job.params``, lorarl.pipeline.stages) and from there as plain arguments to the code that uses them. No job
+(``Job.params``, lorarl.pipeline.jobs.stages) and from there as plain arguments to the code that uses them. No job
 parameter travels in the environment (the ``LORARL_*`` variables that remain are user knobs, test hooks and one
 value a job sets for itself: the table in docs/contributing.md).
 """
@@ -55,7 +55,7 @@ def _count(flag: str, optional: bool, least: int = 1):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The job parameters as options of ``lorarl launch`` (the rules pass them; empty = none)."""
     parser.add_argument("--attempt", type=_count("--attempt", False), default=1,
-                        help="Snakemake's attempt number (out-of-memory retries, lorarl.pipeline.oom)")
+                        help="Snakemake's attempt number (out-of-memory retries, lorarl.pipeline.jobs.oom)")
     parser.add_argument("--until", type=_count("--until", True), default=None,
                         help="train/pack: the step the job stops at (an adaptive study's rung); empty: the end")
     parser.add_argument("--places", type=_count("--places", True), default=None,

@@ -1,6 +1,6 @@
 """Login side of `lorarl doctor`: smoke study, launch through the profile, projection, JSON + markdown report.
 
-See :mod:`lorarl.pipeline.doctor` for what the job measures. The projection's assumptions are part of the report.
+See :mod:`lorarl.pipeline.doctor.job` for what the job measures. The projection's assumptions are part of the report.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from lorarl.pipeline.doctor import MEASURED, REQUEST
-from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dry_run
-from lorarl.pipeline.doctor_jobs import parse_job_stats
-from lorarl.pipeline.doctor_packs import describe as describe_packs, places_check
-from lorarl.pipeline.doctor_projection import project
+from lorarl.pipeline.doctor.job import MEASURED, REQUEST
+from lorarl.pipeline.doctor.clock import launcher_probe, run_child, snakemake_dry_run
+from lorarl.pipeline.doctor.jobs import parse_job_stats
+from lorarl.pipeline.doctor.packs import describe as describe_packs, places_check
+from lorarl.pipeline.doctor.projection import project
 from lorarl.profiles import read_profile
 from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
@@ -84,7 +84,7 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     import time
 
     from lorarl import provenance
-    from lorarl.pipeline.slurm import ACTIVE, sacct_info
+    from lorarl.pipeline.jobs.slurm import ACTIVE, sacct_info
 
     ids = provenance.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
@@ -228,8 +228,8 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
                results_dir: str = "results", eval_limit: int = 8, threads: int = 1,
                overrides: list[str] | None = None) -> int:
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
-    from lorarl.pipeline.launch import launch
-    from lorarl.pipeline.stages import get_stage
+    from lorarl.pipeline.jobs.launch import launch
+    from lorarl.pipeline.jobs.stages import get_stage
     from lorarl.models import recipe_name
     from lorarl.provenance import provenance_path
 

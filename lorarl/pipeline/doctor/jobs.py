@@ -147,7 +147,7 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
 
 def machine_rate(load: dict | None) -> Callable[[int], float]:
     """Per-thread CPU rate of ``k`` runnable threads of ours on a shared machine, from the doctor's load sample
-    (lorarl.pipeline.doctor_clock.LoadSampler: ``capacity[k]`` = CPUs our session gets with k runnable threads);
+    (lorarl.pipeline.doctor.clock.LoadSampler: ``capacity[k]`` = CPUs our session gets with k runnable threads);
     1 without a sample (each job alone on its allocation)."""
     cap = {int(k): float(v) for k, v in ((load or {}).get("capacity") or {}).items()}
 

@@ -1,7 +1,7 @@
 """The decision jobs of an adaptive study: the workflow's checkpoint rules run these (workflow/rules/adaptive.smk).
 
-    python -m lorarl.pipeline.decide rung <study.yaml> --step 10 --n all --out <view> [--results R] [--tracking T]
-    python -m lorarl.pipeline.decide look <study.yaml> --hypothesis NAME --n 4 --out <view> [--results R]
+    python -m lorarl.pipeline.decisions.decide rung <study.yaml> --step 10 --n all --out <view> [--results R] [--tracking T]
+    python -m lorarl.pipeline.decisions.decide look <study.yaml> --hypothesis NAME --n 4 --out <view> [--results R]
 
 ``rung``: decide from the records on disk and the previous ledger (lorarl.adaptive.ledger.update_search:
 ``results/<study>/adaptive/search.json``), then write the rung's **view** (its arrival order, the values used,
@@ -110,7 +110,7 @@ def look_view(study_path: str, hypothesis: str, n: int, results: str, out: str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lorarl.pipeline.decide", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lorarl.pipeline.decisions.decide", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["rung", "look"])
     ap.add_argument("study")
     ap.add_argument("--step", type=int, help="rung: its training step")

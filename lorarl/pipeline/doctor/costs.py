@@ -1,4 +1,4 @@
-"""What one job of each kind costs, from `lorarl doctor`'s measurements (lorarl.pipeline.doctor_projection).
+"""What one job of each kind costs, from `lorarl doctor`'s measurements (lorarl.pipeline.doctor.projection).
 
 Every job of a study starts from nothing: Snakemake starts `lorarl launch` (a fresh interpreter, the launcher's
 imports, the study's cell table: the doctor times this in a fresh process, ``login.launcher``), which submits the
@@ -9,7 +9,7 @@ peft, MLflow, timed first thing in the doctor job), opens the MLflow store (``ph
 store's schema check; the first job of the study also creates it: ``phases.mlflow``, charged once), loads the
 model (the first load, less a warm one, is the rest of the libraries' first use) and only then works; when it ends, the launcher sees it and
 exits (from the doctor job's end to the doctor's submission returning: ``teardown``). The work itself is the
-doctor's smoke, scaled: training by the cell's optimiser updates (lorarl.pipeline.doctor_projection.step_seconds;
+doctor's smoke, scaled: training by the cell's optimiser updates (lorarl.pipeline.doctor.projection.step_seconds;
 what the smoke training spent beside its steps is the job's fixed part), an evaluation by the benchmark's problems
 (the doctor evaluates one problem first, so its timed evaluation is warm: seconds per problem, and what the first
 problem cost beyond them is the job's fixed part), diagnostics as measured, aggregation as a fresh
@@ -21,7 +21,7 @@ no records, none.
 
 Each part is (wall seconds, CPU seconds) as measured while the doctor job ran alone in its session on a machine that
 may be shared (the doctor job's load sample gives its CPU share); a job's cost is (cpu, wait): CPU seconds on an idle
-core and seconds that do not depend on the CPU (lorarl.pipeline.doctor_jobs.makespan). A part whose CPU time was not
+core and seconds that do not depend on the CPU (lorarl.pipeline.doctor.jobs.makespan). A part whose CPU time was not
 measured counts as CPU-bound.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.pipeline.doctor_jobs import PlannedJob, machine_rate
+from lorarl.pipeline.doctor.jobs import PlannedJob, machine_rate
 
 Part = tuple[float, float]  # (wall seconds, CPU seconds) as measured
 

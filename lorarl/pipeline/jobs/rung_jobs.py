@@ -1,7 +1,7 @@
 """The launcher's side of a job that trains a cell up to a rung (its ``--until``, lorarl.train.until).
 
 Such a job's one output is the cell's rung mark ``<cell>/rungs/step-<step>.json``, not the cell's outputs:
-:func:`expected` names it for the launcher's output check (lorarl.pipeline.inflight). When packs are on, the
+:func:`expected` names it for the launcher's output check (lorarl.pipeline.jobs.inflight). When packs are on, the
 pack job trains the member and leaves its mark staged beside it; the member's own rung job then waits for the
 pack (its claim, as a member's `train` job does: lorarl.pack.publish), moves the outputs of a member that
 ended into place, and moves the staged mark into place: :func:`handed_over`.

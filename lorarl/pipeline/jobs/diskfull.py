@@ -2,7 +2,7 @@
 
 A stage's declared outputs are written into a temporary folder and moved in complete (summary.json,
 the "done" mark, last), so a failed write never leaves a file Snakemake could take as an output, and
-never touches another cell. `lorarl.pipeline.launch.run_stage` turns ENOSPC into `disk_full_error` (what could
+never touches another cell. `lorarl.pipeline.jobs.launch.run_stage` turns ENOSPC into `disk_full_error` (what could
 not be written, the free space left, what to do) after removing the attempt's temporary folder.
 Test hook: LORARL_FAULT=disk_full makes the write of a train cell's summary.json fail with ENOSPC.
 """
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from lorarl.io import disk_full_hook  # noqa: F401 - the hook itself sits below the trainer
-from lorarl.pipeline.stages import get_stage
+from lorarl.pipeline.jobs.stages import get_stage
 
 
 def is_disk_full(err: BaseException) -> bool:

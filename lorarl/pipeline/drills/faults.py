@@ -1,4 +1,4 @@
-"""Fault injection over the whole pipeline: `python -m lorarl.pipeline.faults --kills 20` prints the figures.
+"""Fault injection over the whole pipeline: `python -m lorarl.pipeline.drills.faults --kills 20` prints the figures.
 
 A small real study (2 cells x 4 GRPO steps on the tiny CPU model, checkpoints every 2 steps, held-out
 evaluation, diagnostics, aggregate; `--cells N`) runs once uninterrupted (the reference). Then, pass
@@ -6,7 +6,7 @@ after pass, a fresh copy runs under `snakemake all` while a monitor SIGKILLs pro
 a time, each at a random point of its life (the others keep going); `snakemake all --config studies=...`
 runs again after every invocation with a kill (after `snakemake --unlock --config studies=...` when Snakemake
 itself died) until the study completes: the commands the docs give a user, word for word
-(lorarl.pipeline.recovery), in a folder laid out as a repo root, so cores, keep-going and rerun-incomplete
+(lorarl.pipeline.drills.recovery), in a folder laid out as a repo root, so cores, keep-going and rerun-incomplete
 come from profiles/default. Kill targets ("stages"): train / evaluate / diagnose = the job process of that stage (the submitit worker);
 aggregate = `lorarl aggregate`; launcher = one `lorarl launch` (its job runs on, orphaned); host = the
 submit host dies (Snakemake and every `lorarl launch` at once).
@@ -16,7 +16,7 @@ every run since)], counted from the process's own start (/proc), so the short ag
 kill whose process ended first is counted as missed and retried on the next one (kills not placed move
 to the next run); several processes may have a kill planned at once, never more than kills left.
 `--workers N` runs N kill loops side by side, each in its own folder with its share of the kills.
-Each completed pass is checked against the reference (lorarl.pipeline.fault_checks): every (metric,
+Each completed pass is checked against the reference (lorarl.pipeline.drills.fault_checks): every (metric,
 step) once in the cell's one MLflow run and metrics.csv, adapters and evaluations equal, no partial or
 temporary file among the outputs. Only processes of this user whose working directory or arguments
 lie in this run's directory are ever signalled.
@@ -42,8 +42,8 @@ from pathlib import Path
 import yaml
 
 from lorarl.io import pid_alive
-from lorarl.pipeline import recovery
-from lorarl.pipeline.fault_checks import SUMS, check, merge, report
+from lorarl.pipeline.drills import recovery
+from lorarl.pipeline.drills.fault_checks import SUMS, check, merge, report
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
@@ -324,7 +324,7 @@ def _shares(kills: int, stages: tuple[str, ...], workers: int) -> list[dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.faults", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lorarl.pipeline.drills.faults", description=__doc__.split("\n")[0])
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs per stage (default 20)")
     p.add_argument("--per-pass", type=int, default=2, help="at most this many kills per stage in one study run")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}")

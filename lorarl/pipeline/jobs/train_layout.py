@@ -14,7 +14,7 @@ A study gets the layout its size needs without editing ``slurm.train`` for each 
         layouts:                      # overrides of the keys above for the cells they match
           by_model:  {Qwen/Qwen2.5-7B: {gpus_per_node: 8}}
           by_study:  {paper004_h200: {nodes: 4, gpus_per_node: 8}}   # a study's wins over its model's
-          on_oom:    {gpus_per_node: 4}   # the larger layout of the last out-of-memory retry (lorarl.pipeline.oom)
+          on_oom:    {gpus_per_node: 4}   # the larger layout of the last out-of-memory retry (lorarl.pipeline.jobs.oom)
 
 The layout never enters a cell's training signature (it is not in the cell config), so the same cell trained
 on 1 GPU or on 32 is the same cell, and its outputs are the same to float rounding (tests/test_distributed.py).

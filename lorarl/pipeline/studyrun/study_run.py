@@ -5,7 +5,7 @@ makes it, once, when the first cell starts). `publish` gives it the study's name
 code its cells ran (their jobs' provenance records; the checkout now apart, as `checkout.*`) as tags, and the aggregate's outputs as artifacts: report.html, tables/, figures/
 (logged again on every aggregate, so the parent shows the latest), and stretches it over the study:
 from the first job's start to the aggregate's end, with the wall time and cell counts as metrics
-(lorarl.pipeline.study_span). Superseded cell runs are untouched.
+(lorarl.pipeline.studyrun.study_span). Superseded cell runs are untouched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import paths
-from lorarl.pipeline import study_span
+from lorarl.pipeline.studyrun import study_span
 from lorarl.tracking import sqlite_store
 from lorarl.provenance import cell_code
 from lorarl.provenance import code_tags as _tags
@@ -62,7 +62,7 @@ def publish(study: Any, results_dir: str | Path = "results", tracking: str | Non
 def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | None = None,
          invocation: str | None = None) -> str:
     """What `publish` does, with an open Tracker (`lorarl sync-mlflow` too): the parent's tags, artifacts,
-    span and numbers (lorarl.pipeline.study_span). Made here if the store has none, starting where the
+    span and numbers (lorarl.pipeline.studyrun.study_span). Made here if the store has none, starting where the
     files say the study started."""
     run_id = tracker.study_run(start_time=study_span.first_start_ms(study, results_dir))
     tracker.run_id = run_id

@@ -28,11 +28,11 @@ from typing import Any
 
 import submitit
 
-from lorarl.pipeline import inflight, oom, train_layout
-from lorarl.pipeline.executor import make_executor
-from lorarl.pipeline.jobparams import JobParams
-from lorarl.pipeline.stages import Job, get_stage, log_key
-from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
+from lorarl.pipeline.jobs import inflight, oom, train_layout
+from lorarl.pipeline.jobs.executor import make_executor
+from lorarl.pipeline.jobs.jobparams import JobParams
+from lorarl.pipeline.jobs.stages import Job, get_stage, log_key
+from lorarl.pipeline.jobs.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import lazy_imports, ledger, paths, provenance
 from lorarl.io import tail_text
@@ -42,13 +42,13 @@ POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job 
 
 def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None = None,
               params: JobParams = JobParams()) -> dict:
-    """What a job executes (``params``: its command line's job parameters, lorarl.pipeline.jobparams); out of
-    disk space becomes one clear error (lorarl.pipeline.diskfull)."""
+    """What a job executes (``params``: its command line's job parameters, lorarl.pipeline.jobs.jobparams); out of
+    disk space becomes one clear error (lorarl.pipeline.jobs.diskfull)."""
     lazy_imports.defer_optional_imports()  # transformers' scikit-learn import, to its first use (lorarl.lazy_imports)
     try:
         return _run_stage(stage, study_path, cell_id, results_dir, threads, params)
     except Exception as err:
-        from lorarl.pipeline.diskfull import disk_full_error, free_partial_outputs, is_disk_full
+        from lorarl.pipeline.jobs.diskfull import disk_full_error, free_partial_outputs, is_disk_full
 
         if is_disk_full(err):
             free_partial_outputs(stage, study_path, cell_id, results_dir)
@@ -58,7 +58,7 @@ def run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threa
 
 def _run_stage(stage: str, study_path: str, cell_id: str, results_dir: str, threads: int | None,
                params: JobParams) -> dict:
-    """What a job executes: the registered stage (lorarl.pipeline.stages) imports its heavy stack itself."""
+    """What a job executes: the registered stage (lorarl.pipeline.jobs.stages) imports its heavy stack itself."""
     spec = get_stage(stage)  # unknown names fail before anything runs
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -190,7 +190,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
             return _launch_pack(study_path, study, cell_id, results_dir, executor, threads, slurm, params)
         config_hash = None if spec.log_cell else cell_table(study).cell(cell_id).hash
         if spec.cell_layout:
-            from lorarl.pipeline.rung_jobs import handed_over
+            from lorarl.pipeline.jobs.rung_jobs import handed_over
 
             if handed_over(results_dir, study.name, cell_id, config_hash, params.until):  # a pack trained it (to the end, or a rung)
                 return 0

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
 from lorarl import provenance
-from lorarl.pipeline.jobparams import JobParams
-from lorarl.pipeline.slurm import squeue_rows
-from lorarl.pipeline.stages import get_stage
+from lorarl.pipeline.jobs.jobparams import JobParams
+from lorarl.pipeline.jobs.slurm import squeue_rows
+from lorarl.pipeline.jobs.stages import get_stage
 
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
@@ -95,7 +95,7 @@ def wait_local(pid: str, poll_s: float = 1.0) -> None:
 
 def expected_outputs(stage: str, results_dir: str, study: str | None, cell: str,
                      params: JobParams = JobParams()) -> list[Path]:
-    """The declared outputs of one stage of one cell (the stage registry's, lorarl.pipeline.stages; the Snakemake
+    """The declared outputs of one stage of one cell (the stage registry's, lorarl.pipeline.jobs.stages; the Snakemake
     rules use the same paths); ``params``: the job's parameters (a rung job's ``until``, an evaluate job's
     ``eval_target``)."""
     return get_stage(stage).outputs(results_dir, study, cell, params)
@@ -110,7 +110,7 @@ def missing_outputs(stage: str, results_dir: str, study: str | None, cell: str,
         return [f"(cannot tell the outputs: {err})"]
     out = [str(p) for p in wanted if not p.exists()]
     if get_stage(stage).hashed_output and not out and config_hash:
-        summary = wanted[0]  # summary.json, or the rung mark of a job stopped at a rung (lorarl.pipeline.rung_jobs)
+        summary = wanted[0]  # summary.json, or the rung mark of a job stopped at a rung (lorarl.pipeline.jobs.rung_jobs)
         try:
             got = json.loads(summary.read_text()).get("config_hash")
         except (OSError, ValueError):

@@ -9,7 +9,7 @@ training metrics), summary.json (final reward, wall time, parameter counts at st
 Base pseudo-cells get their shared run (base/mlflow_run.json) and evaluation numbers the same way.
 A new run id is written back into summary.json with its modification time kept (Snakemake's mtime
 trigger must not rerun anything). The study's parent run gets what the aggregate gives it
-(lorarl.pipeline.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
+(lorarl.pipeline.studyrun.study_run.fill: tags, artifacts, its span and cell counts); a new one starts where the
 files say the study did. A cell's run left RUNNING by a process that is gone (its cell lock free) is ended
 KILLED first (lorarl.tracking.dead_runs). Run it again: nothing is logged twice.
 """
@@ -25,8 +25,8 @@ from typing import Any
 from lorarl import paths
 from lorarl.tracking.client import CELL_TAG, SUPERSEDED_TAG, Tracker
 from lorarl.tracking.dead_runs import end_dead_runs
-from lorarl.pipeline.study_run import fill
-from lorarl.pipeline.study_span import first_start_ms
+from lorarl.pipeline.studyrun.study_run import fill
+from lorarl.pipeline.studyrun.study_span import first_start_ms
 
 TRAIN_SUMMARY = ("final_train_reward", "wall_time_s", "params_trainable", "trainable_fraction")
 

@@ -2,7 +2,7 @@
 
 The train, evaluate and train_pack rules have `retries:`; Snakemake's attempt number reaches `lorarl launch`
 as its `--attempt` (a rule resource: no param, so never a rerun trigger, never in a signature), the job's
-parameter `attempt` (lorarl.pipeline.jobparams), passed to every function here that needs it. Then:
+parameter `attempt` (lorarl.pipeline.jobs.jobparams), passed to every function here that needs it. Then:
 
 * launcher: an attempt's failure is recorded in `<stage log folder>/oom-attempts.json`; one that died of
   CUDA out of memory (:func:`is_oom`) exits with :data:`OOM_EXIT`, any other with 1. Attempt k > 1 is
@@ -35,7 +35,7 @@ from typing import Any
 from lorarl.io import read_json, write_json
 from lorarl.memory import ladder
 from lorarl.memory.auto import world_size
-from lorarl.pipeline.stages import get_stage
+from lorarl.pipeline.jobs.stages import get_stage
 
 FAULT_ENV = "LORARL_FAULT"
 RECORD = "oom-attempts.json"  # in the stage's log folder: one entry per failed attempt

@@ -1,6 +1,6 @@
 """`lorarl status --watch`'s ETA: every job the study's run still has to execute, scheduled as Snakemake runs them.
 
-The jobs left are :func:`lorarl.pipeline.doctor_jobs.planned_jobs` of the results as they are now (training,
+The jobs left are :func:`lorarl.pipeline.doctor.jobs.planned_jobs` of the results as they are now (training,
 evaluation per benchmark and snapshot step, diagnostics, aggregation, missing base models, packs). Each gets a
 duration, first from this run's own finished jobs of its kind (provenance: from submission to the job's end; a
 training job: its fixed part, the finished training jobs' duration less their steps, plus its cell's optimiser
@@ -21,7 +21,7 @@ from typing import Any
 from lorarl import paths
 from lorarl.io import pid_alive
 from lorarl import provenance
-from lorarl.pipeline.doctor_jobs import PlannedJob, from_rows, machine_rate, makespan, planned_jobs
+from lorarl.pipeline.doctor.jobs import PlannedJob, from_rows, machine_rate, makespan, planned_jobs
 
 
 def _epoch(stamp: str | None) -> float | None:

@@ -2,7 +2,7 @@
 
 Login side (:func:`doctor`): writes a one-cell smoke study (the chosen cell, ``--steps`` optimiser steps, each benchmark
 limited to ``--eval-limit`` problems, no snapshots) under ``results/<study>/doctor/``, builds a missing ``local:`` base
-model first, and submits the ``doctor`` stage through :func:`lorarl.pipeline.launch.launch` with the profile's launcher
+model first, and submits the ``doctor`` stage through :func:`lorarl.pipeline.jobs.launch.launch` with the profile's launcher
 and the ``train`` stage's Slurm resources (so on a cluster it runs on the real GPU partition). In the job
 (:func:`doctor_job`) the checks run before anything long: rollout engine, model + tokenizer, training data, reward
 regime (teacher/PRM tokenizer checks), evaluation problems, the memory of every evaluation job of the study on this
@@ -10,9 +10,9 @@ device (the KV cache of its longest budget, lorarl.memory.evaluation: on a GPU o
 knob); then the smoke training (through the real train stage), the evaluation of each benchmark (timed; the base model's
 first problem alone first, so the timed evaluation is warm), and the weight diagnostics; the job also records its own
 clock (its process's age at entry, the libraries' import, each part's wall and CPU seconds) and samples the machine's
-load (lorarl.pipeline.doctor_clock). Back on the login side (lorarl.pipeline.doctor_report) a fresh launcher, a fresh
+load (lorarl.pipeline.doctor.clock). Back on the login side (lorarl.pipeline.doctor.report) a fresh launcher, a fresh
 aggregation of the smoke study and a Snakemake dry run of the study are timed, and the measurements become a projection
-of every job the study runs, each with its start-up (lorarl.pipeline.doctor_projection), with its assumptions, written
+of every job the study runs, each with its start-up (lorarl.pipeline.doctor.projection), with its assumptions, written
 as ``doctor.json`` and ``doctor.md``. Exit status: 0 all checks pass, 1 a check failed, 2 bad input.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.jobclock import process_age_s
-from lorarl.pipeline.doctor_clock import LoadSampler, Timer
+from lorarl.pipeline.doctor.clock import LoadSampler, Timer
 from lorarl.study import base_cells, find_cell, load_study
 
 HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check
@@ -298,7 +298,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
     checks.run("training data loads", lambda: f"{len(task_records(cfg.task)[0])} training prompts", phase="train_data")
 
     def prompt_lengths() -> str:  # of every cell of the study (the projection scales steps by them)
-        from lorarl.pipeline.doctor_projection import prompt_tokens_by_cell
+        from lorarl.pipeline.doctor.projection import prompt_tokens_by_cell
 
         out["prompt_tokens"], out["prompt_tokens_notes"] = prompt_tokens_by_cell(request["study"], request["results"])
         mine = out["prompt_tokens"].get(cell.id)

@@ -4,8 +4,8 @@ its outputs are at the end.
 profiles/default shows one line per finished job, minutes apart while cells train, and nothing at all while the
 local base model builds (its job is the first one, alone, for minutes). `Progress`, a thread the Snakefile's
 `onstart` starts and its `onsuccess`/`onerror` stop, prints every `progress_every` seconds (workflow config) one
-line per study, from what `lorarl status --watch` computes (lorarl.pipeline.watch.snapshot: the cells' states,
-the steps trained, the ETA of lorarl.pipeline.eta), and each local base model's build line whenever it changes
+line per study, from what `lorarl status --watch` computes (lorarl.pipeline.progress.watch.snapshot: the cells' states,
+the steps trained, the ETA of lorarl.pipeline.progress.eta), and each local base model's build line whenever it changes
 (lorarl.build_progress: the build's SFT step, s/step and ETA):
 
     [lorarl] demo 12:03:41: 3/8 cells trained, 2 running; 410/640 steps (64%); ETA 4m50s (17 jobs left)
@@ -29,8 +29,8 @@ PREFIX = "[lorarl]"
 
 
 def progress_line(s: dict) -> str:
-    """One study's line from :func:`lorarl.pipeline.watch.snapshot`."""
-    from lorarl.pipeline.watch import _fmt_s
+    """One study's line from :func:`lorarl.pipeline.progress.watch.snapshot`."""
+    from lorarl.pipeline.progress.watch import _fmt_s
 
     c = s["counts"]
     done = c.get("done", 0) + c.get("diverged", 0)
@@ -53,13 +53,13 @@ class Progress:
     """Every `every` seconds, one line per study, and each local base model's build line when it changes (looked
     at every `base_every` seconds while one is unbuilt), until `stop()`. `studies`: study file paths; `recipes`:
     their local base models (lorarl.models.study_recipes); `snapshot(path, results) -> dict`: the study's state
-    (lorarl.pipeline.watch.snapshot). The first study line comes after `every` seconds: a run shorter than that
+    (lorarl.pipeline.progress.watch.snapshot). The first study line comes after `every` seconds: a run shorter than that
     computes no snapshot."""
 
     def __init__(self, studies: list[str], results: str | Path, every: float, recipes: list[str] | None = None,
                  out: TextIO = sys.stdout, snapshot: Callable[[str, str | Path], dict] | None = None,
                  base_every: float = 15.0):
-        from lorarl.pipeline.watch import snapshot as watch_snapshot
+        from lorarl.pipeline.progress.watch import snapshot as watch_snapshot
 
         self.studies, self.results, self.every, self.out = list(studies), results, float(every), out
         self.recipes = list(dict.fromkeys(recipes or []))

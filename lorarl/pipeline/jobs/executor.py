@@ -8,7 +8,7 @@ from typing import Any
 
 import submitit
 
-from lorarl.pipeline.slurm import slurm_parameters
+from lorarl.pipeline.jobs.slurm import slurm_parameters
 
 
 def make_executor(kind: str, folder: Path, threads: int, slurm: dict[str, Any] | None = None,

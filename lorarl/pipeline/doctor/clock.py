@@ -5,7 +5,7 @@ the machine's load from other users (what the same jobs cost on a busy shared ma
 not of this process or its descendants: the kernel shares the CPUs between sessions first when its autogroups are on
 (a study's jobs all run in the session that started Snakemake, beside whatever else runs in it), else between
 threads by their nice level. From those samples it computes the CPUs our process tree gets with k runnable threads
-(``capacity``, :func:`share`): what the study's jobs will run at (lorarl.pipeline.doctor_jobs.makespan). The
+(``capacity``, :func:`share`): what the study's jobs will run at (lorarl.pipeline.doctor.jobs.makespan). The
 doctor samples it during its job; a test samples it the same way during a study's run. Contention the kernel does
 not show here (a virtual machine's CPUs shared with other machines, a disk shared with other users) is not seen.
 """
@@ -65,7 +65,7 @@ def run_child(argv: list[str], env: dict[str, str] | None = None, timeout: float
 LAUNCHER_PROBE = """
 import sys, time
 t0 = time.perf_counter()
-import lorarl.cli, lorarl.pipeline.launch
+import lorarl.cli, lorarl.pipeline.jobs.launch
 from lorarl.study import cell_table, load_study
 t1 = time.perf_counter()
 cell_table(load_study(sys.argv[1]))

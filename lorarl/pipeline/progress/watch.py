@@ -6,7 +6,7 @@ the study ends (every cell done, diverged or failed, nothing running or queued).
     failed:  (none)        flags: r1-kl0-s1 reward_collapse@44
     ETA 4m50s (17 jobs: 5 train, 6 eval, 5 diag, 1 agg; step 0.41s from 3 cells; times: this run; 2 at once)
 
-The ETA counts every job the run still executes (lorarl.pipeline.eta): training (the running cells' steps left
+The ETA counts every job the run still executes (lorarl.pipeline.progress.eta): training (the running cells' steps left
 and the unstarted cells' start-up + steps, at the mean measured step time: finished cells' summary.json, else the
 running cells' metrics so far), each evaluation, diagnostics, the aggregation and missing base models, with
 durations measured on this run's finished jobs (else the doctor's projection), scheduled on the slots the run
@@ -100,7 +100,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
             left += steps[r.cell]
     step_s = sum(times) / len(times) if times else None
     total = sum(steps.values())
-    from lorarl.pipeline.eta import study_eta
+    from lorarl.pipeline.progress.eta import study_eta
 
     e = study_eta(study, results, rows, step_s)
     jobs = ", ".join(f"{n} {SHORT.get(k, k)}" for k, n in e["jobs_left"].items()) or "none"

@@ -1,4 +1,4 @@
-"""What `python -m lorarl.pipeline.faults` checks after every completed run (each (metric, step) once in
+"""What `python -m lorarl.pipeline.drills.faults` checks after every completed run (each (metric, step) once in
 MLflow and metrics.csv, adapters and evaluations equal to the uninterrupted reference, no partial
 output), and the figures it adds up and prints."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lorarl.pipeline.jobparams import JobParams
+from lorarl.pipeline.jobs.jobparams import JobParams
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Job:
     target: str  # cell id, comma list, "all", or a recipe name (see the module doc)
     results_dir: str  # results root
     threads: int | None  # CPU threads of the job (OMP_NUM_THREADS is set by the launcher)
-    params: JobParams = field(default_factory=JobParams)  # its command line's job parameters (lorarl.pipeline.jobparams)
+    params: JobParams = field(default_factory=JobParams)  # its command line's job parameters (lorarl.pipeline.jobs.jobparams)
     _study: Any = None
     _table: Any = None
 
@@ -117,7 +117,7 @@ def log_key(stage: str, params: JobParams) -> str:
 
 def _train_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
     from lorarl import paths
-    from lorarl.pipeline.rung_jobs import expected
+    from lorarl.pipeline.jobs.rung_jobs import expected
 
     kw = dict(results=results_dir, study=study, cell=cell)
     return expected(results_dir, study, cell, params.until) or [paths.path(k, **kw) for k in ("summary", "metrics",
@@ -157,7 +157,7 @@ def _base_outputs(results_dir: str, study: str | None, name: str, params: JobPar
 
 
 def _doctor_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
-    from lorarl.pipeline.doctor import MEASURED
+    from lorarl.pipeline.doctor.job import MEASURED
 
     return [Path(results_dir) / MEASURED]  # the job's measurements (written even when a check fails)
 
@@ -260,6 +260,6 @@ def _pack(job: Job) -> dict:
 @register_stage("doctor", "checks + a smoke run of one cell (lorarl doctor submits it)", launchable=False,
                 outputs=_doctor_outputs, resources_key="train")
 def _doctor(job: Job) -> dict:
-    from lorarl.pipeline.doctor import doctor_job
+    from lorarl.pipeline.doctor.job import doctor_job
 
     return doctor_job(job.study_path, job.cell().id, job.results_dir, threads=job.threads)

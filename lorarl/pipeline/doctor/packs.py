@@ -6,7 +6,7 @@ machine. A fixed pack (``pack: {max_cells: K}``, lorarl.pack.plan.plan_packs) ru
 (:func:`fixed_pack_steps`). A resident job with P places (lorarl.pack.resident.train_resident) takes its group's
 cells in study order and gives a freed place to the next waiting cell (:func:`resident_schedule`: list scheduling,
 every member at its configured ``train.steps``; collapse stops, divergence and adaptive rungs, which free places
-earlier, are not foreseen). The hours of the projection (lorarl.pipeline.doctor_projection) keep their own
+earlier, are not foreseen). The hours of the projection (lorarl.pipeline.doctor.projection) keep their own
 convention, the members' steps one after another in one job; these counts stand beside them.
 """
 
@@ -42,7 +42,7 @@ def resident_schedule(steps: list[int], places: int) -> tuple[int, int]:
 
 
 def pack_steps(cells: list[Any], jobs: list[Any], max_cells: int, places: int) -> dict[str, Any] | None:
-    """The pack-steps of the planned training jobs (lorarl.pipeline.doctor_jobs.planned_jobs with this ``pack``
+    """The pack-steps of the planned training jobs (lorarl.pipeline.doctor.jobs.planned_jobs with this ``pack``
     setting) against fixed packs of the same cells (at most ``max_cells``, or ``places`` when only those are set)
     and solo cells; None when packing is off. ``cells``: the study's cells, in study order."""
     from lorarl.pack.plan import plan_packs

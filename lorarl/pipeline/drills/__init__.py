@@ -1,0 +1,1 @@
+"""Fault drills: kill a study's jobs at random, recover it, check it against a reference."""
