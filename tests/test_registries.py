@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict
 from lorarl import kinds
 from lorarl.cli import main
 from lorarl.config import RewardConfig
+from lorarl.pipeline.doctor import stage as doctor_stage  # the doctor registers its own stage
 from lorarl.pipeline.jobs import stages
-from lorarl.pipeline.jobs.launch import run_stage
+from lorarl.pipeline.jobs.launch import StageJob, run_stage
 from lorarl.rewards import REGIMES, Deposits, RegimeSpec
 from lorarl.rewards.registry import build_regime, regime_names
 from lorarl.study import StudyError, cell_table, parse_study
@@ -26,6 +27,19 @@ def test_stages_are_registered_and_unknown_ones_name_the_allowed():
     assert "doctor" in stages.STAGES and "doctor" not in stages.launchable()
     with pytest.raises(ValueError, match="unknown stage 'trian'; allowed: base, train"):
         run_stage("trian", "-", "x", "results")
+
+
+def test_a_job_imports_the_module_that_registered_its_stage(monkeypatch: pytest.MonkeyPatch):
+    """The doctor registers its stage in its own module (the launcher never imports it); the job records that
+    module and imports it, as a fresh job process does, before asking the registry."""
+    assert stages.stage_module("doctor") == doctor_stage.__name__ == "lorarl.pipeline.doctor.stage"
+    assert stages.stage_module("train") == stages.__name__
+    job = StageJob("doctor", "smoke.yaml", "c1", "results", 1)
+    monkeypatch.delitem(stages.STAGES, "doctor")  # a fresh process: nothing has imported the doctor yet
+    monkeypatch.delitem(sys.modules, doctor_stage.__name__)
+    with pytest.raises(ValueError, match="unknown stage 'doctor'"):
+        stages.get_stage("doctor")
+    assert job.spec().name == "doctor" and not job.spec().launchable
 
 
 def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_path, capsys):

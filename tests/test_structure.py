@@ -263,28 +263,38 @@ def test_readme_layout_names_every_package():
 LOWER_THAN_TRAIN = ("lorarl.memory", "lorarl.pipeline")  # the floors above the trainer: planners, launchers
 
 
+def walks_into(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[str]:
+    """Each module under ``targets`` that the modules under ``start`` reach, with the import walk to it."""
+    parent, stack = {}, [m for m in graph if m.startswith(start)]
+    while stack:
+        v = stack.pop()
+        for w in graph[v]:
+            if w not in parent and not w.startswith(start):
+                parent[w] = v
+                stack.append(w)
+    walks = []
+    for w in sorted(m for m in parent if m.startswith(targets)):
+        path = [w]
+        while not path[-1].startswith(start):
+            path.append(parent[path[-1]])
+        walks.append(" <- ".join(path))
+    return walks
+
+
 def test_train_reaches_nothing_above_it():
     """The trainer receives a resolved config (auto knobs, devices, ranks resolved where the job starts)
     and never reaches up: no lorarl.train module imports lorarl.memory or lorarl.pipeline, directly or
     through the modules it imports."""
     graph = import_graph(REPO)
-    parent: dict[str, str] = {}
-    stack = [m for m in graph if m.startswith("lorarl.train")]
-    assert "lorarl.train.main" in stack
-    while stack:
-        v = stack.pop()
-        for w in graph[v]:
-            if w not in parent and not w.startswith("lorarl.train"):
-                parent[w] = v
-                stack.append(w)
-    walks = []
-    for w in sorted(parent):
-        if w.startswith(LOWER_THAN_TRAIN):
-            path = [w]
-            while not path[-1].startswith("lorarl.train"):
-                path.append(parent[path[-1]])
-            walks.append(" <- ".join(path))
-    assert not walks, "lorarl.train reaches up (hand it a resolved config instead):\n" + "\n".join(walks)
+    walks = walks_into(graph, "lorarl.train", LOWER_THAN_TRAIN)
+    assert "lorarl.train.main" in graph and not walks, "lorarl.train reaches up (hand it a resolved config instead):\n" + "\n".join(walks)
+
+
+def test_the_launcher_never_reaches_the_doctor():
+    """The doctor registers its own stage (lorarl.pipeline.doctor.stage): no launcher module reaches the doctor."""
+    graph = import_graph(REPO)
+    walks = walks_into(graph, "lorarl.pipeline.jobs.", ("lorarl.pipeline.doctor",))
+    assert {"lorarl.pipeline.jobs.launch", "lorarl.pipeline.doctor.stage"} <= set(graph) and not walks, walks
 
 
 ENV_NAME = re.compile(r"\bLORARL_[A-Z][A-Z0-9_]*")

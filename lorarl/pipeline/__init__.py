@@ -1,1 +1,2 @@
-"""Running studies: the submitit launcher, in-flight jobs, status/watch, doctor, provenance, fault drills."""
+"""Running studies, one sub-package per concern: jobs (launching), doctor, progress (watching), studyrun (the
+study's MLflow run), drills (fault drills), decisions (an adaptive study's)."""

@@ -1,1 +1,2 @@
-"""`lorarl doctor`: the checks and smoke job (it registers its own stage), the clock, the job plan, its costs and the projection of a study's run."""
+"""`lorarl doctor`: the checks and smoke job (job; it registers its own stage: stage), the clock, the study's
+job plan (jobs), their costs, packs and the projection of the study's run, and the report."""

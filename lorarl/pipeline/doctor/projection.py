@@ -239,7 +239,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
         work[cell.id] = c.work(t.optimizer_updates * step_s + _monitors(t, split), "train")  # step_s: per update
         detail.append({"cell": cell.id, "prompt_tokens": round(prompt, 1), "rounds_per_rollout": round(rounds, 3),
                        "step_s": step_s, "steps": t.steps, "ranks": ranks})
-    pack, places = max_cells(profile.get("pack")), resident_places(profile.get("pack"))  # refused before: doctor_report
+    pack, places = max_cells(profile.get("pack")), resident_places(profile.get("pack"))  # refused before: doctor.report
     jobs = planned_jobs(study, results, pack, places)
     train = {cid: _sum(fixed, w) for cid, w in work.items()}
     for j in jobs:

@@ -230,6 +230,7 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
     """Smoke one cell through the study's launcher + profile, then report and project. Exit status."""
     from lorarl.pipeline.jobs.launch import launch
     from lorarl.pipeline.jobs.stages import get_stage
+    from lorarl.pipeline.doctor.stage import NAME as STAGE  # the doctor's stage, registered there
     from lorarl.models import recipe_name
     from lorarl.provenance import provenance_path
 
@@ -268,11 +269,11 @@ def run_doctor(study_path: str, cell_id: str | None = None, steps: int = 3, prof
             print(f"error: building the base model {name!r} failed (exit {rc})", file=sys.stderr)
             return 1
     login["submitted_epoch"] = time.time()
-    rc = launch("doctor", str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
-                slurm.get(get_stage("doctor").resources_key))
+    rc = launch(STAGE, str(smoke_yaml), cell.id, str(smoke_dir), prof["launcher"], threads,
+                slurm.get(get_stage(STAGE).resources_key))
     login["returned_epoch"] = time.time()
-    prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, "doctor")
-    where = where_it_ran(prov, prof["launcher"], slurm.get(get_stage("doctor").resources_key) or {})
+    prov = provenance_path(str(smoke_dir.resolve()), smoke["name"], cell.id, STAGE)
+    where = where_it_ran(prov, prof["launcher"], slurm.get(get_stage(STAGE).resources_key) or {})
     mfile = smoke_dir / MEASURED
     if not mfile.exists():
         print(f"error: the doctor job wrote no measurements (exit {rc}; {_where(where, {})}); see its log above",

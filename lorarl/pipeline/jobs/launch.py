@@ -19,6 +19,7 @@ same files), next to the Snakemake log of the stage (`logs/<stage>.log`).
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -31,7 +32,7 @@ import submitit
 from lorarl.pipeline.jobs import inflight, oom, train_layout
 from lorarl.pipeline.jobs.executor import make_executor
 from lorarl.pipeline.jobs.jobparams import JobParams
-from lorarl.pipeline.jobs.stages import Job, get_stage, log_key
+from lorarl.pipeline.jobs.stages import Job, get_stage, log_key, stage_module
 from lorarl.pipeline.jobs.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
 from lorarl import lazy_imports, ledger, paths, provenance
@@ -82,10 +83,11 @@ class StageJob(submitit.helpers.Checkpointable):
         self.study_name, self.launcher_pid = study_name, os.getpid()  # the cost record's (the job's pid: `debug`)
         # the profile's MLflow store (lorarl launch --tracking), a user setting: travels with the job, any executor
         self.env = {k: os.environ[k] for k in ("LORARL_TRACKING", "LORARL_TRACKING_CREDENTIALS") if k in os.environ}
+        self.stage_module = stage_module(stage)  # imported by the job: its stage's registration (the doctor's)
 
     def __call__(self) -> dict:
         os.environ.update(getattr(self, "env", {}))
-        spec = get_stage(self.stage)
+        spec = self.spec()
         if spec.trains and train_layout.export_ranks() > 1:
             if spec.members:
                 from lorarl.pack.ranks import pin_gpu
@@ -110,6 +112,10 @@ class StageJob(submitit.helpers.Checkpointable):
         if self.provenance_file:
             provenance.safely(provenance.record_attempt_end, self.provenance_file, self.submission, "completed")
         return out
+
+    def spec(self) -> Any:  # its stage's registry entry in any process: the module that registered it, imported
+        importlib.import_module(getattr(self, "stage_module", __name__))
+        return get_stage(self.stage)
 
     def _cost(self) -> Any:
         """This attempt's cost record beside its provenance (lorarl.ledger); `debug` runs it in the launcher's process."""

@@ -3,7 +3,9 @@ runs in-process. Each stage is one small function registered here (`@register_st
 its stage package only when the job runs, so the launcher stays light. Its entry carries every fact
 the launcher, the in-flight check, the out-of-memory retries and the workflow ask about it (its
 declared outputs, log key, OOM ladder, Slurm resources key, ...): no `stage == "..."` test elsewhere
-(tests/test_structure.py). Adding a stage is one function here plus its Snakemake rule.
+(tests/test_structure.py). Adding a stage is one function here plus its Snakemake rule. A stage of a package
+above the launcher registers itself in its own module (the doctor's: lorarl.pipeline.doctor.stage); the job
+imports the module that registered its stage (:func:`stage_module`), so the launcher never imports it.
 
 A stage's target (the `cell` argument of `lorarl launch`) is a cell id, a comma list of cell ids
 (`pack`, `toy`: "all" or a list) or a local model recipe (`base`).
@@ -97,6 +99,12 @@ def get_stage(name: str) -> Stage:
     return STAGES[name]
 
 
+def stage_module(name: str) -> str:
+    """The module that registered the stage: a job imports it before asking for its stage, so a stage registered
+    above the launcher (the doctor's) is there in the job's process too."""
+    return get_stage(name).run.__module__
+
+
 def launchable() -> list[str]:
     return [s.name for s in STAGES.values() if s.launchable]
 
@@ -154,12 +162,6 @@ def _base_outputs(results_dir: str, study: str | None, name: str, params: JobPar
     from lorarl import paths
 
     return [paths.path("base_model", results=results_dir, name=name)]
-
-
-def _doctor_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
-    from lorarl.pipeline.doctor.job import MEASURED
-
-    return [Path(results_dir) / MEASURED]  # the job's measurements (written even when a check fails)
 
 
 @register_stage("base", "build a local base model from its recipe (target: the recipe name)", outputs=_base_outputs,
@@ -256,10 +258,3 @@ def _pack(job: Job) -> dict:
                               pack=pack_id(ids, until=rung, resident=bool(places))), out)
     return out
 
-
-@register_stage("doctor", "checks + a smoke run of one cell (lorarl doctor submits it)", launchable=False,
-                outputs=_doctor_outputs, resources_key="train")
-def _doctor(job: Job) -> dict:
-    from lorarl.pipeline.doctor.job import doctor_job
-
-    return doctor_job(job.study_path, job.cell().id, job.results_dir, threads=job.threads)
