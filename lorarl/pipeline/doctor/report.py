@@ -23,7 +23,7 @@ from lorarl.profiles import read_profile
 from lorarl.kinds import KINDS, get_kind
 from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 OVERRIDABLE = ("launcher", "slurm", "tracking", "tracking_credentials", "pack")  # what `--config KEY=VALUE` may set

@@ -41,11 +41,12 @@ from pathlib import Path
 
 import yaml
 
+from lorarl.faulthooks import without
 from lorarl.io import pid_alive
 from lorarl.pipeline.drills import recovery
 from lorarl.pipeline.drills.fault_checks import SUMS, check, merge, report
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STAGES = ("train", "evaluate", "diagnose", "aggregate", "launcher", "host")
 STEPS = 4
 KILL_WINDOW = 0.9  # kill points are uniform over [0, this x the stage's shortest reference lifetime]
@@ -138,7 +139,7 @@ def _kill(pid: int) -> bool:
 # ---- snakemake ------------------------------------------------------------------------------------
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LORARL_FAULT"}
+    env = without(os.environ)  # the drill's kills are its own: no test hook in its runs
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{REPO}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
     return env

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STUDY = "experiments/<study>.yaml"  # how the pages write the study that was running
 _STUDIES = """--config studies='["{study}"]'"""  # the study the commands (re)run, as the README's table writes it
 COMMANDS: dict[str, tuple[str, str]] = {  # profile -> (unlock, run), as the docs give them
