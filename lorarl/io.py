@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lorarl import faulthooks
+
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file next to ``path``, fsync it, then ``os.replace``."""
@@ -80,10 +82,10 @@ def pid_alive(pid: str | int) -> bool:
 def disk_full_hook(path: Path) -> None:
     """Test hook LORARL_FAULT=disk_full: the write of `path` fails as on a full disk (ENOSPC); the
     launcher's handling is in lorarl.pipeline.jobs.diskfull."""
-    if os.environ.get("LORARL_FAULT") == "disk_full":
+    if faulthooks.is_set("disk_full"):
         import errno
 
-        raise OSError(errno.ENOSPC, "No space left on device (LORARL_FAULT=disk_full)", str(path))
+        raise OSError(errno.ENOSPC, f"No space left on device ({faulthooks.FAULT_ENV}=disk_full)", str(path))
 
 
 def tail_text(path: Path, n: int = 40) -> str:

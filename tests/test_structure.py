@@ -204,7 +204,7 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 LAYERS = (
     ("foundations", ("numbers", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "signature", "reserved",
                      "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
-                     "prompt_config", "taskconfig", "toyconfig", "build_progress")),
+                     "prompt_config", "taskconfig", "toyconfig", "build_progress", "faulthooks")),
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
     ("config schema and registries", ("config", "kinds", "evalplan")),

@@ -18,13 +18,13 @@ which propagates through the advantages into the loss and the gradients exactly 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from typing import Any
 
+from lorarl.faulthooks import FAULT_ENV, number as fault_number
+
 DONE, DIVERGED = "done", "diverged"
 WATCHED = ("loss", "reward")  # logged keys whose non-finite value means divergence (plus rewards/*)
-FAULT_ENV = "LORARL_FAULT"
 
 
 def nonfinite_keys(row: dict[str, Any]) -> list[str]:
@@ -41,7 +41,7 @@ def nonfinite_keys(row: dict[str, Any]) -> list[str]:
 def nan_reward_fault(deposits: Any, step: int) -> None:
     """The `nan_reward_at_step:N` test hook: every reward deposit of training step N (1-based) becomes
     NaN, so the advantages, the loss and the gradients go non-finite the way a real NaN reward would."""
-    if os.environ.get(FAULT_ENV, "") != f"nan_reward_at_step:{step}":
+    if fault_number("nan_reward_at_step") != step:
         return
     print(f"[lorarl] {FAULT_ENV}: rewards of step {step} set to NaN", file=sys.stderr, flush=True)
     for i, vals in enumerate(deposits.values):

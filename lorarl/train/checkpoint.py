@@ -51,13 +51,13 @@ from typing import Any, Iterator
 
 from lorarl.train import integrity
 from lorarl import paths
+from lorarl.faulthooks import FAULT_ENV, number as fault_number
 from lorarl.io import read_json as _read_json
 from lorarl.io import write_json as _write_json
 
 MARKER = "lorarl.json"
 COMPLETE = "complete.json"
 PROGRESS = "progress.json"
-FAULT_ENV = "LORARL_FAULT"
 LOCK_WAIT_ENV = "LORARL_LOCK_WAIT_S"  # how long a second job of a cell waits for the first (default 600 s)
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -373,14 +373,13 @@ def _run_alive(tracker: Any, run_id: str) -> bool:
 
 
 def _fault(kind: str, step: int, root: Path) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if spec != f"{kind}:{step}":
+    if fault_number(kind) != step:
         return
     fired = root / f".fault-{kind}-{step}"
     if fired.exists():
         return
     fired.write_text(str(os.getpid()))
-    print(f"[lorarl] {FAULT_ENV}={spec}: SIGKILL to myself", file=sys.stderr, flush=True)
+    print(f"[lorarl] {FAULT_ENV}={kind}:{step}: SIGKILL to myself", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -20,13 +20,14 @@ number of ranks (it depends on the prompt's text alone).
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import zlib
 from typing import Any, Sequence
 
 import torch
+
+from lorarl.faulthooks import FAULT_ENV, number as fault_number
 
 LEFT_PADDED = ("prompt_ids", "prompt_mask")  # prompts are left-padded; everything else right-padded
 
@@ -109,13 +110,10 @@ def plan_refill(kept: list[tuple[int, int]], degenerate: list[tuple[int, int]], 
 
 def flat_prompts_fault(deposits: Any, prompts: Sequence[str]) -> None:
     """The ``flat_prompts:N`` test hook (module docstring): those prompts' completions' deposits set to 0."""
-    raw = os.environ.get("LORARL_FAULT", "")
-    if not raw.startswith("flat_prompts:"):
+    n = fault_number("flat_prompts")
+    if n is None:
         return
-    n = raw.split(":", 1)[1]
-    if not n.isdigit() or int(n) < 1:
-        raise ValueError(f"LORARL_FAULT flat_prompts:N needs a whole number N >= 1; got {raw!r}")
-    flat = [i for i, p in enumerate(prompts) if zlib.crc32(p.encode()) % int(n) == 0]
+    flat = [i for i, p in enumerate(prompts) if zlib.crc32(p.encode()) % n == 0]
     for i in flat:
         deposits.values[i][:] = [0.0] * len(deposits.values[i])
-    print(f"[lorarl] LORARL_FAULT: {len(flat)} of {len(prompts)} completions' rewards set to 0", file=sys.stderr)
+    print(f"[lorarl] {FAULT_ENV}: {len(flat)} of {len(prompts)} completions' rewards set to 0", file=sys.stderr)

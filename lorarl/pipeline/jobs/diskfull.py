@@ -4,7 +4,8 @@ A stage's declared outputs are written into a temporary folder and moved in comp
 the "done" mark, last), so a failed write never leaves a file Snakemake could take as an output, and
 never touches another cell. `lorarl.pipeline.jobs.launch.run_stage` turns ENOSPC into `disk_full_error` (what could
 not be written, the free space left, what to do) after removing the attempt's temporary folder.
-Test hook: LORARL_FAULT=disk_full makes the write of a train cell's summary.json fail with ENOSPC.
+Test hook: LORARL_FAULT=disk_full (lorarl.faulthooks) makes the write of a train cell's summary.json fail with
+ENOSPC (lorarl.io.disk_full_hook, below the trainer).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from lorarl.io import disk_full_hook  # noqa: F401 - the hook itself sits below the trainer
 from lorarl.pipeline.jobs.stages import get_stage
 
 

@@ -26,18 +26,17 @@ LORARL_FAULT="oom_ranks_below:N": a training (or pack) job of fewer than N ranks
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lorarl.faulthooks import number as fault_number
 from lorarl.io import read_json, write_json
 from lorarl.memory import ladder
 from lorarl.memory.auto import world_size
 from lorarl.pipeline.jobs.stages import get_stage
 
-FAULT_ENV = "LORARL_FAULT"
 RECORD = "oom-attempts.json"  # in the stage's log folder: one entry per failed attempt
 OOM_EXIT = 3  # `lorarl launch` exit status of an attempt that ran out of memory
 MAX_ATTEMPTS = 4  # the rules' retries + 1: rungs 1-3, then the layout rung
@@ -106,26 +105,15 @@ def after_failure(folder: Path, error: str, n: int, failed: str | None = None) -
 
 # ---- job side -------------------------------------------------------------------------------------
 
-def _fault_number(hook: str, unit: str) -> int | None:
-    """N of the test hook LORARL_FAULT="<hook>:N", None when another (or no) fault is set."""
-    raw = os.environ.get(FAULT_ENV, "")
-    if not raw.startswith(f"{hook}:"):
-        return None
-    value = raw.split(":", 1)[1]
-    if not value.isdigit():
-        raise ValueError(f"LORARL_FAULT {hook}:N needs a whole number of {unit}; got {raw!r}")
-    return int(value)
-
-
 def fault_threshold() -> int | None:
     """Test hook LORARL_FAULT=oom_above:N (the module docstring)."""
-    return _fault_number("oom_above", "sequences")
+    return fault_number("oom_above")
 
 
 def fault_ranks() -> int | None:
     """Test hook LORARL_FAULT=oom_ranks_below:N: a training job of fewer than N ranks runs out of memory (a
     model that fits only when sharded over N GPUs)."""
-    return _fault_number("oom_ranks_below", "ranks")
+    return fault_number("oom_ranks_below")
 
 
 def _ranks_of(k: int) -> dict[str, int]:
