@@ -25,7 +25,8 @@ DEFAULTS = {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train":
             "adapter": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
             "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "beta": 0.0},
             "eval": {"max_new_tokens": 16, "eval_every": 2}}
-STUDIES = {  # two lengths (a fixed pack keeps train.steps in its key, a resident job does not); a search with a rung at 2
+# two lengths (a fixed pack keeps train.steps in its key, a resident job does not); a search with a rung at 2
+STUDIES = {
     "plain": {"axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
                        "length": {"field": "train.steps", "prefix": "n", "values": [4, 6]}}},
     "srch": {"axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},

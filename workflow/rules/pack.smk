@@ -1,11 +1,11 @@
 # Packed cells (lorarl.pack): with `pack: {max_cells: K}` (a profile's config, or `--config pack=K`),
 # the UNFINISHED cells of a study that share a compatibility key (lorarl.pack.plan.pack_key) are grouped
 # into packs of at most K (the hosting plan: lorarl.pack.hosting), and each pack of two or more is ONE job
-# (`lorarl launch pack`) that trains them all in one process and stages each member's outputs. Each member's own `train` job (unchanged:
-# same command, params and inputs, so switching packing on or off never reruns a finished cell) waits
-# for its pack and moves the staged outputs into place (lorarl.pack.publish). Finished cells are never
-# packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
-# places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
+# (`lorarl launch pack`) that trains them all in one process and stages each member's outputs. Each
+# member's own `train` job (unchanged: same command, params and inputs, so switching packing on or off never
+# reruns a finished cell) waits for its pack and moves the staged outputs into place (lorarl.pack.publish).
+# Finished cells are never packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs
+# (`pack: {resident: true, places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
 # admits the next waiting cell when a place frees; the same rule, member hand-over and records.
 from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
