@@ -5,8 +5,8 @@
 # member's own `train` job (unchanged: same command, params and inputs, so switching packing on or off never
 # reruns a finished cell) waits for its pack and moves the staged outputs into place (lorarl.pack.publish).
 # Finished cells are never packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs
-# (`pack: {resident: true, places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
-# admits the next waiting cell when a place frees; the same rule, member hand-over and records.
+# (`pack: {resident: true, places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may
+# differ) holds P places and admits the next waiting cell when a place frees; the same rule, hand-over, records.
 from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
 from lorarl.pack.publish import claim_pending as _pack_claim_pending, clear_stale_claims as _pack_clear_stale
