@@ -33,23 +33,23 @@ STUDIES = {
                       "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
              "search": {"rule": "sha", "eta": 2, "paired": ["seed"]}},
 }
-# case: the `pack:` config, --config search, finished cells -> each study's expected hosts (kind, step, segment;
-# cells sharing a letter share a job)
+# case: the `pack:` config, --config search, finished cells, cells holding a TRL checkpoint -> each study's expected
+# hosts (kind, step, segment; cells sharing a letter share a job)
 CASES = {
-    "off": (1, "on", (), {
+    "off": (1, "on", (), (), {
         "plain": {"s0-n4": ("solo", 4, False), "s0-n6": ("solo", 6, False), "s1-n4": ("solo", 4, False),
                   "s1-n6": ("solo", 6, False)},
         "srch": {c: ("solo", 2, True) for c in ("r1-s0", "r1-s1", "r8-s0", "r8-s1")}}),
-    "fixed": ({"max_cells": 2}, "on", (), {
+    "fixed": ({"max_cells": 2}, "on", (), (), {
         "plain": {"s0-n4": ("pack", 4, False, "a"), "s1-n4": ("pack", 4, False, "a"),
                   "s0-n6": ("pack", 6, False, "b"), "s1-n6": ("pack", 6, False, "b")},
         "srch": {"r1-s0": ("pack", 2, True, "a"), "r1-s1": ("pack", 2, True, "a"),
                  "r8-s0": ("pack", 2, True, "b"), "r8-s1": ("pack", 2, True, "b")}}),
-    "resident": ({"resident": True, "places": 2}, "on", (), {
+    "resident": ({"resident": True, "places": 2}, "on", (), (), {
         "plain": {c: ("resident", int(c[-1]), False, "a") for c in ("s0-n4", "s0-n6", "s1-n4", "s1-n6")},
         "srch": {c: ("resident", 2, True, "a") for c in ("r1-s0", "r1-s1", "r8-s0", "r8-s1")}}),
-    "finished, search off": ({"max_cells": 2}, "off", ("plain/s0-n4", "srch/r1-s0"), {
-        "plain": {"s1-n4": ("solo", 4, False), "s0-n6": ("pack", 6, False, "a"), "s1-n6": ("pack", 6, False, "a")},
+    "finished, TRL checkpoint, search off": ({"max_cells": 2}, "off", ("plain/s0-n4", "srch/r1-s0"), ("plain/s1-n6",), {
+        "plain": {"s1-n4": ("solo", 4, False), "s0-n6": ("solo", 6, False), "s1-n6": ("solo", 6, False)},
         "srch": {"r1-s1": ("pack", 4, False, "a"), "r8-s0": ("pack", 4, False, "a"), "r8-s1": ("solo", 4, False)}}),
 }
 
@@ -109,7 +109,7 @@ def _finish(res: Path, study, cell_id: str) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_snakemake_and_the_doctor_plan_the_hosting_plan(tmp_path, case):
-    pack, search, finished, expected = CASES[case]
+    pack, search, finished, trl, expected = CASES[case]
     for name in STUDIES:
         _write(tmp_path, name)
     studies = {n: load_study(tmp_path / f"{n}.yaml") for n in STUDIES}
@@ -120,6 +120,12 @@ def test_snakemake_and_the_doctor_plan_the_hosting_plan(tmp_path, case):
     for f in finished:
         s, c = f.split("/")
         _finish(res, studies[s], c)
+    for f in trl:  # TRL's complete checkpoint at step 2 (lorarl.train.checkpoint): only TRL resumes it
+        s, c = f.split("/")
+        ckpt = res / s / ".checkpoints" / c / "checkpoint-2"
+        ckpt.mkdir(parents=True)
+        cell = next(x for x in study_cells(studies[s]) if x.id == c)
+        (ckpt / "lorarl.json").write_text(json.dumps({"step": 2, "config_hash": cell.hash, "format": "hf"}))
     runtime = Runtime(max_cells(pack), resident_places(pack), search_on=search == "on")
     planned, doctor = set(), set()
     for name, study in studies.items():
