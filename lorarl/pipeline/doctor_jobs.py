@@ -2,7 +2,10 @@
 
 Used by `lorarl doctor`'s projection (before the study runs: every job) and `lorarl status --watch`'s ETA (while
 it runs: the jobs still to run). :func:`planned_jobs` mirrors workflow/rules/*.smk: a missing ``local:`` base
-model (and the recipe it continues from) is a ``base_model`` job; an unfinished cell is a ``train`` job, or with
+model (and the recipe it continues from) is a ``base_model`` job; who trains each unfinished cell, and to which
+step, is the hosting plan's (lorarl.pack.hosting.hosting_plan, as workflow/rules/pack.smk reads it; an adaptive
+study's searched cells: the segments the decisions allow now, a ``train_rung`` job each, their final evaluations
+left out); an unfinished cell is a ``train`` job, or with
 ``pack: {max_cells: K}`` a ``train_pack`` job per pack of two or more compatible cells plus each member's own
 ``train`` job that only moves the pack's outputs into place (``publish``: a launcher, no job process); with
 ``pack: {resident: true, places: P}`` one ``train_pack`` job per compatible group of two or more (the pack key
