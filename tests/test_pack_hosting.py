@@ -140,7 +140,10 @@ def test_snakemake_and_the_doctor_plan_the_hosting_plan(tmp_path, case):
             if h.packed:  # the job's id names its members, its rung and its kind (lorarl.pack.plan.pack_id)
                 assert h.job == pack_id(list(h.members), until=h.until, resident=h.kind == "resident")
         planned |= _plan_jobs(name, plan)
-        doctor |= _doctor_jobs(name, planned_jobs(study, res, runtime.max_cells, runtime.places, runtime.search_on))
+        jobs = planned_jobs(study, res, runtime.max_cells, runtime.places, runtime.search_on)
+        doctor |= _doctor_jobs(name, jobs)
+        segments = {c for c, h in plan.items() if h.segment}  # their evaluations wait on the search's decisions
+        assert not [j for j in jobs if j.kind in ("evaluate", "diagnose") and j.cell in segments], case
     assert _dry_jobs(tmp_path, pack, search) == planned, case
     assert doctor == planned, case
 
