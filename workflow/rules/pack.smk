@@ -1,18 +1,17 @@
 # Packed cells (lorarl.pack): with `pack: {max_cells: K}` (a profile's config, or `--config pack=K`),
 # the UNFINISHED cells of a study that share a compatibility key (lorarl.pack.plan.pack_key) are grouped
-# into packs of at most K, and each pack of two or more is ONE job (`lorarl launch pack`) that trains
-# them all in one process and stages each member's outputs. Each member's own `train` job (unchanged:
-# same command, params and inputs, so switching packing on or off never reruns a finished cell) waits
-# for its pack and moves the staged outputs into place (lorarl.pack.publish). Finished cells are never
-# packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs (`pack: {resident: true,
-# places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may differ) holds P places and
-# admits the next waiting cell when a place frees; the same rule, member hand-over and records.
-from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells, pack_id as _pack_id
+# into packs of at most K (the hosting plan: lorarl.pack.hosting), and each pack of two or more is ONE job
+# (`lorarl launch pack`) that trains them all in one process and stages each member's outputs. Each
+# member's own `train` job (unchanged: same command, params and inputs, so switching packing on or off never
+# reruns a finished cell) waits for its pack and moves the staged outputs into place (lorarl.pack.publish).
+# Finished cells are never packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs
+# (`pack: {resident: true, places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may
+# differ) holds P places and admits the next waiting cell when a place frees; the same rule, hand-over, records.
+from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
 from lorarl.pack.publish import claim_pending as _pack_claim_pending, clear_stale_claims as _pack_clear_stale
-from lorarl.pack.publish import unfinished as _pack_unfinished
 from lorarl.pack.resident import check_places as _pack_check_places, host_gpu_memory_gb as _host_gpu_memory_gb
-from lorarl.pack.resident import plan_pack_jobs as _plan_pack_jobs
+from lorarl.pack.hosting import Runtime as _HostingRuntime, hosting_plan as _hosting_plan, pack_jobs as _pack_jobs
 
 try:  # every `pack:` key checked here (the schema leaves the block to lorarl.pack.plan): exit 2 naming the field
     PACK_MAX_CELLS = _pack_max_cells(config.get("pack"))
@@ -24,41 +23,13 @@ except ValueError as err:
     sys.exit(2)
 
 
-def _group(cells):
-    """Fixed packs of at most pack.max_cells, or (resident) one job per compatible group, lengths aside (the
-    doctor's projection plans with the same function: lorarl.pipeline.doctor.jobs)."""
-    return _plan_pack_jobs(cells, PACK_MAX_CELLS, PACK_PLACES)
-
-
-def _study_packs(s):
-    """pack id -> member ids, for the study's unfinished cells (packs of two or more only). The cells of an adaptive
-    study's search whose next segment the decisions on disk allow are packed per rung: such a pack trains its
-    members up to that rung and stops (the job's `--until`); cells promoted while Snakemake runs train solo."""
-    table = TABLES[s]
-    ad = ADAPT.get(s)
-    searched = ad.search.setting_of if ad is not None and ad.search is not None else {}
-    segments = ad.segments_now() if searched else {}  # cell -> the rung it trains to now (None: its end)
-    groups = {}
-    for c in table.cells:
-        if c.id in searched:
-            if c.id in segments:
-                groups.setdefault(segments[c.id], []).append(c)
-        elif _pack_unfinished(RESULTS, s, c.id, c.hash):
-            groups.setdefault(None, []).append(c)
-    out = {}
-    for until, cells in groups.items():
-        for p in _group(cells):
-            if len(p) > 1:
-                pid = _pack_id(p, until=until, resident=bool(PACK_PLACES))  # distinct by kind (lorarl.pack.plan)
-                out[pid], PACK_UNTIL[(s, pid)] = p, until
-    return out
-
-
-PACK_UNTIL = {}  # (study, pack id) -> the rung its members train to (None: their end)
-
-
-PACKS = {s: _study_packs(s) for s, (_, st) in STUDIES.items()
+# Who trains each unfinished cell (solo, a fixed pack, a resident job; to its end or a rung of the search) is the
+# hosting plan (lorarl.pack.hosting.hosting_plan, also the doctor's): this file reads its pack jobs, decides nothing.
+RUNTIME = _HostingRuntime(max_cells=PACK_MAX_CELLS, places=PACK_PLACES, search_on=SEARCH_ON)
+HOSTS = {s: _hosting_plan(st, RUNTIME, RESULTS, TABLES[s]) for s, (_, st) in STUDIES.items()
          if "train" in get_kind(st.kind).cell_stages and (PACK_MAX_CELLS > 1 or PACK_PLACES)}
+PACK_HOSTS = {s: _pack_jobs(plan) for s, plan in HOSTS.items()}  # study -> pack id -> its members' Host
+PACKS = {s: {pid: list(h.members) for pid, h in jobs.items()} for s, jobs in PACK_HOSTS.items()}  # pack id -> ids
 
 
 def _check_places():
@@ -104,7 +75,7 @@ def claim_packs():
 
 def pack_until(wildcards):
     """`--until` of a pack job: its rung, or empty (to the end)."""
-    until = PACK_UNTIL.get((wildcards.study, wildcards.pack))
+    until = PACK_HOSTS[wildcards.study][wildcards.pack].until
     return "" if until is None else str(until)
 
 

@@ -63,26 +63,6 @@ class AdaptiveStudy:
         records = rung_records(self.results, self.study.name, self.table.cells, self.spec.metric, self.spec.rungs)
         return decide(self.spec, settings, records, ledger.read(ledger.search_path(self.results, self.study.name))), records
 
-    def segments_now(self) -> dict[str, int | None]:
-        """Cells of the search whose next training job the decisions on disk allow now: cell -> the rung it trains
-        to (None: to its end), for the packs Snakemake plans when it starts (workflow/rules/pack.smk)."""
-        from lorarl.adaptive.ledger import cell_plan
-        from lorarl.io import read_json
-
-        led, _ = self.ledger_now()
-        out: dict[str, int | None] = {}
-        for cid, p in cell_plan(led, {c.id: c.config.train.steps for c in self.table.cells}).items():
-            h = self.table.cell(cid).hash
-            if p["state"] == "running":
-                mark = read_json(paths.path("rung_mark", step=p["until"], **self._kw(cid)))
-                if not (isinstance(mark, dict) and mark.get("config_hash") == h):
-                    out[cid] = p["until"]
-            elif p["state"] == "finishing":
-                done = read_json(paths.path("summary", **self._kw(cid)))
-                if not (isinstance(done, dict) and done.get("config_hash") == h):
-                    out[cid] = None
-        return out
-
     @property
     def active(self) -> bool:
         return self.search is not None or bool(self.hyps)

@@ -2,7 +2,10 @@
 
 Used by `lorarl doctor`'s projection (before the study runs: every job) and `lorarl status --watch`'s ETA (while
 it runs: the jobs still to run). :func:`planned_jobs` mirrors workflow/rules/*.smk: a missing ``local:`` base
-model (and the recipe it continues from) is a ``base_model`` job; an unfinished cell is a ``train`` job, or with
+model (and the recipe it continues from) is a ``base_model`` job; who trains each unfinished cell, and to which
+step, is the hosting plan's (lorarl.pack.hosting.hosting_plan, as workflow/rules/pack.smk reads it; an adaptive
+study's searched cells: the segments the decisions allow now, a ``train_rung`` job each, their final evaluations
+left out); an unfinished cell is a ``train`` job, or with
 ``pack: {max_cells: K}`` a ``train_pack`` job per pack of two or more compatible cells plus each member's own
 ``train`` job that only moves the pack's outputs into place (``publish``: a launcher, no job process); with
 ``pack: {resident: true, places: P}`` one ``train_pack`` job per compatible group of two or more (the pack key
@@ -29,14 +32,14 @@ from typing import Any, Callable
 RULE_THREADS = {"base": 2, "train": 1, "pack": 1, "publish": 1, "evaluate": 1, "diagnose": 1, "aggregate": 1}
 RULE_NAMES = {"base": "base_model", "train": "train", "pack": "train_pack", "publish": "train",
               "evaluate": "evaluate", "evaluate_step": "evaluate_step", "diagnose": "diagnose",
-              "aggregate": "aggregate"}  # kind -> Snakemake's rule name (its job-stats table)
+              "aggregate": "aggregate", "rung": "train_rung"}  # kind -> Snakemake's rule name (its job-stats table)
 
 
 @dataclass(frozen=True)
 class PlannedJob:
     kind: str  # base | train | pack | publish | evaluate | diagnose | aggregate
     cell: str  # the cell (a recipe for base, a pack id for pack, the study for aggregate)
-    target: str = ""  # evaluate: benchmark[@step]; pack: its members, comma-separated
+    target: str = ""  # evaluate: benchmark[@step]; pack: its members, comma-separated; train/publish: until=<rung>
     after: tuple[str, ...] = ()  # keys of the jobs it waits for before it starts
     base: bool = False  # evaluate: of a base pseudo-cell
     holds: str = ""  # publish: its pack's key; it starts when a slot is free and holds it until the pack ends
@@ -51,6 +54,8 @@ class PlannedJob:
 
     @property
     def rule(self) -> str:
+        if self.kind in ("train", "publish") and self.target.startswith("until="):
+            return RULE_NAMES["rung"]  # a segment of a search up to a rung (lorarl.pack.hosting)
         return RULE_NAMES["evaluate_step" if self.kind == "evaluate" and "@" in self.target else self.kind]
 
 
@@ -77,16 +82,18 @@ def parse_job_stats(log: str) -> dict[str, int]:
     return out
 
 
-def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, places: int = 0) -> list[PlannedJob]:
+def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, places: int = 0,
+                 search_on: bool = True) -> list[PlannedJob]:
     """The jobs `snakemake all` would run for this study now, in the order the rules are listed. ``pack_max_cells``,
-    ``places``: the profile's ``pack`` setting (lorarl.pack.plan.max_cells, resident_places; places 0: fixed packs)."""
+    ``places``: the profile's ``pack`` setting (lorarl.pack.plan.max_cells, resident_places; places 0: fixed packs);
+    ``search_on``: False as under ``--config search=off``. The training jobs are the hosting plan's
+    (lorarl.pack.hosting.hosting_plan), as workflow/rules/pack.smk reads it."""
     from lorarl import paths
     from lorarl.evalplan.plan import eval_targets, format_target
     from lorarl.kinds import get_kind
     from lorarl.models import cell_models, parent_recipe, recipe_name
-    from lorarl.pack.plan import pack_id
+    from lorarl.pack.hosting import Runtime, hosting_plan
     from lorarl.pack.publish import unfinished
-    from lorarl.pack.resident import plan_pack_jobs
     from lorarl.study import base_cells, study_cells
 
     if "train" not in get_kind(study.kind).cell_stages:
@@ -110,21 +117,25 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
         return tuple(k for n in dict.fromkeys(names) if n for k in base_job(n))
 
     cells = study_cells(study)
-    todo = [c for c in cells if unfinished(res, name, c.id, c.hash)]
+    plan = hosting_plan(study, Runtime(pack_max_cells, places, search_on), res)  # who trains what: pack.smk's plan
     trained: dict[str, str] = {}
-    by = {c.id: c for c in todo}
-    for members in plan_pack_jobs(todo, pack_max_cells, places):  # as workflow/rules/pack.smk groups them
-        if len(members) > 1:
-            pid = pack_id(members, resident=bool(places))  # the rule's wildcard (workflow/rules/pack.smk)
-            pack = add(PlannedJob("pack", pid, ",".join(members), models(by[members[0]].config)))
-            for m in members:  # the member's train launcher waits for its pack (lorarl.pack.publish)
-                trained[m] = add(PlannedJob("publish", m, after=models(by[m].config), holds=pack))
+    by = {c.id: c for c in cells}
+    for cid, host in plan.items():  # study order; a pack where its first member is, its members right after it
+        if cid in trained:
+            continue
+        rung = "" if host.until is None else f"until={host.until}"  # a segment: the member's train_rung job
+        if host.packed:
+            pack = add(PlannedJob("pack", host.job, ",".join(host.members), models(by[host.members[0]].config)))
+            for m in host.members:  # the member's own train (or train_rung) launcher waits for its pack
+                trained[m] = add(PlannedJob("publish", m, rung, models(by[m].config), holds=pack))
         else:
-            c = by[members[0]]
-            trained[c.id] = add(PlannedJob("train", c.id, after=models(c.config)))
+            trained[cid] = add(PlannedJob("train", cid, rung, models(by[cid].config)))
     evals = []
     for c in cells:
         kw = dict(results=res, study=name, cell=c.id)
+        host = plan.get(c.id)
+        if (host is not None and host.segment) or (host is None and unfinished(res, name, c.id, c.hash)):
+            continue  # a search's cell: its evaluations wait on the search's decisions (beyond this plan)
         after = (trained[c.id],) if c.id in trained else ()
         for bench, step in eval_targets(c.config, False):
             out = paths.path("eval_summary" if step is None else "eval_step_summary", benchmark=bench, step=step, **kw)

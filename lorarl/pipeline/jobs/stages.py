@@ -177,14 +177,14 @@ def _base(job: Job) -> dict:
                 scratch=".train.tmp")
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
+    from lorarl.pack.hosting import solo_host
     from lorarl.train import ranks, until
-    from lorarl.train.cellstate import waiting_engine
     from lorarl.train.main import train_cell
 
     cell, study = job.cell(), job.study.name  # resources resolved here, where the job starts
     rung = job.params.until  # an adaptive study's rung job (`--until`): the run pauses there
     out = until.already_ended(job.results_dir, study, cell) if rung is not None else None  # finished: a mark only
-    if out is None and waiting_engine(job.results_dir, study, cell) == "pack":  # a pack's state: a pack of one
+    if out is None and solo_host(job.results_dir, study, cell, rung).kind == "alone":  # the plan's rule: a pack of one
         from lorarl.pack.run import train_alone
 
         out = train_alone(study, cell, job.results_dir, threads=job.threads, stop_at=rung)
