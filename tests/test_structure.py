@@ -293,7 +293,7 @@ def test_train_reaches_nothing_above_it():
 def test_the_launcher_never_reaches_the_doctor():
     """The doctor registers its own stage (lorarl.pipeline.doctor.stage): no launcher module reaches the doctor."""
     graph = import_graph(REPO)
-    walks = walks_into(graph, "lorarl.pipeline.jobs.", ("lorarl.pipeline.doctor.job",))
+    walks = walks_into(graph, "lorarl.pipeline.jobs.", ("lorarl.pipeline.doctor",))
     assert {"lorarl.pipeline.jobs.launch", "lorarl.pipeline.doctor.stage"} <= set(graph) and not walks, walks
 
 
