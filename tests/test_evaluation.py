@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from lorarl.config import CellConfig, EvalConfig
-from lorarl.evalplan import plan
+from lorarl.spec.config import CellConfig, EvalConfig
+from lorarl.spec.evalplan import plan
 from lorarl.evaluate.backends import Completion
 from lorarl.grading.protocols import Protocol
-from lorarl.evalplan.bases import base_label
-from lorarl.study import StudyError, base_cells, study_cells, load_study
+from lorarl.spec.evalplan.bases import base_label
+from lorarl.spec.study import StudyError, base_cells, study_cells, load_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
               for i in (1, 2, 3, 600)]
@@ -193,7 +193,7 @@ def study(tmp_path, monkeypatch):
     """A study file, fake trained cells (adapter + snapshot folders, summary with an MLflow run), and
     `make_backend` replaced by the oracle: evaluate_cell runs without any model."""
     import lorarl.evaluate.main as ev
-    from lorarl.preflight import SKIP_ENV
+    from lorarl.spec.preflight import SKIP_ENV
     from lorarl.tracking.client import Tracker
 
     monkeypatch.setenv(SKIP_ENV, "1")  # the model path is never loaded here (the oracle backend)

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import MATH_TEMPLATE, THINK_INSTRUCTION, prompt_ids, user_message
 
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
@@ -137,7 +137,7 @@ def test_old_eval_chat_template_moves_to_the_prompt_section():
 
 
 def test_prompt_is_in_the_train_and_eval_signatures():
-    from lorarl.evalplan import plan
+    from lorarl.spec.evalplan import plan
 
     a, b = CellConfig(), CellConfig(prompt={"system": "x"})
     assert plan.train_signature(a) != plan.train_signature(b)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import THINK_INSTRUCTION, prompt_ids
 from test_prompt import tiny_dirs  # noqa: F401  (fixture: tiny model, plain and chat tokenizers)
 

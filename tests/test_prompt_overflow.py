@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lorarl.config import CellConfig
-from lorarl.signature import signature_dump, train_signature
+from lorarl.spec.config import CellConfig
+from lorarl.spec.signature import signature_dump, train_signature
 from test_grpo import tiny_dir  # noqa: F401  (fixture)
 from test_grpo_knobs import G, build
 

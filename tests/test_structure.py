@@ -138,7 +138,7 @@ def test_cycle_finder_finds_a_function_level_cycle(tmp_path: Path):
 
 def room_of(module: str) -> str:
     """A module's room: lorarl's top-level module or subpackage it belongs to (lorarl.train.trainer ->
-    lorarl.train, lorarl.config -> lorarl.config)."""
+    lorarl.train, lorarl.spec.config -> lorarl.spec.config)."""
     return ".".join(module.split(".")[:2])
 
 

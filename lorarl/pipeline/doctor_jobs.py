@@ -81,13 +81,13 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
     """The jobs `snakemake all` would run for this study now, in the order the rules are listed. ``pack_max_cells``,
     ``places``: the profile's ``pack`` setting (lorarl.pack.plan.max_cells, resident_places; places 0: fixed packs)."""
     from lorarl import paths
-    from lorarl.evalplan.plan import eval_targets, format_target
-    from lorarl.kinds import get_kind
+    from lorarl.spec.evalplan.plan import eval_targets, format_target
+    from lorarl.spec.kinds import get_kind
     from lorarl.models import cell_models, parent_recipe, recipe_name
     from lorarl.pack.plan import pack_id
     from lorarl.pack.publish import unfinished
     from lorarl.pack.resident import plan_pack_jobs
-    from lorarl.study import base_cells, study_cells
+    from lorarl.spec.study import base_cells, study_cells
 
     if "train" not in get_kind(study.kind).cell_stages:
         return []

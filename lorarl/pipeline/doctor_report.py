@@ -19,9 +19,9 @@ from lorarl.pipeline.doctor_clock import launcher_probe, run_child, snakemake_dr
 from lorarl.pipeline.doctor_jobs import parse_job_stats
 from lorarl.pipeline.doctor_packs import describe as describe_packs, places_check
 from lorarl.pipeline.doctor_projection import project
-from lorarl.profiles import read_profile
-from lorarl.kinds import KINDS, get_kind
-from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
+from lorarl.spec.profiles import read_profile
+from lorarl.spec.kinds import KINDS, get_kind
+from lorarl.spec.study import StudyError, find_cell, load_study_to_run, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 

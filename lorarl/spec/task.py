@@ -1,7 +1,7 @@
 """Where a cell's prompts and gold answers come from (the study's ``task:`` section): the synthetic
 task, one dataset, or a mixture of datasets (``task.sources``), each with its own columns and share.
 
-Re-exported by :mod:`lorarl.config` (``from lorarl.config import TaskConfig`` keeps working). Every
+Re-exported by :mod:`lorarl.spec.config` (``from lorarl.spec.config import TaskConfig`` keeps working). Every
 field carries a one-line comment saying *why* it exists; unknown fields are errors.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import NoBoolNumbers
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a local (or hf://) file: no hub config (a revision: hf:// files only)
 UNSET = {"split": "train", "revision": None, "config": None, "prompt_field": "prompt", "answer_field": "answer",

@@ -1,4 +1,4 @@
-"""The cell config of a toy KL-bound study (what `lorarl.matrix` validates each toy cell against) and its
+"""The cell config of a toy KL-bound study (what `lorarl.spec.matrix` validates each toy cell against) and its
 hyper-parameters (ASSUMPTIONS: `lorarl.toy.kl_bound`). No torch or scipy here: loading a toy study stays light."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import NoBoolNumbers
 
 PAPER_RANKS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -1,6 +1,6 @@
 """Prompt settings of a cell (``prompt:``) and a base row's own prompt settings (``eval.base_prompts``).
 
-Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.config` imports both classes.
+Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.spec.config` imports both classes.
 
 * :class:`PromptConfig`: how a problem becomes the model's input, identically in the train and
   evaluate stages (:mod:`lorarl.tasks.prompt`);
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import NoBoolNumbers
 
 CHAT_TEMPLATE = ("auto", "on", "off")
 BASE_ROWS = ("base", "teacher")  # the keys of eval.base_prompts

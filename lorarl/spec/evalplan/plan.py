@@ -18,13 +18,13 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from lorarl import signature
+from lorarl.spec import signature
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
                                      protocol_for, resolve_protocol, trained_names)
 
-if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.resolve, never this module)
-    from lorarl.config import BenchmarkEval, CellConfig
+if TYPE_CHECKING:  # only for annotations (lorarl.spec.config imports lorarl.grading.resolve, never this module)
+    from lorarl.spec.config import BenchmarkEval, CellConfig
     from lorarl.grading.verify import GradingSettings
 
 __all__ = ["SYNTHETIC", "EvalPlanError", "benchmark_specs", "resolve_protocol", "data_revision",
@@ -142,7 +142,7 @@ def _hash(obj: Any) -> str:
 
 def train_signature(cfg: "CellConfig") -> str:
     """Hash of what training depends on: the config without evaluation-only settings (only
-    ``eval_every`` changes what training writes) and without runtime fields (lorarl.signature;
+    ``eval_every`` changes what training writes) and without runtime fields (lorarl.spec.signature;
     it is `Cell.hash`)."""
     return signature.train_signature(cfg)
 
