@@ -12,9 +12,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
 from lorarl.decoding import RuntimeConfig  # pydantic only at import (torch inside its functions)
-from lorarl.spec.prompt import BasePrompt, PromptConfig, check_base_prompts  # noqa: F401 (PromptConfig re-exported)
+from lorarl.spec.prompt import BasePrompt, PromptConfig, check_base_prompts
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
-from lorarl.spec.task import Strict, TaskConfig, TaskSource  # noqa: F401  (re-exported: the task section lives there)
+from lorarl.spec.strict import Strict
+from lorarl.spec.task import TaskConfig
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from lorarl.spec.kinds import Kind, get_kind
 from lorarl.spec.signature import signatures
+from lorarl.spec.strict import Strict
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 MAX_CELLS_ENV = "LORARL_MAX_CELLS"  # the cap on a study's cells (runtime setting, not science)
@@ -39,14 +40,12 @@ class StudyError(ValueError):
     """A study YAML is invalid; the message names the field and the allowed values."""
 
 
-class Bundle(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Bundle(Strict):
     label: str  # how this value appears in cell ids, tags and tables
     set: dict[str, Any] = Field(min_length=1)  # dotted path -> value, applied together
 
 
-class Axis(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Axis(Strict):
     field: str | None = None  # dotted path set by scalar values (bundles name their own)
     prefix: str = ""  # id fragment before each label, e.g. "r" -> r16
     values: list[Any] = Field(min_length=1)  # scalars or bundles, in display order

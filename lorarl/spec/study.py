@@ -44,7 +44,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from lorarl.spec import yamlpos
 from lorarl.spec.adaptive.blocks import HypothesisSpec, SearchSpec, check_blocks
@@ -54,6 +54,7 @@ from lorarl.spec.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build
                            label_of)
 from lorarl.spec.preflight import check_references
 from lorarl.spec.reserved import check_axis_name
+from lorarl.spec.strict import Strict
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "load_study_to_list", "load_study_to_run", "parse_study",
@@ -62,8 +63,7 @@ __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
-class Study(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Study(Strict):
     name: str  # MLflow experiment name and results/<name>/ folder
     kind: str = "grpo"  # a registered study kind (lorarl.spec.kinds): LLM RL cells, or the toy KL-bound study
     defaults: dict[str, Any] = Field(default_factory=dict)  # every cell starts from this config
