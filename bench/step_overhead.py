@@ -40,7 +40,7 @@ def bare_trl(cell, results: str, workdir: Path) -> list[float]:
     from lorarl.tasks import task_records
     from peft import LoraConfig
 
-    from lorarl.train.main import load_policy
+    from lorarl.train.prepare import load_policy
     from lorarl.train.trl_args import grpo_args
 
     def reward(prompts, completions, answer, **kw):

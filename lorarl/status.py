@@ -18,7 +18,7 @@ from typing import Any
 from lorarl.train import checkpoint
 from lorarl import paths
 from lorarl.io import pid_alive
-from lorarl import provenance
+from lorarl import jobids, provenance
 from lorarl.numerics.divergence import DIVERGED, cell_state
 
 FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
@@ -136,7 +136,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
     for c, _ in cells:
         pdir = paths.cell_dir(results_dir, study.name, c.id) / "provenance"
         for f in pdir.glob("*.json"):
-            slurm_ids += provenance.job_ids(f, executor="slurm")
+            slurm_ids += jobids.job_ids(f, executor="slurm")
     # no Slurm job in the study: squeue/sacct are not called (where Slurm's clients are installed but no
     # controller answers, each call waits for its timeout)
     queue, acct = slurm_snapshot(slurm_ids) if slurm_ids else ({}, {})

@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 import lorarl.tasks as tasks
-from lorarl.spec.config import CellConfig, TaskConfig
+from lorarl.spec.config import CellConfig
+from lorarl.spec.task import TaskConfig
 from lorarl.spec.study import load_study, study_cells
 from lorarl.tasks import load_records, task_records
 from tests.published_support import PUBLISHED, fidelity_table

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig, TaskConfig
+from lorarl.spec.config import CellConfig
+from lorarl.spec.task import TaskConfig
 from lorarl.spec.signature import signature_dump, train_signature
 from lorarl.tasks import task_records
 

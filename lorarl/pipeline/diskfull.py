@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from lorarl.io import disk_full_hook  # noqa: F401 - the hook itself sits below the trainer
 from lorarl.pipeline.stages import get_stage
 
 

@@ -84,7 +84,7 @@ def tracking_check(results_dir: str) -> str:
 
     uri = resolve_tracking(None, results_dir)
     if is_server(uri):
-        from lorarl.tracking.server import configure_client
+        from lorarl.tracking.credentials import configure_client
 
         configure_client(uri)
     else:  # a new sqlite store is made whole or not at all, under the lock the cells use
@@ -228,7 +228,6 @@ def _one_problem(cell: Any, name: str) -> Any:
 def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None) -> dict:
     """The checks and the smoke run; ``phases``: wall and CPU seconds of each part a study's jobs repeat."""
     import importlib
-
     with Timer() as stack:  # first thing, as in every model job: the libraries' and the stages' imports
         for name in STACK:
             importlib.import_module(name)
@@ -242,7 +241,8 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         from lorarl.rewards.registry import build_regime
         from lorarl.train.rollout import check_engine
         from lorarl.tasks import task_records
-        from lorarl.train.main import load_policy, train_cell
+        from lorarl.train.main import train_cell
+        from lorarl.train.prepare import load_policy
 
     if threads:
         torch.set_num_threads(threads)

@@ -67,7 +67,7 @@ def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV, is_server, resolve_tracking
-    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.credentials import CREDENTIALS_ENV, check_client
 
     uri = resolve_tracking(str(prof["tracking"]), results_dir)  # TrackingError: exit 2
     creds = prof.get("tracking_credentials") or None
@@ -83,10 +83,10 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     allocated resources) from sacct, next to what the profile asked for."""
     import time
 
-    from lorarl import provenance
+    from lorarl import jobids, provenance
     from lorarl.pipeline.slurm import ACTIVE, sacct_info
 
-    ids = provenance.job_ids(prov) if prov.exists() else []
+    ids = jobids.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
     out: dict[str, Any] = {"executor": executor, "job_ids": ids, "job_id": ids[-1] if ids else None,
                            "requested_partition": (requested or {}).get("partition"),

@@ -34,7 +34,7 @@ from lorarl.pipeline.jobparams import JobParams
 from lorarl.pipeline.stages import Job, get_stage, log_key
 from lorarl.pipeline.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import lazy_imports, ledger, paths, provenance
+from lorarl import jobids, lazy_imports, ledger, paths, provenance
 from lorarl.io import tail_text
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
@@ -95,7 +95,7 @@ class StageJob(submitit.helpers.Checkpointable):
                 return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
                                  getattr(self, "params", JobParams()))
         if self.provenance_file:
-            os.environ[provenance.ENV_PATH] = self.provenance_file
+            os.environ[jobids.ENV_PATH] = self.provenance_file
             provenance.safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
             with self._cost():
@@ -299,7 +299,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     state = info.get("State", "UNKNOWN")
     detail = ", ".join(f"{k.lower()} {info[k]}" for k in ("ExitCode", "Reason", "Elapsed", "NodeList")
                        if info.get(k) not in (None, "", "None"))
-    ids = ",".join(provenance.job_ids(prov)) or job.job_id
+    ids = ",".join(jobids.job_ids(prov)) or job.job_id
     failed = "\n".join([  # the failure report; a refused retry repeats it (Snakemake rewrites the stage log)
         f"[lorarl] error: {error_summary(error)}",
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),

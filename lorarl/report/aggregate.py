@@ -12,7 +12,7 @@ from lorarl.report import readcache
 from lorarl.report.columns import eval_metrics, is_baseline_row
 from lorarl.report.stats import mean_sd
 from lorarl.numerics.divergence import DIVERGED, cell_state
-from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes  # noqa: F401 (also this module's API)
+from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes
 from lorarl.spec.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order

@@ -200,7 +200,7 @@ def test_two_cell_study_end_to_end(models, tmp_path: Path):
     assert (res / "tables" / "summary.md").exists()
     # the cost ledger (lorarl.ledger) against the scheduler: every Slurm job left one record, and the study's
     # core-seconds (wall x allocated CPUs, by the jobs themselves) equal sacct's elapsed x AllocCPUS within 10%
-    from lorarl.provenance import job_ids as prov_ids
+    from lorarl.jobids import job_ids as prov_ids
     from lorarl.report.cost import read_records
 
     recs = [r for r in read_records(wd / "results", "sl2") if r["stage"] != "aggregate"]  # the aggregate runs locally

@@ -1,0 +1,68 @@
+"""House rules on where names live (tests/test_structure.py holds the import layers; it is at the 400-line
+limit): no module re-exports another's names behind `# noqa: F401` (an importer imports a name from its home),
+and the study language lives in one package, lorarl/spec/, with no module of it left at the top of lorarl/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# the study language's modules as they were once named at the top of lorarl/ (and in lorarl/adaptive/), and their home now
+STUDY_LANGUAGE = {
+    "config": "spec/config.py", "taskconfig": "spec/task.py", "prompt_config": "spec/prompt.py",
+    "toyconfig": "spec/toy.py", "numbers": "spec/strict.py", "signature": "spec/signature.py",
+    "reserved": "spec/reserved.py", "kinds": "spec/kinds.py", "matrix": "spec/matrix.py", "yamlpos": "spec/yamlpos.py",
+    "preflight": "spec/preflight.py", "hubcheck": "spec/hubcheck.py", "study": "spec/study.py",
+    "profiles": "spec/profiles.py", "evalplan": "spec/evalplan/plan.py", "adaptive/spec": "spec/adaptive/blocks.py",
+    "adaptive/seeds": "spec/adaptive/seeds.py", "adaptive/settings": "spec/adaptive/settings.py",
+}
+
+
+def _is_module(root: Path, dotted: str) -> bool:
+    base = root.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def reexports(root: Path) -> list[str]:
+    """`file:line name` for every name a `from x import name  # noqa: F401` brings into a lorarl module without
+    using it, unless that name is a lorarl module imported for its side effect (a registry filling itself)."""
+    out = []
+    for path in sorted((root / "lorarl").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not any(
+                    "noqa: F401" in line for line in lines[node.lineno - 1:node.end_lineno]):
+                continue
+            for a in node.names:
+                if (a.asname or a.name) not in used and not _is_module(root, f"{node.module}.{a.name}"):
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {a.name}")
+    return out
+
+
+def test_no_name_is_reexported_behind_noqa():
+    found = reexports(REPO)
+    assert not found, ("names re-exported behind `# noqa: F401` (import them from their home module and drop "
+                       "the re-export):\n" + "\n".join(found))
+
+
+def test_the_reexport_scan_sees_a_reexport_and_spares_a_side_effect_import(tmp_path: Path):
+    pkg = tmp_path / "lorarl"
+    (pkg / "adapters" / "methods").mkdir(parents=True)
+    for f in ("__init__.py", "adapters/__init__.py", "adapters/methods/__init__.py", "io.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("import math_verify  # noqa: F401 - paid at start\n"
+                              "from lorarl.adapters import methods  # noqa: F401 (registers them)\n"
+                              "from lorarl.io import (atomic_write, pid_alive,  # noqa: F401\n    read)\n"
+                              "from lorarl.io import used, kept  # noqa: F401\nused()\n")
+    assert reexports(tmp_path) == ["lorarl/a.py:3 atomic_write", "lorarl/a.py:3 pid_alive", "lorarl/a.py:3 read",
+                                   "lorarl/a.py:5 kept"]
+
+
+def test_the_study_language_lives_in_lorarl_spec():
+    left = [old for old in STUDY_LANGUAGE if (REPO / "lorarl" / f"{old}.py").exists() or (REPO / "lorarl" / old).is_dir()]
+    assert not left, f"study-language modules outside lorarl/spec/ (move them there): {left}"
+    missing = [new for new in STUDY_LANGUAGE.values() if not (REPO / "lorarl" / new).is_file()]
+    assert not missing, f"lorarl/spec/ lacks {missing}: update STUDY_LANGUAGE with where they went"
