@@ -1,11 +1,15 @@
 """House rules on where names live (tests/test_structure.py holds the import layers; it is at the 400-line
 limit): no module re-exports another's names behind `# noqa: F401` (an importer imports a name from its home),
-and the study language lives in one package, lorarl/spec/, with no module of it left at the top of lorarl/."""
+and the study language lives in one package, lorarl/spec/, with no module of it left at the top of lorarl/, and
+every model of it on one strict base."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[1]
 # the study language's modules as they were once named at the top of lorarl/ (and in lorarl/adaptive/), and their home now
@@ -66,3 +70,15 @@ def test_the_study_language_lives_in_lorarl_spec():
     assert not left, f"study-language modules outside lorarl/spec/ (move them there): {left}"
     missing = [new for new in STUDY_LANGUAGE.values() if not (REPO / "lorarl" / new).is_file()]
     assert not missing, f"lorarl/spec/ lacks {missing}: update STUDY_LANGUAGE with where they went"
+
+
+def test_every_model_of_the_study_language_stands_on_the_one_strict_base():
+    from lorarl.spec.strict import Strict
+
+    names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / "lorarl" / "spec").rglob("*.py"))
+             if p.name != "__init__.py" and p.name != "strict.py"]
+    models = {f"{m}.{k}": v for m in names for k, v in vars(importlib.import_module(m)).items()
+              if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == m}
+    assert {"lorarl.spec.config.CellConfig", "lorarl.spec.study.Study", "lorarl.spec.matrix.Axis"} <= set(models)
+    loose = sorted(k for k, v in models.items() if not issubclass(v, Strict))
+    assert not loose, f"study-language models not on lorarl.spec.strict.Strict (unknown fields, booleans as numbers): {loose}"

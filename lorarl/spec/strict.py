@@ -1,10 +1,10 @@
 """The one strict base of the study language (:class:`Strict`): unknown fields are errors and numbers are
 never booleans, in every section a study YAML may write.
 
-Unknown fields: ``extra="forbid"``, so a typo in a study YAML never silently becomes a default; assignments are
-validated too. Numbers: Python's `bool` is an `int`, so pydantic's lax mode reads `rank: true` as rank 1 (and the cell id
-becomes `True`). One `before` validator on every field refuses a boolean (or a list holding one)
-wherever the field's type has a number and no `bool`; the error names the field (pydantic's loc).
+Unknown fields: ``extra="forbid"``, so a typo in a study YAML never silently becomes a default; assignments
+are validated too. Numbers: Python's `bool` is an `int`, so pydantic's lax mode reads `rank: true` as rank 1
+(and the cell id becomes `True`). One `before` validator on every field refuses a boolean (or a list holding
+one) wherever the field's type has a number and no `bool`; the error names the field (pydantic's loc).
 """
 
 from __future__ import annotations
