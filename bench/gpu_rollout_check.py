@@ -9,7 +9,7 @@ sys.path.insert(0, "tests")  # tests/fake_vllm.py
 import fake_vllm
 from pytest import MonkeyPatch
 from trl import GRPOConfig
-from lorarl.config import RolloutConfig
+from lorarl.spec.config import RolloutConfig
 from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.train.rollout import RolloutStaleError

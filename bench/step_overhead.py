@@ -40,7 +40,7 @@ def bare_trl(cell, results: str, workdir: Path) -> list[float]:
     from lorarl.tasks import task_records
     from peft import LoraConfig
 
-    from lorarl.train.main import load_policy
+    from lorarl.train.prepare import load_policy
     from lorarl.train.trl_args import grpo_args
 
     def reward(prompts, completions, answer, **kw):
@@ -80,7 +80,7 @@ def lorarl_side(study_name: str, cell, results: str) -> list[float]:
 def main() -> None:
     import torch
 
-    from lorarl.study import cell_table, load_study
+    from lorarl.spec.study import cell_table, load_study
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="experiments/demo.yaml")

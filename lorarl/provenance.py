@@ -16,7 +16,7 @@ failed or rerun stage never loses it. It is appended to, never rewritten from sc
 
 The dirty diff (`git diff HEAD` plus every untracked text file as a new-file patch, so that
 `git apply` on the SHA rebuilds the tree) and the `pip freeze` are stored once by content in
-`blobs/` next to the JSON. `job_ids(...)` lists every Slurm job id across requeues and reruns.
+`blobs/` next to the JSON. `lorarl.jobids.job_ids(...)` lists every Slurm job id across requeues and reruns.
 Writes take an flock on a sibling `.lock` file (launcher and job may write at the same time).
 """
 
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 from lorarl.gitrepo import REPO, code_state, git
 
-from lorarl.jobids import ENV_PATH, job_ids, read  # noqa: F401 - the reading side, shared with the trainer
+from lorarl.jobids import read  # the reading side (ENV_PATH, job_ids: lorarl.jobids), shared with the trainer
 
 
 def provenance_path(results_dir: str | Path, study: str | None, cell: str, stage: str) -> Path:

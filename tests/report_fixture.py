@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from lorarl.study import study_cells, load_study
+from lorarl.spec.study import study_cells, load_study
 
 STEPS = 40
 N_PROBLEMS = 100

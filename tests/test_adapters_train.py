@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.study import study_cells, parse_study
+from lorarl.spec.study import study_cells, parse_study
 
 warnings.filterwarnings("ignore")
 

@@ -12,8 +12,8 @@ import pytest
 
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.ledger import render
-from lorarl.adaptive.settings import group, tie_key
-from lorarl.adaptive.spec import SearchSpec
+from lorarl.spec.adaptive.settings import group, tie_key
+from lorarl.spec.adaptive.blocks import SearchSpec
 
 
 def grid(ranks=("1", "2", "4", "8"), seeds=("0", "1")):

@@ -14,7 +14,7 @@ from lorarl import paths
 from lorarl.adaptive import ledger
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.records import Sample, write_records
-from lorarl.study import cell_table, load_study
+from lorarl.spec.study import cell_table, load_study
 
 STUDY = {
     "name": "adl",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.adaptive.spec import resolved_search
+from lorarl.spec.adaptive.blocks import resolved_search
 from lorarl import badstudies
 from lorarl.badstudies import with_field
-from lorarl.study import cell_table, load_study
+from lorarl.spec.study import cell_table, load_study
 
 BASE = {
     "name": "ad",
@@ -110,7 +110,7 @@ def test_each_bad_block_is_refused_cleanly(name, study, place, tmp_path: Path):
 
 
 def test_a_quoted_number_is_refused_naming_what_is_allowed(tmp_path: Path):
-    from lorarl.study import StudyError
+    from lorarl.spec.study import StudyError
 
     with pytest.raises(StudyError, match=r"search\.eta: '3' is text \(quoted\); allowed: an integer without quotes"):
         load_study(_write(tmp_path, _with("search.eta", "3")))
@@ -131,7 +131,7 @@ def test_a_valid_study_resolves_the_defaults(tmp_path: Path):
 
 
 def test_a_bad_block_names_its_yaml_line(tmp_path: Path):
-    from lorarl.study import StudyError
+    from lorarl.spec.study import StudyError
 
     with pytest.raises(StudyError, match=r"search\.rungs: step 3 has no held-out snapshot.*\(line \d+\)"):
         load_study(_write(tmp_path, _with("search.rungs", [3])))
@@ -158,8 +158,8 @@ def test_neither_block_changes_any_cell_signature(tmp_path: Path):
 
 def test_the_shipped_adaptive_demo_loads_and_its_hypotheses_add_seeds():
     """experiments/demo_adaptive.yaml: both blocks, and a hypothesis whose first look needs a seed the axis
-    does not list (its cells are the added seeds lorarl.adaptive.seeds plans)."""
-    from lorarl.adaptive.seeds import comparison_seeds
+    does not list (its cells are the added seeds lorarl.spec.adaptive.seeds plans)."""
+    from lorarl.spec.adaptive.seeds import comparison_seeds
 
     study = load_study(Path(__file__).resolve().parents[1] / "experiments" / "demo_adaptive.yaml")
     table = cell_table(study)

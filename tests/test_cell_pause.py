@@ -30,7 +30,7 @@ NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack s
 
 
 def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
-    from lorarl.study import cell_table, load_study
+    from lorarl.spec.study import cell_table, load_study
 
     doc = {"name": "pz", "defaults": {
         "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},

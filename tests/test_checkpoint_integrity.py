@@ -23,7 +23,7 @@ from lorarl.tracking.client import Tracker
 
 
 def _cell():
-    from lorarl.study import study_cells, parse_study
+    from lorarl.spec.study import study_cells, parse_study
 
     return study_cells(parse_study({"name": "ck", "defaults": {"model": "local:tiny-test",
                                                            "train": {"checkpoint_every": 2}}}))[0]

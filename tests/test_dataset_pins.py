@@ -12,8 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 import lorarl.tasks as tasks
-from lorarl.config import CellConfig, TaskConfig
-from lorarl.study import load_study, study_cells
+from lorarl.spec.config import CellConfig
+from lorarl.spec.task import TaskConfig
+from lorarl.spec.study import load_study, study_cells
 from lorarl.tasks import load_records, task_records
 from tests.published_support import PUBLISHED, fidelity_table
 

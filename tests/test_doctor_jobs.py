@@ -15,7 +15,7 @@ import yaml
 from lorarl.pipeline.doctor.clock import share
 from lorarl.pipeline.doctor.jobs import (RULE_NAMES, RULE_THREADS, PlannedJob, machine_rate, makespan, planned_jobs,
                                          rule_counts, wall_under)
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,

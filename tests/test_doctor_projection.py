@@ -11,7 +11,7 @@ import yaml
 
 from lorarl.pipeline.doctor.job import step_split
 from lorarl.pipeline.doctor.projection import expected_rounds, project, prompt_tokens_by_cell, step_seconds
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,
          "scoring_s": 1.2, "reference_forward_s": 0.3, "policy_forward_backward_s": 0.5, "step_s": 2.0,

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from lorarl.config import CellConfig, EvalConfig
-from lorarl.evalplan import plan
+from lorarl.spec.config import CellConfig, EvalConfig
+from lorarl.spec.evalplan import plan
 from lorarl.evaluate.backends import Completion
 from lorarl.grading.protocols import Protocol
-from lorarl.evalplan.bases import base_label
-from lorarl.study import StudyError, base_cells, study_cells, load_study
+from lorarl.grading.resolve import resolve_protocol
+from lorarl.spec.evalplan.bases import base_label
+from lorarl.spec.study import StudyError, base_cells, study_cells, load_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
               for i in (1, 2, 3, 600)]
@@ -100,14 +101,14 @@ def test_dataset_task_needs_named_benchmarks(tmp_path):
     ({"top_p": 1.0, "temperature": 1.0}, Protocol.sampling(4, temperature=1.0, top_p=1.0)),
 ])
 def test_protocol_overrides_on_a_sampled_default(override, expect):
-    assert plan.resolve_protocol(Protocol.sampling(4), override) == expect
+    assert resolve_protocol(Protocol.sampling(4), override) == expect
 
 
 def test_protocol_overrides_on_a_greedy_default_and_global_budget():
     g = Protocol.greedy(4096)
-    assert plan.resolve_protocol(g, {"temperature": 0.6, "n": 4}) == Protocol.sampling(4, max_new_tokens=4096)
-    assert plan.resolve_protocol(g, {}, max_new_tokens=64) == Protocol.greedy(64)
-    assert plan.resolve_protocol(g, {"max_new_tokens": 8}, max_new_tokens=64) == Protocol.greedy(8)
+    assert resolve_protocol(g, {"temperature": 0.6, "n": 4}) == Protocol.sampling(4, max_new_tokens=4096)
+    assert resolve_protocol(g, {}, max_new_tokens=64) == Protocol.greedy(64)
+    assert resolve_protocol(g, {"max_new_tokens": 8}, max_new_tokens=64) == Protocol.greedy(8)
     c = cell_cfg({"max_new_tokens": 40, "benchmarks": ["synthetic", "math500"]})
     specs = plan.benchmark_specs(c)
     assert plan.protocol_for("math500", specs["math500"], c.eval) == Protocol.sampling(4, max_new_tokens=40)
@@ -193,7 +194,7 @@ def study(tmp_path, monkeypatch):
     """A study file, fake trained cells (adapter + snapshot folders, summary with an MLflow run), and
     `make_backend` replaced by the oracle: evaluate_cell runs without any model."""
     import lorarl.evaluate.main as ev
-    from lorarl.preflight import SKIP_ENV
+    from lorarl.spec.preflight import SKIP_ENV
     from lorarl.tracking.client import Tracker
 
     monkeypatch.setenv(SKIP_ENV, "1")  # the model path is never loaded here (the oracle backend)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lorarl.train import flags
-from lorarl.study import parse_study, study_cells
+from lorarl.spec.study import parse_study, study_cells
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from lorarl.gpucheck.checks import multilora_row, push_row, vllm_importable
 from lorarl.gpucheck.main import DOCTOR_ROWS, VLLM_CHECKS
 from lorarl.gpucheck.shapes import ARCHS, twins
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Each paper's own knobs as cell config (lorarl.config.TrainConfig → lorarl.train.trl_args.grpo_args → the
+"""Each paper's own knobs as cell config (lorarl.spec.config.TrainConfig → lorarl.train.trl_args.grpo_args → the
 trainer), checked by hand on a tiny batch: PPO mini-batches per rollout batch (003 Table 2), dual-clip
 (003: c = 10), sequence-level importance ratios (000 §2), advantages without the std division (000 §2),
 the KL term without the pi/pi_old weight (000)."""
@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
 
 G = 2

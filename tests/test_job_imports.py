@@ -41,7 +41,7 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
     import numpy as np
 
     from lorarl import paths
-    from lorarl.study import base_cells, load_study, parse_study, study_cells
+    from lorarl.spec.study import base_cells, load_study, parse_study, study_cells
     from tests.report_fixture import _eval, make_study
 
     grpo, results = make_study(tmp_path, study={

@@ -11,10 +11,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from lorarl.spec.toy import PAPER_RANKS
 from lorarl.toy import kl_bound as kb
 
 PAPER = kb.KLBoundConfig()
-RANKS = kb.PAPER_RANKS
+RANKS = PAPER_RANKS
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config import CellConfig
-from lorarl.evalplan.plan import cell_grading
+from lorarl.spec.config import CellConfig
+from lorarl.spec.evalplan.plan import cell_grading
 from lorarl.evaluate.records import Sample, summarize_samples
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.protocols import Protocol
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_math500_is_math_verify_on_the_answer_tag(cfg):
 def test_the_config_names_every_registered_format():
     from typing import get_args
 
-    from lorarl.config import AnswerFormat
+    from lorarl.spec.config import AnswerFormat
     from lorarl.grading.answer_formats import ANSWER_FORMATS, MATH_VERIFIED, SPANS
 
     assert get_args(AnswerFormat) == ANSWER_FORMATS and set(MATH_VERIFIED) | set(SPANS) <= set(ANSWER_FORMATS)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.train.microbatch import chunk_share, micro_size, split_rows
 from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
 

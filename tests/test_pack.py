@@ -225,7 +225,7 @@ def test_router_rejects_cells_with_different_bases(tiny_dir):
 def _cell(cid, **over):
     from types import SimpleNamespace
 
-    from lorarl.config import CellConfig
+    from lorarl.spec.config import CellConfig
 
     raw = {"adapter": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 0.0}}
     for k, v in over.items():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.numerics.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
 
 
@@ -89,7 +89,7 @@ def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
     """The whole train stage under bf16-mixed (CPU bf16 autocast): fp32 trainable tensors, a bf16
     reference for the KL monitor, finite rewards; the resolved setting lands in summary.json."""
     from lorarl.models import RECIPES, build_tiny, build_tokenizer
-    from lorarl.study import parse_study, study_cells
+    from lorarl.spec.study import parse_study, study_cells
     from lorarl.tasks.synthetic import make_splits
     from lorarl.train.main import train_cell
 

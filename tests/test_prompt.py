@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import MATH_TEMPLATE, THINK_INSTRUCTION, prompt_ids, user_message
 
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
@@ -63,7 +63,7 @@ def test_train_and_eval_stages_build_identical_prompt_ids(tiny_dirs, tmp_path, k
     from lorarl.evaluate.backends import HFBackend
     from lorarl.evaluate.main import load_problems
     from lorarl.tasks import task_records
-    from lorarl.train.main import training_dataset
+    from lorarl.train.prepare import training_dataset
 
     model_dir = tiny_dirs["chat" if prompt.get("chat_template") == "on" else "plain"]
     if kind == "synthetic":  # the train split's rows, given to the synthetic benchmark as a local file
@@ -137,7 +137,7 @@ def test_old_eval_chat_template_moves_to_the_prompt_section():
 
 
 def test_prompt_is_in_the_train_and_eval_signatures():
-    from lorarl.evalplan import plan
+    from lorarl.spec.evalplan import plan
 
     a, b = CellConfig(), CellConfig(prompt={"system": "x"})
     assert plan.train_signature(a) != plan.train_signature(b)
@@ -146,7 +146,7 @@ def test_prompt_is_in_the_train_and_eval_signatures():
 
 def test_max_prompt_length_drops_long_training_prompts(tiny_dirs):
     from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.main import training_dataset
+    from lorarl.train.prepare import training_dataset
 
     _, tok = load_model_and_tokenizer(tiny_dirs["plain"])
     cfg = CellConfig(task={"n_train": 50, "n_eval": 2, "min_operands": 2, "max_operands": 3})
@@ -170,7 +170,7 @@ def test_dapo_instructed_dataset_and_bare_benchmark_ask_alike(tiny_dirs, tmp_pat
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import DAPO_TEMPLATE
-    from lorarl.train.main import training_dataset
+    from lorarl.train.prepare import training_dataset
 
     problems = ["What is 3 + 3?", "Find $x$ if $2x = 10$."]
     train, bench = tmp_path / "dapo.jsonl", tmp_path / "m.jsonl"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.config import CellConfig
+from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import THINK_INSTRUCTION, prompt_ids
 from test_prompt import tiny_dirs  # noqa: F401  (fixture: tiny model, plain and chat tokenizers)
 
@@ -28,7 +28,7 @@ def _cfg(model: str, bench: Path, **task) -> CellConfig:
 def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):  # noqa: F811
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.main import training_dataset
+    from lorarl.train.prepare import training_dataset
 
     row = json.loads(ROW.read_text())
     assert {"prompt", "solution", "source_prompt", "reward_model", "extra_info"} <= set(row)

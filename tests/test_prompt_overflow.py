@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lorarl.config import CellConfig
-from lorarl.signature import signature_dump, train_signature
+from lorarl.spec.config import CellConfig
+from lorarl.spec.signature import signature_dump, train_signature
 from test_grpo import tiny_dir  # noqa: F401  (fixture)
 from test_grpo_knobs import G, build
 
@@ -32,7 +32,7 @@ def test_setting_is_checked_and_hashed_only_when_set():
 def test_training_dataset_drops_or_keeps(tiny_dir):  # noqa: F811
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import prompt_ids
-    from lorarl.train.main import training_dataset
+    from lorarl.train.prepare import training_dataset
 
     _, tok = load_model_and_tokenizer(tiny_dir)
     task = {"name": "synthetic", "seed": 1, "n_train": 40, "n_eval": 4, "max_operands": 3}

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorarl import hubcheck
-from lorarl.config import CellConfig, RewardConfig
+from lorarl.spec import hubcheck
+from lorarl.spec.config import CellConfig, RewardConfig
 from lorarl.memory.plan import shape_of
 from lorarl.memory.ranks import has_aux
 from lorarl.models import cell_models, study_recipes

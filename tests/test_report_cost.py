@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lorarl.report import cost
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 from tests.cost_support import make_record, put
 
 SPEC = {"name": "cst", "defaults": {"model": "local:tiny-test", "train": {"steps": 10}},

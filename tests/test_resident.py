@@ -18,7 +18,7 @@ from tests.test_grpo import tiny_dir  # noqa: F401
 
 
 def resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), **train):
-    from lorarl.study import cell_table, load_study
+    from lorarl.spec.study import cell_table, load_study
 
     doc = {"name": "rz", "defaults": {
         "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},

@@ -63,7 +63,7 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_alone
     from lorarl.pipeline.jobs.launch import run_stage
-    from lorarl.study import cell_table, load_study
+    from lorarl.spec.study import cell_table, load_study
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(

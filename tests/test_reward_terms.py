@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lorarl.config import CellConfig, RewardConfig
+from lorarl.spec.config import CellConfig, RewardConfig
 from lorarl.grading.verify import GradingSettings
 from lorarl.rewards import Rollouts
 from lorarl.grading.answer_formats import verdict
@@ -18,8 +18,8 @@ from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.registry import build_regime
 from lorarl.rewards.terms import (GSM8K_RECIPE, TERMS, TermContext, load_all, register_term, reward_maximum,
                                   reward_scale, score, term_names)
-from lorarl.signature import signature_dump, train_signature
-from lorarl.study import load_study, study_cells
+from lorarl.spec.signature import signature_dump, train_signature
+from lorarl.spec.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 PERFECT = "<reasoning>\nHalf of 48 is 24.\n48 + 24 = 72\n</reasoning>\n<answer>\n72\n</answer>\n"

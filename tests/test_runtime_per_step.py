@@ -12,7 +12,7 @@ import pytest
 
 from lorarl.report.data import StudyData
 from lorarl.report.tables import per_cell_runtime, runtime_table
-from lorarl.study import parse_study, study_cells
+from lorarl.spec.study import parse_study, study_cells
 from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 TRAIN = {"steps": 2, "prompts_per_step": 4, "mini_batch_prompts": 1, "generations": 2, "max_completion_length": 6,

@@ -17,7 +17,7 @@ from lorarl import provenance
 from lorarl.pipeline.jobs.launch import error_summary
 from lorarl.pipeline.jobs.slurm import coerce, slurm_parameters
 from lorarl.status import format_table, study_status
-from lorarl.study import study_cells, load_study
+from lorarl.spec.study import study_cells, load_study
 
 REPO = Path(__file__).resolve().parents[1]
 

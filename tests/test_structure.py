@@ -136,10 +136,15 @@ def test_cycle_finder_finds_a_function_level_cycle(tmp_path: Path):
     assert cycles(import_graph(tmp_path)) == [["lorarl.a", "lorarl.c", "lorarl.d", "lorarl.sub.b"]]
 
 
+SPLIT_PACKAGES = ("lorarl.spec",)  # packages whose modules and subpackages are rooms of their own (on their own floors)
+
+
 def room_of(module: str) -> str:
     """A module's room: lorarl's top-level module or subpackage it belongs to (lorarl.train.trainer ->
-    lorarl.train, lorarl.config -> lorarl.config)."""
-    return ".".join(module.split(".")[:2])
+    lorarl.train, lorarl.paths -> lorarl.paths); inside a split package, its module or subpackage
+    (lorarl.spec.config -> lorarl.spec.config, lorarl.spec.evalplan.plan -> lorarl.spec.evalplan)."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if ".".join(parts[:2]) in SPLIT_PACKAGES else parts[:2])
 
 
 def room_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, str]]:
@@ -147,7 +152,7 @@ def room_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, str]]:
     (a `from lorarl import x` already counts as lorarl.x in import_graph)."""
     rooms: dict[str, dict[str, str]] = {}
     for mod in sorted(graph):
-        if mod == "lorarl":
+        if mod == "lorarl" or mod in SPLIT_PACKAGES:
             continue
         edges = rooms.setdefault(room_of(mod), {})
         for dep in sorted(graph[mod]):
@@ -200,15 +205,18 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 
 # lorarl's rooms, bottom to top: a room imports only rooms of its own layer or below (the loop test keeps
 # a layer's rooms from tying themselves together); the stages import none of each other. A new module or
-# subpackage of lorarl takes its place here.
+# subpackage of lorarl takes its place here. The study language (lorarl/spec/) spans floors: its config sections
+# sit below the building blocks that read them (tasks, decoding), the study above the registries it checks
+# against, so each of its modules is a room of its own (SPLIT_PACKAGES).
 LAYERS = (
-    ("foundations", ("numbers", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "signature", "reserved",
-                     "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids", "provenance",
-                     "prompt_config", "taskconfig", "toyconfig", "build_progress", "faulthooks")),
+    ("foundations", ("spec.strict", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "spec.signature",
+                     "spec.reserved", "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids",
+                     "provenance", "spec.prompt", "spec.task", "spec.toy", "build_progress", "faulthooks")),
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
-    ("config schema and registries", ("config", "kinds", "evalplan")),
-    ("study resolution", ("matrix", "yamlpos", "preflight", "hubcheck", "adaptive", "study", "study_set", "profiles")),
+    ("config schema and registries", ("spec.config", "spec.kinds", "spec.evalplan")),
+    ("study resolution", ("spec.matrix", "spec.yamlpos", "spec.preflight", "spec.hubcheck", "spec.adaptive", "adaptive",
+                          "spec.study", "study_set", "spec.profiles")),
     ("stages", ("train", "evaluate", "diagnose", "toy")),
     ("hosts and readers of stages", ("memory", "pack", "status", "report")),
     ("pipeline", ("pipeline",)),
@@ -295,52 +303,6 @@ def test_the_launcher_never_reaches_the_doctor():
     graph = import_graph(REPO)
     walks = walks_into(graph, "lorarl.pipeline.jobs.", ("lorarl.pipeline.doctor",))
     assert {"lorarl.pipeline.jobs.launch", "lorarl.pipeline.doctor.stage"} <= set(graph) and not walks, walks
-
-
-ENV_NAME = re.compile(r"\bLORARL_[A-Z][A-Z0-9_]*")
-ENV_SCANNED = ("lorarl", "workflow", "scripts", "Snakefile")  # the code that runs a study (tests and bench set them)
-
-
-def env_table(text: str) -> set[str]:
-    """The variables the table of docs/contributing.md lists (its section: job parameters and environment)."""
-    section = text.split("## Job parameters and environment variables", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"^\| `(LORARL_[A-Z0-9_]+)` \|", section, re.M))
-
-
-def env_named(root: Path) -> dict[str, list[str]]:
-    """variable -> the files under ``root`` (ENV_SCANNED) that name it."""
-    out: dict[str, list[str]] = {}
-    for top in ENV_SCANNED:
-        base = root / top
-        for f in ([base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())):
-            if f.suffix in (".pyc",) or "__pycache__" in f.parts:
-                continue
-            for name in set(ENV_NAME.findall(f.read_text(errors="replace"))):
-                out.setdefault(name, []).append(str(f.relative_to(root)))
-    return out
-
-
-def test_the_code_names_only_the_environment_variables_of_the_table():
-    """No job parameter travels in the environment: a LORARL_* variable the code names is a user knob, a test hook
-    or the job's own, listed in docs/contributing.md; and the table lists none the code no longer names."""
-    named = env_named(REPO)
-    listed = env_table((REPO / "docs" / "contributing.md").read_text())
-    assert {"LORARL_TRACKING", "LORARL_FAULT"} <= listed  # the table was found
-    unlisted = {k: v for k, v in named.items() if k not in listed}
-    assert not unlisted, f"LORARL_* variables not in docs/contributing.md's table: {unlisted}"
-    assert not listed - set(named), f"listed in docs/contributing.md but named nowhere: {sorted(listed - set(named))}"
-
-
-def test_the_environment_scan_sees_a_new_variable(tmp_path: Path):
-    (tmp_path / "lorarl").mkdir()
-    (tmp_path / "workflow").mkdir()
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "Snakefile").write_text('shell: "LORARL_TRAIN_UNTIL={wildcards.step} lorarl launch"\n')
-    (tmp_path / "lorarl" / "m.py").write_text('X = os.environ.get("LORARL_PACK_PLACES")  # see ``LORARL_*``\n')
-    assert env_named(tmp_path) == {"LORARL_TRAIN_UNTIL": ["Snakefile"], "LORARL_PACK_PLACES": ["lorarl/m.py"]}
-    table = "## Job parameters and environment variables\n\n| `LORARL_FAULT` | hooks | unset | test hook |\n\n## Tests\n" \
-            "| `LORARL_OTHER` | x | y | z |\n"
-    assert env_table(table) == {"LORARL_FAULT"}
 
 
 def test_no_regime_name_is_tested_outside_the_rewards_package():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.study import StudyError, base_cells, study_cells, load_study, parse_study
+from lorarl.spec.study import StudyError, base_cells, study_cells, load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[1]
 

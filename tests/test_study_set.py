@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.study import StudyError, cell_table, load_study
+from lorarl.spec.study import StudyError, cell_table, load_study
 from lorarl.study_set import effective_file
 
 REPO = Path(__file__).resolve().parents[1]

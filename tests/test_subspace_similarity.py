@@ -13,7 +13,7 @@ import torch
 
 from lorarl import paths
 from lorarl.diagnose import weights as dg
-from lorarl.study import parse_study, study_cells
+from lorarl.spec.study import parse_study, study_cells
 
 
 def test_similarity_at_each_step_shares_w0s_svd():

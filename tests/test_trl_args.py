@@ -7,7 +7,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from lorarl.config import CellConfig, RolloutConfig
+from lorarl.spec.config import CellConfig, RolloutConfig
 from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from lorarl.train.vllm_sync import push_weights, reprocess_tied_weights
+from lorarl.train.vllm_sync import push_weights
+from lorarl.vllm_push import reprocess_tied_weights
 
 
 class _Method:

@@ -13,7 +13,7 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl import provenance
-from lorarl.study import load_study, study_cells
+from lorarl.spec.study import load_study, study_cells
 from lorarl.pipeline.progress.watch import render, snapshot, watch
 
 

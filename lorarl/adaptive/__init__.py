@@ -1,10 +1,10 @@
 """Adaptive studies: spend training where it still decides something (docs/adaptive.md).
 
-Every module is a small pure layer; none imports the workflow, the report or MLflow:
+Every module is a small pure layer; none imports the workflow, the report or MLflow. The study-language side
+lives in :mod:`lorarl.spec.adaptive`: the blocks ``search:`` and ``hypotheses:`` and their checks (``blocks``,
+called by ``lorarl.spec.study.load_study``), the seeds a hypothesis adds, and the settings (cells that differ only
+in the paired axes, e.g. seed). Here:
 
-* ``spec``: the study-language blocks ``search:`` and ``hypotheses:`` (pydantic) and their checks
-  against the study's axes and cells (``check_blocks``, called by ``lorarl.study.load_study``);
-* ``settings``: cells grouped into settings (cells that differ only in the paired axes, e.g. seed);
 * ``records``: the files a decision reads (rung values from the cells' own ``eval/<b>@<step>.json``,
   failures from ``summary.json``, per-problem scores from the final ``eval/<b>.jsonl``);
 * ``halving``: ``decide(spec, settings, records, previous)``: successive halving (sync or async),
@@ -15,5 +15,5 @@ Every module is a small pure layer; none imports the workflow, the report or MLf
 * ``hypotheses``: per hypothesis the paired difference per seed, its interval, its decision and
   whether it needs another seed.
 
-Nothing here is imported at package import (``lorarl.study`` imports ``lorarl.adaptive.spec`` only).
+Nothing here is imported at package import, nor by the study language.
 """

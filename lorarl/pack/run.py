@@ -187,7 +187,7 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
     ``update_cells``: cells per backward pass (the pack job's ``--update-cells``; None: all at once)."""
     import torch
 
-    from lorarl.evalplan.plan import snapshot_steps
+    from lorarl.spec.evalplan.plan import snapshot_steps
     from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
     from lorarl.pack.build import build_pack
 

@@ -41,7 +41,7 @@ def extra_models(cfg: Any) -> list[ExtraModel]:
 def build_regime(cfg: Any, tokenizer: Any, *, resolve: Callable[[str], str] | None = None,
                  device: str = "cpu", temperature: float = 1.0) -> Regime:
     """The cell's regime from its ``reward:`` config (teacher/PRM models are loaded by its builder).
-    ``cfg`` is a lorarl.config.RewardConfig, not imported even for the annotation: the config reads
+    ``cfg`` is a lorarl.spec.config.RewardConfig, not imported even for the annotation: the config reads
     ``regime_names`` from here, and the import graph must stay one way. ``resolve``: what a model name of
     the config loads from (``local:<recipe>`` -> its build folder: lorarl.models.resolve_model, handed in
     by the caller for the same reason); None: names load as written."""

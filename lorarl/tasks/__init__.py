@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from lorarl.taskconfig import TaskConfig
-from lorarl.taskconfig import FILE_SUFFIXES, HUB_FILE
+from lorarl.spec.task import TaskConfig
+from lorarl.spec.task import FILE_SUFFIXES, HUB_FILE
 from lorarl.tasks.fields import describe_fields, field_value, missing_fields
 from lorarl.tasks.synthetic import make_splits
 

@@ -25,7 +25,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
-from lorarl.toyconfig import PAPER_RANKS, KLBoundConfig  # noqa: F401 - also this module's API
+from lorarl.spec.toy import KLBoundConfig
 
 K_INPUTS = 64  # Optdigits: 8×8 images
 N_CLASSES = 10

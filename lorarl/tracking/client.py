@@ -11,7 +11,7 @@ The store (`tracking:` in the profile, `$LORARL_TRACKING` in a job; lorarl.track
 - `sqlite` (default): results/mlflow.db, every write under an flock on results/.mlflow.lock, waited
   for at most $LORARL_TRACKING_LOCK_S (default 60 s) per attempt;
 - `http(s)://host:port`: an MLflow tracking server (PostgreSQL behind it); no lock, credentials for
-  MLflow's basic-auth app from a file only the user can read (lorarl.tracking.server.load_credentials).
+  MLflow's basic-auth app from a file only the user can read (lorarl.tracking.credentials.load_credentials).
 Every write is retried with exponential backoff on transient errors (connection refused, timeouts, 5xx,
 a locked store) for at most $LORARL_TRACKING_RETRY_S (default 120 s), then raises TrackingUnavailable.
 The trainer's per-step metrics (log_metrics(wait=False)) are the exception: while the store is

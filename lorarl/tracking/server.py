@@ -17,7 +17,7 @@
   or as a small Slurm job (`lorarl tracking serve --slurm`, lorarl.tracking.slurm; the job's node name
   is in the printed URI and in server.json on the shared filesystem).
 
-Jobs: `configure_client` reads the credentials file (refused unless only its owner can read it) and
+Jobs: `lorarl.tracking.credentials.configure_client` reads the credentials file (refused unless only its owner can read it) and
 hands user and password to MLflow's REST client of that server inside the process (not its
 environment: children and `ps e` never see them); it turns MLflow's own HTTP retries off:
 lorarl.tracking.client retries with its own backoff and keeps training while the server is away.
@@ -40,9 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl.tracking.errors import TrackingError
-from lorarl.tracking.credentials import (CREDENTIALS_ENV, DEFAULT_CREDENTIALS, check_client,  # noqa: F401 - re-exported
-                                         configure_client, credentials_path, is_loopback, load_credentials,
-                                         write_credentials)
+from lorarl.tracking.credentials import credentials_path, is_loopback, write_credentials
 
 PG_USER, PG_PORT = "lorarl", 5432  # the socket file is <sockdir>/.s.PGSQL.5432; no TCP listener
 DATABASES = ("mlflow", "mlflow_auth")

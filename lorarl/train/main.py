@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lorarl.train.prepare import RUNTIME_KNOBS, job_config, load_policy, training_dataset  # noqa: F401 (their home)
+from lorarl.train.prepare import job_config
 
 
 def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threads: int | None = None, *,

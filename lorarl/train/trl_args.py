@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lorarl.config import CellConfig, RolloutConfig
+    from lorarl.spec.config import CellConfig, RolloutConfig
     from lorarl.train.trainer import LorarlGRPOTrainer
 
 
@@ -76,7 +76,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
 
     from lorarl.train import ranks as rankmod
 
-    from lorarl.prompt_config import template_kwargs
+    from lorarl.spec.prompt import template_kwargs
     from lorarl.numerics.precision import autocast_bf16, resolve_precision
     from lorarl.train.sharding import fsdp_fields
 

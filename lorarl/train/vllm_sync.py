@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.vllm_push import push_weights, reprocess_tied_weights  # noqa: F401 - the push itself, shared with evaluation
+from lorarl.vllm_push import push_weights  # the push itself, shared with evaluation
 
 
 def sync_weights(generation: Any, named_params: Any) -> None:

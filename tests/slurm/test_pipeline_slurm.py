@@ -200,7 +200,7 @@ def test_two_cell_study_end_to_end(models, tmp_path: Path):
     assert (res / "tables" / "summary.md").exists()
     # the cost ledger (lorarl.ledger) against the scheduler: every Slurm job left one record, and the study's
     # core-seconds (wall x allocated CPUs, by the jobs themselves) equal sacct's elapsed x AllocCPUS within 10%
-    from lorarl.provenance import job_ids as prov_ids
+    from lorarl.jobids import job_ids as prov_ids
     from lorarl.report.cost import read_records
 
     recs = [r for r in read_records(wd / "results", "sl2") if r["stage"] != "aggregate"]  # the aggregate runs locally
@@ -314,7 +314,7 @@ def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path)
 
 
 def test_failing_cell_is_reported_and_the_other_completes(models, tmp_path: Path, monkeypatch):
-    # the missing model must fail in its job, not at load (lorarl.preflight refuses it there): paths that
+    # the missing model must fail in its job, not at load (lorarl.spec.preflight refuses it there): paths that
     # exist only on compute nodes are what LORARL_SKIP_PATH_CHECKS is for
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     axes = {"model": {"values": [{"label": "good", "set": {"model": "local:tiny-test"}},

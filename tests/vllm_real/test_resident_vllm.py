@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def vllm_cells(tmp_path, model_dir):
-    from lorarl.study import cell_table, load_study
+    from lorarl.spec.study import cell_table, load_study
 
     doc = {"name": "rz", "defaults": {
         "model": model_dir, "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},

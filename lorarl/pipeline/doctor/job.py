@@ -28,7 +28,7 @@ from typing import Any
 
 from lorarl.jobclock import process_age_s
 from lorarl.pipeline.doctor.clock import LoadSampler, Timer
-from lorarl.study import base_cells, find_cell, load_study
+from lorarl.spec.study import base_cells, find_cell, load_study
 
 HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check
 STACK = ("torch", "transformers", "peft", "mlflow")  # what every model job (train, evaluate, diagnose) imports
@@ -84,7 +84,7 @@ def tracking_check(results_dir: str) -> str:
 
     uri = resolve_tracking(None, results_dir)
     if is_server(uri):
-        from lorarl.tracking.server import configure_client
+        from lorarl.tracking.credentials import configure_client
 
         configure_client(uri)
     else:  # a new sqlite store is made whole or not at all, under the lock the cells use
@@ -228,21 +228,21 @@ def _one_problem(cell: Any, name: str) -> Any:
 def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None) -> dict:
     """The checks and the smoke run; ``phases``: wall and CPU seconds of each part a study's jobs repeat."""
     import importlib
-
     with Timer() as stack:  # first thing, as in every model job: the libraries' and the stages' imports
         for name in STACK:
             importlib.import_module(name)
         import torch
 
         from lorarl.diagnose.main import diagnose_cell
-        from lorarl.evalplan.plan import benchmark_specs, trained_benchmarks
+        from lorarl.spec.evalplan.plan import benchmark_specs, trained_benchmarks
         from lorarl.evaluate.main import evaluate_cell, load_problems
         from lorarl.memory.auto import resolve_job, world_size
         from lorarl.models import resolve_model
         from lorarl.rewards.registry import build_regime
         from lorarl.train.rollout import check_engine
         from lorarl.tasks import task_records
-        from lorarl.train.main import load_policy, train_cell
+        from lorarl.train.main import train_cell
+        from lorarl.train.prepare import load_policy
 
     if threads:
         torch.set_num_threads(threads)

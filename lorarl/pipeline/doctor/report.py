@@ -19,9 +19,9 @@ from lorarl.pipeline.doctor.clock import launcher_probe, run_child, snakemake_dr
 from lorarl.pipeline.doctor.jobs import parse_job_stats
 from lorarl.pipeline.doctor.packs import describe as describe_packs, places_check
 from lorarl.pipeline.doctor.projection import project
-from lorarl.profiles import read_profile
-from lorarl.kinds import KINDS, get_kind
-from lorarl.study import StudyError, find_cell, load_study_to_run, study_cells
+from lorarl.spec.profiles import read_profile
+from lorarl.spec.kinds import KINDS, get_kind
+from lorarl.spec.study import StudyError, find_cell, load_study_to_run, study_cells
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,7 +67,7 @@ def use_profile_tracking(prof: dict[str, Any], results_dir: str) -> None:
     import os
 
     from lorarl.tracking.client import TRACKING_ENV, is_server, resolve_tracking
-    from lorarl.tracking.server import CREDENTIALS_ENV, check_client
+    from lorarl.tracking.credentials import CREDENTIALS_ENV, check_client
 
     uri = resolve_tracking(str(prof["tracking"]), results_dir)  # TrackingError: exit 2
     creds = prof.get("tracking_credentials") or None

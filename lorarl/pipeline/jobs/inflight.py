@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from lorarl.io import pid_alive  # noqa: F401  (inflight.pid_alive: tests and callers)
+from lorarl.io import pid_alive
 from lorarl import provenance
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.slurm import squeue_rows

@@ -35,7 +35,7 @@ from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.stages import Job, get_stage, log_key, stage_module
 from lorarl.pipeline.jobs.slurm import (ACTIVE, coerce, controller_state, requeued, sacct_info, slurm_parameters,
                                    squeue_state)
-from lorarl import lazy_imports, ledger, paths, provenance
+from lorarl import jobids, lazy_imports, ledger, paths, provenance
 from lorarl.io import tail_text
 
 POLL_ENV = "LORARL_POLL_S"  # how often (s) the launcher asks Slurm about a job at least
@@ -97,7 +97,7 @@ class StageJob(submitit.helpers.Checkpointable):
                 return run_stage(self.stage, self.study_path, self.cell_id, self.results_dir, self.threads,
                                  getattr(self, "params", JobParams()))
         if self.provenance_file:
-            os.environ[provenance.ENV_PATH] = self.provenance_file
+            os.environ[jobids.ENV_PATH] = self.provenance_file
             provenance.safely(provenance.record_attempt_start, self.provenance_file, self.submission)
         try:
             with self._cost():
@@ -187,7 +187,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_name = None
         folder = Path(results_dir) / "models" / ".logs" / cell_id
     else:
-        from lorarl.study import cell_table, load_study
+        from lorarl.spec.study import cell_table, load_study
 
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
@@ -241,7 +241,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
     training layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
     from lorarl.pack import publish
     from lorarl.pack.plan import pack_id
-    from lorarl.study import cell_table
+    from lorarl.spec.study import cell_table
 
     ids = members.split(",")
     table = cell_table(study)
@@ -305,7 +305,7 @@ def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir:
     state = info.get("State", "UNKNOWN")
     detail = ", ".join(f"{k.lower()} {info[k]}" for k in ("ExitCode", "Reason", "Elapsed", "NodeList")
                        if info.get(k) not in (None, "", "None"))
-    ids = ",".join(provenance.job_ids(prov)) or job.job_id
+    ids = ",".join(jobids.job_ids(prov)) or job.job_id
     failed = "\n".join([  # the failure report; a refused retry repeats it (Snakemake rewrites the stage log)
         f"[lorarl] error: {error_summary(error)}",
         f"[lorarl] {key} {cell_id} FAILED: job {job.job_id} state {state}" + (f" ({detail})" if detail else ""),

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from lorarl.matrix import StudyError
+from lorarl.spec.matrix import StudyError
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: config/ and profiles/ live here
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: config/ and profiles/ live here
 
 
 def merge(config: Any, over: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""Numbers are never booleans: the base of every config model that holds int/float fields.
+"""The one strict base of the study language (:class:`Strict`): unknown fields are errors and numbers are
+never booleans, in every section a study YAML may write.
 
-Python's `bool` is an `int`, so pydantic's lax mode reads `rank: true` as rank 1 (and the cell id
-becomes `True`). One `before` validator on every field refuses a boolean (or a list holding one)
-wherever the field's type has a number and no `bool`; the error names the field (pydantic's loc).
+Unknown fields: ``extra="forbid"``, so a typo in a study YAML never silently becomes a default; assignments
+are validated too. Numbers: Python's `bool` is an `int`, so pydantic's lax mode reads `rank: true` as rank 1
+(and the cell id becomes `True`). One `before` validator on every field refuses a boolean (or a list holding
+one) wherever the field's type has a number and no `bool`; the error names the field (pydantic's loc).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def _mentions(ann: Any, kinds: tuple[type, ...]) -> bool:
@@ -39,3 +41,9 @@ class NoBoolNumbers(BaseModel):
             kind = "an integer" if not _mentions(ann, (float,)) else "a number"
             raise ValueError(f"{value!r} is a boolean; expected {kind} (true/false are not numbers here)")
         return value
+
+
+class Strict(NoBoolNumbers):
+    """The base of every model of the study language: unknown fields are errors, assignments validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)

@@ -1,7 +1,7 @@
 """What a cell is evaluated on, and when an evaluation must run again.  Pure python (no torch).
 
 * :func:`benchmark_specs`: the cell's benchmarks (``eval.benchmarks``; default ``synthetic``);
-* :func:`resolve_protocol`: a benchmark's registry protocol with the study's overrides applied;
+* :func:`lorarl.grading.resolve.resolve_protocol`: a benchmark's registry protocol with the study's overrides applied;
 * :func:`snapshot_steps` / :func:`eval_targets`: the ``(benchmark, step)`` evaluations of a cell
   (``step=None`` = the final adapter; the base pseudo-cell has only final targets; a benchmark measured
   before training, the registry's ``before_training``, only on base rows unless ``trained: true``);
@@ -18,19 +18,18 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from lorarl import signature
+from lorarl.spec import signature
 from lorarl.grading.benchmarks import get_benchmark
-from lorarl.grading.resolve import (SYNTHETIC, EvalPlanError, _allowed, _spec_map, check_eval_config,  # noqa: F401
-                                     protocol_for, resolve_protocol, trained_names)
+from lorarl.grading.resolve import SYNTHETIC, EvalPlanError, _allowed, _spec_map, protocol_for, trained_names
 
-if TYPE_CHECKING:  # only for annotations (lorarl.config imports lorarl.grading.resolve, never this module)
-    from lorarl.config import BenchmarkEval, CellConfig
+if TYPE_CHECKING:  # only for annotations (lorarl.spec.config imports lorarl.grading.resolve, never this module)
+    from lorarl.spec.config import BenchmarkEval, CellConfig
     from lorarl.grading.verify import GradingSettings
 
-__all__ = ["SYNTHETIC", "EvalPlanError", "benchmark_specs", "resolve_protocol", "data_revision",
+__all__ = ["SYNTHETIC", "EvalPlanError", "benchmark_specs", "data_revision",
            "trained_benchmarks",
            "protocol_for", "grading_for", "cell_grading", "snapshot_steps", "curve_benchmarks", "eval_targets", "format_target",
-           "parse_target", "train_signature", "eval_signature", "check_eval_config"]
+           "parse_target", "train_signature", "eval_signature"]
 
 
 def format_target(benchmark: str, step: int | None) -> str:
@@ -142,7 +141,7 @@ def _hash(obj: Any) -> str:
 
 def train_signature(cfg: "CellConfig") -> str:
     """Hash of what training depends on: the config without evaluation-only settings (only
-    ``eval_every`` changes what training writes) and without runtime fields (lorarl.signature;
+    ``eval_every`` changes what training writes) and without runtime fields (lorarl.spec.signature;
     it is `Cell.hash`)."""
     return signature.train_signature(cfg)
 

@@ -1,8 +1,8 @@
 """Where a cell's prompts and gold answers come from (the study's ``task:`` section): the synthetic
 task, one dataset, or a mixture of datasets (``task.sources``), each with its own columns and share.
 
-Re-exported by :mod:`lorarl.config` (``from lorarl.config import TaskConfig`` keeps working). Every
-field carries a one-line comment saying *why* it exists; unknown fields are errors.
+Read by :mod:`lorarl.spec.config` (the cell's ``task:`` field); import it from here. Every field carries a
+one-line comment saying *why* it exists; unknown fields are errors.
 """
 
 from __future__ import annotations
@@ -10,17 +10,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import Strict
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a local (or hf://) file: no hub config (a revision: hf:// files only)
 UNSET = {"split": "train", "revision": None, "config": None, "prompt_field": "prompt", "answer_field": "answer",
          "unwrap": None}  # TaskConfig's one-dataset fields at their defaults (a mixture sets them per source)
-
-
-class Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 HUB_FILE = "hf://datasets/"  # a file inside a hub dataset: hf://datasets/<org>/<name>[@<rev>]/<file>

@@ -1,4 +1,4 @@
-"""The cell config of a toy KL-bound study (what `lorarl.matrix` validates each toy cell against) and its
+"""The cell config of a toy KL-bound study (what `lorarl.spec.matrix` validates each toy cell against) and its
 hyper-parameters (ASSUMPTIONS: `lorarl.toy.kl_bound`). No torch or scipy here: loading a toy study stays light."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import Strict
 
 PAPER_RANKS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class KLBoundConfig(NoBoolNumbers):
+class KLBoundConfig(Strict):
     """Hyper-parameters of the toy study; defaults are the paper's §5.1 values."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)  # one default instance is shared by every ToyCellConfig: never changed in place
 
     d: int = Field(256, gt=0)  # output width of the adapted projection (d ≫ 1 avoids rank collapse)
     eval_fraction: float = Field(0.2, gt=0, lt=1)  # held-out share of Optdigits: the x_e of the KL
@@ -35,8 +35,7 @@ class KLBoundConfig(NoBoolNumbers):
     seeds: tuple[int, ...] = tuple(range(20))  # LoRA-init/batch-order seeds per rank (paper: 20)
 
 
-class ToyCellConfig(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid")
+class ToyCellConfig(Strict):
     toy: KLBoundConfig = KLBoundConfig()  # the paper's §5.1 hyper-parameters (ranks/seeds come from axes)
     rank: int = Field(1, gt=0, le=64)  # LoRA rank r of the adapted 256x64 projection
     seed: int = 0  # LoRA init + batch order

@@ -1,6 +1,6 @@
 """Prompt settings of a cell (``prompt:``) and a base row's own prompt settings (``eval.base_prompts``).
 
-Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.config` imports both classes.
+Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.spec.config` imports both classes.
 
 * :class:`PromptConfig`: how a problem becomes the model's input, identically in the train and
   evaluate stages (:mod:`lorarl.tasks.prompt`);
@@ -16,23 +16,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from lorarl.numbers import NoBoolNumbers
+from lorarl.spec.strict import Strict
 
 CHAT_TEMPLATE = ("auto", "on", "off")
 BASE_ROWS = ("base", "teacher")  # the keys of eval.base_prompts
-
-
-class _Strict(NoBoolNumbers):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def _on_off(v: Any) -> Any:  # YAML reads a bare `on`/`off` as true/false
     return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
-class PromptConfig(_Strict):
+class PromptConfig(Strict):
     """How a problem becomes the model's input, identically in the train and evaluate stages
     (lorarl.tasks.prompt). A study sets it once; a base model is then told what the reward pays."""
 
@@ -63,7 +59,7 @@ class PromptConfig(_Strict):
         return self
 
 
-class BasePrompt(_Strict):
+class BasePrompt(Strict):
     """A base row's own prompt settings (``eval.base_prompts.<base|teacher>``); null = the study's."""
 
     chat_template: Literal["auto", "on", "off"] | None = None  # the chat template for this row (auto, on, off)
