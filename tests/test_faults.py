@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl import provenance
+from lorarl import jobids, provenance
 from lorarl.pipeline.jobs import inflight, launch, slurm
 
 STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
@@ -105,9 +105,9 @@ def _orphan_then_relaunch(cmd: list[str], prov: Path) -> tuple[str, subprocess.C
     """Start a launcher, SIGKILL it once its job id is recorded (the job runs on, orphaned), launch again."""
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while not provenance.job_ids(prov) and time.time() < deadline:
+    while not jobids.job_ids(prov) and time.time() < deadline:
         time.sleep(0.2)
-    job = provenance.job_ids(prov)[0]
+    job = jobids.job_ids(prov)[0]
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert inflight.pid_alive(job)

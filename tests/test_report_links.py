@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from lorarl.tracking import client as tracking, server as tracking_server
+from lorarl.tracking import client as tracking, credentials as tracking_credentials
 from lorarl.report import html
 from lorarl.report.mlflow_links import UI_ENV, VIEW, run_url, ui_target
 
@@ -47,7 +47,7 @@ def stub(monkeypatch):
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    for k in (tracking.TRACKING_ENV, UI_ENV, tracking_server.CREDENTIALS_ENV, "MLFLOW_TRACKING_URI"):
+    for k in (tracking.TRACKING_ENV, UI_ENV, tracking_credentials.CREDENTIALS_ENV, "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(k, raising=False)
     yield f"http://127.0.0.1:{srv.server_address[1]}", seen
     srv.shutdown()
@@ -78,14 +78,14 @@ def test_sqlite_links_point_to_mlflow_ui_with_the_experiment(tmp_path: Path, stu
 def test_server_setting_links_to_the_server_with_its_experiment_id(tmp_path: Path, stub, monkeypatch):
     uri, seen = stub
     monkeypatch.setenv(tracking.TRACKING_ENV, uri)
-    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    monkeypatch.setenv(tracking_credentials.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
     target = ui_target(tmp_path / "results", "my study")
     assert target == {"base": uri, "experiment_id": "42", "source": "tracking setting", "hint": ""}
     assert seen[-1][0] == "/api/2.0/mlflow/experiments/get-by-name" and seen[-1][1] == {"experiment_name": ["my study"]}
     assert run_url(target, "abc123") == f"{uri}/#/experiments/42/runs/abc123{VIEW}"
     assert html.run_link(target, "abc123def") == f'<a href="{uri}/#/experiments/42/runs/abc123def{VIEW}">abc123de</a>'
     # wrong password: the server refuses (401), so no experiment id: the UI's direct run route
-    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path, "wrong")))
+    monkeypatch.setenv(tracking_credentials.CREDENTIALS_ENV, str(_creds_file(tmp_path, "wrong")))
     target = ui_target(tmp_path / "results", "my study")
     assert target["experiment_id"] is None and run_url(target, "abc") == f"{uri}/#/runs/abc{VIEW}"
     # a server that is gone: the same, without waiting long
@@ -98,7 +98,7 @@ def test_server_json_without_a_setting_and_the_ui_override(tmp_path: Path, stub,
     res = tmp_path / "results"
     (res / ".tracking").mkdir(parents=True)
     (res / ".tracking" / "server.json").write_text(json.dumps({"uri": uri, "auth": True}))
-    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    monkeypatch.setenv(tracking_credentials.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
     target = ui_target(res, "s")
     assert target["base"] == uri and target["experiment_id"] == "42" and "server.json" in target["source"]
     monkeypatch.setenv(tracking.TRACKING_ENV, "sqlite")  # an explicit sqlite setting wins over server.json
@@ -118,7 +118,7 @@ def test_the_configured_ui_and_mlflow_tracking_uri_set_the_links_and_status_prin
     from lorarl import cli
 
     uri, _ = stub
-    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
+    monkeypatch.setenv(tracking_credentials.CREDENTIALS_ENV, str(_creds_file(tmp_path)))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     target = ui_target(tmp_path / "results", "st")
     assert target["base"] == uri and target["experiment_id"] == "42" and target["hint"] == ""

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lorarl.train import checkpoint
-from lorarl import provenance
+from lorarl import jobids, provenance
 from lorarl.pipeline.jobs.launch import error_summary
 from lorarl.pipeline.jobs.slurm import coerce, slurm_parameters
 from lorarl.status import format_table, study_status
@@ -97,12 +97,12 @@ def test_provenance_keeps_every_job_and_attempt(tmp_path: Path, monkeypatch):
                                      slurm={})
     provenance.record_job_id(prov, j, "57")
     doc = provenance.read(prov)
-    assert provenance.job_ids(doc) == ["41", "57"]
+    assert jobids.job_ids(doc) == ["41", "57"]
     k = provenance.record_submission(prov, stage="train", study="st", cell="s0", config_hash="h", executor="local",
                                      slurm=None)
     provenance.record_job_id(prov, k, "4242")
     doc = provenance.read(prov)
-    assert provenance.job_ids(doc) == ["41", "57", "4242"] and provenance.job_ids(doc, executor="slurm") == ["41", "57"]
+    assert jobids.job_ids(doc) == ["41", "57", "4242"] and jobids.job_ids(doc, executor="slurm") == ["41", "57"]
     assert [(a["restart_count"], a["outcome"]) for a in provenance.attempts(doc)] == [(0, "interrupted"),
                                                                                         (1, "completed")]
     sub = doc["submissions"][0]

@@ -15,6 +15,7 @@ import yaml
 
 from lorarl import cli
 from lorarl.tracking import client as tracking, server as tracking_server
+from lorarl.tracking import credentials as tracking_credentials
 from lorarl.tracking.client import Tracker, TrackingError, TrackingUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,7 +36,7 @@ def test_tracking_setting_values(tmp_path: Path, monkeypatch):
 
 
 def test_bad_tracking_in_launch_exits_2_before_anything_is_written(tmp_path: Path, capsys, monkeypatch):
-    for k in (tracking.TRACKING_ENV, tracking_server.CREDENTIALS_ENV, "MLFLOW_TRACKING_USERNAME"):
+    for k in (tracking.TRACKING_ENV, tracking_credentials.CREDENTIALS_ENV, "MLFLOW_TRACKING_USERNAME"):
         monkeypatch.setenv(k, "")  # recorded, so that whatever the command sets is undone afterwards
         monkeypatch.delenv(k)
     code = cli.main(["launch", "train", str(tmp_path / "study.yaml"), "c", "--results", str(tmp_path / "res"),
@@ -62,26 +63,26 @@ def test_credentials_file_must_be_private(tmp_path: Path, monkeypatch):
         monkeypatch.setenv(k, "")  # recorded, so that configure_client's settings are undone afterwards
         monkeypatch.delenv(k)
     f = tmp_path / "creds"
-    monkeypatch.setenv(tracking_server.CREDENTIALS_ENV, str(f))
+    monkeypatch.setenv(tracking_credentials.CREDENTIALS_ENV, str(f))
     # beyond loopback without a credentials file: refused, naming the file
     with pytest.raises(TrackingError, match="needs the credentials file"):
-        tracking_server.configure_client("http://10.1.2.3:5000")
-    creds = tracking_server.write_credentials(f)
+        tracking_credentials.configure_client("http://10.1.2.3:5000")
+    creds = tracking_credentials.write_credentials(f)
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and len(creds["password"]) >= 20
     os.chmod(f, 0o644)
     with pytest.raises(TrackingError, match="chmod 600"):
-        tracking_server.load_credentials(f)
+        tracking_credentials.load_credentials(f)
     os.chmod(f, 0o600)
-    tracking_server.configure_client("http://10.1.2.3:5000")
+    tracking_credentials.configure_client("http://10.1.2.3:5000")
     # the credentials reach MLflow's client of that server only, never the environment (children, `ps e`)
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ and "MLFLOW_TRACKING_PASSWORD" not in os.environ
     host = store_utils._get_store("http://10.1.2.3:5000").get_host_creds()
     assert (host.username, host.password) == ("lorarl", creds["password"])
     other = store_utils._get_store("http://10.9.9.9:5000").get_host_creds()
     assert other.username is None and other.password is None
-    assert tracking_server.write_credentials(f) == creds  # never overwritten
-    assert tracking_server.is_loopback("127.0.0.1") and tracking_server.is_loopback("::1")
-    assert not tracking_server.is_loopback("0.0.0.0") and not tracking_server.is_loopback("node01")
+    assert tracking_credentials.write_credentials(f) == creds  # never overwritten
+    assert tracking_credentials.is_loopback("127.0.0.1") and tracking_credentials.is_loopback("::1")
+    assert not tracking_credentials.is_loopback("0.0.0.0") and not tracking_credentials.is_loopback("node01")
 
 
 def test_lost_reply_is_resent_and_stored_once(tmp_path: Path):

@@ -29,6 +29,7 @@ from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E40
 
 from lorarl.report.mlflow_links import VIEW  # noqa: E402
 from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
+from lorarl.tracking import credentials as tracking_credentials
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def server():
 def client(server, monkeypatch):
     import mlflow
 
-    creds = tracking_server.load_credentials(server.creds)
+    creds = tracking_credentials.load_credentials(server.creds)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", creds["username"])
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", creds["password"])
     return mlflow.MlflowClient(server.uri)
@@ -71,7 +72,7 @@ def _get(url: str, auth: tuple[str, str] | None = None) -> int:
 def test_server_refuses_unauthenticated_requests_and_hides_its_secret(server):
     assert server.uri.startswith("http://127.0.0.1:")
     url = f"{server.uri}/api/2.0/mlflow/experiments/search?max_results=1"
-    creds = tracking_server.load_credentials(server.creds)
+    creds = tracking_credentials.load_credentials(server.creds)
     assert _get(url) == 401
     assert _get(url, (creds["username"], "wrong-password")) == 401
     assert _get(url, (creds["username"], creds["password"])) == 200
@@ -134,7 +135,7 @@ def test_beyond_loopback_auth_is_on_and_a_job_authenticates_from_the_file(tmp_pa
         assert info["auth"] is True and info["bind"] == addr and info["credentials"] == str(srv.creds)
         assert oct(srv.creds.stat().st_mode & 0o777) == "0o600"
         url = f"{srv.uri}/api/2.0/mlflow/experiments/search?max_results=1"
-        creds = tracking_server.load_credentials(srv.creds)
+        creds = tracking_credentials.load_credentials(srv.creds)
         assert _get(url) == 401
         assert _get(url, (creds["username"], "not-the-password")) == 401
         assert _get(url, (creds["username"], creds["password"])) == 200

@@ -23,6 +23,7 @@ import pytest
 
 from lorarl.report.mlflow_links import VIEW
 from lorarl.tracking import server as tracking_server
+from lorarl.tracking import credentials as tracking_credentials
 from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, models, snakemake_cmd,  # noqa: F401
                                              study, workdir_for)
 
@@ -72,7 +73,7 @@ def test_server_as_a_slurm_job_serves_a_slurm_study(models, tmp_path: Path):
 
         import mlflow
 
-        secret = tracking_server.load_credentials(creds)
+        secret = tracking_credentials.load_credentials(creds)
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = (secret["username"],
                                                                                           secret["password"])
         client = mlflow.MlflowClient(uri)

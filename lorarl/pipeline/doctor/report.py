@@ -83,10 +83,10 @@ def where_it_ran(prov: Path, executor: str, requested: dict[str, Any], wait_s: f
     allocated resources) from sacct, next to what the profile asked for."""
     import time
 
-    from lorarl import provenance
+    from lorarl import jobids, provenance
     from lorarl.pipeline.jobs.slurm import ACTIVE, sacct_info
 
-    ids = provenance.job_ids(prov) if prov.exists() else []
+    ids = jobids.job_ids(prov) if prov.exists() else []
     attempts = provenance.attempts(prov) if prov.exists() else []
     out: dict[str, Any] = {"executor": executor, "job_ids": ids, "job_id": ids[-1] if ids else None,
                            "requested_partition": (requested or {}).get("partition"),
