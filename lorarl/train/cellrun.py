@@ -101,6 +101,7 @@ class CellRun:
             ckpt.paused, ckpt.max_steps = None, int(cfg.train.steps) * self._per
         self.divergence = Divergence(self._per)  # NaN/inf loss, reward or gradient: stop, state "diverged"
         self._collapse_at: int | None = None  # train.stop_on_collapse: the step a collapse flag stopped the cell
+        self._lead: Any = None  # the checkpoints whose preemption signal this run follows (:meth:`preemption`)
         self.host_state: Callable[[], dict] = dict  # the host's monitors (adv_std_peak, freshness) for a checkpoint
         self._tracker = self._run_id = self._precision = None
         self.recorder: Any = None  # lorarl.train.callbacks.MetricsRecorder (metrics.csv + MLflow), from open()
@@ -183,8 +184,11 @@ class CellRun:
     @contextmanager
     def preemption(self, others: list[CellRun] | None = None) -> Iterator[None]:
         """While the host trains: Slurm's USR2 / SIGTERM ends the step, checkpoints and requeues (or exits)
-        (lorarl.train.checkpoint). ``others``: the runs of the same process (a pack's members) learn it too."""
-        with self.checkpoints.preemption(also=[o.checkpoints for o in others or []]):
+        (lorarl.train.checkpoint). ``others``: the runs of the same process (a pack's members) follow this one's
+        signal at their next :meth:`end_step`."""
+        for o in others or []:
+            o._lead = self.checkpoints
+        with self.checkpoints.preemption():
             yield
 
     # ---- after each step ----------------------------------------------------------------------------
@@ -218,7 +222,10 @@ class CellRun:
         a preemption, or ``force``: the cell stopped). ``pause``: end paused at this step (a host evicting the
         cell between steps: a resident pack freeing a place). ``write_state(folder)`` writes the engine's files;
         the mark (lorarl.json) comes last. True when the HOST must stop (a preemption: every member checkpointed)."""
-        ckpt, update = self.checkpoints, step * self._per
+        ckpt, update, lead = self.checkpoints, step * self._per, self._lead
+        if lead is not None:  # the signal the lead run of this process caught (a pack's first member)
+            ckpt.preempt_requested = ckpt.preempt_requested or lead.preempt_requested
+            ckpt.terminate_requested = ckpt.terminate_requested or lead.terminate_requested
         if pause:
             ckpt.stop_at, force = update, True
         save, _ = ckpt.step_end(update, ckpt.max_steps)
@@ -264,7 +271,8 @@ class CellRun:
         """The cell's outputs: adapter (the policy's own save), summary.json, the MLflow summary, cell.json, all
         published at once (summary.json last); then its checkpoints go. A run stopped at ``stop_at`` pauses instead.
         ``ended_at``: when its last step in this job ended (a pack member that left before the pack ended): its
-        ``wall_time_s`` ends there, as a solo job's does. Ranks other than 0 write nothing and return ``{"cell", "rank"}``."""
+        ``wall_time_s`` ends there, as a solo job's does. Ranks other than 0 write nothing and return
+        ``{"cell", "rank"}``."""
         self.checkpoints.paused = ranks.broadcast(self.checkpoints.paused)  # rank 0's checkpoint decided (HF host)
         self.recorder.flush()
         self._collapse_at = self._collapse_step()

@@ -239,28 +239,24 @@ class CellCheckpoints:
             trainer.add_callback(cb)
 
     @contextmanager
-    def preemption(self, also: list[Any] | None = None) -> Iterator[None]:
+    def preemption(self) -> Iterator[None]:
         """While training under submitit: on the preemption signal (USR2) finish the step, save, then
         let submitit requeue the job (its handler raises SystemExit). On SIGTERM (scancel, `scontrol
         requeue`, preemption with a grace time; submitit itself ignores it) finish the step, save and
-        exit: whoever sent it requeues or cancels the job, and a rerun resumes from that step. ``also``: the
-        other cells' checkpoints of this process (a pack's members) get the same request."""
+        exit: whoever sent it requeues or cancels the job, and a rerun resumes from that step."""
         sig = _preempt_signal()
         previous = signal.getsignal(sig)
         if not (self.enabled and _is_submitit_handler(previous)):
             yield
             return
-        owners = [self, *(also or [])]
 
         def on_preempt(signum: int, frame: Any) -> None:
-            for o in owners:
-                o.preempt_requested = o.preempt_requested or time.time()
+            self.preempt_requested = time.time()
             print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
                   f"requeue", file=sys.stderr, flush=True)
 
         def on_term(signum: int, frame: Any) -> None:
-            for o in owners:
-                o.terminate_requested = o.terminate_requested or time.time()
+            self.terminate_requested = time.time()
             print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
                   f"exit", file=sys.stderr, flush=True)
 
@@ -327,16 +323,14 @@ class CellCheckpoints:
         shutil.rmtree(folder, ignore_errors=True)
 
     def step_end(self, step: int, max_steps: int | None = None) -> tuple[bool, bool]:
-        """After optimiser update ``step`` (HF's global step): progress, then whether to save and whether to stop
-        (a pause at ``stop_at``, a preemption). ``max_steps``: the host's own count for progress.json."""
-        save = stop = False
+        """After optimiser update ``step``: progress.json, then (save, stop) for a pause at ``stop_at`` or a preemption."""
         if self.resumed is not None:  # a step completed after loading it: that checkpoint is readable
             integrity.resume_worked(self.resumed.path)
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
-        if self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None:
-            save = stop = True  # saved even without checkpoint_every
+        save = stop = self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None
+        if save:  # a pause: saved even without checkpoint_every
             self.paused = step
         if not self.enabled:
             return save, stop

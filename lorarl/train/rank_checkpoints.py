@@ -39,7 +39,7 @@ class FollowerCheckpoints:
         attach_sync(trainer, recorder, owner=self)
 
     @contextmanager
-    def preemption(self, also: list[Any] | None = None) -> Iterator[None]:
+    def preemption(self) -> Iterator[None]:
         yield  # rank 0 catches the signal; StepSync stops this rank with it, after the common save
         if self.stopped_for_preemption:
             print(f"[lorarl] rank {ranks.rank()}: rank 0 stopped for a preemption; checkpoint saved, exiting",
