@@ -12,8 +12,6 @@ the residual base being a function of them). The job-level path (pause, MLflow, 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -37,26 +35,27 @@ def run_until(pack, name, step, log):
             log.append((clean(rows[name]), pack.loop.last_rollouts[name]))
 
 
-def leave(pack, name, folder):
-    """What the pack job writes for a member at a checkpoint: its engine state and its monitors."""
-    from lorarl.pack.run import _PeakOf, _state_writer
+def _member(pack, name):
+    from lorarl.pack.run import Member
 
     k = _index(pack, name)
-    c, m = pack.loop.trainer.cells[k], pack.loop.members[k]
-    _state_writer(c, m)(folder)
-    return _PeakOf(m)()
+    return Member(cell=None, run=None, trained=pack.loop.trainer.cells[k], stream=pack.loop.members[k])
+
+
+def leave(pack, name, folder):
+    """What the pack job writes for a member at a checkpoint: its engine state and its monitors."""
+    member = _member(pack, name)
+    member.write_state(folder)
+    return member.monitors()
 
 
 def come_back(pack, name, folder, monitors):
-    """What the pack job does for a resumed member (lorarl.pack.run._load_state) at its new position."""
-    from lorarl.pack.run import _load_state
-    from lorarl.numerics.divergence import Divergence
+    """What the pack job does for a resumed member (lorarl.pack.run.Member.load_state) at its new position."""
+    from lorarl.train.cellrun import Resume
 
-    k = _index(pack, name)
-    run = SimpleNamespace(resumed=SimpleNamespace(path=folder), monitors=monitors, divergence=Divergence(),
-                          collapse_at=None)
-    _load_state(SimpleNamespace(run=run), pack.loop.trainer.cells[k], pack.loop.members[k])
-    return pack.loop.members[k].step
+    member = _member(pack, name)
+    member.load_state(Resume(path=str(folder), step=LEAVE, monitors=monitors, state="running", diverged_at=None))
+    return member.stream.step
 
 
 def build(cells, tmp_path, door=None):

@@ -56,10 +56,10 @@ def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monke
     real = packrun._checkpoint
     calls = []
 
-    def stop_after_step_2(slot, cell, member, force):
-        stop = real(slot, cell, member, force)
-        calls.append(member.step)
-        if member.step == 2 and len(calls) == 2 * len(cells):  # both members checkpointed step 2
+    def stop_after_step_2(member, force, pause=False):
+        stop = real(member, force, pause)
+        calls.append(member.stream.step)
+        if member.stream.step == 2 and len(calls) == 2 * len(cells):  # both members checkpointed step 2
             raise KeyboardInterrupt("simulated kill after the step-2 checkpoints")
         return stop
 

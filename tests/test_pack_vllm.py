@@ -56,7 +56,7 @@ def test_vllm_cells_train_in_one_engine_one_call_per_step_as_alone(tiny_dir, tmp
     # second LLM, as a GPU does); a new pack removes the old one's adapters and never reuses an adapter id
     assert_pack_equals_solo(cells, tmp_path, steps=2, tol=1e-6)
     assert fake_engine._ENGINE["llm"] is llm and len(fake_vllm.LLM.instances) == 1
-    assert llm._lorarl_last_lora_id == 2 * 2 + 2 * 2 + 2 * 2  # 4 pack handovers of 2, then 2 + 2 solo ones
+    assert llm.lorarl_last_lora_id == 2 * 2 + 2 * 2 + 2 * 2  # 4 pack handovers of 2, then 2 + 2 solo ones
 
 
 def test_the_process_engine_is_reused_only_where_it_covers_the_pack(tiny_dir):

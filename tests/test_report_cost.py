@@ -142,7 +142,7 @@ def test_cost_metrics_go_to_each_cell_run_and_the_study_parent(tmp_path):
     class Tracker:
         client = Client()
 
-        def _retry(self, what, fn):
+        def retry(self, what, fn):
             return fn()
 
     st, res = gpu_study(tmp_path)

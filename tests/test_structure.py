@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.name_scan import name_branches, name_tests
+from tests.private_scan import private_touches
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # the house limit for one module (source, tests, benchmarks, rules)
@@ -360,3 +361,11 @@ def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
     assert name_branches(tmp_path, "stage", {"train", "base", "pack", "toy"}) == [
         "Snakefile:1", "lorarl/m.py:2", "lorarl/m.py:4", "lorarl/m.py:6", "workflow/r.smk:3"]
     assert name_branches(tmp_path, "stage", {"train"}, ("lorarl/m.py",)) == []
+
+
+def test_no_module_touches_a_private_attribute_of_another_object(tmp_path: Path):
+    """``x._name`` only on self/cls/super() or a name the module's classes use on self (tests/private_scan.py)."""
+    (tmp_path / "m.py").write_text("def f(run, self):\n    return run._ckpt, self._ok, super()._ok, run.ok\n")
+    assert private_touches(tmp_path) == ["m.py:2: run._ckpt"]  # the scan sees one
+    found = private_touches(REPO / "lorarl")
+    assert not found, "a private attribute of another object (give it a public name):\n" + "\n".join(found)

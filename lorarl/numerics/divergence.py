@@ -72,7 +72,7 @@ class Divergence:
                 out["diverged_at_update"] = self.update
         return out
 
-    def _mark(self, update: int, reason: str) -> None:
+    def mark(self, update: int, reason: str) -> None:
         """``update``: the optimiser update (TRL's global step); recorded as its training step."""
         if self.step is None:
             self.step, self.update, self.reason = -(-update // self.updates_per_step), update, reason
@@ -92,13 +92,13 @@ class Divergence:
             return False
         for p in params:
             p.grad = None
-        self._mark(step, "non-finite gradient (update skipped)")
+        self.mark(step, "non-finite gradient (update skipped)")
         return True
 
     def check_row(self, row: dict[str, Any], step: int) -> bool:
         bad = nonfinite_keys(row)
         if bad:
-            self._mark(step, "non-finite " + ", ".join(bad))
+            self.mark(step, "non-finite " + ", ".join(bad))
         return bool(bad)
 
     def callback(self) -> Any:

@@ -91,7 +91,7 @@ class EngineAdapters:
         left = set(llm.llm_engine.list_loras()) if llm is not None else set()
         for i in left:
             llm.llm_engine.remove_lora(i)
-        self.first_id = max([getattr(llm, "_lorarl_last_lora_id", 0), *left]) if llm is not None else 0
+        self.first_id = max([getattr(llm, "lorarl_last_lora_id", 0), *left]) if llm is not None else 0
 
     def update(self, adapter_dirs: list[str | Path]) -> list[Any]:
         """Swap in the adapters just saved in ``adapter_dirs``; the new requests, one per member."""
@@ -101,7 +101,7 @@ class EngineAdapters:
         self.requests = lora_requests(self.api, self.names, adapter_dirs, self.version, self.first_id)
         for r in self.requests:
             self.llm.llm_engine.add_lora(r)
-        self.llm._lorarl_last_lora_id = max(r.lora_int_id for r in self.requests)
+        self.llm.lorarl_last_lora_id = max(r.lora_int_id for r in self.requests)
         return self.requests
 
 

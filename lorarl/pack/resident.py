@@ -6,16 +6,16 @@ a place frees (a member finishes, collapses under ``train.stop_on_collapse``, di
 A runtime choice (``pack: {max_cells: K, resident: true, places: P}`` in the Snakemake config), never part of a
 cell's signature. The group is every unfinished cell with the same :func:`resident_key` (the pack key without
 ``train.steps``: members of different lengths share a job, each leaving at its own end). The host is the pack's
-(:func:`lorarl.pack.run._train`, one :class:`lorarl.train.cellrun.CellRun` per member, which owns the member's
+(:func:`lorarl.pack.run.train_members`, one :class:`lorarl.train.cellrun.CellRun` per member, which owns the member's
 bookkeeping); this module decides who sits in the places:
 
 1. claim up to ``places`` cells, in order: first the members this job paused at a slot boundary, then the
    waiting cells. A claim is the cell's own lock (lorarl.train.checkpoint, fcntl): a cell finished, staged,
    holding a solo (TRL) checkpoint, or trained by another job is skipped, so two jobs never train one cell;
 2. train them as one pack until a step in which a member leaves while a cell still waits: at that step every
-   member still running pauses with its full state (``CellRun.stop_at``; lorarl.train.cellstate), and the pack is
-   re-formed from them and the next waiting cell. A paused member comes back equal to its uninterrupted run
-   (tests/test_cell_leaves.py); nothing is shared between members but the frozen base;
+   member still running pauses with its full state (``CellRun.end_step(..., pause=True)``; lorarl.train.cellstate),
+   and the pack is re-formed from them and the next waiting cell. A paused member comes back equal to its
+   uninterrupted run (tests/test_cell_leaves.py); nothing is shared between members but the frozen base;
 3. a member ending paused at the job's rung (``stop_at``: an adaptive study's rung, the job's ``--until``, or stopped
    there by the search) leaves for good: its place goes to the next waiting cell.
 
@@ -146,23 +146,23 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
     info = {"id": resident_id, "members": [c.id for c in cells], "resident": places}
     while True:
         t_seg = time.time()
-        slots: list[Any] = []
-        while len(slots) < places and (carried or queue):
+        members: list[Any] = []
+        while len(members) < places and (carried or queue):
             c = carried.pop(0) if carried else queue.pop(0)
-            got, out = packrun._claim_members(study, [c], results_dir, resident_id, t_seg, stop_at)
-            slots += got
+            got, out = packrun.claim_members(study, [c], results_dir, resident_id, t_seg, stop_at)
+            members += got
             left_out.update({k: v for k, v in out.items() if k not in outcomes})
-        if not slots:
+        if not members:
             break
-        ledger.append({"admitted": [s.cell.id for s in slots], "time": round(t_seg - t0, 2), "run": run})
+        ledger.append({"admitted": [p.cell.id for p in members], "time": round(t_seg - t0, 2), "run": run})
         write_json(record, {"places": places, "segments": earlier + ledger})
 
         def waiting() -> bool:
             return bool(queue)
 
-        summaries = packrun._train(study, slots, results_dir, threads, info, t_seg, boundary=waiting, door=door,
-                                    update_cells=update_cells)
-        by_id = {s.cell.id: s.cell for s in slots}
+        summaries = packrun.train_members(study, members, results_dir, threads, info, t_seg, boundary=waiting,
+                                          door=door, update_cells=update_cells)
+        by_id = {p.cell.id: p.cell for p in members}
         for cid, s in summaries.items():
             at = s.get("paused_at_step")
             if s.get("state") == "paused" and (stop_at is None or at is None or at < stop_at):

@@ -36,54 +36,60 @@ from lorarl.pack import publish
 OUTCOME = ("state", "mlflow_run_id", "paused_at_step", "stopped_on_collapse")  # a member's outcome in the record
 
 
-@dataclass
-class _Slot:
-    """One member: its cell and its run (lorarl.train.cellrun.CellRun), which owns all its bookkeeping."""
+@dataclass(eq=False)
+class Member:
+    """One member of a pack: its cell, its run (lorarl.train.cellrun.CellRun, which owns all its bookkeeping) and,
+    once the pack is built, its place in it: the trainer's cell (model, optimizer, schedule, state), the loop's
+    member (step, data order, sampling generator, monitors) and its adapted policy (its save)."""
 
-    cell: Any
-    run: Any
+    cell: Any  # the study's cell
+    run: Any  # its CellRun (the door: open, step_done, end_step, close)
+    trained: Any = None  # lorarl.pack.trainer.PackCell: model, optimizer, scheduler, state, diverged_at
+    stream: Any = None  # lorarl.pack.steps' member: step, data order, sampler, adv_std_peak, tokens_seen
+    policy: Any = None  # lorarl.adapters.AdaptedPolicy: save, fingerprint, MLflow tags
+    left_at: float | None = None  # when its last step in this job ended (its wall_time_s ends there)
+
+    def write_state(self, folder: Path) -> None:
+        """The member's engine state (lorarl.train.cellstate, engine "pack") into a checkpoint folder."""
+        from lorarl.train import cellstate
+
+        c, m = self.trained, self.stream
+        cellstate.save_engine(folder, c.model, c.optimizer, c.scheduler,
+                              {"data_order": m.order.state_dict(), "sampler": m.sampler.get_state()}, m.step)
+
+    def load_state(self, resume: Any) -> None:
+        """The member's checkpoint (``resume``: lorarl.train.cellrun.Resume; saved in any pack position, or alone)
+        into its pack position."""
+        from lorarl.train import cellstate
+
+        c, m = self.trained, self.stream
+        streams, m.step = cellstate.load_engine(Path(resume.path), c.model, c.optimizer, c.scheduler)
+        m.order.load_state_dict(streams["data_order"])
+        m.sampler.set_state(streams["sampler"])
+        m.adv_std_peak = float(resume.monitors.get("adv_std_peak", 0.0))
+        m.tokens_seen = float(resume.monitors.get("tokens_seen", 0.0))
+        c.diverged_at = resume.diverged_at
+        c.state = resume.state if resume.state in ("diverged", "stopped") else "running"
+
+    def monitors(self) -> dict:
+        """Its monitors for its checkpoints (the running peak of adv/std, the tokens seen)."""
+        return {"adv_std_peak": float(self.stream.adv_std_peak), "tokens_seen": float(self.stream.tokens_seen)}
 
 
-def _state_writer(cell: Any, member: Any) -> Any:
-    """Writes the member's engine state (lorarl.train.cellstate, engine "pack") into a checkpoint folder."""
-    from lorarl.train import cellstate
-
-    def write(folder: Path) -> None:
-        cellstate.save_engine(folder, cell.model, cell.optimizer, cell.scheduler,
-                              {"data_order": member.order.state_dict(), "sampler": member.sampler.get_state()},
-                              member.step)
-
-    return write
-
-
-def _load_state(slot: _Slot, cell: Any, member: Any) -> None:
-    """The member's checkpoint (saved in any pack position, or alone) into its pack position."""
-    from lorarl.train import cellstate
-
-    run = slot.run
-    streams, member.step = cellstate.load_engine(run.resumed.path, cell.model, cell.optimizer, cell.scheduler)
-    member.order.load_state_dict(streams["data_order"])
-    member.sampler.set_state(streams["sampler"])
-    member.adv_std_peak = float(run.monitors.get("adv_std_peak", 0.0))
-    member.tokens_seen = float(run.monitors.get("tokens_seen", 0.0))
-    cell.diverged_at = run.divergence.step
-    cell.state = "diverged" if run.divergence.step is not None else "stopped" if run.collapse_at is not None else "running"
-
-
-def _checkpoint(slot: _Slot, cell: Any, member: Any, force: bool) -> bool:
+def _checkpoint(member: Member, force: bool, pause: bool = False) -> bool:
     """Per-step checkpoint bookkeeping of one member; True when the pack must stop (preemption)."""
     from lorarl import ledger
 
     with ledger.phase("checkpoint"):  # the member's checkpoint write, when due (lorarl.ledger)
-        return slot.run.checkpoint(member.step, _state_writer(cell, member), force)
+        return member.run.end_step(member.stream.step, member.write_state, pause=pause, force=force)
 
 
-def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str, t_start: float,
-                   stop_at: int | None) -> tuple[list[_Slot], dict]:
+def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str, t_start: float,
+                  stop_at: int | None) -> tuple[list[Member], dict]:
     from lorarl.train import cellstate
     from lorarl.train.cellrun import CellRun
 
-    slots, left_out = [], {}
+    members, left_out = [], {}
     for c in cells:
         if not publish.unfinished(results_dir, study, c.id, c.hash):
             left_out[c.id] = "finished (or staged) already"
@@ -100,8 +106,8 @@ def _claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_i
         if run.done is not None:  # finished by another job since the check above: its lock is released
             left_out[c.id] = "finished (or staged) already"
             continue
-        slots.append(_Slot(c, run))
-    return slots, left_out
+        members.append(Member(c, run))
+    return members, left_out
 
 
 def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results", threads: int | None = None,
@@ -161,25 +167,25 @@ def train_alone(study: str, cell: Any, results_dir: str | Path = "results", thre
     run = CellRun(study, cell, results_dir, cell.config, engine="pack", stop_at=stop_at, t_start=t_start)
     if run.done is not None:
         return run.done
-    return _train(study, [_Slot(cell, run)], results_dir, threads, None, t_start)[cell.id]
+    return train_members(study, [Member(cell, run)], results_dir, threads, None, t_start)[cell.id]
 
 
 def _train_members(study: str, cells: list[Any], results_dir: str | Path, threads: int | None, pack_id: str,
                    info: dict, stop_at: int | None = None, update_cells: int | None = None) -> dict:
     """Train these members as one pack in this process (their outputs staged); the rank's outcome."""
     t_start = time.time()
-    slots, left_out = _claim_members(study, cells, results_dir, pack_id, t_start, stop_at)
-    summaries = (_train(study, slots, results_dir, threads, info, t_start, left_out, update_cells=update_cells)
-                 if slots else {})
+    members, left_out = claim_members(study, cells, results_dir, pack_id, t_start, stop_at)
+    summaries = (train_members(study, members, results_dir, threads, info, t_start, left_out, update_cells=update_cells)
+                 if members else {})
     return {"trained": sorted(c for c, s in summaries.items() if s.get("state") != "paused"),
             "left_out": left_out, "states": {c: s["state"] for c, s in summaries.items()},
             "outcomes": {c: {k: s[k] for k in OUTCOME if k in s} for c, s in summaries.items()},
             "wall_time_s": round(time.time() - t_start, 2)}
 
 
-def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int | None, info: dict | None,
-           t_start: float, left_out: dict | None = None, boundary: Any = None, door: Any = None,
-           update_cells: int | None = None) -> dict[str, dict]:
+def train_members(study: str, members: list[Member], results_dir: str | Path, threads: int | None,
+                  info: dict | None, t_start: float, left_out: dict | None = None, boundary: Any = None,
+                  door: Any = None, update_cells: int | None = None) -> dict[str, dict]:
     """Build the pack of these members' cells, resume each from its own state, step until every member finished
     (or paused, or stopped), and end each member's run. Returns {cell id: its summary}. ``boundary()`` (a resident
     pack's): asked after a step in which a member left; True = every member still running pauses at this step.
@@ -196,67 +202,51 @@ def _train(study: str, slots: list[_Slot], results_dir: str | Path, threads: int
     summaries: dict[str, dict] = {}
     try:
         device = "cpu" if not torch.cuda.is_available() else "cuda"
-        pack = build_pack([job_cell(s.cell, results_dir=str(results_dir)) for s in slots], results_dir=results_dir,
+        pack = build_pack([job_cell(p.cell, results_dir=str(results_dir)) for p in members], results_dir=results_dir,
                           device=device, update_cells=update_cells or None, door=door)
-        loop, trainer = pack.loop, pack.loop.trainer
-        for k, s in enumerate(slots):
-            c, m = trainer.cells[k], loop.members[k]
-            s.run.start(pack.precision, tags={"lorarl.pack": info["id"]} if info else None)
-            s.run.host_state = _PeakOf(m)
-            if s.run.resumed is not None:
-                _load_state(s, c, m)
-            if c.state == "running" and s.run.paused_before(m.step):
-                c.state = "paused"  # resumed at its stop step already: it takes no step
-            s.run.watch(pack.policies[k].save, pack.tokenizer, snapshot_steps(s.cell.config))
+        loop = pack.loop
+        for p, trained, stream, policy in zip(members, loop.trainer.cells, loop.members, pack.policies, strict=True):
+            p.trained, p.stream, p.policy = trained, stream, policy
+        for p in members:
+            resume = p.run.open(pack.precision, save=p.policy.save, tokenizer=pack.tokenizer,
+                                snapshot_steps=snapshot_steps(p.cell.config),
+                                tags={"lorarl.pack": info["id"]} if info else None)
+            p.run.host_state = p.monitors
+            if resume.path is not None:
+                p.load_state(resume)
+            if p.trained.state == "running" and resume.state == "paused":
+                p.trained.state = "paused"  # resumed at its stop step already: it takes no step
         where = f" rank {info['rank']}" if info and "rank" in info else ""
         print(f"[lorarl] {'pack ' + info['id'] if info else 'one-cell pack'}{where}: training "
-              f"{', '.join(s.cell.id for s in slots)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
-        for s in slots:  # the grading workers ready before the first step: the job's start-up, not the step's
-            s.run.ready()
-        left: dict[int, float] = {}  # member -> when its last step here ended (its wall_time_s ends there)
-        with slots[0].run.ckpt.preemption():  # Slurm's USR2 / SIGTERM: every member checkpoints, then requeue
+              f"{', '.join(p.cell.id for p in members)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
+        for p in members:  # the grading workers ready before the first step: the job's start-up, not the step's
+            p.run.ready()
+        with members[0].run.preemption([p.run for p in members[1:]]):  # USR2 / SIGTERM: every member checkpoints
             stop = False
             while not stop:
                 first_work("training step")  # the job's start-up ends here (lorarl.jobclock)
                 rows = loop.step()
                 if not rows:
                     break
-                lead = slots[0].run.ckpt
-                stepped = [k for k, s in enumerate(slots) if s.cell.id in rows]
-                for k in stepped:
-                    s, c, m = slots[k], trainer.cells[k], loop.members[k]
-                    c.state = s.run.step_done(m.step, rows[s.cell.id], c.model, update_refused=c.state == "diverged")
-                going = [k for k in stepped if trainer.cells[k].state == "running" and k in loop.active()]
-                if boundary is not None and len(going) < len(stepped) and going and boundary():
-                    for k in going:  # a place freed and a cell waits: the members still running pause here
-                        slots[k].run.stop_at(loop.members[k].step)  # (lorarl.pack.resident re-forms the pack)
-                        trainer.cells[k].state = "paused"
-                for k in stepped:
-                    s, ck = slots[k], slots[k].run.ckpt
-                    ck.preempt_requested = ck.preempt_requested or lead.preempt_requested
-                    ck.terminate_requested = ck.terminate_requested or lead.terminate_requested
-                    c, m = trainer.cells[k], loop.members[k]
-                    stop = _checkpoint(s, c, m, force=c.state != "running") or stop
-                    if c.state != "running" or k not in loop.active():
-                        left.setdefault(k, time.time())
-        for k, s in enumerate(slots):
-            extra = {"pack": info} if info else {}
-            if k in left:  # the same wall_time_s as a solo job's and any host's: up to its own last step, not the pack's
-                extra["wall_time_s"] = round(left[k] - s.run.t_start + s.run.ckpt.elapsed_before, 2)
-            summaries[s.cell.id] = s.run.finish(pack.policies[k], trainer.cells[k].model, facts=pack.data_facts,
-                                                extra=extra or None)
+                stepped = [p for p in members if p.cell.id in rows]
+                for p in stepped:
+                    p.trained.state = p.run.step_done(p.stream.step, rows[p.cell.id], p.trained.model,
+                                                      update_refused=p.trained.state == "diverged")
+                active = {id(members[k]) for k in loop.active()}  # per member: its own state and step
+                going = [p for p in stepped if p.trained.state == "running" and id(p) in active]
+                pause = boundary is not None and len(going) < len(stepped) and bool(going) and boundary()
+                for p in stepped:
+                    paused_here = pause and p in going  # a place freed and a cell waits: the members still
+                    if paused_here:  # running pause here (lorarl.pack.resident re-forms the pack)
+                        p.trained.state = "paused"
+                    stop = _checkpoint(p, force=p.trained.state != "running", pause=paused_here) or stop
+                    if p.trained.state != "running" or id(p) not in active:
+                        p.left_at = p.left_at if p.left_at is not None else time.time()
+        for p in members:
+            summaries[p.cell.id] = p.run.close(p.policy, p.trained.model, facts=pack.data_facts,
+                                               extra={"pack": info} if info else None, ended_at=p.left_at)
     except BaseException as err:
-        for s in slots:
-            s.run.fail(err)
+        for p in members:
+            p.run.fail(err)
         raise
     return summaries
-
-
-class _PeakOf:
-    """A member's monitors for its checkpoints (the running peak of adv/std, the tokens seen)."""
-
-    def __init__(self, member: Any):
-        self.member = member
-
-    def __call__(self) -> dict:
-        return {"adv_std_peak": float(self.member.adv_std_peak), "tokens_seen": float(self.member.tokens_seen)}

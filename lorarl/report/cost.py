@@ -317,9 +317,9 @@ def log_mlflow(tracker: Any, parent_id: str, study: Any, results: str | Path, df
             targets.append((s["mlflow_run_id"], row))
     ts, written = int(time.time() * 1000), 0
     for run_id, row in targets:
-        have = tracker._retry("read a run", lambda r=run_id: tracker.client.get_run(r)).data.metrics
+        have = tracker.retry("read a run", lambda r=run_id: tracker.client.get_run(r)).data.metrics
         changed = [Metric(k, v, ts, 0) for k, v in metrics(row).items() if have.get(k) != v]
         if changed:
-            tracker._retry("log cost metrics", lambda r=run_id, m=changed: tracker.client.log_batch(r, metrics=m))
+            tracker.retry("log cost metrics", lambda r=run_id, m=changed: tracker.client.log_batch(r, metrics=m))
             written += 1
     return written

@@ -168,16 +168,16 @@ class Tracker:
         self.pending: list[Any] = []  # Metric objects not yet acknowledged by the store (same ts on resend)
         self.behind_since: float | None = None  # the store failed a metric flush; training goes on
         # sqlite: the first client creates the store, under the lock, whole or not at all (sqlite_store)
-        self.client = self._retry("open the store", lambda: (sqlite_store.ensure(self.uri),
+        self.client = self.retry("open the store", lambda: (sqlite_store.ensure(self.uri),
                                                              mlflow.MlflowClient(self.uri))[1])
-        self.experiment_id = self._retry("open the experiment", self._experiment)
+        self.experiment_id = self.retry("open the experiment", self._experiment)
         self.parent_id: str | None = None  # the study's parent run (study_run), found or made once
 
     # ---- plumbing -----------------------------------------------------------------------------------
     def _lock(self, timeout_s: float | None = None) -> Any:
         return nullcontext() if self.server else _locked(self.results_dir, timeout_s)
 
-    def _retry(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
+    def retry(self, what: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         budget_s = self.retry_s if budget_s is None else budget_s
         t0, delay, attempt = time.monotonic(), 0.5, 0
         while True:
@@ -238,7 +238,7 @@ class Tracker:
                     self.client.delete_run(extra.info.run_id)
             return runs[0].info.run_id
 
-        self.parent_id = self._retry("find or make the study run", find_or_create)
+        self.parent_id = self.retry("find or make the study run", find_or_create)
         return self.parent_id
 
     def start(self, cell_id: str, run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
@@ -262,10 +262,10 @@ class Tracker:
                 return mine[0].info.run_id
             return self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
-        self.run_id = self._retry(f"create the run of cell {cell_id}", create)
+        self.run_id = self.retry(f"create the run of cell {cell_id}", create)
         # a Tracker reused for the next cell (the toy study's batch): nothing of the last run carries over
         self.logged, self.high_water, self.pending, self.behind_since = {}, -1, [], None
-        self._retry(f"log the params of cell {cell_id}", lambda: self._log_params(params))
+        self.retry(f"log the params of cell {cell_id}", lambda: self._log_params(params))
         return self.run_id
 
     def resume(self, run_id: str) -> str:
@@ -292,7 +292,7 @@ class Tracker:
             return {key: max((m.step for m in self.client.get_metric_history(run_id, key)), default=-1)
                     for key in run.data.metrics}
 
-        self.logged = self._retry(f"reopen run {run_id}", reopen)
+        self.logged = self.retry(f"reopen run {run_id}", reopen)
         self.high_water = max(self.logged.values(), default=-1)
         return run_id
 
@@ -300,7 +300,7 @@ class Tracker:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        self._retry("set tags", lambda: self.client.log_batch(self.run_id, tags=items))
+        self.retry("set tags", lambda: self.client.log_batch(self.run_id, tags=items))
 
     def _log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -346,7 +346,7 @@ class Tracker:
     def _flush(self, budget_s: float | None = None) -> None:
         while self.pending:
             chunk = self.pending[:500]
-            self._retry("log metrics", lambda: self.client.log_batch(self.run_id, metrics=chunk), budget_s)
+            self.retry("log metrics", lambda: self.client.log_batch(self.run_id, metrics=chunk), budget_s)
             for m in chunk:
                 self.logged[m.key] = max(self.logged.get(m.key, -1), m.step)
                 self.high_water = max(self.high_water, m.step)
@@ -369,7 +369,7 @@ class Tracker:
         values = {k: v for k, v in values.items() if self.logged.get(k, -1) < 0}  # resumed: logged already
         metrics = [Metric(k, float(v), ts, 0) for k, v in values.items()]
         items = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        self._retry("log the summary", lambda: self.client.log_batch(self.run_id, metrics=metrics, tags=items))
+        self.retry("log the summary", lambda: self.client.log_batch(self.run_id, metrics=metrics, tags=items))
         self.logged.update({k: 0 for k in values})
 
     def finish(self, status: str = "FINISHED", state: str | None = None) -> None:
@@ -378,7 +378,7 @@ class Tracker:
         as the run's ``lorarl.state`` tag (preempted, failed)."""
         if status == "FINISHED":
             self.catch_up()
-            self._retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status))
+            self.retry("end the run", lambda: self.client.set_terminated(self.run_id, status=status))
             return
 
         def end() -> None:
@@ -387,6 +387,6 @@ class Tracker:
             self.client.set_terminated(self.run_id, status=status)
 
         try:
-            self._retry("end the run", end, 2.0)
+            self.retry("end the run", end, 2.0)
         except TrackingUnavailable as err:
             print(f"[lorarl] {err}", file=sys.stderr, flush=True)

@@ -55,7 +55,7 @@ def end_dead_runs(tracker: Any, why: str, cells: Iterable[str] | None = None) ->
     """End KILLED every RUNNING cell run of the tracker's study (or of ``cells``) whose cell lock is free; the run
     ids ended. ``why``: the ``lorarl.killed_reason`` tag (who noticed, e.g. the launcher and its job's state)."""
     wanted = None if cells is None else set(cells)
-    runs = tracker._retry("find the running cell runs", lambda: tracker.client.search_runs(
+    runs = tracker.retry("find the running cell runs", lambda: tracker.client.search_runs(
         [tracker.experiment_id], filter_string="attributes.status = 'RUNNING'"))
     ended = []
     for run in runs:
@@ -80,7 +80,7 @@ def _end(tracker: Any, run_id: str, why: str) -> bool:
         tracker.client.set_terminated(run_id, status="KILLED")
         return True
 
-    return tracker._retry(f"end the dead run {run_id}", end)
+    return tracker.retry(f"end the dead run {run_id}", end)
 
 
 def after_job(results_dir: str | Path, study: str, cells: Iterable[str], why: str) -> list[str]:

@@ -102,7 +102,7 @@ class MetricsRecorder(TrainerCallback):
             return
         if self.log_only_saved:
             self.send_live()  # live/ keeps every step, ahead of (or with) its own key
-        self._write_csv()
+        self.write_csv()
         if self.tracker is not None and self._pending:
             self.tracker.log_metrics(self._pending, wait=False)  # store away: train on, send later (steps already
             # sent live under their own keys are dropped: no checkpoints)
@@ -114,7 +114,7 @@ class MetricsRecorder(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         self.flush()
 
-    def _write_csv(self) -> None:
+    def write_csv(self) -> None:
         if not self.write:
             return
         cols = ["step"] + sorted({k for r in self.rows for k in r} - {"step"})

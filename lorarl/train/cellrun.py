@@ -1,13 +1,22 @@
-"""One cell's run, whatever hosts it: written once, used by the solo job, the pack and (later) the resident pack.
+"""One cell's run, whatever hosts it: written once, used by the solo job, the pack and the resident pack.
+
+The door (every host calls these and reads nothing else of the run but ``done``):
 
     run = CellRun(study, cell, results_dir, cfg)             # the cell's lock, its checkpoint folder
     if run.done: return run.done                             # its outputs in place: another job finished it
-    run.start(precision)                                     # MLflow run (new, or the checkpoint's reopened), rows so far
-    run.watch(policy.save, tokenizer, snapshot_steps)        # snapshots, collapse and divergence monitors
-    ... the host trains: HF's Trainer with run.callbacks() + run.attach(trainer) + run.train(trainer) (solo), or
-        a step loop calling run.step_done(step, row, model) and run.checkpoint(step, write_state) (the pack) ...
-    return run.finish(policy, model, facts=...)              # adapter, summary, MLflow, cell.json, publish
-                                                             # (or, stopped at ``stop_at``: run.pause())
+    resume = run.open(precision, save=..., tokenizer=..., snapshot_steps=...)   # MLflow run, rows so far,
+                                                             # snapshots, monitors; a plain Resume record
+    run.ready()                                              # before the host's first step (start-up time)
+    per step: run.step_done(step, row, model)                # -> "running" | "diverged" | "stopped" | "paused"
+              run.end_step(step, write_state, pause=...)     # progress, a checkpoint when due; True: host stops
+    return run.close(policy, model, facts=...)               # adapter, summary, MLflow, cell.json, publish
+                                                             # (or, stopped at ``stop_at``: paused)
+    on an exception: run.fail(err)
+
+A step-loop host (lorarl.pack.run) calls these itself; HF's Trainer (the solo job) through one adapter of
+TrainerCallbacks (:mod:`lorarl.train.hf_host`), which also hands the run's parts (recorder, snapshots, collapse
+and divergence monitors, checkpoints) to the trainer. ``Resume`` is what the host needs of the checkpoint: the
+engine state's folder, the step, the host's monitors, and whether the cell takes steps at all.
 
 What the run owns: the cell's lock and checkpoints (:class:`lorarl.train.checkpoint.CellCheckpoints`; on ranks
 other than 0 a :class:`lorarl.train.rank_checkpoints.FollowerCheckpoints`), its MLflow run, the metrics
@@ -22,8 +31,9 @@ step (even without ``train.checkpoint_every``), publishes nothing and ends "paus
 checkpoint folder, its MLflow run ended with the tag ``lorarl.state=paused``, the lock released. The next run of
 the cell, in any host of the same engine (a solo job, any pack position), resumes from it into the same MLflow
 run, and ends where the uninterrupted run ends. A host that admits cells into slots of a running job opens a run
-per admitted cell (``CellRun`` + ``start``, its engine state loaded when ``run.resumed``) and evicts one between
-steps with ``run.stop_at(step)`` then ``run.finish(...)`` (paused) or lets it finish; no run refers to another.
+per admitted cell (its engine state loaded from ``resume.path``) and evicts one between steps with
+``run.end_step(step, write_state, pause=True)`` then ``run.close(...)`` (paused) or lets it finish; no run refers
+to another.
 """
 
 from __future__ import annotations
@@ -34,17 +44,33 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from lorarl import paths
 from lorarl.io import write_json
 from lorarl.train import cellstate, ranks, salvage
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a cell's run starts, for its host: a plain record of the checkpoint it resumed (or of a fresh start)."""
+
+    path: str | None  # the checkpoint folder whose engine state the host loads (None: a fresh start), every rank's
+    step: int  # the training step the checkpoint ends (0: fresh), every rank's
+    monitors: dict  # the host's monitors saved with it (adv_std_peak, tokens_seen, the vLLM freshness window)
+    state: str  # "running"; "diverged"/"stopped" (finished at that checkpoint: it takes no step); "paused" (at its stop_at)
+    diverged_at: int | None  # the step it diverged at (None: it did not)
+
 
 class CellRun:
-    """One cell's run: lock + checkpoints, MLflow run, recorder, monitors, snapshots, summary, cell.json, publish."""
+    """One cell's run: lock + checkpoints, MLflow run, recorder, monitors, snapshots, summary, cell.json, publish.
+
+    Public: the door (``done``, :meth:`open`, :meth:`ready`, :meth:`step_done`, :meth:`end_step`, :meth:`close`,
+    :meth:`fail`, :meth:`preemption`, ``host_state``) and the parts the HF adapter hands to the Trainer
+    (``checkpoints``, ``recorder``, ``snapshots``, ``divergence``, ``collapse_monitor``: lorarl.train.hf_host)."""
 
     def __init__(self, study: str, cell: Any, results_dir: str | Path, cfg: Any, *, engine: str = "hf",
                  main: bool = True, stage: Callable[[Path, Path], Any] | None = None, holder: str = "",
@@ -59,31 +85,32 @@ class CellRun:
         from lorarl.numerics.divergence import Divergence
         from lorarl.train.rank_checkpoints import FollowerCheckpoints
 
-        self.study, self.cell, self.results_dir, self.cfg, self.main = study, cell, results_dir, cfg, main
-        self.invocation = invocation
-        self.t_start = time.time() if t_start is None else t_start
-        self.per = int(cfg.train.updates_per_step)  # optimiser updates per training step (HF's global steps)
-        self.final = paths.cell_dir(results_dir, study, cell.id)
-        self.stage = stage
-        self.work = self.final / (".pack.tmp" if stage is not None else ".train.tmp")
-        self.ckpt = (CellCheckpoints(results_dir, study, cell, lock_wait_s=lock_wait_s, holder=holder, fmt=engine)
-                     if main else FollowerCheckpoints(results_dir, study, cell))
-        self.ckpt.stop_at = None
-        if stop_at is not None:
-            self.stop_at(stop_at)
-        self.ckpt.monitors = self.monitor_state
+        self._study, self._cell, self._results_dir, self._cfg, self._main = study, cell, results_dir, cfg, main
+        self._invocation = invocation
+        self._t_start = time.time() if t_start is None else t_start
+        self._per = int(cfg.train.updates_per_step)  # optimiser updates per training step (HF's global steps)
+        self._final = paths.cell_dir(results_dir, study, cell.id)
+        self._stage = stage
+        self._work = self._final / (".pack.tmp" if stage is not None else ".train.tmp")
+        self.checkpoints = (CellCheckpoints(results_dir, study, cell, lock_wait_s=lock_wait_s, holder=holder, fmt=engine)
+                            if main else FollowerCheckpoints(results_dir, study, cell))
+        ckpt = self.checkpoints
+        ckpt.stop_at = None if stop_at is None else int(stop_at) * self._per
+        ckpt.monitors = self._monitor_state
         if not main:  # a follower rank learns rank 0's pause (lorarl.train.rank_checkpoints)
-            self.ckpt.paused, self.ckpt.max_steps = None, int(cfg.train.steps) * self.per
-        self.divergence = Divergence(self.per)  # NaN/inf loss, reward or gradient: stop, state "diverged"
-        self.collapse_at: int | None = None  # train.stop_on_collapse: the step a collapse flag stopped the cell
+            ckpt.paused, ckpt.max_steps = None, int(cfg.train.steps) * self._per
+        self.divergence = Divergence(self._per)  # NaN/inf loss, reward or gradient: stop, state "diverged"
+        self._collapse_at: int | None = None  # train.stop_on_collapse: the step a collapse flag stopped the cell
+        self._lead: Any = None  # the checkpoints whose preemption signal this run follows (:meth:`preemption`)
         self.host_state: Callable[[], dict] = dict  # the host's monitors (adv_std_peak, freshness) for a checkpoint
-        self.tracker = self.run_id = self.recorder = self.snapshots = self.precision = None
-        self.monitors: dict = {}  # the resumed checkpoint's monitor state (lorarl.train.cellstate)
+        self._tracker = self._run_id = self._precision = None
+        self.recorder: Any = None  # lorarl.train.callbacks.MetricsRecorder (metrics.csv + MLflow), from open()
+        self.snapshots: Any = None  # lorarl.train.snapshots.SnapshotSaver, from open()
         self.collapse_monitor: Any = None  # the HF host's collapse callback (lorarl.train.flags.monitor)
         self.done = ranks.broadcast(self._finished_meanwhile() if main else None)
         if main and self.done is None:
-            shutil.rmtree(self.work, ignore_errors=True)
-            self.work.mkdir(parents=True)
+            shutil.rmtree(self._work, ignore_errors=True)
+            self._work.mkdir(parents=True)
 
     # ---- opening ------------------------------------------------------------------------------------
     def _finished_meanwhile(self) -> dict | None:
@@ -92,58 +119,57 @@ class CellRun:
         kept aside from a killed run's finished job (lorarl.train.salvage): nothing to train. Otherwise never the
         case for a job Snakemake runs on its own outputs: it removes them before the job starts."""
         try:
-            summary = json.loads((self.final / "summary.json").read_text())
+            summary = json.loads((self._final / "summary.json").read_text())
         except (OSError, ValueError):
             summary = None
-        how = "by the job this one waited for" if self.ckpt.waited_for_lock else "already, by another job"
-        if not isinstance(summary, dict) or summary.get("config_hash") != self.cell.hash:
+        how = "by the job this one waited for" if self.checkpoints.waited_for_lock else "already, by another job"
+        if not isinstance(summary, dict) or summary.get("config_hash") != self._cell.hash:
             # a job of a killed Snakemake finished it and the rerun removed its outputs (lorarl.train.salvage)
-            summary = salvage.restore(self.results_dir, self.study, self.cell.id, self.cell.hash, self.invocation)
+            summary = salvage.restore(self._results_dir, self._study, self._cell.id, self._cell.hash, self._invocation)
             how = "by a job of a killed Snakemake run (the outputs Snakemake removed are back in place)"
         if summary is None:
             return None
-        print(f"[lorarl] cell {self.cell.id} was trained {how} (its outputs of this config are in place); nothing to "
+        print(f"[lorarl] cell {self._cell.id} was trained {how} (its outputs of this config are in place); nothing to "
               f"do", flush=True)
-        self.ckpt.release()
+        self.checkpoints.release()
         return summary
 
-    def start(self, precision: str, *, params: dict | None = None, tags: dict | None = None) -> str | None:
+    def open(self, precision: str, *, save: Callable[..., Any], tokenizer: Any, snapshot_steps: Any,
+             params: dict | None = None, tags: dict | None = None) -> Resume:
         """The cell's MLflow run (the checkpoint's, reopened, or a new one) and its recorder with the rows trained
-        before a resume (MLflow gets any it missed); the monitors as the checkpoint left them."""
+        before a resume (MLflow gets any it missed); the monitors as the checkpoint left them; snapshots (``save``:
+        the adapter's, at ``snapshot_steps``) and the collapse monitor. Returns where the host starts."""
         from lorarl.tracking.client import Tracker
+        from lorarl.train import flags
         from lorarl.train.callbacks import MetricsRecorder
+        from lorarl.train.snapshots import SnapshotSaver
 
-        c, run_id, self.precision = self.cell, None, precision
-        if self.main:
-            self.tracker = Tracker(self.results_dir, self.study)
-            run_id = self.ckpt.resume_run(self.tracker) or self.tracker.start(  # a requeued/killed cell reopens its run
+        c, run_id, self._precision, ckpt = self._cell, None, precision, self.checkpoints
+        if self._main:
+            self._tracker = Tracker(self._results_dir, self._study)
+            run_id = ckpt.resume_run(self._tracker) or self._tracker.start(  # a requeued/killed cell reopens its run
                 c.id, run_name=c.id,
                 tags={"lorarl.config_hash": c.hash, **(tags or {}), **{f"axis.{k}": v for k, v in c.axes.items()}},
                 params={**c.flat_config(), "train.precision_resolved": precision, **(params or {})})
-            (self.ckpt.root / cellstate.PAUSED).unlink(missing_ok=True)  # a paused run goes on
-        self.run_id, resume_from = ranks.broadcast((run_id, self.ckpt.resume_from))  # every rank: rank 0's choice
-        if not self.main:
-            self.ckpt.resume_from = resume_from
-        self.recorder = MetricsRecorder(self.work / "metrics.csv", self.tracker, updates_per_step=self.per,
-                                        write=self.main)
-        self.ckpt.restore(self.recorder, self.run_id)
-        _tag_provenance(self.tracker)
-        self.monitors = ranks.broadcast(self.resumed.meta.get("monitors", {}) if self.resumed else {})
-        self.collapse_at = cellstate.apply_monitors(self.monitors, self.divergence)
-        return self.run_id
-
-    @property
-    def resumed(self) -> Any:
-        """The checkpoint this run resumed from (lorarl.train.checkpoint.Checkpoint; rank 0 only), or None."""
-        return getattr(self.ckpt, "resumed", None)
-
-    def watch(self, save: Callable[..., Any], tokenizer: Any, steps: Any) -> None:
-        """Snapshots (``save``: the adapter's, at ``steps``) and the collapse monitor."""
-        from lorarl.train import flags
-        from lorarl.train.snapshots import SnapshotSaver
-
-        self.snapshots = SnapshotSaver(self.final / "snapshots", steps, save, tokenizer, updates_per_step=self.per)
-        self.collapse_monitor = flags.monitor(self.recorder, self.cfg.train.stop_on_collapse, self.per)
+            (ckpt.root / cellstate.PAUSED).unlink(missing_ok=True)  # a paused run goes on
+        self._run_id, resume_from = ranks.broadcast((run_id, ckpt.resume_from))  # every rank: rank 0's choice
+        if not self._main:
+            ckpt.resume_from = resume_from
+        self.recorder = MetricsRecorder(self._work / "metrics.csv", self._tracker, updates_per_step=self._per,
+                                        write=self._main)
+        ckpt.restore(self.recorder, self._run_id)
+        _tag_provenance(self._tracker)
+        resumed = getattr(ckpt, "resumed", None)  # lorarl.train.checkpoint.Checkpoint, rank 0 only
+        monitors = ranks.broadcast(resumed.meta.get("monitors", {}) if resumed else {})
+        self._collapse_at = cellstate.apply_monitors(monitors, self.divergence)
+        self.snapshots = SnapshotSaver(self._final / "snapshots", snapshot_steps, save, tokenizer,
+                                       updates_per_step=self._per)
+        self.collapse_monitor = flags.monitor(self.recorder, self._cfg.train.stop_on_collapse, self._per)
+        step = ranks.broadcast(int(resumed.step) // self._per if resumed is not None else 0)  # checkpoints: step ends
+        state = "diverged" if self.divergence.step is not None else "stopped" if self._collapse_at is not None \
+            else "paused" if self._paused_before(step) else "running"
+        return Resume(path=resume_from, step=step, monitors=monitors,
+                      state=state, diverged_at=self.divergence.step)
 
     def ready(self) -> None:
         """Before this job's first step: wait for the grading workers the job started beside its model load
@@ -155,7 +181,17 @@ class CellRun:
         wait_started()
         self.recorder.startup_s = round(sum(jobclock.startup_s().values()), 3)
 
-    # ---- a host with a step loop (the pack) ---------------------------------------------------------
+    @contextmanager
+    def preemption(self, others: list[CellRun] | None = None) -> Iterator[None]:
+        """While the host trains: Slurm's USR2 / SIGTERM ends the step, checkpoints and requeues (or exits)
+        (lorarl.train.checkpoint). ``others``: the runs of the same process (a pack's members) follow this one's
+        signal at their next :meth:`end_step`."""
+        for o in others or []:
+            o._lead = self.checkpoints
+        with self.checkpoints.preemption():
+            yield
+
+    # ---- after each step ----------------------------------------------------------------------------
     def step_done(self, step: int, row: dict, model: Any, update_refused: bool = False) -> str:
         """One training step's metrics row: recorded (metrics.csv, MLflow: live, then its own key), the
         monitors updated, the snapshot saved. Returns what the cell does next: "running", "diverged" (a
@@ -163,124 +199,113 @@ class CellRun:
         ``train.stop_on_collapse``) or "paused" (``stop_at``)."""
         from lorarl.train import flags
 
-        rec = self.recorder
+        rec, ckpt = self.recorder, self.checkpoints
         full = {"step": step, **{k: float(v) for k, v in row.items()}, "step_time_s": float(row.get("time/step_s", 0.0))}
         rec.record(full)  # start-up stamped on its first row; metrics.csv, MLflow (live now, its own key at a checkpoint)
         state = "running"
         if update_refused:
-            self.divergence._mark(step, "non-finite loss or gradient (update skipped)")
+            self.divergence.mark(step, "non-finite loss or gradient (update skipped)")
             state = "diverged"
         elif self.divergence.check_row(row, step):
             state = "diverged"  # a NaN reward/metric: this cell stops (in a pack the others go on)
-        if state == "running" and self.cfg.train.stop_on_collapse and flags.detect(rec.rows):
-            state, self.collapse_at = "stopped", step
+        if state == "running" and self._cfg.train.stop_on_collapse and flags.detect(rec.rows):
+            state, self._collapse_at = "stopped", step
         if step in self.snapshots.steps:
             self.snapshots.save_step(step, model)
-        if state == "running" and self.ckpt.stop_at is not None and self.ckpt.stop_at <= step * self.per < self.ckpt.max_steps:
+        if state == "running" and ckpt.stop_at is not None and ckpt.stop_at <= step * self._per < ckpt.max_steps:
             state = "paused"
         return state
 
-    def stop_at(self, step: int) -> None:
-        """End paused at training step ``step`` (this step or a later one): a host that evicts the cell between
-        steps (a resident pack freeing a slot, an adaptive rung) calls it before that step's :meth:`checkpoint`."""
-        self.ckpt.stop_at = int(step) * self.per
-
-    def paused_before(self, step: int) -> bool:
-        """A cell resumed at training step ``step``, already at (or past) its ``stop_at``: it pauses without a step."""
-        stop, at = self.ckpt.stop_at, int(step) * self.per
-        if stop is not None and stop <= at < self.ckpt.max_steps and self.ckpt.paused is None:
-            self.ckpt.paused = at
-        return self.ckpt.paused is not None
-
-    def checkpoint(self, step: int, write_state: Callable[[Path], None], force: bool = False) -> bool:
+    def end_step(self, step: int, write_state: Callable[[Path], None], *, pause: bool = False,
+                 force: bool = False) -> bool:
         """After a step: progress, and a checkpoint when due (``train.checkpoint_every``, the last step, a pause,
-        a preemption, or ``force``: the cell stopped). ``write_state(folder)`` writes the engine's files; the mark
-        (lorarl.json) comes last. True when the HOST must stop (a preemption: every member checkpointed)."""
-        from types import SimpleNamespace
-
-        state = SimpleNamespace(global_step=step * self.per, max_steps=self.ckpt.max_steps)
-        control = SimpleNamespace(should_save=False, should_training_stop=False)
-        self.ckpt._on_step_end(state, control)
-        if (self.ckpt.enabled or self.ckpt.paused is not None) and (control.should_save or force):
-            write_state(self.ckpt.root / f"checkpoint-{step * self.per}")
-            self.ckpt._on_save(state)  # lorarl.json (rows, manifest, monitors) LAST: the mark of a complete checkpoint
+        a preemption, or ``force``: the cell stopped). ``pause``: end paused at this step (a host evicting the
+        cell between steps: a resident pack freeing a place). ``write_state(folder)`` writes the engine's files;
+        the mark (lorarl.json) comes last. True when the HOST must stop (a preemption: every member checkpointed)."""
+        ckpt, update, lead = self.checkpoints, step * self._per, self._lead
+        if lead is not None:  # the signal the lead run of this process caught (a pack's first member)
+            ckpt.preempt_requested = ckpt.preempt_requested or lead.preempt_requested
+            ckpt.terminate_requested = ckpt.terminate_requested or lead.terminate_requested
+        if pause:
+            ckpt.stop_at, force = update, True
+        save, _ = ckpt.step_end(update, ckpt.max_steps)
+        if (ckpt.enabled or ckpt.paused is not None) and (save or force):
+            write_state(ckpt.root / f"checkpoint-{update}")
+            ckpt.mark(update)  # lorarl.json (rows, manifest, monitors) LAST: the mark of a complete checkpoint
             self.recorder.flush()  # MLflow sees the steps only once a checkpoint covers them
-        return bool(self.ckpt.stopped_for_preemption)
+        return bool(ckpt.stopped_for_preemption)
 
-    # ---- a host on HF's Trainer (the solo job): lorarl.train.hf_host ---------------------------------
-    def callbacks(self, sharded: bool = False) -> list:
-        """The trainer's callbacks for this run (:func:`lorarl.train.hf_host.callbacks`)."""
-        from lorarl.train import hf_host
-
-        return hf_host.callbacks(self, sharded)
-
-    def attach(self, trainer: Any, sharded: bool = False) -> None:
-        """Wire the run into a built trainer (:func:`lorarl.train.hf_host.attach`)."""
-        from lorarl.train import hf_host
-
-        hf_host.attach(self, trainer, sharded)
-
-    def train(self, trainer: Any) -> None:
-        """Train, resumed from the run's checkpoint (:func:`lorarl.train.hf_host.train`)."""
-        from lorarl.train import hf_host
-
-        hf_host.train(self, trainer)
+    def _paused_before(self, step: int) -> bool:
+        """A cell resumed at training step ``step``, already at (or past) its ``stop_at``: it pauses without a step."""
+        ckpt = self.checkpoints
+        stop, at = ckpt.stop_at, int(step) * self._per
+        if stop is not None and stop <= at < ckpt.max_steps and ckpt.paused is None:
+            ckpt.paused = at
+        return ckpt.paused is not None
 
     # ---- the end ------------------------------------------------------------------------------------
-    @property
-    def paused_at(self) -> int | None:
+    def _paused_at(self) -> int | None:
         """The training step the run stopped at for ``stop_at`` (None: it trained on, or stopped for another reason:
         a cell that diverged or collapsed at that step is finished, not paused)."""
-        if self.ckpt.paused is None or self.divergence.step is not None or self.collapse_at is not None:
+        if self.checkpoints.paused is None or self.divergence.step is not None or self._collapse_at is not None:
             return None
-        return -(-int(self.ckpt.paused) // self.per)
+        return -(-int(self.checkpoints.paused) // self._per)
 
-    def collapse_step(self) -> int | None:
+    def _collapse_step(self) -> int | None:
         """The collapse stop: the HF host's monitor callback's, else the step loop's (or the resumed checkpoint's)."""
         hf = getattr(self.collapse_monitor, "stopped_at", None)
-        return hf if hf is not None else self.collapse_at
+        return hf if hf is not None else self._collapse_at
 
-    def monitor_state(self) -> dict:
-        return cellstate.monitor_state(self.divergence, self.collapse_step(), self.host_state())
+    def _monitor_state(self) -> dict:
+        return cellstate.monitor_state(self.divergence, self._collapse_step(), self.host_state())
 
     def fail(self, err: BaseException) -> None:
-        if self.tracker is not None and self.run_id is not None:  # ended before the lock goes: never taken for dead
+        """The host failed (or was stopped): the MLflow run ends KILLED or FAILED, the lock goes."""
+        if self._tracker is not None and self._run_id is not None:  # ended before the lock goes: never taken for dead
             stopped = isinstance(err, (SystemExit, KeyboardInterrupt))  # a preemption, a requeue, a cancel
-            self.tracker.finish("KILLED" if stopped else "FAILED", state="preempted" if stopped else "failed")
-        self.ckpt.release()
+            self._tracker.finish("KILLED" if stopped else "FAILED", state="preempted" if stopped else "failed")
+        self.checkpoints.release()
 
-    def finish(self, policy: Any, model: Any, *, facts: dict, state_dict: dict | None = None, tokenizer: Any = None,
-               extra: dict | None = None) -> dict:
+    def close(self, policy: Any, model: Any, *, facts: dict, state_dict: dict | None = None, tokenizer: Any = None,
+              extra: dict | None = None, ended_at: float | None = None) -> dict:
         """The cell's outputs: adapter (the policy's own save), summary.json, the MLflow summary, cell.json, all
-        published at once (summary.json last); then its checkpoints go. A run stopped at ``stop_at`` pauses instead
-        (:meth:`pause`). Ranks other than 0 write nothing and return ``{"cell", "rank"}``."""
-        if self.paused_at is not None:
-            return self.pause()
-        if not self.main:
+        published at once (summary.json last); then its checkpoints go. A run stopped at ``stop_at`` pauses instead.
+        ``ended_at``: when its last step in this job ended (a pack member that left before the pack ended): its
+        ``wall_time_s`` ends there, as a solo job's does. Ranks other than 0 write nothing and return
+        ``{"cell", "rank"}``."""
+        self.checkpoints.paused = ranks.broadcast(self.checkpoints.paused)  # rank 0's checkpoint decided (HF host)
+        self.recorder.flush()
+        self._collapse_at = self._collapse_step()
+        if ended_at is not None:  # the same wall_time_s as a solo job's and any host's: up to its own last step
+            extra = {**(extra or {}),
+                     "wall_time_s": round(ended_at - self._t_start + self.checkpoints.elapsed_before, 2)}
+        if self._paused_at() is not None:
+            return self._pause()
+        if not self._main:
             ranks.barrier()
-            return {"cell": self.cell.id, "rank": ranks.rank()}
+            return {"cell": self._cell.id, "rank": ranks.rank()}
         from lorarl.train import flags
 
         self.recorder.flush()
-        if self.collapse_at is not None or (self.ckpt.stop_at is not None and self.divergence.step is not None):
+        if self._collapse_at is not None or (self.checkpoints.stop_at is not None and self.divergence.step is not None):
             self.snapshots.fill_after_stop(model, state_dict)  # the planned snapshots it never reached: its final
             # policy (a collapse stop; a divergence before its ``stop_at``, e.g. a rung that must be evaluated)
-        policy.save(self.work / "adapter", model, state_dict=state_dict)  # residual inits: on the original base
-        if tokenizer is not None and self.cfg.adapter.method == "full":
-            tokenizer.save_pretrained(self.work / "adapter")
-        shutil.rmtree(self.work / "trainer", ignore_errors=True)
+        policy.save(self._work / "adapter", model, state_dict=state_dict)  # residual inits: on the original base
+        if tokenizer is not None and self._cfg.adapter.method == "full":
+            tokenizer.save_pretrained(self._work / "adapter")
+        shutil.rmtree(self._work / "trainer", ignore_errors=True)
         summary = self._summary(policy, model, facts, extra)
-        self.tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
-                                                          "trainable_fraction")},
-                                 tags={**policy.mlflow_tags(), "lorarl.state": self.divergence.state,
-                                       **flags.mlflow_tags(summary["flags"])})
-        self.tracker.finish()
-        c = self.cell
-        write_json(self.work / "cell.json", {"id": c.id, "axes": c.axes, "hash": c.hash, "eval_hash": c.eval_hash,
-                                             "aliases": list(c.aliases), "config": self.cfg.model_dump(mode="json")})
+        self._tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
+                                                           "trainable_fraction")},
+                                  tags={**policy.mlflow_tags(), "lorarl.state": self.divergence.state,
+                                        **flags.mlflow_tags(summary["flags"])})
+        self._tracker.finish()
+        c = self._cell
+        write_json(self._work / "cell.json", {"id": c.id, "axes": c.axes, "hash": c.hash, "eval_hash": c.eval_hash,
+                                              "aliases": list(c.aliases), "config": self._cfg.model_dump(mode="json")})
         self._publish(summary)
-        self.ckpt.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
-        if self.stage is None:
+        self.checkpoints.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
+        if self._stage is None:
             ranks.barrier()
         return summary
 
@@ -292,56 +317,57 @@ class CellRun:
         rewards = [r["reward"] for r in rows if "reward" in r and math.isfinite(r["reward"])]
         tail = rewards[-max(1, len(rewards) // 10):]
         summary = {
-            "study": self.study, "cell": self.cell.id, "config_hash": self.cell.hash, "mlflow_run_id": self.run_id,
+            "study": self._study, "cell": self._cell.id, "config_hash": self._cell.hash, "mlflow_run_id": self._run_id,
             **self.divergence.summary(),  # "state": "done" | "diverged" (+ diverged_at_step, diverged_reason)
             "steps": len(rows), "final_train_reward": sum(tail) / len(tail) if tail else float("nan"),
             "first_train_reward": rewards[0] if rewards else float("nan"),
-            "wall_time_s": round(time.time() - self.t_start + self.ckpt.elapsed_before, 2),  # all attempts
+            "wall_time_s": round(time.time() - self._t_start + self.checkpoints.elapsed_before, 2),  # all attempts
             "mean_step_time_s": sum(r["step_time_s"] for r in rows) / max(1, len(rows)),
             "startup_s": round(sum(r.get("time/startup_s", 0.0) for r in rows), 3),  # every job's start-up, in no step's time
-            **policy.counts(), **self.ckpt.summary(), **facts,
-            "precision": self.precision, "trainable_dtypes": trainable_dtypes(model),
+            **policy.counts(), **self.checkpoints.summary(), **facts,
+            "precision": self._precision, "trainable_dtypes": trainable_dtypes(model),
             "adapter": policy.fingerprint,  # what was actually built: peft type/config, counts, init checksum
             "flags": flags.detect(rows),  # collapse flag -> first step it fired (lorarl.train.flags)
             **(extra or {}),
         }
-        if self.collapse_at is not None:
-            summary["stopped_on_collapse"] = self.collapse_at
+        if self._collapse_at is not None:
+            summary["stopped_on_collapse"] = self._collapse_at
         return summary
 
     def _publish(self, summary: dict) -> None:
         from lorarl.io import disk_full_hook
 
-        if self.stage is not None:  # a pack job: staged for the cell's own train job (lorarl.pack.publish)
-            write_json(self.work / "summary.json", summary)
-            self.stage(self.work, self.final)
+        if self._stage is not None:  # a pack job: staged for the cell's own train job (lorarl.pack.publish)
+            write_json(self._work / "summary.json", summary)
+            self._stage(self._work, self._final)
             return
-        disk_full_hook(self.work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.jobs.diskfull)
-        write_json(self.work / "summary.json", summary)
-        salvage.publish(self.work, self.results_dir, self.study, self.cell.id, self.cell.hash)  # summary.json last
+        disk_full_hook(self._work / "summary.json")  # test hook LORARL_FAULT=disk_full (lorarl.pipeline.jobs.diskfull)
+        write_json(self._work / "summary.json", summary)
+        salvage.publish(self._work, self._results_dir, self._study, self._cell.id, self._cell.hash)  # summary.json last
 
-    def pause(self) -> dict:
+    def _pause(self) -> dict:
         """End paused at the stop step: its checkpoint (full state) kept, ``paused.json`` beside it, nothing published,
         the MLflow run ended with ``lorarl.state=paused``, the lock released."""
         from lorarl.train import integrity
 
-        step = self.paused_at
-        out = {"study": self.study, "cell": self.cell.id, "state": "paused", "paused_at_step": step,
-               "mlflow_run_id": self.run_id}
-        if not self.main:
+        ckpt, step = self.checkpoints, self._paused_at()
+        out = {"study": self._study, "cell": self._cell.id, "state": "paused", "paused_at_step": step,
+               "mlflow_run_id": self._run_id}
+        if not self._main:
             ranks.barrier()
             return {**out, "rank": ranks.rank()}
         self.recorder.flush()
-        if self.resumed is not None:
-            integrity.resume_worked(self.resumed.path)  # resumed and paused at once: no crash to count
-        self.tracker.set_tags({"lorarl.state": "paused", "lorarl.paused_at_step": str(step)})
-        self.tracker.finish()
-        write_json(self.ckpt.root / cellstate.PAUSED, {**out, "config_hash": self.cell.hash, "time": time.time(),
-                                                       "checkpoint": f"checkpoint-{self.ckpt.paused}"})
-        shutil.rmtree(self.work, ignore_errors=True)
-        self.ckpt.release()
-        print(f"[lorarl] cell {self.cell.id} paused at step {step}; its state is in {self.ckpt.root}", flush=True)
-        if self.stage is None:
+        resumed = getattr(ckpt, "resumed", None)
+        if resumed is not None:
+            integrity.resume_worked(resumed.path)  # resumed and paused at once: no crash to count
+        self._tracker.set_tags({"lorarl.state": "paused", "lorarl.paused_at_step": str(step)})
+        self._tracker.finish()
+        write_json(ckpt.root / cellstate.PAUSED, {**out, "config_hash": self._cell.hash, "time": time.time(),
+                                                  "checkpoint": f"checkpoint-{ckpt.paused}"})
+        shutil.rmtree(self._work, ignore_errors=True)
+        ckpt.release()
+        print(f"[lorarl] cell {self._cell.id} paused at step {step}; its state is in {ckpt.root}", flush=True)
+        if self._stage is None:
             ranks.barrier()
         return out
 

@@ -214,7 +214,7 @@ class CellCheckpoints:
 
             live = live_rows(recorder.rows) if recorder.log_only_saved else []  # live/ shows every step too
             recorder.tracker.log_metrics(recorder.rows + live)  # steps at or below a key's high-water mark: dropped
-        recorder._write_csv()
+        recorder.write_csv()
 
     def check_trainer_args(self, args: Any) -> None:
         """Checkpoints go to the checkpoint folder (the trainer's ``output_dir``, given to
@@ -322,28 +322,28 @@ class CellCheckpoints:
         print(f"[lorarl] checkpoint problem ({self.root}): {msg}; deleting it", file=sys.stderr, flush=True)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def _on_step_end(self, state: Any, control: Any) -> None:
-        step = int(state.global_step)
+    def step_end(self, step: int, max_steps: int | None = None) -> tuple[bool, bool]:
+        """After optimiser update ``step``: progress.json, then (save, stop) for a pause at ``stop_at`` or a preemption."""
         if self.resumed is not None:  # a step completed after loading it: that checkpoint is readable
             integrity.resume_worked(self.resumed.path)
-        _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(state.max_steps or self.max_steps),
+        _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(max_steps or self.max_steps),
                                            "job_id": _job_id(), "pid": os.getpid(), "time": time.time(),
                                            "config_hash": self.config_hash})
-        if self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None:
-            control.should_save = control.should_training_stop = True  # saved even without checkpoint_every
+        save = stop = self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None
+        if save:  # a pause: saved even without checkpoint_every
             self.paused = step
         if not self.enabled:
-            return
+            return save, stop
         if step % self.every == 0 or step >= self.max_steps:
-            control.should_save = True
+            save = True
         if (self.preempt_requested or self.terminate_requested) and step < self.max_steps:
-            control.should_save = True
-            control.should_training_stop = True
+            save = stop = True
             self.stopped_for_preemption = True
         _fault("kill_at_step", step, self.root)
+        return save, stop
 
-    def _on_save(self, state: Any) -> None:
-        step = int(state.global_step)
+    def mark(self, step: int) -> None:
+        """The engine's files of ``checkpoint-<step>`` are written: its mark (lorarl.json) makes it complete."""
         folder = self.root / f"checkpoint-{step}"
         if not folder.is_dir():
             return
@@ -389,9 +389,11 @@ def _callback(owner: CellCheckpoints) -> Any:
 
     class CheckpointCallback(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
-            owner._on_step_end(state, control)
+            save, stop = owner.step_end(int(state.global_step), state.max_steps)
+            control.should_save = control.should_save or save
+            control.should_training_stop = control.should_training_stop or stop
 
         def on_save(self, args, state, control, **kw):
-            owner._on_save(state)
+            owner.mark(int(state.global_step))
 
     return CheckpointCallback()

@@ -28,6 +28,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     from lorarl.adapters import build_adapter
     from lorarl.train import ranks
     from lorarl.train.cellrun import CellRun
+    from lorarl.train.hf_host import HFHost
     from lorarl.train.prepare import prepare
     from lorarl.train.rollout import check_engine
     from lorarl.train.sharding import gathered_state_dict
@@ -42,24 +43,26 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     run = CellRun(study, cell, results_dir, cfg, main=ranks.is_main(), stop_at=stop_at, invocation=invocation)
     if run.done is not None:  # its outputs in place: another job trained it (waited for, or a late duplicate)
         return run.done
-    inputs = prepare(cfg, results_dir, output_dir=run.ckpt.root)  # policy, reference, data, regime, TRL args
-    run.start(inputs.precision, params={"train.ranks": ranks.world_size()})
+    inputs = prepare(cfg, results_dir, output_dir=run.checkpoints.root)  # policy, reference, data, regime, TRL args
     # lorarl.adapters: method x init x mask from the registry, fingerprinted (fails loudly on a mismatch)
     policy = build_adapter(inputs.model, cfg, results_dir=results_dir, precision=inputs.precision)
     svd = policy.fingerprint.get("svd_cache")
     if svd:  # SVD inits: one on-disk cache, a file lock per module: each module's SVD is computed by one rank
         print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
               f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
-    run.watch(policy.save, inputs.tokenizer, inputs.snapshot_steps)  # snapshots (eval.eval_every), collapse flags
+    resume = run.open(inputs.precision, save=policy.save, tokenizer=inputs.tokenizer,  # MLflow run, rows so far,
+                      snapshot_steps=inputs.snapshot_steps,  # snapshots (eval.eval_every), collapse flags
+                      params={"train.ranks": ranks.world_size()})
+    host = HFHost(run, resume, inputs.sharded)  # the Trainer's callbacks -> the run's door (lorarl.train.hf_host)
     t0 = time.perf_counter()
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=policy.model, tokenizer=inputs.tokenizer, args=inputs.args, ref_model=inputs.ref_model,
         train_dataset=inputs.dataset, regime=inputs.regime, grading=inputs.grading,
-        callbacks=run.callbacks(inputs.sharded), results_dir=str(results_dir))  # the model is adapted already
+        callbacks=host.callbacks(), results_dir=str(results_dir))  # the model is adapted already
     if cfg.rollout.engine == "vllm":  # TRL built its colocated engine in there: the job's start-up, no step's
         jobclock.startup("engine", time.perf_counter() - t0)
     policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify
-    run.attach(trainer, inputs.sharded)  # divergence stop, checkpoints, rank sync, monitor state
-    run.train(trainer)  # resumes from the cell's checkpoint; Slurm's USR2: checkpoint, then requeue
+    host.attach(trainer)  # divergence stop, checkpoints, rank sync, monitor state
+    host.train(trainer)  # resumes from the cell's checkpoint; Slurm's USR2: checkpoint, then requeue
     weights = gathered_state_dict(trainer)  # FSDP2: the full weights, gathered by every rank (else None)
-    return run.finish(policy, trainer.model, facts=inputs.data_facts, state_dict=weights, tokenizer=inputs.tokenizer)
+    return run.close(policy, trainer.model, facts=inputs.data_facts, state_dict=weights, tokenizer=inputs.tokenizer)

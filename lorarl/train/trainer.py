@@ -146,7 +146,7 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         self._captured: list[torch.Tensor] | None = None
         self._prompt_ids_list: list[list[int]] | None = None
         self._deposits: Deposits | None = None
-        self._adv_std_peak = 0.0
+        self.adv_std_peak = 0.0
         self._last_batch: tuple[dict, torch.Tensor] | None = None
         self._step_t0 = time.perf_counter()
         self._step_tokens = 0.0
@@ -296,9 +296,9 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         k, s1, s2 = self._gsum(vals.numel(), vals.sum(), (vals * vals).sum())
         if k:
             std = max(s2 - s1 * s1 / k, 0.0) ** 0.5 / (k - 1) ** 0.5 if k > 1 else 0.0
-            self._adv_std_peak = max(self._adv_std_peak, std) if mode == "train" else self._adv_std_peak
+            self.adv_std_peak = max(self.adv_std_peak, std) if mode == "train" else self.adv_std_peak
             self._log("adv/std", std, mode)
-            self._log("adv/std_peak", self._adv_std_peak, mode)
+            self._log("adv/std_peak", self.adv_std_peak, mode)
             self._log("adv/abs_max", self._gmax(vals.abs().max().item() if vals.numel() else 0.0), mode)
         out["advantages"] = adv_BT
         degenerate_P = adv.stats.degenerate_P

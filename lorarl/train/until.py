@@ -54,8 +54,8 @@ def write_mark(results: str | Path, study: str, cell: Any, step: int, staged: bo
 
 
 def mark_fields(outcome: dict) -> dict:
-    """A rung mark's fields from the run's outcome: a paused run (lorarl.train.cellrun.CellRun.pause) waits at the
-    rung; anything else is the cell's summary (it ended: done, diverged, or stopped on collapse)."""
+    """A rung mark's fields from the run's outcome: a paused run (lorarl.train.cellrun.CellRun.close at its stop_at) waits at
+    the rung; anything else is the cell's summary (it ended: done, diverged, or stopped on collapse)."""
     if outcome.get("state") == "paused":
         return {"ended": False, "state": AT_RUNG, "paused_at_step": outcome.get("paused_at_step"),
                 "mlflow_run_id": outcome.get("mlflow_run_id")}

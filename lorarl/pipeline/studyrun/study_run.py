@@ -70,7 +70,7 @@ def fill(tracker: Tracker, study: Any, results_dir: str | Path, price: float | N
     outputs = artifacts(study, results_dir)
     for local, where in outputs:
         log = tracker.client.log_artifacts if local.is_dir() else tracker.client.log_artifact
-        tracker._retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
+        tracker.retry(f"log {local.name} to the study run", lambda: log(run_id, str(local), where or None))
     study_span.record(tracker, run_id, study, results_dir, [local for local, _ in outputs], invocation)
     from lorarl.report import cost
 

@@ -148,7 +148,7 @@ def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, o
     belongs to (None: by hand, or `sync-mlflow`). Returns the values."""
     from mlflow.entities import Metric
 
-    run = tracker._retry("read the study run", lambda: tracker.client.get_run(run_id))
+    run = tracker.retry("read the study run", lambda: tracker.client.get_run(run_id))
     start = run.info.start_time
     end = max(start, last_write_ms(study, results_dir, outputs) or int(time.time() * 1000))
     values = {WALL: round((end - start) / 1000.0, 3), **cell_counts(study, results_dir)}
@@ -159,7 +159,7 @@ def record(tracker: Tracker, run_id: str, study: Any, results_dir: str | Path, o
     ts = int(time.time() * 1000)
     changed = [Metric(k, v, ts, 0) for k, v in values.items() if run.data.metrics.get(k) != v]
     if changed:
-        tracker._retry("log the study's numbers", lambda: tracker.client.log_batch(run_id, metrics=changed))
+        tracker.retry("log the study's numbers", lambda: tracker.client.log_batch(run_id, metrics=changed))
     if run.info.end_time != end or run.info.status != "FINISHED":
-        tracker._retry("end the study run", lambda: tracker.client.set_terminated(run_id, "FINISHED", end_time=end))
+        tracker.retry("end the study run", lambda: tracker.client.set_terminated(run_id, "FINISHED", end_time=end))
     return values

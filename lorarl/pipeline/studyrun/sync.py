@@ -32,10 +32,10 @@ TRAIN_SUMMARY = ("final_train_reward", "wall_time_s", "params_trainable", "train
 
 
 def _present(tracker: Tracker, run_id: str) -> set[tuple[str, int]]:
-    run = tracker._retry("read the run", lambda: tracker.client.get_run(run_id))
+    run = tracker.retry("read the run", lambda: tracker.client.get_run(run_id))
     out = set()
     for key in run.data.metrics:
-        hist = tracker._retry("read a metric history", lambda: tracker.client.get_metric_history(run_id, key))
+        hist = tracker.retry("read a metric history", lambda: tracker.client.get_metric_history(run_id, key))
         out |= {(key, m.step) for m in hist}
     return out
 
@@ -98,7 +98,7 @@ def _log_missing(tracker: Tracker, run_id: str, rows: list[dict[str, float]]) ->
     items = list(todo.values())
     for i in range(0, len(items), 500):
         chunk = items[i : i + 500]
-        tracker._retry("log metrics", lambda: tracker.client.log_batch(run_id, metrics=chunk))
+        tracker.retry("log metrics", lambda: tracker.client.log_batch(run_id, metrics=chunk))
     return len(items), present
 
 
@@ -111,7 +111,7 @@ def _find_run(tracker: Tracker, cell: Any, summary: dict) -> tuple[str | None, s
                 return rid, "found"
         except Exception:  # noqa: BLE001 - not in this store
             pass
-    runs = tracker._retry("search runs", lambda: tracker.client.search_runs(
+    runs = tracker.retry("search runs", lambda: tracker.client.search_runs(
         [tracker.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell.id}'", order_by=["attributes.start_time DESC"]))
     runs = [r for r in runs if r.data.tags.get(SUPERSEDED_TAG) != "true" and r.data.tags.get("lorarl.base") != "true"]
     if runs:
@@ -148,7 +148,7 @@ def sync_cell(tracker: Tracker, study: Any, cell: Any, results_dir: str | Path) 
         rows = _csv_rows(paths.path("metrics", **kw)) + [{"step": 0, **scalars, **_diag_row(cdir)}]
         rows += _eval_rows(cell.config, cdir, is_base=False)
     logged, present = _log_missing(tracker, run_id, rows)
-    tracker._retry("end the run", lambda: tracker.client.set_terminated(run_id, status="FINISHED"))
+    tracker.retry("end the run", lambda: tracker.client.set_terminated(run_id, status="FINISHED"))
     return {"cell": cell.id, "run_id": run_id, "run": how, "logged": logged, "present": present, "uri": tracker.uri}
 
 
@@ -161,7 +161,7 @@ def sync_base(tracker: Tracker, study: Any, base: Any, results_dir: str | Path) 
         return None
     run_id = _attach_run(tracker, study.name, base, results_dir, is_base=True, create=True)
     logged, present = _log_missing(tracker, run_id, rows)
-    tracker._retry("end the run", lambda: tracker.client.set_terminated(run_id, status="FINISHED"))
+    tracker.retry("end the run", lambda: tracker.client.set_terminated(run_id, status="FINISHED"))
     return {"cell": base.id, "run_id": run_id, "run": "base", "logged": logged, "present": present,
             "uri": tracker.uri}
 
