@@ -69,7 +69,7 @@ def test_seeds_beyond_a_non_integer_axis_are_refused(tmp_path):
 
 def _finished(study, res: Path, scores: dict[str, list[bool]]) -> None:
     """Finished cells on disk, as the train and evaluate jobs write them (older inputs first)."""
-    from tests.study_shapes import fake_results
+    from tests.support.study_shapes import fake_results
 
     model = res / "models" / "tiny-test" / "config.json"
     model.parent.mkdir(parents=True)
@@ -126,8 +126,8 @@ def test_search_off_trains_the_stopped_cells_on_and_their_hypothesis_waits_on_th
     dry run plans the stopped cells to their end and the look that adds the hypothesis's second seed, and says the
     hypothesis waits (not censored); once those cells finished, the hypothesis is decided, not censored."""
     from lorarl.adaptive.ledger import hypothesis_censored, update_hypotheses
-    from tests.adaptive_results import STUDY as ADR, adaptive_results
-    from tests.study_shapes import fake_results
+    from tests.support.adaptive_results import STUDY as ADR, adaptive_results
+    from tests.support.study_shapes import fake_results
 
     spec = copy.deepcopy(ADR)
     spec["axes"] = {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},

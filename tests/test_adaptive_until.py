@@ -18,7 +18,6 @@ import yaml
 from lorarl.train import checkpoint
 from lorarl.pipeline.jobparams import JobParams
 from lorarl.train.until import mark_path, staged_mark_path
-from tests.test_grpo import tiny_dir  # noqa: F401
 
 STEPS, RUNG = 4, 2
 

@@ -23,10 +23,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from jobstart import assert_no_one_off_step, new_job, startup_steps
-from tests.test_grpo import tiny_dir  # noqa: F401
-
-NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack size: not part of the result
+from tests.support.jobstart import assert_no_one_off_step, new_job, startup_steps
+from tests.support.pause import mlflow_steps, outputs
 
 
 def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
@@ -43,29 +41,6 @@ def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
     return {c.id: c for c in cell_table(load_study(str(p))).cells}
 
 
-@pytest.fixture
-def fake_rewards(monkeypatch):
-    """Outcome graded by tests/test_grpo.py's deterministic non-degenerate fake (an untrained model is never right)."""
-    from lorarl.pack import build
-    from lorarl.rewards.outcome import OutcomeDeposits, settings_of
-    from tests.test_grpo import fake_score
-    from tests.test_pack_steps import fake_regimes
-
-    real = build.build_pack
-    monkeypatch.setattr(build, "build_pack", lambda *a, **kw: fake_regimes(real(*a, **kw)))
-    monkeypatch.setattr("lorarl.train.prepare.reward_of",
-                        lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward)))
-    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
-
-
-def outputs(d):
-    from safetensors.torch import load_file
-
-    rows = pd.read_csv(d / "metrics.csv")
-    keep = [c for c in rows.columns if not c.startswith(NOISY)]
-    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
-
-
 def assert_equal_runs(got, want, resumed_from):
     (w, m, s), (w0, m0, s0) = got, want
     assert w.keys() == w0.keys() and max(float((w[k] - w0[k]).abs().max()) for k in w) <= 1e-6
@@ -74,13 +49,6 @@ def assert_equal_runs(got, want, resumed_from):
     pd.testing.assert_frame_equal(m, m0, rtol=0, atol=1e-6)
     assert "adv/std_peak" in m and m["adv/std_peak"].iloc[-1] > 0
     assert s["resumed_from_steps"] == resumed_from and s["state"] == "done" and s["steps"] == 4
-
-
-def mlflow_steps(results, run_id, key="reward"):
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
-    return sorted(m.step for m in client.get_metric_history(run_id, key)), client.get_run(run_id)
 
 
 def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):

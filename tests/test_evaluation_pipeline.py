@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from test_pipeline import jobs_run  # Snakemake's job-stats table, parsed
+from tests.support.snakemake import jobs_run  # Snakemake's job-stats table, parsed
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

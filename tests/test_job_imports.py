@@ -1,6 +1,6 @@
 """Jobs import what their stage needs (issue 38; bench/job_start.py measures the seconds).
 
-Two fresh interpreters (tests/stage_imports.py) run the stages' real entries and report `sys.modules`:
+Two fresh interpreters (tests/support/stage_imports.py) run the stages' real entries and report `sys.modules`:
 - the aggregate of a toy KL-bound study and of a GRPO study (synthetic finished cells): no torch, hence no
   transformers, TRL, peft or torch's compile stack;
 - the evaluation of a tiny base model, the training of one cell and its diagnosis, each through run_stage
@@ -31,7 +31,7 @@ TORCH_STACK = ("torch", "torch._dynamo", "transformers", "peft", "trl")
 
 
 def stage_imports(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "stage_imports.py"), json.dumps(spec)],
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "stage_imports.py"), json.dumps(spec)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -42,7 +42,7 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
 
     from lorarl import paths
     from lorarl.study import base_cells, load_study, parse_study, study_cells
-    from tests.report_fixture import _eval, make_study
+    from tests.support.report_fixture import _eval, make_study
 
     grpo, results = make_study(tmp_path, study={
         "name": "agg", "defaults": {"model": "local:tiny-test", "train": {"steps": 40}, "eval": {"eval_every": 10}},
@@ -68,7 +68,7 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return Path(save_tiny(tmp_path_factory.mktemp("tiny")))
 

@@ -15,7 +15,6 @@ import torch
 
 from lorarl.config import CellConfig
 from lorarl.train.microbatch import chunk_share, micro_size, split_rows
-from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
 
 G = 2
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")

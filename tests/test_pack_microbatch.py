@@ -14,8 +14,8 @@ import torch
 from lorarl.pack.loss import LossSettings
 from lorarl.pack.tiled import LOGIT_TOKENS
 from lorarl.pack.trainer import PackCell, PackedTrainer
-from tests.test_grpo import MAXLEN, load, tiny_dir  # noqa: F401
-from tests.test_pack import init_adapter, peft_config, synthetic_batch
+from tests.support.grpo import MAXLEN, load
+from tests.support.pack import init_adapter, peft_config, synthetic_batch
 
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 REGIMES = ("outcome", "process", "distillation")
@@ -270,7 +270,7 @@ def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_
     update) with micro-batch 3 of 4 rows and the base checkpointed give the metrics and adapters of the
     whole-batch pack without checkpointing."""
     from lorarl.pack.build import build_pack
-    from tests.test_pack_steps import cell, clean, fake_regimes, trained
+    from tests.support.pack_steps import cell, clean, fake_regimes, trained
 
     def cells(**train):
         out = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05, regime="process", monitor=1)]

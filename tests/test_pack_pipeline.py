@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_pipeline import STUDY, active_cell_runs, jobs_run, snakemake
+from tests.support.snakemake import STUDY, active_cell_runs, jobs_run, snakemake
 
 pytestmark = pytest.mark.slow
 

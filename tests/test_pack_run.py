@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_grpo import tiny_dir  # noqa: F401
+from tests.support.pack_run import staged
 
 
 def study_file(tmp_path, tiny_dir, checkpoint_every=2):
@@ -30,15 +30,6 @@ def cells_of(path):
     from lorarl.study import cell_table, load_study
 
     return list(cell_table(load_study(str(path))).cells)
-
-
-def staged(results, cell):
-    from safetensors.torch import load_file
-
-    d = results / "pk" / cell / ".packed"
-    rows = pd.read_csv(d / "metrics.csv")
-    keep = [c for c in rows.columns if not c.startswith(("time/", "pack/step_s", "tokens_per_s", "step_time"))]
-    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
 
 
 def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monkeypatch):

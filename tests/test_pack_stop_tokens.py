@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.test_pack_steps import cell, fake_regimes
-from tests.test_stop_tokens import two_eos_dir  # noqa: F401  (fixture)
+from tests.support.pack_steps import cell, fake_regimes
 
 
 def _pack_with_forced_first_token(path, tmp_path, turn):

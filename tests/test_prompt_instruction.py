@@ -12,7 +12,6 @@ import pytest
 
 from lorarl.config import CellConfig
 from lorarl.tasks.prompt import THINK_INSTRUCTION, prompt_ids
-from test_prompt import tiny_dirs  # noqa: F401  (fixture: tiny model, plain and chat tokenizers)
 
 ROW = Path(__file__).parent / "data" / "dapo_math_17k_processed.jsonl"
 INSTRUCTIONS = ("\\boxed{}", "Answer:", "<think>")  # each answer instruction names one of these

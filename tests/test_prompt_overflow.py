@@ -9,8 +9,7 @@ from pydantic import ValidationError
 
 from lorarl.config import CellConfig
 from lorarl.signature import signature_dump, train_signature
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
-from test_grpo_knobs import G, build
+from tests.support.grpo_knobs import G, build
 
 
 def _cfg(**train):

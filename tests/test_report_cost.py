@@ -12,7 +12,7 @@ import yaml
 
 from lorarl.report import cost
 from lorarl.study import load_study, study_cells
-from tests.cost_support import make_record, put
+from tests.support.cost import make_record, put
 
 SPEC = {"name": "cst", "defaults": {"model": "local:tiny-test", "train": {"steps": 10}},
         "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4]},

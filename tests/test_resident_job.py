@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
-from tests.test_grpo import tiny_dir  # noqa: F401
-from tests.test_resident import assert_equal_runs, published, resident_cells, solo_runs
+from tests.support.pause import outputs
+from tests.support.resident import assert_equal_runs, published, resident_cells, solo_runs
 
 REPO = Path(__file__).resolve().parents[1]
 

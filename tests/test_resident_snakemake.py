@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-from tests.test_cell_pause import mlflow_steps, outputs
-from tests.test_pipeline import REPO, jobs_run, snakemake
-from tests.test_resident import assert_equal_runs
+from tests.support.pause import mlflow_steps, outputs
+from tests.support.snakemake import REPO, jobs_run, snakemake
+from tests.support.resident import assert_equal_runs
 
 pytestmark = pytest.mark.slow
 

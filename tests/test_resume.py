@@ -20,6 +20,7 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl.tracking.client import Tracker
+from tests.support.resume import build_models
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["reward", "reward_std", "loss", "grad_norm", "entropy", "learning_rate", "num_tokens"]
@@ -120,26 +121,6 @@ def study_dict(name: str, teacher: Path, **train) -> dict:
         },
         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}},
     }
-
-
-def build_models(root: Path) -> tuple[Path, Path]:
-    """results/models/tiny-test (the recipe) and a perturbed copy of it as the distillation teacher."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lorarl.models import build_base
-
-    base = root / "models" / "tiny-test"
-    build_base("tiny-test", base, threads=1)
-    teacher = root / "teacher"
-    model, tok = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(teacher)
-    tok.save_pretrained(teacher)
-    return base, teacher
 
 
 def run_train(study: Path, results: Path, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -9,13 +9,13 @@ import copy
 import pytest
 import torch
 
-import fake_vllm
+from tests.support import fake_vllm
 from lorarl.config import CellConfig, RolloutConfig
 from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, check_engine,
                             effective_named_params)
 from lorarl.study import StudyError
 from lorarl.train.trl_args import rollout_fields
-from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
+from tests.support.grpo import args, dataset, fake_score, load
 
 
 def _peft(model, **kw):

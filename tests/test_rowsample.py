@@ -12,8 +12,8 @@ import torch
 
 from lorarl.decoding import GenerationEngine
 from lorarl.train.rowsample import chunk_slices, inverse_cdf
-from tests.test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401
-from tests.tiny_model import used_static
+from tests.support.grpo import args, dataset, fake_score, load
+from tests.support.tiny_model import used_static
 
 ROWS, MAXLEN = 8, 10
 CHUNKS = [None, 1, 3, ROWS]  # 3: chunks of 3, 3 and 2 rows
@@ -108,7 +108,7 @@ def test_solo_rollouts_apply_the_sampling_warpers(eos_model, tmp_path):
 def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, tmp_path):  # noqa: F811
     from lorarl.pack.build import build_pack
     from lorarl.pack.generate import generate
-    from tests.test_pack_steps import cell
+    from tests.support.pack_steps import cell
 
     cells = [cell(tiny_dir, "a", 1, temperature=0.9), cell(tiny_dir, "b", 2, top_p=0.9)]
     for c in cells:

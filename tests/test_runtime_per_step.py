@@ -13,7 +13,6 @@ import pytest
 from lorarl.report.data import StudyData
 from lorarl.report.tables import per_cell_runtime, runtime_table
 from lorarl.study import parse_study, study_cells
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 TRAIN = {"steps": 2, "prompts_per_step": 4, "mini_batch_prompts": 1, "generations": 2, "max_completion_length": 6,
          "kl_monitor_every": 0, "log_every": 1}
@@ -25,7 +24,7 @@ def _study(model):
 
 
 def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_path):  # noqa: F811
-    from test_grpo_knobs import build
+    from tests.support.grpo_knobs import build
 
     from lorarl.train.callbacks import MetricsRecorder
 

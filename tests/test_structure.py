@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.name_scan import name_branches, name_tests
+from tests.support.name_scan import name_branches, name_tests
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # the house limit for one module (source, tests, benchmarks, rules)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
+from tests.support.tracking import ServerProcess, count_rows, run_writers  # noqa: E402
 
 from lorarl.report.mlflow_links import VIEW  # noqa: E402
 from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
@@ -141,7 +141,7 @@ def test_beyond_loopback_auth_is_on_and_a_job_authenticates_from_the_file(tmp_pa
         hold.write_text("")
         env = {**srv.env(), tracking.TRACKING_ENV: srv.uri, "LORARL_TEST_HOLD": str(hold)}
         assert not any(k.startswith("MLFLOW_TRACKING_") for k in env)  # only the file's path
-        writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "tracking_helpers.py"), str(tmp_path),
+        writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "tracking.py"), str(tmp_path),
                                    "nonloop", "w0", "5", str(root / "go")], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         (root / "go").write_text("go")

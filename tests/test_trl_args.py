@@ -8,7 +8,6 @@ import datasets
 import pytest
 
 from lorarl.config import CellConfig, RolloutConfig
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 
 def cfg_with(**train) -> CellConfig:

@@ -137,7 +137,7 @@ def test_progress_counts_the_seeds_a_hypothesis_added(tmp_path):
     their cells and their steps, as `lorarl status` does (it raised KeyError on them)."""
     import copy
 
-    from tests.adaptive_results import STUDY, adaptive_results
+    from tests.support.adaptive_results import STUDY, adaptive_results
 
     spec = copy.deepcopy(STUDY)
     spec["axes"]["seed"]["values"] = [0]  # the hypothesis needs 2: it adds seed 1

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, mlflow_client, models, snakemake_cmd,  # noqa: F401
-                                             study, wait_progress, workdir_for)
+from tests.support.slurm import REPO, SLURM, env, mlflow_client, snakemake_cmd, study, wait_progress, workdir_for
 
 pytestmark = pytest.mark.slurm
 

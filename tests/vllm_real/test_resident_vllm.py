@@ -12,8 +12,8 @@ import json
 import pytest
 import yaml
 
-from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
-from tests.test_resident import assert_equal_runs, published, solo_runs
+from tests.support.pause import outputs
+from tests.support.resident import assert_equal_runs, published, solo_runs
 
 pytestmark = pytest.mark.vllm_real
 
@@ -23,7 +23,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
 

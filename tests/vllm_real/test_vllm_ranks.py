@@ -18,9 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the 2-rank comparison of test_distributed
-
-from test_distributed import STEPS, assert_same_cell, weights  # noqa: E402
+from tests.support.distributed import STEPS, assert_same_cell, weights
 
 
 @pytest.fixture(scope="module")

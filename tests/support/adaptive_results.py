@@ -1,4 +1,4 @@
-"""Synthetic results of an adaptive study (no training): every cell finished (tests/study_shapes.py), rung
+"""Synthetic results of an adaptive study (no training): every cell finished (tests/support/study_shapes.py), rung
 values set by rank (the higher the rank, the better), the real decision function run on them, and the cells of
 the stopped settings cut back to what a censored cell leaves (its rung's evaluation and mark, no summary).
 ``added``: the seeds a hypothesis added (lorarl.adaptive.seeds) are written as finished cells too. Used by
@@ -15,7 +15,7 @@ import yaml
 from lorarl import paths
 from lorarl.adaptive.ledger import update_hypotheses, update_search
 from lorarl.study import cell_table, load_study
-from tests.study_shapes import fake_results
+from tests.support.study_shapes import fake_results
 
 STUDY = {  # ranks 1, 2, 4, 8 x seeds 0, 1; one rung at step 2 keeps the best half
     "name": "adr",
