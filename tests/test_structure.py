@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.import_scan import imports_of_test_modules
 from tests.support.name_scan import name_branches, name_tests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -388,3 +389,9 @@ def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
     assert name_branches(tmp_path, "stage", {"train", "base", "pack", "toy"}) == [
         "Snakefile:1", "lorarl/m.py:2", "lorarl/m.py:4", "lorarl/m.py:6", "workflow/r.smk:3"]
     assert name_branches(tmp_path, "stage", {"train"}, ("lorarl/m.py",)) == []
+
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/support/ (tests/test_import_scan.py: the scan sees each form)."""
+    assert imports_of_test_modules(REPO / "tests") == []
