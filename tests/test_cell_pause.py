@@ -21,23 +21,19 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import yaml
 
 from tests.support.jobstart import assert_no_one_off_step, new_job, startup_steps
 from tests.support.pause import mlflow_steps, outputs
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 
 def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
     from lorarl.study import cell_table, load_study
 
-    doc = {"name": "pz", "defaults": {
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
-        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": list(ranks)}}}
-    p = tmp_path / "pz.yaml"
-    p.write_text(yaml.safe_dump(doc))
+    doc = tiny_study("pz", model=str(tiny_dir), **IN_PROCESS,
+                     train={**IN_PROCESS_TRAIN, "steps": 4, "checkpoint_every": 0, "kl_monitor_every": 2, **train},
+                     axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": list(ranks)}})
+    p = write_study(tmp_path / "pz.yaml", doc)
     return {c.id: c for c in cell_table(load_study(str(p))).cells}
 
 

@@ -7,20 +7,15 @@ import os
 import subprocess
 import sys
 import pandas as pd
-import yaml
 from tests.support.pack_run import staged
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 
 def _study(tmp_path, tiny_dir, kls=(0.0, 0.05, 0.1), rollout=None):
-    doc = {"name": "pk", "defaults": {**({"rollout": rollout} if rollout else {}),
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 1, "kl_monitor_every": 2}},
-        "axes": {"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}}}
-    p = tmp_path / "pk.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    return p
+    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS, rollout=rollout,
+                     train={**IN_PROCESS_TRAIN, "steps": 2, "checkpoint_every": 1, "kl_monitor_every": 2},
+                     axes={"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}})
+    return write_study(tmp_path / "pk.yaml", doc)
 
 
 def _launch_pack(study, members, results, tasks=1, slurm=None, attempt=1, **env):

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import yaml
 import pandas as pd
+
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 
 def resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), **train):
     from lorarl.study import cell_table, load_study
 
-    doc = {"name": "rz", "defaults": {
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
-        "axes": {"length": {"field": "train.steps", "prefix": "s", "values": list(steps)},
-                 "stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": list(collapse)}}}
-    p = tmp_path / "rz.yaml"
-    p.write_text(yaml.safe_dump(doc))
+    doc = tiny_study("rz", model=str(tiny_dir), **IN_PROCESS,
+                     train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2, **train},
+                     axes={"length": {"field": "train.steps", "prefix": "s", "values": list(steps)},
+                           "stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": list(collapse)}})
+    p = write_study(tmp_path / "rz.yaml", doc)
     return {c.id: c for c in cell_table(load_study(str(p))).cells}
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.study import TRAIN, tiny_study
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,18 +125,7 @@ def snakemake(workdir: Path, timeout: float = 900, slurm: dict = SLURM) -> subpr
 
 
 def study(name: str, axes: dict, **train) -> dict:
-    return {
-        "name": name,
-        "defaults": {
-            "model": "local:tiny-test",
-            "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": 3, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
-                      "checkpoint_every": 2, **train},
-            "eval": {"max_new_tokens": 16},
-        },
-        "axes": axes,
-    }
+    return tiny_study(name, axes=axes, train={**TRAIN, "checkpoint_every": 2, **train})
 
 
 def mlflow_client(workdir: Path):

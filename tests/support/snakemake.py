@@ -8,21 +8,12 @@ import sys
 from pathlib import Path
 import yaml
 
+from tests.support.study import tiny_study
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-STUDY = {
-    "name": "e2e",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 3, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                  "lr": 1e-3},
-        "eval": {"max_new_tokens": 16},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+STUDY = tiny_study("e2e")
 
 
 def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
