@@ -19,18 +19,16 @@ import yaml
 
 from lorarl import paths
 from lorarl.study import StudyError, cell_table, load_study, parse_study
+from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
-STUDY = {
-    "name": "hy",
-    "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
-                 "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-                 "train": {"steps": 4, "prompts_per_step": 2, "generations": 2}},
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [4, 8]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}},
-    "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "min_seeds": 3,
-                                "max_seeds": 5}},
-}
+STUDY = {**tiny_study("hy", eval=None, task={"name": "synthetic", "n_train": 16, "n_eval": 4},
+                      adapter={"method": "lora", "rank": 2, "alpha": 4},
+                      train={"steps": 4, "prompts_per_step": 2, "generations": 2},
+                      axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [4, 8]},
+                            "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}),
+         "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "min_seeds": 3,
+                                     "max_seeds": 5}}}
 
 
 def write(tmp_path: Path, doc: dict, name: str = "hy.yaml") -> Path:

@@ -16,7 +16,7 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 
 def study_file(tmp_path, tiny_dir, checkpoint_every=2):
-    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS,
+    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS, eval=None,
                      train={**IN_PROCESS_TRAIN, "steps": 3, "checkpoint_every": checkpoint_every, "kl_monitor_every": 2},
                      axes={"kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]}})
     return write_study(tmp_path / "pk.yaml", doc)

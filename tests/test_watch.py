@@ -15,12 +15,13 @@ from lorarl.train import checkpoint
 from lorarl import provenance
 from lorarl.study import load_study, study_cells
 from lorarl.pipeline.watch import render, snapshot, watch
+from tests.support.study import tiny_study
 
 
 def _study(tmp: Path, n: int) -> Path:
     p = tmp / "w.yaml"
-    p.write_text(yaml.safe_dump({"name": "w", "defaults": {"model": "local:tiny-test", "train": {"steps": 20}},
-                                 "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(n))}}}))
+    p.write_text(yaml.safe_dump(tiny_study("w", task=None, adapter=None, eval=None, train={"steps": 20},
+                                           axes={"seed": {"field": "seed", "prefix": "s", "values": list(range(n))}})))
     return p
 
 

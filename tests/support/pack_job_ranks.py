@@ -12,7 +12,7 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 
 def _study(tmp_path, tiny_dir, kls=(0.0, 0.05, 0.1), rollout=None):
-    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS, rollout=rollout,
+    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS, eval=None, rollout=rollout,
                      train={**IN_PROCESS_TRAIN, "steps": 2, "checkpoint_every": 1, "kl_monitor_every": 2},
                      axes={"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}})
     return write_study(tmp_path / "pk.yaml", doc)

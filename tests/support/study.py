@@ -19,7 +19,7 @@ DEFAULTS = {
 }
 # The in-process cells (a saved tiny model, no Snakemake): a fixed draw (task seed 7) of small sums, dropout off.
 IN_PROCESS = {"task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-              "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0}, "eval": None}
+              "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0}}
 IN_PROCESS_TRAIN = {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2}
 
 

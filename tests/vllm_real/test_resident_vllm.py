@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory) -> str:
 def vllm_cells(tmp_path, model_dir):
     from lorarl.study import cell_table, load_study
 
-    doc = tiny_study("rz", model=model_dir, **IN_PROCESS, rollout=ROLLOUT,
+    doc = tiny_study("rz", model=model_dir, **IN_PROCESS, eval=None, rollout=ROLLOUT,
                      train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2},
                      axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
                            "length": {"field": "train.steps", "prefix": "n", "values": [2, 4]}})
