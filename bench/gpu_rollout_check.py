@@ -5,7 +5,8 @@ as the engine (vLLM itself is not installed): live LoRA, sleep mode, full fine-t
 trip the freshness gate. Prints rollout/logp_diff_mean per step (the bf16 sampler/trainer gap) for each run.
 """
 import sys, time, tempfile, torch, datasets
-sys.path.insert(0, "tests")  # tests/support/fake_vllm.py
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests/support/fake_vllm.py
 from tests.support import fake_vllm
 from pytest import MonkeyPatch
 from trl import GRPOConfig

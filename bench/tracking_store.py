@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from tests.support.tracking import ServerProcess, count_rows, run_writers  # noqa: E402

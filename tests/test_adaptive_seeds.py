@@ -9,8 +9,6 @@ import copy
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import yaml
 
 from lorarl import paths
 from lorarl.study import StudyError, cell_table, load_study, parse_study
+from tests.support.snakemake import run_snakemake
 from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,13 +83,6 @@ def _finished(study, res: Path, scores: dict[str, list[bool]]) -> None:
                              for i, x in enumerate(correct)))
 
 
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
-           "--configfile", str(wd / "config.yaml"), "--cores", "1", *args]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    return proc
 
 
 def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
@@ -106,10 +98,10 @@ def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
                                                           "launcher": "local", "slurm": {}}))
     tag = AdaptiveStudy(study, cell_table(study), "results", True, print, print).hyp_tag
     look3 = paths.path("hypothesis_look", results="results", study="hy", tag=tag, hypothesis="r8_vs_r4", n=3)
-    snakemake(tmp_path, str(look3))  # the checkpoint job itself, on the recorded results
+    run_snakemake(tmp_path, str(look3), cores=1)  # the checkpoint job itself, on the recorded results
     view = json.loads((tmp_path / look3).read_text())
     assert view["decision"] == "undecided" and [o["difference"] for o in view["observations"]] == [0.25, -0.25, 0.25]
-    dry = snakemake(tmp_path, "-n", "all", "--quiet", "host")
+    dry = run_snakemake(tmp_path, "-n", "all", "--quiet", "host", cores=1)
     text = dry.stdout + dry.stderr
     assert "[lorarl] hy: hypothesis r8_vs_r4 (superiority): undecided after 3 seed(s) (cap 5); waits on seed 4" in text
     cells = set(re.findall(r"cell=(r\d-s\d)", text))
@@ -142,7 +134,7 @@ def test_search_off_trains_the_stopped_cells_on_and_their_hypothesis_waits_on_th
     assert hypothesis_censored(study, table, res, study.hypotheses["h1"])  # search on: r1's cells stopped
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": [str(f)], "results": "results",
                                                           "launcher": "local", "slurm": {}}))
-    dry = snakemake(tmp_path, "-n", "all", "--quiet", "host", "--config", "search=off")
+    dry = run_snakemake(tmp_path, "-n", "all", "--quiet", "host", "--config", "search=off", cores=1)
     text = dry.stdout + dry.stderr
     assert "hypothesis h1 (non_inferiority): undecided after 0 seed(s) (cap 3); waits on the records" in text, text
     trained = set(re.findall(r"rule train:[^\n]*\n(?:[^\n]*\n)*?[^\n]*cell=([\w.-]+)", text)) or set(

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.support.snakemake import jobs_run  # Snakemake's job-stats table, parsed
+from tests.support.snakemake import jobs_run, run_snakemake  # Snakemake's job-stats table, parsed
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -52,9 +52,6 @@ def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return run(workdir, sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-               "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +67,7 @@ def workdir(tmp_path_factory) -> Path:
 def test_benchmarks_snapshots_curve_rescore_and_eval_only_rerun(workdir: Path):
     import mlflow
 
-    first = snakemake(workdir, "all")
+    first = run_snakemake(workdir, "all")
     stats = jobs_run(first)
     assert stats.get("train") == 2 and stats.get("evaluate") == 6 and stats.get("evaluate_step") == 2, stats
     res = workdir / "results" / "e2eval"
@@ -114,11 +111,11 @@ def test_benchmarks_snapshots_curve_rescore_and_eval_only_rerun(workdir: Path):
     proc = run(workdir, "lorarl", "rescore", str(workdir / "study.yaml"), "--results", "results", "--check")
     assert "8 evaluation(s) re-scored; 0 changed" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in res.glob("*/eval/*.json*")} == mtimes
-    again = snakemake(workdir, "all")
+    again = run_snakemake(workdir, "all")
     assert "Nothing to be done" in again.stderr + again.stdout, again.stderr[-3000:]
 
     # an evaluation-only change: only the GSM8K evaluations (2 cells + base) and the aggregate rerun
     (workdir / "study.yaml").write_text(yaml.safe_dump(study(str(workdir / "gsm8k.jsonl"), 6), sort_keys=False))
-    changed = snakemake(workdir, "all")
+    changed = run_snakemake(workdir, "all")
     assert jobs_run(changed) == {"evaluate": 3, "aggregate": 1, "all": 1}, changed.stderr[-3000:]
     assert json.loads((res / "s0" / "eval" / "gsm8k.json").read_text())["protocol"]["max_new_tokens"] == 6

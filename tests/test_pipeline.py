@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.support.snakemake import REPO, STUDY, active_cell_runs, jobs_run, snakemake, study_dir
+from tests.support.snakemake import REPO, STUDY, active_cell_runs, jobs_run, run_snakemake, study_dir
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def projection_trial(wd: Path) -> dict:
     before = snapshot(str(wd / "study.yaml"), wd / "results")  # status --watch: every job, from the doctor
     with LoadSampler() as load:  # the machine's load during the run, sampled as the doctor job sampled it
         t0, c0 = time.perf_counter(), child_cpu_s()
-        run = snakemake(wd, "all")
+        run = run_snakemake(wd, "all")
         took, cpu = time.perf_counter() - t0, child_cpu_s() - c0
     during = load.summary()
     now = wall_under(projected, during)
@@ -137,17 +137,17 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
         seen = load_page(res / "e2e" / "report.html", chromium())
         assert seen["images"] and all(i["naturalWidth"] > 0 for i in seen["images"]) and seen["errors"] == []
 
-    second = snakemake(workdir, "all")
+    second = run_snakemake(workdir, "all")
     assert "Nothing to be done" in second.stderr + second.stdout
     # runtime settings are not science: another training layout, partition or time limit reruns nothing
     layout = json.dumps({"train": {"tasks_per_node": 2, "partition": "big", "timeout_min": 9},
                          "evaluate": {"mem_gb": 9}})
-    moved = snakemake(workdir, "all", "--config", f"slurm={layout}", "-n")
+    moved = run_snakemake(workdir, "all", "--config", f"slurm={layout}", "-n")
     assert "Nothing to be done" in moved.stderr + moved.stdout, moved.stderr[-3000:]
 
     s0_before = (res / "e2e" / "s0" / "summary.json").stat().st_mtime_ns
     s1_run = json.loads((res / "e2e" / "s1" / "summary.json").read_text())["mlflow_run_id"]
-    forced = snakemake(workdir, "all", "--forcerun", "results/e2e/s1/summary.json")
+    forced = run_snakemake(workdir, "all", "--forcerun", "results/e2e/s1/summary.json")
     stats = jobs_run(forced)
     assert stats.get("train") == 1 and stats.get("evaluate") == 1, stats
     assert (res / "e2e" / "s0" / "summary.json").stat().st_mtime_ns == s0_before
@@ -159,7 +159,7 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
 
 def test_deleting_a_cell_reruns_exactly_that_cell(workdir: Path):
     shutil.rmtree(workdir / "results" / "e2e" / "s0")
-    proc = snakemake(workdir, "all")
+    proc = run_snakemake(workdir, "all")
     stats = jobs_run(proc)
     assert stats.get("train") == 1 and stats.get("evaluate") == 1 and "base_model" not in stats, stats
 

@@ -16,28 +16,39 @@ REPO = Path(__file__).resolve().parents[2]
 STUDY = tiny_study("e2e")
 
 
-def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+def snakemake_env(**extra: str) -> dict[str, str]:
+    """This process's environment, its interpreter's bin first on PATH (the rules call `lorarl`), plus ``extra``."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
+
+
+def snakemake_cmd(workdir: Path, *args: str, cores: int = 2, configfile: Path | None = None) -> list[str]:
+    """Snakemake on the repo's Snakefile in ``workdir`` with its config (``workdir``/config.yaml unless given)."""
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(configfile or workdir / "config.yaml"), "--cores", str(cores), *args]
+
+
+def run_snakemake(workdir: Path, *args: str, cores: int = 2, configfile: Path | None = None,
+                  env: dict[str, str] | None = None, check: bool = True,
+                  timeout: float | None = None) -> subprocess.CompletedProcess:
+    """The tests' one Snakemake run (snakemake_cmd, from ``workdir``, ``env`` added to snakemake_env); with
+    ``check`` its exit status is asserted 0, the tails of its output in the message."""
+    proc = subprocess.run(snakemake_cmd(workdir, *args, cores=cores, configfile=configfile), cwd=workdir,
+                          capture_output=True, text=True, env=snakemake_env(**(env or {})), timeout=timeout)
+    assert not check or proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
 
 def jobs_run(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Parse Snakemake's job-stats table from its log."""
+    """Snakemake's job-stats table, the last it printed (a dry run prints it to stdout, a run to stderr)."""
     out, on = {}, False
-    for line in proc.stderr.splitlines():
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        parts = line.split()
         if line.startswith("job ") and "count" in line:
-            on = True
-            continue
-        if on:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-                out[parts[0]] = int(parts[1])
-            elif parts and parts[0] == "total":
-                break
+            on, out = True, {}
+        elif on and len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            out[parts[0]] = int(parts[1])
+        elif on and parts and parts[0] == "total":
+            on = False
     return out
 
 
