@@ -83,8 +83,6 @@ def _finished(study, res: Path, scores: dict[str, list[bool]]) -> None:
                              for i, x in enumerate(correct)))
 
 
-
-
 def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
     from lorarl.pipeline.adaptive_flow import AdaptiveStudy
 

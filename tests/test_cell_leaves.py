@@ -12,7 +12,6 @@ the residual base being a function of them). The job-level path (pause, MLflow, 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -52,8 +52,6 @@ def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     wd = tmp_path_factory.mktemp("evalpipe")

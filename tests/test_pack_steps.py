@@ -4,11 +4,11 @@ bit on the CPU; a cell samples only from its own generator; the data order is th
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from tests.support.pack_steps import cell, clean, fake_regimes, pack_of_k_full_steps_equals_k_packs_of_one, residual_init_cells_pack_and_equal_their_solo_runs, trained
+from tests.support.pack_steps import (cell, clean, fake_regimes, pack_of_k_full_steps_equals_k_packs_of_one,
+                                      residual_init_cells_pack_and_equal_their_solo_runs, trained)
 
 
 def test_pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path):

@@ -11,7 +11,6 @@ ids, loaded exactly as training loads it (lorarl.models.load_model_and_tokenizer
 
 from __future__ import annotations
 
-
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.stop_ids import stop_token_ids
 from lorarl.train.trainer import LorarlGRPOTrainer

@@ -391,7 +391,6 @@ def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
     assert name_branches(tmp_path, "stage", {"train"}, ("lorarl/m.py",)) == []
 
 
-
 def test_no_test_module_imports_another():
     """What two test modules share lives in tests/support/ (tests/test_import_scan.py: the scan sees each form)."""
     assert imports_of_test_modules(REPO / "tests") == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+
 from lorarl.adaptive.settings import group
 from lorarl.adaptive.spec import SearchSpec
 

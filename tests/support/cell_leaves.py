@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+
 import torch
-from tests.support.pack_steps import clean
-from tests.support.pack_steps import fake_regimes
-from tests.support.pack_steps import trained
+
+from tests.support.pack_steps import clean, fake_regimes, trained
 
 
 STEPS, LEAVE = 4, 2

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import yaml
+
 from lorarl.study import load_study
 
 

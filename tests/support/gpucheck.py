@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
 from lorarl.gpucheck.main import VLLM_CHECKS
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datasets
+
 from lorarl.config import CellConfig
 
 

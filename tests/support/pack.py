@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-from tests.support.grpo import G
-from tests.support.grpo import MAXLEN
-from tests.support.grpo import P
+
+from tests.support.grpo import G, MAXLEN, P
 
 
 def peft_config(kind):

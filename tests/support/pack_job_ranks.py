@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+
 import pandas as pd
+
 from tests.support.pack_run import staged
 from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 

@@ -1,8 +1,10 @@
-"""Packed cells over full steps: a cell of the tiny model, fake-graded regimes, trained weights, a pack of K equal to K packs of one."""
+"""Packed cells over full steps: a cell of the tiny model, fake-graded regimes, trained weights, and the check that a
+pack of K equals K packs of one."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+
 import pytest
 import torch
 

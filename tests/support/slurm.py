@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 import pytest
 import yaml
 
-from tests.support.study import TRAIN, tiny_study
+from tests.support.study import tiny_study, TRAIN
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
 import yaml
 
 from tests.support.study import tiny_study
+
 
 REPO = Path(__file__).resolve().parents[2]
 
