@@ -112,8 +112,8 @@ def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_pa
 def test_a_check_failing_on_the_node_is_reported_with_where_it_ran(tmp_path: Path):
     """The model exists only 'on compute nodes' (LORARL_SKIP_PATH_CHECKS): it is missing in the job, so the
     load check fails there, nothing long starts, and the report (exit 1) still names the Slurm job."""
-    study = {"name": "docbad", "defaults": {"model": str(tmp_path / "no-such-model"),
-                                            "train": {"steps": 5, "max_completion_length": 8}}}
+    study = tiny_study("docbad", task=None, adapter=None, eval=None, model=str(tmp_path / "no-such-model"),
+                       train={"steps": 5, "max_completion_length": 8}, axes=None)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(tmp_path / "study.yaml"), "--profile", "slurm",
            "--results", str(tmp_path / "results"), "--config", "tracking=sqlite", "slurm=" + json.dumps(SLURM)]

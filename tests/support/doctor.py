@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from lorarl.study import load_study
+from tests.support.study import tiny_study, write_study
 
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,
@@ -15,13 +14,9 @@ SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_a
 
 
 def _study(tmp_path: Path, axes: dict, **defaults) -> object:
-    spec = {"name": "jobs", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
-                                                                               "n_eval": 8},
-                                         "train": {"steps": 10, "prompts_per_step": 4, "generations": 2,
-                                                   "max_completion_length": 20, "beta": 0.0}, **defaults},
-            "axes": axes}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return load_study(tmp_path / "s.yaml")
+    train = {"steps": 10, "prompts_per_step": 4, "generations": 2, "max_completion_length": 20, "beta": 0.0}
+    spec = tiny_study("jobs", axes=axes, **{"adapter": None, "eval": None, "train": train, **defaults})
+    return load_study(write_study(tmp_path / "s.yaml", spec))
 
 
 def measurements(load: dict) -> dict:
