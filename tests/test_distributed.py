@@ -20,6 +20,7 @@ import yaml
 from lorarl.train import ranks
 from tests.support.resume import build_models
 from tests.support.distributed import STEPS, assert_same_cell, weights
+from tests.support.study import tiny_study
 
 # compared step by step: TRL's loss/grad norm/rewards and lorarl's own (reduced over the ranks) metrics
 
@@ -40,8 +41,9 @@ def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
     from lorarl.study import parse_study, study_cells
     from lorarl.train.trl_args import grpo_args
 
-    cell = study_cells(parse_study({"name": "r", "defaults": {
-        "model": "local:tiny-test", "train": {"prompts_per_step": 4, "generations": 2, "mini_batch_prompts": 2}}}))[0]
+    cell = study_cells(parse_study(tiny_study("r", task=None, adapter=None, eval=None,
+                                              train={"prompts_per_step": 4, "generations": 2, "mini_batch_prompts": 2},
+                                              axes=None)))[0]
     one, two = grpo_args(cell.config, tmp_path, True, ranks=1), grpo_args(cell.config, tmp_path, True, ranks=2)
     assert one.per_device_train_batch_size == 4 and two.per_device_train_batch_size == 2  # 2 prompts x 2 per update
     assert one.steps_per_generation == two.steps_per_generation == 2
@@ -59,8 +61,10 @@ def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
     from lorarl.train.trl_args import grpo_args
 
     def args(method: str, n: int, sharding: str = "auto"):
-        cell = study_cells(parse_study({"name": "r", "defaults": {"model": "local:tiny-test", "adapter": {
-            "method": method}, "train": {"prompts_per_step": 4, "generations": 2, "sharding": sharding}}}))[0]
+        cell = study_cells(parse_study(tiny_study("r", task=None, eval=None,
+                                                  adapter={"method": method},
+                                                  train={"prompts_per_step": 4, "generations": 2, "sharding": sharding},
+                                                  axes=None)))[0]
         return grpo_args(cell.config, tmp_path, True, ranks=n)
 
     full = args("full", 2)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.support.snakemake import jobs_run, run_snakemake  # Snakemake's job-stats table, parsed
+from tests.support.study import TRAIN, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -26,23 +27,13 @@ GSM8K = [{"question": "Tom has 3 apples and buys 39 more. How many?", "answer": 
 
 
 def study(gsm8k_path: str, max_new_tokens: int = 8) -> dict:
-    return {
-        "name": "e2eval",
-        "defaults": {
-            "model": "local:tiny-test",
-            "task": {"name": "synthetic", "n_train": 64, "n_eval": 6},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                      "lr": 1e-3},
-            "eval": {"max_new_tokens": 12, "eval_every": 2, "curve_benchmarks": ["synthetic"],
-                     "benchmarks": {
-                         "synthetic": {},
-                         "gsm8k": {"path": gsm8k_path, "limit": 2,
-                                   "protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2],
-                                                "max_new_tokens": max_new_tokens}}}},
-        },
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-    }
+    return tiny_study("e2eval", task={"name": "synthetic", "n_train": 64, "n_eval": 6}, train={**TRAIN, "steps": 4},
+                      eval={"max_new_tokens": 12, "eval_every": 2, "curve_benchmarks": ["synthetic"],
+                            "benchmarks": {
+                                "synthetic": {},
+                                "gsm8k": {"path": gsm8k_path, "limit": 2,
+                                          "protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2],
+                                                       "max_new_tokens": max_new_tokens}}}})
 
 
 def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

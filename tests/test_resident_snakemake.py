@@ -18,24 +18,16 @@ import yaml
 from tests.support.pause import mlflow_steps, outputs
 from tests.support.snakemake import jobs_run, run_snakemake
 from tests.support.resident import assert_equal_runs
+from tests.support.study import tiny_study
 
 pytestmark = pytest.mark.slow
 
-STUDY = {
-    "name": "rs",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 4},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
-                  "checkpoint_every": 1},
-        "eval": {"max_new_tokens": 8},
-        # tiny-test is never right: a reward it earns sometimes (a last number of digits only), so the cells learn
-        "reward": {"answer_format": "last_number", "terms": {"integer_answer": 1.0}},
-    },
-    # study order n2, n5, n4: places 2 take n2 and n5; n2 ends at 2, n5 pauses there and n4 takes the freed place
-    "axes": {"length": {"field": "train.steps", "prefix": "n", "values": [2, 5, 4]}},
-}
+STUDY = tiny_study("rs", task={"name": "synthetic", "n_train": 64, "n_eval": 4},
+                   train={"prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
+                          "checkpoint_every": 1},
+                   eval={"max_new_tokens": 8},
+                   reward={"answer_format": "last_number", "terms": {"integer_answer": 1.0}},
+                   axes={"length": {"field": "train.steps", "prefix": "n", "values": [2, 5, 4]}})
 CELLS = ("n2", "n5", "n4")
 
 

@@ -24,6 +24,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.support.study import TRAIN, tiny_study
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tests.support.tracking import ServerProcess, count_rows, run_writers  # noqa: E402
 
@@ -178,18 +180,7 @@ def test_eight_concurrent_writers_server(server, client, tmp_path: Path):
     assert rows["lost"] == 0 and rows["duplicated"] == 0
 
 
-STUDY = {
-    "name": "srv",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 6, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
-                  "checkpoint_every": 2},
-        "eval": {"max_new_tokens": 16},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+STUDY = tiny_study("srv", train={**TRAIN, "steps": 6, "checkpoint_every": 2})
 
 
 def _progress(res: Path) -> int:
