@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lorarl.train import ranks
 from tests.support.resume import build_models
 from tests.support.distributed import STEPS, assert_same_cell, weights
-from tests.support.study import tiny_study
+from tests.support.study import TRAIN, seeds, tiny_study, write_study
 
 # compared step by step: TRL's loss/grad norm/rewards and lorarl's own (reduced over the ranks) metrics
 
@@ -91,15 +90,12 @@ def study(root: Path, teacher: Path, base: Path, adapter: dict, evaluate: dict |
     (root / "models").mkdir(parents=True, exist_ok=True)
     if not (root / "models" / "tiny-test").exists():
         os.symlink(base, root / "models" / "tiny-test")
-    d = {"name": "dist", "defaults": {
-        "model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8}, "adapter": adapter,
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
-                  "beta": 0.05, "kl_monitor_every": 1, **train},
-        "reward": {"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it really learns
-        **({"eval": evaluate} if evaluate else {})},
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
-    (root / "study.yaml").write_text(yaml.safe_dump(d))
-    return root / "study.yaml"
+    d = tiny_study("dist", adapter=adapter, eval=evaluate or None,
+                   train={**TRAIN, "steps": STEPS, "max_completion_length": 10, "beta": 0.05, "kl_monitor_every": 1,
+                          **train},
+                   reward={"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it really learns
+                   axes=seeds(3))
+    return write_study(root / "study.yaml", d)
 
 
 def train(study_file: Path, nproc: int, expect_ok: bool = True, **env_vars: str) -> Path:
