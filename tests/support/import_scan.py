@@ -5,9 +5,11 @@ and fixtures twice and ties the two modules' bodies together)."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 
+@cache
 def defines_tests(path: Path) -> bool:
     """A `test_*.py` file, or a module with a top-level `test*` function or `Test*` class (pytest would collect it)."""
     if path.name.startswith("test_"):
@@ -30,14 +32,14 @@ def imports_of_test_modules(tests_dir: Path) -> list[str]:
     that defines tests; names resolve from ``tests_dir``'s parent (`tests.x.y`) or, bare (`import x`, the
     directory pytest puts on sys.path), from ``tests_dir`` and the importer's own directory."""
     root, found = tests_dir.parent, []
-    for path in sorted(tests_dir.rglob("*.py")):
+    files = set(tests_dir.rglob("*.py"))
+    for path in sorted(files):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
                 continue
             for name in _imported(node):
                 rel = Path(*name.split(".")).with_suffix(".py")
-                hits = [p for p in (root / rel, tests_dir / rel, path.parent / rel) if p.is_file()]
+                hits = [p for p in (root / rel, tests_dir / rel, path.parent / rel) if p in files]
                 if hits and defines_tests(hits[0]):
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {name}")
     return found
-
