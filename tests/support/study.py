@@ -42,6 +42,6 @@ def tiny_study(name: str = "e2e", *, axes: dict | None = seeds(0, 1), **sections
 
 
 def write_study(path: Path, doc: dict) -> Path:
-    """``doc`` as the YAML study file ``path``."""
-    path.write_text(yaml.safe_dump(doc))
+    """``doc`` as the YAML study file ``path``, its keys in their order (the axes' order is the cells' order)."""
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

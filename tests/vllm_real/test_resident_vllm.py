@@ -33,8 +33,8 @@ def vllm_cells(tmp_path, model_dir):
 
     doc = tiny_study("rz", model=model_dir, **IN_PROCESS, eval=None, rollout=ROLLOUT,
                      train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2},
-                     axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
-                           "length": {"field": "train.steps", "prefix": "n", "values": [2, 4]}})
+                     axes={"length": {"field": "train.steps", "prefix": "n", "values": [2, 4]},
+                           "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]}})
     p = write_study(tmp_path / "rz.yaml", doc)
     return {(c.config.adapter.rank, c.config.train.steps): c for c in cell_table(load_study(str(p))).cells}
 
