@@ -11,7 +11,7 @@ NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack s
 
 
 def patch_fake_rewards(monkeypatch):
-    """Outcome graded by tests/test_grpo.py's deterministic non-degenerate fake (an untrained model is never right)."""
+    """Outcome graded by tests/support/grpo.py's deterministic non-degenerate fake (an untrained model is never right)."""
     from lorarl.pack import build
     from lorarl.rewards.outcome import OutcomeDeposits, settings_of
     from tests.support.grpo import fake_score
