@@ -20,7 +20,7 @@ def test_ppo_kl_by_hand():
     assert float(klmod.masked_mean(per, mask)) == pytest.approx((-0.5 + 1.0 + 20.0 + 0.0 - 1.0) / 5)
 
 
-def test_ppo_kl_is_logged_per_update_before_it(tiny_dir, tmp_path):  # noqa: F811
+def test_ppo_kl_is_logged_per_update_before_it(tiny_dir, tmp_path):
     """Two mini-batch updates in one training step: the first sees the rollout policy itself (0), the second the
     policy after the first update, on its own rows, against the rollout policy's log-probs (nonzero)."""
     from tests.support.grpo_knobs import build, cfg_with

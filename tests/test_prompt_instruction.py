@@ -24,7 +24,7 @@ def _cfg(model: str, bench: Path, **task) -> CellConfig:
         "eval": {"benchmarks": {"math500": {"path": str(bench)}}}})
 
 
-def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):  # noqa: F811
+def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
     from lorarl.train.main import training_dataset

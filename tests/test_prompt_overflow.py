@@ -28,7 +28,7 @@ def test_setting_is_checked_and_hashed_only_when_set():
     assert train_signature(cut) != train_signature(drop)
 
 
-def test_training_dataset_drops_or_keeps(tiny_dir):  # noqa: F811
+def test_training_dataset_drops_or_keeps(tiny_dir):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import prompt_ids
     from lorarl.train.main import training_dataset
@@ -48,7 +48,7 @@ def test_training_dataset_drops_or_keeps(tiny_dir):  # noqa: F811
     assert facts["prompts_truncated_left"] == over
 
 
-def test_rollouts_see_the_last_tokens(tiny_dir, tmp_path):  # noqa: F811
+def test_rollouts_see_the_last_tokens(tiny_dir, tmp_path):
     """The trainer's prompt ids are the last max_prompt_length ids of TRL's tokenisation."""
     from lorarl.tasks.prompt import prompt_ids
 

@@ -23,7 +23,7 @@ def _study(model):
     return parse_study(tiny_study("rt", task=None, adapter=None, eval=None, model=model, train=TRAIN, axes=seeds(0)))
 
 
-def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_path):  # noqa: F811
+def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_path):
     from tests.support.grpo_knobs import build
 
     from lorarl.train.callbacks import MetricsRecorder
