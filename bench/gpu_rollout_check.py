@@ -1,12 +1,13 @@
 """GPU check of the rollout path (on a GPU box, from the repo root: PYTHONPATH=. python bench/gpu_rollout_check.py).
 
-LorarlGRPOTrainer on CUDA in bf16: the HF engine, then TRL's real colocated-vLLM code path with tests/fake_vllm.py
+LorarlGRPOTrainer on CUDA in bf16: the HF engine, then TRL's real colocated-vLLM code path with tests/support/fake_vllm.py
 as the engine (vLLM itself is not installed): live LoRA, sleep mode, full fine-tuning, and a stale engine that must
 trip the freshness gate. Prints rollout/logp_diff_mean per step (the bf16 sampler/trainer gap) for each run.
 """
 import sys, time, tempfile, torch, datasets
-sys.path.insert(0, "tests")  # tests/fake_vllm.py
-import fake_vllm
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests/support/fake_vllm.py
+from tests.support import fake_vllm
 from pytest import MonkeyPatch
 from trl import GRPOConfig
 from lorarl.spec.config import RolloutConfig

@@ -55,7 +55,7 @@ def text_score(completions, answers=None):
 
 
 def save_tiny(d: Path, hidden: int = 32, layers: int = 2) -> str:
-    """The tests' tiny model and tokenizer (tests/tiny_model.py), or a wider one, saved in ``d``."""
+    """The tests' tiny model and tokenizer (tests/support/tiny_model.py), or a wider one, saved in ``d``."""
     import torch
 
     from lorarl.models import TinyRecipe, build_tiny, build_tokenizer

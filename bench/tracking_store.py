@@ -4,7 +4,7 @@
 
 1. Overhead: one process, two Trackers (sqlite, server), one batch of 10 metrics per step, interleaved
    A B A B ... so machine load hits both alike; prints median ms per step and the ratio server / sqlite.
-2. Concurrency: `--writers` processes start together (tests/tracking_helpers.py, synthetic metrics through
+2. Concurrency: `--writers` processes start together (tests/support/tracking.py, synthetic metrics through
    lorarl's Tracker, one batch per step) against each store; prints rows lost and duplicated (from the
    store), median and p95 time of a step's flush, and how many flushes went pending (the store was busy
    past the per-flush budget; caught up later).
@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
+from tests.support.tracking import ServerProcess, count_rows, run_writers  # noqa: E402
 
 from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
 

@@ -15,7 +15,7 @@ import torch
 def _cpu_backend() -> bool:
     try:
         from vllm.platforms import current_platform
-    except ImportError:  # no vLLM in this process: an engine stand-in (tests/fake_vllm.py) has nothing packed
+    except ImportError:  # no vLLM in this process: an engine stand-in (tests/support/fake_vllm.py) has nothing packed
         return False
     return current_platform.is_cpu()
 

@@ -29,12 +29,52 @@ def _restore_environ():
 
 @pytest.fixture(autouse=True)
 def _fresh_fake_vllm_process():
-    """One test, one process as far as tests/fake_vllm.py knows: it refuses a second engine in a process
+    """One test, one process as far as tests/support/fake_vllm.py knows: it refuses a second engine in a process
     (vLLM does not free an engine's memory on ``del``), so the engines a test built are forgotten after it."""
     import sys
 
     yield
-    for name in ("fake_vllm", "tests.fake_vllm"):
+    for name in ("tests.support.fake_vllm",):
         mod = sys.modules.get(name)
         if mod is not None:
             mod.LLM.instances = []
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """The tiny model and its tokenizer, saved once per module (tests/support/tiny_model.py)."""
+    from tests.support.tiny_model import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    """The tiny model saved twice: plain tokenizer, and the same tokenizer with a chat template."""
+    from tests.support.prompt import save_prompt_tinies
+
+    return save_prompt_tinies(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def two_eos_dir(tmp_path_factory):
+    """A tiny model whose generation config has two EOS ids."""
+    from tests.support.stop_tokens import save_two_eos
+
+    return save_two_eos(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A saved tiny Qwen2 base, a LoRA adapter with non-zero B, and a DoRA adapter (evaluation backends)."""
+    from tests.support.eval_backends import save_eval_tiny
+
+    return save_eval_tiny(tmp_path_factory)
+
+
+@pytest.fixture
+def fake_rewards(monkeypatch):
+    """Outcome cells graded by a deterministic non-degenerate fake (an untrained model is never right)."""
+    from tests.support.pause import patch_fake_rewards
+
+    patch_fake_rewards(monkeypatch)

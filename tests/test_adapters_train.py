@@ -13,25 +13,21 @@ import pytest
 import torch
 
 from lorarl.spec.study import study_cells, parse_study
+from tests.support.study import tiny_study
 
 warnings.filterwarnings("ignore")
 
-STUDY = {
-    "name": "adapters_e2e",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
-        "train": {"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "temperature": 1.0, "kl_monitor_every": 1, "loss_type": "dapo"},
-    },
-    "axes": {"m": {"values": [
+STUDY = tiny_study(
+    "adapters_e2e", adapter=None, eval=None, task={"name": "synthetic", "n_train": 32, "n_eval": 8},
+    train={"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
+           "temperature": 1.0, "kl_monitor_every": 1, "loss_type": "dapo"},
+    axes={"m": {"values": [
         {"label": "lora_plus", "set": {"adapter.method": "lora_plus", "adapter.rank": 4, "adapter.lr_ratio": 8}},
         {"label": "lora_fa", "set": {"adapter.method": "lora_fa", "adapter.rank": 4, "adapter.init": "rlpo"}},
         {"label": "adalora", "set": {"adapter.method": "adalora", "adapter.rank": 4}},
         {"label": "pissa", "set": {"adapter.method": "dora", "adapter.rank": 4, "adapter.init": "pissa"}},
         {"label": "safe", "set": {"adapter.method": "full", "adapter.mask": "safe", "train.weight_decay": 0.1}},
-    ]}},
-}
+    ]}})
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A study whose hypothesis adds seeds aggregates and reports (docs/adaptive.md): the added-seed cells are in
 every table, figure, status line and count, and in the cell-steps spent (synthetic records,
-tests/adaptive_results.py; the real decision function)."""
+tests/support/adaptive_results.py; the real decision function)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import copy
 
 import pandas as pd
 
-from tests.adaptive_results import STUDY as BASE
-from tests.adaptive_results import adaptive_results
+from tests.support.adaptive_results import STUDY as BASE
+from tests.support.adaptive_results import adaptive_results
 
 STUDY = copy.deepcopy(BASE)
 STUDY["hypotheses"]["top"]["max_seeds"] = 3  # seed 2 of ranks 4 and 8 is added

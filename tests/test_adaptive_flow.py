@@ -11,7 +11,7 @@ import pytest
 
 from lorarl.adaptive.flow import ALL, FINISH, FlowError, HypothesisFlow, SearchFlow
 from lorarl.adaptive.halving import decide
-from tests.test_adaptive_halving import grid, recs, spec
+from tests.support.adaptive import grid, recs, spec
 
 RESULTS, STUDY = "res", "st"
 

@@ -6,28 +6,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from types import SimpleNamespace
 
 import pytest
 
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.ledger import render
-from lorarl.spec.adaptive.settings import group, tie_key
-from lorarl.spec.adaptive.blocks import SearchSpec
-
-
-def grid(ranks=("1", "2", "4", "8"), seeds=("0", "1")):
-    cells = [SimpleNamespace(id=f"r{r}-s{s}", axes={"rank": r, "seed": s}) for r in ranks for s in seeds]
-    return group(cells, ["rank", "seed"], ["seed"])
-
-
-def spec(**kw):
-    return SearchSpec(**{"rule": "sha", "rungs": [10, 20], "metric": "synthetic/pass@1", "eta": 2,
-                         "paired": ["seed"], **kw})
-
-
-def recs(table: dict[str, dict[int, float]], failed: dict[str, int] | None = None) -> dict:
-    return {"values": {c: {str(k): v for k, v in vs.items()} for c, vs in table.items()}, "failed": failed or {}}
+from lorarl.spec.adaptive.settings import tie_key
+from tests.support.adaptive import grid, recs, spec
 
 
 def at(ledger: dict, step: int) -> dict[str, str]:

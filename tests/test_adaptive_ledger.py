@@ -15,21 +15,16 @@ from lorarl.adaptive import ledger
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.records import Sample, write_records
 from lorarl.spec.study import cell_table, load_study
+from tests.support.study import tiny_study
 
-STUDY = {
-    "name": "adl",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 16, "n_eval": 8},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-        "train": {"steps": 12, "prompts_per_step": 2, "generations": 2, "lr": 1.0e-3},
-        "eval": {"max_new_tokens": 8, "eval_every": 2},
-    },
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4, 8]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}},
-    "search": {"rule": "sha", "rungs": [2, 6], "eta": 2},
-    "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "max_seeds": 3}},
-}
+STUDY = {**tiny_study("adl", task={"name": "synthetic", "n_train": 16, "n_eval": 8},
+                      adapter={"method": "lora", "rank": 2, "alpha": 4},
+                      train={"steps": 12, "prompts_per_step": 2, "generations": 2, "lr": 1.0e-3},
+                      eval={"max_new_tokens": 8, "eval_every": 2},
+                      axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4, 8]},
+                            "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}),
+         "search": {"rule": "sha", "rungs": [2, 6], "eta": 2},
+         "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "max_seeds": 3}}}
 
 
 def setup(tmp_path: Path):

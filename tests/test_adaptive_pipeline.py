@@ -24,6 +24,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.support.snakemake import jobs_run, run_snakemake, snakemake_cmd, snakemake_env
+
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -34,35 +36,6 @@ SMALL = {"model": "local:tiny-test", "task.n_train": 64, "task.n_eval": 8, "trai
 GRID = ("r1-kl0-s0", "r1-kl0.05-s0", "r8-kl0-s0", "r8-kl0.05-s0")
 
 
-def command(wd: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
-            "--configfile", str(wd / "config.yaml"), "--cores", "2", *args]
-
-
-def env() -> dict:
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-
-
-def jobs_run(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Snakemake's job-stats table (a dry run prints it to stdout, a run to stderr)."""
-    out, on = {}, False
-    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
-        parts = line.split()
-        if line.startswith("job ") and "count" in line:
-            on, out = True, {}
-        elif on and len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-            out[parts[0]] = int(parts[1])
-        elif on and parts and parts[0] == "total":
-            on = False
-    return out
-
-
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command(wd, *args), cwd=wd, capture_output=True, text=True, env=env())
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
-
-
 def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     import mlflow
 
@@ -71,12 +44,12 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
         {"studies": [str(DEMO)], "results": "results", "launcher": "local", "slurm": {}, "set": SMALL,
          "progress_every": 5}))
     res = tmp_path / "results" / "demo_adaptive"
-    dry = snakemake(tmp_path, "-n", "all")
+    dry = run_snakemake(tmp_path, "-n", "all")
     assert "[lorarl] demo_adaptive: rung 2: waits on 2 setting(s): rank=1, rank=8 (4 cell(s) still to record" in dry.stderr
     assert jobs_run(dry) == {"base_model": 1, "evaluate": 1, "train_rung": 4, "evaluate_step": 4, "decide_rung": 1,
                              "aggregate": 1, "all": 1}  # nothing past the rung before it is decided
 
-    first = subprocess.Popen(command(tmp_path, "all"), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+    first = subprocess.Popen(snakemake_cmd(tmp_path, "all"), cwd=tmp_path, env=snakemake_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 1500
     views = []
@@ -99,8 +72,8 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     assert any(c in GRID for c in orphans) and all((res / c / "summary.json").exists() for c in orphans), orphans
     before = {c: (res / c / "summary.json").read_text() for c in orphans}
 
-    snakemake(tmp_path, "--unlock")
-    second = snakemake(tmp_path, "all")
+    run_snakemake(tmp_path, "--unlock")
+    second = run_snakemake(tmp_path, "all")
     console = second.stdout + second.stderr
     assert views[0].read_bytes() == decided  # the same decisions: the view is reused, never redone
     assert "decide_rung" not in jobs_run(second) and "train_rung" not in jobs_run(second)
@@ -162,14 +135,14 @@ def test_shipped_adaptive_demo_killed_then_finished(tmp_path: Path):
     html = (res / "report.html").read_text()
     assert "search_rungs" in html and all(c in html for c in added)
     status = subprocess.run([sys.executable, "-m", "lorarl.cli", "status", str(res / "study_set.yaml"),
-                             "--results", str(tmp_path / "results")], capture_output=True, text=True, env=env())
+                             "--results", str(tmp_path / "results")], capture_output=True, text=True, env=snakemake_env())
     assert f"{2 + len(added)} done, 2 stopped" in status.stdout, status.stdout + status.stderr
     assert all(c in status.stdout for c in added), status.stdout
 
-    again = snakemake(tmp_path, "-n", "all")
+    again = run_snakemake(tmp_path, "-n", "all")
     assert "Nothing to be done" in again.stdout + again.stderr
     assert "[lorarl] demo_adaptive: rung 2: promoted " in again.stderr and "stopped (censored)" in again.stderr
-    off = snakemake(tmp_path, "-n", "all", "--config", "search=off")
+    off = run_snakemake(tmp_path, "-n", "all", "--config", "search=off")
     # search off: the stopped cells train on from their rung and their hypothesis waits on them (not censored):
     # its look at 2 seeds asks for seed 1 of both settings; their rung's evaluations stay
     assert (f"hypothesis kl_free_not_worse_r{stopped_rank} (non_inferiority): undecided after 0 seed(s)"

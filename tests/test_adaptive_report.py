@@ -1,5 +1,5 @@
 """Censored cells in every table (docs/adaptive.md): a study whose search stopped half its settings at a rung
-(synthetic records, tests/adaptive_results.py; the real decision function) has, in cells.csv, the summary table,
+(synthetic records, tests/support/adaptive_results.py; the real decision function) has, in cells.csv, the summary table,
 the stats table and report.html, a row for every setting, the stopped ones censored at their rung (never
 failed, never a zero), and `lorarl status` says `stopped`; the rung plot and the search/hypotheses tables are
 drawn; a cell stopped and later trained to its end is an ordinary finished cell."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tests.adaptive_results import STUDY, adaptive_results
+from tests.support.adaptive_results import STUDY, adaptive_results
 
 
 def stopped_study(tmp_path: Path):
@@ -68,7 +68,7 @@ def test_censored_cells_in_every_table(tmp_path):
 def test_a_stopped_cell_trained_on_is_finished_again(tmp_path):
     """`--config search=off` (or a later promotion) trains a stopped cell to its end: it is no longer censored."""
     from lorarl.report.aggregate import cell_table as cells_of
-    from tests.study_shapes import fake_results as refill
+    from tests.support.study_shapes import fake_results as refill
 
     f, study, table, res = stopped_study(tmp_path)
     refill(study, res, seed=3)  # every cell finished, as after search=off

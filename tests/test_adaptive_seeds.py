@@ -9,8 +9,6 @@ import copy
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,18 +17,17 @@ import yaml
 
 from lorarl import paths
 from lorarl.spec.study import StudyError, cell_table, load_study, parse_study
+from tests.support.snakemake import run_snakemake
+from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
-STUDY = {
-    "name": "hy",
-    "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
-                 "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-                 "train": {"steps": 4, "prompts_per_step": 2, "generations": 2}},
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [4, 8]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}},
-    "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "min_seeds": 3,
-                                "max_seeds": 5}},
-}
+STUDY = {**tiny_study("hy", eval=None, task={"name": "synthetic", "n_train": 16, "n_eval": 4},
+                      adapter={"method": "lora", "rank": 2, "alpha": 4},
+                      train={"steps": 4, "prompts_per_step": 2, "generations": 2},
+                      axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [4, 8]},
+                            "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}),
+         "hypotheses": {"r8_vs_r4": {"kind": "superiority", "a": {"rank": 8}, "b": {"rank": 4}, "min_seeds": 3,
+                                     "max_seeds": 5}}}
 
 
 def write(tmp_path: Path, doc: dict, name: str = "hy.yaml") -> Path:
@@ -69,7 +66,7 @@ def test_seeds_beyond_a_non_integer_axis_are_refused(tmp_path):
 
 def _finished(study, res: Path, scores: dict[str, list[bool]]) -> None:
     """Finished cells on disk, as the train and evaluate jobs write them (older inputs first)."""
-    from tests.study_shapes import fake_results
+    from tests.support.study_shapes import fake_results
 
     model = res / "models" / "tiny-test" / "config.json"
     model.parent.mkdir(parents=True)
@@ -86,15 +83,6 @@ def _finished(study, res: Path, scores: dict[str, list[bool]]) -> None:
                              for i, x in enumerate(correct)))
 
 
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
-           "--configfile", str(wd / "config.yaml"), "--cores", "1", *args]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    return proc
-
-
 def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
     from lorarl.pipeline.decisions.adaptive_flow import AdaptiveStudy
 
@@ -108,10 +96,10 @@ def test_an_undecided_comparison_adds_one_seed_as_ordinary_cells(tmp_path):
                                                           "launcher": "local", "slurm": {}}))
     tag = AdaptiveStudy(study, cell_table(study), "results", True, print, print).hyp_tag
     look3 = paths.path("hypothesis_look", results="results", study="hy", tag=tag, hypothesis="r8_vs_r4", n=3)
-    snakemake(tmp_path, str(look3))  # the checkpoint job itself, on the recorded results
+    run_snakemake(tmp_path, str(look3), cores=1)  # the checkpoint job itself, on the recorded results
     view = json.loads((tmp_path / look3).read_text())
     assert view["decision"] == "undecided" and [o["difference"] for o in view["observations"]] == [0.25, -0.25, 0.25]
-    dry = snakemake(tmp_path, "-n", "all", "--quiet", "host")
+    dry = run_snakemake(tmp_path, "-n", "all", "--quiet", "host", cores=1)
     text = dry.stdout + dry.stderr
     assert "[lorarl] hy: hypothesis r8_vs_r4 (superiority): undecided after 3 seed(s) (cap 5); waits on seed 4" in text
     cells = set(re.findall(r"cell=(r\d-s\d)", text))
@@ -126,8 +114,8 @@ def test_search_off_trains_the_stopped_cells_on_and_their_hypothesis_waits_on_th
     dry run plans the stopped cells to their end and the look that adds the hypothesis's second seed, and says the
     hypothesis waits (not censored); once those cells finished, the hypothesis is decided, not censored."""
     from lorarl.adaptive.ledger import hypothesis_censored, update_hypotheses
-    from tests.adaptive_results import STUDY as ADR, adaptive_results
-    from tests.study_shapes import fake_results
+    from tests.support.adaptive_results import STUDY as ADR, adaptive_results
+    from tests.support.study_shapes import fake_results
 
     spec = copy.deepcopy(ADR)
     spec["axes"] = {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
@@ -144,7 +132,7 @@ def test_search_off_trains_the_stopped_cells_on_and_their_hypothesis_waits_on_th
     assert hypothesis_censored(study, table, res, study.hypotheses["h1"])  # search on: r1's cells stopped
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": [str(f)], "results": "results",
                                                           "launcher": "local", "slurm": {}}))
-    dry = snakemake(tmp_path, "-n", "all", "--quiet", "host", "--config", "search=off")
+    dry = run_snakemake(tmp_path, "-n", "all", "--quiet", "host", "--config", "search=off", cores=1)
     text = dry.stdout + dry.stderr
     assert "hypothesis h1 (non_inferiority): undecided after 0 seed(s) (cap 3); waits on the records" in text, text
     trained = set(re.findall(r"rule train:[^\n]*\n(?:[^\n]*\n)*?[^\n]*cell=([\w.-]+)", text)) or set(

@@ -13,24 +13,19 @@ from lorarl.spec.adaptive.blocks import resolved_search
 from lorarl import badstudies
 from lorarl.badstudies import with_field
 from lorarl.spec.study import cell_table, load_study
+from tests.support.study import tiny_study
 
-BASE = {
-    "name": "ad",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 16, "n_eval": 8},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-        "train": {"steps": 12, "prompts_per_step": 2, "generations": 2, "lr": 1.0e-3},
-        "eval": {"max_new_tokens": 8, "eval_every": 2},
-    },
-    "axes": {
-        "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4]},
-        "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
-        "seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
-    },
-    "search": {"rule": "sha", "rungs": [2, 6], "eta": 3, "min_kept": 1},
-    "hypotheses": {"r4_beats_r1": {"kind": "superiority", "a": {"rank": 4, "kl": 0}, "b": {"rank": 1, "kl": 0}}},
-}
+BASE = {**tiny_study("ad", task={"name": "synthetic", "n_train": 16, "n_eval": 8},
+                     adapter={"method": "lora", "rank": 2, "alpha": 4},
+                     train={"steps": 12, "prompts_per_step": 2, "generations": 2, "lr": 1.0e-3},
+                     eval={"max_new_tokens": 8, "eval_every": 2},
+                     axes={
+                      "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4]},
+                      "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
+                      "seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
+                  }),
+        "search": {"rule": "sha", "rungs": [2, 6], "eta": 3, "min_kept": 1},
+        "hypotheses": {"r4_beats_r1": {"kind": "superiority", "a": {"rank": 4, "kl": 0}, "b": {"rank": 1, "kl": 0}}}}
 
 
 def _with(path: str, value, base: dict | None = None) -> dict:

@@ -18,7 +18,7 @@ import yaml
 from lorarl.train import checkpoint
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.train.until import mark_path, staged_mark_path
-from tests.test_grpo import tiny_dir  # noqa: F401
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study
 
 STEPS, RUNG = 4, 2
 
@@ -49,13 +49,11 @@ def rung_job(cells, results, target=None, until=RUNG):
 
 
 def study(tmp_path, tiny_dir, teacher, kls=(0.0,)):
-    doc = {"name": "ut", "defaults": {
-        "model": str(tiny_dir), "reward": {"regime": "distillation", "teacher": teacher}, "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 3},  # not a divisor of the rung: the rung job saves there anyway
-        "eval": {"eval_every": RUNG}},
-        "axes": {"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}}}
+    doc = tiny_study("ut", model=str(tiny_dir), reward={"regime": "distillation", "teacher": teacher}, **IN_PROCESS,
+                     train={**IN_PROCESS_TRAIN, "steps": STEPS,
+                            "checkpoint_every": 3},  # not a divisor of the rung: the rung job saves there anyway
+                     eval={"eval_every": RUNG},
+                     axes={"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}})
     p = tmp_path / "ut.yaml"
     p.write_text(yaml.safe_dump(doc))
     from lorarl.spec.study import cell_table, load_study

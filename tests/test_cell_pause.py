@@ -21,49 +21,20 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import yaml
 
-from jobstart import assert_no_one_off_step, new_job, startup_steps
-from tests.test_grpo import tiny_dir  # noqa: F401
-
-NOISY = ("time/", "pack/", "tokens_per_s", "step_time")  # wall-clock and pack size: not part of the result
+from tests.support.jobstart import assert_no_one_off_step, new_job, startup_steps
+from tests.support.pause import mlflow_steps, outputs
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 
 def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
     from lorarl.spec.study import cell_table, load_study
 
-    doc = {"name": "pz", "defaults": {
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
-        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": list(ranks)}}}
-    p = tmp_path / "pz.yaml"
-    p.write_text(yaml.safe_dump(doc))
+    doc = tiny_study("pz", model=str(tiny_dir), **IN_PROCESS, eval=None,
+                     train={**IN_PROCESS_TRAIN, "steps": 4, "checkpoint_every": 0, "kl_monitor_every": 2, **train},
+                     axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": list(ranks)}})
+    p = write_study(tmp_path / "pz.yaml", doc)
     return {c.id: c for c in cell_table(load_study(str(p))).cells}
-
-
-@pytest.fixture
-def fake_rewards(monkeypatch):
-    """Outcome graded by tests/test_grpo.py's deterministic non-degenerate fake (an untrained model is never right)."""
-    from lorarl.pack import build
-    from lorarl.rewards.outcome import OutcomeDeposits, settings_of
-    from tests.test_grpo import fake_score
-    from tests.test_pack_steps import fake_regimes
-
-    real = build.build_pack
-    monkeypatch.setattr(build, "build_pack", lambda *a, **kw: fake_regimes(real(*a, **kw)))
-    monkeypatch.setattr("lorarl.train.prepare.reward_of",
-                        lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward)))
-    monkeypatch.setenv("LORARL_LOCK_WAIT_S", "0")
-
-
-def outputs(d):
-    from safetensors.torch import load_file
-
-    rows = pd.read_csv(d / "metrics.csv")
-    keep = [c for c in rows.columns if not c.startswith(NOISY)]
-    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
 
 
 def assert_equal_runs(got, want, resumed_from):
@@ -74,13 +45,6 @@ def assert_equal_runs(got, want, resumed_from):
     pd.testing.assert_frame_equal(m, m0, rtol=0, atol=1e-6)
     assert "adv/std_peak" in m and m["adv/std_peak"].iloc[-1] > 0
     assert s["resumed_from_steps"] == resumed_from and s["state"] == "done" and s["steps"] == 4
-
-
-def mlflow_steps(results, run_id, key="reward"):
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
-    return sorted(m.step for m in client.get_metric_history(run_id, key)), client.get_run(run_id)
 
 
 def test_pack_members_pause_and_come_back_elsewhere_equal_to_their_solo_runs(tiny_dir, tmp_path, fake_rewards):

@@ -18,19 +18,17 @@ from lorarl.train import checkpoint
 from lorarl.spec import signature
 from lorarl.adapters.catalog import get_method
 from lorarl.spec.study import StudyError, base_cells, cell_table, find_cell, load_study, parse_study, study_cells
+from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def raw_study(**over) -> dict:
-    raw = {
-        "name": "t",
-        "defaults": {"model": "local:tiny-test", "train": {"steps": 3}},
-        "axes": {
-            "rank": {"field": "adapter.rank", "prefix": "r", "values": [2, 4]},
-            "seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
-        },
-    }
+    raw = tiny_study("t", task=None, adapter=None, eval=None, train={"steps": 3},
+                     axes={
+                      "rank": {"field": "adapter.rank", "prefix": "r", "values": [2, 4]},
+                      "seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
+                  })
     raw.update(over)
     return raw
 

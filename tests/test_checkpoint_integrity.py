@@ -20,13 +20,14 @@ import yaml
 
 from lorarl.train import checkpoint, integrity
 from lorarl.tracking.client import Tracker
+from tests.support.study import TRAIN, seeds, tiny_study
 
 
 def _cell():
     from lorarl.spec.study import study_cells, parse_study
 
-    return study_cells(parse_study({"name": "ck", "defaults": {"model": "local:tiny-test",
-                                                           "train": {"checkpoint_every": 2}}}))[0]
+    return study_cells(parse_study(tiny_study("ck", task=None, adapter=None, eval=None, train={"checkpoint_every": 2},
+                                              axes=None)))[0]
 
 
 def _fake_checkpoint(root: Path, step: int, run_id: str, config_hash: str) -> Path:
@@ -107,17 +108,7 @@ def test_a_checkpoint_that_kills_its_resumes_is_dropped_after_two_tries(setup):
 
 # ---- slow: a real trainer ---------------------------------------------------------------------
 
-STUDY = {
-    "name": "ck",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                  "lr": 1e-3, "checkpoint_every": 2},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
-}
+STUDY = tiny_study("ck", eval=None, train={**TRAIN, "steps": 4, "checkpoint_every": 2}, axes=seeds(0))
 
 
 @pytest.mark.slow

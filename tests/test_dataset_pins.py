@@ -16,7 +16,7 @@ from lorarl.spec.config import CellConfig
 from lorarl.spec.task import TaskConfig
 from lorarl.spec.study import load_study, study_cells
 from lorarl.tasks import load_records, task_records
-from tests.published_support import PUBLISHED, fidelity_table
+from tests.support.published import PUBLISHED, fidelity_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = re.compile(r"[0-9a-f]{40}")

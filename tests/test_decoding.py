@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from lorarl.decoding import EnginePlan, GenerationEngine, apply, plan
-from tests.tiny_model import used_static
+from tests.support.tiny_model import used_static
 
 STATIC, DYNAMIC = GenerationEngine(cache="static"), GenerationEngine(cache="dynamic")
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny"))
 

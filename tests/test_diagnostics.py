@@ -13,7 +13,7 @@ from scipy.linalg import subspace_angles
 from scipy.stats import ortho_group
 
 from lorarl.diagnose import weights as dg
-from tests.diagnose_reference import reference_rows
+from tests.support.diagnose_reference import reference_rows
 
 SHAPES = [(40, 40), (48, 24), (24, 48)]  # square, tall (D > N), wide (D < N)
 
@@ -330,7 +330,7 @@ def _case(method, D, N, r=3, seed=5):
 @pytest.mark.parametrize("shape", [(40, 24), (24, 40)])
 def test_fast_path_equals_the_two_svd_reference(method, shape):
     """Every row of diagnose_matrix (base factors + Gram spectrum + low-rank alignment) equals the old
-    two-SVD computation (tests/diagnose_reference.py) within 1e-6 relative (floor: 1e-6 of the metric's
+    two-SVD computation (tests/support/diagnose_reference.py) within 1e-6 relative (floor: 1e-6 of the metric's
     largest |value| in the matrix, for entries near zero such as c_i of modes the update misses)."""
     W0, W1, A, P, up, steps = _case(method, *shape)
     kw = dict(k=6, alpha=0.1)

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.study import TRAIN, seeds, tiny_study
+
 pytestmark = pytest.mark.slow
 
-STUDY = {"name": "df", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 32,
-                                                                         "n_eval": 8},
-                                     "adapter": {"rank": 2, "alpha": 4},
-                                     "train": {"steps": 2, "prompts_per_step": 2, "generations": 2,
-                                               "max_completion_length": 8, "lr": 1e-3, "checkpoint_every": 0}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}}
+STUDY = tiny_study("df", eval=None,
+                   task={"name": "synthetic", "n_train": 32, "n_eval": 8},
+                   train={**TRAIN, "steps": 2, "max_completion_length": 8, "checkpoint_every": 0},
+                   axes=seeds(0, 1, 2))
 
 
 def _train(root: Path, cell: str, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -15,16 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lorarl.train import ranks
-from test_resume import build_models
+from tests.support.resume import build_models
+from tests.support.distributed import STEPS, assert_same_cell, weights
+from tests.support.study import TRAIN, seeds, tiny_study, write_study
 
-STEPS = 2
 # compared step by step: TRL's loss/grad norm/rewards and lorarl's own (reduced over the ranks) metrics
-SAME = ["loss", "grad_norm", "reward", "reward_std", "kl", "kl_ref/k3", "kl_ref/k1", "kl_new_old", "kl_new_old/update",
-        "adv/std", "adv/abs_max", "deposits/mean", "deposits/per_completion", "frac_truncated", "rollout/tokens",
-        "num_tokens", "learning_rate"]
 
 
 # ---- fast ----------------------------------------------------------------------------------------
@@ -43,8 +40,9 @@ def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
     from lorarl.spec.study import parse_study, study_cells
     from lorarl.train.trl_args import grpo_args
 
-    cell = study_cells(parse_study({"name": "r", "defaults": {
-        "model": "local:tiny-test", "train": {"prompts_per_step": 4, "generations": 2, "mini_batch_prompts": 2}}}))[0]
+    cell = study_cells(parse_study(tiny_study("r", task=None, adapter=None, eval=None,
+                                              train={"prompts_per_step": 4, "generations": 2, "mini_batch_prompts": 2},
+                                              axes=None)))[0]
     one, two = grpo_args(cell.config, tmp_path, True, ranks=1), grpo_args(cell.config, tmp_path, True, ranks=2)
     assert one.per_device_train_batch_size == 4 and two.per_device_train_batch_size == 2  # 2 prompts x 2 per update
     assert one.steps_per_generation == two.steps_per_generation == 2
@@ -62,8 +60,10 @@ def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
     from lorarl.train.trl_args import grpo_args
 
     def args(method: str, n: int, sharding: str = "auto"):
-        cell = study_cells(parse_study({"name": "r", "defaults": {"model": "local:tiny-test", "adapter": {
-            "method": method}, "train": {"prompts_per_step": 4, "generations": 2, "sharding": sharding}}}))[0]
+        cell = study_cells(parse_study(tiny_study("r", task=None, eval=None,
+                                                  adapter={"method": method},
+                                                  train={"prompts_per_step": 4, "generations": 2, "sharding": sharding},
+                                                  axes=None)))[0]
         return grpo_args(cell.config, tmp_path, True, ranks=n)
 
     full = args("full", 2)
@@ -90,15 +90,12 @@ def study(root: Path, teacher: Path, base: Path, adapter: dict, evaluate: dict |
     (root / "models").mkdir(parents=True, exist_ok=True)
     if not (root / "models" / "tiny-test").exists():
         os.symlink(base, root / "models" / "tiny-test")
-    d = {"name": "dist", "defaults": {
-        "model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8}, "adapter": adapter,
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": 1e-3,
-                  "beta": 0.05, "kl_monitor_every": 1, **train},
-        "reward": {"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it really learns
-        **({"eval": evaluate} if evaluate else {})},
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
-    (root / "study.yaml").write_text(yaml.safe_dump(d))
-    return root / "study.yaml"
+    d = tiny_study("dist", adapter=adapter, eval=evaluate or None,
+                   train={**TRAIN, "steps": STEPS, "max_completion_length": 10, "beta": 0.05, "kl_monitor_every": 1,
+                          **train},
+                   reward={"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it really learns
+                   axes=seeds(3))
+    return write_study(root / "study.yaml", d)
 
 
 def train(study_file: Path, nproc: int, expect_ok: bool = True, **env_vars: str) -> Path:
@@ -116,36 +113,6 @@ def train(study_file: Path, nproc: int, expect_ok: bool = True, **env_vars: str)
     (root / f"train-{n}.log").write_text(proc.stdout + proc.stderr)
     assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
     return root / "dist" / "s3"
-
-
-def weights(cell: Path, adapter: bool = True) -> dict:
-    from safetensors.torch import load_file
-
-    folder = cell / "adapter" if adapter else cell
-    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
-
-
-def assert_same_cell(one: Path, two: Path, start: dict) -> None:
-    """Same metrics step by step, same final weights; ``start``: the base weights (full fine-tuning), or
-    empty for LoRA (its B starts at 0): the weights moved, so the comparison can fail."""
-    import json
-
-    import pandas as pd
-    import torch
-
-    a, b = pd.read_csv(one / "metrics.csv"), pd.read_csv(two / "metrics.csv")
-    assert a["step"].tolist() == b["step"].tolist() == list(range(1, STEPS + 1))
-    for key in SAME:
-        assert key in a and key in b, key
-        assert (a[key] - b[key]).abs().max() <= 1e-5 * max(1.0, a[key].abs().max()), (key, a[key].tolist(),
-                                                                                       b[key].tolist())
-    assert json.loads((two / "summary.json").read_text())["steps"] == STEPS
-    x, y = weights(one), weights(two)
-    assert x.keys() == y.keys()
-    moved = [x[k] - start[k] for k in x if k in start] if start else [x[k] for k in x if "lora_B" in k]  # B0 = 0
-    assert moved and max(float(d.abs().max()) for d in moved) > 1e-5  # it did learn
-    for k in x:
-        torch.testing.assert_close(y[k], x[k], rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from lorarl.numerics import divergence
+from tests.support.study import TRAIN, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,18 +89,7 @@ def test_aggregate_table_counts_diverged_cells():
 
 # ---- slow: real training --------------------------------------------------------------------------
 
-STUDY = {
-    "name": "dv",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 6, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                  "lr": 1e-3, "checkpoint_every": 2},
-        "eval": {"max_new_tokens": 8},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+STUDY = tiny_study("dv", train={**TRAIN, "steps": 6, "checkpoint_every": 2}, eval={"max_new_tokens": 8})
 
 
 @pytest.fixture(scope="module")

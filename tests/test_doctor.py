@@ -14,6 +14,7 @@ from lorarl.pipeline.doctor.job import step_split, truncation
 from lorarl.pipeline.doctor.projection import project
 from lorarl.pipeline.doctor.report import smoke_study
 from lorarl.spec.study import load_study, study_cells
+from tests.support.study import tiny_study
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "experiments" / "demo.yaml")
@@ -115,9 +116,8 @@ def test_bad_input_exits_2_before_writing(tmp_path, capsys, argv, msg):
 
 
 def test_failed_check_stops_before_training(results, tmp_path, capsys):
-    study = {"name": "gpuonly", "defaults": {"model": str(results / "models" / "tiny-arith"),
-                                             "train": {"steps": 5, "max_completion_length": 8},
-                                             "rollout": {"engine": "vllm"}}}
+    study = tiny_study("gpuonly", task=None, adapter=None, eval=None, model=str(results / "models" / "tiny-arith"),
+                       train={"steps": 5, "max_completion_length": 8}, rollout={"engine": "vllm"}, axes=None)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
     prof = tmp_path / "prof"
     prof.mkdir()

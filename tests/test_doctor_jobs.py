@@ -10,27 +10,14 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lorarl.pipeline.doctor.clock import share
 from lorarl.pipeline.doctor.jobs import (RULE_NAMES, RULE_THREADS, PlannedJob, machine_rate, makespan, planned_jobs,
                                          rule_counts, wall_under)
-from lorarl.spec.study import load_study, study_cells
+from lorarl.spec.study import study_cells
+from tests.support.doctor import _study, measurements
 
 ROOT = Path(__file__).resolve().parents[1]
-SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,
-         "scoring_s": 1.2, "reference_forward_s": 0.3, "policy_forward_backward_s": 0.5, "step_s": 2.0,
-         "generation_rounds_per_step": 1.0, "kl_monitor_per_run_s": 0.0, "degenerate_rate": 0.5}
-
-
-def _study(tmp_path: Path, axes: dict, **defaults) -> object:
-    spec = {"name": "jobs", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
-                                                                               "n_eval": 8},
-                                         "train": {"steps": 10, "prompts_per_step": 4, "generations": 2,
-                                                   "max_completion_length": 20, "beta": 0.0}, **defaults},
-            "axes": axes}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return load_study(tmp_path / "s.yaml")
 
 
 def test_rule_threads_and_names_are_the_workflow_rules():
@@ -125,21 +112,6 @@ def test_a_session_gets_its_fair_share_of_the_cpus():
     # 2/5 of the CPUs split between them and the study's thread
     assert share(1, 2, others, per_thread=False, mates=2) == pytest.approx(0.4 / 3)
     assert share(2, 2, [], per_thread=False, mates=2) == pytest.approx(1.0)  # alone: 2 CPUs over 4 threads
-
-
-def measurements(load: dict) -> dict:
-    """A doctor run, by hand: every part's CPU time is half its wall time (the job got half a CPU)."""
-    half = lambda w: {"wall_s": w, "cpu_s": w / 2}  # noqa: E731
-    return {
-        "split": SPLIT, "device": {"kind": "cpu"}, "model_load_s": 1.0, "diagnose_s": 4.0, "train_ranks": 1,
-        "evaluation": {"synthetic": {"seconds_per_problem": 0.5, "problems": 4}}, "prompt_tokens": {},
-        "phases": {"stack": half(10.0), "mlflow": half(4.0), "first_load": half(3.0), "model_load": half(1.0),
-                   "regime": half(1.0), "train": half(2.0 + 10 * 2.0), "eval_first": half(3.5),
-                   "eval:synthetic": half(1.0 + 4 * 0.5), "diagnose": half(4.0)},
-        "clock": {"proc_s": 1.0, "process_start_epoch": 101.0, "entry_epoch": 102.0, "end_epoch": 150.0},
-        "login": {"launcher": {"wall_s": 2.0, "cpu_s": 1.0, "study_s": 0.5}, "submitted_epoch": 100.0,
-                  "returned_epoch": 153.0, "aggregate": half(6.0), "snakemake": half(5.0)},
-        "load": load}
 
 
 def test_projection_arithmetic_on_hand_made_measurements(tmp_path, monkeypatch):

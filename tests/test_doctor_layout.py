@@ -10,6 +10,7 @@ import yaml
 from lorarl.memory.layout import Layout
 from lorarl.pipeline.doctor.projection import project, stage_layouts, step_seconds
 from lorarl.spec.study import load_study, study_cells
+from tests.support.study import tiny_study
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,
          "scoring_s": 1.2, "reference_forward_s": 0.3, "policy_forward_backward_s": 0.5, "step_s": 2.0,
@@ -17,10 +18,10 @@ SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_a
 
 
 def _study(tmp_path, axes):
-    spec = {"name": "lay", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64},
-                                        "train": {"steps": 10, "prompts_per_step": 4, "generations": 2,
-                                                  "max_completion_length": 20, "beta": 0.05}},
-            "axes": axes}
+    spec = tiny_study("lay", adapter=None, eval=None, task={"name": "synthetic", "n_train": 64},
+                      train={"steps": 10, "prompts_per_step": 4, "generations": 2,
+                             "max_completion_length": 20, "beta": 0.05},
+                      axes=axes)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return load_study(tmp_path / "s.yaml")
 

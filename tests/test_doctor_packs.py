@@ -18,7 +18,7 @@ from lorarl.pipeline.doctor.jobs import PlannedJob, planned_jobs, rule_counts
 from lorarl.pipeline.doctor.packs import (describe, fixed_pack_steps, pack_steps, places_check, places_refused,
                                           resident_schedule)
 from lorarl.spec.study import study_cells
-from tests.test_doctor_jobs import _study, measurements
+from tests.support.doctor import _study, measurements
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_LONG = [20, 60] * 8  # docs/benchmarks.md "Resident packs": 8 cells of 20 steps, 8 of 60, alternating

@@ -12,6 +12,7 @@ import yaml
 from lorarl.pipeline.doctor.job import step_split
 from lorarl.pipeline.doctor.projection import expected_rounds, project, prompt_tokens_by_cell, step_seconds
 from lorarl.spec.study import load_study, study_cells
+from tests.support.study import tiny_study
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,
          "scoring_s": 1.2, "reference_forward_s": 0.3, "policy_forward_backward_s": 0.5, "step_s": 2.0,
@@ -64,10 +65,10 @@ def test_step_split_sums_refill_rounds_and_counts_steps_without_a_rollout(tmp_pa
 
 
 def _study(tmp_path: Path, axes: dict, **train) -> object:
-    spec = {"name": "proj", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64},
-                                         "train": {"steps": 10, "prompts_per_step": 4, "generations": 2,
-                                                   "max_completion_length": 20, **train}},
-            "axes": axes}
+    spec = tiny_study("proj", adapter=None, eval=None, task={"name": "synthetic", "n_train": 64},
+                      train={"steps": 10, "prompts_per_step": 4, "generations": 2,
+                             "max_completion_length": 20, **train},
+                      axes=axes)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return load_study(tmp_path / "s.yaml")
 

@@ -15,7 +15,7 @@ from lorarl.spec.config import CellConfig
 from lorarl.spec.evalplan import plan
 from lorarl.grading.benchmarks import BENCHMARKS
 from lorarl.spec.study import base_cells, load_study, study_cells
-from tests.published_support import PUBLISHED, fidelity_table
+from tests.support.published import PUBLISHED, fidelity_table
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = re.compile(r"[0-9a-f]{40}")

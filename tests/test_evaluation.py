@@ -18,6 +18,7 @@ from lorarl.grading.protocols import Protocol
 from lorarl.grading.resolve import resolve_protocol
 from lorarl.spec.evalplan.bases import base_label
 from lorarl.spec.study import StudyError, base_cells, study_cells, load_study
+from tests.support.study import tiny_study
 
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}=<<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
               for i in (1, 2, 3, 600)]
@@ -177,16 +178,13 @@ class OracleBackend:
         return out
 
 
-STUDY = {
-    "name": "evs",
-    "defaults": {"model": "/nonexistent/tiny", "task": {"n_train": 40, "n_eval": 6},
-                 "train": {"steps": 10},
-                 "eval": {"eval_every": 5, "curve_benchmarks": ["synthetic"],
-                          "benchmarks": {"synthetic": {},
-                                         "gsm8k": {"protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2]}}}}},
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+STUDY = tiny_study("evs", adapter=None, model="/nonexistent/tiny", task={"n_train": 40, "n_eval": 6},
+                   train={"steps": 10},
+                   eval={"eval_every": 5, "curve_benchmarks": ["synthetic"],
+                         "benchmarks": {"synthetic": {},
+                                        "gsm8k": {"protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2]}}}},
+                   axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2]},
+                         "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
 
 
 @pytest.fixture()

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from test_pipeline import jobs_run  # Snakemake's job-stats table, parsed
+from tests.support.snakemake import jobs_run, run_snakemake  # Snakemake's job-stats table, parsed
+from tests.support.study import TRAIN, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -26,23 +27,13 @@ GSM8K = [{"question": "Tom has 3 apples and buys 39 more. How many?", "answer": 
 
 
 def study(gsm8k_path: str, max_new_tokens: int = 8) -> dict:
-    return {
-        "name": "e2eval",
-        "defaults": {
-            "model": "local:tiny-test",
-            "task": {"name": "synthetic", "n_train": 64, "n_eval": 6},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": 4, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                      "lr": 1e-3},
-            "eval": {"max_new_tokens": 12, "eval_every": 2, "curve_benchmarks": ["synthetic"],
-                     "benchmarks": {
-                         "synthetic": {},
-                         "gsm8k": {"path": gsm8k_path, "limit": 2,
-                                   "protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2],
-                                                "max_new_tokens": max_new_tokens}}}},
-        },
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-    }
+    return tiny_study("e2eval", task={"name": "synthetic", "n_train": 64, "n_eval": 6}, train={**TRAIN, "steps": 4},
+                      eval={"max_new_tokens": 12, "eval_every": 2, "curve_benchmarks": ["synthetic"],
+                            "benchmarks": {
+                                "synthetic": {},
+                                "gsm8k": {"path": gsm8k_path, "limit": 2,
+                                          "protocol": {"temperature": 0.6, "n": 2, "ks": [1, 2],
+                                                       "max_new_tokens": max_new_tokens}}}})
 
 
 def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -50,11 +41,6 @@ def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
     proc = subprocess.run(args, cwd=workdir, capture_output=True, text=True, env=env)
     assert not check or proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
-
-
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return run(workdir, sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
-               "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +56,7 @@ def workdir(tmp_path_factory) -> Path:
 def test_benchmarks_snapshots_curve_rescore_and_eval_only_rerun(workdir: Path):
     import mlflow
 
-    first = snakemake(workdir, "all")
+    first = run_snakemake(workdir, "all")
     stats = jobs_run(first)
     assert stats.get("train") == 2 and stats.get("evaluate") == 6 and stats.get("evaluate_step") == 2, stats
     res = workdir / "results" / "e2eval"
@@ -114,11 +100,11 @@ def test_benchmarks_snapshots_curve_rescore_and_eval_only_rerun(workdir: Path):
     proc = run(workdir, "lorarl", "rescore", str(workdir / "study.yaml"), "--results", "results", "--check")
     assert "8 evaluation(s) re-scored; 0 changed" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in res.glob("*/eval/*.json*")} == mtimes
-    again = snakemake(workdir, "all")
+    again = run_snakemake(workdir, "all")
     assert "Nothing to be done" in again.stderr + again.stdout, again.stderr[-3000:]
 
     # an evaluation-only change: only the GSM8K evaluations (2 cells + base) and the aggregate rerun
     (workdir / "study.yaml").write_text(yaml.safe_dump(study(str(workdir / "gsm8k.jsonl"), 6), sort_keys=False))
-    changed = snakemake(workdir, "all")
+    changed = run_snakemake(workdir, "all")
     assert jobs_run(changed) == {"evaluate": 3, "aggregate": 1, "all": 1}, changed.stderr[-3000:]
     assert json.loads((res / "s0" / "eval" / "gsm8k.json").read_text())["protocol"]["max_new_tokens"] == 6

@@ -24,13 +24,9 @@ import yaml
 
 from lorarl import jobids, provenance
 from lorarl.pipeline.jobs import inflight, launch, slurm
+from tests.support.study import TRAIN, seeds, tiny_study
 
-STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64,
-                                                                         "n_eval": 8},
-                                     "adapter": {"rank": 2, "alpha": 4},
-                                     "train": {"steps": 4, "prompts_per_step": 2, "generations": 2,
-                                               "max_completion_length": 16, "lr": 1e-3, "checkpoint_every": 2}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+STUDY = tiny_study("fl", eval=None, train={**TRAIN, "steps": 4, "checkpoint_every": 2}, axes=seeds(0))
 
 
 def test_missing_outputs_of_each_stage(tmp_path: Path):

@@ -71,7 +71,7 @@ def test_published_setting(study, where, field, value, why):
 def test_paper_001_states_the_log_prob_temperature():
     """Paper 001 Table 1 samples at 0.7 and its loss equals TRL's (Delta = 0), which takes log-probs at the
     sampling temperature: the teacher's, the reference's and the policy's log-probs are all at 0.7."""
-    from tests.published_support import fidelity_table
+    from tests.support.published import fidelity_table
 
     row = fidelity_table(ROOT / "experiments" / "reward_density.yaml")["log-prob temperature"]
     assert "0.7" in row[0] and "TRL" in row[0] and "teacher" in row[1] and "train.temperature" in row[1]

@@ -11,21 +11,14 @@ import pytest
 
 from lorarl.train import flags
 from lorarl.spec.study import parse_study, study_cells
+from tests.support.study import TRAIN, seeds, tiny_study
 
 pytestmark = pytest.mark.slow
 
-STUDY = {
-    "name": "fl",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 10, "prompts_per_step": 2, "generations": 2, "max_completion_length": 12,
-                  "lr": 1e-3, "checkpoint_every": 0, "kl_monitor_every": 0, "stop_on_collapse": True},
-        "eval": {"max_new_tokens": 8, "eval_every": 4},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}},
-}
+STUDY = tiny_study("fl",
+                   train={**TRAIN, "steps": 10, "max_completion_length": 12, "checkpoint_every": 0,
+                          "kl_monitor_every": 0, "stop_on_collapse": True},
+                   eval={"max_new_tokens": 8, "eval_every": 4}, axes=seeds(0))
 
 
 def test_stop_on_collapse_in_a_real_run(tmp_path):

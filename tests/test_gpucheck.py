@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from lorarl.gpucheck.checks import multilora_row, push_row, vllm_importable
-from lorarl.gpucheck.main import DOCTOR_ROWS, VLLM_CHECKS
+from lorarl.gpucheck.main import DOCTOR_ROWS
 from lorarl.gpucheck.shapes import ARCHS, twins
 from lorarl.spec.study import load_study, study_cells
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.gpucheck import ROOT, _run
 
 
 @pytest.mark.parametrize("mode", ["full", "quick", "large"])
@@ -62,11 +59,11 @@ def test_every_twin_study_is_a_valid_study_on_either_engine(mode, tmp_path, monk
 
 @pytest.mark.parametrize("stale", [False, True])
 def test_vllm_push_check_sees_whether_the_engine_samples_the_pushed_lora(tmp_path, stale, monkeypatch):
-    """The push job's work against tests/fake_vllm.py (vLLM's load_weights path): a live engine samples the
+    """The push job's work against tests/support/fake_vllm.py (vLLM's load_weights path): a live engine samples the
     merged trained LoRA (gap at bf16 noise), an engine that drops pushes shows the LoRA's effect and fails."""
     from lorarl.gpucheck.shapes import build_model
     from lorarl.gpucheck.vllmjob import push_check
-    from tests import fake_vllm
+    from tests.support import fake_vllm
 
     build_model("tiny-qwen3", tmp_path / "m", "cpu")
     monkeypatch.setattr(fake_vllm.LLM, "stale_default", stale)
@@ -84,7 +81,7 @@ def test_multilora_check_sees_whether_each_member_samples_its_own_adapter(tmp_pa
     an engine that samples the base for every request (adapters not applied) fails the check."""
     from lorarl.gpucheck.shapes import build_model
     from lorarl.gpucheck.vllmjob import multilora_check
-    from tests import fake_vllm
+    from tests.support import fake_vllm
 
     build_model("tiny-qwen3", tmp_path / "m", "cpu")
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", applied)
@@ -94,11 +91,6 @@ def test_multilora_check_sees_whether_each_member_samples_its_own_adapter(tmp_pa
     assert got["rows_per_member"] == [8] * 4 and got["tokens"] > 0
     r = multilora_row(got)
     assert r["status"] == ("pass" if applied else "fail") and got["distinct_members"] == (4 if applied else 1), r
-
-
-def _run(*args: str, out: Path, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lorarl.gpucheck", *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def test_real_shapes_on_a_cpu_fail_with_why_and_no_figure(tmp_path):
@@ -210,37 +202,3 @@ def test_bad_minutes_exit_2(tmp_path):
     assert proc.returncode == 2 and "--minutes must be > 0" in proc.stderr
 
 
-def check_cpu_smoke(proc: subprocess.CompletedProcess, out: Path) -> None:
-    """What `--cpu-smoke` must show: every HF check's code path ran for real with its figure (the run itself is
-    tests/test_wheelhouse.py's, in a venv installed from a wheelhouse with no index)."""
-    res = json.loads((out / "gpucheck.json").read_text())
-    md = (out / "gpucheck.md").read_text()
-    assert proc.returncode == (0 if res["ok"] else 1), proc.stdout + proc.stderr
-    rows = {r["check"]: r for r in res["checks"]}
-    for study in ("reward_density", "peft_zoo"):
-        for check in ("doctor", "step split", "rollout tokens/s", "training tokens/s", "peak memory",
-                      "bf16-mixed precision", "evaluation tokens/s"):
-            r = rows[f"{check}: {study}"]
-            assert r["status"] == "pass", r
-            assert f"| {check}: {study} | pass | {r['figure']} |" in md
-        assert rows[f"doctor: {study}"]["data"]["estimate_s"] > 0  # the budget's estimate, beside its wall time
-        sp = rows[f"step split: {study}"]["data"]["split"]
-        assert sp["step_s"] > 0 and sp["policy_forward_backward_s"] > 0
-        assert rows[f"rollout tokens/s: {study}"]["data"]["fill"] >= 0.99  # completions ran to the full budget
-        assert rows[f"training tokens/s: {study}"]["data"]["tokens_per_s"] > 0
-        prec = rows[f"bf16-mixed precision: {study}"]["data"]
-        assert prec["precision"] == "bf16-mixed" and list(prec["trainable_dtypes"]) == ["float32"]
-        assert rows[f"peak memory: {study}"]["data"]["peak_gb"] > 0
-        assert rows[f"evaluation tokens/s: {study}"]["data"]["evaluation"]["problems"] == 2
-        log = Path(rows[f"doctor: {study}"]["data"]["log"])
-        assert "lorarl doctor" in log.read_text()  # the doctor itself ran
-    pack = rows["packed K=4 vs 4 solo"]
-    assert pack["status"] in ("pass", "fail") and pack["data"]["packed_wall_s"] > 0  # it ran; the ratio is a figure
-    assert pack["data"]["solo_peak_gb"] > 0 and re.search(r"ratio \d\.\d\d", pack["figure"])
-    dist = rows["distributed launcher, 1 GPU"]  # torchrun, world 1: the same steps as the one-process solo job
-    assert dist["status"] == "pass" and dist["data"]["metric_diff"] <= 1e-6 and dist["data"]["adapter_diff"] <= 1e-6, dist
-    assert res["counts"]["fail"] == (pack["status"] == "fail")
-    assert all(rows[n]["status"] == "not run" and rows[n]["why"].startswith("vllm not importable") for n in VLLM_CHECKS)
-    assert all(r["figure"] for r in res["checks"] if r["status"] == "pass")  # no pass without its figure
-    assert res["environment"]["device"]["kind"] == "cpu" and "| device | cpu:" in md
-    assert rows["job start-up"]["data"]["start_s"] > 0

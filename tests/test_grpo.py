@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 
-import datasets
 import pytest
 import torch
 
@@ -16,15 +15,7 @@ from lorarl.numerics.kl import frozen_reference
 from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
-
-G = 2  # completions per prompt
-P = 2  # prompts per step
-MAXLEN = 8
-
-
-def fake_score(completions, answers=None):
-    """A deterministic, non-degenerate 'grade' of a completion's text."""
-    return [float(sum(map(ord, c)) % 5) / 4 for c in completions]
+from tests.support.grpo import G, MAXLEN, P, args, dataset, fake_score, load, metric_steps, raw_batch
 
 
 def stock_reward(prompts, completions, **kw):
@@ -32,36 +23,6 @@ def stock_reward(prompts, completions, **kw):
 
 
 stock_reward.__name__ = "outcome"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tests.tiny_model import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny"))
-
-
-def load(tiny_dir):
-    from lorarl.models import load_model_and_tokenizer
-
-    return load_model_and_tokenizer(tiny_dir)
-
-
-def dataset(n=8):
-    rows = [{"prompt": f"Q: {10 + i}+{20 + i}=?\nA: ", "answer": str(30 + 2 * i)} for i in range(n)]
-    return datasets.Dataset.from_list(rows)
-
-
-def args(tmp_path, **kw):
-    from trl import GRPOConfig
-
-    base = dict(output_dir=str(tmp_path / "out"), learning_rate=1e-2, max_steps=2, per_device_train_batch_size=P * G,
-                gradient_accumulation_steps=1, steps_per_generation=1, num_generations=G,
-                max_completion_length=MAXLEN, temperature=1.0, beta=0.0, loss_type="grpo", seed=0, data_seed=0,
-                logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
-                dataloader_num_workers=0)
-    base.update(kw)
-    return GRPOConfig(**base)
 
 
 def lora(dropout=0.0):
@@ -77,10 +38,6 @@ def perturb_adapters(model, seed=1):
         for name, p in sorted(model.named_parameters()):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-
-
-def raw_batch(ds):
-    return [dict(r) for r in ds.select(range(P)) for _ in range(G)]
 
 
 def trainable_grads(model):
@@ -195,10 +152,6 @@ class Counter:
         self.calls += 1
         self.with_grad += torch.is_grad_enabled()
         self.in_loss += self._loss
-
-
-def metric_steps(trainer, name):
-    return [h["step"] for h in trainer.state.log_history if h.get(name) is not None]
 
 
 @pytest.mark.parametrize("beta,every,expected", [(0.0, 2, 2), (0.0, 0, 0), (0.05, 0, 4), (0.05, 2, 4)])

@@ -7,33 +7,10 @@ from __future__ import annotations
 
 import math
 
-import datasets
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
-from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
-
-G = 2
-
-
-def cfg_with(**train) -> CellConfig:
-    base = {"steps": 2, "prompts_per_step": 2, "generations": G, "max_completion_length": 6, "kl_monitor_every": 0}
-    return CellConfig.model_validate({"train": {**base, **train}})
-
-
-def build(tiny_dir, tmp_path, cfg, scores=(1.0, 0.0, 0.0, 1.0)):
-    from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.trl_args import build_trainer, grpo_args
-
-    model, tok = load_model_and_tokenizer(tiny_dir)
-    ds = datasets.Dataset.from_list([{"prompt": f"Q: {i}+{i}=?\nA: ", "answer": str(2 * i)} for i in range(8)])
-    trainer = build_trainer(cfg, model=model, tokenizer=tok, args=grpo_args(cfg, tmp_path / "o", use_cpu=True),
-                            train_dataset=ds, ref_model=None)
-    from lorarl.rewards.outcome import OutcomeDeposits
-
-    trainer.regime = OutcomeDeposits(score_fn=lambda c, a: list(scores)[: len(c)])
-    return trainer, ds
+from tests.support.grpo_knobs import G, build, cfg_with
 
 
 def test_config_maps_to_trl_arguments(tmp_path):

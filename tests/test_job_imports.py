@@ -1,6 +1,6 @@
 """Jobs import what their stage needs (issue 38; bench/job_start.py measures the seconds).
 
-Two fresh interpreters (tests/stage_imports.py) run the stages' real entries and report `sys.modules`:
+Two fresh interpreters (tests/support/stage_imports.py) run the stages' real entries and report `sys.modules`:
 - the aggregate of a toy KL-bound study and of a GRPO study (synthetic finished cells): no torch, hence no
   transformers, TRL, peft or torch's compile stack;
 - the evaluation of a tiny base model, the training of one cell and its diagnosis, each through run_stage
@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from lorarl import lazy_imports
+from tests.support.study import seeds, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONAL = ("sklearn", "scipy.optimize", "scipy.stats")  # transformers' optional imports, deferred in jobs
@@ -31,7 +32,7 @@ TORCH_STACK = ("torch", "torch._dynamo", "transformers", "peft", "trl")
 
 
 def stage_imports(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "stage_imports.py"), json.dumps(spec)],
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "stage_imports.py"), json.dumps(spec)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -42,13 +43,13 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
 
     from lorarl import paths
     from lorarl.spec.study import base_cells, load_study, parse_study, study_cells
-    from tests.report_fixture import _eval, make_study
+    from tests.support.report_fixture import _eval, make_study
 
-    grpo, results = make_study(tmp_path, study={
-        "name": "agg", "defaults": {"model": "local:tiny-test", "train": {"steps": 40}, "eval": {"eval_every": 10}},
-        "axes": {"regime": {"field": "reward.regime", "values": ["outcome", "process"]},
-                 "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 16]},
-                 "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}})
+    grpo, results = make_study(tmp_path, study=tiny_study(
+        "agg", task=None, adapter=None, train={"steps": 40}, eval={"eval_every": 10},
+        axes={"regime": {"field": "reward.regime", "values": ["outcome", "process"]},
+              "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 16]},
+              "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}))
     for b in base_cells(load_study(grpo)):  # the untrained model's evaluation
         _eval(results / "agg" / b.id / "eval", "synthetic", np.arange(100) % 3 == 0, None)
     toy = {"name": "toy", "kind": "kl_bound_toy", "axes": {"rank": {"field": "rank", "prefix": "r", "values": [1, 8]},
@@ -68,20 +69,17 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return Path(save_tiny(tmp_path_factory.mktemp("tiny")))
 
 
 def test_jobs_defer_transformers_optional_imports(tmp_path: Path, tiny: Path):
     study = tmp_path / "jobs.yaml"
-    study.write_text(yaml.safe_dump({
-        "name": "jobs", "defaults": {
-            "model": str(tiny), "task": {"name": "synthetic", "n_train": 16, "n_eval": 2},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": 1, "prompts_per_step": 2, "generations": 2, "max_completion_length": 4, "lr": 1e-3},
-            "eval": {"max_new_tokens": 4}},
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}))
+    study.write_text(yaml.safe_dump(tiny_study(
+        "jobs", model=str(tiny), task={"name": "synthetic", "n_train": 16, "n_eval": 2},
+        train={"steps": 1, "prompts_per_step": 2, "generations": 2, "max_completion_length": 4, "lr": 1e-3},
+        eval={"max_new_tokens": 4}, axes=seeds(0))))
     s = str(study)
     out = stage_imports({"jobs": [["evaluate", s, "base"], ["train", s, "s0"], ["diagnose", s, "s0"]],
                          "results": str(tmp_path / "results"), "call_deferred": True})

@@ -15,7 +15,6 @@ import torch
 
 from lorarl.spec.config import CellConfig
 from lorarl.train.microbatch import chunk_share, micro_size, split_rows
-from test_grpo import tiny_dir  # noqa: F401  (fixture: the tiny Qwen2 of the GRPO tests)
 
 G = 2
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -49,7 +48,7 @@ def _trainer(tiny_dir, tmp_path, cfg, model=None):
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_dir, tmp_path_factory):  # noqa: F811
+def setup(tiny_dir, tmp_path_factory):
     """One trainer (full fine-tuning of the tiny model, a frozen reference) and one generated batch of 4."""
     trainer, ds = _trainer(tiny_dir, tmp_path_factory.mktemp("mb"), _cfg())
     torch.manual_seed(0)
@@ -185,7 +184,7 @@ def _lora(tiny_dir, method="lora"):
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "ia3"])
-def test_checkpointing_gives_the_same_gradients(tiny_dir, tmp_path, method):  # noqa: F811
+def test_checkpointing_gives_the_same_gradients(tiny_dir, tmp_path, method):
     from lorarl.train.trl_args import checkpointing
 
     assert checkpointing("auto", use_cpu=True) is False and checkpointing("auto", use_cpu=False) is True
@@ -209,7 +208,7 @@ def test_checkpointing_gives_the_same_gradients(tiny_dir, tmp_path, method):  # 
 
 
 @pytest.mark.slow
-def test_a_20_step_cell_with_micro_batches_and_checkpointing_ends_with_the_same_adapter(tiny_dir, tmp_path):  # noqa: F811
+def test_a_20_step_cell_with_micro_batches_and_checkpointing_ends_with_the_same_adapter(tiny_dir, tmp_path):
     """In float64: chunked sums differ from the whole batch's by float rounding, and AdamW turns rounding
     noise on a near-zero gradient coordinate into a full step (update ~ lr g / (|g| + eps)); in fp32 that
     noise is ~1e-7 relative and the 20-step adapters differ by ~2e-5 on this model, in float64 by ~1e-14."""
@@ -241,7 +240,7 @@ def _forward_backward(model, ids):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_checkpointing_works_for_every_registered_method(tiny_dir, monkeypatch):  # noqa: F811
+def test_checkpointing_works_for_every_registered_method(tiny_dir, monkeypatch):
     """Every adapter method of the registry (and full fine-tuning) under TRL's checkpointing setup (PEFT:
     ``enable_input_require_grads``, non-reentrant checkpoints): the layers are really recomputed and the
     gradients equal those without checkpointing."""

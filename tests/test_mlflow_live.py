@@ -16,6 +16,7 @@ from lorarl.tracking import dead_runs
 from lorarl.tracking.client import Tracker
 from lorarl.train.callbacks import MetricsRecorder
 from lorarl.train.checkpoint import CellCheckpoints, Checkpoint
+from tests.support.study import seeds, tiny_study
 
 
 def _history(t: Tracker, key: str) -> list[tuple[int, float]]:
@@ -163,11 +164,10 @@ def test_launcher_ends_the_runs_of_its_failed_job(tmp_path: Path):
     assert t.client.get_run(runs["b"]).info.status == "RUNNING"  # another job's cell
 
 
-STUDY = {"name": "lv", "defaults": {"model": "local:tiny-test",
-                                    "task": {"name": "synthetic", "n_train": 16, "n_eval": 4},
-                                    "train": {"steps": 2, "prompts_per_step": 2, "generations": 2,
-                                              "max_completion_length": 8}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+STUDY = tiny_study("lv", adapter=None, eval=None, task={"name": "synthetic", "n_train": 16, "n_eval": 4},
+                   train={"steps": 2, "prompts_per_step": 2, "generations": 2,
+                          "max_completion_length": 8},
+                   axes=seeds(0))
 
 
 def test_a_train_job_that_dies_has_its_run_ended_by_its_launcher(tmp_path: Path, monkeypatch, capsys):

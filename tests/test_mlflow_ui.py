@@ -21,7 +21,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.cdp import Pipe, chromium
+from tests.support.cdp import Pipe, chromium
 from lorarl import cli
 from lorarl.report.mlflow_links import experiment_url, run_url, ui_target
 from lorarl.tracking import client as tracking

@@ -18,15 +18,15 @@ from lorarl.pipeline.jobs import launch, oom
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.stages import Job
 from lorarl.spec.signature import signature_dump
+from tests.support.study import seeds, tiny_study
 
 R = TrainRung
-STUDY = {"name": "om", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16,
-                                                                         "n_eval": 4},
-                                     "adapter": {"rank": 2, "alpha": 4},
-                                     "train": {"steps": 1, "prompts_per_step": 4, "generations": 2,
-                                               "max_completion_length": 8},
-                                     "eval": {"batch_size": 8}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+STUDY = tiny_study("om",
+                   task={"name": "synthetic", "n_train": 16,
+                         "n_eval": 4},
+                   train={"steps": 1, "prompts_per_step": 4, "generations": 2,
+                          "max_completion_length": 8},
+                   eval={"batch_size": 8}, axes=seeds(0))
 
 
 @pytest.mark.parametrize("planned,want", [

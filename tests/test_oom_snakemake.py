@@ -16,16 +16,14 @@ import pytest
 import yaml
 
 from lorarl.pipeline.drills import recovery
+from tests.support.study import TRAIN, seeds, tiny_study
 
 pytestmark = pytest.mark.slow
 
-STUDY = {"name": "oomy", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16,
-                                                                           "n_eval": 4},
-                                       "adapter": {"rank": 2, "alpha": 4},
-                                       "train": {"steps": 1, "prompts_per_step": 2, "generations": 2,
-                                                 "max_completion_length": 8, "lr": 1e-3, "checkpoint_every": 0},
-                                       "eval": {"max_new_tokens": 4, "batch_size": 4}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+STUDY = tiny_study("oomy",
+                   task={"name": "synthetic", "n_train": 16, "n_eval": 4},
+                   train={**TRAIN, "steps": 1, "max_completion_length": 8, "checkpoint_every": 0},
+                   eval={"max_new_tokens": 4, "batch_size": 4}, axes=seeds(0))
 
 
 def test_out_of_memory_jobs_are_retried_down_the_ladder(tmp_path: Path):

@@ -63,7 +63,7 @@ def test_a_methods_own_optimiser_takes_beta2(adapter):
 
 def test_the_pack_engine_takes_both(tmp_path):
     from lorarl.pack.build import build_pack
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     tiny = save_tiny(tmp_path / "tiny")
     cfg = recipe_cfg(alpha=8, dropout=0.0).model_copy(update={

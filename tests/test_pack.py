@@ -18,36 +18,13 @@ from lorarl.pack.loss import LossSettings
 from lorarl.pack.trainer import PackCell, PackedTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.process import ProcessDeposits, RuleStepChecker
-from tests.test_grpo import G, MAXLEN, P, args, dataset, fake_score, load, tiny_dir  # noqa: F401
+from tests.support.grpo import G, MAXLEN, P, args, dataset, fake_score, load
+from tests.support.pack import _cell, init_adapter, peft_config, synthetic_batch
 
 K = 3
 # what the loss logs (TRL's and lorarl's, per update): a packed cell's must equal the solo trainer's
 LOSS_STATS = ("ppo_kl", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
               "clip_ratio/low_min", "clip_ratio/high_max")
-
-
-def peft_config(kind):
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM",
-                      use_dora=kind == "dora")
-
-
-def init_adapter(model, kind, seed):
-    """Non-zero B (so the policy differs from the base); for 'dct' A is the orthonormal DCT-II rows."""
-    from peft.tuners.lora import LoraLayer
-
-    from lorarl.adapters.inits import dct_rows
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, m in sorted(model.named_modules(), key=lambda x: x[0]):
-            if isinstance(m, LoraLayer) and "default" in m.lora_A:
-                A = m.lora_A["default"].weight
-                if kind == "dct":
-                    A.copy_(dct_rows(A.size(0), A.size(1)))
-                B = m.lora_B["default"].weight
-                B.copy_(torch.randn(B.shape, generator=g) * 0.3)
 
 
 def regime(name, tok):
@@ -132,27 +109,6 @@ def make_pack_cells(tiny_dir, n, seeds, kind="lora"):
     return out, tok
 
 
-def synthetic_batch(seed, step, ref_model, tok, vocab):
-    """A scored batch as the solo trainer hands it to the loss: ids, masks, [B, T] advantages, ref logps."""
-    g = torch.Generator().manual_seed(1000 * seed + step)
-    B, Pw, T = P * G, 4 + seed % 3, MAXLEN
-    prompt_ids = torch.randint(5, vocab, (B, Pw), generator=g)
-    prompt_mask = torch.ones(B, Pw, dtype=torch.long)
-    prompt_mask[0, :2] = 0
-    prompt_ids[0, :2] = tok.pad_token_id
-    completion_ids = torch.randint(5, vocab, (B, T), generator=g)
-    completion_mask = (torch.arange(T).unsqueeze(0) < torch.randint(2, T + 1, (B, 1), generator=g)).long()
-    adv = torch.randn(B, T, generator=g) * completion_mask
-    b = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-         "completion_mask": completion_mask, "advantages": adv}
-    ids = torch.cat([prompt_ids, completion_ids], 1)
-    with torch.no_grad():
-        logits = ref_model(input_ids=ids, attention_mask=torch.cat([prompt_mask, completion_mask], 1)).logits
-        b["lorarl_ref_logps"] = torch.log_softmax(logits[:, -T - 1:-1].float(), -1).gather(
-            -1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    return b
-
-
 ROUNDING = 2e-6  # absolute, on parameters of size ~1: a few float32 ulps, far below one update (lr 1e-2)
 
 
@@ -220,18 +176,6 @@ def test_router_rejects_cells_with_different_bases(tiny_dir):
 
     with pytest.raises(ValueError, match="frozen base weight"):
         Router([get_peft_model(a, peft_config("lora")), get_peft_model(b, peft_config("lora"))])
-
-
-def _cell(cid, **over):
-    from types import SimpleNamespace
-
-    from lorarl.spec.config import CellConfig
-
-    raw = {"adapter": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 0.0}}
-    for k, v in over.items():
-        sec, _, field = k.partition("__")
-        raw.setdefault(sec, {})[field] = v
-    return SimpleNamespace(id=cid, config=CellConfig(**raw))
 
 
 def test_plan_groups_by_compatibility_key():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_grpo import load, tiny_dir  # noqa: F401
+from tests.support.grpo import load
 
 
 @pytest.fixture
@@ -88,20 +88,20 @@ def test_grouped_is_the_gpu_default_and_the_variable_overrides(monkeypatch):
 def test_a_grouped_pack_of_k_equals_k_grouped_packs_of_one(tiny_dir, tmp_path, monkeypatch, grouped_calls):
     """The packs' bit-for-bit contract (tests/test_pack_steps.py), grouped: 3 cells of one rank over 3 full steps."""
     from lorarl.pack.routing import GROUPED_ENV
-    from tests.test_pack_steps import test_pack_of_k_full_steps_equals_k_packs_of_one
+    from tests.support.pack_steps import pack_of_k_full_steps_equals_k_packs_of_one
 
     monkeypatch.setenv(GROUPED_ENV, "1")
-    test_pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path)
+    pack_of_k_full_steps_equals_k_packs_of_one(tiny_dir, tmp_path)
     assert grouped_calls["n"] > 0
 
 
 def test_grouped_residual_init_and_mixed_rank_packs_equal_their_solo_runs(tiny_dir, tmp_path, monkeypatch,
                                                                           grouped_calls):
     from lorarl.pack.routing import GROUPED_ENV
-    from tests.pack_mixed_ranks import assert_pack_equals_solo, mixed_rank_cells
-    from tests.test_pack_steps import test_residual_init_cells_pack_and_equal_their_solo_runs
+    from tests.support.pack_mixed_ranks import assert_pack_equals_solo, mixed_rank_cells
+    from tests.support.pack_steps import residual_init_cells_pack_and_equal_their_solo_runs
 
     monkeypatch.setenv(GROUPED_ENV, "1")
-    test_residual_init_cells_pack_and_equal_their_solo_runs(tiny_dir, tmp_path / "pissa", "lora", "pissa")
+    residual_init_cells_pack_and_equal_their_solo_runs(tiny_dir, tmp_path / "pissa", "lora", "pissa")
     assert_pack_equals_solo(mixed_rank_cells(tiny_dir, method="lora"), tmp_path / "ranks", steps=3, tol=1e-6)
     assert grouped_calls["n"] > 0

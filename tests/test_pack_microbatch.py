@@ -14,8 +14,8 @@ import torch
 from lorarl.pack.loss import LossSettings
 from lorarl.pack.tiled import LOGIT_TOKENS
 from lorarl.pack.trainer import PackCell, PackedTrainer
-from tests.test_grpo import MAXLEN, load, tiny_dir  # noqa: F401
-from tests.test_pack import init_adapter, peft_config, synthetic_batch
+from tests.support.grpo import MAXLEN, load
+from tests.support.pack import init_adapter, peft_config, synthetic_batch
 
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 REGIMES = ("outcome", "process", "distillation")
@@ -50,7 +50,7 @@ def _advantages(regime, mask_BT, seed):
 
 
 @pytest.fixture(scope="module")
-def pack(tiny_dir):  # noqa: F811
+def pack(tiny_dir):
     cells, tok = _cells(tiny_dir)
     ref, _ = load(tiny_dir)
     trainer = PackedTrainer(cells, pad_token_id=tok.pad_token_id, fused_lm_head=False)
@@ -191,7 +191,7 @@ def _method_config(method):
 
 
 @pytest.mark.parametrize("method", ["dora", "rslora"])  # lora: test_checkpointing_the_shared_base_gives_...
-def test_checkpointing_every_packable_method_recomputes_and_keeps_gradients(tiny_dir, method):  # noqa: F811
+def test_checkpointing_every_packable_method_recomputes_and_keeps_gradients(tiny_dir, method):
     """Each PEFT method a pack takes (lorarl.pack.plan.PACKABLE_METHODS): the checkpointed backward re-runs
     the decoder layers (counted) and gives each member the gradients of no checkpointing."""
     from peft import get_peft_model
@@ -264,13 +264,13 @@ def test_chunked_reference_log_probs_equal_unchunked(pack):
             torch.testing.assert_close(chunked[k], whole[k], atol=1e-6, rtol=1e-6, msg=f"m={m} {tokens} cell {k}")
 
 
-def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_adapters(tiny_dir, tmp_path):  # noqa: F811
+def test_full_packed_steps_with_micro_batches_and_checkpointing_end_at_the_same_adapters(tiny_dir, tmp_path):
     """build_pack reads the members' train.micro_batch_size (the smallest) and gradient_checkpointing: three
     full steps (rollouts; an outcome member, and a process member with beta > 0 and KL monitors every step;
     update) with micro-batch 3 of 4 rows and the base checkpointed give the metrics and adapters of the
     whole-batch pack without checkpointing."""
     from lorarl.pack.build import build_pack
-    from tests.test_pack_steps import cell, clean, fake_regimes, trained
+    from tests.support.pack_steps import cell, clean, fake_regimes, trained
 
     def cells(**train):
         out = [cell(tiny_dir, "a", 1), cell(tiny_dir, "b", 2, beta=0.05, regime="process", monitor=1)]

@@ -1,4 +1,4 @@
-"""vLLM multi-LoRA request building of a pack (lorarl.pack.multilora) against tests/fake_vllm.py: one engine,
+"""vLLM multi-LoRA request building of a pack (lorarl.pack.multilora) against tests/support/fake_vllm.py: one engine,
 one generate call, one LoRARequest per member, per-prompt lists, each member's own seed stream; the fake
 refuses what vLLM 0.31 refuses (list lengths, ranks above max_lora_rank, LoRA without enable_lora)."""
 
@@ -7,31 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import fake_vllm
-from tests.test_grpo import load, tiny_dir  # noqa: F401
-
-
-def save_adapter(tiny_dir, path, seed, r=4, alpha=None):
-    from peft import LoraConfig, get_peft_model
-    from peft.tuners.lora import LoraLayer
-
-    m, _ = load(tiny_dir)
-    pm = get_peft_model(m, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules="all-linear", task_type="CAUSAL_LM"))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, layer in sorted(pm.named_modules(), key=lambda x: x[0]):
-            if isinstance(layer, LoraLayer):
-                w = layer.lora_B["default"].weight
-                w.copy_(torch.randn(w.shape, generator=g) * 2.0)
-    pm.save_pretrained(path)
-    return str(path)
-
-
-def settings(tok):
-    from lorarl.pack.generate import SampleSettings
-
-    return SampleSettings(prompt_width=16, max_new_tokens=6, temperature=1.0, top_p=1.0,
-                          pad_token_id=tok.pad_token_id, eos_token_ids=(tok.eos_token_id,))
+from tests.support import fake_vllm
+from tests.support.grpo import load
+from tests.support.multilora import save_adapter, settings
 
 
 def test_one_engine_one_call_routes_each_members_prompts_to_its_adapter(tiny_dir, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_pipeline import STUDY, active_cell_runs, jobs_run, snakemake
+from tests.support.snakemake import STUDY, active_cell_runs, jobs_run, run_snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def slow_pack_launcher(folder: Path, delay_s: float) -> dict[str, str]:
 def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
     # the pack's launcher starts 8 s after its members' train jobs (their own grace for a claim is 3 s): Snakemake's
     # pending claims (onstart) keep them waiting for it, so the pack trains both members
-    first = snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
+    first = run_snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
     stats = jobs_run(first)
     assert stats.get("train_pack") == 1 and stats.get("train") == 2 and stats.get("evaluate") == 3, stats
     res = workdir / "results" / "e2e"
@@ -69,13 +69,13 @@ def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
         assert len(client.get_metric_history(r.info.run_id, "reward")) == 3
     assert int(pd.read_csv(res / "tables" / "summary.csv")["n_seeds"].iloc[0]) == 2
 
-    again = snakemake(workdir, "all")
+    again = run_snakemake(workdir, "all")
     assert "Nothing to be done" in again.stderr + again.stdout
-    off = snakemake(workdir, "all", "--config", "pack=1")  # packing is runtime: switching it reruns nothing
+    off = run_snakemake(workdir, "all", "--config", "pack=1")  # packing is runtime: switching it reruns nothing
     assert "Nothing to be done" in off.stderr + off.stdout
 
     s0 = (res / "s0" / "summary.json").stat().st_mtime_ns
-    forced = snakemake(workdir, "results/e2e/s1/summary.json", "--forcerun", "results/e2e/s1/summary.json")
+    forced = run_snakemake(workdir, "results/e2e/s1/summary.json", "--forcerun", "results/e2e/s1/summary.json")
     stats = jobs_run(forced)
     assert stats.get("train") == 1 and "train_pack" not in stats, stats  # that cell alone, solo
     assert "pack" not in json.loads((res / "s1" / "summary.json").read_text())

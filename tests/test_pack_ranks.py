@@ -1,17 +1,17 @@
 """Mixed ranks in one pack: cells that differ in adapter rank and alpha share a pack (the key drops them unless
 the init rewrites the base), the router applies each member's own LoRA layers and scaling, and a multi-LoRA
 engine's max_lora_rank is the largest member's. Members of ranks 1, 8 and 32 packed = alone to 1e-6, with HF
-rollouts and with vLLM multi-LoRA rollouts (tests/fake_vllm.py; the harness is tests/pack_mixed_ranks.py)."""
+rollouts and with vLLM multi-LoRA rollouts (tests/support/fake_vllm.py; the harness is tests/support/pack_mixed_ranks.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests import fake_vllm
-from tests.pack_mixed_ranks import (MIXED_RANKS, assert_multilora_pack_equals_solo, assert_pack_equals_solo,
+from tests.support import fake_vllm
+from tests.support.pack_mixed_ranks import (MIXED_RANKS, assert_multilora_pack_equals_solo, assert_pack_equals_solo,
                                     mixed_rank_cells, save_mixed_rank_adapters)
-from tests.test_grpo import load, tiny_dir  # noqa: F401
-from tests.test_pack import _cell
+from tests.support.grpo import load
+from tests.support.pack import _cell
 
 
 def test_rank_and_alpha_leave_the_key_unless_the_init_rewrites_the_base():
@@ -55,7 +55,7 @@ def test_multilora_engine_serves_ranks_1_8_32_with_the_largest_rank(tiny_dir, tm
     """vLLM multi-LoRA rollouts of a mixed-rank pack: the engine's max_lora_rank is the largest member rank (32),
     and every member's samples in one call equal its samples alone (tokens, logprobs to 1e-6)."""
     from lorarl.pack.multilora import engine_lora_kwargs, saved_engine_lora_kwargs
-    from tests.test_pack_multilora import settings
+    from tests.support.multilora import settings
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
     api = fake_vllm.api()

@@ -11,34 +11,21 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_grpo import tiny_dir  # noqa: F401
+from tests.support.pack_run import staged
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 
 def study_file(tmp_path, tiny_dir, checkpoint_every=2):
-    doc = {"name": "pk", "defaults": {
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"steps": 3, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": checkpoint_every, "kl_monitor_every": 2}},
-        "axes": {"kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]}}}
-    p = tmp_path / "pk.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    return p
+    doc = tiny_study("pk", model=str(tiny_dir), **IN_PROCESS, eval=None,
+                     train={**IN_PROCESS_TRAIN, "steps": 3, "checkpoint_every": checkpoint_every, "kl_monitor_every": 2},
+                     axes={"kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]}})
+    return write_study(tmp_path / "pk.yaml", doc)
 
 
 def cells_of(path):
     from lorarl.spec.study import cell_table, load_study
 
     return list(cell_table(load_study(str(path))).cells)
-
-
-def staged(results, cell):
-    from safetensors.torch import load_file
-
-    d = results / "pk" / cell / ".packed"
-    rows = pd.read_csv(d / "metrics.csv")
-    keep = [c for c in rows.columns if not c.startswith(("time/", "pack/step_s", "tokens_per_s", "step_time"))]
-    return load_file(str(d / "adapter" / "adapter_model.safetensors")), rows[keep], json.loads((d / "summary.json").read_text())
 
 
 def test_interrupted_pack_resumes_per_cell_bit_for_bit(tiny_dir, tmp_path, monkeypatch):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.test_pack_steps import cell, fake_regimes
-from tests.test_stop_tokens import two_eos_dir  # noqa: F401  (fixture)
+from tests.support.pack_steps import cell, fake_regimes
 
 
 def _pack_with_forced_first_token(path, tmp_path, turn):
@@ -33,7 +32,7 @@ def _pack_with_forced_first_token(path, tmp_path, turn):
     return pack, pos
 
 
-def test_the_pack_stops_at_every_eos_id_of_the_generation_config(two_eos_dir, tmp_path):  # noqa: F811
+def test_the_pack_stops_at_every_eos_id_of_the_generation_config(two_eos_dir, tmp_path):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.pack.generate import generate
     from lorarl.stop_ids import stop_token_ids
@@ -66,7 +65,7 @@ def test_the_pack_stops_at_every_eos_id_of_the_generation_config(two_eos_dir, tm
         assert rows[name]["frac_truncated"] == 0.0 and rows[name]["completions/mean_length"] == 1.0
 
 
-def test_without_the_second_id_the_pack_runs_on(two_eos_dir, tmp_path):  # noqa: F811
+def test_without_the_second_id_the_pack_runs_on(two_eos_dir, tmp_path):
     """The same forced policy with the generation config's second id dropped: rows run past it (the test can fail)."""
     import dataclasses
 

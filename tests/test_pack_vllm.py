@@ -1,4 +1,4 @@
-"""``rollout.engine: vllm`` cells pack (lorarl.pack.vllm_rollouts), against tests/fake_vllm.py: one engine per process
+"""``rollout.engine: vllm`` cells pack (lorarl.pack.vllm_rollouts), against tests/support/fake_vllm.py: one engine per process
 serves every member's adapter (max_lora_rank = the largest saved rank, max_loras = members), each step hands every
 member's adapter over once and makes ONE generate call carrying the sampled tokens' logprobs back, and a packed
 member trains as its solo vLLM run (a pack of one on the same engine). The real CPU engine runs the same in
@@ -10,15 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import fake_vllm
-from tests.test_grpo import tiny_dir  # noqa: F401
+from tests.support import fake_vllm
 
 ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True}
 
 
 def vllm_cell(tiny_dir, cid, seed, **kw):
     from lorarl.spec.config import CellConfig
-    from tests.test_pack_steps import cell
+    from tests.support.pack_steps import cell
 
     c = cell(tiny_dir, cid, seed, steps=2, **kw)
     return SimpleNamespace(id=cid, config=CellConfig(**{**c.config.model_dump(), "rollout": ROLLOUT}))
@@ -38,8 +37,8 @@ def fake_engine(monkeypatch):
 
 def test_vllm_cells_train_in_one_engine_one_call_per_step_as_alone(tiny_dir, tmp_path, fake_engine):
     from lorarl.pack.build import build_pack
-    from tests.pack_mixed_ranks import assert_pack_equals_solo
-    from tests.test_pack_steps import fake_regimes
+    from tests.support.pack_mixed_ranks import assert_pack_equals_solo
+    from tests.support.pack_steps import fake_regimes
 
     cells = [vllm_cell(tiny_dir, "a", 1, rank=1, alpha=2), vllm_cell(tiny_dir, "b", 2, rank=8, alpha=4, beta=0.05,
                                                                      temperature=0.7)]

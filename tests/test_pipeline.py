@@ -16,68 +16,14 @@ import pandas as pd
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.snakemake import REPO, STUDY, active_cell_runs, jobs_run, run_snakemake, study_dir
+
 pytestmark = pytest.mark.slow
-
-STUDY = {
-    "name": "e2e",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 3, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                  "lr": 1e-3},
-        "eval": {"max_new_tokens": 16},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
-
-
-def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
-
-
-def jobs_run(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Parse Snakemake's job-stats table from its log."""
-    out, on = {}, False
-    for line in proc.stderr.splitlines():
-        if line.startswith("job ") and "count" in line:
-            on = True
-            continue
-        if on:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-                out[parts[0]] = int(parts[1])
-            elif parts and parts[0] == "total":
-                break
-    return out
-
-
-def study_dir(wd: Path) -> Path:
-    """The 2-cell study and a local-launcher config in ``wd``."""
-    (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
-    (wd / "config.yaml").write_text(yaml.safe_dump(
-        {"studies": [str(wd / "study.yaml")], "results": "results", "launcher": "local", "slurm": {}}))
-    return wd
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return study_dir(tmp_path_factory.mktemp("pipeline"))
-
-
-def active_cell_runs(results: Path) -> list:
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{results}/mlflow.db")
-    exp = client.get_experiment_by_name("e2e")
-    runs = client.search_runs([exp.experiment_id])
-    return [r for r in runs if r.data.tags.get("lorarl.base") != "true" and "lorarl.study_run" not in r.data.tags], client
 
 
 def doctor_projection(workdir: Path) -> dict:
@@ -99,7 +45,7 @@ def projection_trial(wd: Path) -> dict:
     before = snapshot(str(wd / "study.yaml"), wd / "results")  # status --watch: every job, from the doctor
     with LoadSampler() as load:  # the machine's load during the run, sampled as the doctor job sampled it
         t0, c0 = time.perf_counter(), child_cpu_s()
-        run = snakemake(wd, "all")
+        run = run_snakemake(wd, "all")
         took, cpu = time.perf_counter() - t0, child_cpu_s() - c0
     during = load.summary()
     now = wall_under(projected, during)
@@ -185,23 +131,23 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
     # one invocation, no gap: about the parent's duration (its first job started before it opened the store)
     last, wall = parent.data.metrics["study/last_run_wall_time_s"], parent.data.metrics["study/wall_time_s"]
     assert 0 < last <= wall + 120, parent.data.metrics
-    from tests.cdp import chromium, load_page
+    from tests.support.cdp import chromium, load_page
 
     if chromium():  # the page of a real run renders in a browser: every figure decoded, no console error
         seen = load_page(res / "e2e" / "report.html", chromium())
         assert seen["images"] and all(i["naturalWidth"] > 0 for i in seen["images"]) and seen["errors"] == []
 
-    second = snakemake(workdir, "all")
+    second = run_snakemake(workdir, "all")
     assert "Nothing to be done" in second.stderr + second.stdout
     # runtime settings are not science: another training layout, partition or time limit reruns nothing
     layout = json.dumps({"train": {"tasks_per_node": 2, "partition": "big", "timeout_min": 9},
                          "evaluate": {"mem_gb": 9}})
-    moved = snakemake(workdir, "all", "--config", f"slurm={layout}", "-n")
+    moved = run_snakemake(workdir, "all", "--config", f"slurm={layout}", "-n")
     assert "Nothing to be done" in moved.stderr + moved.stdout, moved.stderr[-3000:]
 
     s0_before = (res / "e2e" / "s0" / "summary.json").stat().st_mtime_ns
     s1_run = json.loads((res / "e2e" / "s1" / "summary.json").read_text())["mlflow_run_id"]
-    forced = snakemake(workdir, "all", "--forcerun", "results/e2e/s1/summary.json")
+    forced = run_snakemake(workdir, "all", "--forcerun", "results/e2e/s1/summary.json")
     stats = jobs_run(forced)
     assert stats.get("train") == 1 and stats.get("evaluate") == 1, stats
     assert (res / "e2e" / "s0" / "summary.json").stat().st_mtime_ns == s0_before
@@ -213,7 +159,7 @@ def test_full_pipeline_then_noop_then_single_cell_rerun(workdir: Path, tmp_path:
 
 def test_deleting_a_cell_reruns_exactly_that_cell(workdir: Path):
     shutil.rmtree(workdir / "results" / "e2e" / "s0")
-    proc = snakemake(workdir, "all")
+    proc = run_snakemake(workdir, "all")
     stats = jobs_run(proc)
     assert stats.get("train") == 1 and stats.get("evaluate") == 1 and "base_model" not in stats, stats
 

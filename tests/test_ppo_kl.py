@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from lorarl.numerics import kl as klmod
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 
 def test_ppo_kl_by_hand():
@@ -21,10 +20,10 @@ def test_ppo_kl_by_hand():
     assert float(klmod.masked_mean(per, mask)) == pytest.approx((-0.5 + 1.0 + 20.0 + 0.0 - 1.0) / 5)
 
 
-def test_ppo_kl_is_logged_per_update_before_it(tiny_dir, tmp_path):  # noqa: F811
+def test_ppo_kl_is_logged_per_update_before_it(tiny_dir, tmp_path):
     """Two mini-batch updates in one training step: the first sees the rollout policy itself (0), the second the
     policy after the first update, on its own rows, against the rollout policy's log-probs (nonzero)."""
-    from test_grpo_knobs import build, cfg_with
+    from tests.support.grpo_knobs import build, cfg_with
 
     trainer, _ = build(tiny_dir, tmp_path, cfg_with(steps=1, prompts_per_step=2, mini_batch_prompts=1, lr=0.05))
     real = trainer._compute_loss

@@ -10,6 +10,7 @@ import torch
 
 from lorarl.spec.config import CellConfig
 from lorarl.numerics.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
+from tests.support.study import tiny_study
 
 
 def test_resolution_per_device_and_load_dtypes():
@@ -99,11 +100,11 @@ def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
     model = build_tiny(recipe, len(tok), tok.eos_token_id, tok.pad_token_id)
     model.save_pretrained(tmp_path / "models" / "tiny-test")
     tok.save_pretrained(tmp_path / "models" / "tiny-test")
-    study = parse_study({"name": "prec", "defaults": {
-        "model": "local:tiny-test", "task": {"n_train": 16, "n_eval": 4},
-        "adapter": {"method": method, **({"rank": 4} if method == "lora" else {})},
-        "train": {"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 6,
-                  "kl_monitor_every": 1, "beta": 0.01, "precision": "bf16-mixed", "checkpoint_every": 0}}})
+    study = parse_study(tiny_study(
+        "prec", eval=None, task={"n_train": 16, "n_eval": 4},
+        adapter={"method": method, **({"rank": 4} if method == "lora" else {})},
+        train={"steps": 2, "prompts_per_step": 2, "generations": 2, "max_completion_length": 6,
+               "kl_monitor_every": 1, "beta": 0.01, "precision": "bf16-mixed", "checkpoint_every": 0}, axes=None))
     summary = train_cell(study.name, study_cells(study)[0], tmp_path, threads=1)
     assert summary["precision"] == "bf16-mixed" and set(summary["trainable_dtypes"]) == {"float32"}
     assert summary["steps"] == 2 and math.isfinite(summary["final_train_reward"])

@@ -11,34 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import MATH_TEMPLATE, THINK_INSTRUCTION, prompt_ids, user_message
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|endoftext|>{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 GSM = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}={2 * i}\n#### {2 * i}"} for i in (3, 14)]
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    """A tiny model saved twice: plain tokenizer, and the same tokenizer with a chat template."""
-    from lorarl.models import TinyRecipe, build_tiny, build_tokenizer
-
-    tok = build_tokenizer(["Q: 12+34=?\nA: 12+34=46\n\\boxed{46}", "What is 3 + 3? Please reason step by step"] * 20,
-                          vocab_size=300)
-    torch.manual_seed(0)
-    model = build_tiny(TinyRecipe(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64), len(tok),
-                       tok.eos_token_id, tok.pad_token_id)
-    out = {}
-    for name, tpl in (("plain", None), ("chat", CHAT)):
-        d = tmp_path_factory.mktemp(name)
-        tok.chat_template = tpl
-        model.save_pretrained(d)
-        tok.save_pretrained(d)
-        out[name] = str(d)
-    return out
 
 
 def _trainer(model, tok, dataset, tmp_path):

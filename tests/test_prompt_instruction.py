@@ -12,7 +12,6 @@ import pytest
 
 from lorarl.spec.config import CellConfig
 from lorarl.tasks.prompt import THINK_INSTRUCTION, prompt_ids
-from test_prompt import tiny_dirs  # noqa: F401  (fixture: tiny model, plain and chat tokenizers)
 
 ROW = Path(__file__).parent / "data" / "dapo_math_17k_processed.jsonl"
 INSTRUCTIONS = ("\\boxed{}", "Answer:", "<think>")  # each answer instruction names one of these
@@ -25,7 +24,7 @@ def _cfg(model: str, bench: Path, **task) -> CellConfig:
         "eval": {"benchmarks": {"math500": {"path": str(bench)}}}})
 
 
-def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):  # noqa: F811
+def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
     from lorarl.train.prepare import training_dataset

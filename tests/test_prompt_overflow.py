@@ -9,8 +9,7 @@ from pydantic import ValidationError
 
 from lorarl.spec.config import CellConfig
 from lorarl.spec.signature import signature_dump, train_signature
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
-from test_grpo_knobs import G, build
+from tests.support.grpo_knobs import G, build
 
 
 def _cfg(**train):
@@ -29,7 +28,7 @@ def test_setting_is_checked_and_hashed_only_when_set():
     assert train_signature(cut) != train_signature(drop)
 
 
-def test_training_dataset_drops_or_keeps(tiny_dir):  # noqa: F811
+def test_training_dataset_drops_or_keeps(tiny_dir):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import prompt_ids
     from lorarl.train.prepare import training_dataset
@@ -49,7 +48,7 @@ def test_training_dataset_drops_or_keeps(tiny_dir):  # noqa: F811
     assert facts["prompts_truncated_left"] == over
 
 
-def test_rollouts_see_the_last_tokens(tiny_dir, tmp_path):  # noqa: F811
+def test_rollouts_see_the_last_tokens(tiny_dir, tmp_path):
     """The trainer's prompt ids are the last max_prompt_length ids of TRL's tokenisation."""
     from lorarl.tasks.prompt import prompt_ids
 

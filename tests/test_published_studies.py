@@ -11,7 +11,7 @@ import pytest
 from lorarl.models import RECIPES, recipe_name
 from lorarl.spec.study import load_study, study_cells
 
-from tests.published_support import EXPERIMENTS, PUBLISHED, REQUIRED, TWINS, fidelity_table
+from tests.support.published import EXPERIMENTS, PUBLISHED, REQUIRED, TWINS, fidelity_table
 
 
 def test_published_studies_exist():

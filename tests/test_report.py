@@ -15,9 +15,9 @@ import yaml
 from lorarl.train import flags
 from lorarl.report import stats
 from lorarl.spec.study import StudyError, load_study
-from tests.report_canvas import capture, captions, no_reprs, outside
-from tests.cost_support import make_record, put
-from tests.report_fixture import STUDY, make_study, trace
+from tests.support.report_canvas import capture, captions, no_reprs, outside
+from tests.support.cost import make_record, put
+from tests.support.report_fixture import STUDY, make_study, trace
 
 
 # ----------------------------------------------------------------------------- flags
@@ -211,7 +211,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     """Debian's chromium (scripts/chromium.sh installs it) loads report.html from disk: every figure
     decoded (naturalWidth > 0), no console error, nothing requested but the file itself."""
     from lorarl.report import build
-    from tests.cdp import chromium, load_page
+    from tests.support.cdp import chromium, load_page
 
     binary = chromium()
     if binary is None:

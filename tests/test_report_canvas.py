@@ -2,7 +2,7 @@
 synthetic studies keeps each label, title, tick label and legend inside its canvas; a panel with one point shows
 it on a readable axis; captions name only axes the study has; the page prints no Python repr.
 
-Two studies: paper 001's shape (tests/report_fixture.py: a reward.regime axis, a full fine-tuning bundle, every
+Two studies: paper 001's shape (tests/support/report_fixture.py: a reward.regime axis, a full fine-tuning bundle, every
 figure family but the adaptive one) and the demo study's (experiments/demo.yaml: rank, kl and seed, no regime
 axis, a baseline), with diagnostics at one training step only (one point per through-training panel)."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.report_canvas import capture, captions, no_reprs, outside
-from tests.study_shapes import fake_results
+from tests.support.report_canvas import capture, captions, no_reprs, outside
+from tests.support.study_shapes import fake_results
 
 @pytest.fixture
 def drawn(monkeypatch):

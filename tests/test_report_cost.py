@@ -12,11 +12,12 @@ import yaml
 
 from lorarl.report import cost
 from lorarl.spec.study import load_study, study_cells
-from tests.cost_support import make_record, put
+from tests.support.cost import make_record, put
+from tests.support.study import tiny_study
 
-SPEC = {"name": "cst", "defaults": {"model": "local:tiny-test", "train": {"steps": 10}},
-        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4]},
-                 "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}
+SPEC = tiny_study("cst", task=None, adapter=None, eval=None, train={"steps": 10},
+                  axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4]},
+                        "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}})
 
 
 def gpu_study(tmp: Path) -> tuple:

@@ -13,7 +13,7 @@ from lorarl.report.data import load
 from lorarl.report.figures import load_all
 from lorarl.report.registry import REGISTRY
 from lorarl.spec.study import load_study, study_cells
-from tests.study_shapes import fake_results
+from tests.support.study_shapes import fake_results
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

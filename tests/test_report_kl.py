@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from lorarl.spec.study import load_study
-from tests.report_fixture import STUDY, make_study
+from tests.support.report_fixture import STUDY, make_study
 
 
 def _kl_study(tmp_path):

@@ -11,7 +11,7 @@ import pandas as pd
 
 from lorarl import provenance
 from lorarl.tracking import client as tracking
-from report_fixture import make_study
+from tests.support.report_fixture import make_study
 
 CELLS = ("outcome-r1-s0", "outcome-r1-s1")
 

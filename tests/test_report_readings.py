@@ -16,8 +16,8 @@ import pytest
 from lorarl import paths
 from lorarl.report import bounds, stats
 from lorarl.spec.study import load_study, study_cells
-from tests.figure_layout import overlapping_texts
-from tests.study_shapes import fake_bases, fake_results
+from tests.support.figure_layout import overlapping_texts
+from tests.support.study_shapes import fake_bases, fake_results
 
 TWIN = Path(__file__).resolve().parents[1] / "experiments" / "reward_density_cpu.yaml"  # two seeds, 3 regimes
 
@@ -95,14 +95,14 @@ def test_train_reward_band_is_clipped_per_group(tmp_path):
 
 
 def test_figures_draw_no_text_over_text_and_captions_name_the_real_window(tmp_path):
-    """Every figure of the rich synthetic study (tests/report_fixture.py, 40 training steps): no title, label or
+    """Every figure of the rich synthetic study (tests/support/report_fixture.py, 40 training steps): no title, label or
     tick label over another (the weight-space diagnostics once printed two panel titles over each other); the
     reward-vs-KL caption and CSV say the 40 steps they average, not the paper's 50."""
     import matplotlib.figure
 
     from lorarl.report import build
     from lorarl.report.aggregate import aggregate
-    from tests.report_fixture import STEPS, make_study
+    from tests.support.report_fixture import STEPS, make_study
 
     sp, res = make_study(tmp_path)
     study = load_study(sp)

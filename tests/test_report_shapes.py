@@ -1,4 +1,4 @@
-"""Every study's tables on results shaped like it (tests/study_shapes.py: its axes and values, a few problems
+"""Every study's tables on results shaped like it (tests/support/study_shapes.py: its axes and values, a few problems
 per cell, no training): the summary (csv, md), the stats table (csv, md) and report.html each have one row per
 setting, labelled with its axis values, the baseline rows marked as such. A study whose axis is named like a
 column the tables add (`method` beside the interval-method column) once lost its labels row by row; axis
@@ -20,7 +20,7 @@ from lorarl.report.data import load
 from lorarl.report.tables import stats_markdown, stats_table
 from lorarl.spec.reserved import REPORT_COLUMNS
 from lorarl.spec.study import StudyError, load_study
-from tests.study_shapes import fake_bases, fake_results, is_baseline, settings
+from tests.support.study_shapes import fake_bases, fake_results, is_baseline, settings
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if load_study(p).kind == "grpo")
@@ -113,12 +113,12 @@ def _columns(frame: pd.DataFrame) -> set[str]:
 
 
 def test_every_report_column_beside_the_axes_is_reserved(tmp_path):
-    """The report's tables, CSVs and frames on the rich synthetic study (tests/report_fixture.py: collapse
+    """The report's tables, CSVs and frames on the rich synthetic study (tests/support/report_fixture.py: collapse
     flags, snapshots, diagnostics, KL monitors): every column is an axis, a `/` or `_` name, a training
     metric of metrics.csv, or in lorarl.spec.reserved.REPORT_COLUMNS, so the refusal at load covers them all."""
     from lorarl.report import build
     from lorarl.report.aggregate import aggregate
-    from tests.report_fixture import make_study
+    from tests.support.report_fixture import make_study
 
     sp, res = make_study(tmp_path)
     study = load_study(sp)

@@ -14,10 +14,10 @@ from lorarl.evaluate import records
 from lorarl.evaluate.backends import Completion
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.protocols import Protocol
+from tests.support.study import tiny_study
 
-STUDY = {"name": "rs", "defaults": {"model": "test-org/never-loaded", "train": {"steps": 6},
-                                    "eval": {"eval_every": 3, "benchmarks": ["math500", "gpqa"]}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}}
+STUDY = tiny_study("rs", task=None, adapter=None, model="test-org/never-loaded", train={"steps": 6},
+                   eval={"eval_every": 3, "benchmarks": ["math500", "gpqa"]})
 
 TEXTS = ["\\boxed{1}", "\\boxed{2}", "no answer", "\\boxed{\\frac{6}{2}}", "The answer is (B)",
          "\\boxed{4.0}", "\\boxed{x}", "\\boxed{5}"]

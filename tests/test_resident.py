@@ -9,27 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
-
-import pandas as pd
-
-from tests.test_cell_pause import fake_rewards, mlflow_steps, outputs  # noqa: F401
-from tests.test_grpo import tiny_dir  # noqa: F401
 
 
-def resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), **train):
-    from lorarl.spec.study import cell_table, load_study
-
-    doc = {"name": "rz", "defaults": {
-        "model": str(tiny_dir), "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0},
-        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 0, "kl_monitor_every": 2, **train}},
-        "axes": {"length": {"field": "train.steps", "prefix": "s", "values": list(steps)},
-                 "stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": list(collapse)}}}
-    p = tmp_path / "rz.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    return {c.id: c for c in cell_table(load_study(str(p))).cells}
+from tests.support.pause import mlflow_steps, outputs
+from tests.support.resident import assert_equal_runs, published, resident_cells, solo_runs
 
 
 @pytest.fixture
@@ -38,30 +21,6 @@ def collapses_at_3(monkeypatch):
     from lorarl.train import flags
 
     monkeypatch.setitem(flags.RULES, "test_collapse", lambda rows: 3 if len(list(rows)) >= 3 else None)
-
-
-def assert_equal_runs(got, want, resumed_from, steps):
-    """A cell's outputs equal its solo run's: adapter and metrics to 1e-6, every step once, its resumes."""
-    (w, m, s), (w0, m0, s0) = got, want
-    assert w.keys() == w0.keys() and max(float((w[k] - w0[k]).abs().max()) for k in w) <= 1e-6
-    assert any(float(w0[k].abs().max()) > 0 for k in w0 if "lora_B" in k)  # it trained
-    assert list(m.columns) == list(m0.columns) and list(m["step"]) == list(range(1, steps + 1))
-    pd.testing.assert_frame_equal(m, m0, rtol=0, atol=1e-6)
-    assert (resumed_from is None or s["resumed_from_steps"] == resumed_from) and s["state"] == s0["state"] == "done"
-    assert s["steps"] == s0["steps"] == steps and s.get("stopped_on_collapse") == s0.get("stopped_on_collapse")
-
-
-def published(res, cells):
-    from lorarl.pack import publish
-
-    for c in cells:
-        assert publish.publish(res, "rz", c.id, c.hash), c.id  # its own train job moves the staged outputs in place
-
-
-def solo_runs(ref, cells):
-    from lorarl.pack.run import train_alone
-
-    return {c.id: train_alone("rz", c, ref) for c in cells}
 
 
 def test_a_freed_place_takes_the_next_cell_after_a_finish_and_a_collapse(tiny_dir, tmp_path, fake_rewards,

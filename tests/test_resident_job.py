@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
-from tests.test_grpo import tiny_dir  # noqa: F401
-from tests.test_resident import assert_equal_runs, published, resident_cells, solo_runs
+from tests.support.pause import outputs
+from tests.support.resident import assert_equal_runs, published, resident_cells, solo_runs
+from tests.support.snakemake import run_snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,8 +28,8 @@ KILLED_JOB = """
 import sys
 from lorarl.pack import build
 from lorarl.rewards.outcome import OutcomeDeposits, settings_of
-from tests.test_grpo import fake_score
-from tests.test_pack_steps import fake_regimes
+from tests.support.grpo import fake_score
+from tests.support.pack_steps import fake_regimes
 real = build.build_pack
 build.build_pack = lambda *a, **kw: fake_regimes(real(*a, **kw))
 import lorarl.train.prepare as prepare
@@ -79,10 +79,7 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
 def snakemake_dry(workdir: Path, pack: dict, *args: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(workdir / "rz.yaml")], "results": "results", "launcher": "local", "slurm": {}, "pack": pack}))
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), "--cores", "1", "-n", "all", *args]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    return run_snakemake(workdir, "-n", "all", *args, cores=1, check=False)
 
 
 @pytest.mark.parametrize("pack, field", [

@@ -8,36 +8,26 @@ trainer, equal to its solo job), its study-mates untouched."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from tests.test_cell_pause import mlflow_steps, outputs
-from tests.test_pipeline import REPO, jobs_run, snakemake
-from tests.test_resident import assert_equal_runs
+from tests.support.pause import mlflow_steps, outputs
+from tests.support.snakemake import jobs_run, run_snakemake
+from tests.support.resident import assert_equal_runs
+from tests.support.study import tiny_study
 
 pytestmark = pytest.mark.slow
 
-STUDY = {
-    "name": "rs",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 4},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
-                  "checkpoint_every": 1},
-        "eval": {"max_new_tokens": 8},
-        # tiny-test is never right: a reward it earns sometimes (a last number of digits only), so the cells learn
-        "reward": {"answer_format": "last_number", "terms": {"integer_answer": 1.0}},
-    },
-    # study order n2, n5, n4: places 2 take n2 and n5; n2 ends at 2, n5 pauses there and n4 takes the freed place
-    "axes": {"length": {"field": "train.steps", "prefix": "n", "values": [2, 5, 4]}},
-}
+STUDY = tiny_study("rs", task={"name": "synthetic", "n_train": 64, "n_eval": 4},
+                   train={"prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
+                          "checkpoint_every": 1},
+                   eval={"max_new_tokens": 8},
+                   reward={"answer_format": "last_number", "terms": {"integer_answer": 1.0}},
+                   axes={"length": {"field": "train.steps", "prefix": "n", "values": [2, 5, 4]}})
 CELLS = ("n2", "n5", "n4")
 
 
@@ -46,11 +36,7 @@ def killed_run(wd: Path, record: str) -> subprocess.CompletedProcess:
     the end of the step in which a member first reaches step 4 (n5's 4th, n4's 2nd; neither checkpointed yet).
     The members' own train jobs are not asked for: the rerun alone resumes them (with `all`, a member's train job
     running beside the killed job would resume its cell alone, as a pack of one: tests/test_cell_pause.py)."""
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd),
-           "--configfile", str(wd / "config.yaml"), "--cores", "2", record]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "LORARL_FAULT": "kill_at_step:4"}
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env, timeout=900)
+    return run_snakemake(wd, record, env={"LORARL_FAULT": "kill_at_step:4"}, check=False, timeout=900)
 
 
 def files_of(d: Path) -> dict[str, tuple[int, bytes]]:
@@ -82,7 +68,7 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
     assert [p.name for p in (ckpts / "n5").glob("checkpoint-*")] == ["checkpoint-3"]  # lost its step 4 only
     assert [p.name for p in (ckpts / "n4").glob("checkpoint-*")] == ["checkpoint-1"]  # lost its step 2 only
 
-    again = snakemake(tmp_path, "all")  # the same command, no fault: resumes both members in one new resident job
+    again = run_snakemake(tmp_path, "all")  # the same command, no fault: resumes both members in one new resident job
     stats = jobs_run(again)
     assert stats.get("train_pack") == 1 and stats.get("train") == 3 and stats.get("aggregate") == 1, stats
     rid = pack_id(['n5', 'n4'], resident=True)
@@ -109,7 +95,7 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
         assert (res / c / "eval" / "synthetic.json").exists() and not (res / c / ".packed").exists()
 
     kept = {c: files_of(res / c) for c in ("n5", "n4")}
-    forced = snakemake(tmp_path, "results/rs/n2/summary.json", "--forcerun", "results/rs/n2/summary.json")
+    forced = run_snakemake(tmp_path, "results/rs/n2/summary.json", "--forcerun", "results/rs/n2/summary.json")
     stats = jobs_run(forced)
     assert stats.get("train") == 1 and "train_pack" not in stats, stats  # that cell alone
     assert {c: files_of(res / c) for c in ("n5", "n4")} == kept  # its study-mates untouched

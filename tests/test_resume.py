@@ -20,6 +20,8 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl.tracking.client import Tracker
+from tests.support.resume import build_models
+from tests.support.study import seeds, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["reward", "reward_std", "loss", "grad_norm", "entropy", "learning_rate", "num_tokens"]
@@ -106,40 +108,10 @@ STEPS, EVERY = 8, 2
 
 
 def study_dict(name: str, teacher: Path, **train) -> dict:
-    return {
-        "name": name,
-        "defaults": {
-            "model": "local:tiny-test",
-            "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
-                      "lr": 1e-3, "checkpoint_every": EVERY, **train},
-            # a teacher that differs from the policy: dense, varied rewards, so the adapter really moves
-            # and the resumed run must reproduce the sampling (RNG) exactly
-            "reward": {"regime": "distillation", "teacher": str(teacher)},
-        },
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}},
-    }
-
-
-def build_models(root: Path) -> tuple[Path, Path]:
-    """results/models/tiny-test (the recipe) and a perturbed copy of it as the distillation teacher."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lorarl.models import build_base
-
-    base = root / "models" / "tiny-test"
-    build_base("tiny-test", base, threads=1)
-    teacher = root / "teacher"
-    model, tok = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(teacher)
-    tok.save_pretrained(teacher)
-    return base, teacher
+    return tiny_study(name, eval=None,
+                      train={"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16,
+                             "lr": 1e-3, "checkpoint_every": EVERY, **train},
+                      reward={"regime": "distillation", "teacher": str(teacher)}, axes=seeds(3))
 
 
 def run_train(study: Path, results: Path, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -9,13 +9,14 @@ import copy
 import pytest
 import torch
 
-import fake_vllm
+from tests.support import fake_vllm
 from lorarl.spec.config import CellConfig, RolloutConfig
 from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, check_engine,
                             effective_named_params)
 from lorarl.spec.study import StudyError
 from lorarl.train.trl_args import rollout_fields
-from test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401  (fixture)
+from tests.support.grpo import args, dataset, fake_score, load
+from tests.support.study import tiny_study
 
 
 def _peft(model, **kw):
@@ -250,7 +251,8 @@ def test_vllm_cell_without_gpu_exits_2_before_writing(tmp_path, capsys, tiny_dir
 
     from lorarl.cli import main
 
-    study = {"name": "v", "defaults": {"model": tiny_dir, "train": {"steps": 2}, "rollout": {"engine": "vllm"}}}
+    study = tiny_study("v", task=None, adapter=None, eval=None, model=tiny_dir, train={"steps": 2},
+                       rollout={"engine": "vllm"}, axes=None)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
     rc = main(["run", str(tmp_path / "s.yaml"), "cell", "--stages", "train", "--results", str(tmp_path / "res")])
     assert rc == 2 and "rollout.engine: 'vllm' needs a CUDA GPU" in capsys.readouterr().err

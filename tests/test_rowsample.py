@@ -12,8 +12,8 @@ import torch
 
 from lorarl.decoding import GenerationEngine
 from lorarl.train.rowsample import chunk_slices, inverse_cdf
-from tests.test_grpo import args, dataset, fake_score, load, tiny_dir  # noqa: F401
-from tests.tiny_model import used_static
+from tests.support.grpo import args, dataset, fake_score, load
+from tests.support.tiny_model import used_static
 
 ROWS, MAXLEN = 8, 10
 CHUNKS = [None, 1, 3, ROWS]  # 3: chunks of 3, 3 and 2 rows
@@ -40,7 +40,7 @@ def test_inverse_cdf_draws_the_categorical_distribution():
 
 
 @pytest.fixture(scope="module")
-def eos_model(tiny_dir):  # noqa: F811
+def eos_model(tiny_dir):
     """The tiny policy with its EOS made likely, so rows end at different steps inside a chunk."""
     model, tok = load(tiny_dir)
     eos = tok.eos_token_id
@@ -105,10 +105,10 @@ def test_solo_rollouts_apply_the_sampling_warpers(eos_model, tmp_path):
     assert solo_samples(trainer, tok, 3, 5, STATIC)[0] == ids  # greedy through a static KV cache: the same tokens
 
 
-def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, tmp_path):  # noqa: F811
+def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, tmp_path):
     from lorarl.pack.build import build_pack
     from lorarl.pack.generate import generate
-    from tests.test_pack_steps import cell
+    from tests.support.pack_steps import cell
 
     cells = [cell(tiny_dir, "a", 1, temperature=0.9), cell(tiny_dir, "b", 2, top_p=0.9)]
     for c in cells:
@@ -141,7 +141,7 @@ def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, 
     assert other[0] == ref[0] and other[1] != ref[1]  # cell b's seed changes b's samples only
 
 
-def test_the_cell_setting_reaches_the_solo_trainer(tiny_dir, tmp_path):  # noqa: F811
+def test_the_cell_setting_reaches_the_solo_trainer(tiny_dir, tmp_path):
     from lorarl.spec.config import CellConfig
     from lorarl.memory.measure import tiny_trainer
 

@@ -13,19 +13,18 @@ import pytest
 from lorarl.report.data import StudyData
 from lorarl.report.tables import per_cell_runtime, runtime_table
 from lorarl.spec.study import parse_study, study_cells
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
+from tests.support.study import seeds, tiny_study
 
 TRAIN = {"steps": 2, "prompts_per_step": 4, "mini_batch_prompts": 1, "generations": 2, "max_completion_length": 6,
          "kl_monitor_every": 0, "log_every": 1}
 
 
 def _study(model):
-    return parse_study({"name": "rt", "defaults": {"model": model, "train": TRAIN},
-                        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}})
+    return parse_study(tiny_study("rt", task=None, adapter=None, eval=None, model=model, train=TRAIN, axes=seeds(0)))
 
 
-def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_path):  # noqa: F811
-    from test_grpo_knobs import build
+def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_path):
+    from tests.support.grpo_knobs import build
 
     from lorarl.train.callbacks import MetricsRecorder
 
@@ -66,9 +65,8 @@ def test_runtime_is_per_training_step_with_four_updates_per_step(tiny_dir, tmp_p
 def test_one_update_per_step_is_unchanged(tmp_path):
     """One update per step: a row's `time/step_s` is the step's time as it stands."""
     study = _study("local:tiny-test")
-    study_plain = parse_study({"name": "rt", "defaults": {"model": "local:tiny-test",
-                                                         "train": {**TRAIN, "mini_batch_prompts": None}},
-                               "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}})
+    study_plain = parse_study(tiny_study("rt", task=None, adapter=None, eval=None,
+                                         train={**TRAIN, "mini_batch_prompts": None}, axes=seeds(0)))
     cid = study_cells(study)[0].id
     curves = pd.DataFrame({"step": [1, 2], "time/step_s": [0.5, 1.5], "cell": cid})
     plain = StudyData(study_plain, tmp_path, pd.DataFrame({"cell": [cid]}), curves, pd.DataFrame(),

@@ -18,6 +18,7 @@ import yaml
 
 from lorarl import paths
 from lorarl.train import salvage
+from tests.support.study import TRAIN, seeds, tiny_study
 
 HASH = "abc123"
 
@@ -96,11 +97,7 @@ def test_invocation_start_is_read_from_the_run_name():
     assert salvage.invocation_start(None) is None and salvage.invocation_start("odd") is None
 
 
-STUDY = {"name": "fl", "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-                                     "adapter": {"rank": 2, "alpha": 4},
-                                     "train": {"steps": 4, "prompts_per_step": 2, "generations": 2,
-                                               "max_completion_length": 16, "lr": 1e-3, "checkpoint_every": 2}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}
+STUDY = tiny_study("fl", eval=None, train={**TRAIN, "steps": 4, "checkpoint_every": 2}, axes=seeds(0))
 
 
 @pytest.mark.slow

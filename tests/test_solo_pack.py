@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.solo_pack import assert_same_result, cell_config, train_pack, train_pack_of_one, train_solo, with_runtime
+from tests.support.solo_pack import assert_same_result, cell_config, train_pack, train_pack_of_one, train_solo, with_runtime
 
 CASES = {  # name: (adapter, train) - together: every loss type, beta 0 and > 0, LoRA / PiSSA / DoRA
     "lora-grpo-beta0": ({}, {"loss_type": "grpo"}),
@@ -37,7 +37,7 @@ KNOBS = {  # name: (the solo runs' runtime fields, the pack's runtime fields, th
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny"))
 

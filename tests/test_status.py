@@ -18,11 +18,11 @@ from lorarl.pipeline.jobs.launch import error_summary
 from lorarl.pipeline.jobs.slurm import coerce, slurm_parameters
 from lorarl.status import format_table, study_status
 from lorarl.spec.study import study_cells, load_study
+from tests.support.study import seeds, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 
-STUDY = {"name": "st", "defaults": {"model": "local:tiny-test", "train": {"steps": 20}},
-         "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2, 3, 4]}}}
+STUDY = tiny_study("st", task=None, adapter=None, eval=None, train={"steps": 20}, axes=seeds(0, 1, 2, 3, 4))
 
 
 def _submit(res: Path, cell: str, stage: str = "train", pid: int | None = None) -> Path:

@@ -13,7 +13,6 @@ import pytest
 from lorarl.spec.config import CellConfig
 from lorarl.spec.signature import _train_part, short_hash, train_signature
 from lorarl.spec.study import load_study, study_cells
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,10 +137,10 @@ def test_snapshots_and_rows_are_in_training_steps(tmp_path):
     assert [(r["step"], r["update"]) for r in rec.rows] == [(1, 4), (2, 8)]
 
 
-def test_kl_monitor_counts_training_steps(tiny_dir, tmp_path):  # noqa: F811
+def test_kl_monitor_counts_training_steps(tiny_dir, tmp_path):
     """kl_monitor_every 1 with 2 updates per step: the monitors run after updates 2 and 4 (the steps' ends)."""
-    from test_grpo import metric_steps
-    from test_grpo_knobs import build, cfg_with
+    from tests.support.grpo import metric_steps
+    from tests.support.grpo_knobs import build, cfg_with
 
     trainer, _ = build(tiny_dir, tmp_path, cfg_with(steps=2, prompts_per_step=2, mini_batch_prompts=1, kl_monitor_every=1))
     ran, real = [], trainer._monitors
@@ -151,13 +150,13 @@ def test_kl_monitor_counts_training_steps(tiny_dir, tmp_path):  # noqa: F811
     assert metric_steps(trainer, "time/kl_new_old_s") == [2, 4]
 
 
-def test_rollout_kl_spans_the_steps_updates(tiny_dir, tmp_path):  # noqa: F811
+def test_rollout_kl_spans_the_steps_updates(tiny_dir, tmp_path):
     """Paper 003 Figs. 5/6: KL(pi_new || pi_old) from the rollout policy (TRL's old log-probs of the batch)
     to the policy after both mini-batch updates (`kl_new_old`), and the last update's alone
     (`kl_new_old/update`): distinct names, and with two updates the two differ."""
     import torch
 
-    from test_grpo_knobs import build, cfg_with
+    from tests.support.grpo_knobs import build, cfg_with
 
     trainer, _ = build(tiny_dir, tmp_path, cfg_with(steps=1, prompts_per_step=2, mini_batch_prompts=1, kl_monitor_every=1,
                                                     lr=0.05))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.name_scan import name_branches, name_tests
-from tests.private_scan import private_touches
+from tests.support.import_scan import imports_of_test_modules
+from tests.support.name_scan import name_branches, name_tests
+from tests.support.private_scan import private_touches
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # the house limit for one module (source, tests, benchmarks, rules)
@@ -364,8 +365,13 @@ def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
 
 
 def test_no_module_touches_a_private_attribute_of_another_object(tmp_path: Path):
-    """``x._name`` only on self/cls/super() or a name the module's classes use on self (tests/private_scan.py)."""
+    """``x._name`` only on self/cls/super() or a name the module's classes use on self (tests/support/private_scan.py)."""
     (tmp_path / "m.py").write_text("def f(run, self):\n    return run._ckpt, self._ok, super()._ok, run.ok\n")
     assert private_touches(tmp_path) == ["m.py:2: run._ckpt"]  # the scan sees one
     found = private_touches(REPO / "lorarl")
     assert not found, "a private attribute of another object (give it a public name):\n" + "\n".join(found)
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/support/ (tests/test_import_scan.py: the scan sees each form)."""
+    assert imports_of_test_modules(REPO / "tests") == []

@@ -10,20 +10,18 @@ import pytest
 import yaml
 
 from lorarl.spec.study import StudyError, base_cells, study_cells, load_study, parse_study
+from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def study(**over):
-    raw = {
-        "name": "t",
-        "defaults": {"model": "local:tiny-test", "train": {"steps": 3}},
-        "axes": {
-            "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4, 16]},
-            "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
-            "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]},
-        },
-    }
+    raw = tiny_study("t", task=None, adapter=None, eval=None, train={"steps": 3},
+                     axes={
+                      "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4, 16]},
+                      "kl": {"field": "train.beta", "prefix": "kl", "values": [0.0, 0.05]},
+                      "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]},
+                  })
     raw.update(over)
     return raw
 

@@ -14,7 +14,7 @@ from lorarl.spec.study import parse_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, SUPERSEDED_TAG, Tracker
 from lorarl.pipeline.studyrun.study_run import publish
-from tracking_helpers import run_writers
+from tests.support.tracking import run_writers
 
 
 def _runs(client, exp_id: str, view: str = "ACTIVE_ONLY"):

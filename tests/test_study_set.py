@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import yaml
 
 from lorarl.spec.study import StudyError, cell_table, load_study
 from lorarl.study_set import effective_file
+from tests.support.snakemake import run_snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "experiments" / "demo_adaptive.yaml"
@@ -53,8 +52,6 @@ def test_a_bad_set_is_refused_before_anything_is_written(tmp_path: Path, bad, sa
 def test_snakemake_refuses_a_bad_set_with_exit_2(tmp_path: Path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(DEMO)], "results": "results", "launcher": "local", "set": {"adapter.rank": 2}}))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                           str(tmp_path), "--configfile", str(tmp_path / "config.yaml"), "-n", "all"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "all", check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "set.adapter.rank: the axis 'rank'" in proc.stderr and not (tmp_path / "results").exists()

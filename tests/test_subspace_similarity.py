@@ -14,6 +14,7 @@ import torch
 from lorarl import paths
 from lorarl.diagnose import weights as dg
 from lorarl.spec.study import parse_study, study_cells
+from tests.support.study import tiny_study
 
 
 def test_similarity_at_each_step_shares_w0s_svd():
@@ -42,8 +43,8 @@ def test_diagnose_cell_reads_the_snapshots(tmp_path):
 
     base = tmp_path / "base"
     build_tiny(TinyRecipe(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=48), 40, 0, 0).save_pretrained(base)
-    study = parse_study({"name": "diag", "defaults": {"model": str(base), "adapter": {"rank": 2, "alpha": 4},
-                                                      "train": {"steps": 4}, "eval": {"eval_every": 2}}})
+    study = parse_study(tiny_study("diag", task=None, model=str(base), train={"steps": 4}, eval={"eval_every": 2},
+                                   axes=None))
     cell = study_cells(study)[0]
     res = tmp_path / "results"
     kw = dict(results=res, study="diag", cell=cell.id)

@@ -17,6 +17,7 @@ from lorarl.spec.config import CellConfig
 from lorarl.spec.task import TaskConfig
 from lorarl.spec.signature import signature_dump, train_signature
 from lorarl.tasks import task_records
+from tests.support.study import seeds, tiny_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,11 +179,10 @@ def test_a_missing_local_source_file_is_reported_before_anything_runs(tmp_path, 
 
     ds, _ = two_sources
     study = tmp_path / "mix.yaml"
-    study.write_text(json.dumps({
-        "name": "mix", "defaults": {"model": "local:tiny-arith", "eval": {"benchmarks": ["gsm8k"]},
-                                    "task": {"name": "dataset", "sources": [src(ds, count=1),
-                                                                            src(str(tmp_path / "nope.parquet"), count=1)]}},
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0]}}}))
+    sources = [src(ds, count=1), src(str(tmp_path / "nope.parquet"), count=1)]
+    study.write_text(json.dumps(tiny_study("mix", adapter=None, train=None, model="local:tiny-arith",
+                                           eval={"benchmarks": ["gsm8k"]}, task={"name": "dataset", "sources": sources},
+                                           axes=seeds(0))))
     with pytest.raises(StudyError, match=r"task.sources\[1\].path: no such file"):
         study_cells(load_study(str(study)))
 

@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
 
     from lorarl.models import load_model_and_tokenizer
     from lorarl.train.trl_args import build_trainer, grpo_args
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     tmp = tmp_path_factory.mktemp("tok")
     base, tok = load_model_and_tokenizer(save_tiny(tmp / "tiny"))

@@ -19,7 +19,7 @@ from lorarl.tracking import credentials as tracking_credentials
 from lorarl.tracking.client import Tracker, TrackingError, TrackingUnavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tracking_helpers import METRICS, count_rows, run_writers  # noqa: E402
+from tests.support.tracking import METRICS, count_rows, run_writers  # noqa: E402
 
 
 def _history(t: Tracker, key: str) -> list[tuple[int, float]]:

@@ -24,8 +24,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.support.study import TRAIN, tiny_study
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tracking_helpers import ServerProcess, count_rows, run_writers  # noqa: E402
+from tests.support.tracking import ServerProcess, count_rows, run_writers  # noqa: E402
 
 from lorarl.report.mlflow_links import VIEW  # noqa: E402
 from lorarl.tracking import client as tracking, server as tracking_server  # noqa: E402
@@ -142,7 +144,7 @@ def test_beyond_loopback_auth_is_on_and_a_job_authenticates_from_the_file(tmp_pa
         hold.write_text("")
         env = {**srv.env(), tracking.TRACKING_ENV: srv.uri, "LORARL_TEST_HOLD": str(hold)}
         assert not any(k.startswith("MLFLOW_TRACKING_") for k in env)  # only the file's path
-        writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "tracking_helpers.py"), str(tmp_path),
+        writer = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "tracking.py"), str(tmp_path),
                                    "nonloop", "w0", "5", str(root / "go")], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         (root / "go").write_text("go")
@@ -179,18 +181,7 @@ def test_eight_concurrent_writers_server(server, client, tmp_path: Path):
     assert rows["lost"] == 0 and rows["duplicated"] == 0
 
 
-STUDY = {
-    "name": "srv",
-    "defaults": {
-        "model": "local:tiny-test",
-        "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-        "adapter": {"rank": 2, "alpha": 4},
-        "train": {"steps": 6, "prompts_per_step": 2, "generations": 2, "max_completion_length": 16, "lr": 1e-3,
-                  "checkpoint_every": 2},
-        "eval": {"max_new_tokens": 16},
-    },
-    "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-}
+STUDY = tiny_study("srv", train={**TRAIN, "steps": 6, "checkpoint_every": 2})
 
 
 def _progress(res: Path) -> int:

@@ -8,7 +8,6 @@ import datasets
 import pytest
 
 from lorarl.spec.config import CellConfig, RolloutConfig
-from test_grpo import tiny_dir  # noqa: F401  (fixture)
 
 
 def cfg_with(**train) -> CellConfig:
@@ -54,7 +53,7 @@ def test_vllm_context_defaults_to_the_prompt_and_completion_budget(tmp_path):
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.05])
-def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path, beta):  # noqa: F811
+def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path, beta):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.train.trl_args import build_trainer, grpo_args
 
@@ -70,7 +69,7 @@ def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path
     assert trainer.num_iterations == 2
 
 
-def test_trainer_refuses_a_nonzero_trl_beta(tiny_dir, tmp_path):  # noqa: F811
+def test_trainer_refuses_a_nonzero_trl_beta(tiny_dir, tmp_path):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.rewards.outcome import OutcomeDeposits
     from lorarl.train.trainer import LorarlGRPOTrainer

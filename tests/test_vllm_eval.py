@@ -1,4 +1,4 @@
-"""The vLLM evaluation backend against tests/fake_vllm.py (vLLM 0.31.0's API surface, strict), and the
+"""The vLLM evaluation backend against tests/support/fake_vllm.py (vLLM 0.31.0's API surface, strict), and the
 loud warning for sampled protocols evaluated with HF generate on a GPU."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-import fake_vllm
+from tests.support import fake_vllm
 from lorarl.spec.config import CellConfig
 from lorarl.evaluate.backends import HFBackend
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
-from test_eval_backends import PROMPTS, tiny  # noqa: F401  (fixture)
+from tests.support.eval_backends import PROMPTS
 
 GREEDY = Protocol.greedy(max_new_tokens=6)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fake_vllm import SamplingParams
+from tests.support.fake_vllm import SamplingParams
 from lorarl.train.vllm_seeds import RowSeeds, row_seed
 
 

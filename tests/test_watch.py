@@ -15,12 +15,13 @@ from lorarl.train import checkpoint
 from lorarl import provenance
 from lorarl.spec.study import load_study, study_cells
 from lorarl.pipeline.progress.watch import render, snapshot, watch
+from tests.support.study import tiny_study
 
 
 def _study(tmp: Path, n: int) -> Path:
     p = tmp / "w.yaml"
-    p.write_text(yaml.safe_dump({"name": "w", "defaults": {"model": "local:tiny-test", "train": {"steps": 20}},
-                                 "axes": {"seed": {"field": "seed", "prefix": "s", "values": list(range(n))}}}))
+    p.write_text(yaml.safe_dump(tiny_study("w", task=None, adapter=None, eval=None, train={"steps": 20},
+                                           axes={"seed": {"field": "seed", "prefix": "s", "values": list(range(n))}})))
     return p
 
 
@@ -137,7 +138,7 @@ def test_progress_counts_the_seeds_a_hypothesis_added(tmp_path):
     their cells and their steps, as `lorarl status` does (it raised KeyError on them)."""
     import copy
 
-    from tests.adaptive_results import STUDY, adaptive_results
+    from tests.support.adaptive_results import STUDY, adaptive_results
 
     spec = copy.deepcopy(STUDY)
     spec["axes"]["seed"]["values"] = [0]  # the hypothesis needs 2: it adds seed 1

@@ -98,7 +98,7 @@ def test_a_fresh_venv_installs_from_the_wheelhouse_with_no_index_and_passes_the_
     _sh(["bash", str(wh / "install.sh")], env=env)  # --no-index: nothing from the network
     assert _sh([py, "-c", "import lorarl, os; print(os.path.dirname(lorarl.__file__))"], cwd=tmp_path).strip() \
         .startswith(str(venv))  # the wheel's lorarl, not this checkout's
-    from tests.test_gpucheck import check_cpu_smoke
+    from tests.support.gpucheck import check_cpu_smoke
 
     out = tmp_path / "gc"  # run in the checkout, as on a node (docs/gpus.md): its profiles and config
     proc = subprocess.run([py, "-m", "lorarl.gpucheck", "--cpu-smoke", "--minutes", "40", "--out", str(out)],

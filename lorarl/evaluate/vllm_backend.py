@@ -1,7 +1,7 @@
 """vLLM generation backend (a GPU, or vLLM's CPU build: tests/vllm_real runs it there; docs/gpus.md says what has run).
 
 Every call is checked against vLLM 0.31.0's source (the pinned ``.[gpu]`` extra) and exercised on the
-CPU with tests/fake_vllm.py, which refuses what vLLM refuses:
+CPU with tests/support/fake_vllm.py, which refuses what vLLM refuses:
 
 * ``vllm.LLM(model, dtype, seed, enable_lora, max_loras, max_lora_rank, **llm_kwargs)``: the LoRA
   fields are ``EngineArgs`` fields; ``max_lora_rank`` must be one of vllm/config/lora.py's

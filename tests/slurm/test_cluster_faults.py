@@ -26,8 +26,7 @@ import pandas as pd
 import pytest
 
 from lorarl.io import pid_alive
-from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
-                                             snakemake, snakemake_cmd, study, wait_progress, workdir_for)
+from tests.support.slurm import REPO, env, mlflow_client, snakemake, snakemake_cmd, study, wait_progress, workdir_for
 
 pytestmark = pytest.mark.slurm
 STATE = Path(os.environ.get("LORARL_SLURM_DIR", "/tmp/lorarl-slurm"))

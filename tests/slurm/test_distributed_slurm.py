@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, mlflow_client, models, snakemake_cmd,  # noqa: F401
-                                             study, wait_progress, workdir_for)
+from tests.support.slurm import REPO, SLURM, env, mlflow_client, snakemake_cmd, study, wait_progress, workdir_for
 
 pytestmark = pytest.mark.slurm
 
 
-def test_a_preempted_two_node_job_runs_a_cell_end_to_end_and_resumes_every_rank_into_one_run(models, tmp_path: Path):  # noqa: F811
+def test_a_preempted_two_node_job_runs_a_cell_end_to_end_and_resumes_every_rank_into_one_run(models, tmp_path: Path):
     """Slurm's USR2 (preemption) to a training job of 2 nodes: rank 0 checkpoints (every rank writes its part),
     every rank stops, submitit requeues the one job; its 2 tasks, one per node, resume from that checkpoint into
     the same MLflow run and every step is logged once. Each node has a local rank 0: what is written once is

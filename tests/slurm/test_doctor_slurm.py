@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.study import tiny_study
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slurm
 
@@ -50,19 +52,12 @@ def tiny_model(dest: Path) -> None:
 
 def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_path: Path):
     tiny_model(tmp_path / "results" / "models" / "tiny-test")
-    study = {
-        "name": "docsl",
-        "defaults": {
-            "model": "local:tiny-test",
-            "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},
-            "adapter": {"rank": 2, "alpha": 4},
-            "train": {"steps": 40, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8,
-                      "beta": 0.05},
-            "eval": {"max_new_tokens": 8},
-        },
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
-                 "ds": {"field": "train.dynamic_sampling", "prefix": "ds", "values": [False, True]}},
-    }
+    study = tiny_study("docsl",
+                       train={"steps": 40, "prompts_per_step": 2, "generations": 2, "max_completion_length": 8,
+                              "beta": 0.05},
+                       eval={"max_new_tokens": 8},
+                       axes={"seed": {"field": "seed", "prefix": "s", "values": [0, 1]},
+                             "ds": {"field": "train.dynamic_sampling", "prefix": "ds", "values": [False, True]}})
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
     cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(tmp_path / "study.yaml"), "--profile", "slurm",
            "--results", str(tmp_path / "results"), "--steps", "2", "--eval-limit", "2", "--cell", "s1-dsFalse",
@@ -117,8 +112,8 @@ def test_doctor_runs_the_smoke_cell_as_a_slurm_job_on_the_train_partition(tmp_pa
 def test_a_check_failing_on_the_node_is_reported_with_where_it_ran(tmp_path: Path):
     """The model exists only 'on compute nodes' (LORARL_SKIP_PATH_CHECKS): it is missing in the job, so the
     load check fails there, nothing long starts, and the report (exit 1) still names the Slurm job."""
-    study = {"name": "docbad", "defaults": {"model": str(tmp_path / "no-such-model"),
-                                            "train": {"steps": 5, "max_completion_length": 8}}}
+    study = tiny_study("docbad", task=None, adapter=None, eval=None, model=str(tmp_path / "no-such-model"),
+                       train={"steps": 5, "max_completion_length": 8}, axes=None)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     cmd = [sys.executable, "-m", "lorarl.cli", "doctor", str(tmp_path / "study.yaml"), "--profile", "slurm",
            "--results", str(tmp_path / "results"), "--config", "tracking=sqlite", "slurm=" + json.dumps(SLURM)]

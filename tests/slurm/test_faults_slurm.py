@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.pipeline.drills import faults
-from tests.slurm.test_pipeline_slurm import (REPO, env, models, snakemake, snakemake_cmd,  # noqa: F401
-                                             study, workdir_for)
+from tests.support.slurm import REPO, env, snakemake, snakemake_cmd, study, workdir_for
 
 pytestmark = pytest.mark.slurm
 

@@ -15,8 +15,7 @@ import pytest
 import yaml
 from mlflow.entities import ViewType
 
-from tests.slurm.test_pipeline_slurm import (REPO, env, mlflow_client, models,  # noqa: F401
-                                             snakemake_cmd, study, wait_progress, workdir_for)
+from tests.support.slurm import REPO, env, mlflow_client, snakemake_cmd, study, wait_progress, workdir_for
 
 pytestmark = pytest.mark.slurm
 CELLS = ("s0", "s1")

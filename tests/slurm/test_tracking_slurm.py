@@ -24,8 +24,7 @@ import pytest
 from lorarl.report.mlflow_links import VIEW
 from lorarl.tracking import server as tracking_server
 from lorarl.tracking import credentials as tracking_credentials
-from tests.slurm.test_pipeline_slurm import (REPO, SLURM, env, models, snakemake_cmd,  # noqa: F401
-                                             study, workdir_for)
+from tests.support.slurm import REPO, env, snakemake_cmd, study, workdir_for
 
 pytestmark = pytest.mark.slurm
 

@@ -26,7 +26,7 @@ def build_models(root: Path) -> dict[str, Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from test_eval_backends import _tokenizer
+    from tests.support.eval_backends import _tokenizer
 
     tok = _tokenizer()
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Scenarios run the same way against tests/fake_vllm.py and vLLM's real CPU engine (the fake's contract tests,
+"""Scenarios run the same way against tests/support/fake_vllm.py and vLLM's real CPU engine (the fake's contract tests,
 tests/vllm_real/test_fake_contract.py): each takes an engine and its API namespace and returns plain data."""
 
 from __future__ import annotations

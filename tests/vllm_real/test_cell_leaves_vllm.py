@@ -24,7 +24,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
 
@@ -38,9 +38,9 @@ def _vllm(c):
 def test_a_vllm_member_leaves_a_pack_and_comes_back_in_another_position(model_dir, tmp_path):
     from lorarl.pack import vllm_rollouts
     from lorarl.pack.build import build_pack
-    from tests.pack_mixed_ranks import mixed_rank_cells
-    from tests.test_cell_leaves import STEPS, assert_leaves_and_comes_back_equal
-    from tests.test_pack_steps import cell
+    from tests.support.pack_mixed_ranks import mixed_rank_cells
+    from tests.support.cell_leaves import STEPS, assert_leaves_and_comes_back_equal
+    from tests.support.pack_steps import cell
 
     r1, r8, r32 = (_vllm(c) for c in mixed_rank_cells(model_dir, steps=STEPS))
     other_r1 = _vllm(cell(model_dir, "r1b", 7, beta=0.05, lr=2e-2, rank=1, alpha=2.0, steps=STEPS))

@@ -1,4 +1,4 @@
-"""tests/fake_vllm.py's contract: each behaviour the fake models (its refusals, seeds of n > 1 children, logprob
+"""tests/support/fake_vllm.py's contract: each behaviour the fake models (its refusals, seeds of n > 1 children, logprob
 modes, adapter reads, the weight paths) run as the same scenario against the fake and against vLLM's real CPU
 engine (tests/vllm_real/scenarios.py), with the same outcome. The fake's one-engine-per-process refusal models the
 GPU build's startup memory check: the CPU build builds a second in-process engine whenever host memory holds both
@@ -14,8 +14,8 @@ import typing
 import pytest
 import vllm
 
-import fake_vllm
-import fake_vllm_fields as fields
+from tests.support import fake_vllm
+from tests.support import fake_vllm_fields as fields
 import scenarios
 from real_engine import ENGINE_KWARGS, shared
 

@@ -14,7 +14,7 @@ import pytest
 from lorarl.gpucheck.checks import vllm_importable
 from lorarl.gpucheck.main import VLLM_CHECKS
 from lorarl.gpucheck.shapes import ARCHS, twins
-from tests import test_gpucheck
+from tests.support.gpucheck import _run
 
 pytestmark = pytest.mark.vllm_real
 
@@ -26,7 +26,7 @@ def test_cpu_smoke_runs_every_vllm_check_for_real(tmp_path):
     for twin in twins("cpu-smoke"):
         a = ARCHS[twin.arch]
         assert (a.head_dim or a.hidden // a.heads) >= 32, twin.arch  # vLLM's CPU attention refuses head_dim 16
-    proc = test_gpucheck._run("--cpu-smoke", "--vllm-only", out=tmp_path, timeout=1500)
+    proc = _run("--cpu-smoke", "--vllm-only", out=tmp_path, timeout=1500)
     res = json.loads((tmp_path / "gpucheck.json").read_text())
     assert proc.returncode == 0 and res["ok"], proc.stdout + proc.stderr
     assert "--cpu-smoke --vllm-only`" in (tmp_path / "gpucheck.md").read_text()

@@ -3,7 +3,7 @@ pack, one in-process multi-LoRA engine serves every member's adapter, one ``gene
 
 * Members of ranks 1, 8 and 32 (alphas 2, 4, 64; seeds, beta, lr, temperature differing) in ONE engine
   (max_lora_rank 32, the largest; max_loras 3): over 2 full steps each member's adapter, metrics and RNG streams
-  equal its solo vLLM run's (a pack of one on the same engine) to 1e-6 (harness tests/pack_mixed_ranks.py);
+  equal its solo vLLM run's (a pack of one on the same engine) to 1e-6 (harness tests/support/pack_mixed_ranks.py);
   the packed step's requests for a member (prompts, n, seed, temperature, top-p, stop ids, the adapter handed
   over) are its solo run's; one generate call per step; each member's adapter handed over once per step.
 * Greedy: a member's greedy samples in the pack equal its solo greedy samples and HF's greedy decoding with its
@@ -28,15 +28,15 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
 
 
 def vllm_cells(model_dir: str, steps: int = 3) -> list:
-    """tests/pack_mixed_ranks.py's three cells (ranks 1/8/32), rolling out through vLLM."""
+    """tests/support/pack_mixed_ranks.py's three cells (ranks 1/8/32), rolling out through vLLM."""
     from lorarl.spec.config import CellConfig
-    from tests.pack_mixed_ranks import mixed_rank_cells
+    from tests.support.pack_mixed_ranks import mixed_rank_cells
 
     return [SimpleNamespace(id=c.id, config=CellConfig(**{**c.config.model_dump(), "rollout": ROLLOUT}))
             for c in mixed_rank_cells(model_dir, steps=steps)]
@@ -79,7 +79,7 @@ def test_ranks_1_8_32_pack_equals_solo_on_one_real_engine(model_dir, tmp_path, m
     requests and seeds; one engine (max_lora_rank 32), one generate call per step, each adapter handed over once."""
     from lorarl.pack import vllm_rollouts
     from lorarl.pack.build import build_pack
-    from tests.pack_mixed_ranks import assert_pack_equals_solo
+    from tests.support.pack_mixed_ranks import assert_pack_equals_solo
 
     cells = vllm_cells(model_dir, steps=2)
     probe = build_pack(cells, results_dir=tmp_path, device="cpu")  # the production path builds the engine
@@ -108,11 +108,11 @@ def test_ranks_1_8_32_pack_equals_solo_on_one_real_engine(model_dir, tmp_path, m
 
 
 def test_ranks_1_8_32_requests_in_one_call_equal_alone(model_dir, tmp_path):
-    """tests/pack_mixed_ranks.py's rollout-level check on the real engine: three adapters of ranks 1/8/32 in one
+    """tests/support/pack_mixed_ranks.py's rollout-level check on the real engine: three adapters of ranks 1/8/32 in one
     generate call sample each member's tokens as alone, logprobs to 1e-6."""
     from lorarl.pack.generate import SampleSettings
     from real_engine import real_api
-    from tests.pack_mixed_ranks import assert_multilora_pack_equals_solo, save_mixed_rank_adapters
+    from tests.support.pack_mixed_ranks import assert_multilora_pack_equals_solo, save_mixed_rank_adapters
 
     llm = _engine(model_dir, tmp_path)
     tok = llm.get_tokenizer()
@@ -210,7 +210,7 @@ def test_greedy_members_in_the_pack_equal_their_solo_and_hf_greedy(model_dir, tm
 def test_a_two_rank_pack_job_runs_an_engine_per_rank(model_dir, tmp_path):
     """A 2-member vLLM pack as a 2-task job: each rank a one-process pack with its own engine (its process is a
     one-process job for vLLM's in-process launcher); every member's outputs equal the one-task pack's."""
-    from tests.test_pack_job_ranks import _study, assert_two_rank_pack_equals_one
+    from tests.support.pack_job_ranks import _study, assert_two_rank_pack_equals_one
 
     logs = assert_two_rank_pack_equals_one(_study(tmp_path, model_dir, kls=(0.0, 0.05), rollout=ROLLOUT), tmp_path)
     text = "".join(p.read_text() for p in logs.glob("*_log.out")) + "".join(p.read_text() for p in logs.glob("*_log.err"))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from tests.test_cell_pause import fake_rewards, outputs  # noqa: F401
-from tests.test_resident import assert_equal_runs, published, solo_runs
+from tests.support.pause import outputs
+from tests.support.resident import assert_equal_runs, published, solo_runs
+from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
 pytestmark = pytest.mark.vllm_real
 
@@ -23,7 +23,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
-    from tests.tiny_model import save_tiny
+    from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)
 
@@ -31,15 +31,11 @@ def model_dir(tmp_path_factory) -> str:
 def vllm_cells(tmp_path, model_dir):
     from lorarl.spec.study import cell_table, load_study
 
-    doc = {"name": "rz", "defaults": {
-        "model": model_dir, "task": {"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
-        "adapter": {"method": "lora", "rank": 2, "alpha": 4, "dropout": 0.0}, "rollout": ROLLOUT,
-        "train": {"prompts_per_step": 2, "generations": 2, "max_completion_length": 8, "lr": 1e-2,
-                  "checkpoint_every": 0, "kl_monitor_every": 2}},
-        "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]},
-                 "length": {"field": "train.steps", "prefix": "n", "values": [2, 4]}}}
-    p = tmp_path / "rz.yaml"
-    p.write_text(yaml.safe_dump(doc))
+    doc = tiny_study("rz", model=model_dir, **IN_PROCESS, eval=None, rollout=ROLLOUT,
+                     train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2},
+                     axes={"length": {"field": "train.steps", "prefix": "n", "values": [2, 4]},
+                           "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 8]}})
+    p = write_study(tmp_path / "rz.yaml", doc)
     return {(c.config.adapter.rank, c.config.train.steps): c for c in cell_table(load_study(str(p))).cells}
 
 

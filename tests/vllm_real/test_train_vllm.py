@@ -18,20 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.study import tiny_study
+
 THRESHOLD = 0.05  # rollout.freshness_threshold (its default): the gate's bound on mean |logp_sampler - logp_policy|
 STEPS = 3
 ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True, "freshness_threshold": THRESHOLD}
-STUDY = {
-    "name": "vllm_real",
-    "defaults": {
-        "model": "local:tiny-arith",
-        "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 4, "max_completion_length": 12,
-                  "lr": 3e-2, "temperature": 1.0, "kl_monitor_every": 0, "checkpoint_every": 0},
-        "adapter": {"method": "lora", "rank": 4},
-        "rollout": ROLLOUT,
-    },
-    "axes": {"c": {"values": [
+STUDY = tiny_study(
+    "vllm_real", eval=None, model="local:tiny-arith", task={"name": "synthetic", "n_train": 32, "n_eval": 8},
+    train={"steps": STEPS, "prompts_per_step": 2, "generations": 4, "max_completion_length": 12,
+           "lr": 3e-2, "temperature": 1.0, "kl_monitor_every": 0, "checkpoint_every": 0},
+    adapter={"method": "lora", "rank": 4}, rollout=ROLLOUT,
+    axes={"c": {"values": [
         {"label": "lora", "set": {"seed": 0}},
         {"label": "lora_seed1", "set": {"seed": 1}},
         {"label": "lora_raw", "set": {"rollout.logprobs_mode": "raw"}},
@@ -41,8 +38,7 @@ STUDY = {
         # trained with its push dropped (the engine keeps the weights it was built from): the gate must trip
         {"label": "stale", "set": {"adapter.method": "full", "adapter.rank": None, "train.lr": 3e-2, "train.steps": 5,
                                    "rollout.freshness_threshold": 0.02, "rollout.freshness_patience": 2}},
-    ]}},
-}
+    ]}})
 
 
 @pytest.fixture(scope="module")

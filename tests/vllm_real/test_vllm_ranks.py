@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the 2-rank comparison of test_distributed
-
-from test_distributed import STEPS, assert_same_cell, weights  # noqa: E402
+from tests.support.distributed import STEPS, assert_same_cell, weights
+from tests.support.study import seeds, tiny_study
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +53,14 @@ def train(root: Path, models: tuple[Path, Path], nproc: int, tp: int = 1, adapte
     model, teacher = models
     (root / "models").mkdir(parents=True)
     os.symlink(model, root / "models" / "tiny-arith")
-    spec = {"name": "dist", "defaults": {
-        "model": "local:tiny-arith", "task": {"name": "synthetic", "n_train": 32, "n_eval": 8},
-        "adapter": adapter or {"rank": 2, "alpha": 4},
-        "train": {"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10, "lr": lr,
-                  "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0, "sharding": sharding},
-        "rollout": {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True,
-                    "tensor_parallel_size": tp},
-        "reward": {"regime": "distillation", "teacher": str(teacher)}},  # dense, varied rewards: it learns
-        "axes": {"seed": {"field": "seed", "prefix": "s", "values": [3]}}}
+    spec = tiny_study("dist", eval=None, model="local:tiny-arith", task={"name": "synthetic", "n_train": 32, "n_eval": 8},
+                      adapter=adapter or {"rank": 2, "alpha": 4},
+                      train={"steps": STEPS, "prompts_per_step": 2, "generations": 2, "max_completion_length": 10,
+                             "lr": lr, "beta": 0.05, "kl_monitor_every": 1, "checkpoint_every": 0, "sharding": sharding},
+                      rollout={"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": True,
+                               "tensor_parallel_size": tp},
+                      reward={"regime": "distillation", "teacher": str(teacher)},  # dense, varied rewards: it learns
+                      axes=seeds(3))
     (root / "study.yaml").write_text(yaml.safe_dump(spec))
     cmd = ["-m", "lorarl.cli", "run", str(root / "study.yaml"), "s3", "--stages", "train", "--results", str(root),
            "--threads", "1"]

@@ -1,5 +1,5 @@
 """The names vLLM 0.31.0 accepts (read from its wheel: vllm/entrypoints/llm.py, vllm/engine/arg_utils.py,
-vllm/sampling_params.py, vllm/config/lora.py, vllm/config/model.py), for tests/fake_vllm.py."""
+vllm/sampling_params.py, vllm/config/lora.py, vllm/config/model.py), for tests/support/fake_vllm.py."""
 
 LLM_PARAMS = frozenset({  # vllm.LLM.__init__ named parameters (0.31.0)
     "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",

@@ -1,6 +1,6 @@
 """Mixed ranks in one pack: the shared harness of the "packed = solo" checks for members of ranks 1, 8 and 32
 (different alphas) in ONE pack, for HF rollouts (the packed step loop) and vLLM multi-LoRA rollouts (one engine,
-one ``generate`` call). Used by tests/test_pack_ranks.py (CPU: HF, and vLLM through tests/fake_vllm.py); a
+one ``generate`` call). Used by tests/test_pack_ranks.py (CPU: HF, and vLLM through tests/support/fake_vllm.py); a
 real-vLLM test passes its ``vllm`` module as ``api`` and its engine as ``llm``.
 
 HF (lorarl.pack.build / steps):
@@ -25,7 +25,7 @@ MIXED_RANKS = ((1, 2.0), (8, 4.0), (32, 64.0))  # (rank, alpha): scalings alpha/
 
 def mixed_rank_cells(model_dir: str, method: str = "lora", steps: int = 3) -> list[Any]:
     """Three cells of one pack that differ in rank and alpha (and seed, beta, lr, temperature)."""
-    from tests.test_pack_steps import cell
+    from tests.support.pack_steps import cell
 
     (r1, a1), (r2, a2), (r3, a3) = MIXED_RANKS
     return [cell(model_dir, "r1", 1, method=method, rank=r1, alpha=a1, steps=steps),
@@ -45,7 +45,7 @@ def assert_pack_equals_solo(cells: list[Any], results_dir: str | Path, steps: in
     adapter and metrics equal its solo run's to ``tol``, and its sampling and data-order streams are the same.
     Returns the packed metrics rows."""
     from lorarl.pack.build import build_pack
-    from tests.test_pack_steps import clean, fake_regimes, trained
+    from tests.support.pack_steps import clean, fake_regimes, trained
 
     pack = fake_regimes(build_pack(cells, results_dir=results_dir, device="cpu"))
     start = [trained(pack, k) for k in range(len(cells))]
@@ -70,7 +70,7 @@ def assert_pack_equals_solo(cells: list[Any], results_dir: str | Path, steps: in
 
 def save_mixed_rank_adapters(model_dir: str, out_dir: str | Path, seed: int = 1) -> tuple[list[str], list[str]]:
     """PEFT LoRA folders of ranks 1, 8 and 32 (alphas 2, 4, 64) on ``model_dir``, B non-zero (as after training)."""
-    from tests.test_pack_multilora import save_adapter
+    from tests.support.multilora import save_adapter
 
     names = [f"r{r}" for r, _ in MIXED_RANKS]
     dirs = [save_adapter(model_dir, Path(out_dir) / n, seed + k, r=r, alpha=a)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 PUBLISHED = sorted(p for p in EXPERIMENTS.glob("*.yaml")
                    if not p.stem.endswith("_cpu") and p.stem not in ("demo", "demo_adaptive"))
 TWINS = sorted(EXPERIMENTS.glob("*_cpu.yaml"))

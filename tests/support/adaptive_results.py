@@ -1,4 +1,4 @@
-"""Synthetic results of an adaptive study (no training): every cell finished (tests/study_shapes.py), rung
+"""Synthetic results of an adaptive study (no training): every cell finished (tests/support/study_shapes.py), rung
 values set by rank (the higher the rank, the better), the real decision function run on them, and the cells of
 the stopped settings cut back to what a censored cell leaves (its rung's evaluation and mark, no summary).
 ``added``: the seeds a hypothesis added (lorarl.spec.adaptive.seeds) are written as finished cells too. Used by
@@ -15,19 +15,17 @@ import yaml
 from lorarl import paths
 from lorarl.adaptive.ledger import update_hypotheses, update_search
 from lorarl.spec.study import cell_table, load_study
-from tests.study_shapes import fake_results
+from tests.support.study_shapes import fake_results
+from tests.support.study import tiny_study
 
-STUDY = {  # ranks 1, 2, 4, 8 x seeds 0, 1; one rung at step 2 keeps the best half
-    "name": "adr",
-    "defaults": {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 16, "n_eval": 8},
-                 "adapter": {"method": "lora", "rank": 2, "alpha": 4},
-                 "train": {"steps": 6, "prompts_per_step": 2, "generations": 2}, "eval": {"eval_every": 2}},
-    "axes": {"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4, 8]},
-             "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-    "search": {"rule": "sha", "rungs": [2], "eta": 2},
-    "hypotheses": {"top": {"kind": "non_inferiority", "a": {"rank": 4}, "b": {"rank": 8}, "margin": 0.1,
-                           "min_seeds": 2, "max_seeds": 2}},
-}
+STUDY = {**tiny_study("adr", task={"name": "synthetic", "n_train": 16, "n_eval": 8},
+                      adapter={"method": "lora", "rank": 2, "alpha": 4},
+                      train={"steps": 6, "prompts_per_step": 2, "generations": 2}, eval={"eval_every": 2},
+                      axes={"rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 2, 4, 8]},
+                            "seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}),
+         "search": {"rule": "sha", "rungs": [2], "eta": 2},
+         "hypotheses": {"top": {"kind": "non_inferiority", "a": {"rank": 4}, "b": {"rank": 8}, "margin": 0.1,
+                                "min_seeds": 2, "max_seeds": 2}}}
 
 
 def rung_value(cell) -> float:

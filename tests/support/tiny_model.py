@@ -1,4 +1,4 @@
-"""The tiny model and tokenizer many tests train (tests/test_grpo.py's `tiny_dir`), built and saved here."""
+"""The tiny model and tokenizer many tests train (the `tiny_dir` fixture, tests/conftest.py), built and saved here."""
 
 from __future__ import annotations
 

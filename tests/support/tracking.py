@@ -5,7 +5,7 @@ to exist, so that every writer logs at the same time, then logs <steps> steps of
 per step (the most contention a store can get), a summary, the end. ServerProcess: `lorarl tracking
 serve` on a loopback port, killable and restartable.
 
-    python tests/tracking_helpers.py <results> <study> <cell> <steps> <go-file>   ($LORARL_TRACKING: the store)
+    python tests/support/tracking.py <results> <study> <cell> <steps> <go-file>   ($LORARL_TRACKING: the store)
 Prints one JSON line: run id, per-step log times (s), steps that went pending.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 METRICS = ("reward", "loss", "kl", "entropy", "grad_norm")
 

@@ -1,6 +1,6 @@
 """Run by tests/test_job_imports.py in a fresh interpreter: the heavy modules a job of each stage has imported.
 
-    python tests/stage_imports.py '<json spec>'
+    python tests/support/stage_imports.py '<json spec>'
 
 In this order, in one process (each phase adds to what the earlier ones imported): `lorarl aggregate` of
 each study in spec["aggregate"]; `lorarl run <study> <cell> --stages <stage>` for each [stage, study, cell] of

@@ -27,7 +27,7 @@ vllm/lora/request.py, vllm/outputs.py, vllm/logprobs.py, vllm/config/lora.py, vl
   path TRL's colocate sync uses; an unknown name raises KeyError, a wrong shape raises, like vLLM's loaders.
   On vLLM's CPU build (``api(cpu=True)``) a linear layer's weight raises AttributeError (no ``weight_loader``
   after the CPU repacking); ``model_runner.reload_weights(weights_iterator=...)`` loads on both
-  (tests/fake_vllm_weights.py).
+  (tests/support/fake_vllm_weights.py).
   It exists only for an in-process engine core (``distributed_executor_backend="external_launcher"``, as TRL
   builds it: vllm/config/parallel.py then sets VLLM_ENABLE_V1_MULTIPROCESSING=0, and only then does
   vllm/v1/engine/llm_engine.py set ``self.model_executor``); a default engine runs its core in another process.
@@ -53,12 +53,8 @@ from typing import Any
 
 import torch
 
-try:
-    from fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
-    from fake_vllm_weights import Runner, reload_weights
-except ImportError:  # imported as tests.fake_vllm without tests/ on the path
-    from tests.fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
-    from tests.fake_vllm_weights import Runner, reload_weights
+from tests.support.fake_vllm_fields import ENGINE_ARGS, LLM_PARAMS, LOGPROBS_MODES, MAX_LORA_RANKS, SAMPLING_FIELDS
+from tests.support.fake_vllm_weights import Runner, reload_weights
 
 
 class VLLMError(Exception):  # vllm/exceptions.py (0.31): vLLM's own errors are not ValueErrors

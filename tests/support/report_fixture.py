@@ -13,21 +13,19 @@ import pandas as pd
 import yaml
 
 from lorarl.spec.study import study_cells, load_study
+from tests.support.study import tiny_study
 
 STEPS = 40
 N_PROBLEMS = 100
-STUDY = {
-    "name": "rep",
-    "baseline": {"rank": "full"},
-    "defaults": {"model": "local:tiny-test", "train": {"steps": STEPS, "kl_monitor_every": 5},
-                 "eval": {"eval_every": 10}},
-    "axes": {
-        "regime": {"field": "reward.regime", "values": ["outcome", "process"]},
-        "rank": {"field": "adapter.rank", "prefix": "r", "values": [
-            1, 16, {"label": "full", "set": {"adapter.method": "full", "adapter.rank": None}}]},
-        "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]},
-    },
-}
+STUDY = {**tiny_study("rep", task=None, adapter=None, train={"steps": STEPS, "kl_monitor_every": 5},
+                      eval={"eval_every": 10},
+                      axes={
+                       "regime": {"field": "reward.regime", "values": ["outcome", "process"]},
+                       "rank": {"field": "adapter.rank", "prefix": "r", "values": [
+                           1, 16, {"label": "full", "set": {"adapter.method": "full", "adapter.rank": None}}]},
+                       "seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]},
+                   }),
+         "baseline": {"rank": "full"}}
 
 
 def trace(collapsing: bool, seed: int) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""tests/fake_vllm.py's weight paths: ``model_runner.model.load_weights`` (TRL's colocated sync; vLLM's CPU build
+"""tests/support/fake_vllm.py's weight paths: ``model_runner.model.load_weights`` (TRL's colocated sync; vLLM's CPU build
 cannot reach its repacked linear layers through it) and ``model_runner.reload_weights`` (the layerwise reload)."""
 
 from __future__ import annotations
