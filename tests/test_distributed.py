@@ -149,8 +149,8 @@ def assert_same_cell(one: Path, two: Path, start: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Path, Path]:
-    return build_models(tmp_path_factory.mktemp("dist_models"))
+def models(tmp_path_factory, tiny_test_base: Path) -> tuple[Path, Path]:
+    return build_models(tmp_path_factory.mktemp("dist_models"), tiny_test_base)
 
 
 @pytest.mark.slow

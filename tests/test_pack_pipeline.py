@@ -18,8 +18,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, tiny_test_base):
+    from support.trained import place_base
+
     wd = tmp_path_factory.mktemp("packpipe")
+    place_base(tiny_test_base, wd / "results")  # the session's base model: no base_model job here
     (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (wd / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(wd / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},

@@ -122,15 +122,15 @@ def study_dict(name: str, teacher: Path, **train) -> dict:
     }
 
 
-def build_models(root: Path) -> tuple[Path, Path]:
-    """results/models/tiny-test (the recipe) and a perturbed copy of it as the distillation teacher."""
+def build_models(root: Path, built: Path) -> tuple[Path, Path]:
+    """results/models/tiny-test (a copy of ``built``, the session's tiny_test_base) and a perturbed copy of it as
+    the distillation teacher."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lorarl.models import build_base
+    from support.trained import place_base
 
-    base = root / "models" / "tiny-test"
-    build_base("tiny-test", base, threads=1)
+    base = place_base(built, root)
     teacher = root / "teacher"
     model, tok = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
     gen = torch.Generator().manual_seed(0)
@@ -162,8 +162,8 @@ def adapter_tensors(cell_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Path, Path]:
-    return build_models(tmp_path_factory.mktemp("resume_models"))
+def models(tmp_path_factory, tiny_test_base: Path) -> tuple[Path, Path]:
+    return build_models(tmp_path_factory.mktemp("resume_models"), tiny_test_base)
 
 
 @pytest.fixture(scope="module")
