@@ -47,6 +47,7 @@ def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
     first = snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
     stats = jobs_run(first)
     assert stats.get("train_pack") == 1 and stats.get("train") == 2 and stats.get("evaluate") == 3, stats
+    assert "base_model" not in stats, stats  # the session's copied base model is taken as made
     res = workdir / "results" / "e2e"
     (record,) = (res / ".packs").glob("pack-*.json")
     rec = json.loads(record.read_text())
