@@ -10,6 +10,8 @@ import pytest
 # fails the run, tests/vllm_real/conftest.py); in the main CPU venv, which never holds vllm, it is left out.
 REAL_VLLM_WANTED = os.environ.get("LORARL_VLLM_REAL") == "1" or importlib.util.find_spec("vllm") is not None
 collect_ignore = [] if REAL_VLLM_WANTED else ["vllm_real"]
+# session fixtures that many modules start from, built once (tests/support/trained.py: the tiny-test base model)
+pytest_plugins = ["tests.support.trained"]
 
 
 @pytest.fixture(autouse=True)

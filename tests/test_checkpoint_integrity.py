@@ -112,12 +112,12 @@ STUDY = tiny_study("ck", eval=None, train={**TRAIN, "steps": 4, "checkpoint_ever
 
 
 @pytest.mark.slow
-def test_truncated_checkpoint_after_a_kill_reruns_from_scratch(tmp_path: Path):
+def test_truncated_checkpoint_after_a_kill_reruns_from_scratch(tmp_path: Path, tiny_test_base: Path):
     import mlflow
 
-    from lorarl.models import build_base
+    from tests.support.trained import place_base
 
-    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, tmp_path)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     cmd = [sys.executable, "-m", "lorarl.cli", "run", str(tmp_path / "study.yaml"), "s0", "--stages", "train",
            "--results", str(tmp_path), "--threads", "1"]

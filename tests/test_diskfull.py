@@ -38,10 +38,10 @@ def _digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and "logs" not in p.parts}
 
 
-def test_disk_full_fails_the_cell_clearly_and_leaves_finished_cells(tmp_path: Path):
-    from lorarl.models import build_base
+def test_disk_full_fails_the_cell_clearly_and_leaves_finished_cells(tmp_path: Path, tiny_test_base: Path):
+    from tests.support.trained import place_base
 
-    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, tmp_path)
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     s0 = tmp_path / "df" / "s0"  # a finished cell (its files as train writes them; contents do not matter here)
     (s0 / "adapter").mkdir(parents=True)

@@ -116,8 +116,8 @@ def train(study_file: Path, nproc: int, expect_ok: bool = True, **env_vars: str)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Path, Path]:
-    return build_models(tmp_path_factory.mktemp("dist_models"))
+def models(tmp_path_factory, tiny_test_base: Path) -> tuple[Path, Path]:
+    return build_models(tmp_path_factory.mktemp("dist_models"), tiny_test_base)
 
 
 @pytest.mark.slow

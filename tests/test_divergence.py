@@ -93,11 +93,11 @@ STUDY = tiny_study("dv", train={**TRAIN, "steps": 6, "checkpoint_every": 2}, eva
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    from lorarl.models import build_base
+def workdir(tmp_path_factory, tiny_test_base: Path) -> Path:
+    from tests.support.trained import place_base
 
     wd = tmp_path_factory.mktemp("divergence")
-    build_base("tiny-test", wd / "results" / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, wd / "results")
     (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
     return wd
 

@@ -114,10 +114,10 @@ def _orphan_then_relaunch(cmd: list[str], prov: Path) -> tuple[str, subprocess.C
 
 
 @pytest.mark.slow
-def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
-    from lorarl.models import build_base
+def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path, tiny_test_base: Path):
+    from tests.support.trained import place_base
 
-    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, tmp_path)
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump(STUDY))
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "train", str(study), "s0", "--results", str(tmp_path),
@@ -131,13 +131,13 @@ def test_a_killed_launchers_job_is_adopted_not_duplicated(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path):
+def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path, tiny_test_base: Path):
     """The same for a pack job (issue 14): the orphaned pack job is waited on, not submitted twice, and
     its members' train launchers publish what it trained."""
-    from lorarl.models import build_base
     from lorarl.pack.plan import pack_id
+    from tests.support.trained import place_base
 
-    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, tmp_path)
     study = tmp_path / "study.yaml"
     spec = json.loads(json.dumps(STUDY))
     spec["axes"]["seed"]["values"] = [0, 1]

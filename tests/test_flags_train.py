@@ -21,13 +21,13 @@ STUDY = tiny_study("fl",
                    eval={"max_new_tokens": 8, "eval_every": 4}, axes=seeds(0))
 
 
-def test_stop_on_collapse_in_a_real_run(tmp_path):
+def test_stop_on_collapse_in_a_real_run(tmp_path, tiny_test_base):
     import mlflow
 
-    from lorarl.models import build_base
     from lorarl.train.main import train_cell
+    from tests.support.trained import place_base
 
-    build_base("tiny-test", tmp_path / "models" / "tiny-test", threads=1)
+    place_base(tiny_test_base, tmp_path)
     # the tiny untrained-for-RL model never stops within a 12-token budget: every completion is
     # truncated, so truncation_saturation fires after TRUNC_RUN steps, and the cell must stop right there
     cell = study_cells(parse_study(STUDY))[0]

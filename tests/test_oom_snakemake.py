@@ -26,10 +26,13 @@ STUDY = tiny_study("oomy",
                    eval={"max_new_tokens": 4, "batch_size": 4}, axes=seeds(0))
 
 
-def test_out_of_memory_jobs_are_retried_down_the_ladder(tmp_path: Path):
+def test_out_of_memory_jobs_are_retried_down_the_ladder(tmp_path: Path, tiny_test_base: Path):
+    from tests.support.trained import place_base
+
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     root = recovery.workspace(tmp_path, {"studies": [str(tmp_path / "study.yaml")], "results": "results",
                                          "launcher": "local", "slurm": {}})
+    place_base(tiny_test_base, root / "results")  # the session's base model (the hook fails no base job anyway)
     env = {k: v for k, v in os.environ.items() if k != "LORARL_FAULT"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["LORARL_FAULT"] = "oom_above:1"

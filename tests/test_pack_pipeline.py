@@ -18,8 +18,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(tmp_path_factory, tiny_test_base):
+    from tests.support.trained import place_base
+
     wd = tmp_path_factory.mktemp("packpipe")
+    place_base(tiny_test_base, wd / "results")  # the session's base model: no base_model job here
     (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (wd / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(wd / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},
@@ -44,6 +47,7 @@ def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
     first = run_snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
     stats = jobs_run(first)
     assert stats.get("train_pack") == 1 and stats.get("train") == 2 and stats.get("evaluate") == 3, stats
+    assert "base_model" not in stats, stats  # the session's copied base model is taken as made
     res = workdir / "results" / "e2e"
     (record,) = (res / ".packs").glob("pack-*.json")
     rec = json.loads(record.read_text())

@@ -134,8 +134,8 @@ def adapter_tensors(cell_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Path, Path]:
-    return build_models(tmp_path_factory.mktemp("resume_models"))
+def models(tmp_path_factory, tiny_test_base: Path) -> tuple[Path, Path]:
+    return build_models(tmp_path_factory.mktemp("resume_models"), tiny_test_base)
 
 
 @pytest.fixture(scope="module")

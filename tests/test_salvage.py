@@ -101,16 +101,18 @@ STUDY = tiny_study("fl", eval=None, train={**TRAIN, "steps": 4, "checkpoint_ever
 
 
 @pytest.mark.slow
-def test_a_train_job_that_finishes_after_snakemake_is_killed_is_kept_not_retrained(tmp_path: Path):
+def test_a_train_job_that_finishes_after_snakemake_is_killed_is_kept_not_retrained(tmp_path: Path, tiny_test_base):
     """Snakemake SIGKILLed while a cell trains (its launcher and job go on, orphaned, and finish): the rerun forces
     the job for the killed run's "incomplete" marks on its now whole outputs and would delete them; its onstart
     lets the job put them back (lorarl.train.salvage), so the cell is not trained twice: the same summary and MLflow
     run. Only the train job's own output is asked for (no evaluation jobs)."""
     from lorarl.pipeline.drills import faults, recovery
+    from tests.support.trained import place_base
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     root = recovery.workspace(tmp_path, {"studies": [str(tmp_path / "study.yaml")], "results": "results",
                                          "launcher": "local", "slurm": {}})
+    place_base(tiny_test_base, root / "results")  # the session's base model: Snakemake's first job is the train job
     target, log = "results/fl/s0/summary.json", tmp_path / "snakemake.log"
     train_log = root / "results" / "fl" / "s0" / "logs" / "train.log"
     cmd = [sys.executable, "-m", "snakemake", target]

@@ -198,8 +198,11 @@ def _failure_logs(wd: Path) -> str:
     return "\n".join(out)
 
 
-def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path: Path):
+def test_pipeline_on_the_server_survives_a_server_kill(server, client, tmp_path: Path, tiny_test_base: Path):
+    from tests.support.trained import place_base
+
     wd = tmp_path
+    place_base(tiny_test_base, wd / "results")  # the session's base model: no base_model job here
     (wd / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (wd / "config.yaml").write_text(yaml.safe_dump({
         "studies": [str(wd / "study.yaml")], "results": "results", "launcher": "local", "slurm": {},

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def build_models(root: Path) -> tuple[Path, Path]:
-    """results/models/tiny-test (the recipe) and a perturbed copy of it as the distillation teacher."""
+def build_models(root: Path, built: Path) -> tuple[Path, Path]:
+    """results/models/tiny-test (a copy of ``built``, the session's tiny_test_base) and a perturbed copy of it as
+    the distillation teacher."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lorarl.models import build_base
+    from tests.support.trained import place_base
 
-    base = root / "models" / "tiny-test"
-    build_base("tiny-test", base, threads=1)
+    base = place_base(built, root)
     teacher = root / "teacher"
     model, tok = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
     gen = torch.Generator().manual_seed(0)
