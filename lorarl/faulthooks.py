@@ -31,6 +31,8 @@ HOOKS: dict[str, Hook] = {h.name: h for h in (
     Hook("flat_prompts", "divisor", 1, "lorarl.train.dynamic_sampling: prompts with crc32 % N == 0 get reward 0"),
     Hook("oom_above", "sequences", 0, "lorarl.pipeline.jobs.oom: out of memory above N sequences per micro-batch"),
     Hook("oom_ranks_below", "ranks", 0, "lorarl.pipeline.jobs.oom: a training job of fewer than N ranks runs out of memory"),
+    Hook("step_delay_ms", "milliseconds", 1, "lorarl.train.checkpoint: every training step ends N ms later (a job "
+         "slow enough to be signalled while it trains)"),
     Hook("disk_full", "", 0, "lorarl.io.disk_full_hook: a train cell's summary.json write fails with ENOSPC"),
 )}
 

@@ -13,7 +13,7 @@ from lorarl.faulthooks import FAULT_ENV, HOOKS, Fault, parse
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED = ("allowed: kill_at_step:N, kill_after_save:N, nan_reward_at_step:N, flat_prompts:N, oom_above:N, "
-           "oom_ranks_below:N, disk_full")
+           "oom_ranks_below:N, step_delay_ms:N, disk_full")
 
 CASES = [  # (LORARL_FAULT value, the parsed hook or the error's text)
     ("", None),
@@ -23,6 +23,7 @@ CASES = [  # (LORARL_FAULT value, the parsed hook or the error's text)
     ("flat_prompts:2", Fault("flat_prompts", 2)),
     ("oom_above:0", Fault("oom_above", 0)),  # every micro-batch runs out of memory
     ("oom_ranks_below:2", Fault("oom_ranks_below", 2)),
+    ("step_delay_ms:500", Fault("step_delay_ms", 500)),
     ("disk_full", Fault("disk_full", None)),
     ("kill_at_step", "kill_at_step:N needs a whole number N >= 1 (training step)"),
     ("kill_at_step:0", "kill_at_step:N needs a whole number N >= 1 (training step)"),

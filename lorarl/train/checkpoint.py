@@ -30,9 +30,9 @@ a grace time) also gets a checkpoint at the end of the step if the step ends bef
 SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its latest complete checkpoint
 the next time it runs: the requeued job, or the Snakemake rerun.
 
-Test hook: LORARL_FAULT="kill_at_step:N" (SIGKILL at the end of step N) or "kill_after_save:N" (SIGKILL
-right after the checkpoint at step N is complete, before its metrics reach MLflow); each fires once
-per checkpoint folder.
+Test hooks: LORARL_FAULT="kill_at_step:N" (SIGKILL at the end of step N) or "kill_after_save:N" (SIGKILL
+right after the checkpoint at step N is complete, before its metrics reach MLflow), each firing once per
+checkpoint folder; "step_delay_ms:N": every step ends N ms later (a job a test can signal while it trains).
 """
 
 from __future__ import annotations
@@ -340,6 +340,7 @@ class CellCheckpoints:
             save = stop = True
             self.stopped_for_preemption = True
         _fault("kill_at_step", step, self.root)
+        time.sleep((fault_number("step_delay_ms") or 0) / 1000)  # test hook: a step long enough to be signalled
         return save, stop
 
     def mark(self, step: int) -> None:

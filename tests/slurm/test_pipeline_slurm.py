@@ -108,7 +108,10 @@ def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path)
     ckpts = wd / "results" / "rq" / ".checkpoints" / "s5"
     progress = ckpts / "progress.json"
     log = (wd / "snakemake.log").open("w")
-    proc = subprocess.Popen(snakemake_cmd(wd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env())
+    # each step lasts at least 0.4 s (test hook): on a quiet machine the tiny cell trains its 32 steps in 4 s, before
+    # the signals below could reach it (the job then finished, and its requeue found the cell trained)
+    slow = env(LORARL_FAULT="step_delay_ms:400")
+    proc = subprocess.Popen(snakemake_cmd(wd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=slow)
     try:
         p = wait_progress([progress], 4, None, proc)
         job = p["job_id"]

@@ -114,9 +114,9 @@ def cluster_report(workdir: Path | None = None) -> str:
     return "\n".join(parts)
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     # LORARL_POLL_S: a cancelled job is noticed within seconds (default: a minute)
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_POLL_S": "3"}
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_POLL_S": "3", **extra}
 
 
 def snakemake(workdir: Path, timeout: float = 900, slurm: dict = SLURM) -> subprocess.CompletedProcess:
