@@ -27,17 +27,9 @@ STEPS, RUNG = 4, 2
 def teacher(tiny_dir, tmp_path_factory):
     """A perturbed copy of the tiny model: a distillation teacher gives dense, varied rewards, so the adapter
     moves and the resumed run must reproduce the sampling exactly (tests/test_resume.py does the same)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tests.support.trained import perturbed_teacher
 
-    out = tmp_path_factory.mktemp("teacher")
-    model, tok = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    return str(perturbed_teacher(tiny_dir, tmp_path_factory.mktemp("teacher")))
 
 
 def rung_job(cells, results, target=None, until=RUNG):

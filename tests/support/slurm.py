@@ -31,23 +31,13 @@ SLURM = {
 def build_slurm_models(tmp_path_factory) -> tuple[Path, Path]:
     """results/models/tiny-test, built once (copied into every workdir so no test rebuilds it), and a
     perturbed copy as a distillation teacher (varied rewards: the adapter really learns)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from lorarl.models import build_base
+    from tests.support.trained import perturbed_teacher
 
     root = tmp_path_factory.mktemp("slurm_models")
     base = root / "models" / "tiny-test"
     build_base("tiny-test", base, threads=1)
-    teacher = root / "teacher"
-    model, tok = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(teacher)
-    tok.save_pretrained(teacher)
-    return base, teacher
+    return base, perturbed_teacher(base, root / "teacher")
 
 
 def workdir_for(tmp: Path, models: tuple[Path, Path], study: dict) -> Path:

@@ -32,3 +32,19 @@ def place_base(built: Path, root: Path) -> Path:
     dest = Path(root) / "models" / "tiny-test"
     shutil.copytree(built, dest)  # copy2: the built files' times kept
     return dest
+
+
+def perturbed_teacher(model_dir: Path, out: Path) -> Path:
+    """A copy of the model at ``model_dir`` with seeded noise (0.05 sd) on every weight, saved at ``out``: a
+    distillation teacher that differs from the policy, so rewards are dense and varied and the adapter really moves."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
