@@ -30,6 +30,15 @@ cpu_s() {  # cpu_s NAME: user+sys CPU seconds of process NAME and everything it 
   sed -n 2p "$cpu_dir/$1" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]);
                                    t += a[1] * 60 + a[2] } printf "%d", t + 0.5 }'
 }
+free_gb() { df -Pk . | awk 'NR == 2 { printf "%.1f", $4 / 1048576 }'; }  # free GB on the checkout's filesystem
+disk_start=$(free_gb)
+echo "[disk] $disk_start GB free at the start; a run with no venv built yet needs about 14 GB" \
+     "(.venv 1.8, .venv312 5.6 (a CUDA torch), .venv-vllm 3.9, the wheelhouse test's venv 1.8, tests' files)"
+( low=$disk_start  # the lowest free space seen, every 5 s: a full disk fails a pip install deep in the run
+  while kill -0 $$ 2>/dev/null && sleep 5; do
+    f=$(free_gb); awk -v a="$f" -v b="$low" 'BEGIN { exit !(a < b) }' && low=$f; echo "$low" >"$cpu_dir/disk_low"
+  done ) &
+disk_pid=$!
 bash scripts/setup.sh
 phase "setup .venv"
 vllm_log=$(mktemp)
@@ -68,6 +77,7 @@ phase "chromium, PostgreSQL, Slurm up"
 beside_log=$(mktemp)
 beside_pid=
 cleanup() {
+  kill "$disk_pid" 2>/dev/null || true
   [ -n "$beside_pid" ] && kill "$beside_pid" 2>/dev/null || true
   [ -n "$vllm_pid" ] && kill "$vllm_pid" 2>/dev/null || true
   [ -n "$py312_pid" ] && kill "$py312_pid" 2>/dev/null || true
@@ -118,4 +128,6 @@ printf '%s' "$phases"
 echo "======================= CPU seconds per process (user+sys of it and every process it waited for: what the 2 cores" \
      "spent on it; Slurm jobs run under slurmd and are not counted) ======================="
 for p in main beside py312 vllm alone; do printf '%-34s %5s s\n' "$p" "$(cpu_s "$p")"; done
+echo "======================= disk (GB free on the checkout's filesystem) ======================="
+echo "start $disk_start, lowest during the run $(cat "$cpu_dir/disk_low" 2>/dev/null || echo "$disk_start"), end $(free_gb)"
 [ "$rc" -eq 0 ] && [ "$beside_rc" -eq 0 ] && [ "$py312_rc" -eq 0 ] && [ "$vllm_rc" -eq 0 ] && [ "$alone_rc" -eq 0 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,9 +76,16 @@ def _sh(cmd: list[str], **kw) -> str:
     return proc.stdout
 
 
+@pytest.fixture
+def freed_node(tmp_path):
+    """The node's venv (1.8 GB: torch) removed when the test ends: CI's other processes build venvs beside it."""
+    yield tmp_path / "node"
+    shutil.rmtree(tmp_path / "node", ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_a_fresh_venv_installs_from_the_wheelhouse_with_no_index_and_passes_the_cpu_smoke(tmp_path):
-    venv, wh = tmp_path / "node", tmp_path / "wheelhouse"
+def test_a_fresh_venv_installs_from_the_wheelhouse_with_no_index_and_passes_the_cpu_smoke(tmp_path, freed_node):
+    venv, wh = freed_node, tmp_path / "wheelhouse"
     py = str(venv / "bin" / "python")
     _sh([sys.executable, "-m", "venv", str(venv)])
     import torch
