@@ -45,6 +45,7 @@ class SampleSettings:
     eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
     generation_batch_size: int | None = None  # why: rows generated at once (KV-cache memory; samples unchanged)
     engine: GenerationEngine | None = None  # why: runtime.generation, the KV cache (static or dynamic; lorarl.decoding)
+    batch_invariant: bool = False  # why: runtime.batch_invariant, each cell's rows decoded apart (chunks of its own)
 
     def cell(self, k: int) -> tuple[float, float]:
         """(temperature, top_p) of cell k."""
@@ -83,6 +84,9 @@ def generate(router, prompts: list[list[list[int]] | None], generators: list[tor
     Each cell first draws its uniform table ``U`` (rows x max_new_tokens) from its own generator, then
     the rows are generated ``s.generation_batch_size`` at a time (None: all at once)."""
     idx = [k for k, p in enumerate(prompts) if p is not None]
+    if s.batch_invariant and len(idx) > 1:  # each cell decoded apart, in the chunks of its pack of one
+        return [generate(router, [p if j == k else None for j, p in enumerate(prompts)], generators, s)[k]
+                if k in idx else None for k in range(len(prompts))]
     cell_N = [k for k in idx for _ in prompts[k]]
     flat = [row for k in idx for row in prompts[k]]
     if not flat:

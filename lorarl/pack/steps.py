@@ -125,6 +125,8 @@ class PackLoop:
         """Log-probs of each listed cell's completions under the frozen base: one forward, no routing."""
         if not batches:
             return {}
+        if self.trainer.batch_invariant and len(batches) > 1:  # one cell per forward: its own batch shapes
+            return {k: self._ref_logps({k: b})[k] for k, b in batches.items()}
         T = self.sample.max_new_tokens
         ids = torch.cat([torch.cat([b["prompt_ids"], b["completion_ids"]], 1) for b in batches.values()])
         attn = torch.cat([torch.cat([b["prompt_mask"], b["completion_mask"]], 1) for b in batches.values()])
