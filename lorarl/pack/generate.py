@@ -18,6 +18,10 @@ of one and in any chunk; rows never interact (causal attention, per-row matmuls)
 exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
 (no top-k: TRL's default ``top_k=0``).
 
+``runtime.batch_invariant`` (``settings.batch_invariant``, :mod:`lorarl.numerics.invariant`): each cell's rows are
+decoded apart, in the chunks of its pack of one, so no decode step's kernels see a pack-mate's rows (a GPU's kernels
+depend on the batch's shape).
+
 KV cache (``runtime.generation``, :mod:`lorarl.decoding`): transformers' dynamic cache, or a static cache of
 ``prompt_width + max_new_tokens`` positions (fixed shapes); the decode loop stays eager (the routing's row blocks
 are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_rowsample.py).

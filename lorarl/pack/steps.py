@@ -19,7 +19,9 @@ One step, for every member still running and below its ``steps``:
 
 Every tensor of a step has fixed widths (prompt columns = the task's longest prompt, completion
 columns = ``max_completion_length``), so a member's arithmetic does not depend on its pack-mates:
-a pack of K equals K packs of one, bit for bit on the CPU (tests/test_pack_steps.py).
+a pack of K equals K packs of one, bit for bit on the CPU (tests/test_pack_steps.py). With
+``runtime.batch_invariant`` (:mod:`lorarl.numerics.invariant`) every rollout, forward and backward holds one member's
+rows, in its pack-of-one shapes, for a GPU whose kernels depend on the batch's shape.
 
 Scope: one optimiser step per rollout batch (``num_iterations = 1``, no mini-batches) and no DAPO
 dynamic sampling; :func:`lorarl.pack.plan.pack_key` keeps cells with those settings solo.
