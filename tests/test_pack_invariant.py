@@ -96,3 +96,30 @@ def test_a_vllm_pack_asking_for_it_samples_on_a_batch_invariant_engine(tiny_dir,
     pack = fake_regimes(build_pack(cells, results_dir=tmp_path, device="cpu"))
     assert pack.loop.rollouts.llm.batch_invariant and pack.loop.trainer.batch_invariant
     assert set(pack.loop.step()) == {"a", "b"}
+
+
+def test_a_gpu_trainer_takes_vllms_batch_invariant_kernels_once(monkeypatch):
+    """On CUDA (faked here: vLLM's module and torch's switch stand-ins) the mode turns vLLM's switch on, applies its
+    kernels and torch's deterministic algorithms, once per process; on a CPU or when off it does nothing."""
+    import sys
+    import types
+
+    import torch
+
+    from lorarl.numerics import invariant
+
+    calls = []
+    vbi = types.ModuleType("vllm.model_executor.layers.batch_invariant")
+    vbi.init_batch_invariance = lambda: calls.append(("vllm", os.environ.get(invariant.VLLM_FLAG)))
+    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.layers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setattr(sys.modules["vllm.model_executor.layers"], "batch_invariant", vbi, raising=False)
+    monkeypatch.setitem(sys.modules, vbi.__name__, vbi)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, warn_only: calls.append(("torch", on)))
+    monkeypatch.setattr(invariant, "_APPLIED", [])
+    monkeypatch.setenv(invariant.VLLM_FLAG, "0")
+    assert invariant.trainer_kernels(True, "cpu") == [] and invariant.trainer_kernels(False, "cuda") == [] and not calls
+    got = invariant.trainer_kernels(True, "cuda")
+    assert got == ["vLLM's batch-invariant kernels", "torch deterministic algorithms"]
+    assert calls == [("vllm", "1"), ("torch", True)]
+    assert invariant.trainer_kernels(True, "cuda") == got and len(calls) == 2  # once per process

@@ -24,6 +24,7 @@ import os
 import sys
 
 VLLM_FLAG = "VLLM_BATCH_INVARIANT"  # vLLM's own switch (vllm/envs.py), read by the engine at its start
+_APPLIED: list[str] = []  # what trainer_kernels applied in this process (process-wide and for good: once)
 
 
 def vllm_on() -> bool:
@@ -49,9 +50,11 @@ def trainer_kernels(on: bool, device_type: str) -> list[str]:
     here do not depend on the batch's shape) or when off."""
     if not on or device_type != "cuda":
         return []
+    if _APPLIED:
+        return list(_APPLIED)
     import torch
 
-    done = []
+    done = _APPLIED
     try:
         from vllm.model_executor.layers import batch_invariant as vbi  # GPU extra only
 
@@ -64,4 +67,4 @@ def trainer_kernels(on: bool, device_type: str) -> list[str]:
     torch.use_deterministic_algorithms(True, warn_only=True)
     done.append("torch deterministic algorithms")
     print(f"[lorarl] runtime.batch_invariant: {'; '.join(done)}", file=sys.stderr, flush=True)
-    return done
+    return list(done)

@@ -72,7 +72,8 @@ def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
     from lorarl.numerics.invariant import vllm_on
 
     got = _ENGINE
-    if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs) and got.get("invariant", False) == vllm_on():
+    same = got.get("invariant", False) == vllm_on()  # vLLM's kernels keep the switch they started with
+    if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs) and same:
         return got["llm"]
     _ENGINE.clear()  # old engines go first: a vLLM engine collected after the new one is built tears down the
     gc.collect()  # process's parallel groups, the new engine's too ("pipeline model parallel group is not initialized")
