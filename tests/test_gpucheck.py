@@ -230,9 +230,12 @@ def test_batch_invariant_job_holds_each_member_of_a_mixed_rank_pack_to_its_run_a
         members = got[mode]["members"]
         assert sorted(m["rank"] for m in members.values()) == [1, 32]
         assert got[mode]["packed_s"]["generation"] > 0 and got[mode]["alone_s"]["update"] > 0
+        seeds = got[mode]["seeds"]  # packed - alone mean loss per member's seed, and their interval
+        assert seeds["metric"] == "loss" and len(seeds["d"]) == 2 and max(map(abs, seeds["d"])) <= 1e-6
     assert all(m["tokens_equal"] and m["adapter_diff"] <= 1e-6 for m in got["on"]["members"].values())
     r = invariant_row(got)
     assert r["status"] == "pass" and "on: 2/2 members sample their solo tokens" in r["figure"], r
+    assert "packed - alone loss over 2 seeds" in r["figure"]
     name = next(iter(got["on"]["members"]))
     got["on"]["members"][name].update(tokens_equal=False, first_differing_step=1)
     got["probe_on"] = {"first_module": "model.layers.0.mlp.down_proj", "module": "Linear", "max_diff": 2e-3}

@@ -341,9 +341,11 @@ def invariant_check(study: Path, work: Path) -> dict[str, Any]:
 
 def invariant_row(got: dict[str, Any]) -> dict[str, Any]:
     def side(mode: str) -> str:
-        m = got[mode]["members"].values()
+        m, sd = got[mode]["members"].values(), got[mode]["seeds"]
+        ci = f"[{sd['lower']:.2e}, {sd['upper']:.2e}]" if sd["lower"] is not None else "unbounded (no spread)"
         return (f"{mode}: {sum(x['tokens_equal'] for x in m)}/{len(m)} members sample their solo tokens, adapter max "
-                f"|diff| {max(x['adapter_diff'] for x in m):.2e}")
+                f"|diff| {max(x['adapter_diff'] for x in m):.2e}, packed - alone {sd['metric']} over {len(sd['d'])} "
+                f"seeds {sd['mean']:.2e} {ci}")
 
     def first(p: dict) -> str:
         return f"{p['first_module']} ({p['module']}, {p['max_diff']:.1e})" if p["first_module"] else "none"

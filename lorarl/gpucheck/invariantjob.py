@@ -4,7 +4,10 @@ A pack of K = 4 members of mixed LoRA ranks (:data:`RANKS`, alpha 2r; the pack s
 differing) against each member trained alone (a pack of one, the same code), ``runtime.batch_invariant`` off, then
 on (the mode's GPU kernels are process-wide and cannot be turned off again: off runs first). Per mode and member:
 whether its sampled token ids equal its run alone at every step, the first step where they do not, the largest
-|difference| of its trained adapter; per mode the cost ledger's seconds per phase, packed and alone. Then a probe of
+|difference| of its trained adapter; per mode the cost ledger's seconds per phase, packed and alone, and packed vs
+alone as a distribution over the members' seeds: each seed's mean ``loss`` over the steps, packed minus alone, and
+the equivalence test's interval of their mean (TOST at alpha 0.05, the adaptive hypotheses' fixed-n interval:
+lorarl.adaptive.sequential), for where the runs are not equal. Then a probe of
 the base model's forward, to name the operation that depends on the batch: one member's rows alone and among 3 x as
 many others' rows, each module's output on those rows compared; the first module (in execution order) whose output
 differs, and by how much. Prints one JSON line.
@@ -42,21 +45,26 @@ def train(cells: list[Any], results: str, device: str) -> dict[str, Any]:
     pack = build_pack(cells, results_dir=results, device=device)
     ledger.begin(in_process=True)
     ids: dict[str, list] = {c.id: [] for c in cells}
+    loss: dict[str, list] = {c.id: [] for c in cells}
     t0 = time.perf_counter()
     for _ in range(max(c.config.train.steps for c in cells)):
-        pack.loop.step()
+        for name, row in pack.loop.step().items():
+            loss[name].append(row["loss"])
         for name, rows in pack.loop.last_rollouts.items():
             ids[name].append(rows)
     phases = {p: ledger.total(p) for p in ("generation", "reward", "reference", "update", "handoff")}
     phases["step"] = time.perf_counter() - t0
     weights = {c.name: {n: p.detach().float().cpu() for n, p in c.model.named_parameters() if p.requires_grad}
                for c in pack.loop.trainer.cells}
-    return {"ids": ids, "weights": weights, "phases": phases}
+    return {"ids": ids, "weights": weights, "phases": phases, "loss": {n: sum(v) / len(v) for n, v in loss.items()}}
 
 
 def compare(cells: list[Any], results: str, device: str) -> dict[str, Any]:
+    from lorarl.adaptive.sequential import critical_value, interval
+
     packed = train(cells, f"{results}/packed", device)
     alone = {"phases": {}, "members": {}}
+    d = []
     for c in cells:
         one = train([c], f"{results}/alone", device)
         for p, s in one["phases"].items():
@@ -66,7 +74,11 @@ def compare(cells: list[Any], results: str, device: str) -> dict[str, Any]:
         alone["members"][c.id] = {"rank": c.config.adapter.rank, "tokens_equal": all(steps),
                                   "first_differing_step": next((i + 1 for i, s in enumerate(steps) if not s), None),
                                   "adapter_diff": max(float((w[n] - v[n]).abs().max()) for n in w)}
-    return {"members": alone["members"], "packed_s": packed["phases"], "alone_s": alone["phases"]}
+        d.append(packed["loss"][c.id] - one["loss"][c.id])
+    mean, lo, hi = interval(d, critical_value(len(d), len(d), len(d), 0.05, 1.0))
+    seeds = {"metric": "loss", "d": d, "mean": mean, "lower": lo if lo > -1e308 else None,
+             "upper": hi if hi < 1e308 else None}  # unbounded (no spread, e.g. all equal): null
+    return {"members": alone["members"], "packed_s": packed["phases"], "alone_s": alone["phases"], "seeds": seeds}
 
 
 def probe(model_dir: str, device: str, rows: int = 4, others: int = 12, length: int = 64) -> dict[str, Any]:
