@@ -52,6 +52,7 @@ class RuntimeConfig(Strict):
     """``runtime``: how a cell's jobs run on their machine (never in a signature: changing it reruns nothing)."""
 
     generation: GenerationEngine = Field(default_factory=GenerationEngine)  # the HF engine's KV cache and compiled decode step (rollouts, packs, evaluation)
+    batch_invariant: bool = False  # a packed member's numbers independent of its pack-mates' rows: vLLM engines started batch-invariant, a pack's rollouts, forwards and backwards one member at a time, batch-invariant kernels on a GPU (lorarl.numerics.invariant; slower: docs/packed.md)
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,8 @@ def test_a_budget_lists_every_row_skipped_with_its_need_and_ends_within_it(tmp_p
                                                                 if study == "reward_density" else []):
             assert rows[name]["status"] == "not run", rows[name]
             assert re.fullmatch(r"skipped \(needs ~\d+ s, \d+ s left of 0.25 min\)", rows[name]["why"]), rows[name]
-    assert all(r["status"] in ("pass", "cut") or r["why"].startswith(("skipped (needs ~", "vllm not importable"))
+    assert all(r["status"] in ("pass", "cut") or r["why"].startswith(("skipped (needs ~", "vllm not importable",
+                                                                      "cpu-smoke: a GPU's check"))
                for r in res["checks"])
     assert "--cpu-smoke --minutes 0.25`" in (tmp_path / "gpucheck.md").read_text()
     assert not (tmp_path / "work" / "results").exists()  # nothing started past the budget
@@ -202,3 +203,41 @@ def test_bad_minutes_exit_2(tmp_path):
     assert proc.returncode == 2 and "--minutes must be > 0" in proc.stderr
 
 
+
+
+def test_batch_invariant_job_holds_each_member_of_a_mixed_rank_pack_to_its_run_alone(tiny_dir, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """The GPU check's job (lorarl.gpucheck.invariantjob) on the tests' tiny model, one step, two ranks: per mode each member's
+    tokens and adapter against its run alone, the phases' seconds and the base's probe; on this CPU every member
+    equals its run alone with the mode on (a pass); a member that differs fails the row, naming the probe's module."""
+    import yaml
+
+    from lorarl.gpucheck import invariantjob
+    from lorarl.gpucheck.checks import invariant_row
+    from lorarl.gpucheck.shapes import twin_study
+
+    twin = next(t for t in twins("cpu-smoke") if t.study == "reward_density")
+    study = tmp_path / "study.yaml"
+    doc = twin_study(twin, str(tiny_dir), steps=1, seeds=4, eval_limit=2, completion=4)
+    doc["defaults"]["reward"] = {"regime": "outcome", "answer_format": "last_number"}  # no math-verify workers
+    doc["defaults"]["train"]["precision"] = "fp32"
+    study.write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr(invariantjob, "RANKS", (1, 32))  # two members of mixed ranks: CI's time (the GPU's: four)
+    monkeypatch.setattr(sys, "argv", ["invariantjob", str(study), str(tmp_path / "res")])
+    invariantjob.main()
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for mode in ("off", "on"):
+        members = got[mode]["members"]
+        assert sorted(m["rank"] for m in members.values()) == [1, 32]
+        assert got[mode]["packed_s"]["generation"] > 0 and got[mode]["alone_s"]["update"] > 0
+        seeds = got[mode]["seeds"]  # packed - alone mean loss per member's seed, and their interval
+        assert seeds["metric"] == "loss" and len(seeds["d"]) == 2 and max(map(abs, seeds["d"])) <= 1e-6
+    assert all(m["tokens_equal"] and m["adapter_diff"] <= 1e-6 for m in got["on"]["members"].values())
+    r = invariant_row(got)
+    assert r["status"] == "pass" and "on: 2/2 members sample their solo tokens" in r["figure"], r
+    assert "packed - alone loss over 2 seeds" in r["figure"]
+    name = next(iter(got["on"]["members"]))
+    got["on"]["members"][name].update(tokens_equal=False, first_differing_step=1)
+    got["probe_on"] = {"first_module": "model.layers.0.mlp.down_proj", "module": "Linear", "max_diff": 2e-3}
+    r = invariant_row(got)
+    assert r["status"] == "fail" and "on: 1/2" in r["figure"] and "on model.layers.0.mlp.down_proj (Linear" in r["figure"]

@@ -164,7 +164,8 @@ def test_fp32_trainer_gets_a_float32_engine():
 
 
 # ------------------------------------------------------------------ TRL's colocate path with the fake
-def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2, **kw):
+def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout=None, steps=3, lr=1e-2,
+             batch_invariant=False, **kw):
     from lorarl.train.trainer import LorarlGRPOTrainer
     from lorarl.rewards.outcome import OutcomeDeposits
 
@@ -175,7 +176,7 @@ def _trainer(tiny_dir, tmp_path, monkeypatch, *, stale=False, peft=True, rollout
     rollout = rollout or RolloutConfig(engine="vllm")
     a = args(tmp_path, max_steps=steps, learning_rate=lr, **rollout_fields(rollout), **kw)
     trainer = LorarlGRPOTrainer(model=model, regime=OutcomeDeposits(score_fn=fake_score), args=a, ref_model=None, rollout=rollout,
-                                train_dataset=dataset(16), processing_class=tok)
+                                train_dataset=dataset(16), processing_class=tok, batch_invariant=batch_invariant)
     return trainer, fake_vllm.LLM.instances[-1]
 
 
@@ -291,6 +292,13 @@ def test_each_cell_seeds_its_engine(tiny_dir, tmp_path, monkeypatch):
     engines = [_trainer(tiny_dir, tmp_path / str(seed), monkeypatch, seed=seed, steps=1)[1] for seed in (3, 4)]
     assert [e.seed for e in engines] == [3, 4]
     assert [e.kwargs["seed"] for e in engines] == [3, 4]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_a_batch_invariant_cell_starts_its_engine_with_vllms_switch(tiny_dir, tmp_path, monkeypatch, on):
+    """runtime.batch_invariant (lorarl.numerics.invariant): the engine TRL builds starts with VLLM_BATCH_INVARIANT=1."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    assert _trainer(tiny_dir, tmp_path, monkeypatch, steps=1, batch_invariant=on)[1].batch_invariant is on
 
 
 # ------------------------------------------------------------------ logprob modes and importance sampling

@@ -32,6 +32,7 @@ KNOBS = {  # name: (the solo runs' runtime fields, the pack's runtime fields, th
     "pack-update-cells-1": ({}, {}, {"update_cells": 1}),
     "pack-grouped": ({}, {}, {"grouped": True}),
     "pack-generation-batch-3": ({}, {"rollout": {"generation_batch_size": 3}}, {}),  # chunks across the members
+    "pack-batch-invariant": ({}, {"runtime": {"batch_invariant": True}, "rollout": {"generation_batch_size": 3}}, {}),
 }
 
 

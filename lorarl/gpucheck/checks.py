@@ -320,3 +320,42 @@ def push_row(got: dict[str, Any], threshold: float = 0.05) -> dict[str, Any]:
                f"{got['pushes']}); freshness gap after the push {got['gap']:.4f} nats/token over {got['tokens']} "
                f"tokens (threshold {threshold})",
                why="" if ok else "the engine does not sample the pushed weights", **got)
+
+
+INVARIANT = "batch-invariant pack K=4 vs alone"  # the check's row (lorarl.gpucheck.invariantjob)
+
+
+def invariant_check(study: Path, work: Path) -> dict[str, Any]:
+    """A K = 4 mixed-rank pack against each member alone, ``runtime.batch_invariant`` off and on (one process:
+    :mod:`lorarl.gpucheck.invariantjob`): passes when, with the mode on, every member samples its solo run's token ids
+    at every step and its adapter is within 1e-6; the figure also gives the mode off, the mode's cost per phase and the
+    first operation of the base's forward whose output depends on the batch."""
+    cmd = [sys.executable, "-m", "lorarl.gpucheck.invariantjob", str(study), str(work / "invariant-results")]
+    proc = sub(cmd)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "logs" / "batch-invariant.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        return row(INVARIANT, "fail", f"job exit {proc.returncode}", why=proc.stderr.strip()[-300:])
+    return invariant_row(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def invariant_row(got: dict[str, Any]) -> dict[str, Any]:
+    def side(mode: str) -> str:
+        m, sd = got[mode]["members"].values(), got[mode]["seeds"]
+        ci = f"[{sd['lower']:.2e}, {sd['upper']:.2e}]" if sd["lower"] is not None else "unbounded (no spread)"
+        return (f"{mode}: {sum(x['tokens_equal'] for x in m)}/{len(m)} members sample their solo tokens, adapter max "
+                f"|diff| {max(x['adapter_diff'] for x in m):.2e}, packed - alone {sd['metric']} over {len(sd['d'])} "
+                f"seeds {sd['mean']:.2e} {ci}")
+
+    def first(p: dict) -> str:
+        return f"{p['first_module']} ({p['module']}, {p['max_diff']:.1e})" if p["first_module"] else "none"
+
+    on = got["on"]["members"].values()
+    ok = all(x["tokens_equal"] and x["adapter_diff"] <= 1e-6 for x in on)
+    cost = ", ".join(f"{p} {s / got['off']['packed_s'][p]:.2f}x" for p, s in got["on"]["packed_s"].items()
+                     if got["off"]["packed_s"].get(p))
+    return row(INVARIANT, "pass" if ok else "fail",
+               f"ranks {'/'.join(map(str, got['ranks']))}; {side('on')}; {side('off')}; packed on/off per phase: {cost}; "
+               f"first batch-dependent module of the base's forward: off {first(got['probe_off'])}, on "
+               f"{first(got['probe_on'])}",
+               why="" if ok else "with the mode on a member differs from its solo run (see the probe's module)", **got)

@@ -115,6 +115,12 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
                                     completion=st["pack_completion"])
             est = bd.pack_estimate(start_s, speed, n_rows, st["pack_completion"], st["pack_steps"], ck.PACK_K)
             gated(rows, clock, ["packed K=4 vs 4 solo"], est, lambda: [ck.packed_check(pstudy, work, threads)])
+            est = 2 * bd.pack_estimate(0.0, speed, n_rows, st["pack_completion"], st["pack_steps"], ck.PACK_K)
+            if mode == "cpu-smoke":  # CI's time: its code runs in-process on the tests' tiny model instead
+                rows.append(ck.not_run(ck.INVARIANT, "cpu-smoke: a GPU's check (tests/test_gpucheck.py runs its job "
+                                                     "on the tests' tiny model; the CPU's equality: test_solo_pack.py)"))
+            else:
+                gated(rows, clock, [ck.INVARIANT], est + start_s, lambda: [ck.invariant_check(pstudy, work)])
             est = bd.dist_estimate(start_s, speed, n_rows, st["pack_completion"], st["pack_steps"])
             gated(rows, clock, ["distributed launcher, 1 GPU"], est, lambda: [ck.dist_check(pstudy, work, threads)])
         if tag == "reward_density" and vllm_why is None:
@@ -159,7 +165,7 @@ def twin_rows(tag: str, vllm_only: bool, vllm_why: str | None) -> list[str]:
     """The rows a twin's checks give (listed as not run when the budget leaves no room for the twin at all)."""
     names = [] if vllm_only else [f"{c}: {tag}" for c in DOCTOR_ROWS]
     if tag == "reward_density":
-        names += [] if vllm_only else ["packed K=4 vs 4 solo", "distributed launcher, 1 GPU"]
+        names += [] if vllm_only else ["packed K=4 vs 4 solo", ck.INVARIANT, "distributed launcher, 1 GPU"]
         names += [f"doctor: {tag} (vLLM)", *VLLM_CHECKS[2:]] if vllm_why is None else []
     return names
 

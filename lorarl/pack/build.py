@@ -180,6 +180,7 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
     from transformers import get_scheduler
 
     from lorarl.adapters import build_adapter
+    from lorarl.numerics.invariant import trainer_kernels
     from lorarl.numerics.kl import needs_reference
     from lorarl.stop_ids import stop_token_ids
     from lorarl.train.trl_args import adamw, checkpointing
@@ -225,6 +226,8 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
             scale_rewards=t.scale_rewards != "none", kl_monitor_every=t.kl_monitor_every,
             overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, grading=grading))
         policies.append(policy)
+    invariant = any(c.config.runtime.batch_invariant for c in cells)  # one member asks: the whole pack runs so
+    trainer_kernels(invariant, torch.device(device).type)  # a GPU's batch-invariant kernels (lorarl.numerics.invariant)
     eos_ids = stop_token_ids(base, tok)  # the generation config's EOS ids too (<end_of_turn>), as solo training
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     sample = SampleSettings(prompt_width=max(len(x) for x in ids), max_new_tokens=cfg0.train.max_completion_length,
@@ -232,18 +235,22 @@ def build_pack(cells: list[Any], results_dir: str | Path = "results", device: st
                             top_p=tuple(c.config.train.top_p for c in cells), pad_token_id=int(pad),
                             eos_token_ids=tuple(int(e) for e in eos_ids),
                             generation_batch_size=_int_or_none(cfg0.rollout.generation_batch_size),
-                            engine=cfg0.runtime.generation)
+                            engine=cfg0.runtime.generation, batch_invariant=invariant)
     trainer = PackedTrainer(pcs, pad_token_id=int(pad), fused_lm_head=False,
                             temperature=[c.config.train.temperature for c in cells],
                             update_cells=update_cells, micro_batch_size=pack_micro_batch(cells),
                             micro_batch_tokens=pack_micro_tokens(cells),
-                            trl_head=True)  # the solo job's log-prob head (TRL's kernel), per cell
+                            trl_head=True,  # the solo job's log-prob head (TRL's kernel), per cell
+                            batch_invariant=invariant)
     if any(checkpointing(c.config.train.gradient_checkpointing, use_cpu=device == "cpu") for c in cells):
         _checkpoint_base(trainer.host)
     rollouts = None
     if cfg0.rollout.engine == "vllm":
         from lorarl.models import resolve_model
+        from lorarl.numerics.invariant import vllm_engine_env
         from lorarl.pack.vllm_rollouts import VLLMRollouts
+
+        vllm_engine_env(invariant)  # vLLM's own batch-invariant switch, before the engine starts
 
         rollouts = VLLMRollouts.build(cells, policies, [p.model for p in policies],
                                       str(resolve_model(cfg0.model, results_dir)), sample, llm=llm)

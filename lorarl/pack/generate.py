@@ -18,6 +18,10 @@ of one and in any chunk; rows never interact (causal attention, per-row matmuls)
 exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
 (no top-k: TRL's default ``top_k=0``).
 
+``runtime.batch_invariant`` (``settings.batch_invariant``, :mod:`lorarl.numerics.invariant`): each cell's rows are
+decoded apart, in the chunks of its pack of one, so no decode step's kernels see a pack-mate's rows (a GPU's kernels
+depend on the batch's shape).
+
 KV cache (``runtime.generation``, :mod:`lorarl.decoding`): transformers' dynamic cache, or a static cache of
 ``prompt_width + max_new_tokens`` positions (fixed shapes); the decode loop stays eager (the routing's row blocks
 are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_rowsample.py).
@@ -45,6 +49,7 @@ class SampleSettings:
     eos_token_ids: tuple[int, ...] = ()  # why: a row ends at the first of these (kept, TRL's convention)
     generation_batch_size: int | None = None  # why: rows generated at once (KV-cache memory; samples unchanged)
     engine: GenerationEngine | None = None  # why: runtime.generation, the KV cache (static or dynamic; lorarl.decoding)
+    batch_invariant: bool = False  # why: runtime.batch_invariant, each cell's rows decoded apart (chunks of its own)
 
     def cell(self, k: int) -> tuple[float, float]:
         """(temperature, top_p) of cell k."""
@@ -83,6 +88,9 @@ def generate(router, prompts: list[list[list[int]] | None], generators: list[tor
     Each cell first draws its uniform table ``U`` (rows x max_new_tokens) from its own generator, then
     the rows are generated ``s.generation_batch_size`` at a time (None: all at once)."""
     idx = [k for k, p in enumerate(prompts) if p is not None]
+    if s.batch_invariant and len(idx) > 1:  # each cell decoded apart, in the chunks of its pack of one
+        return [generate(router, [p if j == k else None for j, p in enumerate(prompts)], generators, s)[k]
+                if k in idx else None for k in range(len(prompts))]
     cell_N = [k for k in idx for _ in prompts[k]]
     flat = [row for k in idx for row in prompts[k]]
     if not flat:

@@ -19,7 +19,9 @@ One step, for every member still running and below its ``steps``:
 
 Every tensor of a step has fixed widths (prompt columns = the task's longest prompt, completion
 columns = ``max_completion_length``), so a member's arithmetic does not depend on its pack-mates:
-a pack of K equals K packs of one, bit for bit on the CPU (tests/test_pack_steps.py).
+a pack of K equals K packs of one, bit for bit on the CPU (tests/test_pack_steps.py). With
+``runtime.batch_invariant`` (:mod:`lorarl.numerics.invariant`) every rollout, forward and backward holds one member's
+rows, in its pack-of-one shapes, for a GPU whose kernels depend on the batch's shape.
 
 Scope: one optimiser step per rollout batch (``num_iterations = 1``, no mini-batches) and no DAPO
 dynamic sampling; :func:`lorarl.pack.plan.pack_key` keeps cells with those settings solo.
@@ -125,6 +127,8 @@ class PackLoop:
         """Log-probs of each listed cell's completions under the frozen base: one forward, no routing."""
         if not batches:
             return {}
+        if self.trainer.batch_invariant and len(batches) > 1:  # one cell per forward: its own batch shapes
+            return {k: self._ref_logps({k: b})[k] for k, b in batches.items()}
         T = self.sample.max_new_tokens
         ids = torch.cat([torch.cat([b["prompt_ids"], b["completion_ids"]], 1) for b in batches.values()])
         attn = torch.cat([torch.cat([b["prompt_mask"], b["completion_mask"]], 1) for b in batches.values()])

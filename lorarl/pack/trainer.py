@@ -99,7 +99,8 @@ class PackedTrainer:
 
     def __init__(self, cells: list[PackCell], *, pad_token_id: int = 0, fused_lm_head: bool = True,
                  temperature: float | list[float] = 1.0, update_cells: int | None = None,
-                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None, trl_head: bool = False):
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None, trl_head: bool = False,
+                 batch_invariant: bool = False):
         for c in cells:
             c.loss.check()
         self.cells = cells
@@ -116,6 +117,9 @@ class PackedTrainer:
         self.update_cells = update_cells
         self.micro_batch_size = micro_batch_size  # rows of each cell per forward/backward (None: all)
         self.micro_batch_tokens = micro_batch_tokens  # or token positions of each cell's chunk (wins when set)
+        # runtime.batch_invariant: every forward/backward holds one cell's rows (its pack-of-one shapes), so no
+        # kernel sees a pack-mate's rows (lorarl.numerics.invariant); one pass per cell, slower on a GPU
+        self.batch_invariant = batch_invariant
         self._sizes: list[int] | None = None  # the routing of the last forward (its backward recomputes it)
         self.logit_tokens = LOGIT_TOKENS  # tokens of fp32 vocabulary logits per tile (lorarl.pack.tiled)
         # TRL divides the logits by the cell's temperature (unfused path; the fused head takes one for all)
@@ -200,6 +204,8 @@ class PackedTrainer:
     def logps_chunked(self, batches: list[dict], idx: list[int]) -> list[torch.Tensor]:
         """:meth:`logps` (no grad) at most ``micro_batch_size`` rows (or ``micro_batch_tokens`` positions) of
         each cell per forward."""
+        if self.batch_invariant and len(idx) > 1:  # one cell per forward: its own batch shapes
+            return [self.logps_chunked(batches, [k])[0] for k in idx]
         m, tokens = self.micro_batch_size, self.micro_batch_tokens
         if not m and not tokens:
             return self.logps(batches, idx)
@@ -232,7 +238,7 @@ class PackedTrainer:
             c.model.train()
             c.optimizer.zero_grad(set_to_none=True)
         idx = [k for k in self.running() if batches[k] is not None]
-        chunk = max(1, self.update_cells or len(idx) or 1)
+        chunk = 1 if self.batch_invariant else max(1, self.update_cells or len(idx) or 1)
         out: dict[int, tuple[torch.Tensor, dict]] = {}
         kept: dict[int, list[torch.Tensor]] = {}
         rows = {k: _row_chunks(batches[k], self.micro_batch_size, self.micro_batch_tokens) for k in idx}

@@ -66,10 +66,14 @@ def _covers(have: dict[str, Any], need: dict[str, Any]) -> bool:
 
 
 def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
-    """The process's engine for ``model_dir``: the one already built if it serves this model with these settings
-    and holds at least these adapters (rank and count), else a new one."""
+    """The process's engine for ``model_dir``: the one already built if it serves this model with these settings,
+    holds at least these adapters (rank and count) and was started batch-invariant or not as vLLM's switch now says
+    (``VLLM_BATCH_INVARIANT``: lorarl.numerics.invariant), else a new one."""
+    from lorarl.numerics.invariant import vllm_on
+
     got = _ENGINE
-    if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs):
+    same = got.get("invariant", False) == vllm_on()  # vLLM's kernels keep the switch they started with
+    if got and got["model"] == str(model_dir) and _covers(got["kwargs"], kwargs) and same:
         return got["llm"]
     _ENGINE.clear()  # old engines go first: a vLLM engine collected after the new one is built tears down the
     gc.collect()  # process's parallel groups, the new engine's too ("pipeline model parallel group is not initialized")
@@ -77,8 +81,8 @@ def pack_engine(api: Any, model_dir: str, kwargs: dict[str, Any]) -> Any:
     llm = api.LLM(model=str(model_dir), **kwargs)
     jobclock.startup("engine", time.perf_counter() - t0)  # the job's start-up, never a step's (lorarl.jobclock)
     print(f"[lorarl] pack: vLLM engine for {model_dir} (max_loras {kwargs.get('max_loras')}, max_lora_rank "
-          f"{kwargs.get('max_lora_rank')})", flush=True)
-    _ENGINE.update(llm=llm, model=str(model_dir), kwargs=dict(kwargs))
+          f"{kwargs.get('max_lora_rank')}{', batch-invariant' if vllm_on() else ''})", flush=True)
+    _ENGINE.update(llm=llm, model=str(model_dir), kwargs=dict(kwargs), invariant=vllm_on())
     return llm
 
 

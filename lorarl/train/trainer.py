@@ -40,6 +40,7 @@ from lorarl import ledger
 from lorarl.numerics import kl as klmod
 from lorarl.train.advantages import advantages_from_deposits
 from lorarl.numerics.divergence import nan_reward_fault
+from lorarl.numerics.invariant import trainer_kernels, vllm_engine_env
 from lorarl.train.dynamic_sampling import flat_prompts_fault
 from lorarl.train.microbatch import MicroBatching
 from lorarl.train.tokenbudget import check_world
@@ -86,7 +87,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
                  overlong_buffer: int = 0, overlong_factor: float = 1.0, dynamic_sampling_max_batches: int = 3,
                  rollout: Any = None, grading: Any = None, micro_batch_size: int | None = None,
                  micro_batch_tokens: int | None = None, prompt_keep: int | None = None,
-                 generation_engine: Any = None, prompt_width: int | None = None, **kwargs):
+                 generation_engine: Any = None, prompt_width: int | None = None, batch_invariant: bool = False,
+                 **kwargs):
         klmod.estimator(kl_estimator)  # validates the name
         if kwargs.get("reward_funcs") is not None:
             raise ValueError("pass a regime, not reward_funcs")
@@ -106,6 +108,8 @@ class LorarlGRPOTrainer(Fsdp2Sharding, KLMonitors, RankSharding, CellStreams, Ch
         if args.importance_sampling_level not in ("token", "sequence"):
             raise ValueError(f"importance_sampling_level {args.importance_sampling_level!r}; allowed: token, sequence")
         self.sample_generator = sampling_generator(args.seed)  # the cell's sampling stream, as in a pack (streams)
+        vllm_engine_env(batch_invariant and bool(args.use_vllm))  # runtime.batch_invariant (lorarl.numerics.invariant)
+        trainer_kernels(batch_invariant, "cuda" if torch.cuda.is_available() and not getattr(args, "use_cpu", False) else "cpu")
         with llm_extra_kwargs(**engine_kwargs(args, rollout)):  # the cell's seed, enforce_eager, logprobs_mode
             super().__init__(model=model, reward_funcs=[_RegimeReward(regime)], args=args, **kwargs)
         # vLLM: effective-weight push, the engine's logprobs checked comparable with the trainer's, settings printed

@@ -166,5 +166,6 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         micro_batch_tokens=t.micro_batch_tokens,  # token positions per forward/backward (lorarl.train.tokenbudget)
         prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
         generation_engine=getattr(getattr(cfg, "runtime", None), "generation", None),  # hf: lorarl.decoding
+        batch_invariant=bool(getattr(getattr(cfg, "runtime", None), "batch_invariant", False)),  # numerics.invariant
         prompt_width=prompt_width(cfg, tokenizer, list(train_dataset["prompt"])) if train_dataset is not None else None,
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

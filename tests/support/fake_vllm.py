@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -168,6 +169,8 @@ class LLM:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.kwargs = dict(model=model, **kw)
+        # vLLM's batch-invariant switch, read from the process's environment when the engine starts (vllm/envs.py)
+        self.batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")
         dtype = kw.get("dtype", "auto")  # vLLM: "auto" = the checkpoint's dtype
         dtype = dtype if dtype == "auto" else getattr(torch, {"half": "float16", "float": "float32"}.get(dtype, dtype))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU box runs the sampler in bf16 there

@@ -46,6 +46,7 @@ def check_cpu_smoke(proc: subprocess.CompletedProcess, out: Path) -> None:
     pack = rows["packed K=4 vs 4 solo"]
     assert pack["status"] in ("pass", "fail") and pack["data"]["packed_wall_s"] > 0  # it ran; the ratio is a figure
     assert pack["data"]["solo_peak_gb"] > 0 and re.search(r"ratio \d\.\d\d", pack["figure"])
+    assert rows["batch-invariant pack K=4 vs alone"]["status"] == "not run"  # a GPU's check; its job: test_gpucheck.py
     dist = rows["distributed launcher, 1 GPU"]  # torchrun, world 1: the same steps as the one-process solo job
     assert dist["status"] == "pass" and dist["data"]["metric_diff"] <= 1e-6 and dist["data"]["adapter_diff"] <= 1e-6, dist
     assert res["counts"]["fail"] == (pack["status"] == "fail")
