@@ -20,16 +20,12 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 CASES = {  # name: (axes, host, steps before: (cell, stop_at), signal before the process's n-th loop step,
     #          {cell: the step it checkpoints at for the requeue}, cells staged before the requeue)
-    "first-member-collapsed": ({"stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": [True, False]}},
-                               "pack", [], 4, {"cFalse": 4}, ["cTrue"]),
-    "first-member-finished-resident": ({"length": {"field": "train.steps", "prefix": "s", "values": [2, 5]}},
-                                       "resident", [], 3, {"s5": 3}, ["s2"]),
-    "first-member-without-checkpoints": ({"every": {"field": "train.checkpoint_every", "prefix": "k",
-                                                    "values": [0, 2]}}, "pack", [], 3, {"k0": 3, "k2": 3}, []),
-    "members-at-different-steps": ({"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}},
-                                   "pack", [("s0", 2)], 3, {"s0": 5, "s1": 3}, []),
-    "first-member-at-its-last-step": ({"length": {"field": "train.steps", "prefix": "s", "values": [3, 5]}},
-                                      "resident", [], 3, {"s5": 3}, ["s3"]),
+    "first-finished-one-at-its-last-step": ({"length": {"field": "train.steps", "prefix": "s", "values": [2, 3, 4]}},
+                                            "resident", [], 3, {"s4": 3}, ["s2", "s3"]),
+    "first-collapsed": ({"stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": [True, False]}},
+                        "pack", [], 3, {"cFalse": 3}, ["cTrue"]),
+    "first-ahead-without-checkpoints": ({"every": {"field": "train.checkpoint_every", "prefix": "k", "values": [0, 2]}},
+                                        "pack", [("k0", 2)], 1, {"k0": 3, "k2": 1}, []),
 }
 
 
@@ -37,7 +33,7 @@ def study_cells(tmp_path, tiny_dir, axes):
     from lorarl.spec.study import cell_table, load_study
 
     doc = tiny_study("rz", model=str(tiny_dir), **IN_PROCESS, eval=None, axes=axes,
-                     train={**IN_PROCESS_TRAIN, "steps": 6, "checkpoint_every": 1, "kl_monitor_every": 2})
+                     train={**IN_PROCESS_TRAIN, "steps": 4, "checkpoint_every": 1, "kl_monitor_every": 2})
     return list(cell_table(load_study(str(write_study(tmp_path / "rz.yaml", doc)))).cells)
 
 
@@ -49,7 +45,7 @@ def test_a_preempted_pack_checkpoints_every_running_member_then_requeues_once(na
     from lorarl.train import checkpoint, flags
 
     axes, host, before, call, stops, left = CASES[name]
-    monkeypatch.setitem(flags.RULES, "test_collapse", lambda rows: 3 if len(list(rows)) >= 3 else None)
+    monkeypatch.setitem(flags.RULES, "test_collapse", lambda rows: 2 if len(list(rows)) >= 2 else None)
     cells = study_cells(tmp_path, tiny_dir, axes)
     ref, res = tmp_path / "ref", tmp_path / "res"
     want = {c.id: train_alone("rz", c, ref) for c in cells}  # each cell's uninterrupted run (a pack of one)
