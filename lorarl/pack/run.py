@@ -89,7 +89,7 @@ def _checkpoint(member: Member, force: bool, pause: bool = False) -> bool:
 def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str, t_start: float,
                   stop_at: int | None) -> tuple[list[Member], dict]:
     from lorarl.train import cellstate
-    from lorarl.train.cellrun import CellRun
+    from lorarl.train.cellrun import CellRun, WrongHost
 
     members, left_out = [], {}
     for c in cells:
@@ -102,6 +102,9 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
         try:
             run = CellRun(study, c, results_dir, c.config, engine="pack", stage=publish.stage, lock_wait_s=0,
                           holder=f"pack {pack_id}", stop_at=stop_at, t_start=t_start)
+        except WrongHost:  # a solo (TRL) checkpoint written since the check above
+            left_out[c.id] = "holds a solo (TRL) checkpoint: its own train job resumes it"
+            continue
         except RuntimeError:
             left_out[c.id] = "being trained by another job"
             continue

@@ -54,6 +54,10 @@ from lorarl.io import write_json
 from lorarl.train import cellstate, ranks, salvage
 
 
+class WrongHost(RuntimeError):
+    """A host whose engine cannot resume the cell's state (lorarl.train.cellstate): refused, never switched."""
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a cell's run starts, for its host: a plain record of the checkpoint it resumed (or of a fresh start)."""
@@ -107,6 +111,12 @@ class CellRun:
         self.snapshots: Any = None  # lorarl.train.snapshots.SnapshotSaver, from open()
         self.collapse_monitor: Any = None  # the HF host's collapse callback (lorarl.train.flags.monitor)
         self.done = ranks.broadcast(self._finished_meanwhile() if main else None)
+        other = cellstate.waiting_engine(results_dir, study, cell) if main and self.done is None else None
+        other = ranks.broadcast(other if other != engine else None)  # confirmed under the lock (lorarl.pack.hosting)
+        if other is not None:  # refused before anything runs: another engine's state is never trained over
+            self.checkpoints.release()
+            raise WrongHost(f"cell {cell.id}: its checkpoint holds the {other} engine's state, this trainer is the "
+                            f"{engine} engine; nothing trained. Run its own train job (lorarl.pack.hosting.solo_host)")
         if main and self.done is None:
             shutil.rmtree(self._work, ignore_errors=True)
             self._work.mkdir(parents=True)
