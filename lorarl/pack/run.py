@@ -228,7 +228,8 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
         for p in members:  # the grading workers ready before the first step: the job's start-up, not the step's
             p.run.ready()
         # USR2 / SIGTERM reach every member at once: each still running checkpoints at the end of its step (whoever
-        # came first, whether it still trains); the others end as they would have; then one requeue (lorarl.train.preemption)
+        # came first, whether it still trains); the others end as they would have; then ONE requeue
+        # (lorarl.train.preemption)
         with catch([p.run.checkpoints for p in members]) as caught:
             stop = False
             while not stop:

@@ -199,7 +199,7 @@ class CellRun:
 
     @property
     def preempted(self) -> bool:
-        """It stopped for a preemption (its checkpoint holds it): its host leaves it unclosed; the requeued job resumes it."""
+        """It stopped for a preemption (its checkpoint holds it): left open by its host, resumed by the requeued job."""
         return bool(self.checkpoints.stopped_for_preemption)
 
     # ---- after each step ----------------------------------------------------------------------------

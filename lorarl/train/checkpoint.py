@@ -22,13 +22,13 @@ Invariants that make the metric history continuous and duplicate-free across kil
 3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
    resumes at the end and never recomputes (and never re-logs) a step (lorarl.train.callbacks.ResumedAtEnd).
 
-Preemption (lorarl.train.preemption): under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
-`scancel --signal=USR2`) is caught during training (for every cell of the process at once: a pack's members
-too): the current step finishes, a checkpoint is saved, then submitit's own handler runs (`checkpoint()` → `scontrol requeue` → exit). The
-requeued job resumes from that checkpoint. SIGTERM (scancel, `scontrol requeue`, a preemption with
-a grace time) also gets a checkpoint at the end of the step if the step ends before Slurm's
-SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its latest complete checkpoint
-the next time it runs: the requeued job, or the Snakemake rerun.
+Preemption (lorarl.train.preemption): under submitit, Slurm's USR2 (sent `signal_delay_s` before the time
+limit, or by `scancel --signal=USR2`) is caught during training, for every cell of the process at once (a
+pack's members too): the current step finishes, a checkpoint is saved, then submitit's own handler runs
+(`checkpoint()` → `scontrol requeue` → exit). The requeued job resumes from that checkpoint. SIGTERM
+(scancel, `scontrol requeue`, a preemption with a grace time) also gets a checkpoint at the end of the step
+if the step ends before Slurm's SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its
+latest complete checkpoint the next time it runs: the requeued job, or the Snakemake rerun.
 
 Test hooks: LORARL_FAULT="kill_at_step:N" (SIGKILL at the end of step N) or "kill_after_save:N" (SIGKILL
 right after the checkpoint at step N is complete, before its metrics reach MLflow), each firing once per
