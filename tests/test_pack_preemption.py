@@ -1,10 +1,11 @@
-"""Slurm's preemption signal (USR2) reaching a pack job (lorarl.pack.run, lorarl.train.checkpoint): the pack stops as
-a whole. Every member still running checkpoints at the end of the step (its own step: members may be at different
-steps, and one without ``train.checkpoint_every`` too), every member that already left the pack (finished, collapsed,
-paused) is staged as usual, then submitit's requeue runs ONCE; the requeued job resumes the members that were
-running and each ends equal to its uninterrupted run (adapter and metrics to 1e-6, every step once). Whichever
-member came first and whether it is still in the pack does not matter (it used to: the pack followed only its
-first member's signal and stop, so a signal after that member left published the others' truncated runs as done)."""
+"""Slurm's preemption signal (USR2) reaching a pack job (lorarl.pack.run, lorarl.train.preemption): the pack stops as
+a whole. Every member still running checkpoints at the end of its step (one without ``train.checkpoint_every`` too),
+every member that leaves the pack at or before that step (its last step, a collapse) is staged as usual, then
+submitit's requeue runs ONCE; the requeued job resumes the members that were running and each ends equal to its
+uninterrupted run (adapter and metrics to 1e-6, every step once). Whichever member came first, whether it keeps
+checkpoints and whether it is still in the pack does not matter. It used to: the pack followed its first member's
+signal and stop only, so a signal after that member left (or at its last step) staged the others' runs, cut at
+that step, as finished; and a first member without checkpoints caught no signal for the pack at all."""
 
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 CASES = {  # name: (axes, host, steps before: (cell, stop_at), signal before the process's n-th loop step,
     #          {cell: the step it checkpoints at for the requeue}, cells staged before the requeue)
-    "first-finished-one-at-its-last-step": ({"length": {"field": "train.steps", "prefix": "s", "values": [2, 3, 4]}},
-                                            "resident", [], 3, {"s4": 3}, ["s2", "s3"]),
+    # the first member has no checkpoints and is at its last step; two members of 4 steps, one without checkpoints
+    "resident-first-at-its-last-step": ({"length": {"field": "train.steps", "prefix": "s", "values": [2, 4]},
+                                         "every": {"field": "train.checkpoint_every", "prefix": "k", "values": [0, 2]}},
+                                        "resident", [], 2, {"s4-k0": 2, "s4-k2": 2}, ["s2-k0", "s2-k2"]),
     "first-collapsed": ({"stop": {"field": "train.stop_on_collapse", "prefix": "c", "values": [True, False]}},
                         "pack", [], 3, {"cFalse": 3}, ["cTrue"]),
-    "first-ahead-without-checkpoints": ({"every": {"field": "train.checkpoint_every", "prefix": "k", "values": [0, 2]}},
-                                        "pack", [("k0", 2)], 1, {"k0": 3, "k2": 1}, []),
 }
 
 
