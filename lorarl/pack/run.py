@@ -256,7 +256,7 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
             if not p.run.preempted:
                 summaries[p.cell.id] = p.run.close(p.policy, p.trained.model, facts=pack.data_facts,
                                                    extra={"pack": info} if info else None, ended_at=p.left_at)
-        caught.hand_over()  # any member stopped for a preemption: ONE requeue (or exit) for the whole pack
+        caught.hand_over(waiting=boundary is not None and boundary())  # ONE requeue (or exit) for the whole pack
     except BaseException as err:
         for p in members:
             if p.cell.id not in summaries:  # a closed member's run is ended already

@@ -9,7 +9,8 @@ Under submitit, Slurm's USR2 (sent ``signal_delay_s`` before the time limit, or 
 the request on EVERY cell of the group; each cell still running finishes its step, saves a checkpoint (with or
 without ``train.checkpoint_every``) and stops; a cell that ends at that step anyway (its last step, a collapse, a
 pause) ends as it would have. Then :meth:`Caught.hand_over` runs submitit's own handler (``checkpoint()`` ->
-``scontrol requeue`` -> exit) once, when any cell stopped for it; the requeued job resumes those cells. SIGTERM
+``scontrol requeue`` -> exit) once, when any cell stopped for it (or the job has cells waiting: a resident job's
+queue); the requeued job resumes those cells. SIGTERM
 (scancel, ``scontrol requeue``, a preemption with a grace time; submitit ignores it) does the same and exits with
 128 + 15: whoever sent it requeues or cancels the job. Who joined the group first, and whether that cell is still
 training when the signal comes, does not matter (tests/test_pack_preemption.py).
@@ -51,10 +52,11 @@ class Caught:
         """A preemption signal or SIGTERM reached the process while the group trained."""
         return any(c.preempt_requested or c.terminate_requested for c in self.group)
 
-    def hand_over(self) -> None:
+    def hand_over(self, waiting: bool = False) -> None:
         """After every cell that did not stop for the preemption is closed: when any did, requeue (USR2: submitit's
-        handler) or exit (SIGTERM). Nothing when none did (the signal came at each cell's last step)."""
-        if not any(c.stopped_for_preemption for c in self.group):
+        handler) or exit (SIGTERM). Nothing when none did (the signal came at each cell's last step), unless
+        ``waiting``: the job has more cells to train (a resident job's queue), which the requeued job trains."""
+        if not (any(c.stopped_for_preemption for c in self.group) or (waiting and self.requested)):
             return
         if any(c.preempt_requested for c in self.group) and self.previous is not None:
             print("[lorarl] checkpoint saved; handing over to submitit for the requeue", file=sys.stderr, flush=True)
