@@ -1,7 +1,8 @@
 """Slurm's preemption signal (USR2) reaching a pack job (lorarl.pack.run, lorarl.train.preemption): the pack stops as
 a whole. Every member still running checkpoints at the end of its step (one without ``train.checkpoint_every`` too),
 every member that leaves the pack at or before that step (its last step, a collapse) is staged as usual, then
-submitit's requeue runs ONCE; the requeued job resumes the members that were running and each ends equal to its
+submitit's requeue runs ONCE (also when every member ended at that step but a resident job has cells waiting: no
+next pack is formed); the requeued job resumes the members that were running and each ends equal to its
 uninterrupted run (adapter and metrics to 1e-6, every step once). Whichever member came first, whether it keeps
 checkpoints and whether it is still in the pack does not matter. It used to: the pack followed its first member's
 signal and stop only, so a signal after that member left (or at its last step) staged the others' runs, cut at
