@@ -17,7 +17,9 @@ Members already finished, already staged, held by another trainer (their lock is
 Resume: each member restores its own checkpoint (adapter, AdamW moments, schedule, data order, sampling
 generator, step, monitors), saved in any pack position or alone; members at different steps catch up in the
 same loop (a member takes part in a step only while it is below its ``train.steps``), so a resumed pack stays
-bit-for-bit a pack of fresh ones. ``stop_at``: every member ends paused at that step (lorarl.train.cellrun), to
+bit-for-bit a pack of fresh ones. Preemption (Slurm's USR2 / SIGTERM): every member still running checkpoints at
+the end of its step, the members that left are staged as usual, then one requeue for the pack (lorarl.train.preemption).
+``stop_at``: every member ends paused at that step (lorarl.train.cellrun), to
 come back later in any pack or alone (:func:`train_alone`: a pack of one in the cell's own ``train`` job).
 """
 
@@ -87,7 +89,7 @@ def _checkpoint(member: Member, force: bool, pause: bool = False) -> bool:
 def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id: str, t_start: float,
                   stop_at: int | None) -> tuple[list[Member], dict]:
     from lorarl.train import cellstate
-    from lorarl.train.cellrun import CellRun
+    from lorarl.train.cellrun import CellRun, WrongHost
 
     members, left_out = [], {}
     for c in cells:
@@ -100,6 +102,9 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
         try:
             run = CellRun(study, c, results_dir, c.config, engine="pack", stage=publish.stage, lock_wait_s=0,
                           holder=f"pack {pack_id}", stop_at=stop_at, t_start=t_start)
+        except WrongHost:  # a solo (TRL) checkpoint written since the check above
+            left_out[c.id] = "holds a solo (TRL) checkpoint: its own train job resumes it"
+            continue
         except RuntimeError:
             left_out[c.id] = "being trained by another job"
             continue
@@ -196,6 +201,7 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
     from lorarl.spec.evalplan.plan import snapshot_steps
     from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
     from lorarl.pack.build import build_pack
+    from lorarl.train.preemption import catch
 
     if threads:
         torch.set_num_threads(threads)
@@ -221,7 +227,10 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
               f"{', '.join(p.cell.id for p in members)}" + (f" (left out: {left_out})" if left_out else ""), flush=True)
         for p in members:  # the grading workers ready before the first step: the job's start-up, not the step's
             p.run.ready()
-        with members[0].run.preemption([p.run for p in members[1:]]):  # USR2 / SIGTERM: every member checkpoints
+        # USR2 / SIGTERM reach every member at once: each still running checkpoints at the end of its step (whoever
+        # came first, whether it still trains); the others end as they would have; then ONE requeue
+        # (lorarl.train.preemption)
+        with catch([p.run.checkpoints for p in members]) as caught:
             stop = False
             while not stop:
                 first_work("training step")  # the job's start-up ends here (lorarl.jobclock)
@@ -234,7 +243,8 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
                                                       update_refused=p.trained.state == "diverged")
                 active = {id(members[k]) for k in loop.active()}  # per member: its own state and step
                 going = [p for p in stepped if p.trained.state == "running" and id(p) in active]
-                pause = boundary is not None and len(going) < len(stepped) and bool(going) and boundary()
+                pause = (boundary is not None and len(going) < len(stepped) and bool(going) and not caught.requested
+                         and boundary())  # preempted: the members still running stop for the requeue instead
                 for p in stepped:
                     paused_here = pause and p in going  # a place freed and a cell waits: the members still
                     if paused_here:  # running pause here (lorarl.pack.resident re-forms the pack)
@@ -242,11 +252,14 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
                     stop = _checkpoint(p, force=p.trained.state != "running", pause=paused_here) or stop
                     if p.trained.state != "running" or id(p) not in active:
                         p.left_at = p.left_at if p.left_at is not None else time.time()
-        for p in members:
-            summaries[p.cell.id] = p.run.close(p.policy, p.trained.model, facts=pack.data_facts,
-                                               extra={"pack": info} if info else None, ended_at=p.left_at)
+        for p in members:  # a member stopped for a preemption stays open: its checkpoint holds it for the requeue
+            if not p.run.preempted:
+                summaries[p.cell.id] = p.run.close(p.policy, p.trained.model, facts=pack.data_facts,
+                                                   extra={"pack": info} if info else None, ended_at=p.left_at)
+        caught.hand_over(waiting=boundary is not None and boundary())  # ONE requeue (or exit) for the whole pack
     except BaseException as err:
         for p in members:
-            p.run.fail(err)
+            if p.cell.id not in summaries:  # a closed member's run is ended already
+                p.run.fail(err)
         raise
     return summaries

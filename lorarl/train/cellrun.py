@@ -54,6 +54,10 @@ from lorarl.io import write_json
 from lorarl.train import cellstate, ranks, salvage
 
 
+class WrongHost(RuntimeError):
+    """A host whose engine cannot resume the cell's state (lorarl.train.cellstate): refused, never switched."""
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a cell's run starts, for its host: a plain record of the checkpoint it resumed (or of a fresh start)."""
@@ -101,13 +105,18 @@ class CellRun:
             ckpt.paused, ckpt.max_steps = None, int(cfg.train.steps) * self._per
         self.divergence = Divergence(self._per)  # NaN/inf loss, reward or gradient: stop, state "diverged"
         self._collapse_at: int | None = None  # train.stop_on_collapse: the step a collapse flag stopped the cell
-        self._lead: Any = None  # the checkpoints whose preemption signal this run follows (:meth:`preemption`)
         self.host_state: Callable[[], dict] = dict  # the host's monitors (adv_std_peak, freshness) for a checkpoint
         self._tracker = self._run_id = self._precision = None
         self.recorder: Any = None  # lorarl.train.callbacks.MetricsRecorder (metrics.csv + MLflow), from open()
         self.snapshots: Any = None  # lorarl.train.snapshots.SnapshotSaver, from open()
         self.collapse_monitor: Any = None  # the HF host's collapse callback (lorarl.train.flags.monitor)
         self.done = ranks.broadcast(self._finished_meanwhile() if main else None)
+        other = cellstate.waiting_engine(results_dir, study, cell) if main and self.done is None else None
+        other = ranks.broadcast(other if other != engine else None)  # confirmed under the lock (lorarl.pack.hosting)
+        if other is not None:  # refused before anything runs: another engine's state is never trained over
+            self.checkpoints.release()
+            raise WrongHost(f"cell {cell.id}: its checkpoint holds the {other} engine's state, this trainer is the "
+                            f"{engine} engine; nothing trained. Run its own train job (lorarl.pack.hosting.solo_host)")
         if main and self.done is None:
             shutil.rmtree(self._work, ignore_errors=True)
             self._work.mkdir(parents=True)
@@ -182,14 +191,16 @@ class CellRun:
         self.recorder.startup_s = round(sum(jobclock.startup_s().values()), 3)
 
     @contextmanager
-    def preemption(self, others: list[CellRun] | None = None) -> Iterator[None]:
-        """While the host trains: Slurm's USR2 / SIGTERM ends the step, checkpoints and requeues (or exits)
-        (lorarl.train.checkpoint). ``others``: the runs of the same process (a pack's members) follow this one's
-        signal at their next :meth:`end_step`."""
-        for o in others or []:
-            o._lead = self.checkpoints
+    def preemption(self) -> Iterator[None]:
+        """While a solo host trains: Slurm's USR2 / SIGTERM ends the step, checkpoints and requeues (or exits)
+        (lorarl.train.preemption). A host of several runs (a pack) catches the signal for all their checkpoints."""
         with self.checkpoints.preemption():
             yield
+
+    @property
+    def preempted(self) -> bool:
+        """It stopped for a preemption (its checkpoint holds it): left open by its host, resumed by the requeued job."""
+        return bool(self.checkpoints.stopped_for_preemption)
 
     # ---- after each step ----------------------------------------------------------------------------
     def step_done(self, step: int, row: dict, model: Any, update_refused: bool = False) -> str:
@@ -221,15 +232,14 @@ class CellRun:
         """After a step: progress, and a checkpoint when due (``train.checkpoint_every``, the last step, a pause,
         a preemption, or ``force``: the cell stopped). ``pause``: end paused at this step (a host evicting the
         cell between steps: a resident pack freeing a place). ``write_state(folder)`` writes the engine's files;
-        the mark (lorarl.json) comes last. True when the HOST must stop (a preemption: every member checkpointed)."""
-        ckpt, update, lead = self.checkpoints, step * self._per, self._lead
-        if lead is not None:  # the signal the lead run of this process caught (a pack's first member)
-            ckpt.preempt_requested = ckpt.preempt_requested or lead.preempt_requested
-            ckpt.terminate_requested = ckpt.terminate_requested or lead.terminate_requested
+        the mark (lorarl.json) comes last. True when the cell stopped for a preemption (saved, even without
+        ``train.checkpoint_every``): its host stops after this step."""
+        ckpt, update = self.checkpoints, step * self._per
+        leaving = pause or force  # it ends at this step anyway: a preemption leaves it to end as it would have
         if pause:
             ckpt.stop_at, force = update, True
-        save, _ = ckpt.step_end(update, ckpt.max_steps)
-        if (ckpt.enabled or ckpt.paused is not None) and (save or force):
+        save, _ = ckpt.step_end(update, ckpt.max_steps, leaving=leaving)
+        if (ckpt.enabled or ckpt.paused is not None or ckpt.stopped_for_preemption) and (save or force):
             write_state(ckpt.root / f"checkpoint-{update}")
             ckpt.mark(update)  # lorarl.json (rows, manifest, monitors) LAST: the mark of a complete checkpoint
             self.recorder.flush()  # MLflow sees the steps only once a checkpoint covers them

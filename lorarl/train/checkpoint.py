@@ -22,13 +22,13 @@ Invariants that make the metric history continuous and duplicate-free across kil
 3. A checkpoint is also saved at the last step, so a job killed while writing the final outputs
    resumes at the end and never recomputes (and never re-logs) a step (lorarl.train.callbacks.ResumedAtEnd).
 
-Preemption: under submitit, Slurm's USR2 (sent `signal_delay_s` before the time limit, or by
-`scancel --signal=USR2`) is caught here during training: the current step finishes, a checkpoint
-is saved, then submitit's own handler runs (`checkpoint()` → `scontrol requeue` → exit). The
-requeued job resumes from that checkpoint. SIGTERM (scancel, `scontrol requeue`, a preemption with
-a grace time) also gets a checkpoint at the end of the step if the step ends before Slurm's
-SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its latest complete checkpoint
-the next time it runs: the requeued job, or the Snakemake rerun.
+Preemption (lorarl.train.preemption): under submitit, Slurm's USR2 (sent `signal_delay_s` before the time
+limit, or by `scancel --signal=USR2`) is caught during training, for every cell of the process at once (a
+pack's members too): the current step finishes, a checkpoint is saved, then submitit's own handler runs
+(`checkpoint()` → `scontrol requeue` → exit). The requeued job resumes from that checkpoint. SIGTERM
+(scancel, `scontrol requeue`, a preemption with a grace time) also gets a checkpoint at the end of the step
+if the step ends before Slurm's SIGKILL. A cell killed outright (SIGKILL, node failure) resumes from its
+latest complete checkpoint the next time it runs: the requeued job, or the Snakemake rerun.
 
 Test hooks: LORARL_FAULT="kill_at_step:N" (SIGKILL at the end of step N) or "kill_after_save:N" (SIGKILL
 right after the checkpoint at step N is complete, before its metrics reach MLflow), each firing once per
@@ -97,15 +97,6 @@ def progress(root: str | Path) -> dict | None:
 
 def _job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
-
-
-def _preempt_signal() -> int:
-    return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
-
-
-def _is_submitit_handler(h: Any) -> bool:
-    owner = getattr(h, "__self__", None)
-    return owner is not None and type(owner).__module__.startswith("submitit")
 
 
 class CellCheckpoints:
@@ -240,41 +231,13 @@ class CellCheckpoints:
 
     @contextmanager
     def preemption(self) -> Iterator[None]:
-        """While training under submitit: on the preemption signal (USR2) finish the step, save, then
-        let submitit requeue the job (its handler raises SystemExit). On SIGTERM (scancel, `scontrol
-        requeue`, preemption with a grace time; submitit itself ignores it) finish the step, save and
-        exit: whoever sent it requeues or cancels the job, and a rerun resumes from that step."""
-        sig = _preempt_signal()
-        previous = signal.getsignal(sig)
-        if not (self.enabled and _is_submitit_handler(previous)):
+        """While a solo job trains this cell: Slurm's USR2 finishes the step, saves, then submitit requeues the job;
+        SIGTERM saves and exits (lorarl.train.preemption; a pack catches the signal for all its members at once)."""
+        from lorarl.train.preemption import catch
+
+        with catch([self]) as caught:
             yield
-            return
-
-        def on_preempt(signum: int, frame: Any) -> None:
-            self.preempt_requested = time.time()
-            print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
-                  f"requeue", file=sys.stderr, flush=True)
-
-        def on_term(signum: int, frame: Any) -> None:
-            self.terminate_requested = time.time()
-            print(f"[lorarl] caught {signal.Signals(signum).name}: checkpoint at the end of this step, then "
-                  f"exit", file=sys.stderr, flush=True)
-
-        previous_term = signal.getsignal(signal.SIGTERM)
-        signal.signal(sig, on_preempt)
-        signal.signal(signal.SIGTERM, on_term)
-        try:
-            yield
-        finally:
-            signal.signal(sig, previous)
-            signal.signal(signal.SIGTERM, previous_term)
-        if self.stopped_for_preemption and self.preempt_requested:
-            print(f"[lorarl] checkpoint saved; handing over to submitit for the requeue", file=sys.stderr, flush=True)
-            previous(sig, None)  # submitit: checkpoint() → scontrol requeue → sys.exit(-1)
-            raise SystemExit(-1)  # not reached when submitit requeues (it raises); never train on
-        if self.stopped_for_preemption:
-            print(f"[lorarl] checkpoint saved; exiting on SIGTERM", file=sys.stderr, flush=True)
-            raise SystemExit(128 + signal.SIGTERM)
+        caught.hand_over()
 
     # ---- after training --------------------------------------------------------------------------
     def wall_time(self) -> float:
@@ -322,8 +285,10 @@ class CellCheckpoints:
         print(f"[lorarl] checkpoint problem ({self.root}): {msg}; deleting it", file=sys.stderr, flush=True)
         shutil.rmtree(folder, ignore_errors=True)
 
-    def step_end(self, step: int, max_steps: int | None = None) -> tuple[bool, bool]:
-        """After optimiser update ``step``: progress.json, then (save, stop) for a pause at ``stop_at`` or a preemption."""
+    def step_end(self, step: int, max_steps: int | None = None, leaving: bool = False) -> tuple[bool, bool]:
+        """After optimiser update ``step``: progress.json, then (save, stop) for a pause at ``stop_at`` or a preemption
+        (lorarl.train.preemption). ``leaving``: the cell ends at this step anyway (its host stopped or paused it): a
+        preemption does not stop it, it ends as it would have."""
         if self.resumed is not None:  # a step completed after loading it: that checkpoint is readable
             integrity.resume_worked(self.resumed.path)
         _write_json(self.root / PROGRESS, {"step": step, "max_steps": int(max_steps or self.max_steps),
@@ -332,13 +297,12 @@ class CellCheckpoints:
         save = stop = self.stop_at is not None and self.stop_at <= step < self.max_steps and self.paused is None
         if save:  # a pause: saved even without checkpoint_every
             self.paused = step
+        if (self.preempt_requested or self.terminate_requested) and step < self.max_steps and not (save or leaving):
+            save = stop = self.stopped_for_preemption = True  # saved even without checkpoint_every (a pack's member)
         if not self.enabled:
             return save, stop
         if step % self.every == 0 or step >= self.max_steps:
             save = True
-        if (self.preempt_requested or self.terminate_requested) and step < self.max_steps:
-            save = stop = True
-            self.stopped_for_preemption = True
         _fault("kill_at_step", step, self.root)
         time.sleep((fault_number("step_delay_ms") or 0) / 1000)  # test hook: a step long enough to be signalled
         return save, stop

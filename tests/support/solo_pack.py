@@ -72,17 +72,17 @@ class HostRun:
     start: dict  # why: the adapter's tensors before the first step (did it train?)
 
 
-def _regime() -> Recorded:
+def recorded_regime() -> Recorded:
     from lorarl.rewards.outcome import OutcomeDeposits
 
     return Recorded(OutcomeDeposits(score_fn=score))
 
 
-def _tensors(model: Any) -> dict:
+def tensors(model: Any) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _clean(row: dict) -> dict:
+def clean_row(row: dict) -> dict:
     return {k: float(v) for k, v in row.items() if not k.startswith(NOISY) and k not in HOST_ONLY
             and isinstance(v, (int, float))}
 
@@ -96,14 +96,14 @@ def train_solo(cfg: Any, results_dir: str | Path) -> HostRun:
 
     inputs = prepare(cfg, results_dir, output_dir=Path(results_dir) / "solo-ckpt")
     policy = build_adapter(inputs.model, cfg, results_dir=results_dir, precision=inputs.precision)
-    start, regime = _tensors(policy.model), _regime()
+    start, regime = tensors(policy.model), recorded_regime()
     trainer = build_trainer(cfg, model=policy.model, tokenizer=inputs.tokenizer, args=inputs.args,
                             ref_model=inputs.ref_model, train_dataset=inputs.dataset, regime=regime,
                             grading=inputs.grading, results_dir=str(results_dir))
     policy.attach(trainer)
     trainer.train()
-    rows = [_clean(h) for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
-    return HostRun(ids=regime.ids, rows=rows, weights=_tensors(trainer.model), start=start)
+    rows = [clean_row(h) for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
+    return HostRun(ids=regime.ids, rows=rows, weights=tensors(trainer.model), start=start)
 
 
 def with_runtime(cfg: Any, **sections: dict) -> Any:
@@ -131,13 +131,13 @@ def train_pack(cfgs: Any, results_dir: str | Path, update_cells: int | None = No
     pack = build_pack(cells, results_dir=results_dir, device="cpu", update_cells=update_cells)
     if grouped is not None:
         pack.loop.trainer.router.grouped = grouped
-    regimes = [_regime() for _ in cells]
+    regimes = [recorded_regime() for _ in cells]
     for member, regime in zip(pack.loop.members, regimes):
         member.regime = regime
     models = [pc.model for pc in pack.loop.trainer.cells]
-    starts = [_tensors(m) for m in models]
+    starts = [tensors(m) for m in models]
     steps = [pack.loop.step() for _ in range(max(c.config.train.steps for c in cells))]
-    return [HostRun(ids=regime.ids, rows=[_clean(row[c.id]) for row in steps if c.id in row], weights=_tensors(model),
+    return [HostRun(ids=regime.ids, rows=[clean_row(row[c.id]) for row in steps if c.id in row], weights=tensors(model),
                     start=start) for c, regime, model, start in zip(cells, regimes, models, starts)]
 
 
