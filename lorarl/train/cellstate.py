@@ -27,8 +27,9 @@ Engines (what the weights, optimiser, schedule, RNG streams and data cursor look
   saved in one pack resumes in any other pack, at any position, beside members of any rank, or alone (a pack
   of one, in its own ``train`` job), and continues as its uninterrupted run (tests/test_cell_leaves.py).
 
-The two engines' runs of one cell are different trajectories from the first step (their data orders and rollout
-code differ; packing is a runtime choice), so a state resumes only in a host of its own engine: a single-cell job
+The two engines train one cell to the same result (docs/packed.md, "one cell, one result"), but their saved states
+differ in form (TRL's checkpoint folder, the pack's state file), so a state resumes only in a host of its own engine
+(another raises ``WrongHost`` before anything is written): a single-cell job
 takes whichever engine the state names (lorarl.pipeline.jobs.stages), a pack leaves out a cell with an ``hf`` state
 (its own job resumes it) instead of discarding its progress.
 """
