@@ -14,7 +14,7 @@ from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the reg
 from lorarl.decoding import RuntimeConfig  # pydantic only at import (torch inside its functions)
 from lorarl.spec.prompt import BasePrompt, PromptConfig, check_base_prompts
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 from lorarl.spec.task import TaskConfig
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from lorarl.spec.kinds import Kind, get_kind
 from lorarl.spec.signature import signatures
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 MAX_CELLS_ENV = "LORARL_MAX_CELLS"  # the cap on a study's cells (runtime setting, not science)
