@@ -10,6 +10,8 @@ import pkgutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from pydantic import ValidationError
+
 from lorarl.rewards import REGIMES, ExtraModel, Regime, RegimeSpec
 from lorarl.rewards.section import RewardSection, SharedBlock
 
@@ -49,13 +51,23 @@ def reward_section(value: Any) -> RewardSection:
     if not isinstance(block.fields, dict):
         raise ValueError(f"expected a mapping of reward settings, got {block.fields!r}")
     regime = block.fields.get("regime", "outcome")
-    section = spec_of(regime).section
+    try:
+        section = spec_of(regime).section
+    except ValueError as err:
+        raise _refused("regime", regime, str(err)) from None
     for f in block.fields:
         if f not in section.model_fields:
             takers = " / ".join(repr(n) for n in regime_names() if f in spec_of(n).section.model_fields)
             taken = f"applies to reward.regime {takers}" if takers else "is no field of any reward regime"
-            raise ValueError(f"reward.{f} {taken}; allowed with regime {regime!r}: {', '.join(section.model_fields)}")
+            raise _refused(f, block.fields[f], f"reward.{f} {taken}; allowed with regime {regime!r}: "
+                                               f"{', '.join(section.model_fields)}")
     return section.model_validate(block.fields).keep_aside(block.set_aside)
+
+
+def _refused(field: str, value: Any, why: str) -> ValidationError:
+    """A validation error at ``field`` of the section (a study's error then points at `reward.<field>`)."""
+    return ValidationError.from_exception_data("reward", [{"type": "value_error", "loc": (field,), "input": value,
+                                                           "ctx": {"error": ValueError(why)}}])
 
 
 def shared_block(block: Any, strict: Iterable[str] = ()) -> Any:
