@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Annotated, Any, Callable, Iterable
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from lorarl.rewards import REGIMES, ExtraModel, Regime, RegimeSpec
 from lorarl.rewards.section import RewardSection, SharedBlock
@@ -61,7 +61,20 @@ def reward_section(value: Any) -> RewardSection:
             taken = f"applies to reward.regime {takers}" if takers else "is no field of any reward regime"
             raise _refused(f, block.fields[f], f"reward.{f} {taken}; allowed with regime {regime!r}: "
                                                f"{', '.join(section.model_fields)}")
-    return section.model_validate(block.fields).keep_aside(block.set_aside)
+    return section.model_validate(block.fields).keep_aside(_as_json(block.set_aside))
+
+
+def _as_json(values: dict[str, Any]) -> dict[str, Any]:
+    """Set-aside values validated by the field of the regime that holds each, as the JSON it would dump."""
+    out = {}
+    for f, v in values.items():
+        holder = next(s for s in sections() if f in s.model_fields)
+        field = TypeAdapter(Annotated[holder.model_fields[f].annotation, holder.model_fields[f]])
+        try:
+            out[f] = field.dump_python(field.validate_python(v), mode="json")
+        except ValidationError as err:
+            raise _refused(f, v, f"reward.{f}: {err.errors()[0]['msg']}") from None
+    return out
 
 
 def _refused(field: str, value: Any, why: str) -> ValidationError:
@@ -79,6 +92,19 @@ def shared_block(block: Any, strict: Iterable[str] = ()) -> Any:
     own = spec_of(block.get("regime", "outcome")).section.model_fields
     aside = {f: v for f, v in block.items() if f not in own and f not in strict and f in _all_fields()}
     return SharedBlock({f: v for f, v in block.items() if f not in aside}, aside) if aside else block
+
+
+def aside_for_evaluation(block: Any, fields: Iterable[str]) -> Any:
+    """``block`` with ``fields`` set aside where its regime's section lacks them: a setting another section reads
+    (the teacher of eval.teacher_benchmarks' row, whatever the regime) stays the cell's without reaching its regime."""
+    shared = block if isinstance(block, SharedBlock) else SharedBlock(block, {})
+    if not isinstance(shared.fields, dict) or shared.fields.get("regime", "outcome") not in load_all():
+        return block
+    own = spec_of(shared.fields.get("regime", "outcome")).section.model_fields
+    move = {f: shared.fields[f] for f in fields if f in shared.fields and f not in own}
+    if not move:
+        return block
+    return SharedBlock({f: v for f, v in shared.fields.items() if f not in move}, {**shared.set_aside, **move})
 
 
 def flat_block(section: RewardSection) -> dict[str, Any]:

@@ -12,9 +12,9 @@ share (a study's regime axis, :class:`SharedBlock`) keeps the values it wrote fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field, PrivateAttr, TypeAdapter, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from lorarl.grading.overrides import AnswerFormat, GradingOverride, check_grading
 from lorarl.strict import Strict
@@ -56,20 +56,15 @@ class RewardSection(Strict):
         return dict(self._set_aside)
 
     def keep_aside(self, values: dict[str, Any]) -> "RewardSection":
-        """This section with ``values`` (fields of other regimes a shared block wrote) set aside, as the JSON the
-        flat section would have dumped (the field types of the regimes that hold them): a bad one is an error."""
-        from lorarl.rewards.registry import sections
-
-        out = {}
-        for f, v in values.items():
-            holder = next(s for s in sections() if f in s.model_fields)
-            field = TypeAdapter(Annotated[holder.model_fields[f].annotation, holder.model_fields[f]])
-            try:
-                out[f] = field.dump_python(field.validate_python(v), mode="json")
-            except ValueError as err:
-                raise ValueError(f"reward.{f}: {err}") from None
-        self._set_aside = out
+        """This section with ``values`` set aside (other regimes' fields a shared block wrote, validated as JSON by
+        lorarl.rewards.registry.reward_section)."""
+        self._set_aside = dict(values)
         return self
+
+    def written(self, field: str) -> Any:
+        """A field as the study wrote it for this cell: this regime's, or one set aside (the teacher a study names
+        for its teacher row, eval.teacher_benchmarks, whatever the regime); None if neither."""
+        return getattr(self, field) if field in type(self).model_fields else self._set_aside.get(field)
 
     @model_validator(mode="after")
     def _grading_applies(self) -> "RewardSection":

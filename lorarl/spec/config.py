@@ -279,6 +279,18 @@ class CellConfig(Strict):
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, json_schema_extra={"runtime": True})  # how the jobs run on their machine (the HF engine's KV cache and compiled decode: lorarl.decoding); never in a signature
 
+    @model_validator(mode="before")
+    @classmethod
+    def _teacher_row(cls, data: Any) -> Any:
+        """`eval.teacher_benchmarks` evaluates `reward.teacher` as a base row: a regime without a teacher (outcome,
+        process) keeps it aside for that row (its signature counts it, its regime never sees it)."""
+        ev = data.get("eval") if isinstance(data, dict) else None
+        if not (ev.get("teacher_benchmarks") if isinstance(ev, dict) else getattr(ev, "teacher_benchmarks", None)):
+            return data
+        from lorarl.rewards.registry import aside_for_evaluation
+
+        return {**data, "reward": aside_for_evaluation(data.get("reward", {}), ("teacher",))}
+
     @field_validator("reward", mode="before")
     @classmethod
     def _regime_section(cls, v: Any) -> RewardSection:

@@ -86,14 +86,13 @@ def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
     are (their prompt and grading, with ``eval.base_prompts.teacher`` in place of the prompt's settings
     it names: paper 001's Qwen3-8B answers in its chat format) on those benchmarks only (paper 001
     Table 2's teacher column)."""
-    from lorarl.rewards.registry import extra_models  # the teacher a cell's regime loads
     from lorarl.spec.evalplan.plan import benchmark_specs, eval_signature
 
     out, seen = [], set()
     for c in cells:
         cfg = c.config
         names = cfg.eval.teacher_benchmarks
-        teacher = next((x.model for x in extra_models(cfg.reward) if x.field == "reward.teacher"), None)
+        teacher = cfg.reward.written("teacher")  # the distillation teacher, or one named for this row only
         if not names or not teacher or teacher in seen:
             continue
         seen.add(teacher)
