@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 CACHES = ("auto", "static", "dynamic")
 COMPILES = ("auto", "on", "off")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from lorarl.pipeline.doctor.clock import share
-from lorarl.pipeline.doctor.jobs import (RULE_NAMES, RULE_THREADS, PlannedJob, machine_rate, makespan, planned_jobs,
-                                         rule_counts, wall_under)
+from lorarl.pipeline.doctor.jobs import (PlannedJob, job_kinds, machine_rate, makespan, planned_jobs, rule_counts,
+                                         wall_under)
+from lorarl.pipeline.jobs.stages import STAGES
 from lorarl.spec.study import study_cells
 from tests.support.doctor import _study, measurements
 
@@ -26,9 +27,14 @@ def test_rule_threads_and_names_are_the_workflow_rules():
         for name, body in re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n|\n)*)", f.read_text(), re.M):
             m = re.search(r"^\s+threads: (\d+)", body, re.M)
             rules[name] = int(m.group(1)) if m else 1  # Snakemake's default
-    for kind, threads in RULE_THREADS.items():
-        assert rules[RULE_NAMES[kind]] == threads, kind
-    assert RULE_NAMES["evaluate_step"] in rules
+    assert job_kinds() == {"base", "train", "pack", "publish", "evaluate", "diagnose", "aggregate"}
+    for kind in job_kinds():  # each kind's rule and threads: its stage's registry entry (publish: train's)
+        job = PlannedJob(kind, "c")
+        assert rules[job.rule] == job.threads, kind
+    assert {r for s in STAGES.values() for r in (s.step_rule, s.rung_rule) if r} == {"evaluate_step", "train_rung"}
+    assert {r for s in STAGES.values() for r in (s.step_rule, s.rung_rule) if r} <= set(rules)
+    assert (PlannedJob("evaluate", "c", "math500@20").rule, PlannedJob("publish", "c", "until=8").rule) == (
+        "evaluate_step", "train_rung")
 
 
 def test_planned_jobs_are_the_rules_jobs_and_skip_what_exists(tmp_path, monkeypatch):

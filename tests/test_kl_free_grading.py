@@ -78,7 +78,7 @@ def test_math500_is_math_verify_on_the_answer_tag(cfg):
 def test_the_config_names_every_registered_format():
     from typing import get_args
 
-    from lorarl.spec.config import AnswerFormat
+    from lorarl.grading.overrides import AnswerFormat
     from lorarl.grading.answer_formats import ANSWER_FORMATS, MATH_VERIFIED, SPANS
 
     assert get_args(AnswerFormat) == ANSWER_FORMATS and set(MATH_VERIFIED) | set(SPANS) <= set(ANSWER_FORMATS)

@@ -33,12 +33,13 @@ def test_aux_placement(setting, gpus, want):
 def test_reward_density_teacher_and_prm_follow_the_device_count(monkeypatch, gpus, want):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * GIB, 80 * GIB))
-    c = cell("reward_density.yaml", "distillation-r1-s0")
-    assert c.config.reward.teacher_device == "cuda:1"  # what the study names
-    lines: list[str] = []
-    cfg = resolve_job(c.config, log=lines.append)
-    assert (cfg.reward.teacher_device, cfg.reward.prm_device) == (want, want)
-    assert any("teacher_device" in line for line in lines) == (want != "cuda:1")
+    for cid, field in (("distillation-r1-s0", "teacher_device"), ("process-r1-s0", "prm_device")):
+        c = cell("reward_density.yaml", cid)
+        assert getattr(c.config.reward, field) == "cuda:1"  # what the study names
+        lines: list[str] = []
+        cfg = resolve_job(c.config, log=lines.append)
+        assert getattr(cfg.reward, field) == want
+        assert any(field in line for line in lines) == (want != "cuda:1")
 
 
 def test_auto_takes_the_plans_values_on_a_gpu_and_the_whole_batch_on_a_cpu():

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lorarl.models import RECIPES, recipe_name
+from lorarl.rewards.registry import extra_models
 from lorarl.spec.study import load_study, study_cells
 
 from tests.support.published import EXPERIMENTS, PUBLISHED, REQUIRED, TWINS, fidelity_table
@@ -84,8 +85,8 @@ def test_cpu_twin_keeps_its_study_axes_on_local_models(path):
     assert cells and len({c.id for c in cells}) == len(cells)
     for c in cells:
         assert recipe_name(c.config.model) in RECIPES, f"{path.name} {c.id}: model {c.config.model}"
-        if c.config.reward.teacher:
-            assert recipe_name(c.config.reward.teacher) in RECIPES
+        for x in extra_models(c.config.reward):  # the distillation teacher: built locally
+            assert not x.local_recipe or recipe_name(x.model) in RECIPES, f"{path.name} {c.id}: {x.field} {x.model}"
         assert c.config.task.name == "synthetic", f"{path.name} {c.id}: task {c.config.task.name}"
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from lorarl.spec import kinds
 from lorarl.cli import main
-from lorarl.spec.config import RewardConfig
+from lorarl.rewards.registry import reward_section
 from lorarl.pipeline.doctor import stage as doctor_stage  # the doctor registers its own stage
 from lorarl.pipeline.jobs import stages
 from lorarl.pipeline.jobs.launch import StageJob, run_stage
@@ -121,8 +121,8 @@ def test_register_kind_needs_exactly_one_way_to_run():
 
 def test_regimes_register_themselves_and_config_follows_the_registry(monkeypatch):
     assert set(regime_names()) == {"outcome", "process", "distillation"}
-    with pytest.raises(ValueError, match="unknown reward regime 'dense'; allowed: distillation, outcome, process"):
-        RewardConfig(regime="dense")
+    with pytest.raises(ValueError, match="unknown reward.regime 'dense'; allowed: distillation, outcome, process"):
+        reward_section({"regime": "dense"})
 
     class Constant:
         name, needs_student_logps, needs_gold, reports_accuracy = "constant", False, False, False
@@ -131,5 +131,5 @@ def test_regimes_register_themselves_and_config_follows_the_registry(monkeypatch
             return Deposits([[len(ids) - 1] for ids in rollouts.completion_ids], [[0.5]] * len(rollouts))
 
     monkeypatch.setitem(REGIMES, "constant", RegimeSpec("constant", lambda cfg, tok, **kw: Constant()))
-    cfg = RewardConfig(regime="constant")  # the config accepts what the registry holds
+    cfg = reward_section({"regime": "constant"})  # the config accepts what the registry holds (the common section)
     assert build_regime(cfg, None).name == "constant"

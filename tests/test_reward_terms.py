@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig, RewardConfig
+from lorarl.rewards.registry import reward_section
+from lorarl.spec.config import CellConfig
 from lorarl.grading.verify import GradingSettings
 from lorarl.rewards import Rollouts
 from lorarl.grading.answer_formats import verdict
@@ -96,7 +97,7 @@ def test_the_recipe_pays_at_most_4():
 
 
 def test_the_outcome_regime_deposits_the_weighted_sum_on_the_last_token():
-    regime = build_regime(RewardConfig(answer_format="xml_answer", terms=GSM8K_RECIPE), tokenizer=None)
+    regime = build_regime(reward_section({"answer_format": "xml_answer", "terms": GSM8K_RECIPE}), tokenizer=None)
     assert isinstance(regime, OutcomeDeposits) and regime.terms == GSM8K_RECIPE
     completions = [PERFECT, ONE_LINE, NO_TAGS]
     rollouts = Rollouts(prompts=["q"] * 3, completions=completions, prompt_ids=[[1]] * 3,
@@ -128,7 +129,7 @@ def test_a_term_is_registered_once_with_a_checked_spec():
 ])
 def test_bad_terms_are_refused_naming_the_field(reward, match):
     with pytest.raises(ValidationError, match=match):
-        RewardConfig(**reward)
+        CellConfig(reward=reward)
 
 
 def test_a_study_with_an_unknown_term_exits_2(tmp_path, capsys):

@@ -179,6 +179,17 @@ def test_lorarl_has_no_package_level_loop():
                        "never a function-level import or a re-export):\n" + "\n".join(loops))
 
 
+def test_the_study_language_as_a_whole_is_in_no_loop():
+    """Counted as one room, lorarl/spec/ is in no loop either: the building blocks that read a section of it
+    (tasks, decoding, rewards) are handed the section, or its base (lorarl.strict) sits below them."""
+    whole: dict[str, set[str]] = {}
+    for mod, deps in import_graph(REPO).items():
+        whole.setdefault(".".join(mod.split(".")[:2]), set()).update(
+            ".".join(d.split(".")[:2]) for d in deps if d != "lorarl" and d.split(".")[:2] != mod.split(".")[:2])
+    loops = cycles({r: {d for d in e if d in whole} for r, e in whole.items() if r != "lorarl"})
+    assert not loops, f"package-level loops with lorarl.spec as one room: {loops}"
+
+
 def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: Path):
     """The checker itself: a loop closed by a function-level import between two modules that form no
     module-level cycle is reported with one example per edge; relative imports and `from lorarl import x`
@@ -207,16 +218,17 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 
 # lorarl's rooms, bottom to top: a room imports only rooms of its own layer or below (the loop test keeps
 # a layer's rooms from tying themselves together); the stages import none of each other. A new module or
-# subpackage of lorarl takes its place here. The study language (lorarl/spec/) spans floors: its config sections
-# sit below the building blocks that read them (tasks, decoding), the study above the registries it checks
-# against, so each of its modules is a room of its own (SPLIT_PACKAGES).
+# subpackage of lorarl takes its place here. The study language (lorarl/spec/) spans floors: its prompt and toy
+# sections sit in the foundations, the study above the registries it checks against, so each of its modules is a
+# room of its own (SPLIT_PACKAGES); no room below it imports it (the building blocks that read a section, tasks
+# and decoding, are handed it), so lorarl.spec as a whole is in no loop either.
 LAYERS = (
-    ("foundations", ("spec.strict", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "spec.signature",
+    ("foundations", ("strict", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "spec.signature",
                      "spec.reserved", "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids",
-                     "provenance", "spec.prompt", "spec.task", "spec.toy", "build_progress", "faulthooks")),
+                     "provenance", "spec.prompt", "spec.toy", "build_progress", "faulthooks")),
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
-    ("config schema and registries", ("spec.config", "spec.kinds", "spec.evalplan")),
+    ("config schema and registries", ("spec.task", "spec.config", "spec.kinds", "spec.evalplan")),
     ("study resolution", ("spec.matrix", "spec.yamlpos", "spec.preflight", "spec.hubcheck", "spec.adaptive", "adaptive",
                           "spec.study", "study_set", "spec.profiles")),
     ("stages", ("train", "evaluate", "diagnose", "toy")),

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the study language's modules as they were once named at the top of lorarl/ (and in lorarl/adaptive/), and their home now
 STUDY_LANGUAGE = {
     "config": "spec/config.py", "taskconfig": "spec/task.py", "prompt_config": "spec/prompt.py",
-    "toyconfig": "spec/toy.py", "numbers": "spec/strict.py", "signature": "spec/signature.py",
+    "toyconfig": "spec/toy.py", "signature": "spec/signature.py",
     "reserved": "spec/reserved.py", "kinds": "spec/kinds.py", "matrix": "spec/matrix.py", "yamlpos": "spec/yamlpos.py",
     "preflight": "spec/preflight.py", "hubcheck": "spec/hubcheck.py", "study": "spec/study.py",
     "profiles": "spec/profiles.py", "evalplan": "spec/evalplan/plan.py", "adaptive/spec": "spec/adaptive/blocks.py",
@@ -77,15 +77,15 @@ def test_the_study_language_lives_in_lorarl_spec():
 
 
 def test_every_model_of_the_study_language_stands_on_the_one_strict_base():
-    from lorarl.spec.strict import Strict
+    from lorarl.strict import Strict
 
     names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / "lorarl" / "spec").rglob("*.py"))
-             if p.name != "__init__.py" and p.name != "strict.py"]
+             if p.name != "__init__.py"]
     models = {f"{m}.{k}": v for m in names for k, v in vars(importlib.import_module(m)).items()
               if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == m}
     assert {"lorarl.spec.config.CellConfig", "lorarl.spec.study.Study", "lorarl.spec.matrix.Axis"} <= set(models)
     loose = sorted(k for k, v in models.items() if not issubclass(v, Strict))
-    assert not loose, f"study-language models not on lorarl.spec.strict.Strict (unknown fields, booleans as numbers): {loose}"
+    assert not loose, f"study-language models not on lorarl.strict.Strict (unknown fields, booleans as numbers): {loose}"
 
 
 ENV_NAME = re.compile(r"\bLORARL_[A-Z][A-Z0-9_]*")

@@ -19,9 +19,6 @@ import math
 from dataclasses import replace
 from typing import Any, Callable
 
-AUX_FIELDS = ("teacher_device", "prm_device")
-
-
 def place_aux(setting: str | None, gpus: int) -> str | None:
     """Where an auxiliary model goes on a job with ``gpus`` GPUs (see the module docstring)."""
     if setting is not None and not setting.startswith("cuda"):
@@ -52,8 +49,11 @@ def resolve_job(cfg: Any, gpus: int | None = None, free_bytes: int | None = None
         gpus = torch.cuda.device_count() if gpus is None else gpus
         if gpus > 0 and free_bytes is None:
             free_bytes = torch.cuda.mem_get_info()[0]
-    reward = cfg.reward.model_copy(update={f: place_aux(getattr(cfg.reward, f), gpus) for f in AUX_FIELDS})
-    for f in AUX_FIELDS:
+    from lorarl.rewards.registry import extra_models  # the teacher / PRM the regime loads, and its device field
+
+    aux = [x.device_field for x in extra_models(cfg.reward) if x.device_field]
+    reward = cfg.reward.model_copy(update={f: place_aux(getattr(cfg.reward, f), gpus) for f in aux})
+    for f in aux:
         if getattr(reward, f) != getattr(cfg.reward, f):
             log(f"[lorarl] memory plan: reward.{f} {getattr(cfg.reward, f)} -> {getattr(reward, f)} "
                 f"(this job has {gpus} GPU(s))")

@@ -57,13 +57,15 @@ class CellPlan:
 
 def shape_key(cfg: Any) -> str:
     """Everything the plan reads: cells with equal keys have equal plans."""
+    from lorarl.rewards.registry import extra_models  # the teacher / PRM the regime loads (what the plan reads of it)
+
     t, r, rw = cfg.train, cfg.rollout, cfg.reward
     return json.dumps([cfg.model, cfg.task.name, cfg.adapter.model_dump(mode="json", include={"method", "rank",
                        "target_modules"}), t.prompts_per_step, t.generations, t.max_completion_length,
                        t.max_prompt_length, t.updates_per_generation, t.beta, t.kl_monitor_every, t.precision,
                        t.micro_batch_size, t.micro_batch_tokens, t.gradient_checkpointing, r.engine, r.generation_batch_size,
-                       r.gpu_memory_utilization, r.sleep_mode, rw.regime, rw.prm, rw.prm_model, rw.teacher,
-                       rw.teacher_dtype, rw.teacher_batch_size, rw.prm_batch_size], sort_keys=True)
+                       r.gpu_memory_utilization, r.sleep_mode, rw.regime,
+                       [(x.role, x.model, x.dtype, x.batch_size) for x in extra_models(rw)]], sort_keys=True)
 
 
 def _setting(value: Any, whole: int, best: int) -> int:

@@ -19,13 +19,16 @@ branches on the regime. The trainer builds a :class:`Rollouts` per generation ba
 A regime's facts live with it, never as a test of its name elsewhere (tests/test_structure.py holds this):
 what the trainer asks of a built regime are attributes of :class:`Regime` (``needs_gold``,
 ``reports_accuracy``, ``needs_student_logps``); what the planners ask of a cell's ``reward:`` config (the
-models it loads, the settings it requires, its reward range) are fields of its :class:`RegimeSpec`.
+models it loads, its reward range) are fields of its :class:`RegimeSpec`, and so is its ``reward:`` section (the
+fields it takes and their checks, on :class:`lorarl.rewards.section.RewardSection`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from lorarl.rewards.section import RewardSection
 
 if TYPE_CHECKING:
     import torch
@@ -118,14 +121,11 @@ class ExtraModel:
     dtype: str  # dtype of its weights ("auto": the checkpoint's): the memory plan's bytes per parameter
     batch_size: int  # sequences per forward: the memory plan's activations
     local_recipe: bool  # a `local:<recipe>` value is built by the workflow and resolved (lorarl.models)
+    device_field: str = ""  # the reward field placing it ("teacher_device"): the job's second GPU when it has one (lorarl.memory.auto)
 
 
 def _no_models(cfg: Any) -> list[ExtraModel]:
     return []
-
-
-def _no_check(cfg: Any) -> None:
-    return None
 
 
 def _unknown_range(cfg: Any) -> tuple[float, float] | None:
@@ -137,10 +137,9 @@ class RegimeSpec:
     """A registered regime: its builder and the facts of its ``reward:`` config the planners read."""
 
     name: str  # its `reward.regime` value
-    build: Callable[..., Regime]  # (cfg: RewardConfig, tokenizer, *, resolve, device, temperature) -> Regime
+    build: Callable[..., Regime]  # (cfg: its section, tokenizer, *, resolve, device, temperature) -> Regime
+    section: type[RewardSection] = RewardSection  # its `reward:` section: the fields it takes, their checks (a teacher named, ...)
     extra_models: Callable[[Any], list[ExtraModel]] = _no_models  # the models it loads for this config (teacher, PRM)
-    check: Callable[[Any], None] = _no_check  # raises ValueError naming the field a config lacks (config validation)
-    takes_terms: bool = False  # `reward.terms` (a weighted sum of terms) may replace its grade
     reward_range: Callable[[Any], tuple[float, float] | None] = _unknown_range  # per-completion reward before overlong shaping (report axes); None: unbounded or unknown
 
 

@@ -11,7 +11,25 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from pydantic import Field, model_validator
+
 from lorarl.rewards import Deposits, ExtraModel, Rollouts, register_regime
+from lorarl.rewards.section import RewardSection
+
+
+class DistillationSection(RewardSection):
+    """``reward:`` of ``regime: distillation``: the teacher that scores the student's tokens."""
+
+    teacher: str | None = None  # `local:<recipe>`, HF id or path; must share the student's tokenizer (required)
+    teacher_device: str | None = None  # e.g. "cuda:1" (None = the policy's)
+    teacher_dtype: str = "auto"  # dtype of the teacher's weights
+    teacher_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # sequences per teacher forward (memory, not results)
+
+    @model_validator(mode="after")
+    def _names_its_teacher(self) -> "DistillationSection":
+        if not self.teacher:
+            raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
+        return self
 
 _PROBES = ["Q: 23+45-17=?\nA: 23+45=68\n68-17=51\n\\boxed{51}",
            "Let $x^2 + 3x = 10$. Then $x = 2$ or $x = -5$.", "  leading spaces\tand tabs\n\nünïcödé 数学"]
@@ -113,21 +131,15 @@ class DistillationDeposits:
         return Deposits(positions, values, dense=True)
 
 
-def check(cfg: Any) -> None:
-    """Distillation names its teacher."""
-    if not cfg.teacher:
-        raise ValueError("reward.teacher is required when reward.regime is 'distillation'")
-
-
 def extra_models(cfg: Any) -> list[ExtraModel]:
     """The teacher (a `local:<recipe>` teacher is built by the workflow first)."""
     if not cfg.teacher:
         return []
     return [ExtraModel("teacher", "reward.teacher", cfg.teacher, cfg.teacher_dtype, cfg.teacher_batch_size,
-                       local_recipe=True)]
+                       local_recipe=True, device_field="teacher_device")]
 
 
-@register_regime("distillation", check=check, extra_models=extra_models)
+@register_regime("distillation", section=DistillationSection, extra_models=extra_models)
 def build(cfg: Any, tokenizer: Any, *, resolve: Callable[[str], str] | None = None, device: str = "cpu",
           temperature: float = 1.0) -> DistillationDeposits:
     """``reward.regime: distillation``: the teacher (``reward.teacher``, loaded here) scores the student's tokens;

@@ -20,9 +20,35 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+from pydantic import Field, field_validator, model_validator
+
 from lorarl.grading.answers import answer_text, gold_boxes, gsm8k_gold
 from lorarl.grading.verify import GradingSettings, score_math_batch
 from lorarl.rewards import Deposits, Rollouts, register_regime
+from lorarl.rewards.section import RewardSection
+
+
+class OutcomeSection(RewardSection):
+    """``reward:`` of ``regime: outcome``: what a wrong answer pays, or the terms that replace the 1/0 grade."""
+
+    incorrect_reward: float = Field(0.0, le=0)  # reward of a wrong/missing answer (right = 1); DAPO's rule: -1 (changes the overlong penalty's relative weight)
+    terms: dict[str, float] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # the reward as a weighted sum of registered terms, name: weight (TRL's reward_funcs + reward_weights; lorarl.rewards.terms), deposited as the 1/0 grade is; null = the 1/0 grade (paper 000's reading: the GSM8K GRPO recipe, max 4.0)
+
+    @field_validator("terms")
+    @classmethod
+    def _known_terms(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        from lorarl.rewards.terms import check_terms  # imports every term family (light)
+
+        if v is not None:
+            check_terms(v)
+        return v
+
+    @model_validator(mode="after")
+    def _terms_replace_the_grade(self) -> "OutcomeSection":
+        if self.terms is not None and self.incorrect_reward != 0:
+            raise ValueError(f"reward.terms replaces the 1 / incorrect_reward grade by the terms' weighted sum; allowed "
+                             f"with terms: incorrect_reward 0 (got {self.incorrect_reward})")
+        return self
 
 
 def gold_answer(raw: str) -> str:
@@ -98,7 +124,7 @@ def reward_range(cfg: Any) -> tuple[float, float]:
     """A completion's reward before overlong shaping: a right answer pays 1, a wrong one
     ``reward.incorrect_reward`` (or 0 if above); a ``reward.terms`` sum at most every term's maximum, no floor
     (a term such as XML count can go below zero)."""
-    terms = getattr(cfg, "terms", None)
+    terms = cfg.terms
     if terms:
         from lorarl.rewards.terms import reward_maximum
 
@@ -106,9 +132,9 @@ def reward_range(cfg: Any) -> tuple[float, float]:
     return min(float(cfg.incorrect_reward), 0.0), 1.0
 
 
-@register_regime("outcome", takes_terms=True, reward_range=reward_range)
+@register_regime("outcome", section=OutcomeSection, reward_range=reward_range)
 def build(cfg: Any, tokenizer: Any, *, resolve: Any = None, device: str = "cpu",
           temperature: float = 1.0) -> OutcomeDeposits:
     """``reward.regime: outcome``: math-verify (or the answer format's rule) under ``reward.grading``."""
     return OutcomeDeposits(timeout_s=cfg.grading_timeout_s, settings=settings_of(cfg), incorrect=cfg.incorrect_reward,
-                           terms=getattr(cfg, "terms", None))
+                           terms=cfg.terms)

@@ -18,9 +18,33 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Any, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
+
+from pydantic import Field, model_validator
 
 from lorarl.rewards import Deposits, ExtraModel, Rollouts, register_regime
+from lorarl.rewards.section import RewardSection
+
+
+class ProcessSection(RewardSection):
+    """``reward:`` of ``regime: process``: how steps are split and which PRM scores them."""
+
+    step_separator: str = Field("\n", min_length=1)  # a step ends at this string (paper 001: newline)
+    prm: Literal["rule", "hf"] = "rule"  # synthetic-task step checker, or a Math-Shepherd-style HF PRM
+    rule_check: Literal["arithmetic", "chain"] = "arithmetic"  # rule PRM: any true equation, or the question's chain
+    prm_model: str | None = None  # hf PRM: model id or path (e.g. peiyi9979/math-shepherd-mistral-7b-prm)
+    prm_step_tag: str = "ки"  # hf PRM: tag written after each step; the step is scored at its position
+    prm_good_token: str = "+"  # hf PRM: label token whose probability is the step's score
+    prm_bad_token: str = "-"  # hf PRM: the competing label token
+    prm_device: str | None = None  # hf PRM: device (None = the policy's)
+    prm_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # hf PRM: sequences per forward (memory, not results)
+    prm_max_length: int | None = Field(None, gt=0)  # hf PRM: input truncation (steps past it score 0, counted)
+
+    @model_validator(mode="after")
+    def _names_its_prm(self) -> "ProcessSection":
+        if self.prm == "hf" and not self.prm_model:
+            raise ValueError("reward.prm_model is required when reward.prm is 'hf'")
+        return self
 
 
 # ----------------------------------------------------------------------------- step splitting
@@ -312,20 +336,14 @@ class ProcessDeposits:
         return text.strip().strip(self.separator).strip() or joined
 
 
-def check(cfg: Any) -> None:
-    """The HF backend names its PRM."""
-    if cfg.prm == "hf" and not cfg.prm_model:
-        raise ValueError("reward.prm_model is required when reward.prm is 'hf'")
-
-
 def extra_models(cfg: Any) -> list[ExtraModel]:
     """The HF backend's PRM (the rule checker loads nothing); a hub id or path, never a local recipe."""
     if cfg.prm != "hf":
         return []
-    return [ExtraModel("prm", "reward.prm_model", cfg.prm_model, "auto", cfg.prm_batch_size, local_recipe=False)]
+    return [ExtraModel("prm", "reward.prm_model", cfg.prm_model, "auto", cfg.prm_batch_size, local_recipe=False, device_field="prm_device")]
 
 
-@register_regime("process", check=check, extra_models=extra_models)
+@register_regime("process", section=ProcessSection, extra_models=extra_models)
 def build(cfg: Any, tokenizer: Any, *, resolve: Any = None, device: str = "cpu",
           temperature: float = 1.0) -> ProcessDeposits:
     """``reward.regime: process``: the rule step checker, or a Math-Shepherd-style PRM (loaded here)."""

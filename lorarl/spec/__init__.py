@@ -2,8 +2,8 @@
 
 Every module here is pure (pydantic and the registries below it; nothing trains, nothing is downloaded):
 
-* config sections, all on one strict base (:mod:`lorarl.spec.strict`: unknown fields are errors, a number is
-  never a boolean): the cell (:mod:`lorarl.spec.config`), its task (:mod:`lorarl.spec.task`), prompt
+* config sections, all on one strict base (:mod:`lorarl.strict`, below every reader of a section: unknown fields
+  are errors, a number is never a boolean): the cell (:mod:`lorarl.spec.config`), its task (:mod:`lorarl.spec.task`), prompt
   (:mod:`lorarl.spec.prompt`) and the toy stages (:mod:`lorarl.spec.toy`);
 * the study (:mod:`lorarl.spec.study`), its matrix of cells (:mod:`lorarl.spec.matrix`), their signatures
   (:mod:`lorarl.spec.signature`, :mod:`lorarl.spec.reserved`), the YAML positions errors point at

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the registry is lorarl.adapters
 from lorarl.decoding import RuntimeConfig  # pydantic only at import (torch inside its functions)
+from lorarl.grading.overrides import AnswerFormat, GradingOverride, check_grading
+from lorarl.rewards.section import RewardSection
 from lorarl.spec.prompt import BasePrompt, PromptConfig, check_base_prompts
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 from lorarl.spec.task import TaskConfig
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
-AnswerFormat = Literal["boxed", "answer_line", "last_number", "xml_answer", "xml_math", "hendrycks_boxed"]  # = lorarl.grading.answer_formats.ANSWER_FORMATS
 
 
 def one_of(value: str | None, allowed: tuple[str, ...] | list[str], what: str) -> str | None:
@@ -145,80 +146,6 @@ class TrainConfig(Strict):
         counted optimiser updates before it counted rollout steps, so a cell whose two counts differ gets
         a new hash (its old results meant a quarter of the training), while every other cell keeps its own."""
         return {"updates_per_step": self.updates_per_step} if self.updates_per_step > 1 else {}
-
-
-class GradingOverride(Strict):
-    """A study's changes to a benchmark's math-verify comparison settings (null = the registry's)."""
-
-    float_rounding: int | None = Field(None, ge=0)  # decimal places floats are rounded to (math-verify: 6)
-    numeric_precision: int | None = Field(None, ge=1)  # significant digits of numeric equality (15)
-    strict: bool | None = None  # false: variables match by position, sets compare with tuples (true)
-    allow_set_relation_comp: bool | None = None  # true: a gold set equals a relation, (1,2) = 1<x<2 (false)
-
-
-def check_grading(grading: GradingOverride, answer_format: str, where: str) -> None:
-    """math-verify settings apply to the formats math-verify compares only (a text rule compares strings)."""
-    from lorarl.grading.answer_formats import MATH_VERIFIED
-
-    set_ = sorted(grading.model_dump(exclude_none=True))
-    if set_ and answer_format not in MATH_VERIFIED:
-        raise ValueError(f"{where}.{set_[0]} applies to answer_format {' / '.join(MATH_VERIFIED)} only (math-verify); "
-                         f"with answer_format {answer_format!r} leave {where} empty")
-
-
-class RewardConfig(Strict):
-    regime: str = "outcome"  # which reward deposits (density axis): a registered regime (lorarl.rewards.registry)
-    grading_timeout_s: float = Field(5.0, gt=0)  # math-verify time limit per completion (outcome, accuracy)
-    answer_format: AnswerFormat = "boxed"  # what the prompt asks for and is graded: final \\boxed{} | DAPO's last "Answer:" line (003) | last number; evaluation grades the same way
-    grading: GradingOverride = GradingOverride()  # math-verify settings of the training reward (boxed format; null = math-verify's defaults)
-    incorrect_reward: float = Field(0.0, le=0)  # outcome reward of a wrong/missing answer (right = 1); DAPO's rule: -1 (changes the overlong penalty's relative weight)
-    terms: dict[str, float] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # outcome: the reward as a weighted sum of registered terms, name: weight (TRL's reward_funcs + reward_weights; lorarl.rewards.terms), deposited as the 1/0 grade is; null = the 1/0 grade (paper 000's reading: the GSM8K GRPO recipe, max 4.0)
-    step_separator: str = Field("\n", min_length=1)  # process: a step ends at this string (paper 001: newline)
-    prm: Literal["rule", "hf"] = "rule"  # process: synthetic-task step checker, or a Math-Shepherd-style HF PRM
-    rule_check: Literal["arithmetic", "chain"] = "arithmetic"  # rule PRM: any true equation, or the question's chain
-    prm_model: str | None = None  # hf PRM: model id or path (e.g. peiyi9979/math-shepherd-mistral-7b-prm)
-    prm_step_tag: str = "ки"  # hf PRM: tag written after each step; the step is scored at its position
-    prm_good_token: str = "+"  # hf PRM: label token whose probability is the step's score
-    prm_bad_token: str = "-"  # hf PRM: the competing label token
-    prm_device: str | None = None  # hf PRM: device (None = the policy's)
-    prm_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # hf PRM: sequences per forward (memory, not results)
-    prm_max_length: int | None = Field(None, gt=0)  # hf PRM: input truncation (steps past it score 0, counted)
-    teacher: str | None = None  # distillation: `local:<recipe>`, HF id or path; must share the student's tokenizer
-    teacher_device: str | None = None  # distillation: e.g. "cuda:1" (None = the policy's)
-    teacher_dtype: str = "auto"  # distillation: dtype of the teacher's weights
-    teacher_batch_size: int = Field(8, gt=0, json_schema_extra={"runtime": True})  # distillation: sequences per teacher forward (memory, not results)
-
-    @field_validator("regime")
-    @classmethod
-    def _registered(cls, v: str) -> str:
-        from lorarl.rewards.registry import regime_names  # imports every regime module (light)
-
-        return one_of(v, regime_names(), "reward regime")
-
-    @field_validator("terms")
-    @classmethod
-    def _known_terms(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        from lorarl.rewards.terms import check_terms  # imports every term family (light)
-
-        if v is not None:
-            check_terms(v)
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> "RewardConfig":
-        from lorarl.rewards.registry import load_all  # the regime's facts (its spec)
-
-        regimes = load_all()
-        if self.terms is not None and not regimes[self.regime].takes_terms:
-            takers = " / ".join(repr(n) for n, spec in sorted(regimes.items()) if spec.takes_terms)
-            raise ValueError(f"reward.terms applies to reward.regime {takers} (the sum is deposited on the last token "
-                             f"as its grade is); allowed with regime {self.regime!r}: terms null")
-        if self.terms is not None and self.incorrect_reward != 0:
-            raise ValueError(f"reward.terms replaces the 1 / incorrect_reward grade by the terms' weighted sum; allowed "
-                             f"with terms: incorrect_reward 0 (got {self.incorrect_reward})")
-        regimes[self.regime].check(self)  # its required settings (a teacher, an HF PRM's model)
-        check_grading(self.grading, self.answer_format, "reward.grading")
-        return self
 
 
 class RolloutConfig(Strict):
@@ -347,10 +274,27 @@ class CellConfig(Strict):
     prompt: PromptConfig = PromptConfig()  # how a problem is put to the model, in training and evaluation alike
     adapter: AdapterConfig = AdapterConfig()  # what is trained
     train: TrainConfig = TrainConfig()  # how it is trained (GRPO hyper-parameters)
-    reward: RewardConfig = RewardConfig()  # which reward regime deposits the training signal
+    reward: SerializeAsAny[RewardSection] = Field(default_factory=lambda: _reward({}))  # which reward regime deposits the training signal: its regime's section (lorarl.rewards.section)
     rollout: RolloutConfig = RolloutConfig()  # which engine samples the training rollouts (hf | vllm)
     eval: EvalConfig = EvalConfig()  # how held-out accuracy is measured
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, json_schema_extra={"runtime": True})  # how the jobs run on their machine (the HF engine's KV cache and compiled decode: lorarl.decoding); never in a signature
+
+    @model_validator(mode="before")
+    @classmethod
+    def _teacher_row(cls, data: Any) -> Any:
+        """`eval.teacher_benchmarks` evaluates `reward.teacher` as a base row: a regime without a teacher (outcome,
+        process) keeps it aside for that row (its signature counts it, its regime never sees it)."""
+        ev = data.get("eval") if isinstance(data, dict) else None
+        if not (ev.get("teacher_benchmarks") if isinstance(ev, dict) else getattr(ev, "teacher_benchmarks", None)):
+            return data
+        from lorarl.rewards.registry import aside_for_evaluation
+
+        return {**data, "reward": aside_for_evaluation(data.get("reward", {}), ("teacher",))}
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _regime_section(cls, v: Any) -> RewardSection:
+        return _reward(v)
 
     @model_validator(mode="before")
     @classmethod
@@ -392,3 +336,11 @@ class CellConfig(Strict):
         if self.rollout.engine == "vllm" and why:
             raise ValueError(why)
         return self
+
+
+def _reward(block: Any) -> RewardSection:
+    """The ``reward:`` block validated by its regime's section (a union discriminated by ``regime`` over the
+    regime registry: a regime registered later is a member too)."""
+    from lorarl.rewards.registry import reward_section  # imports every regime module (light)
+
+    return reward_section(block)

@@ -123,8 +123,8 @@ def references(cfg: Any) -> list[Ref]:
 
     reward = cfg.reward
     models = [("model", cfg.model)] + [(x.field, x.model) for x in extra_models(reward)]
-    if cfg.eval.teacher_benchmarks and ("reward.teacher", reward.teacher) not in models:  # scored by the teacher
-        models.append(("reward.teacher", reward.teacher))
+    if cfg.eval.teacher_benchmarks and ("reward.teacher", reward.written("teacher")) not in models:  # its base row
+        models.append(("reward.teacher", reward.written("teacher")))
     out += [Ref(f, v, "model", v) for f, v in models if _hub_id(v)]
     task = cfg.task
     if task.name == "dataset":

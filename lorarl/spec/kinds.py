@@ -36,6 +36,22 @@ def _no_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
     return cfg
 
 
+def _plain_base(cls: type[BaseModel], defaults: dict, axis_paths: set[str]) -> dict:
+    return cls.model_validate(defaults).model_dump(mode="json")
+
+
+def _grpo_base(cls: type[BaseModel], defaults: dict, axis_paths: set[str]) -> dict:
+    """The defaults validated (a ``reward:`` block whose regime an axis sets serves several regimes: each takes its
+    own fields), dumped with every regime's reward fields (lorarl.rewards.registry.flat_block)."""
+    from lorarl.rewards.registry import flat_block, shared_block
+
+    raw = dict(defaults)
+    if "reward.regime" in axis_paths and "reward" in raw:
+        raw["reward"] = shared_block(raw["reward"])
+    cfg = cls.model_validate(raw)
+    return {**cfg.model_dump(mode="json"), "reward": flat_block(cfg.reward)}
+
+
 def _nothing_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
     return "", []
 
@@ -54,9 +70,16 @@ def _grpo_resolve(cfg: BaseModel, cache: dict) -> BaseModel:
 
 def _grpo_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
     """Null the adapter fields an axis set that the cell's method does not use; returns (method,
-    dropped dotted paths). A field the defaults set stays an error (lorarl.adapters names it)."""
+    dropped dotted paths). A field the defaults set stays an error (lorarl.adapters names it). The table's
+    ``reward:`` block holds every regime's fields (:func:`_grpo_base`): the other regimes' are set aside for the cell
+    (lorarl.rewards.registry.shared_block: its signature keeps them, its regime never sees them), unless an axis
+    set one for a regime no axis changes (an error naming the regime's fields)."""
     from lorarl.adapters.catalog import FIELDS, AdapterSpecError, get_method
 
+    from lorarl.rewards.registry import shared_block
+
+    sets = set() if "reward.regime" in set_by else {p.split(".", 1)[1] for p in set_by if p.startswith("reward.")}
+    raw["reward"] = shared_block(raw.get("reward", {}), strict=sets)
     ad = raw.get("adapter")
     if not isinstance(ad, dict):
         return "", []
@@ -80,6 +103,7 @@ class Kind:
     config: Callable[[], type[BaseModel]]  # the cell config class (imported lazily)
     resolve: Callable[[BaseModel, dict], BaseModel] = _no_resolve  # registry defaults filled before hashing
     inapplicable: Callable[[dict, dict], tuple[str, list[str]]] = _nothing_inapplicable  # fields dropped
+    base: Callable[[type[BaseModel], dict, set[str]], dict] = _plain_base  # (cls, defaults, paths axes set) -> every cell's starting dump
     has_base: bool = False  # whether the study has base pseudo-cells (an untrained model to evaluate)
     cell_stages: tuple[str, ...] = ()  # stages run per cell (Snakemake rules train/evaluate/diagnose)
     batch_stage: str | None = None  # else: the one `lorarl launch` stage that runs every cell of the study
@@ -111,7 +135,7 @@ def entry(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-register_kind(Kind("grpo", _grpo_config, _grpo_resolve, _grpo_inapplicable, has_base=True,
+register_kind(Kind("grpo", _grpo_config, _grpo_resolve, _grpo_inapplicable, _grpo_base, has_base=True,
                    cell_stages=("train", "evaluate", "diagnose"), aggregate="lorarl.report.aggregate:aggregate",
                    report=True))
 register_kind(Kind("kl_bound_toy", _toy_config, batch_stage="toy",  # the toy has no language model to anchor

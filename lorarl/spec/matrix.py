@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from lorarl.spec.kinds import Kind, get_kind
 from lorarl.spec.signature import signatures
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 MAX_CELLS_ENV = "LORARL_MAX_CELLS"  # the cap on a study's cells (runtime setting, not science)
@@ -250,12 +250,12 @@ def build_table(study: Any, source: str = "<study>") -> CellTable:
     check_size(study, source)
     kind = get_kind(study.kind)
     cls = kind.config()
-    try:
-        base = cls.model_validate(study.defaults).model_dump(mode="json")
-    except ValidationError as err:
-        raise StudyError(f"invalid study {source}:\n{format_validation(err, 'defaults.', cls)}") from None
     names = list(study.axes)
     writes = {n: study.axes[n].writes() for n in names}
+    try:
+        base = kind.base(cls, study.defaults, {p for n in names for sets in writes[n] for p, _ in sets})
+    except ValidationError as err:
+        raise StudyError(f"invalid study {source}:\n{format_validation(err, 'defaults.', cls)}") from None
     for n in names:
         for i, sets in enumerate(writes[n]):
             where = f"axes.{n}.field" if not isinstance(study.axes[n].values[i], Bundle) else f"axes.{n}.values[{i}]"

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 CHAT_TEMPLATE = ("auto", "on", "off")
 BASE_ROWS = ("base", "teacher")  # the keys of eval.base_prompts
@@ -91,8 +91,3 @@ def check_base_prompts(value: Any) -> Any:
                          f"{', '.join(BASE_ROWS)} (the untrained student rows, the distillation teacher row)")
     return value
 
-
-def template_kwargs(prompt: Any) -> dict[str, Any]:
-    """Keyword arguments of ``apply_chat_template`` a prompt config adds (TRL's ``chat_template_kwargs``)."""
-    thinking = getattr(prompt, "thinking", None) if prompt is not None else None
-    return {} if thinking is None else {"enable_thinking": bool(thinking)}

@@ -54,7 +54,7 @@ from lorarl.spec.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build
                            label_of)
 from lorarl.spec.preflight import check_references
 from lorarl.spec.reserved import check_axis_name
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
            "find_cell", "flatten", "label_of", "load_study", "load_study_to_list", "load_study_to_run", "parse_study",

@@ -12,14 +12,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
+from lorarl.tasks import FILE_SUFFIXES, HUB_FILE  # where a task's data comes from (read by its loader)
 
-FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a local (or hf://) file: no hub config (a revision: hf:// files only)
 UNSET = {"split": "train", "revision": None, "config": None, "prompt_field": "prompt", "answer_field": "answer",
          "unwrap": None}  # TaskConfig's one-dataset fields at their defaults (a mixture sets them per source)
 
 
-HUB_FILE = "hf://datasets/"  # a file inside a hub dataset: hf://datasets/<org>/<name>[@<rev>]/<file>
 REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")  # a commit hash, tag or branch name
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 PAPER_RANKS = (1, 2, 4, 8, 16, 32, 64)
 

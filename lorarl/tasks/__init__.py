@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
-from lorarl.spec.task import TaskConfig
-from lorarl.spec.task import FILE_SUFFIXES, HUB_FILE
 from lorarl.tasks.fields import describe_fields, field_value, missing_fields
 from lorarl.tasks.synthetic import make_splits
+
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a local (or hf://) file: no hub config (a revision: hf:// files only)
+HUB_FILE = "hf://datasets/"  # a file inside a hub dataset: hf://datasets/<org>/<name>[@<rev>]/<file>
 
 
 def pinned_address(path: str, revision: str | None) -> str:
@@ -37,8 +39,9 @@ def load_records(path: str, split: str = "train", revision: str | None = None,
     return [dict(r) for r in ds]
 
 
-def task_records(task: TaskConfig) -> tuple[list[dict], list[dict]]:
-    """(train, eval) lists of {id, prompt, answer}."""
+def task_records(task: Any) -> tuple[list[dict], list[dict]]:
+    """(train, eval) lists of {id, prompt, answer} of a cell's ``task:`` section (lorarl.spec.task.TaskConfig,
+    handed in: the study language reads this package, never the other way)."""
     if task.name == "synthetic":
         train, evals = make_splits(
             task.seed, task.n_train, task.n_eval, task.min_operands, task.max_operands, task.max_value

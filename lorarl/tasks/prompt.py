@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from lorarl.spec.prompt import template_kwargs
+
+def template_kwargs(prompt: Any) -> dict[str, Any]:
+    """Keyword arguments of ``apply_chat_template`` a prompt config adds (TRL's ``chat_template_kwargs``)."""
+    thinking = getattr(prompt, "thinking", None) if prompt is not None else None
+    return {} if thinking is None else {"enable_thinking": bool(thinking)}
+
 
 MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
                  "\\boxed{}.")  # the text of the evaluation registry's math template (lorarl.grading.benchmarks)

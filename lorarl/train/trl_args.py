@@ -76,7 +76,7 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
 
     from lorarl.train import ranks as rankmod
 
-    from lorarl.spec.prompt import template_kwargs
+    from lorarl.tasks.prompt import template_kwargs
     from lorarl.numerics.precision import autocast_bf16, resolve_precision
     from lorarl.train.sharding import fsdp_fields
 

@@ -28,11 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-# threads: of each kind's rule (workflow/rules/*.smk; tests/test_doctor_jobs.py holds them to the rules)
-RULE_THREADS = {"base": 2, "train": 1, "pack": 1, "publish": 1, "evaluate": 1, "diagnose": 1, "aggregate": 1}
-RULE_NAMES = {"base": "base_model", "train": "train", "pack": "train_pack", "publish": "train",
-              "evaluate": "evaluate", "evaluate_step": "evaluate_step", "diagnose": "diagnose",
-              "aggregate": "aggregate", "rung": "train_rung"}  # kind -> Snakemake's rule name (its job-stats table)
+from lorarl.pipeline.jobs.stages import STAGES, Stage, get_stage
+
+# A planned job's kind is the stage it runs (lorarl.pipeline.jobs.stages: its rule, the rule's threads, its record),
+# but for the two kinds that run none of their own: a pack member's publish job is the train rule's job that moves
+# the pack's outputs into place (a launcher, no job process), and the study's aggregate rule runs `lorarl aggregate`.
+RUNS_STAGE = {"publish": "train"}  # job kind -> the stage whose rule it is
+AGGREGATE = "aggregate"  # the kind (and rule: workflow/rules/aggregate.smk, 1 thread) of the study's last job
+
+
+def job_kinds() -> set[str]:
+    """Every kind of job a study's run executes (a registered stage with a rule, publish, aggregate)."""
+    return {n for n, s in STAGES.items() if s.rule} | set(RUNS_STAGE) | {AGGREGATE}
 
 
 @dataclass(frozen=True)
@@ -49,14 +56,22 @@ class PlannedJob:
         return f"{self.kind}:{self.cell}:{self.target}"
 
     @property
+    def stage(self) -> Stage | None:
+        """The registry's entry of the stage it runs (None: the aggregation, which runs no stage)."""
+        return None if self.kind == AGGREGATE else get_stage(RUNS_STAGE.get(self.kind, self.kind))
+
+    @property
     def threads(self) -> int:
-        return RULE_THREADS[self.kind]
+        return self.stage.rule_threads if self.stage else 1
 
     @property
     def rule(self) -> str:
-        if self.kind in ("train", "publish") and self.target.startswith("until="):
-            return RULE_NAMES["rung"]  # a segment of a search up to a rung (lorarl.pack.hosting)
-        return RULE_NAMES["evaluate_step" if self.kind == "evaluate" and "@" in self.target else self.kind]
+        s = self.stage
+        if s is None:
+            return AGGREGATE
+        if s.rung_rule and self.target.startswith("until="):
+            return s.rung_rule  # a segment of a search up to a rung (lorarl.pack.hosting)
+        return s.step_rule if s.step_rule and "@" in self.target else s.rule
 
 
 def rule_counts(jobs: list[PlannedJob]) -> dict[str, int]:

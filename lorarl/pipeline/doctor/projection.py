@@ -205,7 +205,7 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     from lorarl.spec.evalplan.plan import parse_target
     from lorarl.pack.plan import max_cells, resident_places
     from lorarl.pipeline.doctor.costs import JobCosts, _sum, describe, job_part, recorded_waits
-    from lorarl.pipeline.doctor.jobs import RULE_THREADS, as_rows, makespan, planned_jobs, rule_counts
+    from lorarl.pipeline.doctor.jobs import as_rows, job_kinds, makespan, planned_jobs, rule_counts
     from lorarl.pipeline.doctor.packs import pack_steps, places_refused
     from lorarl.report.cost import read_records
     from lorarl.spec.study import study_cells
@@ -224,7 +224,8 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     w0 = int(m.get("train_ranks") or 1)
     shared = profile.get("launcher", "local") != "slurm"  # local/debug: the jobs share the doctor's machine
     results = results_dir or (m.get("request") or {}).get("results") or "/nonexistent/results"
-    waits = {k: v for k, v in recorded_waits(read_records(results, study.name)).items() if k in RULE_THREADS}
+    kinds = job_kinds()
+    waits = {k: v for k, v in recorded_waits(read_records(results, study.name)).items() if k in kinds}
     c = JobCosts(m, shared, waits)
     t0 = chosen.config.train
     smoke_step = step_seconds(chosen.config, split, chosen.config, smoke_prompt, smoke_prompt, rate)[0]

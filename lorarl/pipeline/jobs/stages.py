@@ -77,6 +77,10 @@ class Stage:
     cell_layout: bool = False  # its one cell's training layout (layouts.on_oom at the last retry); skipped once packed
     members: bool = False  # the target: cells trained alone in one job (claims, a rank's GPU, staged .packed/ summaries)
     scratch: str = ""  # the folder under the cell it writes before moving outputs in: removed after a full disk
+    rule: str = ""  # the Snakemake rule that runs its jobs (workflow/rules; the job-stats table's name): the doctor's job plan
+    rule_threads: int = 1  # that rule's `threads:` (a local profile's cores are shared by them: the doctor's schedule)
+    step_rule: str = ""  # the rule of a job for one snapshot step (target `<benchmark>@<step>`), if another
+    rung_rule: str = ""  # the rule of a job that trains up to an adaptive study's rung, if another
 
 
 STAGES: dict[str, Stage] = {}
@@ -112,6 +116,11 @@ def launchable() -> list[str]:
 def resources_keys() -> list[str]:
     """The profile's `slurm:` sections the stages' jobs read (the workflow hands each job its own)."""
     return list(dict.fromkeys(s.resources_key for s in STAGES.values() if s.resources_key))
+
+
+def stage_of_record(stem: str) -> str:
+    """The stage a provenance record (``<log key>.json``) is of: ``evaluate-math500@20`` -> evaluate."""
+    return next((s.name for s in STAGES.values() if s.key_param and stem.startswith(f"{s.name}-")), stem)
 
 
 def log_key(stage: str, params: JobParams) -> str:
@@ -165,7 +174,7 @@ def _base_outputs(results_dir: str, study: str | None, name: str, params: JobPar
 
 
 @register_stage("base", "build a local base model from its recipe (target: the recipe name)", outputs=_base_outputs,
-                resources_key="base", for_study=False)
+                resources_key="base", for_study=False, rule="base_model", rule_threads=2)
 def _base(job: Job) -> dict:
     from lorarl.models import build_base, resolve_model
 
@@ -174,7 +183,7 @@ def _base(job: Job) -> dict:
 
 @register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)", outputs=_train_outputs,
                 hashed_output=True, oom_retry="train", resources_key="train", trains=True, cell_layout=True,
-                scratch=".train.tmp")
+                scratch=".train.tmp", rule="train", rung_rule="train_rung")
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
     from lorarl.pack.hosting import solo_host
@@ -198,7 +207,8 @@ def _train(job: Job) -> dict:
 
 
 @register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell (`--eval-target`)",
-                outputs=_evaluate_outputs, key_param="eval_target", oom_retry="eval", resources_key="evaluate")
+                outputs=_evaluate_outputs, key_param="eval_target", oom_retry="eval", resources_key="evaluate",
+                rule="evaluate", step_rule="evaluate_step")
 def _evaluate(job: Job) -> dict:
     from lorarl.evaluate.main import evaluate_cell
 
@@ -209,7 +219,7 @@ def _evaluate(job: Job) -> dict:
 
 
 @register_stage("diagnose", "weight-space diagnostics of one trained cell", outputs=_diagnose_outputs,
-                resources_key="diagnose")
+                resources_key="diagnose", rule="diagnose")
 def _diagnose(job: Job) -> dict:
     from lorarl.diagnose.main import diagnose_cell
 
@@ -226,7 +236,7 @@ def _toy(job: Job) -> dict:
 
 
 @register_stage("pack", "the member cells of one pack trained in one job (target: a comma list)", outputs=_pack_outputs,
-                oom_retry="train", resources_key="train", trains=True, members=True)
+                oom_retry="train", resources_key="train", trains=True, members=True, rule="train_pack")
 def _pack(job: Job) -> dict:
     from lorarl.pack import resident
     from lorarl.pack.plan import pack_id

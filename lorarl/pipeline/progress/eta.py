@@ -22,6 +22,8 @@ from lorarl import paths
 from lorarl.io import pid_alive
 from lorarl import provenance
 from lorarl.pipeline.doctor.jobs import PlannedJob, from_rows, machine_rate, makespan, planned_jobs
+from lorarl.pipeline.jobs.jobparams import JobParams
+from lorarl.pipeline.jobs.stages import log_key, stage_of_record
 
 
 def _epoch(stamp: str | None) -> float | None:
@@ -33,14 +35,12 @@ def _epoch(stamp: str | None) -> float | None:
 
 def prov_file(results: Path, study: str, job: PlannedJob) -> Path | None:
     """The provenance file `lorarl launch` writes for this job (None: aggregation, which has none)."""
-    if job.kind == "base":
-        return provenance.provenance_path(results, None, job.cell, "base")
-    if job.kind == "pack":
-        return provenance.provenance_path(results, study, f".packs/{job.cell}", "pack")
-    stage = {"train": "train", "publish": "train", "diagnose": "diagnose"}.get(job.kind)
-    if job.kind == "evaluate":
-        stage = f"evaluate-{job.target}"
-    return provenance.provenance_path(results, study, job.cell, stage) if stage else None
+    s = job.stage  # its stage's facts: a study's or a model's, one folder per cell or per pack, a key per target
+    if s is None:
+        return None
+    key = log_key(s.name, JobParams(**{s.key_param: job.target}) if s.key_param else JobParams())
+    where = f".packs/{job.cell}" if s.members else (s.log_cell or job.cell)  # a pack's record: lorarl launch pack's
+    return provenance.provenance_path(results, study if s.for_study else None, where, key)
 
 
 def _last(path: Path | None) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def finished_durations(study: Any, results: Path) -> dict[str, list[tuple[str, f
     for c in status_cells(study, results):  # the seeds a hypothesis added included
         pdir = paths.cell_dir(results, study.name, c.id) / "provenance"
         for f in sorted(pdir.glob("*.json")) if pdir.is_dir() else []:
-            kind = "evaluate" if f.stem.startswith("evaluate") else f.stem
+            kind = stage_of_record(f.stem)
             last = _last(f)
             if last.get("ok") and last.get("submitted") and last.get("ended"):
                 out.setdefault(kind, []).append((c.id, last["ended"] - last["submitted"]))

@@ -22,7 +22,7 @@ from pydantic import Field, StrictInt, ValidationInfo, field_validator, model_va
 
 from lorarl.spec.adaptive.seeds import added_values
 from lorarl.spec.matrix import NOT_APPLICABLE, StudyError, label_of
-from lorarl.spec.strict import Strict
+from lorarl.strict import Strict
 
 __all__ = ["SearchSpec", "HypothesisSpec", "check_blocks", "check_metric", "split_metric", "resolved_search", "MAX_SEEDS"]
 

@@ -91,7 +91,8 @@ def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
     out, seen = [], set()
     for c in cells:
         cfg = c.config
-        names, teacher = cfg.eval.teacher_benchmarks, cfg.reward.teacher
+        names = cfg.eval.teacher_benchmarks
+        teacher = cfg.reward.written("teacher")  # the distillation teacher, or one named for this row only
         if not names or not teacher or teacher in seen:
             continue
         seen.add(teacher)
