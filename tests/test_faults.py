@@ -145,7 +145,7 @@ def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path, t
     study.write_text(yaml.safe_dump(spec))
     pid = pack_id(["s0", "s1"])
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), "s0,s1", "--results", str(tmp_path),
-           "--executor", "local"]
+           "--executor", "local", f"--pack-id={pid}"]
     job, second = _orphan_then_relaunch(cmd, tmp_path / "fl" / ".packs" / pid / "provenance" / "pack.json")
     assert f"pack {pid}: job {job} of an earlier launcher is still RUNNING" in second.stdout
     record = json.loads((tmp_path / "fl" / ".packs" / f"{pid}.json").read_text())
