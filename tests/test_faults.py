@@ -79,7 +79,7 @@ def test_a_lost_launchers_local_job_is_found_by_its_folder(tmp_path: Path):
 
 def test_a_zombie_is_not_alive_for_status_claims_or_adoption():
     """An exited, unreaped process (what a SIGKILLed daemon stays while init reaps late) is dead to
-    every liveness check: status, pack claims and in-flight adoption all use `io.pid_alive`."""
+    every liveness check: status, pack hand-overs and in-flight adoption all use `io.pid_alive`."""
     from lorarl import io
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

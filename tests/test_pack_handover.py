@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.pack import handover, publish
+from lorarl.pack import handover
 from lorarl.pack.handover import HandOver
 
 
 def _stage(results: Path, cell: str, config_hash: str) -> None:
-    """A pack job's staging of the member's outputs (lorarl.pack.publish.stage, as lorarl.train.cellrun calls it)."""
+    """A pack job's staging of the member's outputs (lorarl.pack.handover.stage, as the pack's cell runs call it)."""
     work = results / "work"
     (work / "adapter").mkdir(parents=True)
     for name in ("cell.json", "metrics.csv"):
         (work / name).write_text("{}")
     (work / "summary.json").write_text(json.dumps({"config_hash": config_hash}))
-    publish.stage(work, results / "st" / cell)
+    handover.stage(work, results / "st" / cell)
 
 
 def _gone_pid() -> int:
@@ -144,7 +144,8 @@ def test_a_killed_holders_state_is_said_once_and_cleared(tmp_path, capsys, state
     assert ho.take(tmp_path, "st", "c1", "h1", poll_s=0.01) is False  # not held: trains it itself
     assert ho.take(tmp_path, "st", "c1", "h1", poll_s=0.01) is False
     out = capsys.readouterr().out
-    assert out.count(f"train c1: ignoring the stale hand-over of pack pack-x ({state}; holder process {pid} is gone)") == 1
+    said = f"train c1: ignoring the stale hand-over of pack pack-x ({state}; holder process {pid} is gone)"
+    assert out.count(said) == 1
     assert ho.read().state == "released"
     ho.path.write_text(json.dumps(doc))
     live, other = HandOver.of(tmp_path, "st", "c2"), HandOver.of(tmp_path, "st", "c3")

@@ -11,7 +11,7 @@ and read in one place (:meth:`HandOver.read`). Its states, each with the pack's 
 - ``planned``: Snakemake's ``onstart`` (nothing runs yet) plans every member of every pack job of the run, in its
   own name (:meth:`HandOver.plan`): a member's ``train`` job that starts before its pack's launcher waits for it;
 - ``claimed``: the pack's launcher (``lorarl launch pack``) before it submits, in its own name (:meth:`claim`);
-- ``staged``: the pack job staged the member's outputs (:meth:`staged`, from lorarl.pack.publish.stage);
+- ``staged``: the pack job staged the member's outputs (:func:`stage`: lorarl.pack.publish's, then :meth:`staged`);
 - ``published``: the member's ``train`` job moved them into place (:meth:`take`);
 - ``released``: the pack ended (or left the member out, or its holder is gone) without staging it: the member's
   ``train`` job trains it itself (from a pack checkpoint as a pack of one, else solo).
@@ -38,8 +38,10 @@ from typing import Callable
 
 from lorarl import paths
 from lorarl.io import atomic_write_text, pid_alive
+from lorarl.pack import publish
 
-__all__ = ["FILE", "PENDING_ENV", "STATES", "HandOver", "State", "clear_stale"]
+__all__ = ["FILE", "PENDING_ENV", "STATES", "HandOver", "State", "claim_members", "clear_stale", "release_members",
+           "stage"]
 
 FILE = ".handover.json"  # <cell dir>/.handover.json: the member's hand-over state
 PENDING_ENV = "LORARL_PACK_PENDING_S"  # a member's longest wait on a planned state for its pack's launcher
@@ -115,11 +117,11 @@ class HandOver:
         st = self.read()
         self._write(STAGED, st.pack if st else "", holder=st)
 
-    def release(self, pack: str, reason: str) -> bool:
+    def release(self, pack: str, reason: str, mine: bool = False) -> bool:
         """The pack is done with the member without staging it (its launcher ended, or its job left it out): only
-        a planned or claimed state of this pack is released."""
+        a planned or claimed state of this pack is released (``mine``: only one this process holds)."""
         st = self.read()
-        if st is None or st.state not in HELD or st.pack != pack:
+        if st is None or st.state not in HELD or st.pack != pack or (mine and st.pid != os.getpid()):
             return False
         self._write(RELEASED, pack, holder=st, reason=reason)
         return True
@@ -163,13 +165,12 @@ class HandOver:
         """What a member's ``train`` job does first: wait (:meth:`wait`), then move what its pack staged into
         place (outputs; a rung job's ``step``: also its rung mark). True: a pack trained it for this job, nothing
         to submit; False: train it here."""
-        from lorarl.pack.publish import publish
         from lorarl.train.until import mark_path, staged_mark_path
 
         staged_summary = paths.cell_dir(results_dir, study, cell) / ".packed" / "summary.json"
         mark = None if step is None else staged_mark_path(results_dir, study, cell, step)
         why = self.wait(lambda: _hash(mark if mark is not None else staged_summary) == config_hash, poll_s)
-        published = publish(results_dir, study, cell, config_hash)
+        published = publish.publish(results_dir, study, cell, config_hash)
         if step is None and published:
             self.say("trained in its pack; outputs moved into place")
         if step is None or _hash(mark) != config_hash:
@@ -190,6 +191,28 @@ class HandOver:
 
     def say(self, text: str) -> None:
         print(f"[lorarl] {self.label}: {text}", flush=True)
+
+
+def claim_members(results_dir: str | Path, study: str, cells: list[str], pack: str) -> list[HandOver]:
+    """The pack launcher's claim on its members, before it submits (:meth:`HandOver.claim`)."""
+    out = [HandOver.of(results_dir, study, c) for c in cells]
+    for h in out:
+        h.claim(pack)
+    return out
+
+
+def release_members(handovers: list[HandOver], pack: str, reason: str) -> None:
+    """The pack launcher's end: the members it still holds (not staged, not left out) are released."""
+    for h in handovers:
+        h.release(pack, reason, mine=True)
+
+
+def stage(work: Path, cell_dir: Path) -> Path:
+    """The pack job's staging of a member (lorarl.pack.publish.stage: its outputs to ``<cell dir>/.packed``), then
+    its hand-over ``staged``: what the pack's cell runs call (lorarl.pack.run.claim_members)."""
+    dst = publish.stage(work, cell_dir)
+    HandOver(cell_dir).staged()
+    return dst
 
 
 def _hash(p: Path | None) -> str | None:

@@ -1,12 +1,12 @@
 """A pack member's staged outputs (light: no torch here): staging in the pack job, publishing by the member's job.
 
 The pack job (rule ``train_pack``, :mod:`lorarl.pack.run`) trains the members and STAGES each member's outputs in
-``<cell dir>/.packed/`` (:func:`stage`, which also moves the member's hand-over state to ``staged``); the member's
-own ``train`` job waits for its pack and moves them into place (:func:`publish`: ``os.replace`` each,
-``summary.json`` last, if their config hash is the cell's, plus the pack's provenance). Who waits for whom, and how
-long, is the hand-over's (:mod:`lorarl.pack.handover`, one state file per member); otherwise (no pack, or the pack
-failed on this cell or paused it) the member's job trains the cell: from a member's checkpoint as a pack of one
-(:func:`lorarl.pack.run.train_alone`, the same run), else solo as always.
+``<cell dir>/.packed/`` (:func:`stage`, through lorarl.pack.handover.stage, which also moves the member's hand-over
+to ``staged``); the member's own ``train`` job waits for its pack and moves them into place (:func:`publish`:
+``os.replace`` each, ``summary.json`` last, if their config hash is the cell's, plus the pack's provenance). Who
+waits for whom, and how long, is the hand-over's (:mod:`lorarl.pack.handover`, one state file per member);
+otherwise (no pack, or the pack failed on this cell or paused it) the member's job trains the cell: from a member's
+checkpoint as a pack of one (:func:`lorarl.pack.run.train_alone`, the same run), else solo as always.
 
 A cell that finished (or was staged) is never put in a pack, so ``--forcerun`` of one member's
 summary.json reruns that cell alone, solo, with the TRL-based trainer (its pack-mates stay as they are).
@@ -45,14 +45,11 @@ def unfinished(results_dir: str | Path, study: str, cell: str, config_hash: str)
 
 
 def stage(work: Path, cell_dir: Path) -> Path:
-    """Move a member's finished work folder to ``<cell dir>/.packed`` (one rename); its hand-over: staged."""
-    from lorarl.pack.handover import HandOver
-
+    """Move a member's finished work folder to ``<cell dir>/.packed`` (one rename)."""
     dst = cell_dir / STAGED
     if dst.exists():
         shutil.rmtree(dst)
     os.replace(work, dst)
-    HandOver(cell_dir).staged()
     return dst
 
 

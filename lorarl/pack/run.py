@@ -32,8 +32,7 @@ from typing import Any
 from lorarl import paths
 from lorarl.io import write_json as _write_json
 from lorarl.jobclock import first_work
-from lorarl.pack import publish
-from lorarl.pack.handover import HandOver
+from lorarl.pack import handover, publish
 
 OUTCOME = ("state", "mlflow_run_id", "paused_at_step", "stopped_on_collapse")  # a member's outcome in the record
 
@@ -100,7 +99,7 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
             left_out[c.id] = "holds a solo (TRL) checkpoint: its own train job resumes it"
             continue
         try:
-            run = CellRun(study, c, results_dir, c.config, engine="pack", stage=publish.stage, lock_wait_s=0,
+            run = CellRun(study, c, results_dir, c.config, engine="pack", stage=handover.stage, lock_wait_s=0,
                           holder=f"pack {pack_id}", stop_at=stop_at, t_start=t_start)
         except RuntimeError:
             left_out[c.id] = "being trained by another job"
@@ -110,7 +109,7 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
             continue
         members.append(Member(c, run))
     for cid, why in left_out.items():  # its own train job need not wait for the pack's end (lorarl.pack.handover)
-        HandOver.of(results_dir, study, cid).release(pack_id, f"left out of its pack: {why}")
+        handover.HandOver.of(results_dir, study, cid).release(pack_id, f"left out of its pack: {why}")
     return members, left_out
 
 

@@ -237,10 +237,9 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
 def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
                  slurm: dict[str, Any] | None, params: JobParams) -> int:
     """`lorarl launch pack <study> <c1,c2,...> --pack-id=<id>`: claim the members (lorarl.pack.handover), submit ONE
-    job that trains them all (lorarl.pack.run), wait, release the members it did not stage. The job's layout is its
-    members' training layout, at most one rank per member (lorarl.pack.ranks). Record:
-    results/<study>/.packs/<pack id>.json."""
-    from lorarl.pack.handover import HandOver
+    job that trains them all (lorarl.pack.run), wait, release those not staged. The job's layout: its members' training
+    layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
+    from lorarl.pack import handover
     from lorarl.spec.study import cell_table
 
     ids = members.split(",")
@@ -248,9 +247,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
     for c in ids:
         table.cell(c)  # unknown ids fail here, before anything is written
     pid = params.require_pack_id()  # the plan's id, from the rule (workflow/rules/pack.smk): never computed here
-    handovers = [HandOver.of(results_dir, study.name, c) for c in ids]
-    for h in handovers:
-        h.claim(pid)
+    claimed = handover.claim_members(results_dir, study.name, ids, pid)  # in this launcher's name
     try:
         folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
         folder.mkdir(parents=True, exist_ok=True)
@@ -277,8 +274,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), params,
                        ids)
     finally:
-        for h in handovers:
-            h.release(pid, "its pack's launcher ended")
+        handover.release_members(claimed, pid, "its pack's launcher ended")
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,
