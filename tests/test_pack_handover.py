@@ -6,6 +6,7 @@ member reading a half-written state) stay covered. No torch: each test runs in w
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -177,6 +178,13 @@ def test_a_member_its_pack_leaves_out_is_released_at_once(tmp_path):
     st = HandOver.of(tmp_path, "st", "c1").read()
     assert (st.state, st.reason) == ("released", "left out of its pack: finished (or staged) already")
     assert HandOver.of(tmp_path, "st", "c2").read().state == "claimed"
+    # a launcher's end releases only the members it holds itself (a later launcher of the same pack keeps its own)
+    [mine] = handover.claim_members(tmp_path, "st", ["c3"], "pack-z")
+    later = HandOver.of(tmp_path, "st", "c4")
+    later.path.parent.mkdir(parents=True)
+    later.path.write_text(json.dumps({**json.loads(mine.path.read_text()), "pid": os.getppid()}))  # alive, not us
+    handover.release_members([mine, later], "pack-z", "its pack's launcher ended")
+    assert mine.read().state == "released" and later.read().state == "claimed"
 
 
 def test_a_pack_job_takes_its_id_from_the_plan(tmp_path):
