@@ -1,7 +1,8 @@
 """The hand-over of a packed member (lorarl.pack.handover): one state file per member, planned -> claimed -> staged ->
 published (or released), every wait of the member's train job bounded and said once, stale states of a killed holder
 said once; the races of the claim files it replaced (a member reaching its hand-over before its pack's launcher, a
-member reading a half-written state) stay covered. No torch: each test runs in well under a second of work."""
+member reading a half-written state) stay covered. No training: each test takes well under a second once torch is
+imported (the left-out test imports lorarl.pack.run)."""
 
 from __future__ import annotations
 
