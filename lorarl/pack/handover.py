@@ -74,6 +74,7 @@ class HandOver:
     def __init__(self, cell_dir: str | Path, label: str = ""):
         self.path = Path(cell_dir) / FILE
         self.label = label or f"train {Path(cell_dir).name}"  # the member's log lines start with it
+        self.waited = False  # the last wait saw a pack hold the member (its end is then said)
 
     @classmethod
     def of(cls, results_dir: str | Path, study: str, cell: str) -> "HandOver":
@@ -133,7 +134,7 @@ class HandOver:
         pack holds it), ``staged`` (staged for another config), ``published``, ``released``, ``stale`` (the
         holder is gone: said once, marked released), ``pending`` (planned longer than ``pending_s``)."""
         pending_s = float(os.environ.get(PENDING_ENV, PENDING_S)) if pending_s is None else pending_s
-        planned_until, said = time.time() + pending_s, ""
+        planned_until, said, self.waited = time.time() + pending_s, "", False
         while True:
             if ready():
                 return "ready"
@@ -157,7 +158,7 @@ class HandOver:
                                                  f" (on host {st.host}: not checked from here)"))
             if why != said:
                 self.say(why)
-                said = why
+                said, self.waited = why, True
             time.sleep(poll_s)
 
     def take(self, results_dir: str | Path, study: str, cell: str, config_hash: str, step: int | None = None,
@@ -174,7 +175,7 @@ class HandOver:
         if step is None and published:
             self.say("trained in its pack; outputs moved into place")
         if step is None or _hash(mark) != config_hash:
-            if not published and why in ("released", "staged"):
+            if not published and why in ("released", "staged") and self.waited:  # not an earlier run's state
                 st = self.read()
                 self.say(f"its pack {st.pack if st else '?'} ended without staging it for this config"
                          + (f" ({st.reason})" if st and st.reason else "") + "; training it here")
