@@ -79,9 +79,13 @@ def test_a_planned_member_waits_for_its_launcher_then_its_pack(tmp_path, capsys)
     assert not ho.release("pack-other", "not mine") and ho.release("pack-x", "its pack's launcher ended")
     t.join(5)
     out = capsys.readouterr().out
-    assert done == [False] and "waiting for its pack pack-x: planned, its launcher not started yet (at most 300 s)" in out
+    assert done == [False]
+    assert "waiting for its pack pack-x: planned, its launcher not started yet (at most 300 s)" in out
     assert out.count("its pack is training it (pack-x)") == 1  # each wait said once
-    assert "its pack pack-x ended without staging it for this config (its pack's launcher ended); training it here" in out
+    assert "its pack pack-x ended without staging it for this config (its pack's launcher ended); training it here" \
+        in out
+    assert ho.take(tmp_path, "st", "c1", "h1", poll_s=0.01) is False  # a later run: an earlier release says nothing
+    assert capsys.readouterr().out == ""
 
 
 def test_a_planned_state_whose_launcher_never_starts_is_waited_for_a_bounded_time(tmp_path, monkeypatch, capsys):
