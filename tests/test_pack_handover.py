@@ -192,12 +192,18 @@ def test_a_member_its_pack_leaves_out_is_released_at_once(tmp_path):
     assert mine.read().state == "released" and later.read().state == "claimed"
 
 
-def test_a_pack_job_takes_its_id_from_the_plan(tmp_path):
+def test_a_pack_job_takes_its_id_from_the_plan(tmp_path, capsys):
     """The pack stage's id is its `--pack-id` (the hosting plan's, passed by workflow/rules/pack.smk): missing or
-    malformed, it is refused naming the field and the allowed form."""
+    malformed, it is refused naming the field and the allowed form; `lorarl launch pack` without it exits 2 before
+    anything is written."""
     import argparse
 
+    from lorarl import cli
     from lorarl.pipeline.jobs import jobparams
+
+    demo = Path(__file__).resolve().parents[1] / "experiments" / "demo.yaml"
+    assert cli.main(["launch", "pack", str(demo), "r1-kl0-s0,r1-kl0-s1", "--results", str(tmp_path / "r")]) == 2
+    assert "pack_id missing: a pack job needs --pack-id" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
     parser = argparse.ArgumentParser()
     jobparams.add_arguments(parser)

@@ -16,9 +16,13 @@ import argparse
 import re
 from dataclasses import dataclass
 
-__all__ = ["JobParams", "add_arguments", "from_args"]
+__all__ = ["JobParamError", "JobParams", "add_arguments", "from_args"]
 
 PACK_ID = re.compile(r"pack-[0-9a-f]{10}")  # lorarl.pack.plan.pack_id's form (the rule's wildcard constraint too)
+
+
+class JobParamError(ValueError):
+    """A job parameter out of range or missing (`lorarl launch` exits 2 on it, before anything is written)."""
 
 
 @dataclass(frozen=True)
@@ -37,15 +41,15 @@ class JobParams:
         for name in ("attempt", "until", "places", "update_cells"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"job parameter {name}={value!r}: allowed: a whole number >= 1"
+                raise JobParamError(f"job parameter {name}={value!r}: allowed: a whole number >= 1"
                                  + ("" if name == "attempt" else " (or none)"))
         if self.pack_id is not None and not PACK_ID.fullmatch(self.pack_id):
-            raise ValueError(f"job parameter pack_id={self.pack_id!r}: allowed: pack-<10 hex digits> (the plan's id)")
+            raise JobParamError(f"job parameter pack_id={self.pack_id!r}: allowed: pack-<10 hex digits> (the plan's id)")
 
     def require_pack_id(self) -> str:
         """A pack job's id: the plan's, passed by its rule (never computed again by the job)."""
         if self.pack_id is None:
-            raise ValueError("job parameter pack_id missing: a pack job needs --pack-id=pack-<10 hex digits> "
+            raise JobParamError("job parameter pack_id missing: a pack job needs --pack-id=pack-<10 hex digits> "
                              "(workflow/rules/pack.smk passes the hosting plan's id)")
         return self.pack_id
 
