@@ -4,6 +4,7 @@
     python bench/resident_packs.py --jobs               # ... and each way again as job processes (start-up counted)
     python bench/resident_packs.py --scenario collapse --seeds 2 --short 3 --long 8   # a quick look
     python bench/resident_packs.py --hidden 1024 --layers 8 --seeds 2   # a wider model (on a GPU: its own device)
+    python bench/resident_packs.py --scenario lengths --seeds 2 --short 4 --long 12 --places 4  # hand-over vs edge
 
 Two studies of 16 LoRA cells (8 seeds x 2) on a tiny local model (default: the tests' own, hidden 32, 2 layers),
 P = 2 prompts x G = 2 completions of 8 tokens, K = 4:
@@ -25,7 +26,9 @@ places (:func:`lorarl.pack.resident.train_resident`). Driven in this process, th
 ``--jobs``: each way again as the jobs a Snakemake run starts, one process per job, one after another (as on one
 GPU): 16 solo jobs, one per fixed pack, one resident job; the job start-up (imports, model load, tracking) is then
 counted once per job. Every cell's metrics (all but wall-clock columns) and final adapter are checked equal to its
-solo run (1e-6). Rewards: a deterministic score of the completion's text (tests/test_grpo.py's), since an untrained
+solo run (1e-6). Per packed way, when each member's outputs could be evaluated, side by side: under a DAG edge
+from its pack job (the job's end) and under the hand-over (lorarl.pack.handover: when the member was staged).
+Rewards: a deterministic score of the completion's text (tests/test_grpo.py's), since an untrained
 tiny model is never right. One torch thread. Wall time, CPU seconds and pack-steps per way; ratios within this run.
 """
 
@@ -140,20 +143,56 @@ class _FiresAt:
         return self.n if len(list(rows)) >= self.n else None
 
 
-def run_way(way: str, cells: list, scenario: str, K: int, out: Path) -> None:
-    """One way over these cells, in this process."""
+def run_way(way: str, cells: list, scenario: str, K: int, out: Path) -> dict[str, float]:
+    """One way over these cells, in this process. Returns, per cell, when its job ended (s from the start): when a
+    DAG edge from the job (its `pack_done`) would let the cell's train job, and then its evaluation, start."""
     from lorarl.pack.plan import pack_id
     from lorarl.pack.resident import train_resident
     from lorarl.pack.run import train_alone, train_pack
 
+    t0, ends = time.perf_counter(), {}
     if way == "solo":
         for c in cells:
             train_alone("rb", c, out, threads=1)
+            ends[c.id] = time.perf_counter() - t0
     elif way == "fixed":
         for p in fixed_packs(cells, scenario, K):
             train_pack("rb", p, out, threads=1, pack_id=pack_id([c.id for c in p]))
+            ends.update({c.id: time.perf_counter() - t0 for c in p})
     else:
         train_resident("rb", cells, out, places=K, threads=1, resident_id="pack-resident")
+        ends.update({c.id: time.perf_counter() - t0 for c in cells})
+    return ends
+
+
+STAGED_AT: dict[str, float] = {}  # cell dir -> when a pack staged its outputs (time.perf_counter())
+
+
+def watch_staging() -> None:
+    """Record when each member's outputs are staged (lorarl.pack.handover.stage, which the pack's cell runs call):
+    under the hand-over the member's train job publishes them then, and its evaluation can start (the publish is a
+    few renames)."""
+    from lorarl.pack import handover
+
+    real = handover.stage
+
+    def stage(work, cell_dir):
+        out = real(work, cell_dir)
+        STAGED_AT[Path(cell_dir).name] = time.perf_counter()
+        return out
+
+    handover.stage = stage
+
+
+def evaluable(cells: list, ends: dict[str, float], staged: dict[str, float]) -> dict:
+    """When each member's outputs could be evaluated (s from the way's start): under a DAG edge from its pack job
+    (the job's end) and under the hand-over (its staging), side by side."""
+    rows = {c.id: {"edge_s": round(ends[c.id], 2), "handover_s": round(staged[c.id], 2)} for c in cells}
+    edge = sum(r["edge_s"] for r in rows.values()) / len(rows)
+    hand = sum(r["handover_s"] for r in rows.values()) / len(rows)
+    return {"cells": rows, "mean_edge_s": round(edge, 2), "mean_handover_s": round(hand, 2),
+            "mean_edge/handover": round(edge / hand, 3) if hand else None,
+            "max_wait_s": round(max(r["edge_s"] - r["handover_s"] for r in rows.values()), 2)}
 
 
 def timed(fn) -> dict:
@@ -250,14 +289,20 @@ def scenario(args, root: Path, model: str, name: str) -> dict:
 
     rules = dict(flags.RULES)  # the collapse scenario replaces them for its run
     patch(name, args.short)
+    watch_staging()
     study = write_study(root, model, name, args.short, args.long, args.seeds)
     cells = study_cells(study)
     K = args.places
     res = {"cells": len(cells), "in_process": {}, "jobs": {}}
     dirs = {w: root / name / w for w in WAYS}
     for w in WAYS:
-        res["in_process"][w] = timed(lambda w=w: run_way(w, cells, name, K, dirs[w]))
+        ends: dict[str, float] = {}
+        STAGED_AT.clear()
+        t0 = time.perf_counter()
+        res["in_process"][w] = timed(lambda w=w: ends.update(run_way(w, cells, name, K, dirs[w])))
         res["in_process"][w]["pack_steps"] = pack_steps(cells, dirs[w], staged=w != "solo")
+        if w != "solo":  # packed members: when their evaluations could start, DAG edge against hand-over
+            res.setdefault("evaluable", {})[w] = evaluable(cells, ends, {k: v - t0 for k, v in STAGED_AT.items()})
     steps = {c.id: len(outputs(cell_folder(dirs["solo"], c.id, False))[1]) for c in cells}
     res["cell_steps"] = sum(steps.values())
     res["max_diff_from_solo"] = {w: differences(cells, dirs[w], dirs["solo"], staged=True) for w in ("fixed", "resident")}
@@ -325,6 +370,12 @@ def main() -> None:
             print(f"  in process {k:>26}: {v:.3f}")
         for k, v in r.get("ratios_jobs", {}).items():
             print(f"  as jobs    {k:>26}: {v:.3f}")
+        for w, ev in r.get("evaluable", {}).items():  # docs/packed.md: why the hand-over is not a DAG edge
+            print(f"  {w} members' outputs evaluable (s from the start, in process): DAG edge | hand-over")
+            for cid, row in ev["cells"].items():
+                print(f"    {cid:>16}: {row['edge_s']:8.1f} | {row['handover_s']:8.1f}")
+            print(f"    {'mean':>16}: {ev['mean_edge_s']:8.1f} | {ev['mean_handover_s']:8.1f}  "
+                  f"(edge/hand-over {ev['mean_edge/handover']}, longest wait {ev['max_wait_s']:.1f} s)")
     print(f"every cell equal to its solo run (1e-6): {result['equal_to_solo']} (largest difference {worst:.2e})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

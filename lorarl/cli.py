@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except StudyError as err:
+    except (StudyError, jobparams.JobParamError) as err:  # a pack job without the plan's --pack-id, ...: nothing written
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -33,11 +33,15 @@ def teacher(tiny_dir, tmp_path_factory):
 
 
 def rung_job(cells, results, target=None, until=RUNG):
-    """What the train/pack stage of a job gets (lorarl.pipeline.jobs.stages.Job); ``until``: its --until (None: to the end)."""
+    """What the train/pack stage of a job gets (lorarl.pipeline.jobs.stages.Job); ``until``: its --until (None: to the end).
+    A pack job's id is the plan's (its --pack-id), its rung in it."""
+    from lorarl.pack.plan import pack_id
+
     by_id = {c.id: c for c in cells}
+    pid = pack_id(target.split(","), until=until) if target else None
     return SimpleNamespace(cell=lambda: cells[0], target=target, table=SimpleNamespace(cell=by_id.__getitem__),
                            results_dir=results, study=SimpleNamespace(name="ut"), threads=1,
-                           params=JobParams(until=until))
+                           params=JobParams(until=until, pack_id=pid))
 
 
 def study(tmp_path, tiny_dir, teacher, kls=(0.0,)):

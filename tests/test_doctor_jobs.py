@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lorarl.pipeline.doctor.clock import share
-from lorarl.pipeline.doctor.jobs import (PlannedJob, job_kinds, machine_rate, makespan, planned_jobs, rule_counts,
-                                         wall_under)
+from lorarl.pipeline.doctor.jobs import (START_PRIORITY, PlannedJob, job_kinds, machine_rate, makespan, planned_jobs,
+                                         rule_counts, wall_under)
 from lorarl.pipeline.jobs.stages import STAGES
 from lorarl.spec.study import study_cells
 from tests.support.doctor import _study, measurements
@@ -95,6 +95,13 @@ def test_makespan_schedules_slots_dependencies_threads_and_a_shared_machine():
     p, m1, m2 = _jobs(("pack", "p", (), ""), ("publish", "x", (), "pack:p:"), ("publish", "y", (), "pack:p:"))
     secs.update({"pack:p:": 10.0, "publish:x:": 1.0, "publish:y:": 1.0})
     assert makespan([m1, m2, p], cost, slots=2) == pytest.approx(11.0)  # pack first, x waits beside it; x, y after
+    # Snakemake's priorities (workflow/rules: pack 100, a packed member's train job 50, the rest 0): a member's
+    # train job starts before an evaluation listed (and ready) before it, so it publishes when its pack ends
+    ev = PlannedJob("evaluate", "z", "synthetic")
+    secs[ev.key] = 5.0
+    assert START_PRIORITY["pack"] > START_PRIORITY["publish"] > START_PRIORITY.get("evaluate", 0) == 0
+    assert makespan([ev, m1, p], cost, slots=2) == pytest.approx(15.0)  # p + x, the evaluation when p ends (11 before)
+    assert makespan([ev, p], cost, slots=2) == pytest.approx(10.0)  # beside the pack when no member waits
     # jobs already running go first, with what is left of them, and run once (a running job that the plan has
     # waiting for another is not started again when that one ends)
     assert makespan([a, b, c], cost, slots=1, started={"train:b:": 0.0}) == pytest.approx(25.0)

@@ -79,7 +79,7 @@ def test_a_lost_launchers_local_job_is_found_by_its_folder(tmp_path: Path):
 
 def test_a_zombie_is_not_alive_for_status_claims_or_adoption():
     """An exited, unreaped process (what a SIGKILLed daemon stays while init reaps late) is dead to
-    every liveness check: status, pack claims and in-flight adoption all use `io.pid_alive`."""
+    every liveness check: status, pack hand-overs and in-flight adoption all use `io.pid_alive`."""
     from lorarl import io
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -145,7 +145,7 @@ def test_a_killed_launchers_pack_job_is_adopted_not_duplicated(tmp_path: Path, t
     study.write_text(yaml.safe_dump(spec))
     pid = pack_id(["s0", "s1"])
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), "s0,s1", "--results", str(tmp_path),
-           "--executor", "local"]
+           "--executor", "local", f"--pack-id={pid}"]
     job, second = _orphan_then_relaunch(cmd, tmp_path / "fl" / ".packs" / pid / "provenance" / "pack.json")
     assert f"pack {pid}: job {job} of an earlier launcher is still RUNNING" in second.stdout
     record = json.loads((tmp_path / "fl" / ".packs" / f"{pid}.json").read_text())

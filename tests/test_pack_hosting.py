@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.pack.hosting import Host, Runtime, hosting_plan, solo_host
+from lorarl.pack.hosting import MEMBER_PRIORITY, PACK_PRIORITY, Host, Runtime, hosting_plan, solo_host
 from lorarl.pack.plan import max_cells, pack_id, resident_places
 from lorarl.pipeline.doctor.jobs import planned_jobs
 from lorarl.spec.study import load_study, study_cells
@@ -59,8 +59,9 @@ def _write(wd: Path, name: str) -> None:
                                                     sort_keys=False))
 
 
-def _dry_jobs(wd: Path, pack, search: str) -> set[tuple]:
-    """(rule, study, cell or pack id[, step]) of every training job a dry run plans."""
+def _dry_jobs(wd: Path, pack, search: str) -> dict[tuple, int]:
+    """(rule, study, cell or pack id[, step]) of every training job a dry run plans -> its Snakemake priority; the
+    evaluate and diagnose jobs' priorities under ("evaluate" / "diagnose", study, cell)."""
     (wd / "config.yaml").write_text(yaml.safe_dump(
         {"studies": [str(wd / f"{s}.yaml") for s in STUDIES], "results": "results", "launcher": "local",
          "slurm": {}, "pack": pack, "search": search}))
@@ -69,11 +70,12 @@ def _dry_jobs(wd: Path, pack, search: str) -> set[tuple]:
     run = subprocess.run(cmd, cwd=wd, capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert run.returncode == 0, run.stderr[-3000:]
-    out = set()
-    for rule, wc in re.findall(r"^rule (train|train_pack|train_rung):\n(?:    .*\n)*?    wildcards: (.*)\n",
-                               run.stdout + run.stderr, re.M):
+    out = {}
+    for rule, wc, prio in re.findall(r"^rule (train|train_pack|train_rung|evaluate|diagnose):\n(?:    .*\n)*?"
+                                     r"    wildcards: (.*)\n(?:    priority: (\d+)\n)?", run.stdout + run.stderr, re.M):
         w = dict(kv.split("=", 1) for kv in wc.split(", "))
-        out.add((rule, w["study"], w.get("cell") or w["pack"], *([int(w["step"])] if "step" in w else [])))
+        key = (rule, w["study"], w.get("cell") or w["pack"], *([int(w["step"])] if "step" in w else []))
+        out[key[:3] if rule in ("evaluate", "diagnose") else key] = int(prio or 0)
     return out
 
 
@@ -127,7 +129,7 @@ def test_snakemake_and_the_doctor_plan_the_hosting_plan(tmp_path, case):
         cell = next(x for x in study_cells(studies[s]) if x.id == c)
         (ckpt / "lorarl.json").write_text(json.dumps({"step": 2, "config_hash": cell.hash, "format": "hf"}))
     runtime = Runtime(max_cells(pack), resident_places(pack), search_on=search == "on")
-    planned, doctor = set(), set()
+    planned, doctor, members = set(), set(), set()
     for name, study in studies.items():
         plan = hosting_plan(study, runtime, res)
         letters: dict[str, str] = {}  # a pack's letter: in the order its first member comes
@@ -140,12 +142,20 @@ def test_snakemake_and_the_doctor_plan_the_hosting_plan(tmp_path, case):
             if h.packed:  # the job's id names its members, its rung and its kind (lorarl.pack.plan.pack_id)
                 assert h.job == pack_id(list(h.members), until=h.until, resident=h.kind == "resident")
         planned |= _plan_jobs(name, plan)
+        members |= {(name, c) for c, h in plan.items() if h.packed}
         jobs = planned_jobs(study, res, runtime.max_cells, runtime.places, runtime.search_on)
         doctor |= _doctor_jobs(name, jobs)
         segments = {c for c, h in plan.items() if h.segment}  # their evaluations wait on the search's decisions
         assert not [j for j in jobs if j.kind in ("evaluate", "diagnose") and j.cell in segments], case
-    assert _dry_jobs(tmp_path, pack, search) == planned, case
+    dry = _dry_jobs(tmp_path, pack, search)
+    assert {k for k in dry if k[0] not in ("evaluate", "diagnose")} == planned, case
     assert doctor == planned, case
+    # Snakemake starts a pack first, its members' train jobs next (their publish), evaluations and diagnoses after
+    for k, prio in dry.items():
+        want = (PACK_PRIORITY if k[0] == "train_pack" else MEMBER_PRIORITY if k[0] in ("train", "train_rung")
+                and (k[1], k[2]) in members else 0)
+        assert prio == want, (case, k)
+    assert any(k[0] == "evaluate" for k in dry) and PACK_PRIORITY > MEMBER_PRIORITY > 0, case
 
 
 def test_a_cell_holding_a_trl_checkpoint_trains_in_its_own_job(tmp_path, monkeypatch):

@@ -42,8 +42,8 @@ def slow_pack_launcher(folder: Path, delay_s: float) -> dict[str, str]:
 
 
 def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
-    # the pack's launcher starts 8 s after its members' train jobs (their own grace for a claim is 3 s): Snakemake's
-    # pending claims (onstart) keep them waiting for it, so the pack trains both members
+    # the pack's launcher starts 8 s after its members' train jobs: Snakemake's planned hand-over states (onstart,
+    # lorarl.pack.handover) keep them waiting for it, so the pack trains both members
     first = run_snakemake(workdir, "all", env=slow_pack_launcher(workdir / "slow", 8.0))
     stats = jobs_run(first)
     assert stats.get("train_pack") == 1 and stats.get("train") == 2 and stats.get("evaluate") == 3, stats
@@ -57,7 +57,8 @@ def test_pack_job_then_noop_then_pack_off_then_forced_member_alone(workdir):
         for f in ("cell.json", "metrics.csv", "summary.json", "adapter/adapter_config.json", "eval/synthetic.json",
                   "diagnostics.parquet", "provenance/train.json"):
             assert (d / f).exists(), f
-        assert not (d / ".packed").exists() and not (d / ".pack.claim").exists() and not (d / ".pack.tmp").exists()
+        assert not (d / ".packed").exists() and not (d / ".pack.tmp").exists()
+        assert json.loads((d / ".handover.json").read_text())["state"] == "published"  # planned, claimed, staged: moved
         s = json.loads((d / "summary.json").read_text())
         assert s["pack"] == {"id": rec["pack"], "members": ["s0", "s1"]} and s["state"] == "done"
         assert list(pd.read_csv(d / "metrics.csv")["step"]) == [1, 2, 3]

@@ -36,7 +36,8 @@ import lorarl.train.prepare as prepare
 prepare.reward_of = lambda cfg, *a, **kw: (OutcomeDeposits(score_fn=fake_score), settings_of(cfg.reward))
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.launch import run_stage
-run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1, params=JobParams(places=int(sys.argv[4])))
+run_stage("pack", sys.argv[1], sys.argv[2], sys.argv[3], threads=1,
+          params=JobParams(places=int(sys.argv[4]), pack_id=sys.argv[5]))
 """
 
 
@@ -53,16 +54,16 @@ def test_a_sigkilled_resident_job_resumes_every_member_equal_to_solo(tiny_dir, t
     ids, res, ref = ",".join(x.id for x in order), tmp_path / "res", tmp_path / "ref"
     env = {**os.environ, "LORARL_FAULT": "kill_at_step:3", "LORARL_LOCK_WAIT_S": "0",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res), "2"], cwd=REPO, env=env,
+    rid = pack_id(ids.split(','), resident=True)  # the plan's id (pack.smk passes it as --pack-id)
+    first = subprocess.run([sys.executable, "-c", KILLED_JOB, study, ids, str(res), "2", rid], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     # a finished at 2 (staged); b paused at 2 (the slot boundary: a checkpoint) and was killed at its step 3
     assert (res / "rz" / a.id / ".packed" / "summary.json").exists()
     ckpts = res / "rz" / ".checkpoints"
     assert sorted(p.name for p in (ckpts / b.id).glob("checkpoint-*")) == ["checkpoint-2"]
-    out = run_stage("pack", study, ids, str(res), threads=1, params=JobParams(places=2))  # the rerun, in process
+    out = run_stage("pack", study, ids, str(res), threads=1, params=JobParams(places=2, pack_id=rid))  # the rerun
     assert out["trained"] == sorted([b.id, c.id]) and a.id in out["left_out"]  # a: staged already
-    rid = pack_id(ids.split(','), resident=True)
     assert json.loads((res / "rz" / ".packs" / f"{rid}.json").read_text())["resident"] == 2
     segs = json.loads((res / "rz" / ".packs" / f"{rid}.ledger.json").read_text())["segments"]
     # the killed process's two admissions are kept; the rerun's (run 1) are appended
@@ -178,11 +179,12 @@ def test_a_resident_rung_job_writes_the_rules_record(tiny_dir, tmp_path, fake_re
 
     cells = resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False,))
     ids = sorted(cells)
+    rid = pack_id(ids, until=1, resident=True)  # the plan's id, the job's --pack-id: its record and ledger
     out = run_stage("pack", str(tmp_path / "rz.yaml"), ",".join(ids), str(tmp_path / "res"), threads=1,
-                    params=JobParams(places=1, until=1))
-    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, until=1, resident=True)}.json").read_text())
+                    params=JobParams(places=1, until=1, pack_id=rid))
+    record = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{rid}.json").read_text())
     assert record["states"] == out["states"] == {c: "paused" for c in ids} and record["resident"] == 1
-    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{pack_id(ids, resident=True)}.ledger.json").read_text())["segments"]
+    segs = json.loads((tmp_path / "res" / "rz" / ".packs" / f"{rid}.ledger.json").read_text())["segments"]
     assert [s["admitted"] for s in segs] == [[ids[0]], [ids[1]]]  # one place: the first paused at its rung, freed it
 
 

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HOST_KINDS", "Host", "Runtime", "hosting_plan", "pack_jobs", "segments_now", "solo_host"]
+__all__ = ["HOST_KINDS", "MEMBER_PRIORITY", "PACK_PRIORITY", "Host", "Runtime", "hosting_plan", "pack_jobs", "segments_now", "solo_host"]
 
 HOST_KINDS = ("solo", "alone", "pack", "resident")  # who trains a cell (the module docstring says what each is)
+PACK_PRIORITY = 100  # Snakemake `priority:` of a pack job: it starts before the members' train jobs that wait on it
+MEMBER_PRIORITY = 50  # of a packed member's train job: before evaluations (0), so it publishes as soon as staged
 
 
 @dataclass(frozen=True)

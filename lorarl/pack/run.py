@@ -13,7 +13,8 @@ it runs, so the pack never writes another job's outputs); the cell's own ``train
 place (:mod:`lorarl.pack.publish`). The pack's record is ``results/<study>/.packs/<pack_id>.json``.
 
 Members already finished, already staged, held by another trainer (their lock is taken) or holding a solo
-(``hf``) checkpoint (their own ``train`` job resumes it) are left out.
+(``hf``) checkpoint (their own ``train`` job resumes it) are left out, and their hand-over released at once
+(lorarl.pack.handover), so their own ``train`` jobs do not wait for the pack's end.
 Resume: each member restores its own checkpoint (adapter, AdamW moments, schedule, data order, sampling
 generator, step, monitors), saved in any pack position or alone; members at different steps catch up in the
 same loop (a member takes part in a step only while it is below its ``train.steps``), so a resumed pack stays
@@ -33,7 +34,7 @@ from typing import Any
 from lorarl import paths
 from lorarl.io import write_json as _write_json
 from lorarl.jobclock import first_work
-from lorarl.pack import publish
+from lorarl.pack import handover, publish
 
 OUTCOME = ("state", "mlflow_run_id", "paused_at_step", "stopped_on_collapse")  # a member's outcome in the record
 
@@ -100,7 +101,7 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
             left_out[c.id] = "holds a solo (TRL) checkpoint: its own train job resumes it"
             continue
         try:
-            run = CellRun(study, c, results_dir, c.config, engine="pack", stage=publish.stage, lock_wait_s=0,
+            run = CellRun(study, c, results_dir, c.config, engine="pack", stage=handover.stage, lock_wait_s=0,
                           holder=f"pack {pack_id}", stop_at=stop_at, t_start=t_start)
         except WrongHost:  # a solo (TRL) checkpoint written since the check above
             left_out[c.id] = "holds a solo (TRL) checkpoint: its own train job resumes it"
@@ -112,6 +113,8 @@ def claim_members(study: str, cells: list[Any], results_dir: str | Path, pack_id
             left_out[c.id] = "finished (or staged) already"
             continue
         members.append(Member(c, run))
+    for cid, why in left_out.items():  # its own train job need not wait for the pack's end (lorarl.pack.handover)
+        handover.HandOver.of(results_dir, study, cid).release(pack_id, f"left out of its pack: {why}")
     return members, left_out
 
 

@@ -9,6 +9,8 @@ import sys
 
 import pandas as pd
 
+from lorarl.pack.plan import pack_id
+
 from tests.support.pack_run import staged
 from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_study
 
@@ -24,7 +26,7 @@ def _launch_pack(study, members, results, tasks=1, slurm=None, attempt=1, **env)
     cmd = [sys.executable, "-m", "lorarl.cli", "launch", "pack", str(study), ",".join(members), "--results",
            str(results), "--executor", "local", "--threads", "1", "--slurm",
            json.dumps(slurm if slurm is not None else {"tasks_per_node": tasks}), "--tracking", "sqlite",
-           f"--attempt={attempt}"]
+           f"--attempt={attempt}", f"--pack-id={pack_id(list(members))}"]
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT", "LORARL_FAULT")}
     return subprocess.run(cmd, capture_output=True, text=True, env={**clean, **env}, timeout=900)

@@ -104,6 +104,7 @@ rule train_rung:
         config_hash=cell_hash,
         results=RESULTS,
         launcher=config["launcher"],
+    priority: member_priority
     threads: 1
     retries: OOM_RETRIES
     resources:

@@ -134,6 +134,19 @@ def oom_attempt(wildcards, attempt):
     return attempt
 
 
+# Job order among ready jobs (Snakemake's `priority:`; everything else 0): pack jobs first, then packed members'
+# train / train_rung jobs (once their pack staged them, a publish of seconds; behind evaluations a member sat staged
+# for minutes), then the rest. The values are the hosting plan's (lorarl.pack.hosting), the doctor's order too.
+from lorarl.pack.hosting import MEMBER_PRIORITY, PACK_PRIORITY
+
+
+def member_priority(wildcards):
+    """A cell's train / train_rung job: MEMBER_PRIORITY when the hosting plan packs it (HOSTS, workflow/rules/pack.smk:
+    empty with packing off), else 0."""
+    host = HOSTS.get(wildcards.study, {}).get(wildcards.cell)
+    return MEMBER_PRIORITY if host is not None and host.packed else 0
+
+
 def parent_model_input(wildcards):
     """A recipe that continues another's SFT (`init_from`) needs that model built first."""
     parent = parent_recipe(wildcards.name)

@@ -3,13 +3,14 @@
 # into packs of at most K (the hosting plan: lorarl.pack.hosting), and each pack of two or more is ONE job
 # (`lorarl launch pack`) that trains them all in one process and stages each member's outputs. Each
 # member's own `train` job (unchanged: same command, params and inputs, so switching packing on or off never
-# reruns a finished cell) waits for its pack and moves the staged outputs into place (lorarl.pack.publish).
+# reruns a finished cell) waits for its pack and moves the staged outputs into place (lorarl.pack.handover: one
+# state file per member, planned here in `onstart`, claimed by the pack's launcher, staged by its job).
 # Finished cells are never packed: `--forcerun <cell>/summary.json` retrains that cell alone, solo. Resident packs
 # (`pack: {resident: true, places: P}`, lorarl.pack.resident): one job per compatible group (train.steps may
 # differ) holds P places and admits the next waiting cell when a place frees; the same rule, hand-over, records.
 from lorarl.pack.plan import gpu_memory_gb as _pack_gpu_memory_gb, max_cells as _pack_max_cells
 from lorarl.pack.plan import resident_places as _pack_resident_places, update_cells as _pack_update_cells
-from lorarl.pack.publish import claim_pending as _pack_claim_pending, clear_stale_claims as _pack_clear_stale
+from lorarl.pack.handover import HandOver as _HandOver, clear_stale as _pack_clear_stale
 from lorarl.pack.resident import check_places as _pack_check_places, host_gpu_memory_gb as _host_gpu_memory_gb
 from lorarl.pack.hosting import Runtime as _HostingRuntime, hosting_plan as _hosting_plan, pack_jobs as _pack_jobs
 
@@ -61,16 +62,18 @@ def pack_targets():
 
 
 def claim_packs():
-    """`onstart` (nothing runs yet): remove the stale claims a kill left (lorarl.pack.publish.clear_stale_claims, one
-    line each), then claim the members of every pack job this run executes, pending, in Snakemake's name, so that a
-    member's own train job that starts before its pack's launcher waits for it (lorarl.pack.publish)."""
+    """`onstart` (nothing runs yet): remove the stale hand-over states a kill left (lorarl.pack.handover.clear_stale,
+    one line each), then plan the members of every pack job this run executes, in Snakemake's name, so that a
+    member's own train job that starts before its pack's launcher waits for it (lorarl.pack.handover)."""
     for s, (_, st) in STUDIES.items():
         if "train" in get_kind(st.kind).cell_stages and os.path.isdir(os.path.join(RESULTS, s)):
             _pack_clear_stale(RESULTS, s, TABLES[s].ids)
     for job in workflow.dag.needrun_jobs():
         if job.rule.name == "train_pack":
             study, pid = job.wildcards_dict["study"], job.wildcards_dict["pack"]
-            _pack_claim_pending(RESULTS, study, PACKS[study][pid], pid)
+            for c in PACKS[study][pid]:
+                _HandOver.of(RESULTS, study, c).plan(pid)
+
 
 
 def pack_until(wildcards):
@@ -123,7 +126,7 @@ rule train_pack:
         update_cells=PACK_UPDATE_CELLS,
         places=PACK_PLACES or "",
         until=pack_until,
-    priority: 100
+    priority: PACK_PRIORITY
     threads: 1
     retries: OOM_RETRIES
     resources:
@@ -132,4 +135,4 @@ rule train_pack:
         f"{RESULTS}/{{study}}/.packs/{{pack}}.log",
     shell:
         launch("pack", OOM_ATTEMPT + " --update-cells={params.update_cells} --places={params.places} "
-               "--until={params.until}")
+               "--until={params.until} --pack-id={wildcards.pack}")

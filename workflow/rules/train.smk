@@ -21,6 +21,7 @@ rule train:
         config_hash=cell_hash,
         results=RESULTS,
         launcher=config["launcher"],
+    priority: member_priority
     threads: 1
     retries: OOM_RETRIES
     resources:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lorarl.pack.hosting import MEMBER_PRIORITY, PACK_PRIORITY
 from lorarl.pipeline.jobs.stages import STAGES, Stage, get_stage
 
 # A planned job's kind is the stage it runs (lorarl.pipeline.jobs.stages: its rule, the rule's threads, its record),
@@ -40,6 +41,9 @@ AGGREGATE = "aggregate"  # the kind (and rule: workflow/rules/aggregate.smk, 1 t
 def job_kinds() -> set[str]:
     """Every kind of job a study's run executes (a registered stage with a rule, publish, aggregate)."""
     return {n for n, s in STAGES.items() if s.rule} | set(RUNS_STAGE) | {AGGREGATE}
+# Snakemake's `priority:` of each kind's job (workflow/rules/*.smk, from lorarl.pack.hosting; any other kind 0): a
+# pack before its members' train jobs ("publish": a packed member's), those before evaluations and diagnoses
+START_PRIORITY = {"pack": PACK_PRIORITY, "publish": MEMBER_PRIORITY}
 
 
 @dataclass(frozen=True)
@@ -193,9 +197,10 @@ def makespan(jobs: list[PlannedJob], cost: Callable[[PlannedJob], tuple[float, f
     jobs (Slurm, ``count_threads`` False: one slot a job) that may run at once; ``rate(k)``: the CPU share of each
     of k running threads on a shared machine (:func:`machine_rate`; None: each job alone, rate 1); ``started``:
     keys of jobs already running -> the share of their cost already done (they go first). Ready jobs start in
-    list order, packs first (their rule's priority); a job needing more threads than there are slots runs alone
-    (Snakemake scales its threads down)."""
-    order = sorted(range(len(jobs)), key=lambda i: jobs[i].kind != "pack")  # packs first, else list order
+    list order, by their rules' priority as Snakemake starts them (:data:`START_PRIORITY`: packs, then packed members'
+    train jobs, then the rest); a job needing more threads than there are slots runs alone (Snakemake scales its
+    threads down)."""
+    order = sorted(range(len(jobs)), key=lambda i: -START_PRIORITY.get(jobs[i].kind, 0))  # stable: else list order
     rank = {i: r for r, i in enumerate(order)}
     index = {j.key: i for i, j in enumerate(jobs)}
     width = [min(j.threads, slots) if count_threads else 1 for j in jobs]

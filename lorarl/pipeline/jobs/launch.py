@@ -236,19 +236,18 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
 
 def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, executor: str, threads: int,
                  slurm: dict[str, Any] | None, params: JobParams) -> int:
-    """`lorarl launch pack <study> <c1,c2,...>`: claim the members (lorarl.pack.publish), submit ONE job
-    that trains them all (lorarl.pack.run), wait, release the claims. The job's layout is its members'
-    training layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
-    from lorarl.pack import publish
-    from lorarl.pack.plan import pack_id
+    """`lorarl launch pack <study> <c1,c2,...> --pack-id=<id>`: claim the members (lorarl.pack.handover), submit ONE
+    job that trains them all (lorarl.pack.run), wait, release those not staged. The job's layout: its members' training
+    layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
+    from lorarl.pack import handover
     from lorarl.spec.study import cell_table
 
     ids = members.split(",")
     table = cell_table(study)
     for c in ids:
         table.cell(c)  # unknown ids fail here, before anything is written
-    pid = pack_id(ids, resident=params.places is not None)  # the job's id (a rung's pack: its rule names the rung)
-    claims = publish.claim(results_dir, study.name, ids, pid)
+    pid = params.require_pack_id()  # the plan's id, from the rule (workflow/rules/pack.smk): never computed here
+    claimed = handover.claim_members(results_dir, study.name, ids, pid)  # in this launcher's name
     try:
         folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
         folder.mkdir(parents=True, exist_ok=True)
@@ -275,7 +274,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         return _finish(job, executor, "pack", "pack", results_dir, study.name, pid, None, prov, time.time(), params,
                        ids)
     finally:
-        publish.unclaim(claims)
+        handover.release_members(claimed, pid, "its pack's launcher ended")
 
 
 def _finish(job: submitit.Job, executor: str, key: str, stage: str, results_dir: str, study_name: str | None,

@@ -239,22 +239,22 @@ def _toy(job: Job) -> dict:
                 oom_retry="train", resources_key="train", trains=True, members=True, rule="train_pack")
 def _pack(job: Job) -> dict:
     from lorarl.pack import resident
-    from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_pack
 
     from lorarl.pack.ranks import world
     from lorarl.train import until
 
     ids, study = job.target.split(","), job.study.name
+    pid = job.params.require_pack_id()  # the hosting plan's id (its rung and kind in it), passed by pack.smk
     rung = job.params.until  # a rung's pack (`--until`): every member pauses there
     cells = [job.table.cell(c) for c in ids]
     places = job.params.places  # a resident job (`--places`): its places, else a fixed pack
     chunk = job.params.update_cells  # pack.update_cells (`--update-cells`, a memory knob): None, all at once
     if places:
         out = resident.train_resident(study, cells, job.results_dir, places, threads=job.threads,
-                                      resident_id=pack_id(ids, resident=True), stop_at=rung, update_cells=chunk)
+                                      resident_id=pid, stop_at=rung, update_cells=chunk)
     else:
-        out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pack_id(ids), stop_at=rung,
+        out = train_pack(study, cells, job.results_dir, threads=job.threads, pack_id=pid, stop_at=rung,
                          update_cells=chunk)
     if rung is not None and world()[0] == 0:  # rank 0 holds every rank's outcome: each member's mark, staged
         for c in cells:
@@ -263,8 +263,7 @@ def _pack(job: Job) -> dict:
         from lorarl import paths
         from lorarl.io import write_json
 
-        # the rule's output: a rung's pack is named with its rung (workflow/rules/pack.smk), its record too
-        write_json(paths.path("pack_done", results=str(job.results_dir), study=study,
-                              pack=pack_id(ids, until=rung, resident=bool(places))), out)
+        # the rule's output (the job's record), written again once every staged mark is there
+        write_json(paths.path("pack_done", results=str(job.results_dir), study=study, pack=pid), out)
     return out
 
