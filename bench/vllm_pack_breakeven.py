@@ -18,7 +18,10 @@ script starts itself once per engine (``--worker``):
   load on a shared machine does not inflate).
 
 The ratio pack/solo (tokens/s, median over repeats) is the table: below 1, the pack loses to solo runs. ``--table``
-writes it where the packer reads it (bench/results/vllm_pack_breakeven-cpu.json: lorarl.pack.breakeven).
+writes it where the packer reads it (bench/results/vllm_pack_breakeven-cpu.json: lorarl.pack.breakeven), which
+decides by ``decide``: on the CPU build ``ratio_cpu`` (tokens per CPU-second: the engine computes on one thread, so
+on an idle machine that is its tokens/s, and the engines, measured one after another, are not compared under
+different loads of a shared machine); on a GPU it would be ``ratio`` (wall).
 
     .venv-vllm/bin/python bench/vllm_pack_breakeven.py --table bench/results/vllm_pack_breakeven-cpu.json
     .venv-vllm/bin/python bench/vllm_pack_breakeven.py --quick --json o.json     # seconds; what the test runs
@@ -132,7 +135,7 @@ def run(a: argparse.Namespace) -> dict:
 
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads {a.threads}, "
                f"load avg {os.getloadavg()[0]:.1f}; vLLM {vllm.__version__} CPU build, torch {torch.__version__}")
-    return {"device": "cpu", "machine": machine,
+    return {"device": "cpu", "machine": machine, "decide": "ratio_cpu",  # the packer's ratio: see the docstring
             "command": "bench/vllm_pack_breakeven.py " + " ".join(sys.argv[1:]),
             "model": {"hidden": a.hidden, "layers": a.layers, "prompts_per_member": a.prompts, "generations": G,
                       "tokens_per_row": a.tokens, "adapters": "LoRA on every linear layer"},
