@@ -194,3 +194,7 @@ def test_the_in_memory_adapter_is_what_save_writes(tiny_dir, tmp_path, init):
     assert config["r"] == (8 if init == "pissa" else 4)
     next(p for n, p in policy.model.named_parameters() if "lora_B" in n).data.add_(1.0)
     assert all(torch.equal(tensors[k], saved[k]) for k in saved)  # copies: training on does not change them
+    again, _ = adapter_state(policy, out=tensors)  # the next step's, copied into these (no new memory)
+    assert all(again[k] is tensors[k] for k in saved) is (init != "pissa")  # a residual conversion is new tensors
+    assert any(not torch.equal(again[k], saved[k]) for k in saved)
+    assert all(torch.equal(again[k], v) for k, v in adapter_state(policy)[0].items())

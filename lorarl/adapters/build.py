@@ -129,18 +129,25 @@ class AdaptedPolicy:
         return path
 
 
-def adapter_state(policy: AdaptedPolicy, model: Any | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+def adapter_state(policy: AdaptedPolicy, model: Any | None = None,
+                  out: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """What ``policy.save`` writes for a LoRA-family adapter, in memory: (``adapter_model.safetensors``'s tensors,
     detached CPU copies; ``adapter_config.json`` as a dict), residual inits converted as there. For a pack's
-    vLLM engine (lorarl.pack.vllm_rollouts: no file per step)."""
+    vLLM engine (lorarl.pack.vllm_rollouts: no file per step). ``out``: tensors of an earlier call to copy into
+    (same names and shapes: no new memory, whose first touch costs more than the copy), else new ones."""
     from peft.utils import get_peft_model_state_dict
 
     model = model if model is not None else policy.model
     if policy.ctx is not None and policy.ctx.init_factors:
         sd, cfg = _residual_converted(model, policy.ctx.init_factors)
     else:
-        sd = {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+        live = get_peft_model_state_dict(model, adapter_name=ADAPTER)
         cfg = model.peft_config[ADAPTER]
+        if out is not None and out.keys() == live.keys() and all(
+                out[k].shape == v.shape and out[k].dtype == v.dtype for k, v in live.items()):
+            sd = {k: out[k].copy_(v.detach()) for k, v in live.items()}
+        else:
+            sd = {k: v.detach().cpu().clone() for k, v in live.items()}
     return sd, json.loads(json.dumps(cfg.to_dict(), default=sorted))  # sets (target_modules) as lists, as on disk
 
 

@@ -94,6 +94,8 @@ class VLLMRollouts:
         self.api, self.llm, self.names, self.save, self.models, self.sample = api, llm, names, save, models, sample
         self.states = states  # per member: model -> (tensors, PEFT config) (lorarl.adapters.build.adapter_state)
         self.memory = False  # True: adapters handed over from memory (set by build, where the engine takes them)
+        self._sets: list[list[dict]] = [[{}, {}] for _ in names]  # per member: two tensor sets, copied into in turn
+        self._live = 0  # the set the engine holds now (vLLM keeps CPU tensors as given): the next step writes the other
         self.work = Path(work_dir or tempfile.mkdtemp(prefix="lorarl_pack_vllm_"))
         self.adapters = EngineAdapters(api, llm, names)
         self.handovers = 0  # adapter sets handed to the engine (one per step)
@@ -136,7 +138,12 @@ class VLLMRollouts:
         """Every member's current adapter swapped into the engine (fresh ids, all or none): from memory, else
         saved once and read by vLLM once; the requests."""
         if self.memory:
-            reqs = self.adapters.update([AdapterState(*self.states[k](m)) for k, m in enumerate(self.models)])
+            free = 1 - self._live
+            got = [AdapterState(*self.states[k](m, out=self._sets[k][free] or None)) for k, m in enumerate(self.models)]
+            reqs = self.adapters.update(got)  # raises with the live set still in the engine, untouched
+            for k, a in enumerate(got):
+                self._sets[k][free] = a.tensors
+            self._live = free
             self.handovers += 1
             return reqs
         dirs = self._save_all()

@@ -271,7 +271,7 @@ def test_memory_handover_samples_the_disk_paths_tokens_and_a_failed_load_keeps_t
     for broken, match, added in ((lambda t, c: (t, {**c, "r": 64}), "greater than max_lora_rank", 0),  # staging
                                  (lambda t, c: ({k: (v.T.contiguous() if "lora_A" in k else v) for k, v in t.items()},
                                                 c), None, 3)):  # committing: the slot copy, members 0 and 1 in
-        monkeypatch.setattr(r, "states", [*r.states[:2], lambda m, broken=broken: broken(*state(m))])
+        monkeypatch.setattr(r, "states", [*r.states[:2], lambda m, out=None, broken=broken: broken(*state(m))])
         adds.clear()
         with pytest.raises(Exception, match=match):
             r.handover()
