@@ -56,9 +56,9 @@ def test_the_committed_table_is_the_measured_one_and_the_host_reads_it(monkeypat
     assert sorted(map(int, table["ratio"])) == [1, 8, 64, 256]
     assert all(sorted(map(int, row)) == [1, 2, 4, 8] and all(q > 0 for q in row.values())
                for row in table["ratio"].values())
-    monkeypatch.setattr("lorarl.pack.resident.host_gpu_memory_gb", lambda: None)
+    monkeypatch.setattr(breakeven, "host_device", lambda: "cpu")
     assert breakeven.host_table() == table
-    monkeypatch.setattr("lorarl.pack.resident.host_gpu_memory_gb", lambda: 80.0)  # no GPU table yet: packs kept
+    monkeypatch.setattr(breakeven, "host_device", lambda: "gpu")  # no GPU table yet: packs kept
     assert breakeven.host_table() is None
 
 

@@ -62,11 +62,16 @@ def verdict(table: dict[str, Any], members: int, max_rank: int) -> Verdict:
     return Verdict(True, where)
 
 
-def host_table() -> dict[str, Any] | None:
-    """The measured table of the device this host's pack jobs run on (a GPU where nvidia-smi finds one), or None."""
-    from lorarl.pack.resident import host_gpu_memory_gb
+def host_device() -> str:
+    """Where this host's pack jobs sample: ``gpu`` where the NVIDIA driver's tool is on the path, else ``cpu``."""
+    import shutil
 
-    device = "gpu" if host_gpu_memory_gb() else "cpu"
+    return "gpu" if shutil.which("nvidia-smi") else "cpu"
+
+
+def host_table() -> dict[str, Any] | None:
+    """The measured table of the device this host's pack jobs run on (:func:`host_device`), or None."""
+    device = host_device()
     path = TABLES.get(device)
     if path is None or not path.exists():
         say(f"[lorarl] pack: no measured vLLM break-even table for {device} (bench/vllm_pack_breakeven.py): "
