@@ -227,7 +227,8 @@ def test_vllm_cells_pack_when_vllm_serves_their_adapters_as_loras():
         assert pack_key(lo.config) != pack_key(_cell("h", adapter__method=method).config)
     assert pack_key(_cell("d", rollout__engine="vllm", adapter__method="dora").config) is None
     cells = [_cell(c, rollout__engine="vllm", adapter__rank=r) for c, r in (("a", 1), ("b", 8), ("c", 32))]
-    assert plan_packs(cells + [_cell("h")], 4) == [["a", "b", "c"], ["h"]]
+    assert plan_packs(cells + [_cell("h")], 4, breakeven=None) == [["a", "b", "c"], ["h"]]  # the measured table's
+    # pack-or-solo rule on top: tests/test_pack_breakeven.py
 
 
 def test_pack_setting_parsing():

@@ -20,7 +20,7 @@ def test_one_engine_one_call_routes_each_members_prompts_to_its_adapter(tiny_dir
     _, tok = load(tiny_dir)
     dirs = [save_adapter(tiny_dir, tmp_path / n, s) for n, s in (("a", 1), ("b", 2))]
     kw = engine_lora_kwargs([4, 4])
-    assert kw == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 2}
+    assert kw == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 4}
     llm = api.LLM(str(tiny_dir), **kw)
     loras = lora_requests(api, ["a", "b"], dirs)
     assert [r.lora_int_id for r in loras] == [1, 2] and not any(r.load_inplace for r in loras)
@@ -131,3 +131,70 @@ def test_each_members_adapter_is_read_once_per_training_step(tiny_dir, tmp_path,
     out = generate_multilora(llm, build_requests(api, inplace, [prompts, prompts], [torch.Generator().manual_seed(5)] * 2,
                                                  s, generations=2), 2)
     assert llm.adapter_loads - before == 2 * max(len(c) for c in out[0].completion_ids) == 12
+
+
+def test_a_failed_load_keeps_the_previous_adapters_whole(tiny_dir, tmp_path, monkeypatch):
+    """EngineAdapters swaps staged and atomic: a step whose second member's adapter fails to load leaves the
+    engine holding the previous step's adapters (none of the new ones), its requests unchanged and serving the
+    same samples; the failed step's ids are never used again."""
+    from lorarl.pack.multilora import (AdapterState, EngineAdapters, build_requests, engine_lora_kwargs,
+                                       generate_multilora)
+
+    monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
+    api = fake_vllm.api()
+    _, tok = load(tiny_dir)
+    llm = api.LLM(str(tiny_dir), **engine_lora_kwargs([4, 4]))
+    prompts = [tok("Q: 1+2=?\nA: ")["input_ids"]]
+    adapters = EngineAdapters(api, llm, ["a", "b"])
+
+    def sample(loras):
+        req = build_requests(api, loras, [prompts, prompts], [torch.Generator().manual_seed(5)] * 2, settings(tok), 2)
+        return [c.completion_ids for c in generate_multilora(llm, req, 2)]
+
+    old = adapters.update([save_adapter(tiny_dir, tmp_path / n, k) for k, n in enumerate("ab")])
+    before = sample(old)
+    good = save_adapter(tiny_dir, tmp_path / "a1", 7)
+    with pytest.raises(FileNotFoundError):
+        adapters.update([good, str(tmp_path / "never-saved")])
+    assert adapters.requests is old and adapters.version == 0
+    assert llm.llm_engine.list_loras() == {1, 2}  # the new "a" (id 3) went back out with the failed "b"
+    assert sample(adapters.requests) == before
+    new = adapters.update([good, save_adapter(tiny_dir, tmp_path / "b1", 8)])
+    assert [r.lora_int_id for r in new] == [5, 6] and [r.lora_name for r in new] == ["a@1", "b@1"]
+    assert llm.llm_engine.list_loras() == {5, 6} and sample(new) != before
+    with pytest.raises(TypeError, match="not a mix"):
+        adapters.update([good, AdapterState({}, {})])
+
+
+@pytest.mark.parametrize("init", ["gaussian", "pissa"])
+def test_the_in_memory_adapter_is_what_save_writes(tiny_dir, tmp_path, init):
+    """adapter_state (the tensors a pack hands to vLLM from memory) equals the saved folder: the same tensors
+    and the LoRA fields vLLM reads from adapter_config.json (a residual init converted at rank 2r in both)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from lorarl.adapters import build_adapter
+    from lorarl.adapters.build import adapter_state
+    from lorarl.spec.config import AdapterConfig, CellConfig
+
+    model, _ = load(tiny_dir)
+    policy = build_adapter(model, CellConfig(model="local:tiny", adapter=AdapterConfig(method="lora", rank=4, init=init)))
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_" in n:
+                p.add_(0.01)  # a trained step's change
+    tensors, config = adapter_state(policy)
+    saved = load_file(str(policy.save(tmp_path / "ad") / "adapter_model.safetensors"))
+    assert tensors.keys() == saved.keys() and all(torch.equal(tensors[k], saved[k]) for k in saved)
+    on_disk = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    fields = ("r", "lora_alpha", "use_rslora", "use_dora", "bias", "modules_to_save", "peft_type")
+    assert {k: config[k] for k in fields} == {k: on_disk[k] for k in fields}
+    assert sorted(config["target_modules"]) == sorted(on_disk["target_modules"])
+    assert config["r"] == (8 if init == "pissa" else 4)
+    next(p for n, p in policy.model.named_parameters() if "lora_B" in n).data.add_(1.0)
+    assert all(torch.equal(tensors[k], saved[k]) for k in saved)  # copies: training on does not change them
+    again, _ = adapter_state(policy, out=tensors)  # the next step's, copied into these (no new memory)
+    assert all(again[k] is tensors[k] for k in saved) is (init != "pissa")  # a residual conversion is new tensors
+    assert any(not torch.equal(again[k], saved[k]) for k in saved)
+    assert all(torch.equal(again[k], v) for k, v in adapter_state(policy)[0].items())

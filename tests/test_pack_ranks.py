@@ -62,7 +62,7 @@ def test_multilora_engine_serves_ranks_1_8_32_with_the_largest_rank(tiny_dir, tm
     _, tok = load(tiny_dir)
     names, dirs = save_mixed_rank_adapters(tiny_dir, tmp_path)
     kw = saved_engine_lora_kwargs(names, dirs)
-    assert kw == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 32, "max_cpu_loras": 3}
+    assert kw == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 32, "max_cpu_loras": 6}
     assert engine_lora_kwargs([1])["max_lora_rank"] == 1 and engine_lora_kwargs([1, 8])["max_lora_rank"] == 8
     llm = api.LLM(str(tiny_dir), **kw)
     prompts = [tok("Q: 1+2=?\nA: ")["input_ids"], tok("Q: 3+4=?\nA: ")["input_ids"]]

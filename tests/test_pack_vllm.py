@@ -35,7 +35,7 @@ def fake_engine(monkeypatch):
     return vllm_rollouts
 
 
-def test_vllm_cells_train_in_one_engine_one_call_per_step_as_alone(tiny_dir, tmp_path, fake_engine):
+def test_vllm_cells_train_in_one_engine_one_call_per_step_as_alone(tiny_dir, tmp_path, fake_engine, capsys):
     from lorarl.pack.build import build_pack
     from tests.support.pack_mixed_ranks import assert_pack_equals_solo
     from tests.support.pack_steps import fake_regimes
@@ -46,6 +46,9 @@ def test_vllm_cells_train_in_one_engine_one_call_per_step_as_alone(tiny_dir, tmp
     llm = pack.loop.rollouts.llm
     assert (llm.kwargs["max_lora_rank"], llm.kwargs["max_loras"]) == (8, 2) and llm.kwargs["enable_lora"]
     assert llm.kwargs["distributed_executor_backend"] == "external_launcher" and llm.kwargs["dtype"] == "float32"
+    assert not pack.loop.rollouts.memory and ("adapters handed to vLLM through disk each step (a folder per member; "
+                                              "the in-memory path is not available: LLM has no collective_rpc"
+                                              ) in capsys.readouterr().out  # the fake: disk, said in the log
     rows = [pack.loop.step() for _ in range(2)]
     assert llm.generate_calls == 2 and llm.adapter_loads == 2 * 2  # one call per step, each adapter once per step
     assert len(llm.llm_engine.list_loras()) == 2  # the previous step's adapters were removed

@@ -129,12 +129,42 @@ class AdaptedPolicy:
         return path
 
 
+def adapter_state(policy: AdaptedPolicy, model: Any | None = None,
+                  out: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """What ``policy.save`` writes for a LoRA-family adapter, in memory: (``adapter_model.safetensors``'s tensors,
+    detached CPU copies; ``adapter_config.json`` as a dict), residual inits converted as there. For a pack's
+    vLLM engine (lorarl.pack.vllm_rollouts: no file per step). ``out``: tensors of an earlier call to copy into
+    (same names and shapes: no new memory, whose first touch costs more than the copy), else new ones."""
+    from peft.utils import get_peft_model_state_dict
+
+    model = model if model is not None else policy.model
+    if policy.ctx is not None and policy.ctx.init_factors:
+        sd, cfg = _residual_converted(model, policy.ctx.init_factors)
+    else:
+        live = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+        cfg = model.peft_config[ADAPTER]
+        if out is not None and out.keys() == live.keys() and all(
+                out[k].shape == v.shape and out[k].dtype == v.dtype for k, v in live.items()):
+            sd = {k: out[k].copy_(v.detach()) for k, v in live.items()}
+        else:
+            sd = {k: v.detach().cpu().clone() for k, v in live.items()}
+    return sd, json.loads(json.dumps(cfg.to_dict(), default=sorted))  # sets (target_modules) as lists, as on disk
+
+
 def _save_residual_converted(model: Any, init_factors: dict, path: Path, state_dict: dict | None = None) -> None:
     """ΔW relative to the original W0 is s(BA − B0A0) = s [B, −B0] [A; A0]: save that as a rank-2r
     LoRA with the same scale (alpha doubled, or ×√2 for rsLoRA, as peft's own PiSSA conversion).
     ``state_dict``: the model's full weights gathered from its shards (FSDP2), else read from the model."""
-    from peft.utils import get_peft_model_state_dict
     from safetensors.torch import save_file
+
+    sd, cfg = _residual_converted(model, init_factors, state_dict)
+    save_file(sd, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    cfg.save_pretrained(str(path))
+
+
+def _residual_converted(model: Any, init_factors: dict, state_dict: dict | None = None) -> tuple[dict, Any]:
+    """The converted rank-2r adapter of :func:`_save_residual_converted`: (state dict, peft config)."""
+    from peft.utils import get_peft_model_state_dict
 
     sd = {k: v.detach().cpu().clone()
           for k, v in get_peft_model_state_dict(model, state_dict=state_dict, adapter_name=ADAPTER).items()}
@@ -152,8 +182,7 @@ def _save_residual_converted(model: Any, init_factors: dict, path: Path, state_d
     cfg.inference_mode = True
     if cfg.base_model_name_or_path is None:
         cfg.base_model_name_or_path = getattr(model.base_model.model, "name_or_path", None)
-    save_file(sd, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
-    cfg.save_pretrained(str(path))
+    return sd, cfg
 
 
 def build_adapter(model: torch.nn.Module, cfg: Any, *, results_dir: str | Path | None = None,

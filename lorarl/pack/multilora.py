@@ -1,10 +1,12 @@
 """vLLM multi-LoRA rollouts of a pack (built against vLLM 0.31's API).
 
 One colocated engine serves every member: ``LLM(model, enable_lora=True, max_loras=K, max_lora_rank=r,
-max_cpu_loras=K)``; each step each member's current adapter is saved (PEFT folder) and swapped in under a
-fresh ``LoRARequest(name=cell@step, lora_int_id=step * K + k + 1, lora_path)`` by :class:`EngineAdapters`
-(the previous step's removed, the new one read once; ``load_inplace=True`` would make vLLM re-read it at every
-engine step, i.e. every decoded token), so the engine holds exactly K adapters, and ONE ``LLM.generate`` call carries all
+max_cpu_loras=2K)``; each step each member's current adapter is handed to the engine under a fresh
+``LoRARequest(name=cell@step, lora_int_id=<next id>, lora_path)`` by :class:`EngineAdapters`, from memory where the
+engine allows it (lorarl.pack.lora_memory: tensors in, no file) else from the folder it was saved to, staged and
+atomic: the K new adapters are added next to the K old ones (hence 2K in the CPU cache), and only when all K are in
+are the old ones removed; a failed load removes the new ones and keeps the old (``load_inplace=True`` would make
+vLLM re-read a folder at every engine step, i.e. every decoded token), and ONE ``LLM.generate`` call carries all
 members' prompts with a per-prompt ``lora_request`` list and per-prompt ``SamplingParams`` (n = G,
 ``seed`` drawn from the member's own sampling generator, so a member's samples depend on its own RNG
 stream only). vLLM refuses a ``lora_request`` or params list whose length is not the number of prompts,
@@ -37,7 +39,8 @@ def engine_lora_kwargs(ranks: list[int]) -> dict[str, Any]:
     fits = [r for r in VLLM_LORA_RANKS if r >= need]
     if not fits:
         raise ValueError(f"LoRA rank {need} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
-    return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": fits[0], "max_cpu_loras": len(ranks)}
+    # max_cpu_loras: a step's K new adapters are loaded beside the K old ones before those go (EngineAdapters)
+    return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": fits[0], "max_cpu_loras": 2 * len(ranks)}
 
 
 def saved_engine_lora_kwargs(names: list[str], adapter_dirs: list[str | Path]) -> dict[str, Any]:
@@ -56,8 +59,8 @@ def saved_engine_lora_kwargs(names: list[str], adapter_dirs: list[str | Path]) -
 
 def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], version: int = 0,
                   first_id: int = 0) -> list[Any]:
-    """One request per member for the adapters saved at ``version`` (a training step): a fresh id
-    (``first_id + version * K + k + 1``) and name per member and version, never ``load_inplace``. vLLM re-applies every
+    """One request per member for the adapters of ``version`` (a training step): a fresh id (``first_id + k + 1``)
+    and name per member and version, never ``load_inplace``. vLLM re-applies every
     running request's adapter at each engine step (vllm/v1/worker/gpu_model_runner.py ``_prepare_inputs`` ->
     ``set_active_loras``) and ``add_adapter`` re-reads an in-place request's folder from disk every time
     (vllm/lora/worker_manager.py ``LRUCacheWorkerLoRAManager.add_adapter``): once per decoded token. A new id is
@@ -65,23 +68,32 @@ def lora_requests(api: Any, names: list[str], adapter_dirs: list[str | Path], ve
     if len(set(names)) != len(names):
         raise ValueError(f"member names must be unique: {names}")
     k_all = len(names)
-    return [api.LoRARequest(lora_name=f"{n}@{version}", lora_int_id=first_id + version * k_all + k + 1,
-                            lora_path=str(d))
+    if len(adapter_dirs) != k_all:
+        raise ValueError(f"{len(adapter_dirs)} adapters for {k_all} members")
+    return [api.LoRARequest(lora_name=f"{n}@{version}", lora_int_id=first_id + k + 1, lora_path=str(d))
             for k, (n, d) in enumerate(zip(names, adapter_dirs))]
 
 
-class EngineAdapters:
-    """The members' adapters inside one engine, one version per training step.
+@dataclass
+class AdapterState:
+    """A member's adapter as tensors: what its saved folder would hold, kept in memory (lorarl.pack.lora_memory)."""
 
-    :meth:`update` after each optimiser step: the previous version's adapters are removed from the engine
-    (``llm_engine.remove_lora``) and the new ones added (``llm_engine.add_lora``: each folder read once, now),
-    so the engine holds exactly K adapters and reads each member's adapter from disk once per step. vLLM 0.26 and
-    0.31 have no supported in-memory path: ``LoRARequest`` carries a folder (``lora_path``) and
-    ``_load_adapter`` reads it with ``LoRAModel.from_local_checkpoint`` (tensors only through a patched worker,
-    verl's ``TensorLoRARequest``); ``bench/lora_handoff.py`` measures the save + load this costs per step.
+    tensors: dict[str, torch.Tensor]  # PEFT's state-dict names (adapter_model.safetensors), detached copies
+    config: dict[str, Any]  # PEFT's adapter_config.json as a dict (r, lora_alpha, target_modules, use_rslora, ...)
+
+
+class EngineAdapters:
+    """The members' adapters inside one engine, one version per training step, swapped staged and atomic.
+
+    :meth:`update` after each optimiser step: the new adapters are added under fresh ids (from memory,
+    :class:`AdapterState`, through lorarl.pack.lora_memory; or from their saved folders, ``llm_engine.add_lora``:
+    each read once, now), and only when every one of them is in are the previous version's removed
+    (``llm_engine.remove_lora``). A load that fails removes the new ones and raises: the engine and
+    :attr:`requests` keep the previous version, whole. ``bench/lora_handoff.py`` measures both paths per member.
 
     The engine is the pack's: adapters a previous pack left in it are removed, and ids continue after the
-    largest one the engine has seen (vLLM caches an adapter by id: a repeated id would serve the old weights).
+    largest one the engine has seen (vLLM caches an adapter by id: a repeated id would serve the old weights);
+    a failed version's ids are never used again either.
     """
 
     def __init__(self, api: Any, llm: Any, names: list[str]):
@@ -91,17 +103,34 @@ class EngineAdapters:
         left = set(llm.llm_engine.list_loras()) if llm is not None else set()
         for i in left:
             llm.llm_engine.remove_lora(i)
-        self.first_id = max([getattr(llm, "lorarl_last_lora_id", 0), *left]) if llm is not None else 0
+        if llm is not None:
+            llm.lorarl_last_lora_id = max([getattr(llm, "lorarl_last_lora_id", 0), *left])
 
-    def update(self, adapter_dirs: list[str | Path]) -> list[Any]:
-        """Swap in the adapters just saved in ``adapter_dirs``; the new requests, one per member."""
+    def update(self, adapters: list[str | Path] | list[AdapterState]) -> list[Any]:
+        """Swap in the members' new adapters (folders just saved, or :class:`AdapterState` from memory), all or
+        none; the new requests, one per member."""
+        from lorarl.pack.lora_memory import MEMORY_SCHEME, add_from_memory
+
+        memory = [isinstance(a, AdapterState) for a in adapters]
+        if any(memory) and not all(memory):
+            raise TypeError("EngineAdapters.update: adapters all in memory or all as folders, not a mix")
+        version = self.version + 1
+        paths = [f"{MEMORY_SCHEME}{n}@{version}" for n in self.names] if all(memory) else adapters
+        new = lora_requests(self.api, self.names, paths, version, self.llm.lorarl_last_lora_id)
+        self.llm.lorarl_last_lora_id = max(r.lora_int_id for r in new)  # never again, even if this load fails
+        try:
+            if all(memory):
+                add_from_memory(self.llm, [(r.lora_int_id, a.tensors, a.config) for r, a in zip(new, adapters)])
+            else:
+                for r in new:
+                    self.llm.llm_engine.add_lora(r)
+        except Exception:
+            for r in new:  # those the failed call added (a memory load adds none)
+                self.llm.llm_engine.remove_lora(r.lora_int_id)
+            raise
         for r in self.requests:
             self.llm.llm_engine.remove_lora(r.lora_int_id)
-        self.version += 1
-        self.requests = lora_requests(self.api, self.names, adapter_dirs, self.version, self.first_id)
-        for r in self.requests:
-            self.llm.llm_engine.add_lora(r)
-        self.llm.lorarl_last_lora_id = max(r.lora_int_id for r in self.requests)
+        self.requests, self.version = new, version
         return self.requests
 
 

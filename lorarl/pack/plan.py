@@ -160,8 +160,10 @@ def update_cells(setting: Any) -> int:
     return value
 
 
-def plan_packs(cells: list[Any], max_cells: int) -> list[list[str]]:
-    """Cell ids grouped into packs of at most ``max_cells``, in study order; ``max_cells = 1``: no packing."""
+def plan_packs(cells: list[Any], max_cells: int, breakeven: dict | None | bool = True) -> list[list[str]]:
+    """Cell ids grouped into packs of at most ``max_cells``, in study order; ``max_cells = 1``: no packing.
+    A vLLM pack the measured break-even table says loses to solo runs is split into solo runs, with a log line
+    (lorarl.pack.breakeven). ``breakeven``: that table (True: this host's device's; None/False: no check)."""
     if not isinstance(max_cells, int) or isinstance(max_cells, bool) or max_cells < 1:
         raise ValueError(f"pack.max_cells must be an integer >= 1; got {max_cells!r}")
     groups: dict[str, list[str]] = {}
@@ -175,4 +177,24 @@ def plan_packs(cells: list[Any], max_cells: int) -> list[list[str]]:
             groups[key] = []
             packs.append(groups[key])
         groups[key].append(c.id)
-    return packs
+    by = {c.id: c for c in cells}
+    vllm = [p for p in packs if len(p) > 1 and by[p[0]].config.rollout.engine == "vllm"]
+    if not vllm or not breakeven:
+        return packs
+    from lorarl.pack.breakeven import host_table, say, verdict
+
+    table = host_table() if breakeven is True else breakeven
+    out: list[list[str]] = []
+    for p in packs:
+        v = verdict(table, len(p), max(saved_rank(by[i].config) for i in p)) if table and p in vllm else None
+        if v is not None and not v.pack:
+            say(f"[lorarl] pack: declined a vLLM pack of {len(p)} cells ({', '.join(p)}): {v.why}; they train solo")
+            out += [[i] for i in p]
+        else:
+            out.append(p)
+    return out
+
+
+def saved_rank(cfg: Any) -> int:
+    """The rank a cell's adapter is handed to vLLM at: a residual init's is saved converted at 2r."""
+    return cfg.adapter.rank * (2 if cfg.adapter.init in RESIDUAL_INITS else 1)

@@ -5,9 +5,12 @@ member's adapter, ONE ``generate`` call per step (lorarl.pack.multilora builds t
     ros = rollouts(groups, generators, generations)  # after rollouts.handover(): the step's adapters in the engine
 
 Each step (:meth:`VLLMRollouts.handover`, called by :class:`lorarl.pack.steps.PackLoop` before sampling): every
-member's current adapter is saved once (a PEFT folder, residual inits converted to a plain rank-2r LoRA of the
-original base, as evaluation loads them) and swapped into the engine under a fresh id
-(:class:`lorarl.pack.multilora.EngineAdapters`: read from disk once, the previous step's removed). Then one
+member's current adapter (residual inits converted to a plain rank-2r LoRA of the original base, as evaluation
+loads them) is swapped into the engine under a fresh id, staged and atomic
+(:class:`lorarl.pack.multilora.EngineAdapters`: all new ones in, then the previous step's removed; a failed load
+keeps the previous step's and raises). From memory where the engine allows it (its tensors copied and handed to
+the worker, lorarl.pack.lora_memory: no file), else through disk (a PEFT folder saved, read once by vLLM); the job's
+log says which, and why not memory. Then one
 ``generate`` call carries every member's P prompts (``n = G``), each with its member's ``LoRARequest`` and a
 ``SamplingParams`` seeded from the member's own sampling generator (:func:`lorarl.pack.multilora.build_requests`),
 so a member's requests and seeds are the same alone or packed; vLLM returns the sampled tokens and their
@@ -37,7 +40,8 @@ import torch
 
 from lorarl import jobclock
 from lorarl.pack.generate import CellRollouts, SampleSettings
-from lorarl.pack.multilora import EngineAdapters, build_requests, generate_multilora, saved_engine_lora_kwargs
+from lorarl.pack.multilora import (AdapterState, EngineAdapters, build_requests, generate_multilora,
+                                   saved_engine_lora_kwargs)
 
 _ENGINE: dict[str, Any] = {}  # the process's engine: {"llm", "model", "kwargs"} (vLLM: one engine per process)
 _SAME = ("dtype", "enforce_eager", "logprobs_mode", "max_model_len", "gpu_memory_utilization", "enable_lora")
@@ -90,8 +94,12 @@ class VLLMRollouts:
     """The members' adapters in one engine and the pack's one ``generate`` call per step."""
 
     def __init__(self, api: Any, llm: Any, names: list[str], save: list[Any], models: list[Any],
-                 sample: SampleSettings, work_dir: str | Path | None = None):
+                 sample: SampleSettings, work_dir: str | Path | None = None, states: list[Any] | None = None):
         self.api, self.llm, self.names, self.save, self.models, self.sample = api, llm, names, save, models, sample
+        self.states = states  # per member: model -> (tensors, PEFT config) (lorarl.adapters.build.adapter_state)
+        self.memory = False  # True: adapters handed over from memory (set by build, where the engine takes them)
+        self._sets: list[list[dict]] = [[{}, {}] for _ in names]  # per member: two tensor sets, copied into in turn
+        self._live = 0  # the set the engine holds now (vLLM keeps CPU tensors as given): the next step writes the other
         self.work = Path(work_dir or tempfile.mkdtemp(prefix="lorarl_pack_vllm_"))
         self.adapters = EngineAdapters(api, llm, names)
         self.handovers = 0  # adapter sets handed to the engine (one per step)
@@ -107,11 +115,22 @@ class VLLMRollouts:
 
             api = _vllm_api()
         names = [c.id for c in cells]
-        out = cls(api, None, names, [p.save for p in policies], models, sample)
-        dirs = out._save_all()
+        from functools import partial
+
+        from lorarl.adapters.build import adapter_state
+        from lorarl.pack.lora_memory import unavailable
+
+        out = cls(api, None, names, [p.save for p in policies], models, sample,
+                  states=[partial(adapter_state, p) for p in policies])
+        dirs = out._save_all()  # once, at the start: what vLLM can serve, and the ranks
         lora = saved_engine_lora_kwargs(names, dirs)  # refuses, naming it, a member vLLM cannot serve (DoRA, ...)
         out.llm = llm if llm is not None else pack_engine(api, model_dir, engine_args(cells[0].config, lora))
         out.adapters = EngineAdapters(api, out.llm, names)
+        why = unavailable(out.llm)
+        out.memory = not why
+        print("[lorarl] pack: members' adapters handed to vLLM from memory each step (no file)" if out.memory else
+              f"[lorarl] pack: members' adapters handed to vLLM through disk each step (a folder per member; "
+              f"the in-memory path is not available: {why})", flush=True)
         return out
 
     def _save_all(self) -> list[Path]:
@@ -120,7 +139,17 @@ class VLLMRollouts:
         return dirs
 
     def handover(self) -> list[Any]:
-        """Every member's current adapter saved once and swapped into the engine (fresh ids); the requests."""
+        """Every member's current adapter swapped into the engine (fresh ids, all or none): from memory, else
+        saved once and read by vLLM once; the requests."""
+        if self.memory:
+            free = 1 - self._live
+            got = [AdapterState(*self.states[k](m, out=self._sets[k][free] or None)) for k, m in enumerate(self.models)]
+            reqs = self.adapters.update(got)  # raises with the live set still in the engine, untouched
+            for k, a in enumerate(got):
+                self._sets[k][free] = a.tensors
+            self._live = free
+            self.handovers += 1
+            return reqs
         dirs = self._save_all()
         reqs = self.adapters.update(dirs)  # vLLM reads each folder now, once
         for d in self._dirs:

@@ -12,6 +12,8 @@ from pathlib import Path
 ALLOWED = {
     ("decoding.py", "_compile_all_devices"): "transformers' CompileConfig has no public switch to compile on a CPU",
     ("memory/measure.py", "_generate_and_score_completions"): "TRL's one batch of rollouts, measured on its own",
+    ("pack/lora_memory.py", "_adapter_manager"): "vLLM's worker LoRA manager's cache: the one way to add a LoRA "
+                                                 "built from tensors (no file) at 0.31",
     ("pack/routing.py", "_cast_input_dtype"): "PEFT's LoRA layer casts its input this way; the packed forward must match",
     ("tracking/credentials.py", "_tracking_store_registry"): "MLflow registers tracking stores by scheme only here",
     ("tracking/sqlite_store.py", "_engine_map"): "MLflow caches one SQLAlchemy engine per URI with no public reset",

@@ -43,24 +43,31 @@ def vllm_cells(model_dir: str, steps: int = 3) -> list:
 
 
 class Spy:
-    """Records the engine's generate calls (each prompt's request and adapter weights) and adapter loads."""
+    """Records the engine's generate calls (each prompt's request and adapter weights) and the adapters handed over
+    (from memory or from a folder: lorarl.pack.multilora.EngineAdapters.update)."""
 
     def __init__(self, llm, monkeypatch):
-        self.calls, self.adds = [], []
-        real_generate, real_add = llm.generate, llm.llm_engine.add_lora
+        from lorarl.pack.multilora import AdapterState, EngineAdapters
+
+        self.calls, self.adds, self.weights = [], [], {}
+        real_generate, real_update = llm.generate, EngineAdapters.update
 
         def generate(prompts, params, **kw):
             loras = kw.get("lora_request")
             self.calls.append([(tuple(p["prompt_token_ids"]), q.n, q.seed, q.temperature, q.top_p, q.max_tokens,
-                                tuple(q.stop_token_ids or ()), _adapter(r.lora_path)) for p, q, r in zip(prompts, params, loras)])
+                                tuple(q.stop_token_ids or ()), self.weights[r.lora_int_id])
+                               for p, q, r in zip(prompts, params, loras)])
             return real_generate(prompts, params, **kw)
 
-        def add_lora(req):
-            self.adds.append(req.lora_name)
-            return real_add(req)
+        def update(this, adapters):
+            reqs = real_update(this, adapters)
+            for r, a in zip(reqs, adapters):
+                self.adds.append(r.lora_name)
+                self.weights[r.lora_int_id] = a.tensors if isinstance(a, AdapterState) else _adapter(a)
+            return reqs
 
         monkeypatch.setattr(llm, "generate", generate)
-        monkeypatch.setattr(llm.llm_engine, "add_lora", add_lora)
+        monkeypatch.setattr(EngineAdapters, "update", update)
 
 
 def _adapter(path: str) -> dict:
@@ -88,6 +95,7 @@ def test_ranks_1_8_32_pack_equals_solo_on_one_real_engine(model_dir, tmp_path, m
     assert type(llm).__module__.startswith("vllm.") and (lora_cfg.max_lora_rank, lora_cfg.max_loras) == (32, 3)
     assert llm.llm_engine.model_config.dtype == torch.float32
     spy = Spy(llm, monkeypatch)
+    assert probe.loop.rollouts.memory  # the real engine takes the adapters from memory (no file per step)
     rows = assert_pack_equals_solo(cells, tmp_path, steps=2, tol=1e-6)  # pack, then each member alone
     assert vllm_rollouts._ENGINE["llm"] is llm  # every pack and solo run on the one engine of this process
     assert len(spy.calls) == 2 + 3 * 2  # one call per step: the pack's 2, then 2 per solo run
@@ -144,6 +152,11 @@ def _greedy(rollouts, groups):
     return {k: o.completion_ids for k, o in enumerate(out) if o is not None}
 
 
+def _saved(rollouts, k: int, path: Path) -> Path:
+    """Member k's current adapter saved as evaluation loads it (the folder the disk path would hand over)."""
+    return rollouts.save[k](path, rollouts.models[k])
+
+
 def _hf_model(model_dir, adapter_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -186,7 +199,7 @@ def test_greedy_members_in_the_pack_equal_their_solo_and_hf_greedy(model_dir, tm
     assert pack.loop.rollouts.handovers == 1 and pack.loop.rollouts.calls == 1
     ties = {"solo": 0, "hf": 0}
     for k, c in enumerate(cells):
-        model = _hf_model(model_dir, pack.loop.rollouts._dirs[k])
+        model = _hf_model(model_dir, _saved(pack.loop.rollouts, k, tmp_path / "hf" / c.id))
         solo = build_pack([c], results_dir=tmp_path / c.id, device="cpu", llm=llm)
         with torch.no_grad():
             for p, q in zip(solo.loop.trainer.cells[0].model.parameters(), pack.loop.trainer.cells[k].model.parameters()):
@@ -202,7 +215,8 @@ def test_greedy_members_in_the_pack_equal_their_solo_and_hf_greedy(model_dir, tm
     swapped = list(packed[0][0])
     swapped[0] = (swapped[0] + 1) % len(tok)  # a real difference (no tie) is not counted as one
     with pytest.raises(AssertionError):
-        _near_tie(_hf_model(model_dir, pack.loop.rollouts._dirs[0]), prompts[0], packed[0][0], swapped)
+        _near_tie(_hf_model(model_dir, _saved(pack.loop.rollouts, 0, tmp_path / "hf0")), prompts[0], packed[0][0],
+                  swapped)
     print(f"near-ties: pack vs solo {ties['solo']}, vLLM vs HF {ties['hf']} of {3 * len(prompts)} rows")
     assert ties["solo"] <= len(prompts) and ties["hf"] <= len(prompts)
 
@@ -216,3 +230,53 @@ def test_a_two_rank_pack_job_runs_an_engine_per_rank(model_dir, tmp_path):
     text = "".join(p.read_text() for p in logs.glob("*_log.out")) + "".join(p.read_text() for p in logs.glob("*_log.err"))
     assert text.count("[lorarl] pack: vLLM engine for") == 2, text[-3000:]  # one engine per rank, 1 adapter each
     assert text.count("(max_loras 1, max_lora_rank") == 2
+
+
+def test_memory_handover_samples_the_disk_paths_tokens_and_a_failed_load_keeps_the_old(model_dir, tmp_path,
+                                                                                       monkeypatch):
+    """Item 3 of issue 49: the adapters handed over from memory (lorarl.pack.lora_memory) sample the same greedy
+    token ids as the same adapters through disk; a load that fails while staging (a rank above the engine's) or
+    while committing (a tensor of the wrong shape, after two members went in) leaves the engine with the previous
+    step's adapters, which still sample the same tokens."""
+    from lorarl.pack.build import build_pack
+
+    llm = _engine(model_dir, tmp_path)
+    pack = build_pack(vllm_cells(model_dir), results_dir=tmp_path / "m", device="cpu", llm=llm)
+    r = pack.loop.rollouts
+    with torch.no_grad():  # trained adapters: B off zero, each member its own
+        for k, c in enumerate(pack.loop.trainer.cells):
+            g = torch.Generator().manual_seed(20 + k)
+            for n, p in c.model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    tok = pack.tokenizer
+    prompts = [tok(f"Q: {a}+{b}=?\nA: ")["input_ids"] for a, b in ((1, 2), (12, 7), (45, 9))]
+    assert r.memory
+    r.handover()
+    assert all(q.lora_path.startswith("memory://") for q in r.adapters.requests)
+    memory = _greedy(r, [prompts] * 3)
+    r.memory = False
+    r.handover()
+    assert all(Path(q.lora_path).is_dir() for q in r.adapters.requests)
+    assert _greedy(r, [prompts] * 3) == memory
+    r.memory = True
+    r.handover()
+    old, held = r.adapters.requests, llm.llm_engine.list_loras()
+    assert _greedy(r, [prompts] * 3) == memory and held == {q.lora_int_id for q in old}
+    from vllm.lora.model_manager import LRUCacheLoRAModelManager
+
+    adds, add = [], LRUCacheLoRAModelManager.add_adapter
+    monkeypatch.setattr(LRUCacheLoRAModelManager, "add_adapter", lambda self, lora: adds.append(lora.id) or add(self, lora))
+    state = r.states[2]
+    for broken, match, added in ((lambda t, c: (t, {**c, "r": 64}), "greater than max_lora_rank", 0),  # staging
+                                 (lambda t, c: ({k: (v.T.contiguous() if "lora_A" in k else v) for k, v in t.items()},
+                                                c), None, 3)):  # committing: the slot copy, members 0 and 1 in
+        monkeypatch.setattr(r, "states", [*r.states[:2], lambda m, out=None, broken=broken: broken(*state(m))])
+        adds.clear()
+        with pytest.raises(Exception, match=match):
+            r.handover()
+        assert len(adds) == added and r.adapters.requests is old and llm.llm_engine.list_loras() == held
+        assert _greedy(r, [prompts] * 3) == memory
+    monkeypatch.setattr(r, "states", [*r.states[:2], state])
+    r.handover()  # and the next load goes through, under ids never used before
+    assert min(q.lora_int_id for q in r.adapters.requests) > max(held) + 6

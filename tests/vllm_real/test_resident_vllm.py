@@ -1,6 +1,6 @@
 """A resident pack on vLLM's real CPU engine: one multi-LoRA engine with ``max_loras = places`` serves every re-formed
 pack of the job; the adapters of members that leave are evicted and the newcomers' admitted (``remove_lora`` /
-``add_lora``) without restarting the engine, never more than ``places`` at once; every cell (mixed ranks, unequal
+``add_lora``, or from memory) without restarting the engine, never more than ``places`` at once between steps; every cell (mixed ranks, unequal
 lengths) ends equal to its solo vLLM run on the same engine (tests/test_resident.py's check: metrics and adapter
 to 1e-6, which holds the rollout tokens' rewards and log-probs; vLLM's near-ties would show as a difference here,
 none happens on this engine)."""
@@ -41,6 +41,7 @@ def vllm_cells(tmp_path, model_dir):
 
 def test_a_resident_vllm_job_admits_and_evicts_adapters_on_one_engine(model_dir, tmp_path, fake_rewards, monkeypatch):
     from lorarl.pack import vllm_rollouts
+    from lorarl.pack.multilora import EngineAdapters
     from lorarl.pack.resident import engine_for, train_resident
 
     cells = vllm_cells(tmp_path, model_dir)
@@ -51,11 +52,11 @@ def test_a_resident_vllm_job_admits_and_evicts_adapters_on_one_engine(model_dir,
     llm = engine_for(order, 2, res)
     assert type(llm).__module__.startswith("vllm.")
     engine, seen = llm.llm_engine, {"adds": [], "removes": 0, "most": 0}
-    add, remove = engine.add_lora, engine.remove_lora
+    update, remove = EngineAdapters.update, engine.remove_lora
 
-    def counted_add(req):
-        out = add(req)
-        seen["adds"].append(req.lora_name.split("@")[0])
+    def counted_update(this, adapters):  # a step's adapters in (from memory), the previous step's out
+        out = update(this, adapters)
+        seen["adds"] += [r.lora_name.split("@")[0] for r in out]
         seen["most"] = max(seen["most"], len(engine.list_loras()))
         return out
 
@@ -63,14 +64,14 @@ def test_a_resident_vllm_job_admits_and_evicts_adapters_on_one_engine(model_dir,
         seen["removes"] += 1
         return remove(i)
 
-    monkeypatch.setattr(engine, "add_lora", counted_add)
+    monkeypatch.setattr(EngineAdapters, "update", counted_update)
     monkeypatch.setattr(engine, "remove_lora", counted_remove)
     out = train_resident("rz", order, res, places=2, resident_id="pack-vllm")
     segs = json.loads((res / "rz" / ".packs" / "pack-vllm.ledger.json").read_text())["segments"]
     assert [s["admitted"] for s in segs] == [ids[:2], ids[1:3], ids[3:]]  # the short ones leave at 2: re-formed
     assert out["trained"] == sorted(ids)
     assert vllm_rollouts._ENGINE["llm"] is llm  # never restarted: every re-formed pack sampled on it
-    assert seen["most"] <= 2 and seen["removes"] > 0  # at most `places` adapters held; members' adapters evicted
+    assert seen["most"] <= 2 and seen["removes"] > 0  # at most `places` adapters held between steps; evicted
     assert set(ids) <= set(seen["adds"])  # every newcomer admitted
     published(res, order)
     solo = solo_runs(ref, order)  # each cell alone, on the same engine (max_loras 2 holds a pack of one)
