@@ -28,7 +28,7 @@ GPU): 16 solo jobs, one per fixed pack, one resident job; the job start-up (impo
 counted once per job. Every cell's metrics (all but wall-clock columns) and final adapter are checked equal to its
 solo run (1e-6). Per packed way, when each member's outputs could be evaluated, side by side: under a DAG edge
 from its pack job (the job's end) and under the hand-over (lorarl.pack.handover: when the member was staged).
-Rewards: a deterministic score of the completion's text (tests/test_grpo.py's), since an untrained
+Rewards: a deterministic score of the completion's text (tests/train/test_grpo.py's), since an untrained
 tiny model is never right. One torch thread. Wall time, CPU seconds and pack-steps per way; ratios within this run.
 """
 

@@ -20,7 +20,7 @@ here, and stay eager (the routing's per-call row blocks are Python state a compi
 
 Same tokens: a static cache attends over the full cache length with the unwritten slots masked, so logits may
 differ from the dynamic cache's in the last bits; greedy and seeded tokens are equal on the tiny model (training
-and packed rollouts: tests/test_rowsample.py; HF evaluation: tests/test_decoding.py; the compiled step:
+and packed rollouts: tests/train/test_rowsample.py; HF evaluation: tests/test_decoding.py; the compiled step:
 bench/generation_speed.py, as compiling takes minutes on a CPU). Not yet run on a GPU. Fallbacks (each printed once per process, then the
 dynamic or eager path is used): a model whose cache is not a ``Cache`` (transformers' own list: Mamba-like
 models), a compile the model does not declare compilable (``_can_compile_fullgraph``), a compile asked for a

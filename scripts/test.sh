@@ -3,9 +3,9 @@
 # With no arguments the suite runs as two pytest processes side by side: BESIDE (the Slurm tests, which
 # mostly wait on the scheduler and on requeues, then the two longest end-to-end modules, the dependency
 # checks, whose pip resolution waits on the package index, the GPU check's CPU smoke run and the resident job through
-# Snakemake, which balance the two: with tests/test_pipeline.py out of the main process, the multi-rank pack jobs
+# Snakemake, which balance the two: with tests/project/test_pipeline.py out of the main process, the multi-rank pack jobs
 # went back to it, as BESIDE ended 78 s after it) and the rest;
-# BESIDE's report is printed after the main one. ALONE (tests/test_pipeline.py, whose test holds `lorarl doctor`'s
+# BESIDE's report is printed after the main one. ALONE (tests/project/test_pipeline.py, whose test holds `lorarl doctor`'s
 # projected wall time to the measured one within 25%) runs last, once the other processes have ended: beside them
 # the machine's load moved between the doctor's run and the study's run and failed that bound. Arguments (`bash scripts/test.sh -x`, `-m "not slurm"`)
 # go to one `pytest tests` run with every module.
@@ -71,7 +71,7 @@ else
 fi
 bash scripts/chromium.sh   # headless browser for the report page test (idempotent)
 . .venv/bin/activate
-bash scripts/postgres.sh          # PostgreSQL for tests/test_tracking_server.py (`lorarl tracking serve`)
+bash scripts/postgres.sh          # PostgreSQL for tests/tracking/test_tracking_server.py (`lorarl tracking serve`)
 bash tests/slurm/cluster.sh up
 phase "chromium, PostgreSQL, Slurm up"
 beside_log=$(mktemp)
@@ -90,9 +90,9 @@ if [ $# -gt 0 ]; then
   python -m pytest tests --durations=25 "$@"
   exit
 fi
-BESIDE=(tests/slurm tests/test_faults.py tests/test_evaluation_pipeline.py tests/test_dependencies.py tests/test_gpucheck.py
-        tests/test_resident_snakemake.py tests/test_wheelhouse.py)
-ALONE=(tests/test_pipeline.py)  # timing bounds: run last, on a machine nothing else of CI is using
+BESIDE=(tests/slurm tests/pipeline/test_faults.py tests/evaluate/test_evaluation_pipeline.py tests/project/test_dependencies.py tests/gpucheck/test_gpucheck.py
+        tests/pack/test_resident_snakemake.py tests/test_wheelhouse.py)
+ALONE=(tests/project/test_pipeline.py)  # timing bounds: run last, on a machine nothing else of CI is using
 ( rc=0; python -m pytest -p no:cacheprovider "${BESIDE[@]}" --durations=10 || rc=$?
   times >"$cpu_dir/beside"; exit $rc ) >"$beside_log" 2>&1 &
 beside_pid=$!

@@ -1,7 +1,7 @@
 """The HF generation engine (runtime.generation, lorarl.decoding): the setting is validated and never in a
 signature; ``auto`` and the fallbacks resolve as documented; a static KV cache gives the same tokens as the
 dynamic cache in HF evaluation, greedy and seeded sampling (training and packed rollouts, through lorarl's row
-sampler: tests/test_rowsample.py). The compiled decode step is checked for the same tokens by
+sampler: tests/train/test_rowsample.py). The compiled decode step is checked for the same tokens by
 bench/generation_speed.py: compiling on this CPU takes minutes, too long for CI."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Step time without one-off costs (docs/report.md#step-time): a job's start-up (the grading workers it starts beside
 its model load, an inference engine's construction) is recorded by lorarl.jobclock, never in a step's time. The
-solo trainer's jobs, paused and resumed, are checked in tests/test_cell_pause.py (each job's first step at most twice
+solo trainer's jobs, paused and resumed, are checked in tests/train/test_cell_pause.py (each job's first step at most twice
 the cell's median step; `time/startup_s` on each job's first row); a pack's engine here."""
 
 from __future__ import annotations

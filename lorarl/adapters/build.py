@@ -7,7 +7,7 @@
     ...train...
     policy.save(work / "adapter", trainer.model)
 
-Invariant (tests/test_adapters.py): at step 0 the adapted model computes exactly the base model's
+Invariant (tests/adapters/test_adapters.py): at step 0 the adapted model computes exactly the base model's
 function for every method × init. Residual inits write W0 − s·B0A0 into the frozen base weight, so the
 *reference policy must be a frozen copy of the original base* (`keep_reference=True` gives one),
 never "the peft model with the adapter disabled". `save` converts a residual-init adapter into a

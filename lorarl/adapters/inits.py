@@ -19,7 +19,7 @@ is W0 exactly for every init.
 PiSSA / MiLoRA scaling (papers 002 Table 1, 003 eqs. 3–4): W = (W0 − B0A0) + BA with B0A0 the
 top-r (bottom-r) part U_rΣ_rV_rᵀ of W0 itself. With LoRA's scale that is s·B0A0 = U_rΣ_rV_rᵀ:
 the adapter starts as exactly that part of W0, whatever α is — peft's convention
-(`init_lora_weights="pissa"` divides Σ_r by s; tests/test_adapters.py checks the two agree up to
+(`init_lora_weights="pissa"` divides Σ_r by s; tests/adapters/test_adapters.py checks the two agree up to
 sign). At s = 1 the factors are eq. 3's U_rΣ_r^½, Σ_r^½V_rᵀ. (Before this, B0 = U_rΣ_r^½ for any
 s: the adapter started at s·U_rΣ_rV_rᵀ and its updates were √s larger; not kept.)
 OLoRA / OLoRA-tail / RLPO / RLMO keep orthonormal factors (eq. 7 and §6 define the factors, and

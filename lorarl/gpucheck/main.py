@@ -117,7 +117,7 @@ def run(mode: str, out: Path, threads: int, vllm_only: bool = False, minutes: fl
             gated(rows, clock, ["packed K=4 vs 4 solo"], est, lambda: [ck.packed_check(pstudy, work, threads)])
             est = 2 * bd.pack_estimate(0.0, speed, n_rows, st["pack_completion"], st["pack_steps"], ck.PACK_K)
             if mode == "cpu-smoke":  # CI's time: its code runs in-process on the tests' tiny model instead
-                rows.append(ck.not_run(ck.INVARIANT, "cpu-smoke: a GPU's check (tests/test_gpucheck.py runs its job "
+                rows.append(ck.not_run(ck.INVARIANT, "cpu-smoke: a GPU's check (tests/gpucheck/test_gpucheck.py runs its job "
                                                      "on the tests' tiny model; the CPU's equality: test_solo_pack.py)"))
             else:
                 gated(rows, clock, [ck.INVARIANT], est + start_s, lambda: [ck.invariant_check(pstudy, work)])

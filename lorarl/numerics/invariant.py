@@ -13,7 +13,7 @@ token flips the runs part. The mode answers that in three places:
 * on a CUDA device the trainer's kernels: vLLM's batch-invariant aten overrides where vLLM is installed (the same
   ``enable_batch_invariant_mode`` its engine applies; GPU only) and torch's deterministic algorithms:
   :func:`trainer_kernels`. Nothing on a CPU, whose kernels do not depend on the batch's shape here
-  (tests/test_solo_pack.py).
+  (tests/pack/test_solo_pack.py).
 
 Not yet run on a GPU (bench/results: none); ``python -m lorarl.gpucheck`` measures it where one is lent.
 """

@@ -11,11 +11,11 @@ cache), then each row takes its next token by inverse-CDF sampling at its own un
 (:mod:`lorarl.train.rowsample`), so a cell's samples depend neither on who else is in the pack nor on
 ``generation_batch_size`` (rows generated at once: the KV cache is bounded by the chunk).
 
-Bit-for-bit contract (tests/test_pack_steps.py): the prompt width is a fixed number of columns
+Bit-for-bit contract (tests/pack/test_pack_steps.py): the prompt width is a fixed number of columns
 (``settings.prompt_width``: the longest training prompt of the task, the same for every member and for a
 pack of one, and for every chunk), so every decode step sees the same key length in a pack of K, in a pack
 of one and in any chunk; rows never interact (causal attention, per-row matmuls), so a pack of K samples
-exactly what K packs of one sample, in chunks of any size (tests/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
+exactly what K packs of one sample, in chunks of any size (tests/train/test_rowsample.py). Sampling: logits / temperature, then nucleus (top-p) filtering as HF's ``TopPLogitsWarper``
 (no top-k: TRL's default ``top_k=0``).
 
 ``runtime.batch_invariant`` (``settings.batch_invariant``, :mod:`lorarl.numerics.invariant`): each cell's rows are
@@ -24,7 +24,7 @@ depend on the batch's shape).
 
 KV cache (``runtime.generation``, :mod:`lorarl.decoding`): transformers' dynamic cache, or a static cache of
 ``prompt_width + max_new_tokens`` positions (fixed shapes); the decode loop stays eager (the routing's row blocks
-are Python state), and the uniforms are consumed as with the dynamic cache (tests/test_rowsample.py).
+are Python state), and the uniforms are consumed as with the dynamic cache (tests/train/test_rowsample.py).
 """
 
 from __future__ import annotations

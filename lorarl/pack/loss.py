@@ -3,7 +3,7 @@
 For one cell's rows this is, term for term, what :class:`lorarl.train.trainer.LorarlGRPOTrainer` computes in
 ``_compute_loss`` for the loss types it supports (TRL's policy loss with TRL's ``beta`` at 0, plus
 ``beta * kl.aggregate(estimator)``), so a packed cell's loss and gradients equal the solo trainer's
-(tests/test_pack.py). Each cell is normalised over its OWN rows and tokens: cells never share a
+(tests/pack/test_pack.py). Each cell is normalised over its OWN rows and tokens: cells never share a
 denominator.
 """
 

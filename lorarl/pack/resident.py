@@ -15,7 +15,7 @@ bookkeeping); this module decides who sits in the places:
 2. train them as one pack until a step in which a member leaves while a cell still waits: at that step every
    member still running pauses with its full state (``CellRun.end_step(..., pause=True)``; lorarl.train.cellstate),
    and the pack is re-formed from them and the next waiting cell. A paused member comes back equal to its
-   uninterrupted run (tests/test_cell_leaves.py); nothing is shared between members but the frozen base;
+   uninterrupted run (tests/train/test_cell_leaves.py); nothing is shared between members but the frozen base;
 3. a member ending paused at the job's rung (``stop_at``: an adaptive study's rung, the job's ``--until``, or stopped
    there by the search) leaves for good: its place goes to the next waiting cell.
 

@@ -22,7 +22,7 @@ dropout, no LoRA bias; one active adapter) that share a rank and a row count tak
 matmuls (``torch.bmm`` over the cells' stacked ``lora_A`` / ``lora_B`` weights, then each cell's scaling); a cell
 of another rank or row count takes the same batched matmul alone. Every cell's rows go through the same
 arithmetic in a pack of K and in a pack of one, so the packs' bit-for-bit contract holds grouped too
-(tests/test_pack_grouped.py); against one cell at a time (PEFT's own ``F.linear``) the rounding differs (1e-7).
+(tests/pack/test_pack_grouped.py); against one cell at a time (PEFT's own ``F.linear``) the rounding differs (1e-7).
 ``$LORARL_PACK_GROUPED`` = 1 or 0 overrides the default.
 """
 

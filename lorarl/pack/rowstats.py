@@ -1,6 +1,6 @@
 """The rollout metrics TRL's GRPOTrainer logs for a solo cell, computed for one packed cell's step.
 
-A packed or resident member logs every metric the solo job logs under the same name (tests/test_cell_pause.py
+A packed or resident member logs every metric the solo job logs under the same name (tests/train/test_cell_pause.py
 compares the column sets): TRL 1.16's ``completions/*`` lengths (``_generate_and_score_completions``: all
 completions, then those that ended on an end-of-sequence or pad token, zeros when none did),
 ``frac_reward_zero_std`` (the share of completions whose group's rewards have zero std), ``rewards/<regime>/*``

@@ -19,7 +19,7 @@ One step, for every member still running and below its ``steps``:
 
 Every tensor of a step has fixed widths (prompt columns = the task's longest prompt, completion
 columns = ``max_completion_length``), so a member's arithmetic does not depend on its pack-mates:
-a pack of K equals K packs of one, bit for bit on the CPU (tests/test_pack_steps.py). With
+a pack of K equals K packs of one, bit for bit on the CPU (tests/pack/test_pack_steps.py). With
 ``runtime.batch_invariant`` (:mod:`lorarl.numerics.invariant`) every rollout, forward and backward holds one member's
 rows, in its pack-of-one shapes, for a GPU whose kernels depend on the batch's shape.
 

@@ -16,7 +16,7 @@ Regimes register themselves: one module per regime (``@register_regime``), found
 :class:`Deposits` is all the loss ever sees (through :mod:`lorarl.train.advantages`); the loss never
 branches on the regime. The trainer builds a :class:`Rollouts` per generation batch.
 
-A regime's facts live with it, never as a test of its name elsewhere (tests/test_structure.py holds this):
+A regime's facts live with it, never as a test of its name elsewhere (tests/project/test_structure.py holds this):
 what the trainer asks of a built regime are attributes of :class:`Regime` (``needs_gold``,
 ``reports_accuracy``, ``needs_student_logps``); what the planners ask of a cell's ``reward:`` config (the
 models it loads, its reward range) are fields of its :class:`RegimeSpec`, and so is its ``reward:`` section (the

@@ -12,6 +12,6 @@ Every module here is pure (pydantic and the registries below it; nothing trains,
   (:mod:`lorarl.spec.kinds`), the evaluation plan (:mod:`lorarl.spec.evalplan`) and the adaptive blocks'
   grammar with the cells and settings it names (:mod:`lorarl.spec.adaptive`).
 
-The modules keep their own import layers (tests/test_structure.py: each is a room of its own); nothing is
+The modules keep their own import layers (tests/project/test_structure.py: each is a room of its own); nothing is
 re-exported here.
 """

@@ -9,7 +9,7 @@ starting with `_` cannot be axis names, so they need no entry here. A training m
 report does not read by name (e.g. lorarl's `kl` term beside paper 000's `kl` axis) is moved aside to
 `train/<name>` in the report's curves instead (lorarl.report.rows.with_axes).
 
-`tests/test_report_shapes.py` runs the report on synthetic studies and fails on any column of any table,
+`tests/report/test_report_shapes.py` runs the report on synthetic studies and fails on any column of any table,
 CSV or frame that is neither an axis, nor a `/` or `_` name, nor listed here.
 """
 

@@ -16,7 +16,7 @@ With the chat template, the input is a conversation (a list of messages): TRL to
 ``apply_chat_template(add_generation_prompt=True)`` and so does :func:`prompt_ids`. Without it the
 input is the plain text, tokenised as TRL tokenises a string prompt (``tokenizer(text)``, special
 tokens added as the tokenizer's defaults say). :func:`prompt_ids` is what the evaluate backends feed
-to ``generate``, so both stages see byte-identical ids (tests/test_prompt.py checks it against TRL).
+to ``generate``, so both stages see byte-identical ids (tests/tasks/test_prompt.py checks it against TRL).
 """
 
 from __future__ import annotations

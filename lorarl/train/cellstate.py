@@ -25,7 +25,7 @@ Engines (what the weights, optimiser, schedule, RNG streams and data cursor look
   (generator, permutation, cursor) and the sampling generator (HF rollouts draw their uniforms from it, vLLM
   rollouts their request seeds), the step. Nothing in it names a pack, a position or a pack-mate, so a cell
   saved in one pack resumes in any other pack, at any position, beside members of any rank, or alone (a pack
-  of one, in its own ``train`` job), and continues as its uninterrupted run (tests/test_cell_leaves.py).
+  of one, in its own ``train`` job), and continues as its uninterrupted run (tests/train/test_cell_leaves.py).
 
 The two engines train one cell to the same result (docs/packed.md, "one cell, one result"), but their saved states
 differ in form (TRL's checkpoint folder, the pack's state file), so a state resumes only in a host of its own engine

@@ -31,7 +31,7 @@ Metrics TRL and lorarl log inside the loss (entropy, ``kl``, ``ppo_kl``, ``kl_re
 chunk's masked mean; after the chunks they are merged into the whole update's value (:func:`merge_chunks`:
 weighted by each chunk's tokens, over all ranks; a clip ratio's min / max over sequences as the min / max), so
 the logged row is the unbatched one's to float rounding (a plain mean of the chunks' means would move
-``entropy`` by 7e-5 on the tiny test model, tests/test_solo_pack.py). The KL monitors see the whole batch: the
+``entropy`` by 7e-5 on the tiny test model, tests/pack/test_solo_pack.py). The KL monitors see the whole batch: the
 chunks' log-probs are put back together.
 
 Every log-prob forward (policy, old policy, reference) takes at most m rows at a time, so the logits

@@ -13,7 +13,7 @@ pause) ends as it would have. Then :meth:`Caught.hand_over` runs submitit's own 
 queue); the requeued job resumes those cells. SIGTERM
 (scancel, ``scontrol requeue``, a preemption with a grace time; submitit ignores it) does the same and exits with
 128 + 15: whoever sent it requeues or cancels the job. Who joined the group first, and whether that cell is still
-training when the signal comes, does not matter (tests/test_pack_preemption.py).
+training when the signal comes, does not matter (tests/pack/test_pack_preemption.py).
 
 Caught only when some cell of the group keeps checkpoints (``train.checkpoint_every``) and submitit's handler is the
 one in place; otherwise the signal goes to submitit (or the default action) straight away, as for a job that keeps

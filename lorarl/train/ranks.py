@@ -6,7 +6,7 @@ the HF Trainer wraps the policy in DDP (adapter cells) or FSDP2 (``fsdp`` layout
 its share of the generation batch: rank ``r`` gets rows ``[r*B/N, (r+1)*B/N)`` of the study's ``P x G`` rows.
 
 What this module makes of it (the ranks train exactly what one process trains, to float rounding:
-tests/test_distributed.py):
+tests/train/test_distributed.py):
 
 * A prompt group never spans two ranks (``N`` divides ``train.prompts_per_step``), so lorarl's ``[B, T]``
   advantages from reward deposits are computed on each rank from whole groups.

@@ -11,7 +11,7 @@ decode step (``U_NT``, drawn ONCE for the whole call, so the stream is consumed 
 chunking), and row ``i`` takes its step-``t`` token by inverse-CDF sampling at ``U_NT[i, t]`` from its own
 sampling distribution. Rows never interact (causal attention, per-row matmuls), every chunk is
 left-padded to the call's widest prompt (each decode step sees the same key length in every chunking),
-so a chunk of 1, 3 or the whole batch samples the same tokens (bit for bit on the CPU: tests/test_rowsample.py;
+so a chunk of 1, 3 or the whole batch samples the same tokens (bit for bit on the CPU: tests/train/test_rowsample.py;
 on a GPU a different batch shape may pick another matmul kernel, whose last-bit differences move a sample
 only when a uniform falls on a CDF boundary).
 
@@ -21,10 +21,10 @@ only when a uniform falls on a CDF boundary).
   returns a one-hot score for the drawn token, which ``generate`` (``do_sample=False``) takes. ``U_NT``
   comes from the cell's own sampling generator (:func:`lorarl.train.streams.sampling_generator`), whose state
   the trainer saves and restores with its checkpoints' RNG states (a resumed run samples what the
-  uninterrupted run samples: tests/test_resume.py).
+  uninterrupted run samples: tests/train/test_resume.py).
 * KV cache and compiled decode step (``runtime.generation``, :mod:`lorarl.decoding`): set on the chunk's
   generation config (``cache_implementation="static"``, ``compile_config``); ``generate``'s logits processors,
-  :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/test_rowsample.py).
+  :class:`RowSampler` included, run as before, so ``U_NT`` is consumed identically (tests/train/test_rowsample.py).
 * Several ranks (lorarl.train.ranks): every rank draws the table for the rows of every rank from its copy of
   the generator and takes its rows (row ``i`` of the generation batch gets row ``i`` of the table:
   :func:`batch_uniforms`), prompts padded to the widest over the ranks, so the samples do not depend on the

@@ -16,7 +16,7 @@ chunk is the whole gain.
 
 The loss normalisation is :func:`lorarl.train.microbatch.chunk_share`'s: a chunk's share depends on its rows
 (grpo, dr_grpo) or tokens (bnpo), never on which rows or in what order, so the sum of the chunks' gradients is
-the unchunked gradient for every loss type and KL aggregation (tests/test_token_microbatch.py).
+the unchunked gradient for every loss type and KL aggregation (tests/train/test_token_microbatch.py).
 """
 
 from __future__ import annotations

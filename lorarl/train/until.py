@@ -11,7 +11,7 @@ saved (a rung is a snapshot step), nothing is published, ``paused.json`` is writ
 MLflow run ends with the tag ``lorarl.state=paused`` (the next segment reopens it; a stop by the search retags
 it ``stopped``), the lock is released. The learning-rate schedule, the data order and every RNG stream are those
 of the whole run (``train.steps``): a cell trained to a rung and then to its end equals a cell trained in one go
-(tests/test_adaptive_until.py).
+(tests/train/test_adaptive_until.py).
 
 Then the stage writes the **rung mark** ``results/<study>/<cell>/rungs/step-<step>.json`` from the run's outcome
 (:func:`mark_fields`), last: the rung job's one output. Paused at the rung: ``state: at_rung``, ``ended: false``.

@@ -1,4 +1,4 @@
-"""Imports, in tests/, of a test module (tests/test_structure.py): what two test modules share lives in
+"""Imports, in tests/, of a test module (tests/project/test_structure.py): what two test modules share lives in
 tests/support/, so no test module imports another (a test module imported elsewhere runs its tests' imports
 and fixtures twice and ties the two modules' bodies together)."""
 

@@ -1,4 +1,4 @@
-"""A registry's names compared outside the package that owns the registry (tests/test_structure.py): the
+"""A registry's names compared outside the package that owns the registry (tests/project/test_structure.py): the
 facts of a registered thing live in its entry, never in an `if name == ...` elsewhere."""
 
 from __future__ import annotations

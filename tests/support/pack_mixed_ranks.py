@@ -1,6 +1,6 @@
 """Mixed ranks in one pack: the shared harness of the "packed = solo" checks for members of ranks 1, 8 and 32
 (different alphas) in ONE pack, for HF rollouts (the packed step loop) and vLLM multi-LoRA rollouts (one engine,
-one ``generate`` call). Used by tests/test_pack_ranks.py (CPU: HF, and vLLM through tests/support/fake_vllm.py); a
+one ``generate`` call). Used by tests/pack/test_pack_ranks.py (CPU: HF, and vLLM through tests/support/fake_vllm.py); a
 real-vLLM test passes its ``vllm`` module as ``api`` and its engine as ``llm``.
 
 HF (lorarl.pack.build / steps):

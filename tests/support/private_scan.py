@@ -1,4 +1,4 @@
-"""Private attributes of another object (tests/test_structure.py): a module touches ``x._name`` only when ``x`` is
+"""Private attributes of another object (tests/project/test_structure.py): a module touches ``x._name`` only when ``x`` is
 ``self``, ``cls`` or ``super()``, or ``_name`` is one its own classes use on ``self`` (Python's privacy is the
 module's). Anything else gets a public name, or an entry below with its reason."""
 

@@ -1,6 +1,6 @@
 """What a reader sees of the report's figures and page: each drawn figure kept (`capture`), the texts and legends
 a figure's canvas cuts (`outside`), the figure captions (`captions`) and Python reprs in the page (`no_reprs`).
-Used by tests/test_report.py and tests/test_report_canvas.py."""
+Used by tests/report/test_report.py and tests/report/test_report_canvas.py."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def snakemake_cmd(workdir: Path, slurm: dict = SLURM, targets: tuple[str, ...] =
     studies = json.dumps([str(workdir / "study.yaml")])
     return [sys.executable, "-m", "snakemake", *targets, "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"),
             "--directory", str(workdir), "--config", f"studies={studies}", "results=results",
-            "slurm=" + json.dumps(slurm), "tracking=sqlite"]  # the profile's server: tests/test_tracking_server.py
+            "slurm=" + json.dumps(slurm), "tracking=sqlite"]  # the profile's server: tests/tracking/test_tracking_server.py
 
 
 def wait_progress(paths: list[Path], min_step: int, not_pid: int | None, proc: subprocess.Popen,

@@ -1,7 +1,7 @@
 """Synthetic finished results shaped like any study (no training, no model): for every cell of a loaded
 study, summary.json, a short metrics.csv and every evaluation it has (final and at eval_every snapshots)
 under its own protocol (samples per problem, metric names), and the base rows' evaluations. Used to feed
-each published study's shape through the tables and the report (tests/test_report_shapes.py)."""
+each published study's shape through the tables and the report (tests/report/test_report_shapes.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ memory for a KV cache, and on a GPU a second engine in a process fails vLLM's st
 local models it serves.
 
 The models: a Qwen2 of head_dim 32 (vLLM's CPU attention refuses head_dim 16) on the character tokenizer of
-tests/test_eval_backends.py, two LoRA snapshots (ranks 8 and 12, B moved off zero) and a DoRA adapter (merged
+tests/evaluate/test_eval_backends.py, two LoRA snapshots (ranks 8 and 12, B moved off zero) and a DoRA adapter (merged
 before serving). The engine: float32, eager, the in-process executor (TRL's colocate mode; starts in seconds and
 lets weights be pushed), LoRA enabled (rank up to 16, two adapters resident), 15% of host memory for its KV cache.
 """

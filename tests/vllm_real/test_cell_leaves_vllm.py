@@ -1,4 +1,4 @@
-"""A cell leaves a vLLM pack and comes back equal, on vLLM's real CPU engine (tests/test_cell_leaves.py's check with
+"""A cell leaves a vLLM pack and comes back equal, on vLLM's real CPU engine (tests/train/test_cell_leaves.py's check with
 ``rollout.engine: vllm``: one in-process multi-LoRA engine serves every pack of the process).
 
 The rank-8 member (alpha 4) trains beside a rank-1 member, leaves at step 2 with its state (weights by name, AdamW,
@@ -23,7 +23,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
+    """tests/train/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
     from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)

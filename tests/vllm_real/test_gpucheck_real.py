@@ -2,7 +2,7 @@
 imports (no "not run: vllm not importable" rows), the --cpu-smoke twins have shapes vLLM's CPU kernels take, and
 every vLLM check passes on the real engine: the vLLM twin's doctor (TRL's colocated rollouts with the freshness
 gate, evaluation with `eval.backend: vllm`), the merged-weight push job and the multi-LoRA pack job. The whole
-command runs with --vllm-only (its HF rows run in the main venv: tests/test_gpucheck.py)."""
+command runs with --vllm-only (its HF rows run in the main venv: tests/gpucheck/test_gpucheck.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm_real
 
 def test_cpu_smoke_runs_every_vllm_check_for_real(tmp_path):
     """`--cpu-smoke --vllm-only`: the vLLM rows of `--cpu-smoke` alone (the HF rows are the same code that
-    tests/test_gpucheck.py runs in the main venv; running them twice cost CI ten minutes)."""
+    tests/gpucheck/test_gpucheck.py runs in the main venv; running them twice cost CI ten minutes)."""
     assert vllm_importable() is None  # gpucheck.main then adds the vLLM twin's doctor and the vLLM jobs' rows
     for twin in twins("cpu-smoke"):
         a = ARCHS[twin.arch]

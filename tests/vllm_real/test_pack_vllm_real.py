@@ -27,7 +27,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
+    """tests/train/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
     from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)

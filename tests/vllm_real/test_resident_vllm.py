@@ -1,7 +1,7 @@
 """A resident pack on vLLM's real CPU engine: one multi-LoRA engine with ``max_loras = places`` serves every re-formed
 pack of the job; the adapters of members that leave are evicted and the newcomers' admitted (``remove_lora`` /
 ``add_lora``, or from memory) without restarting the engine, never more than ``places`` at once between steps; every cell (mixed ranks, unequal
-lengths) ends equal to its solo vLLM run on the same engine (tests/test_resident.py's check: metrics and adapter
+lengths) ends equal to its solo vLLM run on the same engine (tests/pack/test_resident.py's check: metrics and adapter
 to 1e-6, which holds the rollout tokens' rewards and log-probs; vLLM's near-ties would show as a difference here,
 none happens on this engine)."""
 
@@ -22,7 +22,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    """tests/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
+    """tests/train/test_grpo.py's tiny model and tokenizer, at head_dim 32 (vLLM's CPU attention refuses 16)."""
     from tests.support.tiny_model import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny32"), hidden=64, intermediate=128)

@@ -61,7 +61,7 @@ def results(tmp_path_factory) -> Path:
 
 
 def text_score(completions, answers=None):
-    """A deterministic, non-degenerate grade of a completion's text in [0, 1] (tests/test_grpo.py's)."""
+    """A deterministic, non-degenerate grade of a completion's text in [0, 1] (tests/train/test_grpo.py's)."""
     return [float(sum(map(ord, c)) % 5) / 4 for c in completions]
 
 

@@ -106,7 +106,7 @@ def slurm_json(stage):
 
 # Runtime settings reach the command from config, not as params: params are a rerun trigger, this text is
 # not, so switching the MLflow store (`tracking:`) or a stage's Slurm resources (`slurm:`: partition, time,
-# the training layout) never reruns a finished cell (tests/test_pipeline.py).
+# the training layout) never reruns a finished cell (tests/project/test_pipeline.py).
 SLURM_JSON = {key: slurm_json(key) for key in resources_keys()}
 
 

@@ -1,14 +1,14 @@
 """What a user runs after Snakemake died mid-study (its lock and "incomplete" marks left behind): one place.
 
 `COMMANDS[profile]` = (unlock, run): the commands word for word as docs/slurm.md and docs/reliability.md
-give them, run from the repo root (tests/test_docs.py checks that both pages show each one), `{study}` being
+give them, run from the repo root (tests/project/test_docs.py checks that both pages show each one), `{study}` being
 the study file that was running (the pages write `experiments/<study>.yaml`): `--config studies=...` names it,
 so the recovery reruns that study, not config/config.yaml's default one. `run` is also how a study is started.
 They work on every profile because `rerun-incomplete` is set in profiles/default, the workflow profile
 Snakemake applies on top of any `--profile`: without it `snakemake all` stops at once with Snakemake's
 IncompleteFilesException after a kill.
 
-The fault driver (lorarl.pipeline.drills.faults) and tests/test_faults.py start and recover studies with exactly
+The fault driver (lorarl.pipeline.drills.faults) and tests/pipeline/test_faults.py start and recover studies with exactly
 these commands, in a folder laid out as a repo root (`workspace`): the Snakefile, workflow/ and profiles/
 linked from this repository, and its own config/config.yaml naming the study.
 """

@@ -3,7 +3,7 @@ runs in-process. Each stage is one small function registered here (`@register_st
 its stage package only when the job runs, so the launcher stays light. Its entry carries every fact
 the launcher, the in-flight check, the out-of-memory retries and the workflow ask about it (its
 declared outputs, log key, OOM ladder, Slurm resources key, ...): no `stage == "..."` test elsewhere
-(tests/test_structure.py). Adding a stage is one function here plus its Snakemake rule. A stage of a package
+(tests/project/test_structure.py). Adding a stage is one function here plus its Snakemake rule. A stage of a package
 above the launcher registers itself in its own module (the doctor's: lorarl.pipeline.doctor.stage); the job
 imports the module that registered its stage (:func:`stage_module`), so the launcher never imports it.
 

@@ -17,7 +17,7 @@ A study gets the layout its size needs without editing ``slurm.train`` for each 
           on_oom:    {gpus_per_node: 4}   # the larger layout of the last out-of-memory retry (lorarl.pipeline.jobs.oom)
 
 The layout never enters a cell's training signature (it is not in the cell config), so the same cell trained
-on 1 GPU or on 32 is the same cell, and its outputs are the same to float rounding (tests/test_distributed.py).
+on 1 GPU or on 32 is the same cell, and its outputs are the same to float rounding (tests/train/test_distributed.py).
 
 In a job of several tasks, :func:`export_ranks` sets torch.distributed's rendezvous (MASTER_ADDR/PORT, RANK,
 WORLD_SIZE, LOCAL_RANK) from submitit's job environment (``submitit.helpers.TorchDistributedEnvironment``);

@@ -2,7 +2,7 @@
 `hypotheses:` (named comparisons with margins, tested sequentially over seeds).
 
 Both are study-level decisions, never cell science: they are fields of the study, not of a cell's
-config, so no cell's id, signature or evaluation signature depends on them (tests/test_adaptive_spec.py).
+config, so no cell's id, signature or evaluation signature depends on them (tests/spec/test_adaptive_spec.py).
 The field types and bounds are checked by pydantic when the study is parsed (lorarl.spec.study); numeric fields are
 strict (a quoted number such as ``eta: '3'`` is refused, not read as 3: a string there is a typo or a template
 left unfilled, and a sweep over it would run something nobody wrote). What

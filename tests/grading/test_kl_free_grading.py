@@ -1,0 +1,104 @@
+"""Paper 000's benchmarks graded in the format its study trains (experiments/kl_free.yaml): the GSM8K GRPO
+recipe's ``<reasoning>...</reasoning><answer>...</answer>``. GPQA reads the letter inside ``<answer>``, MATH-500
+is math-verify on the ``<answer>`` text (xml_math), GSM8K the recipe's exact text (xml_answer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lorarl.spec.config import CellConfig
+from lorarl.spec.evalplan.plan import cell_grading
+from lorarl.evaluate.records import Sample, summarize_samples
+from lorarl.grading.benchmarks import get_benchmark
+from lorarl.grading.protocols import Protocol
+from lorarl.spec.study import load_study, study_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(answer: str) -> str:
+    """A completion in the recipe's format (what its strict_format term pays)."""
+    return f"<reasoning>\nSome working.\n</reasoning>\n<answer>\n{answer}\n</answer>\n"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    cells = study_cells(load_study(ROOT / "experiments" / "kl_free.yaml"))
+    assert {c.config.reward.answer_format for c in cells} == {"xml_answer"}
+    return cells[0].config
+
+
+def test_the_study_grades_each_benchmark_in_the_trained_format(cfg):
+    assert cell_grading(cfg, "gsm8k").answer_format == "xml_answer"   # the training reward's exact rule
+    assert cell_grading(cfg, "gpqa").answer_format == "xml_answer"    # the letter grader reads the span
+    assert cell_grading(cfg, "math500").answer_format == "xml_math"   # math-verify on the span
+
+
+def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
+    bench = get_benchmark("gpqa")
+    (p,) = bench.load(rows=[bench.example])
+    assert p.gold == "D"
+    cases = [  # (completion, correct, extracted letter)
+        (recipe("D"), True, "D"),
+        (recipe("(D) electron"), True, "D"),
+        (recipe("\\boxed{D}"), True, "D"),
+        (recipe("The answer is D."), True, "D"),
+        (recipe("C"), False, "C"),
+        (recipe("B") + "\nThe answer is D", False, "B"),         # the tag is the answer, not later prose
+        (recipe("electron") + " so the answer is D", True, "D"),  # no letter in the tag: the whole text's rules
+        ("<reasoning>\nthe answer is (D)\n</reasoning>", True, "D"),  # no tag: boxed / "answer is X" as before
+        (recipe("electron"), False, None),
+    ]
+    scores = bench.grade([p] * len(cases), [c for c, _, _ in cases], settings=cell_grading(cfg, "gpqa"))
+    assert [(s.correct, s.extracted) for s in scores] == [(ok, letter) for _, ok, letter in cases]
+    before = bench.grade([p], [recipe("D")])[0]   # the registry's letter grader alone: format, not reasoning
+    assert (before.correct, before.extracted) == (False, None)
+
+
+def test_math500_is_math_verify_on_the_answer_tag(cfg):
+    golds_answers = [  # equivalent answers as a policy writes them in the tag
+        ("\\frac{14}{3}", "14/3"), ("\\frac{14}{3}", "\\dfrac{14}{3}"), ("\\frac{14}{3}", "$\\frac{14}{3}$"),
+        ("\\frac{14}{3}", "\\frac{14}{3}"), ("\\frac{14}{3}", "\\boxed{\\frac{14}{3}}"), ("10", "10"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"), ("2\\sqrt{5}", "2 \\sqrt{5}"), ("5", "x = 5"),
+    ]
+    bench = get_benchmark("math500")
+    rows = [{**bench.example, "answer": g, "unique_id": f"test/{i}.json"} for i, (g, _) in enumerate(golds_answers)]
+    probs = bench.load(rows=rows)
+    graded = bench.grade(probs, [recipe(a) for _, a in golds_answers], settings=cell_grading(cfg, "math500"))
+    assert all(s.correct for s in graded), [(a, s) for (_, a), s in zip(golds_answers, graded)]
+    exact = bench.grade(probs, [recipe(a) for _, a in golds_answers], settings=cell_grading(cfg, "gsm8k"))
+    assert sum(s.correct for s in exact) == 2   # the recipe's exact text accepts only the gold as written
+    wrong = bench.grade(probs[:2], [recipe("\\frac{13}{3}"), "no tag, \\boxed{\\frac{14}{3}}"],
+                        settings=cell_grading(cfg, "math500"))
+    assert [(s.correct, s.extracted) for s in wrong] == [(False, "\\frac{13}{3}"), (False, None)]
+
+
+def test_the_config_names_every_registered_format():
+    from typing import get_args
+
+    from lorarl.grading.overrides import AnswerFormat
+    from lorarl.grading.answer_formats import ANSWER_FORMATS, MATH_VERIFIED, SPANS
+
+    assert get_args(AnswerFormat) == ANSWER_FORMATS and set(MATH_VERIFIED) | set(SPANS) <= set(ANSWER_FORMATS)
+    CellConfig(reward={"answer_format": "xml_math", "grading": {"float_rounding": 3}})   # math-verify settings apply
+
+
+def test_other_formats_leave_the_letter_grader_alone():
+    """Only a span format reaches the letter grader: other studies' GPQA grading (and so the evaluation's
+    signature, which counts grading settings that are not the registry's) stays as it was."""
+    plain = CellConfig(eval={"benchmarks": ["gpqa"]})
+    for fmt in ("answer_line", "last_number"):
+        cfg = CellConfig(reward={"answer_format": fmt}, eval={"benchmarks": ["gpqa"]})
+        assert cell_grading(cfg, "gpqa") == cell_grading(plain, "gpqa") == get_benchmark("gpqa").grading
+    xml = CellConfig(reward={"answer_format": "xml_answer"}, eval={"benchmarks": ["gpqa"]})
+    assert cell_grading(xml, "gpqa").answer_format == "xml_answer"
+
+
+def test_a_letter_graders_span_format_is_recorded_for_rescoring(cfg):
+    s = Sample("p", 0, "q", "D", recipe("D"), "D", True, False, False, 9)
+    kw = dict(benchmark="gpqa", grader="choice")
+    recorded = summarize_samples([s], Protocol.greedy(16), grading=cell_grading(cfg, "gpqa"), **kw)["grading"]
+    assert recorded["answer_format"] == "xml_answer"
+    assert summarize_samples([s], Protocol.greedy(16), **kw)["grading"] is None

@@ -1,0 +1,87 @@
+"""The evaluation jobs' memory plan (lorarl.memory.evaluation): the KV cache of the longest budget, the knob that
+fixes it, `lorarl memory`'s evaluation table and `lorarl doctor`'s check."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from lorarl.cli import main
+from lorarl.memory.arch import arch_for
+from lorarl.memory.evaluation import device_eval_check, eval_peak, kv_bytes_per_token, longest_budget, plan_eval
+from lorarl.memory.plan import GIB
+from lorarl.spec.study import load_study, study_cells
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+PISSA = EXPERIMENTS / "off_principal_lora_pissa.yaml"
+
+
+def _cells(path: Path) -> dict:
+    return {c.axes.get("model"): c.config for c in study_cells(load_study(path))}
+
+
+def test_kv_cache_per_token_from_the_architecture():
+    qwen = arch_for("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")      # 28 layers, 2 KV heads of 128
+    llama = arch_for("meta-llama/Llama-3.2-3B-Instruct")               # 28 layers, 8 KV heads of 128
+    assert kv_bytes_per_token(qwen) == 28 * 2 * 2 * 128 * 2 == 28_672
+    assert kv_bytes_per_token(llama) == 4 * kv_bytes_per_token(qwen)
+    one, two = eval_peak(qwen, 33_792, 1024, 1), eval_peak(qwen, 33_792, 1024, 2)
+    assert two["kv_cache"] == 2 * one["kv_cache"] == 2 * 33_792 * 28_672 and two["weights"] == one["weights"]
+
+
+def test_004_evaluates_32k_tokens_and_the_plan_sizes_its_batches():
+    cfgs = _cells(PISSA)
+    qwen, llama = cfgs["dsqwen"], cfgs["llama"]
+    assert longest_budget(qwen) == ("aime24_evalchemy", 32_768) and longest_budget(llama) == ("math500_evalchemy", 32_768)
+    p = plan_eval(qwen, 80)
+    assert p.fits and p.tokens == 1024 + 32_768 and p.batch == 64 and p.max_batch >= 64
+    assert 55 < p.kv_gb < 60                                            # 64 x 33,792 x 28 KiB
+    p = plan_eval(llama, 80)                                            # the llama axis sets eval.batch_size 16
+    assert p.fits and p.batch == 16 and p.max_batch == 17
+    wide = llama.model_copy(update={"eval": llama.eval.model_copy(update={"batch_size": 64})})
+    p = plan_eval(wide, 80)
+    assert not p.fits and p.knobs[0].startswith("eval.batch_size: 17 ")
+    assert plan_eval(wide, 141).max_batch > 17                          # an H200 holds more at once
+    short = wide.model_copy(update={"eval": wide.eval.model_copy(update={"max_new_tokens": 8192})})
+    assert plan_eval(short, 80).max_batch > 4 * 17 - 20                 # a quarter of the tokens: about 4x the batch
+
+
+def test_vllm_backend_is_planned_as_its_paged_pool():
+    qwen = _cells(PISSA)["dsqwen"]
+    v = qwen.model_copy(update={"eval": qwen.eval.model_copy(update={"backend": "vllm"})})
+    p = plan_eval(v, 80)
+    weights = arch_for(qwen.model).params() * 2
+    assert p.fits and p.batch == int((0.9 * 80 * GIB - weights) // (33_792 * 28_672))
+    tiny = plan_eval(v, 4)                                              # 3.3 GiB of weights leave no 0.9 GiB sequence
+    assert not tiny.fits and tiny.batch == 0 and "a GPU with more memory" in tiny.knobs[0]
+
+
+def _memory(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["memory", *argv])
+    return rc, out.getvalue()
+
+
+def test_cli_prints_the_evaluation_jobs_and_fails_when_one_does_not_fit(tmp_path):
+    rc, out = _memory(str(PISSA), "--gpu-memory-gb", "80")
+    assert rc == 0 and "evaluation jobs:" in out and "33,792" in out and "math500_evalchemy" in out
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(PISSA.read_text().replace("eval.batch_size: 16", "eval.batch_size: 64"))
+    rc, out = _memory(str(wide), "--gpu-memory-gb", "80")
+    assert rc == 1 and "evaluation does not fit; fix: eval.batch_size: 17" in out
+    assert "NO" not in out.split("evaluation jobs")[0]                 # training fits: the exit status is the evaluation's
+
+
+def test_doctor_check_fails_on_a_gpu_and_reports_on_a_cpu(tmp_path):
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(PISSA.read_text().replace("eval.batch_size: 16", "eval.batch_size: 64"))
+    plans, line = device_eval_check(str(PISSA), "cuda", 80.0)
+    assert len(plans) == 2 and all(p["fits"] for p in plans) and "64 x 33,792 tokens" in line
+    with pytest.raises(ValueError, match="evaluation does not fit this GPU.*eval.batch_size: 17"):
+        device_eval_check(str(wide), "cuda", 80.0)
+    plans, line = device_eval_check(str(wide), "cpu", 80.0)
+    assert line.startswith("CPU (host memory, not checked)") and not all(p["fits"] for p in plans)
