@@ -38,3 +38,15 @@ def test_every_process_in_the_table_writes_its_times():
     assert names == ["main", "beside", "py312", "vllm", "alone"]
     for name in names:
         assert f'times >"$cpu_dir/{name}"' in SCRIPT, name
+
+
+def test_every_test_path_the_ci_scripts_name_exists():
+    """BESIDE, ALONE and the Python 3.12 subset name test modules by path: a moved or renamed module must not
+    fall out of CI's runs silently (a missing path fails pytest only in the process that names it)."""
+    named = {}
+    for script in ("test.sh", "py312.sh"):
+        text = (REPO / "scripts" / script).read_text()
+        named |= {m: script for m in re.findall(r"\btests/[A-Za-z0-9_/]+(?:\.[a-z]+)?", text)}
+    assert {"tests/project/test_pipeline.py", "tests/slurm"} <= set(named), sorted(named)
+    missing = sorted(f"scripts/{script}: {path}" for path, script in named.items() if not (REPO / path).exists())
+    assert missing == [], missing
