@@ -19,8 +19,10 @@ and read in one place (:meth:`HandOver.read`). Its states, each with the pack's 
 The member's side is :meth:`take`, the only wait: while a pack holds the member (planned or claimed, its holder
 alive) and its outputs (or a rung job's staged mark) are not staged. Every wait is bounded and said once in the
 member's log with its reason: ``claimed`` by its holder's life (the pack launcher, which ends with its job);
-``planned`` by ``$LORARL_PACK_PENDING_S`` (300 s: a pack launcher that never started); a holder of another host
-cannot be checked from here and holds while its state does (said so). A state whose holder is gone on this host
+``planned`` by ``$LORARL_PACK_PENDING_S`` (300 s: a pack launcher that never started); a holder of another host,
+whose process cannot be checked from here, by its heartbeat: a launcher touches its members' state files every
+``BEAT_S`` (30 s, :class:`Heartbeat`) while it runs, and a claimed state of another host not touched for ``SILENT_S``
+(180 s) is stale. A state whose holder is gone on this host
 (a killed launcher or Snakemake) is stale: said once and marked released by the member that finds it, or said and
 removed by the next ``snakemake`` (``onstart``, :func:`clear_stale`). No other module waits on a pack.
 """
@@ -31,6 +33,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,8 +43,8 @@ from lorarl import paths
 from lorarl.io import atomic_write_text, pid_alive
 from lorarl.pack import publish
 
-__all__ = ["FILE", "PENDING_ENV", "STATES", "HandOver", "State", "claim_members", "clear_stale", "release_members",
-           "stage"]
+__all__ = ["FILE", "PENDING_ENV", "STATES", "HandOver", "Heartbeat", "State", "claim_members", "clear_stale",
+           "release_members", "stage"]
 
 FILE = ".handover.json"  # <cell dir>/.handover.json: the member's hand-over state
 PENDING_ENV = "LORARL_PACK_PENDING_S"  # a member's longest wait on a planned state for its pack's launcher
@@ -49,6 +52,8 @@ PENDING_S = 300.0  # its default: a pack launcher that never started
 PLANNED, CLAIMED, STAGED, PUBLISHED, RELEASED = "planned", "claimed", "staged", "published", "released"
 STATES = (PLANNED, CLAIMED, STAGED, PUBLISHED, RELEASED)
 HELD = (PLANNED, CLAIMED)  # a pack holds the member: its train job waits (bounded)
+BEAT_S = 30.0  # a live pack launcher touches its members' state files this often (Heartbeat)
+SILENT_S = 180.0  # another host's claimed state untouched this long: its launcher is gone (6 missed beats)
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,11 @@ class State:
     reason: str = ""  # released: why
 
     def holder_gone(self) -> bool:
-        """Its holder was a process of this host that no longer runs (another host's cannot be checked)."""
+        """Its holder was a process of this host that no longer runs (another host's: see HandOver.silent)."""
         return self.host == socket.gethostname() and not pid_alive(self.pid)
+
+    def elsewhere(self) -> bool:
+        return self.host != socket.gethostname()
 
 
 class HandOver:
@@ -75,6 +83,7 @@ class HandOver:
         self.path = Path(cell_dir) / FILE
         self.label = label or f"train {Path(cell_dir).name}"  # the member's log lines start with it
         self.waited = False  # the last wait saw a pack hold the member (its end is then said)
+        self.heartbeat: Heartbeat | None = None  # the launcher's touch on this state while it holds it
 
     @classmethod
     def of(cls, results_dir: str | Path, study: str, cell: str) -> "HandOver":
@@ -94,6 +103,20 @@ class HandOver:
         st = State(state, pack, pid, host, time.time(), reason)
         atomic_write_text(self.path, json.dumps(asdict(st), sort_keys=True) + "\n")  # a reader never sees half
         return st
+
+    def silent_s(self) -> float:
+        """Seconds since the state file was last written or touched (its holder's heartbeat); 0 when there is none."""
+        try:
+            return max(0.0, time.time() - self.path.stat().st_mtime)
+        except OSError:
+            return 0.0
+
+    def beat(self) -> None:
+        """The holder's heartbeat: touch the state file (never rewritten: a state staged meanwhile is kept)."""
+        try:
+            os.utime(self.path)
+        except OSError:
+            pass
 
     def held(self) -> bool:
         """A pack holds the member now: planned or claimed, its holder alive (or of another host)."""
@@ -148,14 +171,19 @@ class HandOver:
                          "is gone)")
                 self._write(RELEASED, st.pack, holder=st, reason=f"holder process {st.pid} gone")  # said once
                 return "stale"
+            if st.state == CLAIMED and st.elsewhere() and (silent := self.silent_s()) > SILENT_S:
+                self.say(f"ignoring the stale hand-over of pack {st.pack} (claimed on host {st.host}, not touched for "
+                         f"{silent:.0f} s; a live launcher touches it every {BEAT_S:g} s)")
+                self._write(RELEASED, st.pack, holder=st, reason=f"holder on {st.host} silent for {silent:.0f} s")
+                return "stale"
             if st.state == PLANNED and time.time() > planned_until:
                 self.say(f"its pack {st.pack} did not claim it in {pending_s:g} s (its launcher never started: see "
                          f".packs/{st.pack}.log); training it here")
                 return "pending"
             why = (f"waiting for its pack {st.pack}: planned, its launcher not started yet (at most {pending_s:g} s)"
                    if st.state == PLANNED else f"its pack is training it ({st.pack}); waiting while its launcher "
-                   f"(process {st.pid}) runs" + ("" if st.host == socket.gethostname() else
-                                                 f" (on host {st.host}: not checked from here)"))
+                   f"(process {st.pid}) runs" + (f" (on host {st.host}: while it touches the state, at most "
+                                                 f"{SILENT_S:g} s apart)" if st.elsewhere() else ""))
             if why != said:
                 self.say(why)
                 said, self.waited = why, True
@@ -194,16 +222,43 @@ class HandOver:
         print(f"[lorarl] {self.label}: {text}", flush=True)
 
 
+class Heartbeat:
+    """A live launcher's touch on its members' state files every ``every_s`` (a daemon thread of the launcher: it
+    ends with the process, or at :meth:`stop`), so that a member's job on another host can tell a live holder
+    from a gone one (:data:`SILENT_S`)."""
+
+    def __init__(self, handovers: list[HandOver], every_s: float = BEAT_S):
+        self.handovers, self.every_s, self.done = handovers, every_s, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="lorarl-handover-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every_s):
+            for h in self.handovers:
+                h.beat()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def claim_members(results_dir: str | Path, study: str, cells: list[str], pack: str) -> list[HandOver]:
-    """The pack launcher's claim on its members, before it submits (:meth:`HandOver.claim`)."""
+    """The pack launcher's claim on its members, before it submits (:meth:`HandOver.claim`), and its heartbeat on
+    them until :func:`release_members`."""
     out = [HandOver.of(results_dir, study, c) for c in cells]
     for h in out:
         h.claim(pack)
+    beat = Heartbeat(out, BEAT_S)
+    for h in out:
+        h.heartbeat = beat
     return out
 
 
 def release_members(handovers: list[HandOver], pack: str, reason: str) -> None:
-    """The pack launcher's end: the members it still holds (not staged, not left out) are released."""
+    """The pack launcher's end: its heartbeat stops, and the members it still holds (not staged, not left out) are
+    released."""
+    for beat in {id(h.heartbeat): h.heartbeat for h in handovers if h.heartbeat is not None}.values():
+        beat.stop()
     for h in handovers:
         h.release(pack, reason, mine=True)
 
@@ -225,15 +280,18 @@ def _hash(p: Path | None) -> str | None:
 
 def clear_stale(results_dir: str | Path, study: str, cells: list[str]) -> list[Path]:
     """Snakemake's ``onstart``, before any job runs: remove the planned or claimed states whose holder is gone (a
-    killed launcher or Snakemake), each said in one line; the paths removed. Another host's state is kept."""
+    killed launcher or Snakemake; another host's claimed state: silent over ``SILENT_S``), each said in one line;
+    the paths removed."""
     out = []
     for c in cells:
         ho = HandOver.of(results_dir, study, c)
         st = ho.read()
-        if st is None or st.state not in HELD or not st.holder_gone():
+        silent = st is not None and st.state == CLAIMED and st.elsewhere() and ho.silent_s() > SILENT_S
+        if st is None or st.state not in HELD or not (st.holder_gone() or silent):
             continue
         ho.path.unlink(missing_ok=True)
-        print(f"[lorarl] {study}/{c}: removed a stale pack hand-over ({st.pack}, {st.state}; holder process {st.pid} "
-              "is gone)", file=sys.stderr, flush=True)
+        gone = f"its holder on {st.host} silent for over {SILENT_S:g} s" if silent else f"holder process {st.pid} is gone"
+        print(f"[lorarl] {study}/{c}: removed a stale pack hand-over ({st.pack}, {st.state}; {gone})", file=sys.stderr,
+              flush=True)
         out.append(ho.path)
     return out

@@ -165,6 +165,38 @@ def test_a_killed_holders_state_is_said_once_and_cleared(tmp_path, capsys, state
         capsys.readouterr().err
 
 
+def test_another_hosts_claim_holds_while_its_launcher_beats_and_is_stale_once_silent(tmp_path, capsys, monkeypatch):
+    """A holder on another host cannot be checked from here: its launcher's heartbeat touches the state file every
+    BEAT_S, and a member waits while it is touched; untouched for SILENT_S, the state is stale (said once, released),
+    and the next `snakemake` removes such a state. A launcher's heartbeat stops when it releases its members."""
+    monkeypatch.setattr(handover, "SILENT_S", 0.5)
+    ho = HandOver.of(tmp_path, "st", "c1")
+    ho.path.parent.mkdir(parents=True)
+    doc = {"state": "claimed", "pack": "pack-x", "pid": 1, "host": "another-host", "at": time.time(), "reason": ""}
+    ho.path.write_text(json.dumps(doc))
+    t, done = _waiter(ho, tmp_path)
+    for _ in range(8):  # its launcher beats: the member keeps waiting
+        time.sleep(0.1)
+        ho.beat()
+    assert t.is_alive() and not done
+    t.join(timeout=10)  # no more beats: stale after SILENT_S
+    assert done == [False] and ho.read().state == "released"
+    out = capsys.readouterr().out
+    assert out.count("ignoring the stale hand-over of pack pack-x (claimed on host another-host, not touched for") == 1
+    assert "(on host another-host: while it touches the state, at most 0.5 s apart)" in out
+    ho.path.write_text(json.dumps(doc))
+    os.utime(ho.path, (time.time() - 5, time.time() - 5))
+    assert handover.clear_stale(tmp_path, "st", ["c1"]) == [ho.path]
+    assert "its holder on another-host silent for over 0.5 s" in capsys.readouterr().err
+    monkeypatch.setattr(handover, "BEAT_S", 0.05)
+    [mine] = handover.claim_members(tmp_path, "st", ["c2"], "pack-y")
+    os.utime(mine.path, (time.time() - 60, time.time() - 60))
+    time.sleep(0.3)
+    assert mine.silent_s() < 1 and mine.heartbeat.thread.is_alive()  # touched by the launcher's heartbeat
+    handover.release_members([mine], "pack-y", "its pack's launcher ended")
+    assert not mine.heartbeat.thread.is_alive() and mine.read().state == "released"
+
+
 def test_a_member_its_pack_leaves_out_is_released_at_once(tmp_path):
     """The pack job leaves out a member finished since the plan (lorarl.pack.run.claim_members): its hand-over is
     released then, so its own train job does not wait for the pack's end; another pack's state is not touched."""
