@@ -95,12 +95,11 @@ def use_tracking(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
     from lorarl.pipeline.jobs.launch import run_stage
+    from lorarl.pipeline.jobs.stages import launchable
 
-    from lorarl.pipeline.jobs.stages import STAGES
-
-    bad = [s for s in args.stages.split(",") if s not in STAGES]
-    if bad:  # before anything runs or is written
-        print(f"error: --stages {','.join(bad)}: unknown; allowed: {', '.join(STAGES)}", file=sys.stderr)
+    allowed = launchable()  # the registry's: never the doctor's (`lorarl doctor` runs its own jobs), imported or not
+    if bad := [s for s in args.stages.split(",") if s not in allowed]:  # before anything runs or is written
+        sys.stderr.write(f"error: --stages {','.join(bad)}: not a stage `lorarl run` runs; allowed: {', '.join(allowed)}\n")
         return 2
     load_study_to_run(args.study)  # a model or dataset neither cached nor reachable: exit 2 before anything runs
     use_tracking(args)

@@ -64,15 +64,6 @@ PHASES: dict[str, str] = {
                  "less the record's wall time, added when the study is rolled up (lorarl.report.cost.scheduler_tails)",
 }
 
-# A stage's work with no finer timer: the phase it falls under (the registry's fact, not an `if` elsewhere).
-STAGE_WORK: dict[str, str] = {
-    "base": "update",  # the SFT warm start is the base build's work
-    "diagnose": "diagnostics",  # the diagnose job's whole work
-    "train": "other", "pack": "other", "evaluate": "other", "toy": "other", "aggregate": "other",
-    "doctor": "other",
-}
-
-
 class _Clock:
     """This process's ledger state; `begin` resets it (a job entry starts a fresh one)."""
 
@@ -213,8 +204,11 @@ def allocation(threads: int | None = None, env: dict[str, str] | None = None) ->
 
 
 def record(stage: str, *, key: str | None = None, study: str | None, cell: str, outcome: str,
-           threads: int | None = None, until: int | None = None) -> dict[str, Any]:
-    """This job's ledger record as it stands now (the entry writes it with `write`)."""
+           threads: int | None = None, until: int | None = None, work: str = "other") -> dict[str, Any]:
+    """This job's ledger record as it stands now (the entry writes it with `write`). ``work``: the phase the stage's
+    run falls under where no finer timer took it (its registry entry's ``work``, lorarl.pipeline.jobs.stages)."""
+    if work not in PHASES:
+        raise ValueError(f"unknown ledger phase {work!r} for the work of stage {stage!r}; allowed: {', '.join(PHASES)}")
     now = time.time()
     c = _clock
     wall = max(now - c.origin, 0.0)
@@ -224,7 +218,6 @@ def record(stage: str, *, key: str | None = None, study: str | None, cell: str, 
     if c.first is not None:
         run = max((c.run_end or now) - c.first, 0.0)
         named = sum(v for k, v in c.phases.items()) - c.before_first
-        work = STAGE_WORK.get(stage, "other")
         phases[work] = phases.get(work, 0.0) + max(run - named, 0.0)
     phases = {k: round(phases[k], 3) for k in PHASES if phases.get(k)}
     dev = allocation(threads)

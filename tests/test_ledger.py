@@ -44,9 +44,16 @@ def test_a_stage_without_finer_timers_books_its_work_under_its_registered_phase(
     jobclock.first_work("unit diagnostic")
     time.sleep(0.05)
     ledger.run_ended()
-    rec = ledger.record("diagnose", study="s", cell="c", outcome="completed", threads=1)
+    from lorarl.pipeline.doctor import stage as doctor_stage  # registers the doctor's stage, as its job does
+    from lorarl.pipeline.jobs.stages import STAGES
+
+    rec = ledger.record("diagnose", study="s", cell="c", outcome="completed", threads=1, work=STAGES["diagnose"].work)
     assert rec["phases_s"]["diagnostics"] >= 0.05 and "other" not in rec["phases_s"]
-    assert set(ledger.STAGE_WORK.values()) <= set(ledger.PHASES)
+    assert {s.work for s in STAGES.values()} <= set(ledger.PHASES) and STAGES["base"].work == "update"
+    assert STAGES[doctor_stage.NAME].work == "other"  # the registry's fact, also for a stage registered elsewhere
+    with pytest.raises(ValueError, match="unknown ledger phase 'diag' for the work of stage 'diagnose'; allowed: "
+                                         "startup, load"):
+        ledger.record("diagnose", study="s", cell="c", outcome="completed", work="diag")
 
 
 def test_unknown_phase_is_refused_naming_the_allowed_ones():
@@ -132,7 +139,8 @@ def test_a_job_in_its_own_process_counts_its_exit(tmp_path):
     import sys
 
     code = ("import time; from lorarl import ledger\n"
-            f"with ledger.job({str(tmp_path)!r}, 'diagnose', in_process=False, process_age_s=0.0, study='s', cell='c'):\n"
+            f"with ledger.job({str(tmp_path)!r}, 'diagnose', in_process=False, process_age_s=0.0, study='s', cell='c',\n"
+            "                work='diagnostics'):  # the diagnose stage's registered phase (its launcher passes it)\n"
             "    ledger.first_work(); time.sleep(0.2)\n"
             "time.sleep(0.5)  # after the stage: the process is still the job's\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={**__import__("os").environ,

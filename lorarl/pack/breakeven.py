@@ -9,8 +9,9 @@ the machine and command) to bench/results/vllm_pack_breakeven-<device>.json.
 :func:`verdict` reads it conservatively: the smallest measured rank at or above the pack's largest SAVED rank (a
 residual init is handed to vLLM at 2r), the largest measured K at or below the pack's size (bigger batches only
 help the pack); a ratio below 1 declines the pack. lorarl.pack.plan.plan_packs asks it for every vLLM pack it forms
-and splits a declined one into solo runs, with a log line saying why; a device without a measured table keeps its
-packs (also said). Resident jobs (``pack.places``) are not asked.
+and splits a declined one into solo runs, with a log line saying why; the hosting plan (lorarl.pack.hosting) asks it
+for every resident vLLM job (``pack.places``) at the adapters its engine holds at once, ``min(places, members)``
+(lorarl.pack.plan.split_losing); a device without a measured table keeps its packs (also said).
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ The hosts (``Host.kind``):
 - ``resident``: a resident job with ``pack.places`` places over one compatible group, lengths aside
   (lorarl.pack.resident.plan_residents).
 
+A vLLM pack or resident job that the measured pack-or-solo table (lorarl.pack.breakeven) says samples slower than
+its members' solo engines is declined here, with a log line: its cells are hosted ``solo`` (a fixed pack's in
+lorarl.pack.plan.plan_packs, a resident job's by :func:`lorarl.pack.plan.split_losing` at the adapters its engine
+holds at once, ``min(places, members)``). The job itself decides nothing again.
+
 ``segment``: the cell trains up to a rung of an adaptive study's search and stops there (the job's ``--until``,
 ``step`` the rung; the cells whose next segment the decisions on disk allow now, :func:`segments_now`); otherwise
 it trains to its end (``step`` = ``train.steps``). A cell of a search whose next segment waits on a decision, or
@@ -129,7 +134,7 @@ def hosting_plan(study: Any, runtime: Runtime, results_dir: str | Path, table: A
     """Cell id -> its Host, for every cell that trains now (study order). ``table``: the study's cell table when
     the caller holds it (else built here)."""
     from lorarl.spec.kinds import get_kind
-    from lorarl.pack.plan import pack_id
+    from lorarl.pack.plan import pack_id, split_losing
     from lorarl.pack.publish import unfinished
     from lorarl.pack.resident import plan_pack_jobs
     from lorarl.spec.study import cell_table
@@ -156,6 +161,8 @@ def hosting_plan(study: Any, runtime: Runtime, results_dir: str | Path, table: A
             alone = [[c.id] for c in cells if waiting_engine(res, study.name, c) == "hf"]
             cells = [c for c in cells if [c.id] not in alone]
         jobs = plan_pack_jobs(cells, runtime.max_cells, runtime.places) + alone if packing else [[c.id] for c in cells]
+        if runtime.places:  # plan_packs's rule for fixed packs, here for resident jobs: decided once, in this plan
+            jobs = split_losing(jobs, cells, True, runtime.places)  # a losing vLLM job: its cells solo, said in the log
         for members in jobs:
             if len(members) == 1:
                 out[members[0]] = solo_host(res, study.name, by[members[0]], until)

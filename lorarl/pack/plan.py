@@ -177,18 +177,32 @@ def plan_packs(cells: list[Any], max_cells: int, breakeven: dict | None | bool =
             groups[key] = []
             packs.append(groups[key])
         groups[key].append(c.id)
+    return split_losing(packs, cells, breakeven)
+
+
+def split_losing(jobs: list[list[str]], cells: list[Any], breakeven: dict | None | bool = True,
+                 places: int = 0) -> list[list[str]]:
+    """``jobs`` (cell ids), each vLLM job of several cells that the measured break-even table says loses to solo runs
+    split into solo runs, with a log line (lorarl.pack.breakeven); the others as they are. The table is asked at the
+    adapters one engine holds at once: a fixed pack's members, a resident job's ``min(places, members)`` (its engine
+    has ``places`` slots, lorarl.pack.resident.engine_for), at the job's largest saved rank. ``breakeven``: that table
+    (True: this host's device's; None/False: no check). The fixed packs' rule (:func:`plan_packs`); the hosting plan
+    (lorarl.pack.hosting) asks it for resident jobs."""
     by = {c.id: c for c in cells}
-    vllm = [p for p in packs if len(p) > 1 and by[p[0]].config.rollout.engine == "vllm"]
+    vllm = [p for p in jobs if len(p) > 1 and by[p[0]].config.rollout.engine == "vllm"]
     if not vllm or not breakeven:
-        return packs
+        return jobs
     from lorarl.pack.breakeven import host_table, say, verdict
 
     table = host_table() if breakeven is True else breakeven
     out: list[list[str]] = []
-    for p in packs:
-        v = verdict(table, len(p), max(saved_rank(by[i].config) for i in p)) if table and p in vllm else None
+    for p in jobs:
+        k = min(places, len(p)) if places else len(p)
+        v = verdict(table, k, max(saved_rank(by[i].config) for i in p)) if table and p in vllm else None
         if v is not None and not v.pack:
-            say(f"[lorarl] pack: declined a vLLM pack of {len(p)} cells ({', '.join(p)}): {v.why}; they train solo")
+            what = f"resident vLLM job of {len(p)} cells with {places} places" if places else \
+                f"vLLM pack of {len(p)} cells"
+            say(f"[lorarl] pack: declined a {what} ({', '.join(p)}): {v.why}; they train solo")
             out += [[i] for i in p]
         else:
             out.append(p)

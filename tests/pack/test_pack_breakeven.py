@@ -78,3 +78,61 @@ def test_the_table_decides_by_the_ratio_it_names():
     v = verdict(both, 2, 8)
     assert not v.pack and "pack/solo tokens/CPU-s 0.95 at K=2, max rank 8" in v.why
     assert verdict(TABLE, 2, 8).pack and "pack/solo tokens/s 1.10" in verdict(TABLE, 2, 8).why
+
+
+def _vllm(prefix, ranks, **kw):
+    return [pack_cell(f"{prefix}{k}", rollout__engine="vllm", adapter__rank=r, **kw) for k, r in enumerate(ranks)]
+
+
+# a resident job's engine holds min(places, members) adapters at once: the table's K; its group's largest saved rank
+@pytest.mark.parametrize("ranks,places,init,kept,cell", [
+    ((1, 8, 8), 2, "gaussian", True, "K=2, max rank 8"), ((8, 8, 64), 2, "gaussian", False, "K=2, max rank 64"),
+    ((64,) * 5, 4, "gaussian", True, "K=4, max rank 64"), ((64,) * 5, 8, "gaussian", True, "K=4, max rank 64"),
+    ((64,) * 3, 8, "gaussian", False, "K=2, max rank 64"), ((64,) * 4, 2, "gaussian", False, "K=2, max rank 64"),
+    ((1,) * 4, 1, "gaussian", False, "K=1, max rank 1"), ((4, 4, 4), 2, "pissa", True, "K=2, max rank 8"),
+    ((32, 32, 32), 2, "pissa", False, "K=2, max rank 64")])
+def test_a_resident_vllm_job_is_asked_at_the_adapters_its_engine_holds(capsys, monkeypatch, ranks, places, init, kept,
+                                                                        cell):
+    from lorarl.pack import breakeven
+    from lorarl.pack.plan import split_losing
+
+    monkeypatch.setattr(breakeven, "_SAID", set())  # each case's line said afresh (a process says a line once)
+
+    cells = _vllm("c", ranks, adapter__init=init)
+    ids = [c.id for c in cells]
+    got = split_losing([ids], cells, TABLE, places)
+    assert got == ([ids] if kept else [[i] for i in ids])
+    err = capsys.readouterr().err
+    if kept:
+        assert "declined" not in err
+    else:
+        assert (f"[lorarl] pack: declined a resident vLLM job of {len(ids)} cells with {places} places "
+                f"({', '.join(ids)}): measured pack/solo tokens/s") in err and cell in err and "they train solo" in err
+
+
+def test_the_hosting_plan_hosts_a_losing_resident_vllm_jobs_cells_solo(tmp_path, monkeypatch, capsys):
+    """Decided in the hosting plan (what pack.smk and the doctor read): a losing resident vLLM job's cells are hosted
+    solo, a winning one and an HF one stay resident; the job itself is never asked again."""
+    from types import SimpleNamespace
+
+    from lorarl.pack import breakeven
+    from lorarl.pack.hosting import Runtime, hosting_plan
+
+    monkeypatch.setattr(breakeven, "host_table", lambda: TABLE)
+    monkeypatch.setattr(breakeven, "_SAID", set())
+    wins = _vllm("w", (1, 8, 8))  # three groups (their lengths differ): K=2 at rank 8 wins, K=2 at 64 loses
+    loses = _vllm("l", (8, 64), train__max_completion_length=32)
+    hf = [pack_cell(f"h{k}", adapter__rank=256, train__max_completion_length=64) for k in range(2)]
+    cells = wins + loses + hf
+    for c in cells:
+        c.hash = f"hash-{c.id}"
+    study = SimpleNamespace(name="st", kind="grpo", search=None)
+    plan = hosting_plan(study, Runtime(places=2), tmp_path, SimpleNamespace(cells=cells))
+    assert {c: h.kind for c, h in plan.items()} == {"w0": "resident", "w1": "resident", "w2": "resident",
+                                                    "l0": "solo", "l1": "solo", "h0": "resident", "h1": "resident"}
+    assert plan["w0"].members == ("w0", "w1", "w2") and plan["h0"].job != plan["w0"].job
+    err = capsys.readouterr().err
+    assert "declined a resident vLLM job of 2 cells with 2 places (l0, l1): measured pack/solo tokens/s 0.90 at K=2, " \
+           "max rank 64" in err and "w0" not in err and "h0" not in err
+    fixed = hosting_plan(study, Runtime(max_cells=2), tmp_path, SimpleNamespace(cells=cells))  # plan_packs's own rule
+    assert [fixed[c].kind for c in ("w0", "w1", "w2", "l0", "l1")] == ["pack", "pack", "solo", "solo", "solo"]

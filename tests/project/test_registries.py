@@ -57,9 +57,25 @@ def test_a_registered_stage_runs_through_the_launcher_and_cli(monkeypatch, tmp_p
     assert main(["run", "s.yaml", "c2", "--stages", "echo", "--results", str(tmp_path)]) == 0
     assert seen[-1][1] == "c2" and '"echo": "c2"' in capsys.readouterr().out
     assert main(["run", "s.yaml", "c2", "--stages", "echo,nope", "--results", str(tmp_path)]) == 2
-    assert "--stages nope: unknown; allowed:" in capsys.readouterr().err and len(seen) == 2
+    assert "--stages nope: not a stage `lorarl run` runs; allowed:" in capsys.readouterr().err and len(seen) == 2
     with pytest.raises(ValueError, match="registered twice"):
         stages.register_stage("echo", "again")(echo)
+
+
+def test_lorarl_run_refuses_the_doctors_stage_naming_the_allowed_ones(monkeypatch, tmp_path, capsys):
+    """The doctor's stage is no cell stage (`lorarl doctor` runs its own jobs): `lorarl run --stages doctor` exits 2
+    before anything runs, naming the stages it runs, also in a process that imported the doctor (it used to run it)."""
+    from lorarl.pipeline.jobs import launch
+
+    ran = []
+    monkeypatch.setattr(launch, "run_stage", lambda *a, **kw: ran.append(a) or {})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("name: s\ndefaults: {model: local:tiny-arith, task: {name: synthetic}}\n")
+    assert doctor_stage.NAME in stages.STAGES  # imported (this module's import): registered
+    assert main(["run", "s.yaml", "c1", "--stages", "train,doctor", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --stages doctor: not a stage `lorarl run` runs; allowed: {', '.join(stages.launchable())}" in err
+    assert "base, train, evaluate" in err and "doctor" not in err.split("allowed:")[1] and not ran
 
 
 def test_a_stage_entry_carries_what_the_launcher_asks(monkeypatch, tmp_path):

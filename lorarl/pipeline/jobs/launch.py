@@ -122,11 +122,12 @@ class StageJob(submitit.helpers.Checkpointable):
         from lorarl.jobclock import process_age_s
 
         prov = self.provenance_file
-        key = Path(prov or self.stage).stem if get_stage(self.stage).for_study else self.stage  # base: provenance.json
+        spec = self.spec()  # the doctor's stage too (its module imported): the ledger's phase is its entry's fact
+        key = Path(prov or self.stage).stem if spec.for_study else self.stage  # base: provenance.json
         return ledger.job(ledger.cost_dir(prov) if prov else None, self.stage,
                           in_process=os.getpid() == getattr(self, "launcher_pid", None), process_age_s=process_age_s(),
                           key=key, study=getattr(self, "study_name", None), cell=self.cell_id, threads=self.threads,
-                          until=getattr(self, "params", JobParams()).until)
+                          until=getattr(self, "params", JobParams()).until, work=spec.work)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The state that matters lives on disk (lorarl.train.checkpoint): resubmit the same job.

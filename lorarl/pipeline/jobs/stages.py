@@ -81,6 +81,7 @@ class Stage:
     rule_threads: int = 1  # that rule's `threads:` (a local profile's cores are shared by them: the doctor's schedule)
     step_rule: str = ""  # the rule of a job for one snapshot step (target `<benchmark>@<step>`), if another
     rung_rule: str = ""  # the rule of a job that trains up to an adaptive study's rung, if another
+    work: str = "other"  # the cost ledger's phase for its run where no finer timer took it (lorarl.ledger.PHASES)
 
 
 STAGES: dict[str, Stage] = {}
@@ -174,7 +175,7 @@ def _base_outputs(results_dir: str, study: str | None, name: str, params: JobPar
 
 
 @register_stage("base", "build a local base model from its recipe (target: the recipe name)", outputs=_base_outputs,
-                resources_key="base", for_study=False, rule="base_model", rule_threads=2)
+                resources_key="base", for_study=False, rule="base_model", rule_threads=2, work="update")  # SFT warm start
 def _base(job: Job) -> dict:
     from lorarl.models import build_base, resolve_model
 
@@ -219,7 +220,7 @@ def _evaluate(job: Job) -> dict:
 
 
 @register_stage("diagnose", "weight-space diagnostics of one trained cell", outputs=_diagnose_outputs,
-                resources_key="diagnose", rule="diagnose")
+                resources_key="diagnose", rule="diagnose", work="diagnostics")
 def _diagnose(job: Job) -> dict:
     from lorarl.diagnose.main import diagnose_cell
 
