@@ -51,5 +51,14 @@ def path(kind: str, **values: str) -> Path:
     return Path(PATTERNS[kind].format(**values))
 
 
+PACKS = ".packs"  # under a study's results: the packs' records (`<id>.json`) and folders (`<id>/`: logs, provenance)
+
+
+def pack_folder(pack: str) -> str:
+    """A pack job's folder under its study's results, as a cell's (its logs, provenance, cost records); ``pack``:
+    its id, or a glob ("*")."""
+    return f"{PACKS}/{pack}"
+
+
 def cell_dir(results: str | Path, study: str, cell: str) -> Path:
     return Path(results) / study / cell

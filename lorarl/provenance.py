@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from lorarl.paths import pack_folder
 from lorarl.gitrepo import REPO, code_state, git
 
 from lorarl.jobids import read  # the reading side (ENV_PATH, job_ids: lorarl.jobids), shared with the trainer
@@ -285,7 +286,7 @@ def cell_code(results_dir: str | Path, study: str, cells: list[str], packages: t
     (`.packs/*/provenance/pack.json`). An empty list: no job of the cell left a record (e.g. `lorarl run`)."""
     sdir = Path(results_dir) / study
     files: dict[str, list[Path]] = {c: sorted((sdir / c / "provenance").glob("*.json")) for c in cells}
-    for pack in sorted(sdir.glob(".packs/*/provenance/*.json")):
+    for pack in sorted(sdir.glob(f"{pack_folder('*')}/provenance/*.json")):
         for c in str(read(pack).get("cell") or "").split(","):
             if c in files:
                 files[c].append(pack)

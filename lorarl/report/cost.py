@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from lorarl import paths
 from lorarl.ledger import DIR, PHASES
 
 STUDY_ROWS = ("aggregate", "toy")  # stages charged to the study as a whole (their own row), not to one cell
@@ -39,7 +40,7 @@ def read_records(results: str | Path, study: str, bases: Iterable[str] = ()) -> 
     """Every job record of the study: its cells', packs', toy job's, aggregate's, and the base builds named."""
     sdir = Path(results) / study
     files = list(sdir.glob(f"*/{DIR}/*.json")) + list(sdir.glob(f".*/{DIR}/*.json")) + \
-        list(sdir.glob(f".packs/*/{DIR}/*.json"))
+        list(sdir.glob(f"{paths.pack_folder('*')}/{DIR}/*.json"))
     files += [p for b in bases for p in (Path(results) / "models" / ".logs" / b / DIR).glob("*.json")]
     return scheduler_tails(_load(set(files)))
 

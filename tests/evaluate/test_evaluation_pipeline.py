@@ -44,8 +44,11 @@ def run(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tmp_path_factory, tiny_test_base) -> Path:
+    from tests.support.trained import place_base
+
     wd = tmp_path_factory.mktemp("evalpipe")
+    place_base(tiny_test_base, wd / "results")  # the session's base model: no base_model job here
     (wd / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
     (wd / "study.yaml").write_text(yaml.safe_dump(study(str(wd / "gsm8k.jsonl")), sort_keys=False))
     (wd / "config.yaml").write_text(yaml.safe_dump(

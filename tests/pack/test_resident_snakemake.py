@@ -32,8 +32,8 @@ CELLS = ("n2", "n5", "n4")
 
 
 def killed_run(wd: Path, record: str) -> subprocess.CompletedProcess:
-    """Snakemake runs the resident job (its record: the base model, then the job) and the job SIGKILLs itself at
-    the end of the step in which a member first reaches step 4 (n5's 4th, n4's 2nd; neither checkpointed yet).
+    """Snakemake runs the resident job (its record; the base model is the session's, placed) and the job SIGKILLs
+    itself at the end of the step in which a member first reaches step 4 (n5's 4th, n4's 2nd; neither checkpointed yet).
     The members' own train jobs are not asked for: the rerun alone resumes them (with `all`, a member's train job
     running beside the killed job would resume its cell alone, as a pack of one: tests/train/test_cell_pause.py)."""
     return run_snakemake(wd, record, env={"LORARL_FAULT": "kill_at_step:4"}, check=False, timeout=900)
@@ -45,11 +45,15 @@ def files_of(d: Path) -> dict[str, tuple[int, bytes]]:
             for p in [d / "summary.json", d / "metrics.csv", d / "cell.json", *sorted((d / "adapter").iterdir())]}
 
 
-def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_retrains_one_cell_solo(tmp_path):
+def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_retrains_one_cell_solo(
+        tmp_path, tiny_test_base):
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_alone
     from lorarl.pipeline.jobs.launch import run_stage
     from lorarl.spec.study import cell_table, load_study
+    from tests.support.trained import place_base
+
+    place_base(tiny_test_base, tmp_path / "results")  # the session's base model: no base_model job here
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(

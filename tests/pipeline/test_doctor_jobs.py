@@ -37,6 +37,22 @@ def test_rule_threads_and_names_are_the_workflow_rules():
         "evaluate_step", "train_rung")
 
 
+def test_each_kind_is_timed_by_its_registry_entry():
+    """The doctor's cost model and the watch's ETA read a planned job's timing off its kind's entry (a stage's,
+    or the doctor's own for publish and aggregate): every kind names a measured part the cost model knows."""
+    from lorarl.pipeline.doctor.costs import WORK
+
+    timing = {k: PlannedJob(k, "c").timing for k in job_kinds()}
+    assert {k: t.cost for k, t in timing.items()} == {
+        "base": "build", "train": "training", "pack": "training", "publish": "launcher", "evaluate": "evaluation",
+        "diagnose": "diagnostics", "aggregate": "aggregate"}
+    assert {t.cost for t in timing.values()} == set(WORK)
+    assert [k for k, t in timing.items() if t.by_steps] == ["train"]  # the ETA counts a cell's steps left
+    assert sorted(k for k, t in timing.items() if t.of_cell) == ["publish", "train"]
+    assert [k for k, t in timing.items() if t.keeps_going] == ["aggregate"]
+    assert sorted(k for k, t in timing.items() if not t.mean_timed) == ["pack", "publish", "train"]
+
+
 def test_planned_jobs_are_the_rules_jobs_and_skip_what_exists(tmp_path, monkeypatch):
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     axes = {"seed": {"field": "seed", "prefix": "s", "values": [0, 1, 2]}}

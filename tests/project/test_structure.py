@@ -361,6 +361,17 @@ def test_no_stage_name_is_tested_outside_the_stage_registry():
                        "stage's entry and ask get_stage):\n" + "\n".join(found))
 
 
+def test_the_cost_model_and_the_eta_test_no_job_kind():
+    """A planned job's cost and its ETA are facts of its kind's entry (lorarl.pipeline.jobs.stages.Timing; publish's
+    and aggregate's: lorarl.pipeline.doctor.jobs.OWN_KINDS), never a `kind == "..."` branch in the cost model or the
+    watch's ETA."""
+    from lorarl.pipeline.doctor.jobs import job_kinds
+
+    timed = ("lorarl/pipeline/doctor/costs.py", "lorarl/pipeline/progress/eta.py")
+    found = [b for b in name_branches(REPO, "kind", job_kinds()) if b.split(":")[0] in timed]
+    assert not found, "branches on a job kind (make it a field of its Timing):\n" + "\n".join(found)
+
+
 def test_the_name_branch_finder_sees_each_form(tmp_path: Path):
     (tmp_path / "lorarl").mkdir()
     (tmp_path / "workflow").mkdir()

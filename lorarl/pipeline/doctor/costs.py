@@ -27,7 +27,7 @@ measured counts as CPU-bound.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from lorarl.pipeline.doctor.jobs import PlannedJob, machine_rate
 
@@ -147,21 +147,23 @@ def job_part(c: JobCosts, job: PlannedJob, train: dict[str, Part], evals: dict[t
 
 def _work_part(c: JobCosts, job: PlannedJob, train: dict[str, Part], evals: dict[tuple[str, str], Part | None],
                diag: Part) -> Part | None:
-    if job.kind == "train":
-        return train[job.cell]
-    if job.kind == "pack":
-        return train[job.key]
-    if job.kind == "publish":
-        return c.launcher
-    if job.kind == "evaluate":
-        return evals.get((job.cell, job.target))
-    if job.kind == "diagnose":
-        return diag
-    if job.kind == "aggregate":
-        return c.aggregate
-    if job.kind == "base":
-        return c.base
-    raise ValueError(f"unknown job kind {job.kind!r}")
+    """The measured part its kind's ``Timing.cost`` names (lorarl.pipeline.jobs.stages.Timing): the projection's
+    training of its cell (a pack's: of its members, by the job), its evaluation target's, the diagnostics', the
+    launcher's start, a fresh aggregation, the doctor's build of a base model."""
+    cost = job.timing.cost
+    if cost not in WORK:
+        raise ValueError(f"job kind {job.kind!r}: unknown cost {cost!r}; allowed: {', '.join(WORK)}")
+    return WORK[cost](c, job, train, evals, diag)
+
+
+WORK: dict[str, Callable[..., Part | None]] = {  # Timing.cost -> (costs, job, train, evals, diag) -> its part
+    "training": lambda c, job, train, evals, diag: train[job.key if job.stage.members else job.cell],
+    "launcher": lambda c, job, train, evals, diag: c.launcher,
+    "evaluation": lambda c, job, train, evals, diag: evals.get((job.cell, job.target)),
+    "diagnostics": lambda c, job, train, evals, diag: diag,
+    "aggregate": lambda c, job, train, evals, diag: c.aggregate,
+    "build": lambda c, job, train, evals, diag: c.base,
+}
 
 
 def describe(c: JobCosts) -> dict[str, Any]:

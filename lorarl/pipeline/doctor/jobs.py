@@ -29,18 +29,29 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lorarl.pack.hosting import MEMBER_PRIORITY, PACK_PRIORITY
-from lorarl.pipeline.jobs.stages import STAGES, Stage, get_stage
+from lorarl.pipeline.jobs.stages import STAGES, Stage, Timing, get_stage
 
-# A planned job's kind is the stage it runs (lorarl.pipeline.jobs.stages: its rule, the rule's threads, its record),
-# but for the two kinds that run none of their own: a pack member's publish job is the train rule's job that moves
-# the pack's outputs into place (a launcher, no job process), and the study's aggregate rule runs `lorarl aggregate`.
-RUNS_STAGE = {"publish": "train"}  # job kind -> the stage whose rule it is
+# A planned job's kind is the stage it runs (lorarl.pipeline.jobs.stages: its rule, the rule's threads, its record,
+# its timing), but for the two kinds that run none of their own, whose facts the doctor holds here: a pack member's
+# publish job is the train rule's job that moves the pack's outputs into place (a launcher, no job process: it costs
+# the launcher's start), and the study's aggregate rule runs `lorarl aggregate` (the doctor times a fresh one; it runs
+# on what finished when a job it waits for failed).
+@dataclass(frozen=True)
+class OwnKind:
+    stage: str  # the stage whose rule runs it ("": none; its rule is the kind's name, 1 thread)
+    timing: Timing  # how the doctor's projection and the watch's ETA time it (lorarl.pipeline.jobs.stages.Timing)
+
+
 AGGREGATE = "aggregate"  # the kind (and rule: workflow/rules/aggregate.smk, 1 thread) of the study's last job
+OWN_KINDS = {"publish": OwnKind("train", Timing(cost="launcher", mean_timed=False, of_cell=True)),
+             AGGREGATE: OwnKind("", Timing(cost="aggregate", keeps_going=True))}
 
 
 def job_kinds() -> set[str]:
     """Every kind of job a study's run executes (a registered stage with a rule, publish, aggregate)."""
-    return {n for n, s in STAGES.items() if s.rule} | set(RUNS_STAGE) | {AGGREGATE}
+    return {n for n, s in STAGES.items() if s.rule} | set(OWN_KINDS)
+
+
 # Snakemake's `priority:` of each kind's job (workflow/rules/*.smk, from lorarl.pack.hosting; any other kind 0): a
 # pack before its members' train jobs ("publish": a packed member's), those before evaluations and diagnoses
 START_PRIORITY = {"pack": PACK_PRIORITY, "publish": MEMBER_PRIORITY}
@@ -62,7 +73,15 @@ class PlannedJob:
     @property
     def stage(self) -> Stage | None:
         """The registry's entry of the stage it runs (None: the aggregation, which runs no stage)."""
-        return None if self.kind == AGGREGATE else get_stage(RUNS_STAGE.get(self.kind, self.kind))
+        own = OWN_KINDS.get(self.kind)
+        name = own.stage if own else self.kind
+        return get_stage(name) if name else None
+
+    @property
+    def timing(self) -> Timing:
+        """How the doctor's projection and the watch's ETA time it: its stage's, or its own kind's."""
+        own = OWN_KINDS.get(self.kind)
+        return own.timing if own else get_stage(self.kind).timing
 
     @property
     def threads(self) -> int:
@@ -72,7 +91,7 @@ class PlannedJob:
     def rule(self) -> str:
         s = self.stage
         if s is None:
-            return AGGREGATE
+            return self.kind  # the aggregation: its own rule
         if s.rung_rule and self.target.startswith("until="):
             return s.rung_rule  # a segment of a search up to a rung (lorarl.pack.hosting)
         return s.step_rule if s.step_rule and "@" in self.target else s.rule

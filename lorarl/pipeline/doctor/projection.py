@@ -243,14 +243,14 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     pack, places = max_cells(profile.get("pack")), resident_places(profile.get("pack"))  # refused before: doctor.report
     jobs = planned_jobs(study, results, pack, places)
     train = {cid: _sum(fixed, w) for cid, w in work.items()}
-    for j in jobs:
-        if j.kind == "pack":  # fixed or resident: one start-up; the members' steps one after another (no batching gain)
+    for j in jobs:  # a pack, fixed or resident: one start-up; the members' steps one after another (no batching gain)
+        if j.stage is not None and j.stage.members:
             members = j.target.split(",")
             train[j.key] = _sum(fixed, *(work[x] for x in members))
             gpus_of[j.key] = gpus_of[members[0]]
     eval_parts: dict = {}
     for j in jobs:
-        if j.kind == "evaluate":
+        if j.timing.cost == "evaluation":  # its target's benchmark, scaled by its problems
             name = parse_target(j.target)[0]
             e = evals.get(name)
             if e is None:

@@ -250,7 +250,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
     pid = params.require_pack_id()  # the plan's id, from the rule (workflow/rules/pack.smk): never computed here
     claimed = handover.claim_members(results_dir, study.name, ids, pid)  # in this launcher's name
     try:
-        folder = paths.cell_dir(results_dir, study.name, f".packs/{pid}") / "logs"
+        folder = paths.cell_dir(results_dir, study.name, paths.pack_folder(pid)) / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         if executor == "slurm":
             slurm = coerce(slurm or {})
@@ -258,7 +258,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
         threads = max(1, int(threads or 1))
         slurm, larger = train_layout.pack_layout(slurm, study.name, [table.cell(c).config for c in ids], executor,
                                                  params.attempt >= oom.MAX_ATTEMPTS)
-        prov = provenance.provenance_path(results_dir, study.name, f".packs/{pid}", "pack")
+        prov = provenance.provenance_path(results_dir, study.name, paths.pack_folder(pid), "pack")
         name = f"lorarl-pack-{study.name}-{pid}"
         if (refused := oom.before_attempt(folder, "pack", pid, params.attempt, larger)) is not None:
             return refused

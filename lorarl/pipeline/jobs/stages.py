@@ -61,6 +61,19 @@ def no_outputs(results_dir: str, study: str | None, target: str, params: JobPara
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How `lorarl doctor`'s projection (lorarl.pipeline.doctor.costs) and `lorarl status --watch`'s ETA
+    (lorarl.pipeline.progress.eta) time a planned job of a stage, or of a kind the doctor plans that runs none
+    (lorarl.pipeline.doctor.jobs.OWN_KINDS)."""
+
+    cost: str = ""  # the doctor's measured part its work is (lorarl.pipeline.doctor.costs.WORK); "": not measured
+    by_steps: bool = False  # a start-up plus its one cell's optimiser updates: the ETA counts the steps left
+    mean_timed: bool = True  # the ETA may charge it this run's mean finished job of its kind (False: its size varies)
+    of_cell: bool = False  # it ends its cell's training: a failed cell's is not run again, nor the jobs after it
+    keeps_going: bool = False  # it runs when a job it waits for failed (on what finished): never dropped by the ETA
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str  # `lorarl launch <name>`, Snakemake's `stage` param
     run: Callable[[Job], dict]  # runs the stage in this process; returns a small summary
@@ -82,6 +95,7 @@ class Stage:
     step_rule: str = ""  # the rule of a job for one snapshot step (target `<benchmark>@<step>`), if another
     rung_rule: str = ""  # the rule of a job that trains up to an adaptive study's rung, if another
     work: str = "other"  # the cost ledger's phase for its run where no finer timer took it (lorarl.ledger.PHASES)
+    timing: Timing = Timing()  # how the doctor's projection and the watch's ETA time its job (a planned job's kind)
 
 
 STAGES: dict[str, Stage] = {}
@@ -175,7 +189,8 @@ def _base_outputs(results_dir: str, study: str | None, name: str, params: JobPar
 
 
 @register_stage("base", "build a local base model from its recipe (target: the recipe name)", outputs=_base_outputs,
-                resources_key="base", for_study=False, rule="base_model", rule_threads=2, work="update")  # SFT warm start
+                resources_key="base", for_study=False, rule="base_model", rule_threads=2, work="update",  # SFT warm start
+                timing=Timing(cost="build"))
 def _base(job: Job) -> dict:
     from lorarl.models import build_base, resolve_model
 
@@ -184,7 +199,8 @@ def _base(job: Job) -> dict:
 
 @register_stage("train", "GRPO training of one cell (resumes from its last complete checkpoint)", outputs=_train_outputs,
                 hashed_output=True, oom_retry="train", resources_key="train", trains=True, cell_layout=True,
-                scratch=".train.tmp", rule="train", rung_rule="train_rung")
+                scratch=".train.tmp", rule="train", rung_rule="train_rung",
+                timing=Timing(cost="training", by_steps=True, mean_timed=False, of_cell=True))
 def _train(job: Job) -> dict:
     from lorarl.memory.auto import resolve_job
     from lorarl.pack.hosting import solo_host
@@ -209,7 +225,7 @@ def _train(job: Job) -> dict:
 
 @register_stage("evaluate", "held-out evaluation of one cell or base pseudo-cell (`--eval-target`)",
                 outputs=_evaluate_outputs, key_param="eval_target", oom_retry="eval", resources_key="evaluate",
-                rule="evaluate", step_rule="evaluate_step")
+                rule="evaluate", step_rule="evaluate_step", timing=Timing(cost="evaluation"))
 def _evaluate(job: Job) -> dict:
     from lorarl.evaluate.main import evaluate_cell
 
@@ -220,7 +236,7 @@ def _evaluate(job: Job) -> dict:
 
 
 @register_stage("diagnose", "weight-space diagnostics of one trained cell", outputs=_diagnose_outputs,
-                resources_key="diagnose", rule="diagnose", work="diagnostics")
+                resources_key="diagnose", rule="diagnose", work="diagnostics", timing=Timing(cost="diagnostics"))
 def _diagnose(job: Job) -> dict:
     from lorarl.diagnose.main import diagnose_cell
 
@@ -237,7 +253,8 @@ def _toy(job: Job) -> dict:
 
 
 @register_stage("pack", "the member cells of one pack trained in one job (target: a comma list)", outputs=_pack_outputs,
-                oom_retry="train", resources_key="train", trains=True, members=True, rule="train_pack")
+                oom_retry="train", resources_key="train", trains=True, members=True, rule="train_pack",
+                timing=Timing(cost="training", mean_timed=False))
 def _pack(job: Job) -> dict:
     from lorarl.pack import resident
     from lorarl.pack.run import train_pack

@@ -23,7 +23,7 @@ from lorarl.io import pid_alive
 from lorarl import provenance
 from lorarl.pipeline.doctor.jobs import PlannedJob, from_rows, machine_rate, makespan, planned_jobs
 from lorarl.pipeline.jobs.jobparams import JobParams
-from lorarl.pipeline.jobs.stages import log_key, stage_of_record
+from lorarl.pipeline.jobs.stages import STAGES, log_key, stage_of_record
 
 
 def _epoch(stamp: str | None) -> float | None:
@@ -39,7 +39,7 @@ def prov_file(results: Path, study: str, job: PlannedJob) -> Path | None:
     if s is None:
         return None
     key = log_key(s.name, JobParams(**{s.key_param: job.target}) if s.key_param else JobParams())
-    where = f".packs/{job.cell}" if s.members else (s.log_cell or job.cell)  # a pack's record: lorarl launch pack's
+    where = paths.pack_folder(job.cell) if s.members else (s.log_cell or job.cell)  # a pack's record: lorarl launch pack's
     return provenance.provenance_path(results, study if s.for_study else None, where, key)
 
 
@@ -89,20 +89,21 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
     results, now = Path(results), time.time() if now is None else now
     doc = _doctor(results, study.name)
     jobs = planned_jobs(study, results, doc.get("pack_max_cells", 1), doc.get("pack_places", 0))  # the doctor's plan
-    failed = {j.key for j in jobs if j.kind in ("train", "publish") and any(
+    failed = {j.key for j in jobs if j.timing.of_cell and any(
         r.cell == j.cell and r.kind == "cell" and r.train.state == "failed" for r in rows)}
     for j in jobs:  # a failed cell is not retried in this run: nor are the jobs that need it
-        if any(a in failed for a in j.after) and j.kind != "aggregate":
+        if any(a in failed for a in j.after) and not j.timing.keeps_going:
             failed.add(j.key)
     jobs = [j for j in jobs if j.key not in failed]
     keep = {j.key for j in jobs}
     jobs = [PlannedJob(j.kind, j.cell, j.target, tuple(a for a in j.after if a in keep), j.base, j.holds)
-            if j.kind == "aggregate" else j for j in jobs]
+            if j.timing.keeps_going else j for j in jobs]
     updates = {c.id: c.config.train.optimizer_updates for c in status_cells(study, results)}
     done_steps = {r.cell: int(r.train.step.split("/")[0]) for r in rows
                   if r.kind == "cell" and r.train.step.split("/")[0].isdigit()}
     seen = finished_durations(study, results)
-    fixed = [d - updates[c] * step_s for c, d in seen.get("train", []) if step_s is not None and c in updates]
+    fixed = [d - updates[c] * step_s for k, v in seen.items() if k in STAGES and STAGES[k].timing.by_steps
+             for c, d in v if step_s is not None and c in updates]  # by-steps jobs' start-up: duration less steps
     mean = {k: sum(d for _, d in v) / len(v) for k, v in seen.items() if v}
     doctor_jobs, doctor_cost = from_rows(doc["schedule"]) if doc.get("schedule") else ([], {})
     slots = int(doc.get("concurrent_jobs") or 0)
@@ -119,25 +120,25 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
         last = _last(prov_file(results, study.name, j))
         alive = bool(last.get("submitted")) and not last.get("ended") and (
             last.get("executor") == "slurm" or pid_alive(last.get("job") or 0))
-        if j.kind == "train" and step_s is not None and (fixed or j.key in doctor_secs):
+        if j.timing.by_steps and step_s is not None and (fixed or j.key in doctor_secs):
             steps_left = max(updates[j.cell] - done_steps.get(j.cell, 0), 0) * step_s
             start = sum(fixed) / len(fixed) if fixed else doctor_secs[j.key] - updates[j.cell] * step_s
             secs = steps_left + (0.0 if alive and done_steps.get(j.cell) else max(start, 0.0))
             sources.add("this run" if fixed else "the doctor")
-        elif j.kind in mean and j.kind not in ("train", "pack"):
+        elif j.kind in mean and j.timing.mean_timed:
             secs = mean[j.kind]
             sources.add("this run")
         elif j.key in doctor_secs:
             secs = doctor_secs[j.key]
             sources.add("the doctor")
-        elif j.kind == "train" and step_s is not None:
+        elif j.timing.by_steps and step_s is not None:
             secs = max(updates[j.cell] - done_steps.get(j.cell, 0), 0) * step_s  # steps only: a lower bound
             missing.add("train start-up")
         else:
             secs = 0.0
             missing.add(j.kind)
         if alive:
-            if j.kind != "train":
+            if not j.timing.by_steps:
                 secs = max(secs - (now - last["submitted"]), 0.0)
             running[j.key] = 0.0
         cost[j.key] = secs

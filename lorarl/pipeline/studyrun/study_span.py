@@ -97,7 +97,7 @@ def submissions(study: Any, results_dir: str | Path) -> list[dict]:
     """Every job submission the study's provenance records: its cells and base rows, packs, the toy batch job."""
     sdir = Path(results_dir) / study.name
     files = [f for cell in _cells(study) for f in sorted((sdir / cell.id / "provenance").glob("*.json"))]
-    files += sorted(sdir.glob(".packs/*/provenance/*.json")) + sorted(sdir.glob(".toy/provenance/*.json"))
+    files += sorted(sdir.glob(f"{paths.pack_folder('*')}/provenance/*.json")) + sorted(sdir.glob(".toy/provenance/*.json"))
     out = []
     for f in files:
         doc = read_json(f)
