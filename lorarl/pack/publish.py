@@ -71,7 +71,7 @@ def _copy_provenance(results_dir: str | Path, study: str, cell: str) -> None:
     pack_id = (summary.get("pack") or {}).get("id")
     if not pack_id:
         return
-    src = provenance.provenance_path(results_dir, study, f".packs/{pack_id}", "pack")
+    src = provenance.provenance_path(results_dir, study, paths.pack_folder(pack_id), "pack")
     dst = provenance.provenance_path(results_dir, study, cell, "train")
     dst.parent.mkdir(parents=True, exist_ok=True)
     doc = json.loads(src.read_text()) if src.exists() else {}

@@ -136,7 +136,7 @@ def train_resident(study: str, cells: list[Any], results_dir: str | Path = "resu
     t0 = time.time()
     door = Door()  # the base, reference, data and regimes: loaded by the first pack, kept for every re-form
     queue, carried, ledger = list(cells), [], []
-    folder = paths.cell_dir(results_dir, study, ".packs")
+    folder = paths.cell_dir(results_dir, study, paths.PACKS)
     folder.mkdir(parents=True, exist_ok=True)
     record = folder / f"{resident_id}.ledger.json"
     earlier = _earlier_segments(record)  # a requeued or rerun job keeps its earlier processes' admissions

@@ -153,7 +153,7 @@ def train_pack(study: str, cells: list[Any], results_dir: str | Path = "results"
                "wall_time_s": max(r["wall_time_s"] for r in reports),
                "ranks": [r["trained"] for r in reports]}
     out = {"pack": pack_id, "study": study, **out}
-    record = paths.cell_dir(results_dir, study, ".packs") / f"{pack_id}.json"
+    record = paths.cell_dir(results_dir, study, paths.PACKS) / f"{pack_id}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     _write_json(record, out)
     return out
