@@ -91,7 +91,7 @@ class Door:
 
     def reference(self, needed: bool) -> Any:
         """One frozen copy of the original base for every pack (None while no member needs it)."""
-        from lorarl.train.prepare import reference_of
+        from lorarl.numerics.kl import reference_of
 
         if needed and self.ref is None:
             self.ref = reference_of(self.base, self.precision, True)

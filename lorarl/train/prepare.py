@@ -10,7 +10,7 @@ snapshot steps (``eval.eval_every``), the TRL arguments (:func:`lorarl.train.trl
 the weights shard (FSDP2). The trainer is then built from these (:func:`lorarl.train.trl_args.build_trainer`
 takes the regime, it makes none) and nothing is set on it afterwards.
 
-The pieces (:func:`load_policy`, :func:`reference_of`, :func:`training_dataset`, :func:`reward_of`) are the
+The pieces (:func:`load_policy`, :func:`training_dataset`, :func:`reward_of`, :func:`lorarl.numerics.kl.reference_of`) are the
 pack's too (:func:`lorarl.pack.build.build_pack`: one base, one reference and one training set for K members,
 a regime per reward setting), so a cell sees the same inputs in a solo job and in a pack.
 """
@@ -68,21 +68,6 @@ def load_policy(cfg: Any, results_dir: str | Path, device: str, precision: str |
     return load_model_and_tokenizer(resolve_model(cfg.model, results_dir), dtype=dtype, device=device)
 
 
-def reference_of(model: Any, precision: str, needed: bool) -> Any:
-    """The KL reference: a frozen copy of ``model`` (the ORIGINAL base: call before any adapter), in bf16
-    unless training is fp32 (frozen: bf16 suffices, and halves it under full-FT mixed); None when not ``needed``."""
-    import torch
-
-    from lorarl.numerics.kl import frozen_reference
-
-    if not needed:
-        return None
-    ref = frozen_reference(model)
-    if precision != "fp32":
-        ref.to(torch.bfloat16)
-    return ref
-
-
 def training_dataset(cfg: Any, tokenizer: Any) -> tuple[Any, dict]:
     """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
     one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
@@ -136,21 +121,23 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
 
     from lorarl.spec.evalplan.plan import snapshot_steps
     from lorarl.train import ranks
-    from lorarl.numerics.kl import needs_reference
+    from lorarl.numerics.kl import needs_reference, reference_of
     from lorarl.numerics.precision import resolve_precision
     from lorarl.train.sharding import uses_fsdp
     from lorarl.train.trl_args import grpo_args
 
     use_cpu = not torch.cuda.is_available()
     device = "cpu" if use_cpu else "cuda"
-    precision = resolve_precision(cfg.train.precision, device)
     start_grading(cfg)  # the grading workers start beside the model load, not inside step 1
-    model, tok = load_policy(cfg, results_dir, device, precision)
-    ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
+    sharded = uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size())
+    model, tok = load_policy(cfg, results_dir, device)  # in train.precision's load dtype
     dataset, facts = training_dataset(cfg, tok)
     with torch.random.fork_rng(devices=[] if use_cpu else [torch.cuda.current_device()]):
         regime, grading = reward_of(cfg, tok, results_dir, device)  # a teacher/PRM load leaves the adapter's init stream alone
+    # the precision's and the KL reference's low-level facts in one place (the reference: the ORIGINAL base, no adapter yet)
+    precision = resolve_precision(cfg.train.precision, device)
+    ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
     return CellInputs(cfg=cfg, device=device, precision=precision, model=model, tokenizer=tok, ref_model=ref,
                       dataset=dataset, data_facts=facts, regime=regime, grading=grading,
                       snapshot_steps=sorted(snapshot_steps(cfg)), args=grpo_args(cfg, output_dir, use_cpu, precision),
-                      sharded=uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size()))
+                      sharded=sharded)

@@ -81,10 +81,15 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
     from lorarl.train.sharding import fsdp_fields
 
     t = cfg.train
-    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
     n = rankmod.world_size() if ranks is None else int(ranks)
     update_rows = (t.mini_batch_prompts or t.prompts_per_step) * t.generations
     rankmod.check_layout(t.prompts_per_step, t.generations, update_rows, n)
+    engine = rollout_fields(cfg.rollout, context_budget(t))  # engine vllm: TRL's colocated vLLM (use_vllm=True)
+    fsdp = fsdp_fields(t.sharding, cfg.adapter.method, n)  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
+    # what the lower floors say of the cell, asked together: the precision's autocast, the chat template's kwargs
+    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
+    bf16 = autocast_bf16(precision)
+    chat_template = template_kwargs(cfg.prompt) or None  # prompt.thinking: the chat template's enable_thinking
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=t.lr,
@@ -121,14 +126,14 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
-        bf16=autocast_bf16(precision),
+        bf16=bf16,
         disable_tqdm=False,
         dataloader_num_workers=0,
         gradient_checkpointing=checkpointing(t.gradient_checkpointing, use_cpu),  # activations recomputed in the backward
         gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen embeddings (PEFT) and no_grad forwards
-        chat_template_kwargs=template_kwargs(cfg.prompt) or None,  # prompt.thinking: the chat template's enable_thinking
-        **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
-        **fsdp_fields(t.sharding, cfg.adapter.method, n),  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
+        chat_template_kwargs=chat_template,
+        **engine,
+        **fsdp,
     )
 
 
