@@ -68,7 +68,8 @@ class Door:
         """Load the pieces for ``cells`` unless this door already holds them."""
         from lorarl.numerics.precision import resolve_precision
         from lorarl.pack.plan import pack_key
-        from lorarl.tasks.prompt import prompt_ids, prompt_keep, prompt_text, training_dataset
+        from lorarl.tasks.prompt import prompt_ids, prompt_keep, prompt_text
+        from lorarl.tasks.trainset import training_dataset
         from lorarl.train.prepare import load_policy, start_grading
         from lorarl.train.prompt_fit import keep_last
 

@@ -11,7 +11,7 @@ the weights shard (FSDP2). The trainer is then built from these (:func:`lorarl.t
 takes the regime, it makes none) and nothing is set on it afterwards.
 
 The pieces (:func:`load_policy`, :func:`reward_of`, :func:`lorarl.numerics.kl.reference_of`,
-:func:`lorarl.tasks.prompt.training_dataset`) are the
+:func:`lorarl.tasks.trainset.training_dataset`) are the
 pack's too (:func:`lorarl.pack.build.build_pack`: one base, one reference and one training set for K members,
 a regime per reward setting), so a cell sees the same inputs in a solo job and in a pack.
 """
@@ -99,7 +99,7 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     from lorarl.train import ranks
     from lorarl.numerics.kl import needs_reference, reference_of
     from lorarl.numerics.precision import resolve_precision
-    from lorarl.tasks.prompt import training_dataset
+    from lorarl.tasks.trainset import training_dataset
     from lorarl.train.sharding import uses_fsdp
     from lorarl.train.trl_args import grpo_args
 
