@@ -36,14 +36,16 @@ def tiny_trainer(model_dir: str, cfg: Any, out_dir: str) -> tuple[Any, Any]:
     from lorarl.adapters import build_adapter
     from lorarl.models import load_model_and_tokenizer
     from lorarl.rewards.outcome import OutcomeDeposits
+    from lorarl.train.prepare import reward_of
     from lorarl.train.trl_args import build_trainer, grpo_args
 
     model, tok = load_model_and_tokenizer(model_dir)
     policy = build_adapter(model, cfg, results_dir=out_dir, precision="fp32")
     ds = datasets.Dataset.from_list([{"prompt": f"Q: {10 + i}+{20 + i}=?\nA: ", "answer": str(30 + 2 * i)}
                                      for i in range(cfg.train.prompts_per_step)])
+    regime, grading = reward_of(cfg, tok, out_dir, "cpu")  # the cell's own (an outcome reward's is replaced below)
     trainer = build_trainer(cfg, model=policy.model, tokenizer=tok, args=grpo_args(cfg, f"{out_dir}/o", use_cpu=True),
-                            train_dataset=ds, ref_model=None)
+                            train_dataset=ds, ref_model=None, regime=regime, grading=grading)
     trainer.regime = OutcomeDeposits(score_fn=lambda c, a: [float(i % 2) for i in range(len(c))])
     trainer.current_gradient_accumulation_steps = 1
     return trainer, ds

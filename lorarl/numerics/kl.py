@@ -129,6 +129,17 @@ def frozen_reference(model: Any) -> Any:
     return ref.eval()
 
 
+def reference_of(model: Any, precision: str, needed: bool) -> Any:
+    """The KL reference of a training job: a frozen copy of ``model`` (the ORIGINAL base: call before any adapter), in
+    bf16 unless training is fp32 (frozen: bf16 suffices, and halves it under full-FT mixed); None when not ``needed``."""
+    if not needed:
+        return None
+    ref = frozen_reference(model)
+    if precision != "fp32":
+        ref.to(torch.bfloat16)
+    return ref
+
+
 def needs_reference(beta: float, kl_monitor_every: int) -> bool:
     """A reference policy is needed for the KL term (beta > 0) or the KL monitors."""
     return beta > 0 or kl_monitor_every > 0

@@ -68,9 +68,10 @@ class Door:
         """Load the pieces for ``cells`` unless this door already holds them."""
         from lorarl.numerics.precision import resolve_precision
         from lorarl.pack.plan import pack_key
-        from lorarl.tasks.prompt import prompt_ids, prompt_text
-        from lorarl.train.prepare import load_policy, start_grading, training_dataset
-        from lorarl.train.prompt_fit import keep_last, prompt_keep
+        from lorarl.tasks.prompt import prompt_ids, prompt_keep, prompt_text
+        from lorarl.tasks.trainset import training_dataset
+        from lorarl.train.prepare import load_policy, start_grading
+        from lorarl.train.prompt_fit import keep_last
 
         cfg0 = cells[0].config
         key = (pack_key(cfg0, lengths=False), device, str(results_dir))
@@ -91,7 +92,7 @@ class Door:
 
     def reference(self, needed: bool) -> Any:
         """One frozen copy of the original base for every pack (None while no member needs it)."""
-        from lorarl.train.prepare import reference_of
+        from lorarl.numerics.kl import reference_of
 
         if needed and self.ref is None:
             self.ref = reference_of(self.base, self.precision, True)

@@ -161,3 +161,10 @@ def within_length(cfg: Any, prompts: Sequence["Prompt"], tokenizer: Any) -> list
     if limit is None or getattr(cfg.train, "prompt_overflow", "drop") == "truncate_left":
         return [True] * len(prompts)
     return [len(prompt_ids(tokenizer, p, cfg.prompt)) <= limit for p in prompts]
+
+
+def prompt_keep(train: Any) -> int | None:
+    """How many prompt tokens a rollout keeps: ``max_prompt_length`` under truncate_left, else all
+    (the cut itself: lorarl.train.prompt_fit)."""
+    return train.max_prompt_length if getattr(train, "prompt_overflow", "drop") == "truncate_left" else None
+

@@ -305,15 +305,8 @@ class CellRun:
             tokenizer.save_pretrained(self._work / "adapter")
         shutil.rmtree(self._work / "trainer", ignore_errors=True)
         summary = self._summary(policy, model, facts, extra)
-        self._tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
-                                                           "trainable_fraction")},
-                                  tags={**policy.mlflow_tags(), "lorarl.state": self.divergence.state,
-                                        **flags.mlflow_tags(summary["flags"])})
-        self._tracker.finish()
-        c = self._cell
-        write_json(self._work / "cell.json", {"id": c.id, "axes": c.axes, "hash": c.hash, "eval_hash": c.eval_hash,
-                                              "aliases": list(c.aliases), "config": self._cfg.model_dump(mode="json")})
-        self._publish(summary)
+        self._publish(summary, tags={**policy.mlflow_tags(), "lorarl.state": self.divergence.state,
+                                     **flags.mlflow_tags(summary["flags"])})
         self.checkpoints.finish()  # outputs in place: delete the checkpoints (train.keep_checkpoint keeps the last)
         if self._stage is None:
             ranks.barrier()
@@ -344,9 +337,16 @@ class CellRun:
             summary["stopped_on_collapse"] = self._collapse_at
         return summary
 
-    def _publish(self, summary: dict) -> None:
+    def _publish(self, summary: dict, tags: dict) -> None:
+        """The MLflow summary (``tags``), cell.json, then summary.json: in place last, or staged (a pack job)."""
         from lorarl.io import disk_full_hook
 
+        self._tracker.log_summary({k: summary[k] for k in ("final_train_reward", "wall_time_s", "params_trainable",
+                                                           "trainable_fraction")}, tags=tags)
+        self._tracker.finish()
+        c = self._cell
+        write_json(self._work / "cell.json", {"id": c.id, "axes": c.axes, "hash": c.hash, "eval_hash": c.eval_hash,
+                                              "aliases": list(c.aliases), "config": self._cfg.model_dump(mode="json")})
         if self._stage is not None:  # a pack job: staged for the cell's own train job (lorarl.pack.publish)
             write_json(self._work / "summary.json", summary)
             self._stage(self._work, self._final)

@@ -58,7 +58,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     trainer = build_trainer(  # regime deposits → [B, T] advantages, own KL term (lorarl.train.trainer)
         cfg, model=policy.model, tokenizer=inputs.tokenizer, args=inputs.args, ref_model=inputs.ref_model,
         train_dataset=inputs.dataset, regime=inputs.regime, grading=inputs.grading,
-        callbacks=host.callbacks(), results_dir=str(results_dir))  # the model is adapted already
+        callbacks=host.callbacks())  # the model is adapted already
     if cfg.rollout.engine == "vllm":  # TRL built its colocated engine in there: the job's start-up, no step's
         jobclock.startup("engine", time.perf_counter() - t0)
     policy.attach(trainer)  # method's optimiser (LoRA+/LoRA-FA/mask) + callbacks; re-verify

@@ -10,7 +10,8 @@ snapshot steps (``eval.eval_every``), the TRL arguments (:func:`lorarl.train.trl
 the weights shard (FSDP2). The trainer is then built from these (:func:`lorarl.train.trl_args.build_trainer`
 takes the regime, it makes none) and nothing is set on it afterwards.
 
-The pieces (:func:`load_policy`, :func:`reference_of`, :func:`training_dataset`, :func:`reward_of`) are the
+The pieces (:func:`load_policy`, :func:`reward_of`, :func:`lorarl.numerics.kl.reference_of`,
+:func:`lorarl.tasks.trainset.training_dataset`) are the
 pack's too (:func:`lorarl.pack.build.build_pack`: one base, one reference and one training set for K members,
 a regime per reward setting), so a cell sees the same inputs in a solo job and in a pack.
 """
@@ -68,46 +69,6 @@ def load_policy(cfg: Any, results_dir: str | Path, device: str, precision: str |
     return load_model_and_tokenizer(resolve_model(cfg.model, results_dir), dtype=dtype, device=device)
 
 
-def reference_of(model: Any, precision: str, needed: bool) -> Any:
-    """The KL reference: a frozen copy of ``model`` (the ORIGINAL base: call before any adapter), in bf16
-    unless training is fp32 (frozen: bf16 suffices, and halves it under full-FT mixed); None when not ``needed``."""
-    import torch
-
-    from lorarl.numerics.kl import frozen_reference
-
-    if not needed:
-        return None
-    ref = frozen_reference(model)
-    if precision != "fp32":
-        ref.to(torch.bfloat16)
-    return ref
-
-
-def training_dataset(cfg: Any, tokenizer: Any) -> tuple[Any, dict]:
-    """The train split as TRL's dataset: ``prompt`` = the cell's prompt (lorarl.tasks.prompt, the
-    one evaluation uses), ``answer`` = the gold; prompts over ``train.max_prompt_length`` tokens are
-    dropped (or, ``train.prompt_overflow: truncate_left``, cut in the trainer and counted here).
-    Returns (dataset, facts for the summary)."""
-    import datasets
-
-    from lorarl.tasks import task_records
-    from lorarl.tasks.prompt import prompt_ids, training_prompts, uses_chat_template, within_length
-    from lorarl.train.prompt_fit import prompt_keep
-
-    rows, _ = task_records(cfg.task)
-    prompts = training_prompts(cfg, [r["prompt"] for r in rows], tokenizer)
-    keep = within_length(cfg, prompts, tokenizer)
-    data = [{"prompt": p, "answer": r["answer"]} for p, r, k in zip(prompts, rows, keep) if k]
-    if not data:
-        raise ValueError(f"train.max_prompt_length={cfg.train.max_prompt_length}: every training prompt is longer")
-    keep = prompt_keep(cfg.train)
-    facts = {"prompts_dropped_too_long": len(rows) - len(data),
-             **({"prompts_truncated_left": sum(len(prompt_ids(tokenizer, d["prompt"], cfg.prompt)) > keep for d in data)}
-                if keep is not None else {}),
-             "prompt_chat_template": uses_chat_template(cfg.prompt.chat_template, tokenizer)}
-    return datasets.Dataset.from_list(data), facts
-
-
 def reward_of(cfg: Any, tokenizer: Any, results_dir: str | Path, device: str) -> tuple[Any, Any]:
     """The cell's reward regime (a teacher's or PRM's model loaded on ``device``) and its grading settings."""
     from lorarl.models import resolve_model
@@ -136,21 +97,25 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
 
     from lorarl.spec.evalplan.plan import snapshot_steps
     from lorarl.train import ranks
-    from lorarl.numerics.kl import needs_reference
+    from lorarl.numerics.kl import needs_reference, reference_of
     from lorarl.numerics.precision import resolve_precision
+    from lorarl.tasks.trainset import training_dataset
     from lorarl.train.sharding import uses_fsdp
     from lorarl.train.trl_args import grpo_args
 
     use_cpu = not torch.cuda.is_available()
     device = "cpu" if use_cpu else "cuda"
-    precision = resolve_precision(cfg.train.precision, device)
     start_grading(cfg)  # the grading workers start beside the model load, not inside step 1
-    model, tok = load_policy(cfg, results_dir, device, precision)
-    ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
-    dataset, facts = training_dataset(cfg, tok)
+    sharded = uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size())
+    model, tok = load_policy(cfg, results_dir, device)  # in train.precision's load dtype
     with torch.random.fork_rng(devices=[] if use_cpu else [torch.cuda.current_device()]):
         regime, grading = reward_of(cfg, tok, results_dir, device)  # a teacher/PRM load leaves the adapter's init stream alone
+    # then what the lower floors make of the cell, asked together, each once: the precision and the KL reference (the
+    # ORIGINAL base: no adapter yet), the training set (prompts rendered as evaluation renders them)
+    precision = resolve_precision(cfg.train.precision, device)
+    ref = reference_of(model, precision, needs_reference(cfg.train.beta, cfg.train.kl_monitor_every))
+    dataset, facts = training_dataset(cfg, tok)
     return CellInputs(cfg=cfg, device=device, precision=precision, model=model, tokenizer=tok, ref_model=ref,
                       dataset=dataset, data_facts=facts, regime=regime, grading=grading,
                       snapshot_steps=sorted(snapshot_steps(cfg)), args=grpo_args(cfg, output_dir, use_cpu, precision),
-                      sharded=uses_fsdp(cfg.train.sharding, cfg.adapter.method, ranks.world_size()))
+                      sharded=sharded)

@@ -15,11 +15,6 @@ def keep_last(ids: Sequence[int], keep: int | None) -> list[int]:
     return ids[-keep:] if keep is not None and len(ids) > keep else ids
 
 
-def prompt_keep(train: Any) -> int | None:
-    """How many prompt tokens a rollout keeps: ``max_prompt_length`` under truncate_left, else all."""
-    return train.max_prompt_length if getattr(train, "prompt_overflow", "drop") == "truncate_left" else None
-
-
 class LeftTruncation:
     """Mix-in of the GRPO trainer: TRL's tokenised prompts cut to their last ``prompt_keep`` tokens."""
 
@@ -56,6 +51,6 @@ def prompt_width(cfg: Any, tokenizer: Any, prompts: list) -> int:
     """The prompt columns of every rollout and update batch of a cell: its longest training prompt in tokens (after
     ``train.prompt_overflow: truncate_left``), the same in a solo job and in any pack (lorarl.pack.build), so a row's
     arithmetic never depends on the other rows of its batch (docs/packed.md, "One cell, one result")."""
-    from lorarl.tasks.prompt import prompt_ids
+    from lorarl.tasks.prompt import prompt_ids, prompt_keep
 
     return max(len(keep_last(prompt_ids(tokenizer, p, cfg.prompt), prompt_keep(cfg.train))) for p in prompts)

@@ -7,7 +7,6 @@ constructor argument of :class:`lorarl.train.trainer.LorarlGRPOTrainer` (``kl_be
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,10 +80,15 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
     from lorarl.train.sharding import fsdp_fields
 
     t = cfg.train
-    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
     n = rankmod.world_size() if ranks is None else int(ranks)
     update_rows = (t.mini_batch_prompts or t.prompts_per_step) * t.generations
     rankmod.check_layout(t.prompts_per_step, t.generations, update_rows, n)
+    engine = rollout_fields(cfg.rollout, context_budget(t))  # engine vllm: TRL's colocated vLLM (use_vllm=True)
+    fsdp = fsdp_fields(t.sharding, cfg.adapter.method, n)  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
+    # what the lower floors say of the cell, asked together: the precision's autocast, the chat template's kwargs
+    precision = precision or resolve_precision(t.precision, "cpu" if use_cpu else "cuda")
+    bf16 = autocast_bf16(precision)
+    chat_template = template_kwargs(cfg.prompt) or None  # prompt.thinking: the chat template's enable_thinking
     return GRPOConfig(
         output_dir=str(output_dir),
         learning_rate=t.lr,
@@ -121,42 +125,31 @@ def grpo_args(cfg: "CellConfig", output_dir: str | Path, use_cpu: bool, precisio
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
-        bf16=autocast_bf16(precision),
+        bf16=bf16,
         disable_tqdm=False,
         dataloader_num_workers=0,
         gradient_checkpointing=checkpointing(t.gradient_checkpointing, use_cpu),  # activations recomputed in the backward
         gradient_checkpointing_kwargs={"use_reentrant": False},  # works with frozen embeddings (PEFT) and no_grad forwards
-        chat_template_kwargs=template_kwargs(cfg.prompt) or None,  # prompt.thinking: the chat template's enable_thinking
-        **rollout_fields(cfg.rollout, context_budget(t)),  # engine vllm: TRL's colocated vLLM (use_vllm=True)
-        **fsdp_fields(t.sharding, cfg.adapter.method, n),  # full fine-tuning on several ranks: FSDP2 (lorarl.train.sharding)
+        chat_template_kwargs=chat_template,
+        **engine,
+        **fsdp,
     )
 
 
 def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_dataset: Any,
-                  peft_config: Any = None, callbacks: list | None = None, ref_model: Any = "auto",
-                  regime: Any = None, grading: Any = None, results_dir: str = "results") -> "LorarlGRPOTrainer":
+                  regime: Any, grading: Any, peft_config: Any = None, callbacks: list | None = None,
+                  ref_model: Any = "auto") -> "LorarlGRPOTrainer":
     """The trainer of one cell: ``args`` from :func:`grpo_args` (unchanged here), the regime and grading settings
-    its job resolved at the door (:func:`lorarl.train.prepare.prepare`), KL, DAPO and memory options from the
-    cell config, every one a constructor argument (nothing is set on the trainer afterwards). Without ``regime``
-    (a test, the memory probe) the cell's regime is built here."""
-    import torch
-
+    its job resolved at the door (:func:`lorarl.train.prepare.prepare`, or :func:`lorarl.train.prepare.reward_of`
+    for a test or the memory probe), KL, DAPO and memory options from the cell config, every one a constructor
+    argument (nothing is set on the trainer afterwards)."""
     from lorarl.train.microbatch import micro_size
     from lorarl.train.prompt_fit import prompt_width
-    from lorarl.train.prompt_fit import prompt_keep
+    from lorarl.tasks.prompt import prompt_keep
     from lorarl.train.trainer import LorarlGRPOTrainer
 
     t = cfg.train
     rollout = getattr(cfg, "rollout", None)
-    if regime is None:  # a test or the memory probe: the cell's own regime (a job's door built it: prepare)
-        from lorarl.rewards.outcome import settings_of
-        from lorarl.models import resolve_model
-        from lorarl.rewards.registry import build_regime
-
-        device = "cpu" if getattr(args, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
-        regime = build_regime(cfg.reward, tokenizer, resolve=partial(resolve_model, results_dir=results_dir), device=device,
-                              temperature=t.temperature)
-        grading = settings_of(cfg.reward)
     return LorarlGRPOTrainer(
         model=model, regime=regime, args=args, kl_beta=t.beta, ref_model=ref_model, kl_estimator=t.kl_estimator,
         kl_monitor_every=t.kl_monitor_every, dynamic_sampling=t.dynamic_sampling,
@@ -164,8 +157,10 @@ def build_trainer(cfg: Any, *, model: Any, tokenizer: Any, args: Any, train_data
         overlong_buffer=t.overlong_buffer, overlong_factor=t.overlong_factor, rollout=rollout, grading=grading,
         micro_batch_size=micro_size(t.micro_batch_size),  # rows per forward/backward (lorarl.train.microbatch)
         micro_batch_tokens=t.micro_batch_tokens,  # token positions per forward/backward (lorarl.train.tokenbudget)
-        prompt_keep=prompt_keep(t),  # train.prompt_overflow truncate_left: the last max_prompt_length tokens
         generation_engine=getattr(getattr(cfg, "runtime", None), "generation", None),  # hf: lorarl.decoding
         batch_invariant=bool(getattr(getattr(cfg, "runtime", None), "batch_invariant", False)),  # numerics.invariant
+        # the prompt's facts last, together (lorarl.tasks.prompt): every rollout's prompt columns, and the last
+        # max_prompt_length tokens a rollout keeps under train.prompt_overflow truncate_left
         prompt_width=prompt_width(cfg, tokenizer, list(train_dataset["prompt"])) if train_dataset is not None else None,
+        prompt_keep=prompt_keep(t),
         train_dataset=train_dataset, processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)

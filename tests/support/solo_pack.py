@@ -99,7 +99,7 @@ def train_solo(cfg: Any, results_dir: str | Path) -> HostRun:
     start, regime = tensors(policy.model), recorded_regime()
     trainer = build_trainer(cfg, model=policy.model, tokenizer=inputs.tokenizer, args=inputs.args,
                             ref_model=inputs.ref_model, train_dataset=inputs.dataset, regime=regime,
-                            grading=inputs.grading, results_dir=str(results_dir))
+                            grading=inputs.grading)
     policy.attach(trainer)
     trainer.train()
     rows = [clean_row(h) for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]

@@ -1,7 +1,7 @@
 """One prompt for training and evaluation (lorarl.tasks.prompt, the cell's `prompt:` section).
 
 The gate: for the same problem, the ids TRL's GRPOTrainer tokenises in the train stage (from the
-dataset `train.training_dataset` builds) equal, byte for byte, the ids the evaluate stage's HF backend
+dataset `tasks.trainset.training_dataset` builds) equal, byte for byte, the ids the evaluate stage's HF backend
 feeds to `generate` (from `evaluation.load_problems`), with and without the chat template, system
 prompt and think format.
 """
@@ -40,7 +40,7 @@ def test_train_and_eval_stages_build_identical_prompt_ids(tiny_dirs, tmp_path, k
     from lorarl.evaluate.backends import HFBackend
     from lorarl.evaluate.main import load_problems
     from lorarl.tasks import task_records
-    from lorarl.train.prepare import training_dataset
+    from lorarl.tasks.trainset import training_dataset
 
     model_dir = tiny_dirs["chat" if prompt.get("chat_template") == "on" else "plain"]
     if kind == "synthetic":  # the train split's rows, given to the synthetic benchmark as a local file
@@ -123,7 +123,7 @@ def test_prompt_is_in_the_train_and_eval_signatures():
 
 def test_max_prompt_length_drops_long_training_prompts(tiny_dirs):
     from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.prepare import training_dataset
+    from lorarl.tasks.trainset import training_dataset
 
     _, tok = load_model_and_tokenizer(tiny_dirs["plain"])
     cfg = CellConfig(task={"n_train": 50, "n_eval": 2, "min_operands": 2, "max_operands": 3})
@@ -147,7 +147,7 @@ def test_dapo_instructed_dataset_and_bare_benchmark_ask_alike(tiny_dirs, tmp_pat
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import DAPO_TEMPLATE
-    from lorarl.train.prepare import training_dataset
+    from lorarl.tasks.trainset import training_dataset
 
     problems = ["What is 3 + 3?", "Find $x$ if $2x = 10$."]
     train, bench = tmp_path / "dapo.jsonl", tmp_path / "m.jsonl"

@@ -27,7 +27,7 @@ def _cfg(model: str, bench: Path, **task) -> CellConfig:
 def test_training_row_and_benchmark_problem_carry_the_same_one_instruction(tiny_dirs, tmp_path):
     from lorarl.evaluate.main import load_problems
     from lorarl.models import load_model_and_tokenizer
-    from lorarl.train.prepare import training_dataset
+    from lorarl.tasks.trainset import training_dataset
 
     row = json.loads(ROW.read_text())
     assert {"prompt", "solution", "source_prompt", "reward_model", "extra_info"} <= set(row)

@@ -31,7 +31,7 @@ def test_setting_is_checked_and_hashed_only_when_set():
 def test_training_dataset_drops_or_keeps(tiny_dir):
     from lorarl.models import load_model_and_tokenizer
     from lorarl.tasks.prompt import prompt_ids
-    from lorarl.train.prepare import training_dataset
+    from lorarl.tasks.trainset import training_dataset
 
     _, tok = load_model_and_tokenizer(tiny_dir)
     task = {"name": "synthetic", "seed": 1, "n_train": 40, "n_eval": 4, "max_operands": 3}

@@ -33,13 +33,15 @@ def _trainer(tiny_dir, tmp_path, cfg, model=None):
     import datasets
 
     from lorarl.models import load_model_and_tokenizer
+    from lorarl.train.prepare import reward_of
     from lorarl.train.trl_args import build_trainer, grpo_args
 
     base, tok = load_model_and_tokenizer(tiny_dir)
     ds = datasets.Dataset.from_list([{"prompt": f"Q: {i}+{i}=?\nA: ", "answer": str(2 * i)} for i in range(8)])
     ref = copy.deepcopy(base).eval() if cfg.train.beta > 0 else None
+    regime, grading = reward_of(cfg, tok, tmp_path, "cpu")
     trainer = build_trainer(cfg, model=model or base, tokenizer=tok, args=grpo_args(cfg, tmp_path / "o", use_cpu=True),
-                            train_dataset=ds, ref_model=ref)
+                            train_dataset=ds, ref_model=ref, regime=regime, grading=grading)
     from lorarl.rewards.outcome import OutcomeDeposits
 
     trainer.regime = OutcomeDeposits(score_fn=lambda c, a: [1.0, 0.0, 0.0, 1.0][: len(c)])

@@ -38,6 +38,7 @@ def setup(tmp_path_factory):
     import datasets
 
     from lorarl.models import load_model_and_tokenizer
+    from lorarl.train.prepare import reward_of
     from lorarl.train.trl_args import build_trainer, grpo_args
     from tests.support.tiny_model import save_tiny
 
@@ -45,8 +46,9 @@ def setup(tmp_path_factory):
     base, tok = load_model_and_tokenizer(save_tiny(tmp / "tiny"))
     cfg = _cfg()
     ds = datasets.Dataset.from_list([{"prompt": f"Q: {i}+{i}=?\nA: ", "answer": str(2 * i)} for i in range(8)])
+    regime, grading = reward_of(cfg, tok, tmp, "cpu")
     trainer = build_trainer(cfg, model=base, tokenizer=tok, args=grpo_args(cfg, tmp / "o", use_cpu=True),
-                            train_dataset=ds, ref_model=copy.deepcopy(base).eval())
+                            train_dataset=ds, ref_model=copy.deepcopy(base).eval(), regime=regime, grading=grading)
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.train()
     assert next(trainer.model.parameters()).dtype == torch.float32

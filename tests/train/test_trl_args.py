@@ -55,6 +55,7 @@ def test_vllm_context_defaults_to_the_prompt_and_completion_budget(tmp_path):
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path, beta):
     from lorarl.models import load_model_and_tokenizer
+    from lorarl.train.prepare import reward_of
     from lorarl.train.trl_args import build_trainer, grpo_args
 
     cfg = cfg_with(beta=beta, num_iterations=2)
@@ -62,7 +63,9 @@ def test_beta_reaches_the_trainer_once_and_args_stay_as_built(tiny_dir, tmp_path
     ds = datasets.Dataset.from_list([{"prompt": f"Q: {i}+{i}=?\nA: ", "answer": str(2 * i)} for i in range(8)])
     args = grpo_args(cfg, tmp_path / "o", use_cpu=True)
     before = args.to_dict()
-    trainer = build_trainer(cfg, model=model, tokenizer=tok, args=args, train_dataset=ds, ref_model="auto")
+    regime, grading = reward_of(cfg, tok, tmp_path, "cpu")
+    trainer = build_trainer(cfg, model=model, tokenizer=tok, args=args, train_dataset=ds, ref_model="auto",
+                            regime=regime, grading=grading)
     assert args.to_dict() == before  # nothing mutates the translated arguments
     assert trainer.kl_beta == beta and trainer.args.beta == 0.0 and trainer.beta == 0.0
     assert (trainer.reference_model is not None) == (beta > 0)
