@@ -72,7 +72,7 @@ def _worker(study: str, packs: list[str], results: str) -> None:
     """Each pack (a comma list of cells) trained together, then each member evaluated."""
     from lorarl.pack import publish
     from lorarl.pipeline.jobs.launch import run_stage
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     table = cell_table(load_study(study))
     name = Path(study).stem
@@ -93,7 +93,7 @@ def _worker(study: str, packs: list[str], results: str) -> None:
 
 
 def run(workdir: Path, grids: list[str], workers: int) -> None:
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     workdir.mkdir(parents=True, exist_ok=True)
     _model(workdir)
@@ -116,8 +116,8 @@ def run(workdir: Path, grids: list[str], workers: int) -> None:
 
 
 def record(workdir: Path, grids: list[str]) -> None:
-    from lorarl.spec.evalplan.plan import snapshot_steps
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.evalplan.plan import snapshot_steps
+    from lorarl.language.study import cell_table, load_study
 
     OUT.mkdir(parents=True, exist_ok=True)
     for grid in grids:

@@ -111,7 +111,7 @@ def terminal(ledger: dict | None) -> bool:
 def controller(wd: Path) -> None:
     """The decision loop: decide from the records now on disk and write the ledger, until the end."""
     from lorarl.adaptive.ledger import update_search
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     study = load_study(wd / "study.yaml")
     table = cell_table(study)
@@ -138,7 +138,7 @@ def controller_kill(rng: random.Random) -> tuple[str, float]:
 def replay(wd: Path, rule: str, kills: int, rng: random.Random) -> dict:
     """Run the study to its end, spending at most ``kills`` SIGKILLs; the final ledger and what was killed."""
     from lorarl.adaptive.ledger import cell_plan, read, search_path
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     study = {**STUDY, "search": {"rule": rule, "rungs": RUNGS, "eta": 3}}
     wd.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ def replay_search(grid: Grid, vals: np.ndarray, rule: str, eta: int) -> tuple[li
     from types import SimpleNamespace
 
     from lorarl.adaptive.halving import decide
-    from lorarl.spec.adaptive.settings import Setting
+    from lorarl.language.adaptive.settings import Setting
 
     rungs = rungs_of(grid, eta)
     n_seeds = vals.shape[1]

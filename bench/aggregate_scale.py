@@ -81,7 +81,7 @@ def diagnostics_template() -> pd.DataFrame:
 
 
 def make(tmp: Path, n: int, steps: int) -> tuple[Path, Path]:
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     sp = tmp / "aggscale.yaml"
     sp.write_text(yaml.safe_dump(study(n, steps), sort_keys=False))
@@ -125,7 +125,7 @@ def main() -> None:
         sp, res = make(Path(tmp), a.cells, a.steps)
         print(f"synthetic study: {a.cells} cells x {a.steps} steps written in {time.perf_counter() - t0:.1f} s "
               f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-        from lorarl.spec import study as study_mod
+        from lorarl.language import study as study_mod
         from lorarl.report.aggregate import aggregate
         from lorarl.report import build
 

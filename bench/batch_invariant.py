@@ -27,7 +27,7 @@ RANKS = (2, 8, 16, 32)
 def cells(model: str, on: bool, steps: int) -> list:
     from types import SimpleNamespace
 
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     out = []
     for k, r in enumerate(RANKS):

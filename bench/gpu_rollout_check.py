@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 from tests.support import fake_vllm
 from pytest import MonkeyPatch
 from trl import GRPOConfig
-from lorarl.spec.config import RolloutConfig
+from lorarl.language.config import RolloutConfig
 from lorarl.train.trainer import LorarlGRPOTrainer
 from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.train.rollout import RolloutStaleError

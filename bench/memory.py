@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.memory.arch import VOCAB_LOCAL
 from lorarl.memory.measure import generated_batch, measure_update, planned_update, tiny_trainer
 from lorarl.models import RECIPES, build_tiny, build_tokenizer

@@ -146,7 +146,7 @@ def full_worker(kind: str, study_path: str, cells: str, results: str, update_cel
     t0 = time.perf_counter()
     import torch
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     torch.set_num_threads(1)
     st = load_study(study_path)

@@ -95,7 +95,7 @@ def write_study(root: Path, model: str, scenario: str, short: int, long: int, se
 
 def study_cells(path: Path) -> list:
     """The study's cells: per seed, the short (or never-stopped) cell, then the long (or collapsing) one."""
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     cells = list(cell_table(load_study(str(path))).cells)
     return sorted(cells, key=lambda c: (c.config.seed, c.config.train.steps, c.config.train.stop_on_collapse))

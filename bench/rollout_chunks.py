@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.memory.measure import allocated_peak, tiny_trainer
 from lorarl.train.rowsample import ChunkedRollouts
 

@@ -80,7 +80,7 @@ def lorarl_side(study_name: str, cell, results: str) -> list[float]:
 def main() -> None:
     import torch
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="experiments/demo.yaml")

@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.memory.arch import VOCAB_LOCAL
 from lorarl.memory.measure import measure_update, tiny_trainer
 from lorarl.models import RECIPES, build_tiny, build_tokenizer

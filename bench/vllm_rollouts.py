@@ -69,7 +69,7 @@ def build_model(root: str, hidden: int, layers: int) -> str:
 
 def hf_trainer(model_dir: str, root: str, prompts: int, tokens: int, rank: int):
     """lorarl's solo trainer on the cell (LoRA r ``rank``, every linear layer, B off zero), whole-batch rollouts."""
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from lorarl.memory.measure import tiny_trainer
 
     cfg = CellConfig.model_validate({"model": "local:bench", "adapter": {"method": "lora", "rank": rank},

@@ -80,7 +80,7 @@ def _typed_fields() -> list[tuple[str, Any, Any]]:
     """(dotted path, annotation, default) of every leaf field of CellConfig's sections."""
     from pydantic import BaseModel
 
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     out = []
 
@@ -326,8 +326,8 @@ def id_escapes() -> list[str]:
     """Valid studies whose labels and prefixes are hostile: every cell id and derived path must stay
     inside results/<study>/ (or the study is refused). Returns the escapes found (none expected)."""
     from lorarl import paths
-    from lorarl.spec.matrix import StudyError
-    from lorarl.spec.study import base_cells, parse_study, study_cells
+    from lorarl.language.matrix import StudyError
+    from lorarl.language.study import base_cells, parse_study, study_cells
 
     hostile = ["../../etc", "/abs", "a/../../b", "..", "x\\..\\y", "~", "$(rm)", "a b", "\x00nul"]
     found = []

@@ -1,7 +1,7 @@
 """Bad studies that are too large to expand, for lorarl.badstudies ("too large" category).
 
-A study whose axes multiply past the cell cap (lorarl.spec.matrix.max_cells: $LORARL_MAX_CELLS, default
-100,000) and YAML whose aliases expand past lorarl.spec.yamlpos.MAX_ALIAS_NODES (alias bombs) or refer to
+A study whose axes multiply past the cell cap (lorarl.language.matrix.max_cells: $LORARL_MAX_CELLS, default
+100,000) and YAML whose aliases expand past lorarl.language.yamlpos.MAX_ALIAS_NODES (alias bombs) or refer to
 themselves must be refused before anything expands: in well under a second, in little memory, exit
 status 2, the message naming each axis's size and the cap, or the alias.
 """

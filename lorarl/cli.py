@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from lorarl.adaptive.hypotheses import robustness_note
-from lorarl.spec.kinds import KINDS, entry, get_kind
+from lorarl.language.kinds import KINDS, entry, get_kind
 from lorarl.pipeline.jobs import jobparams
 from lorarl.pipeline.jobs.stages import launchable
-from lorarl.spec.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
+from lorarl.language.study import StudyError, cell_table, load_study, load_study_to_list, load_study_to_run
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
@@ -147,7 +147,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
                     cell="aggregate"):
         ledger.first_work()  # start-up ends here
         kind = get_kind(study.kind)
-        entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.spec.kinds)
+        entry(kind.aggregate)(study, args.results)  # tables (+ figures) of the kind (lorarl.language.kinds)
         if kind.report:
             from lorarl.report import build
 

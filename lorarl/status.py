@@ -127,7 +127,7 @@ def _stage(prov_file: Path, launcher_log: Path, done: bool, queue: dict, acct: d
 
 def study_status(study_path: str | Path | Any, results_dir: str | Path = "results") -> list[CellStatus]:
     """`study_path`: a study file, or a loaded Study."""
-    from lorarl.spec.study import base_cells, load_study
+    from lorarl.language.study import base_cells, load_study
 
     study = load_study(study_path) if isinstance(study_path, (str, Path)) else study_path
     results_dir = Path(results_dir)
@@ -188,7 +188,7 @@ def study_status(study_path: str | Path | Any, results_dir: str | Path = "result
 
 def status_cells(study: Any, results_dir: str | Path) -> list[Any]:
     """The study's cells, then the seeds a hypothesis added that the workflow started (lorarl.adaptive.ledger)."""
-    from lorarl.spec.study import cell_table, study_cells
+    from lorarl.language.study import cell_table, study_cells
 
     if not getattr(study, "hypotheses", None):
         return study_cells(study)
@@ -202,7 +202,7 @@ def _stopped(study: Any, results_dir: Path) -> dict[str, int]:
     if getattr(study, "search", None) is None:
         return {}
     from lorarl.adaptive.ledger import stopped_now
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     return stopped_now(study, cell_table(study), results_dir)
 
@@ -223,11 +223,11 @@ def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int])
 
 def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) -> list[str]:
     """The lines under the table: each local base model still building (lorarl.build_progress), and, while no cell
-    has started, each hub model or dataset this machine cannot get (every job would refuse it: lorarl.spec.hubcheck)."""
-    from lorarl.spec import hubcheck
+    has started, each hub model or dataset this machine cannot get (every job would refuse it: lorarl.language.hubcheck)."""
+    from lorarl.language import hubcheck
     from lorarl.build_progress import base_lines
     from lorarl.models import study_recipes
-    from lorarl.spec.study import cell_table, study_cells
+    from lorarl.language.study import cell_table, study_cells
 
     notes = base_lines(study_recipes(study_cells(study)), results_dir)
     if hubcheck.enabled() and all(r.train.state == "not started" for r in rows if r.kind == "cell"):

@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 
 from lorarl import paths
-from lorarl.spec import yamlpos
+from lorarl.language import yamlpos
 from lorarl.io import atomic_write_text
-from lorarl.spec.matrix import StudyError
+from lorarl.language.matrix import StudyError
 
 __all__ = ["effective_file", "apply_set"]
 
@@ -35,7 +35,7 @@ HEADER = "# {source} with `--config set={set}` (written by the workflow: edit {s
 
 def _axis_fields(raw: dict) -> dict[str, str]:
     """dotted field -> the axis that sets it, read from the parsed study."""
-    from lorarl.spec.study import parse_study
+    from lorarl.language.study import parse_study
 
     study = parse_study(raw)
     return {p: name for name, ax in study.axes.items() for sets in ax.writes() for p, _ in sets}
@@ -60,7 +60,7 @@ def apply_set(raw: dict, overrides: Any, source: str) -> dict:
     Raises StudyError naming ``set.<key>`` and what is allowed."""
     import copy
 
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     if not isinstance(overrides, dict):
         raise StudyError(f"config set: {overrides!r}; allowed: a mapping of study default fields to values, "
@@ -101,9 +101,9 @@ def apply_set(raw: dict, overrides: Any, source: str) -> dict:
 def effective_file(path: str | Path, overrides: Any, results: str | Path) -> Path:
     """The study file a workflow run hands its jobs: ``path`` itself without overrides, else the overridden study,
     validated, then written (only when its text changed) to ``results/<study>/study_set.yaml``."""
-    from lorarl.spec.adaptive.blocks import check_blocks
-    from lorarl.spec.preflight import check_references
-    from lorarl.spec.study import cell_table, parse_study
+    from lorarl.language.adaptive.blocks import check_blocks
+    from lorarl.language.preflight import check_references
+    from lorarl.language.study import cell_table, parse_study
 
     if overrides in (None, {}, ""):
         return Path(path)

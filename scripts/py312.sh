@@ -25,4 +25,4 @@ fi
 echo "[py312] interpreter: $PY"
 PYTHON="$PY" VENV=.venv312 bash scripts/setup.sh
 .venv312/bin/python -m pytest -p no:cacheprovider -q -m "not slow" \
-  tests/project/test_structure.py tests/spec/test_study.py tests/rewards/test_rewards.py tests/train/test_grpo.py tests/project/test_dependencies.py
+  tests/project/test_structure.py tests/language/test_study.py tests/rewards/test_rewards.py tests/train/test_grpo.py tests/project/test_dependencies.py

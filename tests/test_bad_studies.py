@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lorarl import badstudies
-from lorarl.spec.study import StudyError, load_study
+from lorarl.language.study import StudyError, load_study
 
 CASES = badstudies.cases()
 
@@ -50,8 +50,8 @@ def test_errors_point_at_the_yaml_line(tmp_path: Path):
 def test_booleans_never_pass_as_numbers_but_bool_fields_take_them():
     from pydantic import ValidationError
 
-    from lorarl.spec.config import AdapterConfig, ProtocolOverride, TrainConfig
-    from lorarl.spec.toy import ToyCellConfig
+    from lorarl.language.config import AdapterConfig, ProtocolOverride, TrainConfig
+    from lorarl.language.toy import ToyCellConfig
 
     for model, field, value in [(AdapterConfig, "rank", True), (TrainConfig, "lr", False), (ToyCellConfig, "rank", True),
                                 (TrainConfig, "epsilon_high", True)]:
@@ -98,7 +98,7 @@ def test_the_cell_cap_names_each_axis_and_is_configurable(tmp_path: Path, monkey
     monkeypatch.setenv("LORARL_MAX_CELLS", "4")
     assert len(load_study(f)._table) == 4
     monkeypatch.delenv("LORARL_MAX_CELLS")
-    from lorarl.spec.matrix import MAX_CELLS, max_cells
+    from lorarl.language.matrix import MAX_CELLS, max_cells
 
     assert max_cells() == MAX_CELLS == 100_000
 
@@ -111,7 +111,7 @@ def test_alias_bombs_name_the_alias_and_its_line(tmp_path: Path):
                                          r"\d+ alone stands for 10,101 nodes; allowed"):
         load_study(f)
     f.write_text("name: s\nx: &x {a: 1}\ny: *x\nz: {<<: *x, b: 2}\n")  # ordinary aliases and merges still load
-    from lorarl.spec import yamlpos
+    from lorarl.language import yamlpos
 
     assert yamlpos.load(f.read_text(), str(f)) == {"name": "s", "x": {"a": 1}, "y": {"a": 1}, "z": {"a": 1, "b": 2}}
 

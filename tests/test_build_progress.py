@@ -59,7 +59,7 @@ def test_each_state_reads_as_a_line():
 
 
 def test_a_study_lists_its_recipes_parents_first():
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     assert models.study_recipes(study_cells(load_study(REPO / "experiments" / "demo.yaml"))) == ["tiny-arith"]
     cells = study_cells(load_study(REPO / "experiments" / "reward_density_cpu.yaml"))  # a teacher continues tiny-arith

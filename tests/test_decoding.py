@@ -78,9 +78,9 @@ def test_apply_sets_the_generation_config():
 
 
 def test_the_setting_is_runtime_and_a_bad_value_is_named():
-    from lorarl.spec.config import CellConfig
-    from lorarl.spec.signature import train_signature
-    from lorarl.spec.study import StudyError, parse_study, study_cells
+    from lorarl.language.config import CellConfig
+    from lorarl.language.signature import train_signature
+    from lorarl.language.study import StudyError, parse_study, study_cells
 
     assert train_signature(CellConfig()) == train_signature(CellConfig(runtime={"generation": {"cache": "static",
                                                                                                "compile": "on"}}))

@@ -42,7 +42,7 @@ def test_aggregate_imports_no_torch(tmp_path: Path):
     import numpy as np
 
     from lorarl import paths
-    from lorarl.spec.study import base_cells, load_study, parse_study, study_cells
+    from lorarl.language.study import base_cells, load_study, parse_study, study_cells
     from tests.support.report_fixture import _eval, make_study
 
     grpo, results = make_study(tmp_path, study=tiny_study(

@@ -17,7 +17,7 @@ from lorarl import jobids, provenance
 from lorarl.pipeline.jobs.launch import error_summary
 from lorarl.pipeline.jobs.slurm import coerce, slurm_parameters
 from lorarl.status import format_table, study_status
-from lorarl.spec.study import study_cells, load_study
+from lorarl.language.study import study_cells, load_study
 from tests.support.study import seeds, tiny_study
 
 REPO = Path(__file__).resolve().parents[1]

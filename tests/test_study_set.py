@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.spec.study import StudyError, cell_table, load_study
+from lorarl.language.study import StudyError, cell_table, load_study
 from lorarl.study_set import effective_file
 from tests.support.snakemake import run_snakemake
 

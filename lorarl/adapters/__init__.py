@@ -1,6 +1,6 @@
 """PEFT methods, initialisations and sparse masks as a registry (issue 5).
 
-- `names`: the plain tuples METHODS / INITS / MASKS (what `lorarl.spec.config` validates against).
+- `names`: the plain tuples METHODS / INITS / MASKS (what `lorarl.language.config` validates against).
 - `registry`: the `Method` spec and `@register`; `catalog`: `get_method`, `check_config` (rejects
   fields that do not apply), `describe` over every registered method.
 - `methods`: one class per method (peft classes/optimisers wherever peft has them).

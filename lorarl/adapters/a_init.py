@@ -21,7 +21,7 @@ RANDOM_A_INITS = ("kaiming", "gaussian")  # B0 = 0, A0 drawn at random
 
 
 def random_a_inits(cells: Iterable[Any]) -> dict[str, dict[str, list[str]]]:
-    """method -> random init -> ids of the study cells (lorarl.spec.study.study_cells) that use it."""
+    """method -> random init -> ids of the study cells (lorarl.language.study.study_cells) that use it."""
     out: dict[str, dict[str, list[str]]] = {}
     for c in cells:
         adapter = getattr(c.config, "adapter", None)

@@ -1,4 +1,4 @@
-"""Plain names of the adapter axes (no imports): what `lorarl.spec.config` validates against.
+"""Plain names of the adapter axes (no imports): what `lorarl.language.config` validates against.
 
 The registry (`lorarl.adapters.registry`) must register exactly these methods; a test checks it.
 """

@@ -4,7 +4,7 @@ A method's class says, as data, which `AdapterConfig` fields apply to it (`field
 applicable field takes when the cell leaves it null (`defaults`), and which inits / masks it accepts.
 `register` checks that spec when the class is defined, and `check_config` (called by `AdapterConfig`'s
 validator) rejects a cell that sets a field the method does not use, naming the field, the method and
-the fields that do apply. Nothing here imports torch or peft: `lorarl.spec.config` stays light.
+the fields that do apply. Nothing here imports torch or peft: `lorarl.language.config` stays light.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Adaptive studies: spend training where it still decides something (docs/adaptive.md).
 
 Every module is a small pure layer; none imports the workflow, the report or MLflow. The study-language side
-lives in :mod:`lorarl.spec.adaptive`: the blocks ``search:`` and ``hypotheses:`` and their checks (``blocks``,
-called by ``lorarl.spec.study.load_study``), the seeds a hypothesis adds, and the settings (cells that differ only
+lives in :mod:`lorarl.language.adaptive`: the blocks ``search:`` and ``hypotheses:`` and their checks (``blocks``,
+called by ``lorarl.language.study.load_study``), the seeds a hypothesis adds, and the settings (cells that differ only
 in the paired axes, e.g. seed). Here:
 
 * ``records``: the files a decision reads (rung values from the cells' own ``eval/<b>@<step>.json``,

@@ -40,7 +40,7 @@ class SearchFlow:
     """A study's successive halving as the workflow sees it: each setting's fate, read rung by rung."""
 
     def __init__(self, spec: Any, settings: Sequence[Any], get: Callable[[int, Any], dict]):
-        """``spec``: the resolved `search:` block (dict or model); ``settings``: lorarl.spec.adaptive.settings.Setting
+        """``spec``: the resolved `search:` block (dict or model); ``settings``: lorarl.language.adaptive.settings.Setting
         in arrival order; ``get(step, n)``: the view of rung ``step`` after ``n`` settings (or ``"all"``)."""
         sp = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec)
         self.rule, self.rungs, self.eta = sp.get("rule", "sha"), [int(r) for r in sp["rungs"]], int(sp["eta"])

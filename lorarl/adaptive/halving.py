@@ -2,9 +2,9 @@
 
 Inputs (plain data, so a test, a replay and the workflow call it alike):
 
-* ``spec``: the resolved `search:` block (lorarl.spec.adaptive.blocks.resolved_search: rungs, metric, eta,
+* ``spec``: the resolved `search:` block (lorarl.language.adaptive.blocks.resolved_search: rungs, metric, eta,
   min_kept, direction, rule);
-* ``settings``: the study's settings in arrival order (lorarl.spec.adaptive.settings.study_settings);
+* ``settings``: the study's settings in arrival order (lorarl.language.adaptive.settings.study_settings);
 * ``records``: ``{"values": {cell: {rung_step: value}}, "failed": {cell: step}}`` (lorarl.adaptive.records
   reads them from the cells' own evaluation files; a value that is not finite counts as a failure);
 * ``previous``: the last ledger (lorarl.adaptive.ledger) or None.
@@ -44,7 +44,7 @@ import json
 import math
 from typing import Any, Sequence
 
-from lorarl.spec.adaptive.settings import Setting, tie_key
+from lorarl.language.adaptive.settings import Setting, tie_key
 
 __all__ = ["decide", "inputs_hash", "PROMOTE", "STOP", "FAIL"]
 

@@ -23,11 +23,11 @@ from lorarl import paths
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.hypotheses import FAILED, hypothesis_state, paired_difference
 from lorarl.adaptive.records import cell_bad_seed, cell_failure, problem_scores, rung_records
-from lorarl.spec.adaptive.seeds import comparison_seeds
-from lorarl.spec.adaptive.settings import study_settings
-from lorarl.spec.adaptive.blocks import check_metric, resolved_search
+from lorarl.language.adaptive.seeds import comparison_seeds
+from lorarl.language.adaptive.settings import study_settings
+from lorarl.language.adaptive.blocks import check_metric, resolved_search
 from lorarl.io import atomic_write_text
-from lorarl.spec.matrix import label_of
+from lorarl.language.matrix import label_of
 
 __all__ = ["search_path", "hypotheses_path", "render", "write_if_changed", "read", "update_search",
            "cell_plan", "stopped_now", "hypothesis_observations", "hypothesis_censored", "update_hypotheses", "censored_cells",
@@ -135,7 +135,7 @@ def started_cells(study: Any, table: Any, results: str | Path) -> list[Any]:
 def hypothesis_observations(study: Any, table: Any, results: str | Path, spec: Any, metric: str,
                             n: int | None = None) -> list[tuple[str, Any]]:
     """(seed, paired difference | None | FAILED) in seed order: the first ``n`` seeds of the comparison (a look),
-    else the axis's seeds and the added seeds the workflow started (lorarl.spec.adaptive.seeds)."""
+    else the axis's seeds and the added seeds the workflow started (lorarl.language.adaptive.seeds)."""
     seeds = comparison_seeds(study, table, spec)
     if n is not None:
         seeds = seeds[:n]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lorarl import paths
-from lorarl.spec.adaptive.blocks import split_metric
+from lorarl.language.adaptive.blocks import split_metric
 from lorarl.grading.protocols import pass_at_k
 
 __all__ = ["rung_records", "cell_failure", "cell_bad_seed", "problem_scores", "FAILED_STATES"]

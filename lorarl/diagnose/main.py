@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lorarl import paths
 from lorarl.jobclock import first_work
-from lorarl.spec.study import Cell
+from lorarl.language.study import Cell
 
 LORA_A = re.compile(r"base_model\.model\.(.+)\.lora_A(?:\.default)?\.weight")  # a saved adapter's A
 
@@ -110,7 +110,7 @@ def lora_factors(adapter_dir: Path) -> dict:
 def factors_through_training(study: str, cell: Cell, results_dir: str | Path, pairs: dict) -> dict:
     """Module name -> {training step: A}: the eval_every snapshots the cell saved, and the final A at the last
     step (paper 003 Fig. 7 through training); empty for cells without a LoRA A."""
-    from lorarl.spec.evalplan.plan import snapshot_steps
+    from lorarl.language.evalplan.plan import snapshot_steps
 
     out: dict[str, dict[int, object]] = {}
     for step in snapshot_steps(cell.config):

@@ -1,5 +1,5 @@
 """Evaluation stage: generation backends and per-sample records (the benchmark registry, protocols and
-graders it runs live below it, in :mod:`lorarl.grading`; a cell's evaluation plan in :mod:`lorarl.spec.evalplan`).
+graders it runs live below it, in :mod:`lorarl.grading`; a cell's evaluation plan in :mod:`lorarl.language.evalplan`).
 
 * :mod:`.backends`: ``HFBackend`` (transformers, CPU/GPU, peft adapters merged or not);
 * :mod:`.vllm_backend`: ``VLLMBackend`` (a GPU or vLLM's CPU build, imported on demand);

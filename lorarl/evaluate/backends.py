@@ -89,7 +89,7 @@ def padding_tokens(lengths: Sequence[int], batches: Sequence[Sequence[tuple[int,
 
 def plain_prompt_config(use_chat_template: bool | None = None) -> Any:
     """A PromptConfig with no system prompt and the old ``use_chat_template`` switch (None = auto)."""
-    from lorarl.spec.prompt import PromptConfig
+    from lorarl.language.prompt import PromptConfig
 
     return PromptConfig(chat_template={True: "on", False: "off", None: "auto"}[use_chat_template])
 

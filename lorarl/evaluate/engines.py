@@ -1,7 +1,7 @@
 """Which generation backend an evaluation job runs: ``eval.backend`` resolved where the job starts.
 
 ``auto`` takes vLLM where it is importable and a CUDA GPU is visible, else HF; ``vllm`` asked for where vLLM
-cannot run is refused (:class:`lorarl.spec.study.StudyError`, before the job writes anything), never switched to HF
+cannot run is refused (:class:`lorarl.language.study.StudyError`, before the job writes anything), never switched to HF
 silently. The job's summaries record the backend that ran (``meta.backend``); the cell's evaluation signature
 holds the setting as written (``auto`` means: whatever the job's machine offers). vllm and torch are probed
 lazily (``importlib.util.find_spec``: nothing is imported to find vllm).
@@ -65,7 +65,7 @@ def resolve_backend(name: str, cuda: bool | None = None, vllm: bool | None = Non
                     cpu_build: bool | None = None) -> str:
     """The backend an evaluation job runs (``hf`` or ``vllm``) for ``eval.backend`` = ``name``; ``vllm`` where it
     cannot run, or an unknown name, is a StudyError naming the field and the allowed values."""
-    from lorarl.spec.study import StudyError
+    from lorarl.language.study import StudyError
 
     allowed = ", ".join(BACKENDS)
     if name not in BACKENDS:

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lorarl import paths
-from lorarl.spec.evalplan.bases import base_label
-from lorarl.spec.evalplan.plan import (SYNTHETIC, EvalPlanError, benchmark_specs,
+from lorarl.language.evalplan.bases import base_label
+from lorarl.language.evalplan.plan import (SYNTHETIC, EvalPlanError, benchmark_specs,
                                   eval_targets, format_target, cell_grading, parse_target,
                                   protocol_for)
-from lorarl.spec.study import Cell
+from lorarl.language.study import Cell
 
 BASE_RUN_FILE = "mlflow_run.json"  # <study>/<base>/: the base pseudo-cell's MLflow run, shared by its jobs
 

@@ -265,7 +265,7 @@ class VLLMBackend:
 def sampled_on_hf(cfg: Any) -> list[str]:
     """One line per benchmark of ``cfg`` whose protocol samples (avg@n / pass@k) under ``eval.backend: hf`` (or
     ``auto`` where vLLM is not installed)."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.language.evalplan.plan import benchmark_specs, protocol_for
     from lorarl.evaluate.engines import BACKENDS, resolve_backend
 
     if BACKENDS[cfg.eval.backend].vllm == "require" or resolve_backend(cfg.eval.backend, cuda=True) != "hf":

@@ -181,7 +181,7 @@ def doctor_checks(twin: Twin, study: Path, work: Path, steps: int, eval_limit: i
 
 def packed_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
     """A packed job of K cells against K solo jobs of the same cells, one after another: wall and peak memory."""
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     all_cells = study_cells(load_study(study))
     cells = [c.id for c in all_cells][:PACK_K]
@@ -228,7 +228,7 @@ def dist_check(study: Path, work: Path, threads: int) -> dict[str, Any]:
     difference of its metrics and of the trained adapter are the figures)."""
     import torch
 
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     cell = study_cells(load_study(study))[0].id
     res = work / "pack-results" / "torchrun"

@@ -25,8 +25,8 @@ RANKS = (1, 8, 32, 64)  # mixed ranks of the pack (alpha 2r): the smallest, a mi
 
 
 def member_cells(study: str, on: bool) -> list[Any]:
-    from lorarl.spec.config import CellConfig
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.config import CellConfig
+    from lorarl.language.study import load_study, study_cells
 
     out = []
     for c, r in zip(study_cells(load_study(study))[: len(RANKS)], RANKS):

@@ -16,7 +16,7 @@ def main() -> None:
     t0 = time.perf_counter()
     import torch
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     st = load_study(study_path)
     table = cell_table(st)

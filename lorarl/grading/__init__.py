@@ -9,7 +9,7 @@
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
 * :mod:`.overrides`: the answer formats and math-verify settings a study may write (``GradingOverride``);
-* :mod:`.resolve`: a cell's ``eval:`` section checked against the registry (what lorarl.spec.config validates with).
+* :mod:`.resolve`: a cell's ``eval:`` section checked against the registry (what lorarl.language.config validates with).
 
 Nothing here imports torch, transformers or a lorarl stage.
 """

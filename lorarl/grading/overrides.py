@@ -1,7 +1,7 @@
 """The grading settings a study may write (pure pydantic): the answer formats a field may name
 (:data:`AnswerFormat`), a study's changes to math-verify's comparison (:class:`GradingOverride`) and the rule
 that they apply to the formats math-verify compares (:func:`check_grading`). Shared by the reward's section
-(:mod:`lorarl.rewards.section`) and each benchmark's evaluation settings (:mod:`lorarl.spec.config`)."""
+(:mod:`lorarl.rewards.section`) and each benchmark's evaluation settings (:mod:`lorarl.language.config`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A benchmark's protocol with a study's overrides, and the field-level checks of `eval:`.
 
-`lorarl.spec.config` validates `eval:` through :func:`check_eval_config`, so this module sits below the
-config: it reads the benchmark and protocol registries and never imports `lorarl.spec.config` (not even
+`lorarl.language.config` validates `eval:` through :func:`check_eval_config`, so this module sits below the
+config: it reads the benchmark and protocol registries and never imports `lorarl.language.config` (not even
 for annotations); config never closes an import circle through the evaluation plan
-(`lorarl.spec.evalplan.plan`, above the config, re-exports these names).
+(`lorarl.language.evalplan.plan`, above the config, re-exports these names).
 """
 
 from __future__ import annotations

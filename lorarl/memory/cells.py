@@ -163,9 +163,9 @@ def plan_study(study: str, gpu_memory_gb: float = 80.0, gpus: int = 1, cell: str
                results_dir: str = "results", device: str = "cuda", nodes: int = 1) -> list[CellPlan]:
     """One plan per distinct cell shape of the study (or of the one cell ``cell``), in cell order, on
     ``nodes`` x ``gpus`` GPUs per training job."""
-    from lorarl.spec.study import find_cell, load_study, study_cells
+    from lorarl.language.study import find_cell, load_study, study_cells
 
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     st = load_study(study)
     if st.kind != "grpo":

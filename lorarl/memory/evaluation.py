@@ -51,7 +51,7 @@ class EvalPlan:
 
 def longest_budget(cfg: Any) -> tuple[str, int]:
     """(benchmark, max_new_tokens) of the cell's longest evaluation protocol."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.language.evalplan.plan import benchmark_specs, protocol_for
 
     budgets = {name: protocol_for(name, spec, cfg.eval).max_new_tokens for name, spec in benchmark_specs(cfg).items()}
     name = max(budgets, key=lambda n: budgets[n])
@@ -110,7 +110,7 @@ def eval_key(cfg: Any) -> str:
 def plan_study_eval(study: str, gpu_memory_gb: float = 80.0, cell: str | None = None,
                     results_dir: str = "results") -> list[EvalPlan]:
     """One evaluation plan per distinct evaluation shape of the study's cells (or of the one cell ``cell``)."""
-    from lorarl.spec.study import find_cell, load_study, study_cells
+    from lorarl.language.study import find_cell, load_study, study_cells
 
     st = load_study(study)
     if st.kind != "grpo":

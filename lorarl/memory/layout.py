@@ -42,7 +42,7 @@ def smallest_study_layout(study: str, gpu_memory_gb: float, gpus_per_node: int =
                           results_dir: str = "results") -> tuple[Layout, list[CellPlan]] | None:
     """The fewest GPUs on which every cell shape of the study fits (one layout for the whole study), with
     the plans; None when none up to ``max_nodes`` nodes does."""
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     st = load_study(study)
     if st.kind != "grpo":

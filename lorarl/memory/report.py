@@ -74,7 +74,7 @@ def cmd_memory(args: Any) -> int:
         print(f"error: --gpu-memory-gb must be a positive number of GiB; got {args.gpu_memory_gb}", file=sys.stderr)
         return 2
     if args.gpus is None or args.nodes is None:  # the profile's train jobs (the local launcher: 1 x 1)
-        from lorarl.spec.profiles import read_profile
+        from lorarl.language.profiles import read_profile
 
         train = (read_profile(args.profile)["slurm"].get("train") or {}) if args.profile else {}
         for flag, key in (("gpus", "gpus_per_node"), ("nodes", "nodes")):

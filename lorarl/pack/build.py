@@ -173,7 +173,7 @@ def _checkpoint_base(host: torch.nn.Module) -> None:
 
 def build_pack(cells: list[Any], results_dir: str | Path = "results", device: str = "cpu",
                update_cells: int | None = None, llm: Any = None, door: Door | None = None) -> Pack:
-    """Cells (``lorarl.spec.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
+    """Cells (``lorarl.language.study.Cell``, same compatibility key) → a ready :class:`Pack`. ``update_cells``:
     cells per forward/backward of the update (None: all at once; same result, less memory when smaller).
     ``rollout.engine: vllm``: the members sample through one multi-LoRA engine (``llm``, else the process's,
     :func:`lorarl.pack.vllm_rollouts.pack_engine`). ``door``: the shared pieces, kept across calls (a resident

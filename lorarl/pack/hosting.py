@@ -93,8 +93,8 @@ def segments_now(study: Any, table: Any, results_dir: str | Path) -> dict[str, i
     from lorarl.adaptive import ledger
     from lorarl.adaptive.halving import decide
     from lorarl.adaptive.records import rung_records
-    from lorarl.spec.adaptive.settings import study_settings
-    from lorarl.spec.adaptive.blocks import resolved_search
+    from lorarl.language.adaptive.settings import study_settings
+    from lorarl.language.adaptive.blocks import resolved_search
     from lorarl.io import read_json
 
     if getattr(study, "search", None) is None:
@@ -123,8 +123,8 @@ def _searched(study: Any, table: Any, runtime: Runtime) -> set[str]:
     """The cells the search decides (none when it is off or the study has none)."""
     if not runtime.search_on or getattr(study, "search", None) is None:
         return set()
-    from lorarl.spec.adaptive.settings import study_settings
-    from lorarl.spec.adaptive.blocks import resolved_search
+    from lorarl.language.adaptive.settings import study_settings
+    from lorarl.language.adaptive.blocks import resolved_search
 
     spec = resolved_search(study, table)
     return {c for s in study_settings(study, table, spec.paired) for c in s.cells}
@@ -133,11 +133,11 @@ def _searched(study: Any, table: Any, runtime: Runtime) -> set[str]:
 def hosting_plan(study: Any, runtime: Runtime, results_dir: str | Path, table: Any = None) -> dict[str, Host]:
     """Cell id -> its Host, for every cell that trains now (study order). ``table``: the study's cell table when
     the caller holds it (else built here)."""
-    from lorarl.spec.kinds import get_kind
+    from lorarl.language.kinds import get_kind
     from lorarl.pack.plan import pack_id, split_losing
     from lorarl.pack.publish import unfinished
     from lorarl.pack.resident import plan_pack_jobs
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
     from lorarl.train.cellstate import waiting_engine
 
     if "train" not in get_kind(study.kind).cell_stages:

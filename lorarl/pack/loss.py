@@ -32,7 +32,7 @@ class LossSettings:
 
     @classmethod
     def from_train(cls, t) -> "LossSettings":
-        """From a cell's ``train:`` section (:class:`lorarl.spec.config.TrainConfig`)."""
+        """From a cell's ``train:`` section (:class:`lorarl.language.config.TrainConfig`)."""
         return cls(loss_type=t.loss_type, beta=t.beta, kl_estimator=t.kl_estimator,
                    kl_importance_correction=t.kl_importance_correction, epsilon_low=t.epsilon,
                    epsilon_high=t.epsilon if t.epsilon_high is None else t.epsilon_high,

@@ -201,7 +201,7 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
     ``update_cells``: cells per backward pass (the pack job's ``--update-cells``; None: all at once)."""
     import torch
 
-    from lorarl.spec.evalplan.plan import snapshot_steps
+    from lorarl.language.evalplan.plan import snapshot_steps
     from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
     from lorarl.pack.build import build_pack
     from lorarl.train.preemption import catch

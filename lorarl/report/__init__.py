@@ -48,7 +48,7 @@ def build(study_path: str | Path, results: str | Path = "results", price: float 
     from lorarl.report.masks import titles as mask_titles
     from lorarl.provenance import cell_code
     import pandas as pd
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     study = load_study(study_path)
     results = Path(results)
@@ -87,7 +87,7 @@ def build(study_path: str | Path, results: str | Path = "results", price: float 
         out[name] = tdir / f"{name}.csv"
         masks[name].to_csv(out[name], index=False)
         shown[title] = masks[name]
-    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.spec.evalplan.bases)
+    if not data.base.empty:  # the untrained model, one row per model and prompt (lorarl.language.evalplan.bases)
         from lorarl.report.columns import headlines, primary_columns
 
         cols = primary_columns(data.base, headlines(study))

@@ -132,7 +132,7 @@ def hypotheses_table(study: Any, table: Any, results: str | Path) -> pd.DataFram
     doc = hypotheses_ledger(study, results)
     if not doc:
         return pd.DataFrame()
-    from lorarl.spec.adaptive.seeds import comparison_seeds
+    from lorarl.language.adaptive.seeds import comparison_seeds
 
     spent = cell_steps(study, table, results)
     rows = []
@@ -157,12 +157,12 @@ def hypotheses_table(study: Any, table: Any, results: str | Path) -> pd.DataFram
 
 def search_frame(data: Any) -> pd.DataFrame:
     """:func:`search_table` of a loaded study (lorarl.report.data.StudyData)."""
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     return search_table(data.study, cell_table(data.study), data.results)
 
 
 def hypotheses_frame(data: Any) -> pd.DataFrame:
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     return hypotheses_table(data.study, cell_table(data.study), data.results)

@@ -13,7 +13,7 @@ from lorarl.report.columns import eval_metrics, is_baseline_row
 from lorarl.report.stats import mean_sd
 from lorarl.numerics.divergence import DIVERGED, cell_state
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes
-from lorarl.spec.study import Study, base_cells, study_cells
+from lorarl.language.study import Study, base_cells, study_cells
 
 METRICS = {  # column -> human label, in table order
     "final_train_reward": "final train reward",
@@ -31,7 +31,7 @@ def _read_json(p: Path) -> dict:
 def _cells(study: Study, results: str | Path) -> list:
     """The study's cells and the seeds a hypothesis added (lorarl.report.adaptive), censored ones left out."""
     from lorarl.report.adaptive import censored, report_cells
-    from lorarl.spec.study import cell_table as study_table
+    from lorarl.language.study import cell_table as study_table
 
     table = study_table(study)
     stopped = censored(study, table, results)
@@ -42,7 +42,7 @@ def cell_table(study: Study, results: str | Path) -> pd.DataFrame:
     """One row per cell: axis labels + train summary + every benchmark's final evaluation; a cell an adaptive
     study's search stopped: state `stopped` and the step it was censored at, no metric (docs/adaptive.md)."""
     from lorarl.report.adaptive import censored_rows, report_cells
-    from lorarl.spec.study import cell_table as study_table
+    from lorarl.language.study import cell_table as study_table
 
     rows = []
     for cell in _cells(study, results):

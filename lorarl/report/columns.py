@@ -29,7 +29,7 @@ def primary_columns(df: pd.DataFrame, headlines: dict[str, str] | None = None) -
 
 def headlines(study: Any) -> dict[str, str]:
     """Benchmark -> the headline metric a study names for it (``eval.benchmarks.<b>.headline``)."""
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
 
     out: dict[str, str] = {}
     for cell in study_cells(study):
@@ -43,7 +43,7 @@ def headlines(study: Any) -> dict[str, str]:
 def is_baseline_row(study: Any, labels: dict) -> bool:
     """Whether a row with these axis labels is a baseline row: it takes the study's `baseline:` label on every
     axis the baseline names (one baseline row per setting of the other axes)."""
-    from lorarl.spec.study import label_of
+    from lorarl.language.study import label_of
 
     base = getattr(study, "baseline", None)
     return bool(base) and all(str(labels.get(k)) == label_of(v) for k, v in base.items())

@@ -130,7 +130,7 @@ def cost_table(study: Any, results: str | Path, price: float | None = None, reco
     stage, the idle share, the evaluation's device-hours and share (`eval_h`, `eval_share`: evaluation jobs and a
     training job's snapshot evaluations); `cost` = GPU-hours x `price` when a price per GPU-hour is given."""
     from lorarl.models import recipe_name
-    from lorarl.spec.study import every_cell
+    from lorarl.language.study import every_cell
 
     cells = {c.id: c for c in every_cell(study)}
     bases = {n for c in cells.values() if (n := recipe_name(getattr(c.config, "model", "")))}  # a toy cell: none
@@ -205,9 +205,9 @@ def progress(study: Any, results: str | Path, df: pd.DataFrame | None = None) ->
     finished step times the steps still to train, plus what the other stages spent so far (not projected); for an
     adaptive study also the full grid's projection (every cell to its end) and device-hours per decided hypothesis."""
     from lorarl.report.adaptive import cell_steps, hypotheses_ledger
-    from lorarl.spec.study import cell_table, study_cells
+    from lorarl.language.study import cell_table, study_cells
 
-    from lorarl.spec.kinds import get_kind
+    from lorarl.language.kinds import get_kind
 
     df = cost_table(study, results) if df is None else df
     if df.empty:

@@ -18,7 +18,7 @@ import pandas as pd
 from lorarl import paths
 from lorarl.report import readcache
 from lorarl.report.rows import base_row, eval_columns, eval_curve_table, with_axes
-from lorarl.spec.study import Study, base_cells, study_cells
+from lorarl.language.study import Study, base_cells, study_cells
 
 METRIC = re.compile(r"(pass|avg)@([1-9]\d*)")  # an evaluation metric's name (lorarl.report.columns.EVAL_COL)
 
@@ -125,7 +125,7 @@ def scores_matrix(data: StudyData, cell_ids: list[str], benchmark: str,
 
 def load(study: Study, results: str | Path = "results") -> StudyData:
     from lorarl.report.adaptive import censored_rows, report_cells, search_ledger
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     results = Path(results)
     rows, frames, summaries = [], [], {}

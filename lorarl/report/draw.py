@@ -62,7 +62,7 @@ def reset_palette(study: Any) -> None:
     group has one colour in every figure and in every process that draws the study's figures."""
     import itertools
 
-    from lorarl.spec.study import label_of
+    from lorarl.language.study import label_of
 
     _PALETTE.clear()
     keys = [a for a in study.axes if a != study.seed_axis]
@@ -133,14 +133,14 @@ def single_points(ax) -> None:
 
 def rank_order(data: StudyData, rank_axis: str) -> list[str]:
     """The rank axis labels in study order (bundles such as `full` where the study put them)."""
-    from lorarl.spec.study import label_of
+    from lorarl.language.study import label_of
 
     return [label_of(v) for v in data.study.axes[rank_axis].values]
 
 
 def full_label(data: StudyData, rank_axis: str) -> str | None:
     """The rank-axis label whose bundle sets adapter.method: full (the full fine-tuning row)."""
-    from lorarl.spec.study import Bundle
+    from lorarl.language.study import Bundle
 
     for v in data.study.axes[rank_axis].values:
         if isinstance(v, Bundle) and v.set.get("adapter.method") == "full":

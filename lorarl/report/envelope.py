@@ -4,7 +4,7 @@ One table, one row per metric of each benchmark the teacher row is evaluated on
 (``eval.teacher_benchmarks``): the sampled ``pass@k`` values (1, 4, 8 in the paper), the exploration
 gap ``pass@4 - pass@1`` and the mean response length in tokens (the evaluation summary's
 ``mean_tokens``: every sample's completion tokens, averaged); one column per base row (the untrained
-student rows, then the teacher row, :mod:`lorarl.spec.evalplan.bases`) and, with one student row and one
+student rows, then the teacher row, :mod:`lorarl.language.evalplan.bases`) and, with one student row and one
 teacher row, the paper's Δ column (teacher - student).
 """
 

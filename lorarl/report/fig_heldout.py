@@ -74,7 +74,7 @@ def heldout_vs_baseline(data: StudyData, out: Path) -> Path | None:
                               group=draw.series_labels(data.evcurves, panels))
     table = (ev.groupby(["benchmark", "metric", "group", "series", "step"], sort=False)["value"]
              .agg(["mean", "std", "count"]).reset_index())
-    from lorarl.spec.study import label_of
+    from lorarl.language.study import label_of
 
     baseline = draw.series_label({k: label_of(base[k]) for k in named}, named)
     rows = list(dict.fromkeys(table["benchmark"]))

@@ -114,7 +114,7 @@ def kl_delta_table(data: StudyData) -> pd.DataFrame:
 
 def beta_by_label(data: StudyData, axis: str) -> dict[str, float]:
     """Label -> train.beta of each value of the study's KL axis (plain numbers, or bundles that set it)."""
-    from lorarl.spec.study import Bundle, label_of
+    from lorarl.language.study import Bundle, label_of
 
     out = {}
     for v in data.study.axes[axis].values:

@@ -74,6 +74,6 @@ def search_rungs(data: StudyData, out: Path) -> Path | None:
 
 
 def _last_step(data: StudyData) -> int:
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
 
     return max(c.config.train.steps for c in study_cells(data.study))

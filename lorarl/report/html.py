@@ -110,7 +110,7 @@ def page(study, results: Path, status_rows, summaries: dict, stats_md: str, tabl
 
 def code_rows(code: dict[str, list[dict]]) -> list[dict]:
     """One row per cell and code state its jobs ran (lorarl.provenance.cell_code); a cell without a record, one row
-    saying so. Also `tables/provenance.csv` (`/` names: no axis can take them, lorarl.spec.reserved)."""
+    saying so. Also `tables/provenance.csv` (`/` names: no axis can take them, lorarl.language.reserved)."""
     rows = []
     for cell, states in code.items():
         for s in states or [None]:

@@ -16,7 +16,7 @@ import pandas as pd
 from lorarl.report.columns import is_baseline_row
 from lorarl.report.data import StudyData
 from lorarl.report.stats import mean_sd
-from lorarl.spec.study import every_cell, study_cells
+from lorarl.language.study import every_cell, study_cells
 
 
 def is_mask_study(data: StudyData) -> bool:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from lorarl.report.draw import plt as pyplot
 from lorarl.report.draw import color_of, fit, series_label, series_labels, single_points, spectrum_curves
-from lorarl.spec.study import Study
+from lorarl.language.study import Study
 
 
 def _save(fig, out: Path) -> Path:
@@ -38,7 +38,7 @@ def reward_curves(study: Study, curves: pd.DataFrame, out: Path, metric: str = "
     """Training reward vs step, one line per group (non-seed axes), band = ± sd over seeds, clipped to the
     reward's range where lorarl knows it (lorarl.report.bounds)."""
     from lorarl.report.bounds import consistent, reward_bounds
-    from lorarl.spec.study import every_cell
+    from lorarl.language.study import every_cell
 
     if metric not in curves:
         return None

@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 
 from lorarl import paths
-from lorarl.spec.evalplan.bases import base_label
-from lorarl.spec.evalplan.plan import curve_benchmarks, eval_targets, snapshot_steps
-from lorarl.spec.study import Study, study_cells
+from lorarl.language.evalplan.bases import base_label
+from lorarl.language.evalplan.plan import curve_benchmarks, eval_targets, snapshot_steps
+from lorarl.language.study import Study, study_cells
 
 
 def _read_json(p: Path) -> dict:
@@ -37,7 +37,7 @@ def eval_columns(results: str | Path, study: str, cell: str, cfg, is_base: bool 
 
 def base_row(b) -> dict:
     """The identifying columns of a base pseudo-cell's row: id, model, the axis labels of its
-    prompt (lorarl.spec.evalplan.bases: one base per model and evaluation setting) and its table label."""
+    prompt (lorarl.language.evalplan.bases: one base per model and evaluation setting) and its table label."""
     return {"cell": b.id, "model": b.config.model, **{k: v for k, v in b.axes.items() if k != "model"},
             "base": base_label(b.config.model, b.axes)}
 
@@ -54,7 +54,7 @@ def eval_curve_table(study: Study, results: str | Path) -> pd.DataFrame:
     """Held-out primary metric vs training step (eval.eval_every snapshots + the final adapter),
     one row per cell x curve benchmark x step; empty when no cell saves snapshots."""
     from lorarl.report.adaptive import censored, report_cells
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     rows = []
     table = cell_table(study)

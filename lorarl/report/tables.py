@@ -22,7 +22,7 @@ import pandas as pd
 from lorarl.report import bounds, stats
 from lorarl.report.columns import baseline_text, is_baseline_row
 from lorarl.report.data import StudyData, scores_matrix
-from lorarl.spec.study import every_cell, label_of, study_cells
+from lorarl.language.study import every_cell, label_of, study_cells
 
 NON_EVAL = {"final_train_reward": "final train reward", "mean_step_time_s": "step time (s)"}
 
@@ -78,7 +78,7 @@ def _bounds(data: StudyData, col: str, ids: list[str], vals) -> bounds.Bounds | 
 def stats_table(data: StudyData) -> pd.DataFrame:
     """Long table: one row per (group, metric) with mean, sd, ci_low, ci_high, n_seeds, n_problems, `interval`
     (how the interval was computed), is_baseline and, against the baseline, diff, diff_low, diff_high, mde,
-    resolvable and the formatted `text`. Its own column names are reserved (lorarl.spec.reserved): an axis can
+    resolvable and the formatted `text`. Its own column names are reserved (lorarl.language.reserved): an axis can
     never overwrite them, nor they an axis label."""
     groups = _groups(data)
     rows: list[dict] = []
@@ -252,10 +252,10 @@ def avg_weights(data: StudyData, cols: list[str], frame: pd.DataFrame | None = N
     mean (``eval.average: benchmarks``); for ``samples`` (paper 002: the accuracy over all generated samples) the
     benchmark's problems x samples per problem: the problems its evaluation counted (``<b>/n_problems``, else
     the registry's count at its pinned revision, cut to ``limit``) times the protocol's n in the cell's plan."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.language.evalplan.plan import benchmark_specs, protocol_for
     from lorarl.grading.benchmarks import get_benchmark
 
-    from lorarl.spec.study import base_cells
+    from lorarl.language.study import base_cells
 
     cells = (data.cells if frame is None else frame).set_index("cell")
     if average_of(data.study) != "samples":

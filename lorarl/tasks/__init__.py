@@ -40,7 +40,7 @@ def load_records(path: str, split: str = "train", revision: str | None = None,
 
 
 def task_records(task: Any) -> tuple[list[dict], list[dict]]:
-    """(train, eval) lists of {id, prompt, answer} of a cell's ``task:`` section (lorarl.spec.task.TaskConfig,
+    """(train, eval) lists of {id, prompt, answer} of a cell's ``task:`` section (lorarl.language.task.TaskConfig,
     handed in: the study language reads this package, never the other way)."""
     if task.name == "synthetic":
         train, evals = make_splits(

@@ -1,7 +1,7 @@
 """The one prompt of a cell: how a problem's question becomes the model's input token ids, the same way
 in the train stage (TRL's GRPOTrainer) and the evaluate stage (lorarl.evaluate backends).
 
-A cell's ``prompt:`` section (:class:`lorarl.spec.config.PromptConfig`) gives
+A cell's ``prompt:`` section (:class:`lorarl.language.config.PromptConfig`) gives
 
 * ``template``: the user message, with ``{question}``, for every question source (null = by source:
   ``"{question}"`` for synthetic questions, which already are the tiny models' SFT format

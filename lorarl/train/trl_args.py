@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lorarl.spec.config import CellConfig, RolloutConfig
+    from lorarl.language.config import CellConfig, RolloutConfig
     from lorarl.train.trainer import LorarlGRPOTrainer
 
 

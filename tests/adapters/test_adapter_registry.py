@@ -1,5 +1,5 @@
 """lorarl.adapters' registry and config validation (fields that do not apply, defaults, allowed values,
-a light lorarl.spec.config) and the PEFT studies built on it (peft_zoo, init_geometry and their CPU twins)."""
+a light lorarl.language.config) and the PEFT studies built on it (peft_zoo, init_geometry and their CPU twins)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from lorarl.adapters import INITS, MASKS, METHODS, AdapterSpecError
 from lorarl.adapters.catalog import check_config, get_method
 from lorarl.adapters.registry import REGISTRY, Method, register
-from lorarl.spec.config import AdapterConfig
-from lorarl.spec.study import StudyError, load_study, parse_study, study_cells
+from lorarl.language.config import AdapterConfig
+from lorarl.language.study import StudyError, load_study, parse_study, study_cells
 
 REPO = Path(__file__).resolve().parents[2]
 LORA_FAMILY = ("lora", "dora", "rslora", "lora_plus", "lora_fa")
@@ -96,7 +96,7 @@ def test_study_error_names_field_and_allowed_values():
 
 
 def test_config_import_stays_light():
-    code = "import sys, lorarl.spec.config as c; c.CellConfig(); print('torch' in sys.modules, 'peft' in sys.modules)"
+    code = "import sys, lorarl.language.config as c; c.CellConfig(); print('torch' in sys.modules, 'peft' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -25,7 +25,7 @@ from lorarl.adapters import inits as I
 from lorarl.adapters.fingerprint import observe
 from lorarl.adapters.names import RESIDUAL_INITS
 from lorarl.adapters.catalog import check_config, get_method
-from lorarl.spec.config import AdapterConfig, CellConfig, TrainConfig
+from lorarl.language.config import AdapterConfig, CellConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 LORA_FAMILY = ("lora", "dora", "rslora", "lora_plus", "lora_fa")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.spec.study import study_cells, parse_study
+from lorarl.language.study import study_cells, parse_study
 from tests.support.study import tiny_study
 
 warnings.filterwarnings("ignore")

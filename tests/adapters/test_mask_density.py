@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from lorarl.adapters.catalog import check_config
 from lorarl.adapters.inits import spectrum_of
 from lorarl.adapters.masks import low_magnitude, make_mask, principal, shape_density
-from lorarl.spec.config import AdapterConfig
+from lorarl.language.config import AdapterConfig
 from lorarl.memory.arch import PUBLISHED
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 MODEL = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"

@@ -18,9 +18,9 @@ from lorarl.adapters import build_adapter
 from lorarl.adapters.a_init import mixed_a_init, random_a_inits
 from lorarl.adapters.catalog import check_config
 from lorarl.adapters.counts import base_params, param_counts, trainable_fraction
-from lorarl.spec.config import AdapterConfig, CellConfig
+from lorarl.language.config import AdapterConfig, CellConfig
 from lorarl.memory.arch import PUBLISHED, from_config
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 STUDIES = sorted(EXPERIMENTS.glob("*.yaml"), key=lambda p: p.stem)

@@ -11,7 +11,7 @@ import pytest
 
 from lorarl.adaptive.halving import decide
 from lorarl.adaptive.ledger import render
-from lorarl.spec.adaptive.settings import tie_key
+from lorarl.language.adaptive.settings import tie_key
 from tests.support.adaptive import grid, recs, spec
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from lorarl.adaptive.hypotheses import FAILED, hypothesis_state, paired_difference
 from lorarl.adaptive.sequential import boundaries, critical_value, interval
-from lorarl.spec.adaptive.blocks import HypothesisSpec
+from lorarl.language.adaptive.blocks import HypothesisSpec
 
 
 def hyp(kind="superiority", margin=0.0, **kw):

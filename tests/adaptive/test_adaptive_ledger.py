@@ -14,7 +14,7 @@ from lorarl import paths
 from lorarl.adaptive import ledger
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.records import Sample, write_records
-from lorarl.spec.study import cell_table, load_study
+from lorarl.language.study import cell_table, load_study
 from tests.support.study import tiny_study
 
 STUDY = {**tiny_study("adl", task={"name": "synthetic", "n_train": 16, "n_eval": 8},

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorarl import paths
-from lorarl.spec.study import study_cells, parse_study
+from lorarl.language.study import study_cells, parse_study
 
 
 @pytest.fixture()
@@ -70,7 +70,7 @@ def test_residual_init_diagnoses_the_adapter_product(tmp_path, tiny_base):
     from transformers import AutoModelForCausalLM
 
     from lorarl.adapters.build import build_adapter
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from lorarl.diagnose.main import weight_pairs
     from lorarl.diagnose.weights import diagnose_model
 

@@ -13,7 +13,7 @@ import torch
 
 from lorarl import paths
 from lorarl.diagnose import weights as dg
-from lorarl.spec.study import parse_study, study_cells
+from lorarl.language.study import parse_study, study_cells
 from tests.support.study import tiny_study
 
 

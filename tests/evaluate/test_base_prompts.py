@@ -1,4 +1,4 @@
-"""A base row's own prompt settings (eval.base_prompts, lorarl.spec.prompt) and paper 001 Table 2.
+"""A base row's own prompt settings (eval.base_prompts, lorarl.language.prompt) and paper 001 Table 2.
 
 Paper 001 asks its distillation teacher, Qwen3-8B, in its chat format (Table 2: pass@1 0.640, 3,211
 mean tokens at a 4,096 cap) while the base-model student is asked in plain text. A base row's override
@@ -16,8 +16,8 @@ import yaml
 from pydantic import ValidationError
 
 from lorarl import paths
-from lorarl.spec.config import CellConfig
-from lorarl.spec.study import base_cells, cell_table, load_study, study_cells
+from lorarl.language.config import CellConfig
+from lorarl.language.study import base_cells, cell_table, load_study, study_cells
 
 # A Qwen3-like chat template: with enable_thinking false the generation prompt carries an empty think
 # block (Qwen3's "thinking off"); with it true an open one; undefined (the template's default): neither.

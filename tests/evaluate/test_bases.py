@@ -14,8 +14,8 @@ from lorarl import paths
 from lorarl.report.aggregate import base_table, markdown, seed_table
 from lorarl.cli import main
 from lorarl.evaluate.main import requested_targets
-from lorarl.spec.study import cell_table, load_study
-from lorarl.spec.signature import short_hash
+from lorarl.language.study import cell_table, load_study
+from lorarl.language.signature import short_hash
 
 ASK = "Solve this.\n{question}\nEnd with \\boxed{}."
 

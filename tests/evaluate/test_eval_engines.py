@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.evaluate import engines
 from lorarl.evaluate.engines import BACKENDS, resolve_backend
 from lorarl.memory.ladder import eval_ladder
-from lorarl.spec.study import StudyError
+from lorarl.language.study import StudyError
 
 
 @pytest.mark.parametrize("name, cuda, vllm, cpu_build, ran", [
@@ -42,7 +42,7 @@ def test_a_bad_value_is_refused_by_the_config_naming_the_allowed():
 
 def test_the_evaluation_job_refuses_vllm_before_writing_anything(tmp_path, monkeypatch):
     from lorarl.evaluate.main import evaluate_cell
-    from lorarl.spec.matrix import Cell
+    from lorarl.language.matrix import Cell
 
     monkeypatch.setattr(engines, "probe_vllm", lambda *probe: (False, True, False))  # vllm, no GPU, no CPU build
     cfg = CellConfig.model_validate({"eval": {"backend": "vllm"}})

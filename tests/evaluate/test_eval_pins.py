@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.evalplan import plan
+from lorarl.language.config import CellConfig
+from lorarl.language.evalplan import plan
 from lorarl.grading.benchmarks import BENCHMARKS
-from lorarl.spec.study import base_cells, load_study, study_cells
+from lorarl.language.study import base_cells, load_study, study_cells
 from tests.support.published import PUBLISHED, fidelity_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def test_a_mirror_is_not_read_at_the_registrys_pin(monkeypatch):
     import datasets
 
     from lorarl.evaluate.main import load_problems
-    from lorarl.spec.hubcheck import references
+    from lorarl.language.hubcheck import references
 
     calls = []
 
@@ -113,7 +113,7 @@ def test_the_envelope_is_measured_before_training_only():
 
 def test_paper_001_evaluates_the_envelope_on_its_base_and_teacher_rows_only():
     """216,000 completions (54 cells x 500 problems x 8 samples at 4,096 tokens) no longer spent after training."""
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     study = load_study(ROOT / "experiments" / "reward_density.yaml")
     table = cell_table(study)

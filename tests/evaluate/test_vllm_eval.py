@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.support import fake_vllm
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.evaluate.backends import HFBackend
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
@@ -166,7 +166,7 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
     from lorarl.evaluate import main as ev
     from lorarl.evaluate import vllm_backend
     from lorarl.grading.benchmarks import Problem
-    from lorarl.spec.matrix import Cell
+    from lorarl.language.matrix import Cell
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
     monkeypatch.setattr(vllm_backend, "_vllm_api", fake_vllm.api)

@@ -13,7 +13,7 @@ import pytest
 from lorarl.gpucheck.checks import multilora_row, push_row, vllm_importable
 from lorarl.gpucheck.main import DOCTOR_ROWS
 from lorarl.gpucheck.shapes import ARCHS, twins
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.gpucheck import ROOT, _run
 
 

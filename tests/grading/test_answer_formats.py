@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.evaluate.backends import Completion
 from lorarl.grading.benchmarks import get_benchmark
-from lorarl.spec.evalplan.plan import cell_grading, eval_signature
+from lorarl.language.evalplan.plan import cell_grading, eval_signature
 from lorarl.evaluate.records import grade_samples
 from lorarl.grading.verify import GradingSettings, score_math_batch
 from lorarl.rewards import Rollouts
 from lorarl.rewards.registry import build_regime
 from lorarl.grading.answer_formats import answer_line, last_number, normalize_final_answer
-from lorarl.spec.signature import train_signature
+from lorarl.language.signature import train_signature
 
 TAIL = "\n" + "x" * 300  # pushes an earlier line out of DAPO's 300-character window
 
@@ -155,7 +155,7 @@ def test_paper_003_studies_ask_and_grade_as_dapo(name):
     +1/-1) and scores GSM8K by flexible numerical extraction (App. C.1-C.2)."""
     from pathlib import Path
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
     from lorarl.tasks.prompt import DAPO_TEMPLATE
 
     table = cell_table(load_study(Path(__file__).parents[2] / "experiments" / f"{name}.yaml"))

@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from lorarl.cli import main
-from lorarl.spec.config import BenchmarkEval, CellConfig, EvalConfig
+from lorarl.language.config import BenchmarkEval, CellConfig, EvalConfig
 from lorarl.evaluate import records
 from lorarl.evaluate.backends import Completion
 from lorarl.grading.benchmarks import get_benchmark
-from lorarl.spec.evalplan.plan import eval_signature, grading_for
+from lorarl.language.evalplan.plan import eval_signature, grading_for
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.main import rescore_file
 from lorarl.grading.verify import GradingSettings

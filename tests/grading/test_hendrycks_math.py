@@ -115,8 +115,8 @@ def test_a_cell_asks_and_grades_evalchemy_benchmarks_as_evalchemy(tmp_path):
     add_generation_prompt, no system prompt) and grades with is_equiv."""
     import json
 
-    from lorarl.spec.config import CellConfig
-    from lorarl.spec.evalplan.plan import cell_grading, eval_signature
+    from lorarl.language.config import CellConfig
+    from lorarl.language.evalplan.plan import cell_grading, eval_signature
     from lorarl.evaluate.main import load_problems
     from lorarl.models import build_tokenizer
     from lorarl.tasks.prompt import build_prompt, prompt_ids
@@ -152,8 +152,8 @@ def test_paper_004_evaluates_as_evalchemy_with_the_papers_samples(study, want):
     """004 App. C.2: Evalchemy at T 0.7 / top-p 0.8; avg@64 (AIME), @32 (AMC), @2 (MATH-500); §5.2: avg@16, mean@4."""
     from pathlib import Path
 
-    from lorarl.spec.evalplan.plan import benchmark_specs, cell_grading, protocol_for
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.evalplan.plan import benchmark_specs, cell_grading, protocol_for
+    from lorarl.language.study import load_study, study_cells
 
     cells = study_cells(load_study(Path(__file__).resolve().parents[2] / "experiments" / f"{study}.yaml"))
     for c in cells:

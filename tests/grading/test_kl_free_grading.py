@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.evalplan.plan import cell_grading
+from lorarl.language.config import CellConfig
+from lorarl.language.evalplan.plan import cell_grading
 from lorarl.evaluate.records import Sample, summarize_samples
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.protocols import Protocol
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import torch
 from lorarl.memory import plan_cell
 from lorarl.memory.auto import job_cell, place_aux, resolve_job
 from lorarl.memory.plan import GIB
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -68,7 +68,7 @@ def test_settings_that_are_not_auto_are_kept():
 
 
 def test_auto_on_a_model_the_plan_does_not_know_is_a_clear_error():
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     cfg = CellConfig.model_validate({"model": "nobody/unknown-model", "train": {"micro_batch_size": "auto"}})
     with pytest.raises(ValueError, match="micro_batch_size / rollout.generation_batch_size auto need the memory plan"):

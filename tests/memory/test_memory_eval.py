@@ -13,7 +13,7 @@ from lorarl.cli import main
 from lorarl.memory.arch import arch_for
 from lorarl.memory.evaluation import device_eval_check, eval_peak, kv_bytes_per_token, longest_budget, plan_eval
 from lorarl.memory.plan import GIB
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 PISSA = EXPERIMENTS / "off_principal_lora_pissa.yaml"

@@ -16,7 +16,7 @@ from lorarl.memory import PlanError, plan_cell
 from lorarl.memory.layout import Layout, layouts, smallest_layout, smallest_study_layout, strategy_for  # re-exported
 from lorarl.memory.plan import fsdp_gather_bytes, shape_of, static_parts
 from lorarl.memory.report import COLUMNS
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 SHARDED = ("weights", "trainable_state", "reference")
@@ -198,9 +198,9 @@ def test_rollout_tensor_parallel_size_is_a_layout_knob_capped_by_the_jobs_ranks(
     resolved per job to a divisor of its ranks, refused by name with the HF engine."""
     from pydantic import ValidationError
 
-    from lorarl.spec.config import RolloutConfig
+    from lorarl.language.config import RolloutConfig
     from lorarl.memory.auto import resolve_job
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     base = cell("peft_zoo.yaml", method="lora")
     vllm = base.model_copy(update={"rollout": base.rollout.model_copy(update={"engine": "vllm"})})

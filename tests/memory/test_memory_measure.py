@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.memory.arch import VOCAB_LOCAL, arch_for
 from lorarl.memory.measure import generated_batch, measure_update, planned_update, tiny_trainer
 from lorarl.models import RECIPES, build_tiny, build_tokenizer

@@ -12,7 +12,7 @@ import pytest
 from lorarl.cli import main
 from lorarl.memory import plan_cell, plan_study
 from lorarl.memory.arch import PUBLISHED, arch_for
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 PUBLISHED_STUDIES = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not p.stem.endswith("_cpu") and p.stem not in ("demo", "demo_adaptive"))

@@ -73,7 +73,7 @@ def test_nan_reward_fault_hook_only_fires_at_its_step(monkeypatch):
 
 def test_aggregate_table_counts_diverged_cells():
     from lorarl.report.aggregate import markdown, seed_table
-    from lorarl.spec.study import parse_study
+    from lorarl.language.study import parse_study
 
     study = parse_study({"name": "dv", "defaults": {"model": "local:tiny-test"},
                          "axes": {"seed": {"field": "seed", "prefix": "s", "values": [0, 1]}}})

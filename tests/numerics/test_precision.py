@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.numerics.precision import autocast_bf16, cast_trainable, load_dtype, resolve_precision, trainable_dtypes
 from tests.support.study import tiny_study
 
@@ -90,7 +90,7 @@ def test_train_cell_runs_bf16_mixed_end_to_end_on_the_cpu(tmp_path, method):
     """The whole train stage under bf16-mixed (CPU bf16 autocast): fp32 trainable tensors, a bf16
     reference for the KL monitor, finite rewards; the resolved setting lands in summary.json."""
     from lorarl.models import RECIPES, build_tiny, build_tokenizer
-    from lorarl.spec.study import parse_study, study_cells
+    from lorarl.language.study import parse_study, study_cells
     from lorarl.tasks.synthetic import make_splits
     from lorarl.train.main import train_cell
 

@@ -18,7 +18,7 @@ import yaml
 from lorarl.pack.hosting import MEMBER_PRIORITY, PACK_PRIORITY, Host, Runtime, hosting_plan, solo_host
 from lorarl.pack.plan import max_cells, pack_id, resident_places
 from lorarl.pipeline.doctor.jobs import planned_jobs
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = {"model": "local:tiny-test", "task": {"name": "synthetic", "n_train": 64, "n_eval": 8},

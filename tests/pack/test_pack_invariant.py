@@ -13,7 +13,7 @@ from tests.support import fake_vllm
 
 
 def _invariant(c, on: bool = True, **sections):
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     d = c.config.model_dump()
     return SimpleNamespace(id=c.id, config=CellConfig(**{**d, **sections, "runtime": {**d["runtime"],
@@ -21,7 +21,7 @@ def _invariant(c, on: bool = True, **sections):
 
 
 def test_batch_invariant_is_runtime_only(tiny_dir):
-    from lorarl.spec.signature import signature_dump, signatures
+    from lorarl.language.signature import signature_dump, signatures
     from tests.support.pack_steps import cell
 
     c = cell(tiny_dir, "a", 1)

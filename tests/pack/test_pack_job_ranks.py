@@ -109,7 +109,7 @@ def test_the_last_out_of_memory_retry_of_a_pack_runs_on_more_ranks(tiny_dir, tmp
     of memory."""
     from lorarl.pack.plan import pack_id
     from lorarl.pipeline.jobs import oom
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     study = _study(tmp_path, tiny_dir, kls=(0.0, 0.05))
     ids = [c.id for c in cell_table(load_study(str(study))).cells]

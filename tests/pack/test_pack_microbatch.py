@@ -166,7 +166,7 @@ def test_checkpointing_the_shared_base_gives_the_same_gradients(pack):
 def test_pack_micro_batch_is_the_smallest_members():
     from types import SimpleNamespace
 
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from lorarl.pack.build import pack_micro_batch
 
     def cell(mb):

@@ -176,7 +176,7 @@ def test_the_in_memory_adapter_is_what_save_writes(tiny_dir, tmp_path, init):
 
     from lorarl.adapters import build_adapter
     from lorarl.adapters.build import adapter_state
-    from lorarl.spec.config import AdapterConfig, CellConfig
+    from lorarl.language.config import AdapterConfig, CellConfig
 
     model, _ = load(tiny_dir)
     policy = build_adapter(model, CellConfig(model="local:tiny", adapter=AdapterConfig(method="lora", rank=4, init=init)))

@@ -35,7 +35,7 @@ CASES = {  # name: (axes, host, steps before: (cell, stop_at), signal before the
 
 
 def study_cells(tmp_path, tiny_dir, axes):
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     doc = tiny_study("rz", model=str(tiny_dir), **IN_PROCESS, eval=None, axes=axes,
                      train={**IN_PROCESS_TRAIN, "steps": 4, "checkpoint_every": 1, "kl_monitor_every": 2})

@@ -22,7 +22,7 @@ def study_file(tmp_path, tiny_dir, checkpoint_every=2):
 
 
 def cells_of(path):
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     return list(cell_table(load_study(str(path))).cells)
 

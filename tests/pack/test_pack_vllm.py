@@ -16,7 +16,7 @@ ROLLOUT = {"engine": "vllm", "gpu_memory_utilization": 0.15, "enforce_eager": Tr
 
 
 def vllm_cell(tiny_dir, cid, seed, **kw):
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from tests.support.pack_steps import cell
 
     c = cell(tiny_dir, cid, seed, steps=2, **kw)

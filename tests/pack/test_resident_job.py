@@ -142,7 +142,7 @@ def test_snakemake_refuses_bad_places_and_plans_one_resident_job_per_group(tiny_
     assert re.search(r"\btrain_pack\s+2\n", fixed.stdout + fixed.stderr), fixed.stderr[-3000:]
     # the doctor's plan (lorarl.pipeline.doctor.jobs) is Snakemake's: the same jobs, the same pack ids
     from lorarl.pipeline.doctor.jobs import parse_job_stats, planned_jobs, rule_counts
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     study = load_study(tmp_path / "rz.yaml")
     for run, setting in ((good, (1, 2)), (fixed, (2, 0))):
@@ -156,7 +156,7 @@ def test_the_memory_plan_caps_the_places():
     """The plan of a resident job is its largest K-member mix; more places than the GPU admits are refused."""
     from lorarl.memory.resident import admitted_places, mix_peak_gb
     from lorarl.pack.resident import check_places
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     study = load_study(REPO / "experiments" / "peft_zoo.yaml")
     cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora")
@@ -194,7 +194,7 @@ def test_a_resident_job_refuses_more_places_than_its_gpu_admits(tmp_path, monkey
 
     from lorarl.memory.resident import admitted_places
     from lorarl.pack import resident
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     study = load_study(REPO / "experiments" / "peft_zoo.yaml")
     cfg = next(c.config for c in study_cells(study) if c.config.adapter.method == "lora")

@@ -50,7 +50,7 @@ def test_a_sigkilled_resident_job_resumes_through_snakemake_all_then_forcerun_re
     from lorarl.pack.plan import pack_id
     from lorarl.pack.run import train_alone
     from lorarl.pipeline.jobs.launch import run_stage
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
     from tests.support.trained import place_base
 
     place_base(tiny_test_base, tmp_path / "results")  # the session's base model: no base_model job here

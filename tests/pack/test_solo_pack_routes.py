@@ -30,7 +30,7 @@ PLACES = {1: 3, 2: 2, 3: 1}  # places -> the resident job's segments over s2-r2,
 @pytest.fixture(scope="module")
 def study(tiny_dir, tmp_path_factory):
     """Cells s2-r2, s6-r2, s6-r8 (steps x rank; beta > 0, checkpoints every 2 steps) and each one's solo TRL run."""
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     tmp = tmp_path_factory.mktemp("routes")
     doc = tiny_study("rt", model=str(tiny_dir), **IN_PROCESS, eval=None,

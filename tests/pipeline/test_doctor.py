@@ -13,7 +13,7 @@ from lorarl.cli import main
 from lorarl.pipeline.doctor.job import step_split, truncation
 from lorarl.pipeline.doctor.projection import project
 from lorarl.pipeline.doctor.report import smoke_study
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.study import tiny_study
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +186,7 @@ def test_doctor_demo_end_to_end_on_the_cpu(results, capsys):
 
 def test_profiles_give_the_launcher_and_resources_the_study_runs_with():
     from lorarl.pipeline.doctor.report import parse_overrides
-    from lorarl.spec.profiles import read_profile
+    from lorarl.language.profiles import read_profile
 
     local = read_profile(None)
     assert local["launcher"] == "local" and local["jobs"] == 2
@@ -215,7 +215,7 @@ def test_profile_layers_merge_as_snakemake_merges_them(config, over):
 
     from snakemake.utils import update_config
 
-    from lorarl.spec.profiles import merge
+    from lorarl.language.profiles import merge
 
     want = copy.deepcopy(config)
     update_config(want, copy.deepcopy(over))

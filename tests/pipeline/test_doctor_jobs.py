@@ -15,7 +15,7 @@ from lorarl.pipeline.doctor.clock import share
 from lorarl.pipeline.doctor.jobs import (START_PRIORITY, PlannedJob, job_kinds, machine_rate, makespan, planned_jobs,
                                          rule_counts, wall_under)
 from lorarl.pipeline.jobs.stages import STAGES
-from lorarl.spec.study import study_cells
+from lorarl.language.study import study_cells
 from tests.support.doctor import _study, measurements
 
 ROOT = Path(__file__).resolve().parents[2]

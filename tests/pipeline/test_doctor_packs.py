@@ -17,7 +17,7 @@ from lorarl.pack.resident import plan_pack_jobs, plan_residents
 from lorarl.pipeline.doctor.jobs import PlannedJob, planned_jobs, rule_counts
 from lorarl.pipeline.doctor.packs import (describe, fixed_pack_steps, pack_steps, places_check, places_refused,
                                           resident_schedule)
-from lorarl.spec.study import study_cells
+from lorarl.language.study import study_cells
 from tests.support.doctor import _study, measurements
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +181,7 @@ def test_projection_of_a_resident_job_one_start_up_and_the_members_steps(tmp_pat
 
 def test_the_memory_plan_checks_each_resident_jobs_places():
     from lorarl.memory.resident import admitted_places
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     study = load_study(ROOT / "experiments" / "peft_zoo.yaml")
     lora = [c for c in study_cells(study) if c.config.adapter.method == "lora"][:8]

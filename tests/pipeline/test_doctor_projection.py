@@ -11,7 +11,7 @@ import yaml
 
 from lorarl.pipeline.doctor.job import step_split
 from lorarl.pipeline.doctor.projection import expected_rounds, project, prompt_tokens_by_cell, step_seconds
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.study import tiny_study
 
 SPLIT = {"rollout_generation_s": 1.0, "reward_s": 0.1, "old_policy_forward_and_advantages_s": 0.1,

@@ -17,7 +17,7 @@ from lorarl.memory.ladder import (LadderExhausted, TrainRung, eval_ladder, plann
 from lorarl.pipeline.jobs import launch, oom
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.stages import Job
-from lorarl.spec.signature import signature_dump
+from lorarl.language.signature import signature_dump
 from tests.support.study import seeds, tiny_study
 
 R = TrainRung
@@ -56,7 +56,7 @@ def test_rung_refuses_a_bad_attempt():
 
 
 def test_planned_train_reads_a_resolved_config(tmp_path: Path):
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(STUDY))
     cfg = study_cells(load_study(tmp_path / "s.yaml"))[0].config

@@ -56,7 +56,7 @@ def test_out_of_memory_jobs_are_retried_down_the_ladder(tmp_path: Path, tiny_tes
     assert "out-of-memory retry, attempt 3: s0: micro_batch_size 4 -> 2, generation_batch_size 4 -> 2, " \
            "gradient_checkpointing False -> True" in job_out
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     cell = cell_table(load_study(tmp_path / "study.yaml")).cell("s0")
     recorded = json.loads((cdir / "cell.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 
 from lorarl.badstudies import VALID
-from lorarl.spec.study import parse_study
+from lorarl.language.study import parse_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, SUPERSEDED_TAG, Tracker
 from lorarl.pipeline.studyrun.study_run import publish

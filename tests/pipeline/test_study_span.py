@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lorarl.badstudies import VALID
-from lorarl.spec.study import load_study
+from lorarl.language.study import load_study
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import PARENT_TAG, STUDY_RUN_TAG, Tracker
 from lorarl.pipeline.studyrun.study_run import publish

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lorarl.pipeline.jobs import train_layout as tl
-from lorarl.spec.study import parse_study, study_cells
+from lorarl.language.study import parse_study, study_cells
 
 TRAIN = {"partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 8,
          "layouts": {"by_model": {"big/model": {"gpus_per_node": 8}},

@@ -13,7 +13,7 @@ import yaml
 
 from lorarl.train import checkpoint
 from lorarl import provenance
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from lorarl.pipeline.progress.watch import render, snapshot, watch
 from tests.support.study import tiny_study
 

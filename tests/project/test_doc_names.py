@@ -95,7 +95,7 @@ def test_every_dotted_name_resolves():
 
 
 def test_a_moved_name_is_caught():
-    assert _resolves("lorarl.report.stats.two_level") and _resolves("lorarl.spec.config.TrainConfig")
+    assert _resolves("lorarl.report.stats.two_level") and _resolves("lorarl.language.config.TrainConfig")
     assert not _resolves("lorarl.pipeline.jobs.launch.local_gpus") and not _resolves("lorarl.train.dist")
 
 

@@ -113,9 +113,9 @@ def test_every_subcommand_is_documented():
 def config_sections() -> list[str]:
     """Top-level fields of a study (name, defaults, axes, ...) and of a cell's config (task, adapter,
     train, ...; the toy study's cell config too)."""
-    from lorarl.spec.config import CellConfig
-    from lorarl.spec.study import Study
-    from lorarl.spec.toy import ToyCellConfig
+    from lorarl.language.config import CellConfig
+    from lorarl.language.study import Study
+    from lorarl.language.toy import ToyCellConfig
 
     return list(dict.fromkeys([*Study.model_fields, *CellConfig.model_fields, *ToyCellConfig.model_fields]))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 

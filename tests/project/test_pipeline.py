@@ -174,7 +174,7 @@ def test_failed_cell_keeps_finished_cells(workdir: Path):
     (workdir / "config_bad.yaml").write_text(yaml.safe_dump({**cfg, "studies": [str(workdir / "bad.yaml")]}))
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--configfile", str(workdir / "config_bad.yaml"), "--cores", "2", "--keep-going", "all"]
-    # The missing path must fail at run time, not at load (lorarl.spec.preflight refuses it there): paths
+    # The missing path must fail at run time, not at load (lorarl.language.preflight refuses it there): paths
     # that exist only on compute nodes are what LORARL_SKIP_PATH_CHECKS is for.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "LORARL_SKIP_PATH_CHECKS": "1"}
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, env=env)

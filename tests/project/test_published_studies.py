@@ -10,7 +10,7 @@ import pytest
 
 from lorarl.models import RECIPES, recipe_name
 from lorarl.rewards.registry import extra_models
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 
 from tests.support.published import EXPERIMENTS, PUBLISHED, REQUIRED, TWINS, fidelity_table
 
@@ -116,7 +116,7 @@ def test_distillation_teacher_is_stronger_and_shares_the_student_tokenizer():
 
 def test_reward_density_evaluates_the_teacher_as_a_base_row():
     """Paper 001 Table 2's teacher column: the teacher is a base row on math500_envelope only."""
-    from lorarl.spec.study import base_cells, load_study
+    from lorarl.language.study import base_cells, load_study
 
     bases = {b.id: b for b in base_cells(load_study("experiments/reward_density.yaml"))}
     t = bases["teacher-Qwen3-8B"]
@@ -127,8 +127,8 @@ def test_reward_density_evaluates_the_teacher_as_a_base_row():
 def test_init_geometry_diagnoses_snapshots_through_training_without_evaluating_them():
     """Paper 003 Fig. 7 (subspace similarity "throughout training"): snapshots every 100 of the 500 steps,
     diagnosed by the diagnose stage (lorarl.diagnose.main walks snapshot_steps), at no evaluation cost."""
-    from lorarl.spec.evalplan.plan import eval_targets, snapshot_steps
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.evalplan.plan import eval_targets, snapshot_steps
+    from lorarl.language.study import load_study, study_cells
 
     cfg = study_cells(load_study(EXPERIMENTS / "init_geometry.yaml"))[0].config
     assert snapshot_steps(cfg) == [100, 200, 300, 400]
@@ -159,7 +159,7 @@ def test_published_study_samples_with_its_papers_engine_and_its_cpu_twin_with_hf
 
 
 def test_the_engine_is_in_the_cells_signature():
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     cells = study_cells(load_study(EXPERIMENTS / "peft_zoo.yaml"))
     cfg = cells[0].config

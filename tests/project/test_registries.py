@@ -1,5 +1,5 @@
 """Every extension point is a registry that the code consults by name, never by an if-ladder: stages
-(lorarl.pipeline.jobs.stages), study kinds (lorarl.spec.kinds) and reward regimes (lorarl.rewards.registry).
+(lorarl.pipeline.jobs.stages), study kinds (lorarl.language.kinds) and reward regimes (lorarl.rewards.registry).
 Adding one is adding one entry; unknown names are refused with the allowed values."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from lorarl.spec import kinds
+from lorarl.language import kinds
 from lorarl.cli import main
 from lorarl.rewards.registry import reward_section
 from lorarl.pipeline.doctor import stage as doctor_stage  # the doctor registers its own stage
@@ -19,7 +19,7 @@ from lorarl.pipeline.jobs import stages
 from lorarl.pipeline.jobs.launch import StageJob, run_stage
 from lorarl.rewards import REGIMES, Deposits, RegimeSpec
 from lorarl.rewards.registry import build_regime, regime_names
-from lorarl.spec.study import StudyError, cell_table, parse_study
+from lorarl.language.study import StudyError, cell_table, parse_study
 
 
 def test_stages_are_registered_and_unknown_ones_name_the_allowed():

@@ -138,13 +138,13 @@ def test_cycle_finder_finds_a_function_level_cycle(tmp_path: Path):
     assert cycles(import_graph(tmp_path)) == [["lorarl.a", "lorarl.c", "lorarl.d", "lorarl.sub.b"]]
 
 
-SPLIT_PACKAGES = ("lorarl.spec",)  # packages whose modules and subpackages are rooms of their own (on their own floors)
+SPLIT_PACKAGES = ("lorarl.language",)  # packages whose modules and subpackages are rooms of their own (on their own floors)
 
 
 def room_of(module: str) -> str:
     """A module's room: lorarl's top-level module or subpackage it belongs to (lorarl.train.trainer ->
     lorarl.train, lorarl.paths -> lorarl.paths); inside a split package, its module or subpackage
-    (lorarl.spec.config -> lorarl.spec.config, lorarl.spec.evalplan.plan -> lorarl.spec.evalplan)."""
+    (lorarl.language.config -> lorarl.language.config, lorarl.language.evalplan.plan -> lorarl.language.evalplan)."""
     parts = module.split(".")
     return ".".join(parts[:3] if ".".join(parts[:2]) in SPLIT_PACKAGES else parts[:2])
 
@@ -180,14 +180,14 @@ def test_lorarl_has_no_package_level_loop():
 
 
 def test_the_study_language_as_a_whole_is_in_no_loop():
-    """Counted as one room, lorarl/spec/ is in no loop either: the building blocks that read a section of it
+    """Counted as one room, lorarl/language/ is in no loop either: the building blocks that read a section of it
     (tasks, decoding, rewards) are handed the section, or its base (lorarl.strict) sits below them."""
     whole: dict[str, set[str]] = {}
     for mod, deps in import_graph(REPO).items():
         whole.setdefault(".".join(mod.split(".")[:2]), set()).update(
             ".".join(d.split(".")[:2]) for d in deps if d != "lorarl" and d.split(".")[:2] != mod.split(".")[:2])
     loops = cycles({r: {d for d in e if d in whole} for r, e in whole.items() if r != "lorarl"})
-    assert not loops, f"package-level loops with lorarl.spec as one room: {loops}"
+    assert not loops, f"package-level loops with lorarl.language as one room: {loops}"
 
 
 def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: Path):
@@ -218,19 +218,19 @@ def test_package_loop_finder_sees_function_level_and_relative_imports(tmp_path: 
 
 # lorarl's rooms, bottom to top: a room imports only rooms of its own layer or below (the loop test keeps
 # a layer's rooms from tying themselves together); the stages import none of each other. A new module or
-# subpackage of lorarl takes its place here. The study language (lorarl/spec/) spans floors: its prompt and toy
+# subpackage of lorarl takes its place here. The study language (lorarl/language/) spans floors: its prompt and toy
 # sections sit in the foundations, the study above the registries it checks against, so each of its modules is a
 # room of its own (SPLIT_PACKAGES); no room below it imports it (the building blocks that read a section, tasks
-# and decoding, are handed it), so lorarl.spec as a whole is in no loop either.
+# and decoding, are handed it), so lorarl.language as a whole is in no loop either.
 LAYERS = (
-    ("foundations", ("strict", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "spec.signature",
-                     "spec.reserved", "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids",
-                     "provenance", "spec.prompt", "spec.toy", "build_progress", "faulthooks")),
+    ("foundations", ("strict", "io", "paths", "jobclock", "ledger", "jobids", "gitrepo", "language.signature",
+                     "language.reserved", "lazy_imports", "sampler_logprobs", "vllm_push", "wheelhouse", "stop_ids",
+                     "provenance", "language.prompt", "language.toy", "build_progress", "faulthooks")),
     ("numerics and grading", ("numerics", "grading")),
     ("building blocks", ("adapters", "tasks", "models", "rewards", "tracking", "decoding")),
-    ("config schema and registries", ("spec.task", "spec.config", "spec.kinds", "spec.evalplan")),
-    ("study resolution", ("spec.matrix", "spec.yamlpos", "spec.preflight", "spec.hubcheck", "spec.adaptive", "adaptive",
-                          "spec.study", "study_set", "spec.profiles")),
+    ("config schema and registries", ("language.task", "language.config", "language.kinds", "language.evalplan")),
+    ("study resolution", ("language.matrix", "language.yamlpos", "language.preflight", "language.hubcheck", "language.adaptive", "adaptive",
+                          "language.study", "study_set", "language.profiles")),
     ("stages", ("train", "evaluate", "diagnose", "toy")),
     ("hosts and readers of stages", ("memory", "pack", "status", "report")),
     ("pipeline", ("pipeline",)),

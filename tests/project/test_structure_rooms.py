@@ -1,6 +1,6 @@
 """House rules on where names live (tests/project/test_structure.py holds the import layers): the code names only the
 environment variables of docs/contributing.md's table; no module re-exports another's names behind `# noqa: F401`
-(an importer imports a name from its home); and the study language lives in one package, lorarl/spec/, with no
+(an importer imports a name from its home); and the study language lives in one package, lorarl/language/, with no
 module of it left at the top of lorarl/, and every model of it on one strict base."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pydantic import BaseModel
 REPO = Path(__file__).resolve().parents[2]
 # the study language's modules as they were once named at the top of lorarl/ (and in lorarl/adaptive/), and their home now
 STUDY_LANGUAGE = {
-    "config": "spec/config.py", "taskconfig": "spec/task.py", "prompt_config": "spec/prompt.py",
-    "toyconfig": "spec/toy.py", "signature": "spec/signature.py",
-    "reserved": "spec/reserved.py", "kinds": "spec/kinds.py", "matrix": "spec/matrix.py", "yamlpos": "spec/yamlpos.py",
-    "preflight": "spec/preflight.py", "hubcheck": "spec/hubcheck.py", "study": "spec/study.py",
-    "profiles": "spec/profiles.py", "evalplan": "spec/evalplan/plan.py", "adaptive/spec": "spec/adaptive/blocks.py",
-    "adaptive/seeds": "spec/adaptive/seeds.py", "adaptive/settings": "spec/adaptive/settings.py",
+    "config": "language/config.py", "taskconfig": "language/task.py", "prompt_config": "language/prompt.py",
+    "toyconfig": "language/toy.py", "signature": "language/signature.py",
+    "reserved": "language/reserved.py", "kinds": "language/kinds.py", "matrix": "language/matrix.py", "yamlpos": "language/yamlpos.py",
+    "preflight": "language/preflight.py", "hubcheck": "language/hubcheck.py", "study": "language/study.py",
+    "profiles": "language/profiles.py", "evalplan": "language/evalplan/plan.py", "adaptive/spec": "language/adaptive/blocks.py",
+    "adaptive/seeds": "language/adaptive/seeds.py", "adaptive/settings": "language/adaptive/settings.py",
 }
 
 
@@ -69,21 +69,21 @@ def test_the_reexport_scan_sees_a_reexport_and_spares_a_side_effect_import(tmp_p
                                    "lorarl/a.py:5 kept"]
 
 
-def test_the_study_language_lives_in_lorarl_spec():
+def test_the_study_language_lives_in_lorarl_language():
     left = [old for old in STUDY_LANGUAGE if (REPO / "lorarl" / f"{old}.py").exists() or (REPO / "lorarl" / old).is_dir()]
-    assert not left, f"study-language modules outside lorarl/spec/ (move them there): {left}"
+    assert not left, f"study-language modules outside lorarl/language/ (move them there): {left}"
     missing = [new for new in STUDY_LANGUAGE.values() if not (REPO / "lorarl" / new).is_file()]
-    assert not missing, f"lorarl/spec/ lacks {missing}: update STUDY_LANGUAGE with where they went"
+    assert not missing, f"lorarl/language/ lacks {missing}: update STUDY_LANGUAGE with where they went"
 
 
 def test_every_model_of_the_study_language_stands_on_the_one_strict_base():
     from lorarl.strict import Strict
 
-    names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / "lorarl" / "spec").rglob("*.py"))
+    names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / "lorarl" / "language").rglob("*.py"))
              if p.name != "__init__.py"]
     models = {f"{m}.{k}": v for m in names for k, v in vars(importlib.import_module(m)).items()
               if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == m}
-    assert {"lorarl.spec.config.CellConfig", "lorarl.spec.study.Study", "lorarl.spec.matrix.Axis"} <= set(models)
+    assert {"lorarl.language.config.CellConfig", "lorarl.language.study.Study", "lorarl.language.matrix.Axis"} <= set(models)
     loose = sorted(k for k, v in models.items() if not issubclass(v, Strict))
     assert not loose, f"study-language models not on lorarl.strict.Strict (unknown fields, booleans as numbers): {loose}"
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from lorarl.report.tables import avg_columns, avg_weights
-from lorarl.spec.study import load_study
+from lorarl.language.study import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ("aime24", "aime25", "amc23", "hmmt", "math500", "minerva")  # the papers' column order

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.report.columns import headlines, primary_columns
-from lorarl.spec.signature import eval_settings_signature, train_signature
-from lorarl.spec.study import load_study
+from lorarl.language.signature import eval_settings_signature, train_signature
+from lorarl.language.study import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 

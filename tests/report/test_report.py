@@ -14,7 +14,7 @@ import yaml
 
 from lorarl.train import flags
 from lorarl.report import stats
-from lorarl.spec.study import StudyError, load_study
+from lorarl.language.study import StudyError, load_study
 from tests.support.report_canvas import capture, captions, no_reprs, outside
 from tests.support.cost import make_record, put
 from tests.support.report_fixture import STUDY, make_study, trace
@@ -265,7 +265,7 @@ def test_accuracy_vs_rank_keeps_prompts_and_their_bases_apart(tmp_path):
     """Cells of two prompts are two lines per β (never averaged together), and each prompt's base is its
     own dashed line with its own label (the CSV beside the PNG is what is drawn)."""
     from lorarl.report.plots import accuracy_vs_rank
-    from lorarl.spec.study import Study
+    from lorarl.language.study import Study
 
     study = Study(name="pr", defaults={"model": "local:tiny-test"}, axes={
         "rank": {"field": "adapter.rank", "prefix": "r", "values": [1, 4]},

@@ -29,7 +29,7 @@ ONE_STEP = 6  # the demo shape's diagnostics: the through-training rows at this 
 def demo_results(tmp: Path) -> tuple[Path, Path]:
     """The demo study's finished files, each LoRA cell with diagnostics whose through-training rows hold one step."""
     from lorarl import paths
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     study = load_study(DEMO)
     res = fake_results(study, tmp / "results")
@@ -51,7 +51,7 @@ def demo_results(tmp: Path) -> tuple[Path, Path]:
 def report(study_path: Path, res: Path) -> tuple[dict, str]:
     from lorarl.report import build
     from lorarl.report.aggregate import aggregate
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     aggregate(load_study(study_path), res)  # the aggregate job's figures (lorarl.report.plots)
     out = build(study_path, res)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lorarl.report import cost
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.cost import make_record, put
 from tests.support.study import tiny_study
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lorarl.spec.evalplan.plan import snapshot_steps
+from lorarl.language.evalplan.plan import snapshot_steps
 from lorarl.report.data import load
 from lorarl.report.figures import load_all
 from lorarl.report.registry import REGISTRY
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.study_shapes import fake_results
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"

@@ -10,7 +10,7 @@ import inspect
 import pandas as pd
 import pytest
 
-from lorarl.spec.study import load_study
+from lorarl.language.study import load_study
 from tests.support.report_fixture import STUDY, make_study
 
 

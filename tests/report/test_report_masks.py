@@ -15,7 +15,7 @@ import pytest
 from lorarl import paths
 from lorarl.report.data import load
 from lorarl.report.masks import mask_density, mask_tables
-from lorarl.spec.study import load_study, parse_study, study_cells
+from lorarl.language.study import load_study, parse_study, study_cells
 from tests.support.study_shapes import fake_results
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"

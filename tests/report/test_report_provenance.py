@@ -42,7 +42,7 @@ def checkout(tmp_path: Path) -> Path:
 def test_cells_that_ran_dirty_stay_dirty_after_the_change_is_reverted(tmp_path: Path, monkeypatch):
     from lorarl.pipeline.studyrun import study_run
     from lorarl.report import build
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     repo = checkout(tmp_path)
     sp, res = make_study(tmp_path, done=set(CELLS))
@@ -77,7 +77,7 @@ def test_cells_that_ran_dirty_stay_dirty_after_the_change_is_reverted(tmp_path: 
 def test_a_study_whose_cells_ran_different_code_is_flagged(tmp_path: Path):
     from lorarl.pipeline.studyrun.study_run import code_tags
     from lorarl.report import build
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     repo = checkout(tmp_path)
     sp, res = make_study(tmp_path, done=set(CELLS))

@@ -15,7 +15,7 @@ import pytest
 
 from lorarl import paths
 from lorarl.report import bounds, stats
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.study import load_study, study_cells
 from tests.support.figure_layout import overlapping_texts
 from tests.support.study_shapes import fake_bases, fake_results
 

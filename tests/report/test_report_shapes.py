@@ -2,7 +2,7 @@
 per cell, no training): the summary (csv, md), the stats table (csv, md) and report.html each have one row per
 setting, labelled with its axis values, the baseline rows marked as such. A study whose axis is named like a
 column the tables add (`method` beside the interval-method column) once lost its labels row by row; axis
-names the report uses are refused at load (lorarl.spec.reserved), and the check that list is complete is here."""
+names the report uses are refused at load (lorarl.language.reserved), and the check that list is complete is here."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import yaml
 from lorarl.report.aggregate import cell_table, markdown, seed_table
 from lorarl.report.data import load
 from lorarl.report.tables import stats_markdown, stats_table
-from lorarl.spec.reserved import REPORT_COLUMNS
-from lorarl.spec.study import StudyError, load_study
+from lorarl.language.reserved import REPORT_COLUMNS
+from lorarl.language.study import StudyError, load_study
 from tests.support.study_shapes import fake_bases, fake_results, is_baseline, settings
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -115,7 +115,7 @@ def _columns(frame: pd.DataFrame) -> set[str]:
 def test_every_report_column_beside_the_axes_is_reserved(tmp_path):
     """The report's tables, CSVs and frames on the rich synthetic study (tests/support/report_fixture.py: collapse
     flags, snapshots, diagnostics, KL monitors): every column is an axis, a `/` or `_` name, a training
-    metric of metrics.csv, or in lorarl.spec.reserved.REPORT_COLUMNS, so the refusal at load covers them all."""
+    metric of metrics.csv, or in lorarl.language.reserved.REPORT_COLUMNS, so the refusal at load covers them all."""
     from lorarl.report import build
     from lorarl.report.aggregate import aggregate
     from tests.support.report_fixture import make_study
@@ -140,7 +140,7 @@ def test_every_report_column_beside_the_axes_is_reserved(tmp_path):
 
 
 def _stray(study, where: str, cols: set[str]) -> list[str]:
-    """Columns that are neither an axis, nor a `/` or `_` name, nor reserved (lorarl.spec.reserved). A base row
+    """Columns that are neither an axis, nor a `/` or `_` name, nor reserved (lorarl.language.reserved). A base row
     names its model under `model`, the column a `model` axis (paper 000's) fills with the same thing; the
     capability table's columns are its base rows' labels."""
     if "capability" in where:

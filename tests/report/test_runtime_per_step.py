@@ -12,7 +12,7 @@ import pytest
 
 from lorarl.report.data import StudyData
 from lorarl.report.tables import per_cell_runtime, runtime_table
-from lorarl.spec.study import parse_study, study_cells
+from lorarl.language.study import parse_study, study_cells
 from tests.support.study import seeds, tiny_study
 
 TRAIN = {"steps": 2, "prompts_per_step": 4, "mini_batch_prompts": 1, "generations": 2, "max_completion_length": 6,

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorarl.spec import hubcheck
+from lorarl.language import hubcheck
 from pydantic import ValidationError, model_validator
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.study import cell_table, load_study, parse_study
+from lorarl.language.config import CellConfig
+from lorarl.language.study import cell_table, load_study, parse_study
 from lorarl.memory.plan import shape_of
 from lorarl.memory.ranks import has_aux
 from lorarl.models import cell_models, study_recipes

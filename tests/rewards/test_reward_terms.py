@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from lorarl.rewards.registry import reward_section
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.grading.verify import GradingSettings
 from lorarl.rewards import Rollouts
 from lorarl.grading.answer_formats import verdict
@@ -19,8 +19,8 @@ from lorarl.rewards.outcome import OutcomeDeposits
 from lorarl.rewards.registry import build_regime
 from lorarl.rewards.terms import (GSM8K_RECIPE, TERMS, TermContext, load_all, register_term, reward_maximum,
                                   reward_scale, score, term_names)
-from lorarl.spec.signature import signature_dump, train_signature
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.signature import signature_dump, train_signature
+from lorarl.language.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 PERFECT = "<reasoning>\nHalf of 48 is 24.\n48 + 24 = 72\n</reasoning>\n<answer>\n72\n</answer>\n"

@@ -181,7 +181,7 @@ def test_requeue_and_kill_resume_into_one_continuous_run(models, tmp_path: Path)
 
 
 def test_failing_cell_is_reported_and_the_other_completes(models, tmp_path: Path, monkeypatch):
-    # the missing model must fail in its job, not at load (lorarl.spec.preflight refuses it there): paths that
+    # the missing model must fail in its job, not at load (lorarl.language.preflight refuses it there): paths that
     # exist only on compute nodes are what LORARL_SKIP_PATH_CHECKS is for
     monkeypatch.setenv("LORARL_SKIP_PATH_CHECKS", "1")
     axes = {"model": {"values": [{"label": "good", "set": {"model": "local:tiny-test"}},

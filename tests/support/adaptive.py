@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lorarl.spec.adaptive.settings import group
-from lorarl.spec.adaptive.blocks import SearchSpec
+from lorarl.language.adaptive.settings import group
+from lorarl.language.adaptive.blocks import SearchSpec
 
 
 def grid(ranks=("1", "2", "4", "8"), seeds=("0", "1")):

@@ -1,7 +1,7 @@
 """Synthetic results of an adaptive study (no training): every cell finished (tests/support/study_shapes.py), rung
 values set by rank (the higher the rank, the better), the real decision function run on them, and the cells of
 the stopped settings cut back to what a censored cell leaves (its rung's evaluation and mark, no summary).
-``added``: the seeds a hypothesis added (lorarl.spec.adaptive.seeds) are written as finished cells too. Used by
+``added``: the seeds a hypothesis added (lorarl.language.adaptive.seeds) are written as finished cells too. Used by
 the adaptive report tests."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import yaml
 
 from lorarl import paths
 from lorarl.adaptive.ledger import update_hypotheses, update_search
-from lorarl.spec.study import cell_table, load_study
+from lorarl.language.study import cell_table, load_study
 from tests.support.study_shapes import fake_results
 from tests.support.study import tiny_study
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lorarl.spec.study import load_study
+from lorarl.language.study import load_study
 from tests.support.study import tiny_study, write_study
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 
 
 G = 2

@@ -55,7 +55,7 @@ def synthetic_batch(seed, step, ref_model, tok, vocab):
 def _cell(cid, **over):
     from types import SimpleNamespace
 
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     raw = {"adapter": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 0.0}}
     for k, v in over.items():

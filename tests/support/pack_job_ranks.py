@@ -37,7 +37,7 @@ def assert_two_rank_pack_equals_one(study, results):
     import torch
     import mlflow
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     ids = [c.id for c in cell_table(load_study(str(study))).cells]
     one, two = results / "one", results / "two"

@@ -14,7 +14,7 @@ NOISY = ("time/", "pack/step_s", "tokens_per_s", "pack/cells", "step_time")  # w
 
 def cell(tiny_dir, cid, seed, beta=0.0, regime="outcome", lr=1e-2, steps=3, monitor=2, method="lora", init=None,
          temperature=1.0, top_p=1.0, rank=4, alpha=8):
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     adapter = {"method": method, "rank": rank, "alpha": alpha, "dropout": 0.0, **({"init": init} if init else {})}
     cfg = CellConfig(model=str(tiny_dir), seed=seed,

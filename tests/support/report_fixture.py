@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from lorarl.spec.study import study_cells, load_study
+from lorarl.language.study import study_cells, load_study
 from tests.support.study import tiny_study
 
 STEPS = 40

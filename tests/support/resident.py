@@ -8,7 +8,7 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 
 def resident_cells(tmp_path, tiny_dir, steps=(2, 4), collapse=(False, True), **train):
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     doc = tiny_study("rz", model=str(tiny_dir), **IN_PROCESS, eval=None,
                      train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2, **train},

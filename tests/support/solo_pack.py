@@ -38,7 +38,7 @@ def score(completions: list[str], answers: Any = None) -> list[float]:
 
 def cell_config(tiny_dir: str | Path, seed: int = 1, adapter: dict | None = None, train: dict | None = None) -> Any:
     """A tiny cell: 12 synthetic prompts, P = 2, G = 2, 8 completion tokens, LoRA r = 4 unless ``adapter`` says."""
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     return CellConfig(model=str(tiny_dir), seed=seed,
                       task={"name": "synthetic", "seed": 7, "n_train": 12, "n_eval": 4, "max_value": 9},
@@ -109,7 +109,7 @@ def train_solo(cfg: Any, results_dir: str | Path) -> HostRun:
 def with_runtime(cfg: Any, **sections: dict) -> Any:
     """``cfg`` with runtime fields changed (``train={"micro_batch_size": 1}``); refuses a field that is in the
     cell's training signature (a knob that may change the result by design is not a runtime knob)."""
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     fields = cfg.model_dump()
     out = type(cfg).model_validate({**fields, **{s: {**fields[s], **f} for s, f in sections.items()}})  # checked

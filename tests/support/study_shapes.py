@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 
 from lorarl import paths
-from lorarl.spec.evalplan.plan import benchmark_specs, eval_targets, protocol_for
+from lorarl.language.evalplan.plan import benchmark_specs, eval_targets, protocol_for
 from lorarl.grading.protocols import summarize
-from lorarl.spec.study import Study, base_cells, study_cells
+from lorarl.language.study import Study, base_cells, study_cells
 
 N_PROBLEMS = 4  # a few problems per evaluation: every table row needs them, none needs many
 STEPS = 6  # metrics.csv rows per cell
@@ -96,6 +96,6 @@ def settings(study: Study) -> list[dict[str, str]]:
 
 def is_baseline(study: Study, labels: dict[str, str]) -> bool:
     """Whether a setting is a baseline row (its labels match the study's `baseline:` on every key it names)."""
-    from lorarl.spec.study import label_of
+    from lorarl.language.study import label_of
 
     return bool(study.baseline) and all(labels[k] == label_of(v) for k, v in study.baseline.items())

@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 import lorarl.tasks as tasks
-from lorarl.spec.config import CellConfig
-from lorarl.spec.task import TaskConfig
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.config import CellConfig
+from lorarl.language.task import TaskConfig
+from lorarl.language.study import load_study, study_cells
 from lorarl.tasks import load_records, task_records
 from tests.support.published import PUBLISHED, fidelity_table
 

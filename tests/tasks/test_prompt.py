@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.tasks.prompt import MATH_TEMPLATE, THINK_INSTRUCTION, prompt_ids, user_message
 
 GSM = [{"question": f"What is {i} + {i}?", "answer": f"{i}+{i}={2 * i}\n#### {2 * i}"} for i in (3, 14)]
@@ -114,7 +114,7 @@ def test_old_eval_chat_template_moves_to_the_prompt_section():
 
 
 def test_prompt_is_in_the_train_and_eval_signatures():
-    from lorarl.spec.evalplan import plan
+    from lorarl.language.evalplan import plan
 
     a, b = CellConfig(), CellConfig(prompt={"system": "x"})
     assert plan.train_signature(a) != plan.train_signature(b)

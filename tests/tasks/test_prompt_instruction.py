@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.tasks.prompt import THINK_INSTRUCTION, prompt_ids
 
 ROW = Path(__file__).parents[1] / "data" / "dapo_math_17k_processed.jsonl"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.signature import signature_dump, train_signature
+from lorarl.language.config import CellConfig
+from lorarl.language.signature import signature_dump, train_signature
 from tests.support.grpo_knobs import G, build
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.task import TaskConfig
-from lorarl.spec.signature import signature_dump, train_signature
+from lorarl.language.config import CellConfig
+from lorarl.language.task import TaskConfig
+from lorarl.language.signature import signature_dump, train_signature
 from lorarl.tasks import task_records
 from tests.support.study import seeds, tiny_study
 
@@ -174,8 +174,8 @@ def test_hf_file_address_reaches_the_loader_unchanged(monkeypatch):
 
 
 def test_a_missing_local_source_file_is_reported_before_anything_runs(tmp_path, two_sources):
-    from lorarl.spec.matrix import StudyError
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.matrix import StudyError
+    from lorarl.language.study import load_study, study_cells
 
     ds, _ = two_sources
     study = tmp_path / "mix.yaml"
@@ -188,7 +188,7 @@ def test_a_missing_local_source_file_is_reported_before_anything_runs(tmp_path, 
 
 
 def test_paper_004_masks_study_trains_on_ds_plus_sr():
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     for cell in study_cells(load_study(str(ROOT / "experiments" / "off_principal_masks.yaml"))):
         srcs = cell.config.task.sources

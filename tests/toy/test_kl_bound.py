@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from lorarl.spec.toy import PAPER_RANKS
+from lorarl.language.toy import PAPER_RANKS
 from lorarl.toy import kl_bound as kb
 
 PAPER = kb.KLBoundConfig()

@@ -24,7 +24,7 @@ def _history(t: Tracker, key: str) -> list[tuple[int, float]]:
 
 
 def _cell():
-    from lorarl.spec.study import parse_study, study_cells
+    from lorarl.language.study import parse_study, study_cells
 
     return study_cells(parse_study({"name": "st", "defaults": {"model": "local:tiny-test"}}))[0]
 

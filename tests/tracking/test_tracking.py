@@ -136,7 +136,7 @@ def test_sqlite_lock_held_beyond_timeout(tmp_path: Path, monkeypatch):
 
 
 def _synthetic_study(tmp_path: Path) -> tuple[Path, Path]:
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump({"name": "sy", "defaults": {"model": "local:tiny-test"},
@@ -156,7 +156,7 @@ def _synthetic_study(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_sync_mlflow_replays_files_into_a_new_or_repaired_store_exactly_once(tmp_path: Path, monkeypatch, capsys):
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
     study, res = _synthetic_study(tmp_path)
@@ -195,7 +195,7 @@ def test_sync_mlflow_replays_a_toy_study_exactly_once(tmp_path: Path, monkeypatc
     and logs nothing the second time or into the store that already has them."""
     import mlflow
 
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
     from lorarl.toy.cells import run_toy_study
 
     monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
@@ -205,7 +205,7 @@ def test_sync_mlflow_replays_a_toy_study_exactly_once(tmp_path: Path, monkeypatc
     study_file = tmp_path / "toysync.yaml"
     study_file.write_text(yaml.safe_dump(spec))
     res = tmp_path / "results"
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     study = load_study(study_file)
     run_toy_study(study, res)

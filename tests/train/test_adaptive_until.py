@@ -52,7 +52,7 @@ def study(tmp_path, tiny_dir, teacher, kls=(0.0,)):
                      axes={"kl": {"field": "train.beta", "prefix": "kl", "values": list(kls)}})
     p = tmp_path / "ut.yaml"
     p.write_text(yaml.safe_dump(doc))
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     return list(cell_table(load_study(str(p))).cells)
 

@@ -30,7 +30,7 @@ from tests.support.study import IN_PROCESS, IN_PROCESS_TRAIN, tiny_study, write_
 
 
 def study_cells(tmp_path, tiny_dir, ranks=(8, 1, 2), **train):
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     doc = tiny_study("pz", model=str(tiny_dir), **IN_PROCESS, eval=None,
                      train={**IN_PROCESS_TRAIN, "steps": 4, "checkpoint_every": 0, "kl_monitor_every": 2, **train},

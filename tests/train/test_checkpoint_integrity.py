@@ -24,7 +24,7 @@ from tests.support.study import TRAIN, seeds, tiny_study
 
 
 def _cell():
-    from lorarl.spec.study import study_cells, parse_study
+    from lorarl.language.study import study_cells, parse_study
 
     return study_cells(parse_study(tiny_study("ck", task=None, adapter=None, eval=None, train={"checkpoint_every": 2},
                                               axes=None)))[0]

@@ -37,7 +37,7 @@ def test_layout_keeps_prompt_groups_whole_and_names_the_field():
 
 
 def test_grpo_args_split_each_update_over_the_ranks(tmp_path):
-    from lorarl.spec.study import parse_study, study_cells
+    from lorarl.language.study import parse_study, study_cells
     from lorarl.train.trl_args import grpo_args
 
     cell = study_cells(parse_study(tiny_study("r", task=None, adapter=None, eval=None,
@@ -55,7 +55,7 @@ def test_full_fine_tuning_on_several_ranks_asks_the_trainer_for_fsdp2(tmp_path):
     """train.sharding auto on 2 ranks: FSDP2 for full fine-tuning, DDP for adapters; as set otherwise."""
     import torch
 
-    from lorarl.spec.study import parse_study, study_cells
+    from lorarl.language.study import parse_study, study_cells
     from lorarl.train.sharding import shard_sizes
     from lorarl.train.trl_args import grpo_args
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lorarl.train import flags
-from lorarl.spec.study import parse_study, study_cells
+from lorarl.language.study import parse_study, study_cells
 from tests.support.study import TRAIN, seeds, tiny_study
 
 pytestmark = pytest.mark.slow

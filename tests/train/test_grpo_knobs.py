@@ -1,4 +1,4 @@
-"""Each paper's own knobs as cell config (lorarl.spec.config.TrainConfig → lorarl.train.trl_args.grpo_args → the
+"""Each paper's own knobs as cell config (lorarl.language.config.TrainConfig → lorarl.train.trl_args.grpo_args → the
 trainer), checked by hand on a tiny batch: PPO mini-batches per rollout batch (003 Table 2), dual-clip
 (003: c = 10), sequence-level importance ratios (000 §2), advantages without the std division (000 §2),
 the KL term without the pi/pi_old weight (000)."""

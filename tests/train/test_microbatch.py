@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
+from lorarl.language.config import CellConfig
 from lorarl.train.microbatch import chunk_share, micro_size, split_rows
 
 G = 2

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.signature import signature_dump
+from lorarl.language.config import CellConfig
+from lorarl.language.signature import signature_dump
 
 warnings.filterwarnings("ignore", message=".*")
 

@@ -80,11 +80,11 @@ def test_only_checkpoints_with_their_mark_count(tmp_path: Path):
 
 
 def test_one_trainer_per_cell(tmp_path: Path):
-    from lorarl.spec.study import study_cells, parse_study
+    from lorarl.language.study import study_cells, parse_study
 
     cell = study_cells(parse_study({"name": "lk", "defaults": {"model": "local:tiny-test"}}))[0]
     first = checkpoint.CellCheckpoints(tmp_path, "lk", cell)
-    code = ("import sys; from lorarl.train import checkpoint; from lorarl.spec.study import study_cells, parse_study;"
+    code = ("import sys; from lorarl.train import checkpoint; from lorarl.language.study import study_cells, parse_study;"
             "c = study_cells(parse_study({'name': 'lk', 'defaults': {'model': 'local:tiny-test'}}))[0];"
             f"checkpoint.CellCheckpoints({str(tmp_path)!r}, 'lk', c)")
     env = {**os.environ, checkpoint.LOCK_WAIT_ENV: "0"}  # give up at once (default: wait up to 600 s)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.support import fake_vllm
-from lorarl.spec.config import CellConfig, RolloutConfig
+from lorarl.language.config import CellConfig, RolloutConfig
 from lorarl.train.rollout import (FreshnessGate, RolloutStaleError, check_engine,
                             effective_named_params)
-from lorarl.spec.study import StudyError
+from lorarl.language.study import StudyError
 from lorarl.train.trl_args import rollout_fields
 from tests.support.grpo import args, dataset, fake_score, load
 from tests.support.study import tiny_study
@@ -122,7 +122,7 @@ def test_vllm_server_mode_is_refused_with_the_allowed_value(tmp_path, capsys, ti
     import yaml
 
     from lorarl.cli import main
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     assert RolloutConfig().vllm_mode == "colocate"
     assert RolloutConfig.model_json_schema()["properties"]["vllm_mode"].get("runtime") is True
@@ -232,7 +232,7 @@ def test_stale_engine_trips_the_gate(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_memory_settings_are_not_in_the_training_signature_sampling_settings_are():
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     base = CellConfig()
     sig = train_signature(base)
@@ -322,7 +322,7 @@ def test_fake_returns_raw_or_processed_logprobs_as_vllm_does(tiny_dir):
 
 
 def test_logprob_mode_and_importance_sampling_are_per_cell_settings():
-    from lorarl.spec.signature import train_signature
+    from lorarl.language.signature import train_signature
 
     with pytest.raises(ValueError, match="renormalises them over the nucleus"):
         CellConfig.model_validate({"rollout": {"engine": "vllm"}, "train": {"top_p": 0.9}})

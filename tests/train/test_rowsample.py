@@ -142,7 +142,7 @@ def test_pack_chunked_rollouts_equal_one_batch_and_depend_on_the_seed(tiny_dir, 
 
 
 def test_the_cell_setting_reaches_the_solo_trainer(tiny_dir, tmp_path):
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from lorarl.memory.measure import tiny_trainer
 
     cfg = CellConfig.model_validate({"model": str(tiny_dir), "adapter": {"method": "lora", "rank": 2},

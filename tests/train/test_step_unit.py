@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.signature import _train_part, short_hash, train_signature
-from lorarl.spec.study import load_study, study_cells
+from lorarl.language.config import CellConfig
+from lorarl.language.signature import _train_part, short_hash, train_signature
+from lorarl.language.study import load_study, study_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_every_published_study_is_in_the_table():
 
 def test_004_table4_snapshot_is_rollout_step_320():
     """004 Table 4 reads step 320 (of 4 updates each): the snapshot is training step 320 = update 1,280."""
-    from lorarl.spec.evalplan.plan import snapshot_steps
+    from lorarl.language.evalplan.plan import snapshot_steps
 
     for cell in _cells("off_principal_masks"):
         assert snapshot_steps(cell.config) == [320] and cell.config.train.updates_per_step == 4
@@ -102,7 +102,7 @@ def test_cosine_spans_every_update(tmp_path):
 
 
 def test_signature_changes_only_where_the_meaning_did():
-    from lorarl.spec.signature import signature_dump
+    from lorarl.language.signature import signature_dump
 
     one, four = _cfg(), _cfg(mini_batch_prompts=2)
 

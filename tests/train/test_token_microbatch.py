@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lorarl.spec.config import CellConfig
-from lorarl.spec.signature import signature_dump
+from lorarl.language.config import CellConfig
+from lorarl.language.signature import signature_dump
 from lorarl.train.tokenbudget import forward_rows, padded_tokens, plan_chunks, put_back, row_lengths, split_tokens
 
 LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -165,7 +165,7 @@ def test_the_knob_is_runtime_and_exclusive_with_rows():
 
 def test_the_memory_plan_charges_a_budget_as_its_rows_and_learns_the_largest():
     from lorarl.memory import plan_cell
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     cfg = next(c.config for c in study_cells(load_study(Path(__file__).resolve().parents[2] / "experiments" / "peft_zoo.yaml")) if c.config.adapter.method == "lora")
     t = cfg.train.model_copy(update={"micro_batch_size": None})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from lorarl.spec.config import CellConfig, RolloutConfig
+from lorarl.language.config import CellConfig, RolloutConfig
 
 
 def cfg_with(**train) -> CellConfig:

@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def _vllm(c):
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     return SimpleNamespace(id=c.id, config=CellConfig(**{**c.config.model_dump(), "rollout": ROLLOUT}))
 

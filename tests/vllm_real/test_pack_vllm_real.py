@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory) -> str:
 
 def vllm_cells(model_dir: str, steps: int = 3) -> list:
     """tests/support/pack_mixed_ranks.py's three cells (ranks 1/8/32), rolling out through vLLM."""
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
     from tests.support.pack_mixed_ranks import mixed_rank_cells
 
     return [SimpleNamespace(id=c.id, config=CellConfig(**{**c.config.model_dump(), "rollout": ROLLOUT}))

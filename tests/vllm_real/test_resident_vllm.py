@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def vllm_cells(tmp_path, model_dir):
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     doc = tiny_study("rz", model=model_dir, **IN_PROCESS, eval=None, rollout=ROLLOUT,
                      train={**IN_PROCESS_TRAIN, "checkpoint_every": 0, "kl_monitor_every": 2},

@@ -116,7 +116,7 @@ def _train(results: Path, cell, stale: bool = False) -> Run:
 
 @pytest.fixture(scope="module")
 def runs(results) -> dict[str, Run]:
-    from lorarl.spec.study import parse_study, study_cells
+    from lorarl.language.study import parse_study, study_cells
 
     cells = {c.id: c for c in study_cells(parse_study(STUDY))}
     out = {cid: _train(results, cell, stale=cid == "stale") for cid, cell in cells.items()}

@@ -5,7 +5,7 @@
 # rung from those records (lorarl.pipeline.decisions.decide). Only then do the input functions (lorarl.adaptive.flow) ask
 # for the next segment of the promoted cells; a stopped cell is asked for nothing more (censored at its rung).
 # Hypotheses: the checkpoint `hypothesis_look` after each seed; an undecided comparison asks for the next seed's
-# cells (lorarl.spec.adaptive.seeds). `--config search=off`: no search (every cell to its end, resuming at its rung).
+# cells (lorarl.language.adaptive.seeds). `--config search=off`: no search (every cell to its end, resuming at its rung).
 from pathlib import Path as _Path
 
 from lorarl.pipeline.decisions.adaptive_flow import AdaptiveStudy, describe as _describe_adaptive, search_is_off

@@ -1,5 +1,5 @@
-# Load the studies through lorarl.spec.study (the one source of cell ids) and expose input functions.
-# Each study's cell table is built ONCE here (lorarl.spec.study.cell_table); every input function and
+# Load the studies through lorarl.language.study (the one source of cell ids) and expose input functions.
+# Each study's cell table is built ONCE here (lorarl.language.study.cell_table); every input function and
 # param below is a dictionary access into it, so planning stays linear in the number of cells.
 import functools
 import json
@@ -13,12 +13,12 @@ import types
 from snakemake.utils import validate
 
 from lorarl import paths
-from lorarl.spec.kinds import get_kind
+from lorarl.language.kinds import get_kind
 from lorarl.models import cell_models, parent_recipe, recipe_hash, recipe_name
 from lorarl.pipeline.jobs.stages import get_stage, resources_keys
-from lorarl.spec.study import StudyError, cell_table, load_study_to_run
+from lorarl.language.study import StudyError, cell_table, load_study_to_run
 from lorarl.study_set import effective_file as _effective_study_file
-from lorarl.spec.evalplan import plan as eval_plan
+from lorarl.language.evalplan import plan as eval_plan
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -73,7 +73,7 @@ def _alternation(names):
     return "|".join(names) or "(?!)"
 
 
-# Study kinds (lorarl.spec.kinds) decide which rules apply: per-cell stages, or one batch job per study.
+# Study kinds (lorarl.language.kinds) decide which rules apply: per-cell stages, or one batch job per study.
 CELL_STAGE_STUDIES = [n for n, (_, s) in STUDIES.items() if get_kind(s.kind).cell_stages]
 GRPO_STUDIES = _alternation(CELL_STAGE_STUDIES)  # train/evaluate/diagnose rules apply to these
 TOY_STUDIES = [n for n, (_, s) in STUDIES.items() if get_kind(s.kind).batch_stage]  # one batch job each
@@ -298,7 +298,7 @@ def start_progress():
     """`onstart`: the progress lines' thread (none with `progress_every: 0`); display only, no job waits on it."""
     from lorarl.models import study_recipes
     from lorarl.pipeline.progress.console import Progress
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
 
     every = float(config.get("progress_every", 60) or 0)
     grpo = [(f, s) for f, s in STUDIES.values() if get_kind(s.kind).cell_stages]

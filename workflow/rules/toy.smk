@@ -1,4 +1,4 @@
-# Studies whose kind runs one batch job (lorarl.spec.kinds batch_stage; today the toy kl_bound_toy): one
+# Studies whose kind runs one batch job (lorarl.language.kinds batch_stage; today the toy kl_bound_toy): one
 # job runs every cell (each costs ~0.1 s, a Python start-up per cell would cost 100x more) and writes
 # one folder and one MLflow run per cell.
 

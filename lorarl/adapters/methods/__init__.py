@@ -5,7 +5,7 @@ masks, AdaLoRA's schedule inside a TRL trainer) lives in `lorarl.adapters.ops`.
 
 Importing this package imports every method module (in `names.METHODS` order, so the registry and its
 messages list them in that order). Import-light: torch/peft/transformers are imported inside the
-methods, so `lorarl.spec.config` can load the registry to validate cells. Adding a method: a module here
+methods, so `lorarl.language.config` can load the registry to validate cells. Adding a method: a module here
 named after it, and its name in `lorarl.adapters.names.METHODS`.
 """
 

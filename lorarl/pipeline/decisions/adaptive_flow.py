@@ -22,9 +22,9 @@ from typing import Any, Callable
 from lorarl import paths
 from lorarl.adaptive.flow import ALL, FAIL, FINISH, HypothesisFlow, SearchFlow
 from lorarl.adaptive.halving import inputs_hash
-from lorarl.spec.adaptive.seeds import comparison_seeds
-from lorarl.spec.adaptive.settings import study_settings
-from lorarl.spec.adaptive.blocks import check_metric, resolved_search, split_metric
+from lorarl.language.adaptive.seeds import comparison_seeds
+from lorarl.language.adaptive.settings import study_settings
+from lorarl.language.adaptive.blocks import check_metric, resolved_search, split_metric
 
 __all__ = ["AdaptiveStudy", "search_is_off", "describe", "existing_mark", "last_mark"]
 

@@ -32,7 +32,7 @@ __all__ = ["rung_view", "look_view", "main"]
 
 def rung_view(study_path: str, step: int, n: str, results: str, out: str | Path) -> dict:
     from lorarl.adaptive.ledger import update_search
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
 
     study = load_study(study_path)
     led = update_search(study, cell_table(study), results)
@@ -92,8 +92,8 @@ def tag_runs(study: str, results: str, led: dict, view: dict) -> None:
 def look_view(study_path: str, hypothesis: str, n: int, results: str, out: str | Path) -> dict:
     from lorarl.adaptive.hypotheses import hypothesis_state
     from lorarl.adaptive.ledger import hypothesis_observations, update_hypotheses
-    from lorarl.spec.adaptive.blocks import check_metric
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.adaptive.blocks import check_metric
+    from lorarl.language.study import cell_table, load_study
 
     study = load_study(study_path)
     table = cell_table(study)

@@ -66,7 +66,7 @@ LAUNCHER_PROBE = """
 import sys, time
 t0 = time.perf_counter()
 import lorarl.cli, lorarl.pipeline.jobs.launch
-from lorarl.spec.study import cell_table, load_study
+from lorarl.language.study import cell_table, load_study
 t1 = time.perf_counter()
 cell_table(load_study(sys.argv[1]))
 print(f"{t1 - t0} {time.perf_counter() - t1}")

@@ -28,7 +28,7 @@ from typing import Any
 
 from lorarl.jobclock import process_age_s
 from lorarl.pipeline.doctor.clock import LoadSampler, Timer
-from lorarl.spec.study import base_cells, find_cell, load_study
+from lorarl.language.study import base_cells, find_cell, load_study
 
 HEADROOM = 0.90  # peak memory above this share of the device's total fails the headroom check
 STACK = ("torch", "transformers", "peft", "mlflow")  # what every model job (train, evaluate, diagnose) imports
@@ -234,7 +234,7 @@ def _smoke(study_path: str, cell_id: str, results_dir: str, threads: int | None)
         import torch
 
         from lorarl.diagnose.main import diagnose_cell
-        from lorarl.spec.evalplan.plan import benchmark_specs, trained_benchmarks
+        from lorarl.language.evalplan.plan import benchmark_specs, trained_benchmarks
         from lorarl.evaluate.main import evaluate_cell, load_problems
         from lorarl.memory.auto import resolve_job, world_size
         from lorarl.models import resolve_model

@@ -127,12 +127,12 @@ def planned_jobs(study: Any, results_dir: str | Path, pack_max_cells: int = 1, p
     ``search_on``: False as under ``--config search=off``. The training jobs are the hosting plan's
     (lorarl.pack.hosting.hosting_plan), as workflow/rules/pack.smk reads it."""
     from lorarl import paths
-    from lorarl.spec.evalplan.plan import eval_targets, format_target
-    from lorarl.spec.kinds import get_kind
+    from lorarl.language.evalplan.plan import eval_targets, format_target
+    from lorarl.language.kinds import get_kind
     from lorarl.models import cell_models, parent_recipe, recipe_name
     from lorarl.pack.hosting import Runtime, hosting_plan
     from lorarl.pack.publish import unfinished
-    from lorarl.spec.study import base_cells, study_cells
+    from lorarl.language.study import base_cells, study_cells
 
     if "train" not in get_kind(study.kind).cell_stages:
         return []

@@ -57,7 +57,7 @@ def prompt_tokens(cfg: Any, results_dir: str) -> float:
 
 def prompt_tokens_by_cell(study_path: str, results_dir: str) -> tuple[dict[str, float], list[str]]:
     """Mean training-prompt tokens of every cell of the study (one measurement per distinct prompt key)."""
-    from lorarl.spec.study import load_study, study_cells
+    from lorarl.language.study import load_study, study_cells
 
     by_key: dict[str, float | None] = {}
     notes: list[str] = []
@@ -181,7 +181,7 @@ def _gpus(layout: Any) -> int:
 
 
 def _problem_counts(cfg: Any, measured: dict) -> tuple[dict[str, int], list[str]]:
-    from lorarl.spec.evalplan.plan import benchmark_specs
+    from lorarl.language.evalplan.plan import benchmark_specs
     from lorarl.evaluate.main import load_problems
 
     counts, notes = {}, []
@@ -202,13 +202,13 @@ def project(study: Any, chosen: Any, m: dict, profile: dict, results_dir: str | 
     """Whole-study time and GPU-hours from the smoke's measurements: every job the study's run will execute
     (lorarl.pipeline.doctor.jobs), each with its start-up and work (lorarl.pipeline.doctor.costs), scheduled
     on the profile's slots; the assumptions spelled out."""
-    from lorarl.spec.evalplan.plan import parse_target
+    from lorarl.language.evalplan.plan import parse_target
     from lorarl.pack.plan import max_cells, resident_places
     from lorarl.pipeline.doctor.costs import JobCosts, _sum, describe, job_part, recorded_waits
     from lorarl.pipeline.doctor.jobs import as_rows, job_kinds, makespan, planned_jobs, rule_counts
     from lorarl.pipeline.doctor.packs import pack_steps, places_refused
     from lorarl.report.cost import read_records
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
 
     split, evals = m["split"], m.get("evaluation", {})
     cells = study_cells(study)

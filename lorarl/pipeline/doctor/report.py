@@ -19,9 +19,9 @@ from lorarl.pipeline.doctor.clock import launcher_probe, run_child, snakemake_dr
 from lorarl.pipeline.doctor.jobs import parse_job_stats
 from lorarl.pipeline.doctor.packs import describe as describe_packs, places_check
 from lorarl.pipeline.doctor.projection import project
-from lorarl.spec.profiles import read_profile
-from lorarl.spec.kinds import KINDS, get_kind
-from lorarl.spec.study import StudyError, find_cell, load_study_to_run, study_cells
+from lorarl.language.profiles import read_profile
+from lorarl.language.kinds import KINDS, get_kind
+from lorarl.language.study import StudyError, find_cell, load_study_to_run, study_cells
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -37,7 +37,7 @@ def free_partial_outputs(stage: str, study_path: str, cell: str, results_dir: st
         return
     try:
         from lorarl import paths
-        from lorarl.spec.study import load_study
+        from lorarl.language.study import load_study
 
         shutil.rmtree(paths.cell_dir(results_dir, load_study(study_path).name, cell) / scratch, ignore_errors=True)
     except Exception:  # noqa: BLE001 - best effort; the disk-full error is what gets reported

@@ -188,7 +188,7 @@ def launch(stage: str, study_path: str, cell_id: str, results_dir: str = "result
         study_name = None
         folder = Path(results_dir) / "models" / ".logs" / cell_id
     else:
-        from lorarl.spec.study import cell_table, load_study
+        from lorarl.language.study import cell_table, load_study
 
         study_path = str(Path(study_path).resolve())
         study = load_study(study_path)
@@ -241,7 +241,7 @@ def _launch_pack(study_path: str, study: Any, members: str, results_dir: str, ex
     job that trains them all (lorarl.pack.run), wait, release those not staged. The job's layout: its members' training
     layout, at most one rank per member (lorarl.pack.ranks). Record: results/<study>/.packs/<pack id>.json."""
     from lorarl.pack import handover
-    from lorarl.spec.study import cell_table
+    from lorarl.language.study import cell_table
 
     ids = members.split(",")
     table = cell_table(study)

@@ -204,7 +204,7 @@ def annotate(stage: str, job: Any) -> None:
         cdir = paths.cell_dir(job.results_dir, study, cell_id)
         if spec.oom_retry == "eval":
             from lorarl.evaluate.main import requested_targets
-            from lorarl.spec.evalplan.plan import format_target
+            from lorarl.language.evalplan.plan import format_target
 
             cell = table._table.cell(cell_id)
             wanted = [t for t in job.params.eval_target.split(",") if t.strip()]  # the job's --eval-target

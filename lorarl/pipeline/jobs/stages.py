@@ -35,7 +35,7 @@ class Job:
     @property
     def study(self) -> Any:
         if self._study is None:
-            from lorarl.spec.study import load_study
+            from lorarl.language.study import load_study
 
             self._study = load_study(self.study_path)
         return self._study
@@ -43,7 +43,7 @@ class Job:
     @property
     def table(self) -> Any:
         if self._table is None:
-            from lorarl.spec.study import cell_table
+            from lorarl.language.study import cell_table
 
             self._table = cell_table(self.study)
         return self._table
@@ -158,7 +158,7 @@ def _train_outputs(results_dir: str, study: str | None, cell: str, params: JobPa
 
 def _evaluate_outputs(results_dir: str, study: str | None, cell: str, params: JobParams) -> list[Path]:
     from lorarl import paths
-    from lorarl.spec.evalplan.plan import parse_target
+    from lorarl.language.evalplan.plan import parse_target
 
     target, kw = params.eval_target, dict(results=results_dir, study=study, cell=cell)
     if not target:  # `lorarl launch evaluate` by hand: every target of the cell, not one file

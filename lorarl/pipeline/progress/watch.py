@@ -64,7 +64,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
     from lorarl.build_progress import base_lines
     from lorarl.models import study_recipes
     from lorarl.status import status_cells, study_status
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     study = load_study(study_path)
     results = Path(results)
@@ -160,7 +160,7 @@ def failure_lines(study_path: str, results: str | Path = "results") -> list[str]
     """One line per failed stage of a study (Snakemake's `onerror`: the default profile hides the
     per-job error blocks, so the failures are listed here, with the reason and the log to read)."""
     from lorarl.status import study_status
-    from lorarl.spec.study import load_study
+    from lorarl.language.study import load_study
 
     name = load_study(study_path).name
     out = []

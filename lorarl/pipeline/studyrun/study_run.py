@@ -24,7 +24,7 @@ from lorarl.tracking.client import PACKAGES, Tracker, git_state, package_version
 
 def axes_tag(study: Any) -> str:
     """`{"rank": ["r1", "r2"], "seed": ["s0", "s1"]}`: each axis with its values as cell ids show them."""
-    from lorarl.spec.matrix import label_of
+    from lorarl.language.matrix import label_of
 
     return json.dumps({name: [f"{ax.prefix}{label_of(v)}" for v in ax.values] for name, ax in study.axes.items()})
 
@@ -33,7 +33,7 @@ def code_tags(study: Any, results_dir: str | Path) -> dict[str, str]:
     """The code the study's cells ran, from their jobs' provenance records (`git.sha`, `git.dirty`, `git.diff_hash`,
     `version.*`: "mixed" where cells differ; `lorarl.code_states`, `lorarl.code_mixed`), and this checkout now as
     `checkout.git.sha`, `checkout.git.dirty`, `checkout.version.*` (lorarl.provenance.code_tags)."""
-    from lorarl.spec.study import study_cells
+    from lorarl.language.study import study_cells
 
     cells = [c.id for c in study_cells(study)]
     return _tags(cell_code(results_dir, study.name, cells, PACKAGES), {**git_state(), **package_versions()})

@@ -48,7 +48,7 @@ STAMP = "%Y-%m-%dT%H:%M:%S%z"  # lorarl.provenance.now()
 
 
 def _cells(study: Any) -> list[Any]:
-    from lorarl.spec.study import base_cells, study_cells
+    from lorarl.language.study import base_cells, study_cells
 
     return list(study_cells(study)) + list(base_cells(study))
 

@@ -167,7 +167,7 @@ def sync_base(tracker: Tracker, study: Any, base: Any, results_dir: str | Path) 
 
 
 def sync_study(study_path: str | Path, results_dir: str | Path = "results") -> list[dict]:
-    from lorarl.spec.study import base_cells, load_study, study_cells
+    from lorarl.language.study import base_cells, load_study, study_cells
 
     study = load_study(study_path)
     tracker = Tracker(results_dir, study.name)

@@ -18,12 +18,12 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from lorarl.spec import signature
+from lorarl.language import signature
 from lorarl.grading.benchmarks import get_benchmark
 from lorarl.grading.resolve import SYNTHETIC, EvalPlanError, _allowed, _spec_map, protocol_for, trained_names
 
-if TYPE_CHECKING:  # only for annotations (lorarl.spec.config imports lorarl.grading.resolve, never this module)
-    from lorarl.spec.config import BenchmarkEval, CellConfig
+if TYPE_CHECKING:  # only for annotations (lorarl.language.config imports lorarl.grading.resolve, never this module)
+    from lorarl.language.config import BenchmarkEval, CellConfig
     from lorarl.grading.verify import GradingSettings
 
 __all__ = ["SYNTHETIC", "EvalPlanError", "benchmark_specs", "data_revision",
@@ -141,7 +141,7 @@ def _hash(obj: Any) -> str:
 
 def train_signature(cfg: "CellConfig") -> str:
     """Hash of what training depends on: the config without evaluation-only settings (only
-    ``eval_every`` changes what training writes) and without runtime fields (lorarl.spec.signature;
+    ``eval_every`` changes what training writes) and without runtime fields (lorarl.language.signature;
     it is `Cell.hash`)."""
     return signature.train_signature(cfg)
 

@@ -2,7 +2,7 @@
 
 Every table, CSV and frame of the report (lorarl/report) holds one column per axis, named after the axis,
 next to its own columns. An axis named like one of those would overwrite it (or be overwritten) row by
-row: a `method` axis once lost its labels to the stats table's interval-method column. ``lorarl.spec.study``
+row: a `method` axis once lost its labels to the stats table's interval-method column. ``lorarl.language.study``
 refuses such an axis name at load (exit 2, naming the axis and these names). Names with a `/` (evaluation
 columns `<benchmark>/<metric>`, flags `flag/<name>`, training metrics such as `kl_ref/k3`) and names
 starting with `_` cannot be axis names, so they need no entry here. A training metric without a `/` that the

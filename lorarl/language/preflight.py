@@ -1,7 +1,7 @@
 """Files and names a study refers to, checked when it is loaded (before anything runs or is written).
 
 * `model` / `reward.teacher` / `reward.prm_model`: `local:<recipe>` must name a recipe of lorarl.models; a
-  filesystem path (starting with `/`, `./`, `../` or `~`) must exist. Anything else is a hub id: lorarl.spec.hubcheck
+  filesystem path (starting with `/`, `./`, `../` or `~`) must exist. Anything else is a hub id: lorarl.language.hubcheck
   finds it in the local Hugging Face cache or on the hub before a study runs.
 * `task.path` (or each `task.sources[i].path`) of a `dataset` task: a local file path (path-like, or ending in .jsonl/.json/.parquet/.csv)
   must exist. URLs (`hf://...`) are left to the loader.
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lorarl.spec.matrix import Bundle, StudyError
+from lorarl.language.matrix import Bundle, StudyError
 
 SKIP_ENV = "LORARL_SKIP_PATH_CHECKS"
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")

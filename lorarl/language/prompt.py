@@ -1,6 +1,6 @@
 """Prompt settings of a cell (``prompt:``) and a base row's own prompt settings (``eval.base_prompts``).
 
-Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.spec.config` imports both classes.
+Pure pydantic (no lorarl imports besides the number guard): :mod:`lorarl.language.config` imports both classes.
 
 * :class:`PromptConfig`: how a problem becomes the model's input, identically in the train and
   evaluate stages (:mod:`lorarl.tasks.prompt`);

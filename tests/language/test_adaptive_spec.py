@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.spec.adaptive.blocks import resolved_search
+from lorarl.language.adaptive.blocks import resolved_search
 from lorarl import badstudies
 from lorarl.badstudies import with_field
-from lorarl.spec.study import cell_table, load_study
+from lorarl.language.study import cell_table, load_study
 from tests.support.study import tiny_study
 
 BASE = {**tiny_study("ad", task={"name": "synthetic", "n_train": 16, "n_eval": 8},
@@ -105,7 +105,7 @@ def test_each_bad_block_is_refused_cleanly(name, study, place, tmp_path: Path):
 
 
 def test_a_quoted_number_is_refused_naming_what_is_allowed(tmp_path: Path):
-    from lorarl.spec.study import StudyError
+    from lorarl.language.study import StudyError
 
     with pytest.raises(StudyError, match=r"search\.eta: '3' is text \(quoted\); allowed: an integer without quotes"):
         load_study(_write(tmp_path, _with("search.eta", "3")))
@@ -126,7 +126,7 @@ def test_a_valid_study_resolves_the_defaults(tmp_path: Path):
 
 
 def test_a_bad_block_names_its_yaml_line(tmp_path: Path):
-    from lorarl.spec.study import StudyError
+    from lorarl.language.study import StudyError
 
     with pytest.raises(StudyError, match=r"search\.rungs: step 3 has no held-out snapshot.*\(line \d+\)"):
         load_study(_write(tmp_path, _with("search.rungs", [3])))
@@ -153,8 +153,8 @@ def test_neither_block_changes_any_cell_signature(tmp_path: Path):
 
 def test_the_shipped_adaptive_demo_loads_and_its_hypotheses_add_seeds():
     """experiments/demo_adaptive.yaml: both blocks, and a hypothesis whose first look needs a seed the axis
-    does not list (its cells are the added seeds lorarl.spec.adaptive.seeds plans)."""
-    from lorarl.spec.adaptive.seeds import comparison_seeds
+    does not list (its cells are the added seeds lorarl.language.adaptive.seeds plans)."""
+    from lorarl.language.adaptive.seeds import comparison_seeds
 
     study = load_study(Path(__file__).resolve().parents[2] / "experiments" / "demo_adaptive.yaml")
     table = cell_table(study)

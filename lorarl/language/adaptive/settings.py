@@ -6,7 +6,7 @@ in the study's cell order (the order of their first cell: the axes' order, which
 Snakemake lists the jobs); that order is the arrival order of asynchronous successive halving
 (lorarl.adaptive.halving), never the wall clock.
 
-Pure: takes the Study and its CellTable (lorarl.spec.study), reads no file.
+Pure: takes the Study and its CellTable (lorarl.language.study), reads no file.
 """
 
 from __future__ import annotations
@@ -60,6 +60,6 @@ def study_settings(study: Any, table: Any, paired: list[str] | None = None) -> l
 
 def seed_order(study: Any) -> list[str]:
     """The seed axis's labels in the study's order: the order seeds join a sequential comparison."""
-    from lorarl.spec.matrix import label_of
+    from lorarl.language.matrix import label_of
 
     return [label_of(v) for v in study.axes[study.seed_axis].values]

@@ -1,4 +1,4 @@
-"""Hub references checked before a study runs (lorarl.spec.hubcheck): a model, teacher, PRM or dataset that is neither
+"""Hub references checked before a study runs (lorarl.language.hubcheck): a model, teacher, PRM or dataset that is neither
 in the local Hugging Face cache nor reachable refuses the study with exit 2, naming it and its field, before
 anything runs or is written (`lorarl run`, `lorarl doctor`, Snakemake); `lorarl cells` and `lorarl status` list
 such a study and name what this machine cannot get, after one short probe of the hub; a cached one passes;
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.spec import hubcheck
+from lorarl.language import hubcheck
 from lorarl.pipeline.drills import recovery
-from lorarl.spec.study import StudyError, cell_table, load_study, load_study_to_run
+from lorarl.language.study import StudyError, cell_table, load_study, load_study_to_run
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
 SHA = "0123456789abcdef0123456789abcdef01234567"

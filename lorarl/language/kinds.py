@@ -1,5 +1,5 @@
 """Study kinds by name (a study's `kind:`): what a cell is, how its defaults resolve, and how the
-study runs. `lorarl.spec.matrix` (the cell table), `lorarl cells/aggregate/report`, `lorarl doctor` and
+study runs. `lorarl.language.matrix` (the cell table), `lorarl cells/aggregate/report`, `lorarl doctor` and
 workflow/rules/common.smk consult this registry; none of them tests a kind's name.
 
 A kind either runs per-cell stages (`cell_stages`: one Snakemake job per cell and stage) or one
@@ -21,13 +21,13 @@ from pydantic import BaseModel
 
 
 def _grpo_config() -> type[BaseModel]:
-    from lorarl.spec.config import CellConfig
+    from lorarl.language.config import CellConfig
 
     return CellConfig
 
 
 def _toy_config() -> type[BaseModel]:
-    from lorarl.spec.toy import ToyCellConfig
+    from lorarl.language.toy import ToyCellConfig
 
     return ToyCellConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lorarl.spec.study import StudyError, base_cells, study_cells, load_study, parse_study
+from lorarl.language.study import StudyError, base_cells, study_cells, load_study, parse_study
 from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_every_shipped_study_builds_a_dag(study_file, tmp_path):
         [sys.executable, "-m", "snakemake", "all", "-n", "--snakefile", str(REPO / "Snakefile"), "--directory",
          str(tmp_path), "--configfile", str(REPO / "config" / "config.yaml"),
          "--config", f"studies=[\"{REPO / 'experiments' / study_file}\"]", "results=results",
-         "hub_check=false"],  # as a login node whose compute nodes reach the hub (tests/spec/test_hubcheck.py checks it)
+         "hub_check=false"],  # as a login node whose compute nodes reach the hub (tests/language/test_hubcheck.py checks it)
         cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "total" in proc.stdout + proc.stderr

@@ -1,7 +1,7 @@
 """Where a cell's prompts and gold answers come from (the study's ``task:`` section): the synthetic
 task, one dataset, or a mixture of datasets (``task.sources``), each with its own columns and share.
 
-Read by :mod:`lorarl.spec.config` (the cell's ``task:`` field); import it from here. Every field carries a
+Read by :mod:`lorarl.language.config` (the cell's ``task:`` field); import it from here. Every field carries a
 one-line comment saying *why* it exists; unknown fields are errors.
 """
 

@@ -1,16 +1,16 @@
 """The cell matrix of a study: axis values → cells (id, resolved config, signatures) → a CellTable.
 
-Built once per study per process by :func:`lorarl.spec.study.cell_table` (use that, not this module):
+Built once per study per process by :func:`lorarl.language.study.cell_table` (use that, not this module):
 expansion, validation, registry-default resolution, merging and hashing happen here, once; every
 lookup afterwards (`CellTable.cell`, `.ids`, `.bases`, `.eval_signature`) is a dictionary access.
 
 First the axes' sizes are multiplied: a study past the cell cap ($LORARL_MAX_CELLS, default
 100,000; `check_size`) is refused before any cell is expanded, naming each axis's size and the cap.
 Per cell, in order: the axis values are written into the defaults (a field may be written by one
-axis only: lorarl.spec.study checks that); fields that do not apply to the cell's method are dropped
+axis only: lorarl.language.study checks that); fields that do not apply to the cell's method are dropped
 (study kind hook); the config is validated (errors name `axes.<name>.values[<i>] = <value>` or
 `defaults.<field>`); the method's registry defaults are filled in; the signatures are computed
-(lorarl.spec.signature); identical configs merge into the first id.
+(lorarl.language.signature); identical configs merge into the first id.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from lorarl.spec.kinds import Kind, get_kind
-from lorarl.spec.signature import signatures
+from lorarl.language.kinds import Kind, get_kind
+from lorarl.language.signature import signatures
 from lorarl.strict import Strict
 
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
@@ -76,7 +76,7 @@ class Cell:
     config: Any  # the fully resolved config (CellConfig, or ToyCellConfig for toy studies)
     hash: str  # training signature of the resolved config: change a setting that trains, the cell reruns
     aliases: tuple[str, ...] = field(default=())  # other ids that name this cell (merged or shortened)
-    eval_hash: str = ""  # signature of the evaluation-only settings (lorarl.spec.signature)
+    eval_hash: str = ""  # signature of the evaluation-only settings (lorarl.language.signature)
 
     def flat_config(self) -> dict[str, Any]:
         return flatten(self.config.model_dump(mode="json"))
@@ -112,7 +112,7 @@ class CellTable:
     def __init__(self, study: Any, cells: list[Cell], bases: list[Cell], notes: list[str], merged: int = 0):
         self.study = study  # the Study this table expands
         self.cells = cells  # matrix cells in axis order
-        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.spec.evalplan.bases)
+        self.bases = bases  # base pseudo-cells (the untrained model, one per model and prompt: lorarl.language.evalplan.bases)
         self.notes = notes  # human-readable merges/drops, printed by `lorarl cells`
         self.merged = merged  # how many expanded combos merged into an identical earlier cell
         self.ids = [c.id for c in cells]
@@ -128,7 +128,7 @@ class CellTable:
 
     def extra_cells(self) -> list[Cell]:
         """Cells the study may add at run time, found by id but not in ``cells``/``ids`` (so `lorarl cells`
-        and every id stay as they are): the seeds a hypothesis adds (lorarl.spec.adaptive.seeds). Built on first use."""
+        and every id stay as they are): the seeds a hypothesis adds (lorarl.language.adaptive.seeds). Built on first use."""
         if self._extra is None:
             self._extra = list(self.extra_source()) if self.extra_source is not None else []
             for c in self._extra:
@@ -153,10 +153,10 @@ class CellTable:
         return cell_id in self._base_set
 
     def eval_signature(self, cell_id: str, benchmark: str, step: int | None = None) -> str:
-        """Rerun trigger of one evaluation (lorarl.spec.evalplan.plan.eval_signature), memoised."""
+        """Rerun trigger of one evaluation (lorarl.language.evalplan.plan.eval_signature), memoised."""
         key = (cell_id, benchmark, step)
         if key not in self._eval_sigs:
-            from lorarl.spec.evalplan.plan import eval_signature
+            from lorarl.language.evalplan.plan import eval_signature
 
             self._eval_sigs[key] = eval_signature(self.cell(cell_id).config, benchmark, step, self.is_base(cell_id))
         return self._eval_sigs[key]
@@ -210,10 +210,10 @@ def _cell_id(study: Any, labels: dict[str, str], names: list[str]) -> str:
 
 
 def _bases(kind: Kind, cells: list[Cell], study: Any = None) -> list[Cell]:
-    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.spec.evalplan.bases."""
+    """Base pseudo-cells: one per model and base evaluation signature (prompt, ...): lorarl.language.evalplan.bases."""
     if not kind.has_base:
         return []
-    from lorarl.spec.evalplan.bases import base_cells
+    from lorarl.language.evalplan.bases import base_cells
 
     return base_cells(study, cells, Cell)
 
@@ -246,7 +246,7 @@ def check_size(study: Any, source: str = "<study>") -> int:
 
 
 def build_table(study: Any, source: str = "<study>") -> CellTable:
-    """Expand, validate, resolve, sign and merge every cell of ``study`` (a lorarl.spec.study.Study)."""
+    """Expand, validate, resolve, sign and merge every cell of ``study`` (a lorarl.language.study.Study)."""
     check_size(study, source)
     kind = get_kind(study.kind)
     cls = kind.config()

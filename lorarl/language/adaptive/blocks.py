@@ -2,8 +2,8 @@
 `hypotheses:` (named comparisons with margins, tested sequentially over seeds).
 
 Both are study-level decisions, never cell science: they are fields of the study, not of a cell's
-config, so no cell's id, signature or evaluation signature depends on them (tests/spec/test_adaptive_spec.py).
-The field types and bounds are checked by pydantic when the study is parsed (lorarl.spec.study); numeric fields are
+config, so no cell's id, signature or evaluation signature depends on them (tests/language/test_adaptive_spec.py).
+The field types and bounds are checked by pydantic when the study is parsed (lorarl.language.study); numeric fields are
 strict (a quoted number such as ``eta: '3'`` is refused, not read as 3: a string there is a typo or a template
 left unfilled, and a sweep over it would run something nobody wrote). What
 depends on the study's axes and cells (paired axes, setting selectors, rungs against `train.steps`
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictInt, ValidationInfo, field_validator, model_validator
 
-from lorarl.spec.adaptive.seeds import added_values
-from lorarl.spec.matrix import NOT_APPLICABLE, StudyError, label_of
+from lorarl.language.adaptive.seeds import added_values
+from lorarl.language.matrix import NOT_APPLICABLE, StudyError, label_of
 from lorarl.strict import Strict
 
 __all__ = ["SearchSpec", "HypothesisSpec", "check_blocks", "check_metric", "split_metric", "resolved_search", "MAX_SEEDS"]
@@ -144,7 +144,7 @@ def _labels(study: Any, axis: str) -> list[str]:
 
 
 def _headline(cfg: Any, bench: str) -> str:
-    from lorarl.spec.evalplan.plan import benchmark_specs, protocol_for
+    from lorarl.language.evalplan.plan import benchmark_specs, protocol_for
 
     spec = benchmark_specs(cfg)[bench]
     return spec.headline or protocol_for(bench, spec, cfg.eval).primary_metric
@@ -153,7 +153,7 @@ def _headline(cfg: Any, bench: str) -> str:
 def check_metric(table: Any, metric: str | None, where: str, source: str, curve: bool) -> str:
     """The metric every cell records (``<bench>@<step>`` snapshots when ``curve``, else the final
     evaluation); a null metric resolves to the first (curve) benchmark's headline."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, curve_benchmarks, protocol_for
+    from lorarl.language.evalplan.plan import benchmark_specs, curve_benchmarks, protocol_for
 
     out = None
     for cell in table.cells:
@@ -206,7 +206,7 @@ def resolved_search(study: Any, table: Any) -> SearchSpec:
 
 
 def _check_search(study: Any, table: Any, source: str) -> None:
-    from lorarl.spec.evalplan.plan import snapshot_steps
+    from lorarl.language.evalplan.plan import snapshot_steps
 
     s = study.search
     for ax in s.paired or [study.seed_axis]:
@@ -227,7 +227,7 @@ def _check_search(study: Any, table: Any, source: str) -> None:
                                     + (f"multiples of {every} below {steps}" if every else
                                        "set defaults.eval.eval_every so that every rung is a multiple of it"))
     check_metric(table, s.metric, "search.metric", source, curve=True)
-    from lorarl.spec.adaptive.settings import study_settings
+    from lorarl.language.adaptive.settings import study_settings
 
     n = len(study_settings(study, table, s.paired or [study.seed_axis]))
     if s.min_kept >= n:
@@ -270,7 +270,7 @@ def _check_hypotheses(study: Any, table: Any, source: str) -> None:
             raise _fail(source, f"hypotheses.{name}: a and b name the same setting; allowed: two different settings")
         check_metric(table, h.metric, f"hypotheses.{name}.metric", source, curve=False)
         have = len(study.axes[study.seed_axis].values)
-        if h.max_seeds > have:  # seeds added at run time continue the axis's integers (lorarl.spec.adaptive.seeds)
+        if h.max_seeds > have:  # seeds added at run time continue the axis's integers (lorarl.language.adaptive.seeds)
             try:
                 added_values(study)
             except ValueError:

@@ -14,10 +14,10 @@ from lorarl.adapters.names import INITS, MASKS, METHODS  # plain tuples; the reg
 from lorarl.decoding import RuntimeConfig  # pydantic only at import (torch inside its functions)
 from lorarl.grading.overrides import AnswerFormat, GradingOverride, check_grading
 from lorarl.rewards.section import RewardSection
-from lorarl.spec.prompt import BasePrompt, PromptConfig, check_base_prompts
+from lorarl.language.prompt import BasePrompt, PromptConfig, check_base_prompts
 from lorarl.sampler_logprobs import sampler_logprobs_mismatch
 from lorarl.strict import Strict
-from lorarl.spec.task import TaskConfig
+from lorarl.language.task import TaskConfig
 
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # TRL's loss aggregations
 Sequences = Annotated[int, Field(gt=0)]  # a positive number of sequences (memory knobs; or "auto" / null)
@@ -142,7 +142,7 @@ class TrainConfig(Strict):
         return self.steps * self.updates_per_step
 
     def signature_extras(self) -> dict[str, int]:
-        """Derived settings the training signature adds to the dump (lorarl.spec.signature): ``train.steps``
+        """Derived settings the training signature adds to the dump (lorarl.language.signature): ``train.steps``
         counted optimiser updates before it counted rollout steps, so a cell whose two counts differ gets
         a new hash (its old results meant a quarter of the training), while every other cell keeps its own."""
         return {"updates_per_step": self.updates_per_step} if self.updates_per_step > 1 else {}
@@ -233,7 +233,7 @@ class EvalConfig(Strict):
     curve_benchmarks: list[str] | None = None  # benchmarks evaluated at each snapshot (null = all; []: none, diagnostics only)
     backend: Literal["auto", "hf", "vllm"] = "hf"  # generation engine (lorarl.evaluate.engines): vllm needs a GPU or vLLM's CPU build (else refused); auto: vllm where importable with a GPU, else hf
     teacher_benchmarks: list[str] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # benchmarks the distillation teacher (reward.teacher) is evaluated on as a base row (paper 001 Table 2's teacher column)
-    base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.spec.prompt)
+    base_prompts: dict[str, BasePrompt] | None = Field(None, json_schema_extra={"signature_omits_default": True})  # a base row's own prompt settings: `base` (untrained student rows), `teacher` (lorarl.language.prompt)
     average: Literal["benchmarks", "samples"] = Field("benchmarks", json_schema_extra={"runtime": True})  # the report's Avg: the benchmarks' plain mean (paper 003), or the accuracy over all generated samples, each weighted by problems x samples (paper 002); report only
 
     @field_validator("base_prompts", mode="before")

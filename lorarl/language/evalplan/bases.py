@@ -3,7 +3,7 @@
 A base row is only a fair anchor when the untrained model is asked the same way as the cells it
 anchors: same prompt (template, system prompt, chat template, think format), same answer format and
 grading, same benchmarks and protocols.  So the bases of a study are keyed by (model, base
-evaluation signature): the :func:`lorarl.spec.evalplan.plan.eval_signature` of every final benchmark of
+evaluation signature): the :func:`lorarl.language.evalplan.plan.eval_signature` of every final benchmark of
 a cell with ``is_base=True`` (weights = the model), the sampling seed held at the group's first
 cell's (a seed axis is averaged over, it does not make bases).  A study with one prompt keeps one
 base per model, named as before: ``base`` (one model) or ``base-<model>``.  A study with a prompt
@@ -20,14 +20,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lorarl.spec.signature import short_hash
+from lorarl.language.signature import short_hash
 
-_SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # as lorarl.spec.matrix (cell ids)
+_SAFE = re.compile(r"[^A-Za-z0-9._+-]")  # as lorarl.language.matrix (cell ids)
 
 
 def row_config(cfg: Any, row: str) -> Any:
     """A cell config as base row ``row`` (``base``: an untrained student row, ``teacher``) is asked:
-    its prompt with ``eval.base_prompts.<row>`` in place of the study's (lorarl.spec.prompt)."""
+    its prompt with ``eval.base_prompts.<row>`` in place of the study's (lorarl.language.prompt)."""
     own = (cfg.eval.base_prompts or {}).get(row)
     prompt = own.apply(cfg.prompt, row) if own is not None else cfg.prompt
     return cfg if prompt == cfg.prompt else cfg.model_copy(update={"prompt": prompt})
@@ -35,7 +35,7 @@ def row_config(cfg: Any, row: str) -> Any:
 
 def _eval_key(cfg: Any, seed: int) -> tuple[str, ...]:
     """The base evaluation signature of a cell config (seed held fixed)."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, eval_signature
+    from lorarl.language.evalplan.plan import benchmark_specs, eval_signature
 
     cfg = cfg if cfg.seed == seed else cfg.model_copy(update={"seed": seed})
     return tuple(eval_signature(cfg, b, None, is_base=True) for b in benchmark_specs(cfg))
@@ -86,7 +86,7 @@ def _teacher_bases(cells: list[Any], cell_cls: Any) -> list[Any]:
     are (their prompt and grading, with ``eval.base_prompts.teacher`` in place of the prompt's settings
     it names: paper 001's Qwen3-8B answers in its chat format) on those benchmarks only (paper 001
     Table 2's teacher column)."""
-    from lorarl.spec.evalplan.plan import benchmark_specs, eval_signature
+    from lorarl.language.evalplan.plan import benchmark_specs, eval_signature
 
     out, seen = [], set()
     for c in cells:

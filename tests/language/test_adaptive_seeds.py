@@ -1,4 +1,4 @@
-"""Seeds a hypothesis adds at run time (lorarl.spec.adaptive.seeds): ordinary cells whose ids and hashes are what the
+"""Seeds a hypothesis adds at run time (lorarl.language.adaptive.seeds): ordinary cells whose ids and hashes are what the
 axes give them, found by id while `lorarl cells` and every existing id stay as they are; and, through Snakemake
 (a real checkpoint job on recorded results, then a dry run), an undecided comparison asks for exactly the next
 seed of its two settings and nothing else."""
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lorarl import paths
-from lorarl.spec.study import StudyError, cell_table, load_study, parse_study
+from lorarl.language.study import StudyError, cell_table, load_study, parse_study
 from tests.support.snakemake import run_snakemake
 from tests.support.study import tiny_study
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from lorarl.spec.matrix import StudyError
+from lorarl.language.matrix import StudyError
 
 
 MAX_ALIAS_NODES = 100_000  # nodes that all aliases of one file may stand for (a study needs a few hundred)

@@ -12,7 +12,7 @@ What is checked, per distinct reference of the study's cells (`references`):
   network; with a revision (`task.revision`, a benchmark's `revision`), that commit (a tag or branch is
   resolved through the hub cache's refs).
 * an `hf://datasets/<org>/<name>[@rev]/<file>` address: that file in the hub cache.
-`local:<recipe>`, filesystem paths, local files and other URLs are lorarl.spec.preflight's (it runs at every load).
+`local:<recipe>`, filesystem paths, local files and other URLs are lorarl.language.preflight's (it runs at every load).
 
 A reference not in the cache is asked of the hub (`model_info` / `dataset_info` at its revision, `$HF_ENDPOINT`)
 with a deadline of `TIMEOUT_S` seconds in all (a daemon thread: a resolver that never answers cannot hold the
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from lorarl.spec.matrix import StudyError
+from lorarl.language.matrix import StudyError
 
 ENV = "LORARL_HUB_CHECK"  # 0 / false / off: skip the check (compute nodes reach the hub, this host does not)
 OFFLINE_ENVS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -147,7 +147,7 @@ def _benchmark_refs(cfg: Any) -> list[Ref]:
         bench = BENCHMARKS.get(name)
         repo = spec.hub_id or (bench.hub_id if bench else None)
         if spec.path or not repo:
-            continue  # a local file (lorarl.spec.preflight checks it exists) or the synthetic split
+            continue  # a local file (lorarl.language.preflight checks it exists) or the synthetic split
         other = bench is None or spec.hub_id not in (None, bench.hub_id)  # a mirror: the registry's pin is not its
         rev = spec.revision or (None if other else bench.revision)
         config = spec.subset or getattr(bench, "config", None)
@@ -327,7 +327,7 @@ def _refs(cells: Iterable[Any]) -> list[Ref]:
 
 
 def _lines(study: Any, bad: list[tuple[Ref, str]]) -> list[str]:
-    from lorarl.spec.preflight import where
+    from lorarl.language.preflight import where
 
     return [f"{where(study, r.field, r.value)}: {r.describe()}: not in the local cache "
             f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}" for r, why in bad]

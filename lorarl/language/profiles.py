@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from lorarl.spec.matrix import StudyError
+from lorarl.language.matrix import StudyError
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: config/ and profiles/ live here
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorarl.spec.matrix import Axis, Cell, build_table, label_of
+from lorarl.language.matrix import Axis, Cell, build_table, label_of
 
 __all__ = ["needed_seeds", "added_values", "added_cells", "seed_labels", "comparison_seeds", "side_of"]
 

@@ -1,4 +1,4 @@
-"""The cell config of a toy KL-bound study (what `lorarl.spec.matrix` validates each toy cell against) and its
+"""The cell config of a toy KL-bound study (what `lorarl.language.matrix` validates each toy cell against) and its
 hyper-parameters (ASSUMPTIONS: `lorarl.toy.kl_bound`). No torch or scipy here: loading a toy study stays light."""
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from pydantic import BaseModel, Field
 
-import lorarl.spec.study as study_mod
+import lorarl.language.study as study_mod
 from lorarl.train import checkpoint
-from lorarl.spec import signature
+from lorarl.language import signature
 from lorarl.adapters.catalog import get_method
-from lorarl.spec.study import StudyError, base_cells, cell_table, find_cell, load_study, parse_study, study_cells
+from lorarl.language.study import StudyError, base_cells, cell_table, find_cell, load_study, parse_study, study_cells
 from tests.support.study import tiny_study
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_unknown_cell_names_the_cells():
 
 
 def test_eval_signature_is_memoised_and_matches_the_plan():
-    from lorarl.spec.evalplan import plan
+    from lorarl.language.evalplan import plan
 
     t = cell_table(parse_study(raw_study()))
     c = t.cell("r2-s0")

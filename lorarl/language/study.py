@@ -12,7 +12,7 @@ YAML shape (see experiments/demo.yaml):
     exclude:
       - {rank: full, kl: 0.05}    # drop cells matching all listed axis labels
 
-`search:` and `hypotheses:` (docs/adaptive.md) are study-level blocks: validated here (lorarl.spec.adaptive.blocks),
+`search:` and `hypotheses:` (docs/adaptive.md) are study-level blocks: validated here (lorarl.language.adaptive.blocks),
 never part of a cell's config or signature.
 
 A bundle value (`{label, set}`) sets several fields at once. A field may be written by one axis only.
@@ -22,9 +22,9 @@ configs are identical merge (the first id wins, the others stay valid aliases).
 
 How to use it (every lookup is a dictionary access; the table is built once per study per process):
 
-    from lorarl.spec.study import cell_table, load_study
+    from lorarl.language.study import cell_table, load_study
     study = load_study("experiments/demo.yaml")   # validated (cached per file in this process)
-    study = load_study_to_run(path)                # + its hub models/datasets cached or reachable (lorarl.spec.hubcheck)
+    study = load_study_to_run(path)                # + its hub models/datasets cached or reachable (lorarl.language.hubcheck)
     study, cannot = load_study_to_list(path)       # listing only: + what of the hub this machine cannot get now
     table = cell_table(study)                      # the same object on every call for this study
     table.cells                                    # matrix cells in axis order (`Cell`)
@@ -35,7 +35,7 @@ How to use it (every lookup is a dictionary access; the table is built once per 
 
 A cell's config is resolved before it is signed: the adapter method's registry defaults
 (lorarl.adapters) are filled in, so cell.json, MLflow params and `Cell.hash` show what trains.
-`Cell.hash` is the training signature (lorarl.spec.signature).
+`Cell.hash` is the training signature (lorarl.language.signature).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from lorarl.spec import yamlpos
-from lorarl.spec.adaptive.blocks import HypothesisSpec, SearchSpec, check_blocks
-from lorarl.spec.config import one_of
-from lorarl.spec.kinds import KINDS
-from lorarl.spec.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
+from lorarl.language import yamlpos
+from lorarl.language.adaptive.blocks import HypothesisSpec, SearchSpec, check_blocks
+from lorarl.language.config import one_of
+from lorarl.language.kinds import KINDS
+from lorarl.language.matrix import (Axis, Bundle, Cell, CellTable, StudyError, build_table, flatten, format_validation,
                            label_of)
-from lorarl.spec.preflight import check_references
-from lorarl.spec.reserved import check_axis_name
+from lorarl.language.preflight import check_references
+from lorarl.language.reserved import check_axis_name
 from lorarl.strict import Strict
 
 __all__ = ["KINDS", "Axis", "Bundle", "Cell", "CellTable", "Study", "StudyError", "base_cells", "cell_table",
@@ -65,7 +65,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 class Study(Strict):
     name: str  # MLflow experiment name and results/<name>/ folder
-    kind: str = "grpo"  # a registered study kind (lorarl.spec.kinds): LLM RL cells, or the toy KL-bound study
+    kind: str = "grpo"  # a registered study kind (lorarl.language.kinds): LLM RL cells, or the toy KL-bound study
     defaults: dict[str, Any] = Field(default_factory=dict)  # every cell starts from this config
     axes: dict[str, Axis] = Field(default_factory=dict)  # ordered: id fragments follow this order
     exclude: list[dict[str, Any]] = Field(default_factory=list)  # axis->label combos to drop
@@ -75,7 +75,7 @@ class Study(Strict):
     hypotheses: dict[str, HypothesisSpec] = Field(default_factory=dict)  # named comparisons tested seed by seed (docs/adaptive.md)
     _table: Any = PrivateAttr(default=None)  # the CellTable, built once (cell_table)
     _source: str = PrivateAttr(default="<study>")  # the file, named in errors
-    _hub_checked: bool = PrivateAttr(default=False)  # its hub references were found (lorarl.spec.hubcheck), once
+    _hub_checked: bool = PrivateAttr(default=False)  # its hub references were found (lorarl.language.hubcheck), once
 
     @field_validator("kind")
     @classmethod
@@ -121,7 +121,7 @@ def parse_study(raw: dict[str, Any], source: str = "<study>") -> Study:
     for name, ax in study.axes.items():
         if not _NAME.match(name):
             raise StudyError(f"invalid study {source}: axis name {name!r} must be letters/digits/_/-")
-        why = check_axis_name(name)  # lorarl.spec.reserved: the report's own columns
+        why = check_axis_name(name)  # lorarl.language.reserved: the report's own columns
         if why:
             raise StudyError(f"invalid study {source}: axes.{name}: {why}")
     for i, rule in enumerate(study.exclude):
@@ -181,10 +181,10 @@ def load_study(path: str | Path) -> Study:
 
 def load_study_to_run(path: str | Path, hub_check: Any = True) -> Study:
     """`load_study`, then (once per study in this process) every hub model and dataset its cells name must be in
-    the local Hugging Face cache or answer on the hub (lorarl.spec.hubcheck), unless `hub_check` (the profile's
+    the local Hugging Face cache or answer on the hub (lorarl.language.hubcheck), unless `hub_check` (the profile's
     setting) or $LORARL_HUB_CHECK turns that off: what runs a study (`lorarl run/doctor`, Snakemake) loads it
     this way, so a missing model is refused before anything runs or is written."""
-    from lorarl.spec import hubcheck
+    from lorarl.language import hubcheck
 
     study = load_study(path)
     if study._hub_checked or not hubcheck.enabled(hub_check):
@@ -200,10 +200,10 @@ def load_study_to_run(path: str | Path, hub_check: Any = True) -> Study:
 
 def load_study_to_list(path: str | Path) -> tuple[Study, list[str]]:
     """`load_study` for what only lists a study (`lorarl cells`): the study and a line per hub model or dataset this
-    machine cannot get now (not cached; the hub offline or unreachable, told by one short probe: lorarl.spec.hubcheck),
+    machine cannot get now (not cached; the hub offline or unreachable, told by one short probe: lorarl.language.hubcheck),
     each with its line in the file. A reference the hub says does not exist refuses the study, as running it would;
     `$LORARL_HUB_CHECK=0` skips the check."""
-    from lorarl.spec import hubcheck
+    from lorarl.language import hubcheck
 
     study = load_study(path)
     if not hubcheck.enabled():
@@ -221,10 +221,10 @@ def cell_table(study: Study) -> "CellTable":
     """The study's cell table, built on first use and kept on the study object."""
     if study._table is None:
         study._table = build_table(study, study._source)
-        if study.hypotheses:  # seeds a hypothesis may add: found by id, never in `cells` (lorarl.spec.adaptive.seeds)
+        if study.hypotheses:  # seeds a hypothesis may add: found by id, never in `cells` (lorarl.language.adaptive.seeds)
             import functools
 
-            from lorarl.spec.adaptive.seeds import added_cells, added_values
+            from lorarl.language.adaptive.seeds import added_cells, added_values
 
             study._table.extra_source = functools.partial(added_cells, study)
             try:
@@ -254,7 +254,7 @@ def study_cells(study: Study) -> list[Cell]:
 
 
 def every_cell(study: Study) -> list[Cell]:
-    """The matrix cells, then the seeds a hypothesis may add at run time (lorarl.spec.adaptive.seeds): every cell
+    """The matrix cells, then the seeds a hypothesis may add at run time (lorarl.language.adaptive.seeds): every cell
     whose files a reader may meet, so that a lookup by id never misses an added seed."""
     table = cell_table(study)
     return list(table.cells) + list(table.extra_cells())
