@@ -201,7 +201,6 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
     ``update_cells``: cells per backward pass (the pack job's ``--update-cells``; None: all at once)."""
     import torch
 
-    from lorarl.language.evalplan.plan import snapshot_steps
     from lorarl.memory.auto import job_cell  # `auto` knobs + teacher/PRM devices for this job
     from lorarl.pack.build import build_pack
     from lorarl.train.preemption import catch
@@ -218,7 +217,6 @@ def train_members(study: str, members: list[Member], results_dir: str | Path, th
             p.trained, p.stream, p.policy = trained, stream, policy
         for p in members:
             resume = p.run.open(pack.precision, save=p.policy.save, tokenizer=pack.tokenizer,
-                                snapshot_steps=snapshot_steps(p.cell.config),
                                 tags={"lorarl.pack": info["id"]} if info else None)
             p.run.host_state = p.monitors
             if resume.path is not None:

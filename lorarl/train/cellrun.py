@@ -4,8 +4,7 @@ The door (every host calls these and reads nothing else of the run but ``done``)
 
     run = CellRun(study, cell, results_dir, cfg)             # the cell's lock, its checkpoint folder
     if run.done: return run.done                             # its outputs in place: another job finished it
-    resume = run.open(precision, save=..., tokenizer=..., snapshot_steps=...)   # MLflow run, rows so far,
-                                                             # snapshots, monitors; a plain Resume record
+    resume = run.open(precision, save=..., tokenizer=...)    # MLflow run, rows, snapshots: a Resume record
     run.ready()                                              # before the host's first step (start-up time)
     per step: run.step_done(step, row, model)                # -> "running" | "diverged" | "stopped" | "paused"
               run.end_step(step, write_state, pause=...)     # progress, a checkpoint when due; True: host stops
@@ -85,6 +84,7 @@ class CellRun:
         (the pack's staging), else in place. ``holder``/``lock_wait_s``: the lock (lorarl.train.checkpoint).
         ``stop_at``: end paused at this training step (None: train to ``train.steps``). ``invocation``: the Snakemake
         run of the job (its kept outputs, lorarl.train.salvage, are put back only for that run's reasons)."""
+        from lorarl.language.evalplan.plan import snapshot_steps
         from lorarl.train.checkpoint import CellCheckpoints
         from lorarl.numerics.divergence import Divergence
         from lorarl.train.rank_checkpoints import FollowerCheckpoints
@@ -103,6 +103,7 @@ class CellRun:
         ckpt.monitors = self._monitor_state
         if not main:  # a follower rank learns rank 0's pause (lorarl.train.rank_checkpoints)
             ckpt.paused, ckpt.max_steps = None, int(cfg.train.steps) * self._per
+        self._snapshot_steps = sorted(snapshot_steps(cfg))  # the steps whose adapter is kept (eval.eval_every)
         self.divergence = Divergence(self._per)  # NaN/inf loss, reward or gradient: stop, state "diverged"
         self._collapse_at: int | None = None  # train.stop_on_collapse: the step a collapse flag stopped the cell
         self.host_state: Callable[[], dict] = dict  # the host's monitors (adv_std_peak, freshness) for a checkpoint
@@ -143,11 +144,11 @@ class CellRun:
         self.checkpoints.release()
         return summary
 
-    def open(self, precision: str, *, save: Callable[..., Any], tokenizer: Any, snapshot_steps: Any,
-             params: dict | None = None, tags: dict | None = None) -> Resume:
+    def open(self, precision: str, *, save: Callable[..., Any], tokenizer: Any, params: dict | None = None,
+             tags: dict | None = None) -> Resume:
         """The cell's MLflow run (the checkpoint's, reopened, or a new one) and its recorder with the rows trained
         before a resume (MLflow gets any it missed); the monitors as the checkpoint left them; snapshots (``save``:
-        the adapter's, at ``snapshot_steps``) and the collapse monitor. Returns where the host starts."""
+        the adapter's, at the cell's ``eval.eval_every`` steps) and the collapse monitor. Returns where the host starts."""
         from lorarl.tracking.client import Tracker
         from lorarl.train import flags
         from lorarl.train.callbacks import MetricsRecorder
@@ -171,14 +172,13 @@ class CellRun:
         resumed = getattr(ckpt, "resumed", None)  # lorarl.train.checkpoint.Checkpoint, rank 0 only
         monitors = ranks.broadcast(resumed.meta.get("monitors", {}) if resumed else {})
         self._collapse_at = cellstate.apply_monitors(monitors, self.divergence)
-        self.snapshots = SnapshotSaver(self._final / "snapshots", snapshot_steps, save, tokenizer,
+        self.snapshots = SnapshotSaver(self._final / "snapshots", self._snapshot_steps, save, tokenizer,
                                        updates_per_step=self._per)
         self.collapse_monitor = flags.monitor(self.recorder, self._cfg.train.stop_on_collapse, self._per)
         step = ranks.broadcast(int(resumed.step) // self._per if resumed is not None else 0)  # checkpoints: step ends
         state = "diverged" if self.divergence.step is not None else "stopped" if self._collapse_at is not None \
             else "paused" if self._paused_before(step) else "running"
-        return Resume(path=resume_from, step=step, monitors=monitors,
-                      state=state, diverged_at=self.divergence.step)
+        return Resume(path=resume_from, step=step, monitors=monitors, state=state, diverged_at=self.divergence.step)
 
     def ready(self) -> None:
         """Before this job's first step: wait for the grading workers the job started beside its model load

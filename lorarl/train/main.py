@@ -50,8 +50,7 @@ def train_cell(study: str, cell: Any, results_dir: str | Path = "results", threa
     if svd:  # SVD inits: one on-disk cache, a file lock per module: each module's SVD is computed by one rank
         print(f"[lorarl] rank {ranks.rank()}: SVD cache: {svd['misses']} computed, {svd['hits']} read "
               f"({svd['svd_seconds']:.1f} s of SVD)", flush=True)
-    resume = run.open(inputs.precision, save=policy.save, tokenizer=inputs.tokenizer,  # MLflow run, rows so far,
-                      snapshot_steps=inputs.snapshot_steps,  # snapshots (eval.eval_every), collapse flags
+    resume = run.open(inputs.precision, save=policy.save, tokenizer=inputs.tokenizer,  # MLflow run, rows, snapshots
                       params={"train.ranks": ranks.world_size()})
     host = HFHost(run, resume, inputs.sharded)  # the Trainer's callbacks -> the run's door (lorarl.train.hf_host)
     t0 = time.perf_counter()

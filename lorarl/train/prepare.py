@@ -40,7 +40,6 @@ class CellInputs:
     data_facts: dict  # why: prompts dropped/truncated, chat template: facts for summary.json
     regime: Any  # why: the reward regime (lorarl.rewards.registry.build_regime), built once here
     grading: Any  # why: answer format + math-verify settings of the accuracy metric (reward.*)
-    snapshot_steps: list[int]  # why: training steps whose adapter is snapshotted (eval.eval_every)
     args: Any  # why: TRL's GRPOConfig (lorarl.train.trl_args.grpo_args), unchanged after this
     sharded: bool  # why: full fine-tuning on several ranks trains FSDP2-sharded weights
 
@@ -95,7 +94,6 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     folder (TRL's ``output_dir``: lorarl.train.checkpoint decides what is saved there and when)."""
     import torch
 
-    from lorarl.language.evalplan.plan import snapshot_steps
     from lorarl.train import ranks
     from lorarl.numerics.kl import needs_reference, reference_of
     from lorarl.numerics.precision import resolve_precision
@@ -117,5 +115,4 @@ def prepare(cfg: Any, results_dir: str | Path, *, output_dir: str | Path) -> Cel
     dataset, facts = training_dataset(cfg, tok)
     return CellInputs(cfg=cfg, device=device, precision=precision, model=model, tokenizer=tok, ref_model=ref,
                       dataset=dataset, data_facts=facts, regime=regime, grading=grading,
-                      snapshot_steps=sorted(snapshot_steps(cfg)), args=grpo_args(cfg, output_dir, use_cpu, precision),
-                      sharded=sharded)
+                      args=grpo_args(cfg, output_dir, use_cpu, precision), sharded=sharded)
