@@ -65,8 +65,7 @@ def build(study_path: str | Path, results: str | Path = "results", price: float 
     extra = {"runtime (paper 000 Table 2: step time × steps, KL monitors excluded)": ("runtime", tables.runtime_table),
              "capability envelope: student and teacher, before training (paper 001 Table 2)": ("capability", capability_table),
              "peak vs final (paper 001 Table 3)": ("peak_final", tables.peak_final_table),
-             "Avg over benchmarks (papers 002, 003; avg_weights says how: paper 002's Avg is the accuracy over all "
-             "generated samples, each benchmark weighted by problems × samples, eval.average: samples)":
+             f"Avg over benchmarks (avg_mean): {tables.avg_label(study)} (avg_weights: the weights)":
                  ("avg", tables.avg_columns),
              "without vs with KL, Δ Average (paper 000 Tables 2-4)": ("kl_delta", kl_delta_table),
              "adaptive search: each setting's mean metric at every rung it reached, its state, the rungs where a tie "
@@ -92,9 +91,12 @@ def build(study_path: str | Path, results: str | Path = "results", price: float 
 
         cols = primary_columns(data.base, headlines(study))
         base = data.base[["base"] + cols]
-        if len(cols) > 1:  # the Avg as the avg table takes it (paper 002 Table 3's Base row)
-            base = base.assign(avg=tables.avg_series(data, data.base, cols)[0])
-        shown["base model (untrained), one row per model and prompt"] = base
+        title = "base model (untrained), one row per model and prompt"
+        if len(cols) > 1:  # the Avg as the avg table takes it (paper 002 Table 3's Base row), labelled as there
+            avg, how = tables.avg_series(data, data.base, cols)
+            base = base.assign(avg=avg)
+            title += f"; avg: {how}"
+        shown[title] = base
     drawn, skipped = draw_all(data, fdir) if not data.cells.empty else ({}, {})
 
     out.update(drawn)

@@ -241,10 +241,22 @@ def peak_final_table(data: StudyData) -> pd.DataFrame:
     return out.reset_index()
 
 
+# eval.average -> the label of the report's Avg (the avg table's and the base table's titles)
+AVERAGES = {"benchmarks": "the plain mean of the benchmarks' headline columns (paper 003's Avg)",
+            "samples": "the accuracy over all generated samples, each benchmark's column weighted by its problems × "
+                       "samples per problem (paper 002's Avg, Tables 3, 5 and 6)"}
+
+
 def average_of(study: Any) -> str:
     """How the study's Avg averages its benchmarks (``eval.average``: ``benchmarks`` or ``samples``)."""
     ev = [getattr(c.config, "eval", None) for c in study_cells(study)]  # a toy cell has no evaluation
     return next((e.average for e in ev if e is not None), "benchmarks")
+
+
+def avg_label(study: Any) -> str:
+    """The report's label of the study's Avg column: what it is and the setting that chose it."""
+    how = average_of(study)
+    return f"{AVERAGES[how]}; eval.average: {how}"
 
 
 def avg_weights(data: StudyData, cols: list[str], frame: pd.DataFrame | None = None) -> pd.DataFrame:
