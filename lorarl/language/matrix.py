@@ -192,7 +192,7 @@ def _cell_error(err: ValidationError, labels: dict[str, str], origin: dict[str, 
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ") + _bool_hint(e)
         hits = {f"axes.{n}.values[{i}] = {_show(v)}": None for p, (n, i, v) in origin.items()
                 if loc and (p == loc or p.startswith(loc + ".") or loc.startswith(p + "."))}
         if hits:
@@ -338,6 +338,11 @@ def _fields_at(model: Any, loc: tuple) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+def _bool_hint(e: Any) -> str:
+    """The value given and the allowed ones, which pydantic's message for a bad boolean names neither of."""
+    return f" (got {e['input']!r}; allowed: true, false)" if e["type"] in ("bool_parsing", "bool_type") else ""
+
+
 def format_validation(err: ValidationError, where: str, model: Any = None) -> str:
     """One line per pydantic error: `<where><field>: <message>` (unknown fields: + the allowed ones)."""
     lines = []
@@ -349,5 +354,6 @@ def format_validation(err: ValidationError, where: str, model: Any = None) -> st
             msg = "unknown field" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e['input']!r})"
+        msg += _bool_hint(e)
         lines.append(f"  {where}{loc}: {msg}")
     return "\n".join(lines)

@@ -133,3 +133,37 @@ def test_a_curve_of_a_benchmark_measured_before_training_is_refused():
         "eval_every": 5, "benchmarks": {"math500": {}, "math500_envelope": {"trained": True}},
         "curve_benchmarks": ["math500_envelope"]}})
     assert plan.eval_targets(ok)[-1] == ("math500_envelope", 5)
+
+
+def test_paper_001s_dag_evaluates_the_envelope_on_three_rows_not_54_cells(tmp_path):
+    """Snakemake's own dry run of the published reward_density.yaml: 57 final evaluations (54 cells x math500, the base
+    on math500 and the envelope, the teacher on the envelope), not the 111 of the envelope on every trained cell."""
+    import yaml
+
+    from tests.support.snakemake import jobs_run, run_snakemake
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "studies": [str(ROOT / "experiments" / "reward_density.yaml")], "results": "results", "launcher": "local",
+        "slurm": {}, "hub_check": False}))  # no hub here: the study's models and data are not looked up
+    stats = jobs_run(run_snakemake(tmp_path, "all", "-n", timeout=300))
+    assert (stats["train"], stats["evaluate"], stats["evaluate_step"]) == (54, 57, 54 * 4), stats
+
+
+@pytest.mark.parametrize("where", ["defaults", "axis"])
+def test_a_bad_trained_value_is_refused_naming_the_field_and_the_allowed(tmp_path, capsys, where):
+    """`eval.benchmarks.<b>.trained` (the envelope on trained cells too) takes true or false: anything else exits 2 with
+    the field, the value and the allowed ones, in the study's defaults or an axis value alike."""
+    import yaml
+
+    from lorarl.cli import main
+    from tests.support.study import seeds, tiny_study
+
+    envelope = {"math500": {}, "math500_envelope": {} if where == "axis" else {"trained": "maybe"}}
+    axes = {**seeds(0), "env": {"field": "eval.benchmarks.math500_envelope.trained", "values": ["maybe"]}} \
+        if where == "axis" else seeds(0)
+    study = tiny_study("bad_trained", eval={"benchmarks": envelope}, axes=axes)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    assert main(["cells", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "eval.benchmarks.math500_envelope.trained: Input should be a valid boolean" in err, err
+    assert "(got 'maybe'; allowed: true, false)" in err, err
