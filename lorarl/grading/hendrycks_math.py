@@ -1,8 +1,9 @@
 """Evalchemy's math grader: the hendrycks-MATH answer extraction and ``is_equiv`` string comparison.
 
 Ported line for line from lm-evaluation-harness, ``lm_eval/tasks/hendrycks_math/utils.py`` (MIT licence;
-EleutherAI, the same file on its ``main`` and on the ``etashg/tokenize_fix`` branch of EtashGuha's fork that
-Evalchemy pins in its ``pyproject.toml``), as Evalchemy's ``eval/chat_benchmarks/{AIME24,AIME25,AMC23,MATH500}/
+EleutherAI; the functions Evalchemy imports read the same on its ``main`` and on the ``etashg/tokenize_fix`` branch
+of EtashGuha's fork that Evalchemy pins in its ``pyproject.toml``: the two files differ only in ``process_results``,
+which Evalchemy does not call), as Evalchemy's ``eval/chat_benchmarks/{AIME24,AIME25,AMC23,MATH500}/
 eval_instruct.py`` call it:
 
 * the answer is ``remove_boxed(last_boxed_only_string(output))``; any exception (no ``\\boxed``, an unclosed

@@ -1,6 +1,7 @@
 """Evaluation data as the papers had it: every hub benchmark is read at a pinned dataset commit (the registry's, or a
 study's own), its problem count at that commit is checked when the full benchmark loads, a mirror (another hub id) is
-never read at the registry's pin, and every published study's fidelity table names the commits it evaluates at. A
+never read at the registry's pin, every published study's fidelity table names the commits it evaluates at, and
+offline a benchmark not cached at its pin is named and refused, never fetched (as a training set). A
 benchmark the registry measures before training (paper 001 Table 2's capability envelope) is evaluated on the
 untrained rows only (base, teacher), unless a study asks for it on trained cells (`trained: true`)."""
 
@@ -167,3 +168,41 @@ def test_a_bad_trained_value_is_refused_naming_the_field_and_the_allowed(tmp_pat
     err = capsys.readouterr().err
     assert "eval.benchmarks.math500_envelope.trained: Input should be a valid boolean" in err, err
     assert "(got 'maybe'; allowed: true, false)" in err, err
+
+
+def test_an_uncached_pinned_benchmark_is_named_offline_and_never_fetched(tmp_path, monkeypatch):
+    """As a training set (tests/language/test_hubcheck.py): offline, a benchmark whose pinned commit is not in the
+    local datasets cache refuses the study before anything runs, naming its field, dataset and commit; a copy
+    cached at another commit does not stand in for it; the data is never fetched to find out."""
+    import datasets
+    import yaml
+
+    from lorarl.language import hubcheck
+    from lorarl.language.study import StudyError, load_study_to_run
+
+    home = tmp_path / "hf"
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", hubcheck.ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the benchmark was fetched"))
+    study = tmp_path / "pins.yaml"
+    study.write_text(yaml.safe_dump({"name": "pins", "defaults": {"model": "local:tiny-arith", "eval": {
+        "benchmarks": {"math500_evalchemy": {}, "gsm8k": {}}}}, "axes": {"seed": {"field": "seed", "values": [0]}}}))
+    pin = BENCHMARKS["math500_evalchemy"].revision
+
+    def prepared(folder: str, config: str, commit: str) -> None:  # datasets' prepared-arrow layout at one commit
+        where = home / "datasets" / folder / config / "0.0.0" / commit
+        where.mkdir(parents=True)
+        (where / "dataset_info.json").write_text("{}")
+
+    prepared("HuggingFaceH4___math-500", "default", "0" * 40)  # another commit of the same dataset
+    with pytest.raises(StudyError) as err:
+        load_study_to_run(study)
+    text = str(err.value)
+    assert (f"defaults.eval.benchmarks.math500_evalchemy: dataset 'HuggingFaceH4/MATH-500' (revision {pin}): not in "
+            "the local cache" in text), text
+    assert f"dataset 'openai/gsm8k' (config main, revision {BENCHMARKS['gsm8k'].revision}): not in" in text
+    prepared("HuggingFaceH4___math-500", "default", pin)
+    prepared("openai___gsm8k", "main", BENCHMARKS["gsm8k"].revision)
+    assert load_study_to_run(study).name == "pins"

@@ -149,14 +149,19 @@ def test_a_cell_asks_and_grades_evalchemy_benchmarks_as_evalchemy(tmp_path):
                                   "llama": {"math500_evalchemy": 4}}),
 ])
 def test_paper_004_evaluates_as_evalchemy_with_the_papers_samples(study, want):
-    """004 App. C.2: Evalchemy at T 0.7 / top-p 0.8; avg@64 (AIME), @32 (AMC), @2 (MATH-500); §5.2: avg@16, mean@4."""
+    """004 App. C.2: Evalchemy at T 0.7 / top-p 0.8; avg@64 (AIME), @32 (AMC), @2 (MATH-500); §5.2: avg@16, mean@4.
+    Sampled on vLLM, as Evalchemy's T 0.7 samples only there (lm-eval's HF model runs its do_sample False greedy); the
+    CPU twin on HF generate."""
     from pathlib import Path
 
     from lorarl.language.evalplan.plan import benchmark_specs, cell_grading, protocol_for
     from lorarl.language.study import load_study, study_cells
 
-    cells = study_cells(load_study(Path(__file__).resolve().parents[2] / "experiments" / f"{study}.yaml"))
+    experiments = Path(__file__).resolve().parents[2] / "experiments"
+    cells = study_cells(load_study(experiments / f"{study}.yaml"))
+    assert {c.config.eval.backend for c in study_cells(load_study(experiments / f"{study}_cpu.yaml"))} == {"hf"}
     for c in cells:
+        assert c.config.eval.backend == "vllm", c.id
         expected = want.get(c.axes.get("model"), want.get(None))
         specs = benchmark_specs(c.config)
         assert {b: protocol_for(b, s, c.config.eval).n for b, s in specs.items()} == expected

@@ -32,16 +32,32 @@ def test_kv_cache_per_token_from_the_architecture():
     assert two["kv_cache"] == 2 * one["kv_cache"] == 2 * 33_792 * 28_672 and two["weights"] == one["weights"]
 
 
+def _hf(cfg, batch_size: int):
+    return cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"backend": "hf", "batch_size": batch_size})})
+
+
+def _hf_study(tmp_path: Path) -> Path:
+    """The 004 study evaluated with HF generate at eval.batch_size 64: DS-Qwen's 64 fit 80 GiB, Llama's do not."""
+    wide = tmp_path / "wide.yaml"
+    text = PISSA.read_text()
+    assert text.count("    backend: vllm ") == 1
+    wide.write_text(text.replace("    backend: vllm ", "    batch_size: 64\n    backend: hf "))
+    return wide
+
+
 def test_004_evaluates_32k_tokens_and_the_plan_sizes_its_batches():
     cfgs = _cells(PISSA)
     qwen, llama = cfgs["dsqwen"], cfgs["llama"]
     assert longest_budget(qwen) == ("aime24_evalchemy", 32_768) and longest_budget(llama) == ("math500_evalchemy", 32_768)
-    p = plan_eval(qwen, 80)
-    assert p.fits and p.tokens == 1024 + 32_768 and p.batch == 64 and p.max_batch >= 64
+    p = plan_eval(qwen, 80)                                             # the study's engine: vLLM's paged pool
+    assert p.backend == "vllm" and p.fits and p.tokens == 1024 + 32_768 and p.batch == 76
+    assert plan_eval(llama, 80).batch == 18                             # 3.6 GiB of KV per Llama sequence
+    p = plan_eval(_hf(qwen, 64), 80)                                    # HF generate: eval.batch_size at once
+    assert p.fits and p.batch == 64 and p.max_batch >= 64
     assert 55 < p.kv_gb < 60                                            # 64 x 33,792 x 28 KiB
-    p = plan_eval(llama, 80)                                            # the llama axis sets eval.batch_size 16
+    p = plan_eval(_hf(llama, 16), 80)
     assert p.fits and p.batch == 16 and p.max_batch == 17
-    wide = llama.model_copy(update={"eval": llama.eval.model_copy(update={"batch_size": 64})})
+    wide = _hf(llama, 64)
     p = plan_eval(wide, 80)
     assert not p.fits and p.knobs[0].startswith("eval.batch_size: 17 ")
     assert plan_eval(wide, 141).max_batch > 17                          # an H200 holds more at once
@@ -69,18 +85,16 @@ def _memory(*argv: str) -> tuple[int, str]:
 def test_cli_prints_the_evaluation_jobs_and_fails_when_one_does_not_fit(tmp_path):
     rc, out = _memory(str(PISSA), "--gpu-memory-gb", "80")
     assert rc == 0 and "evaluation jobs:" in out and "33,792" in out and "math500_evalchemy" in out
-    wide = tmp_path / "wide.yaml"
-    wide.write_text(PISSA.read_text().replace("eval.batch_size: 16", "eval.batch_size: 64"))
-    rc, out = _memory(str(wide), "--gpu-memory-gb", "80")
+    assert "vLLM pages the KV cache: 76 sequence(s) of 33,792 tokens at once" in out
+    rc, out = _memory(str(_hf_study(tmp_path)), "--gpu-memory-gb", "80")
     assert rc == 1 and "evaluation does not fit; fix: eval.batch_size: 17" in out
     assert "NO" not in out.split("evaluation jobs")[0]                 # training fits: the exit status is the evaluation's
 
 
 def test_doctor_check_fails_on_a_gpu_and_reports_on_a_cpu(tmp_path):
-    wide = tmp_path / "wide.yaml"
-    wide.write_text(PISSA.read_text().replace("eval.batch_size: 16", "eval.batch_size: 64"))
+    wide = _hf_study(tmp_path)
     plans, line = device_eval_check(str(PISSA), "cuda", 80.0)
-    assert len(plans) == 2 and all(p["fits"] for p in plans) and "64 x 33,792 tokens" in line
+    assert len(plans) == 2 and all(p["fits"] for p in plans) and "vllm 76 x 33,792 tokens" in line
     with pytest.raises(ValueError, match="evaluation does not fit this GPU.*eval.batch_size: 17"):
         device_eval_check(str(wide), "cuda", 80.0)
     plans, line = device_eval_check(str(wide), "cpu", 80.0)
