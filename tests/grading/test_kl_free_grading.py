@@ -45,6 +45,8 @@ def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
         (recipe("(D) electron"), True, "D"),
         (recipe("\\boxed{D}"), True, "D"),
         (recipe("The answer is D."), True, "D"),
+        (recipe("**D**"), True, "D"), (recipe("[D]"), True, "D"), (recipe("Option D"), True, "D"),   # chat models' ways
+        (recipe("D."), True, "D"), (recipe("An electron"), False, None), (recipe("Option E"), False, None),
         (recipe("C"), False, "C"),
         (recipe("B") + "\nThe answer is D", False, "B"),         # the tag is the answer, not later prose
         (recipe("electron") + " so the answer is D", True, "D"),  # no letter in the tag: the whole text's rules
