@@ -36,6 +36,17 @@ def test_the_study_grades_each_benchmark_in_the_trained_format(cfg):
     assert cell_grading(cfg, "math500").answer_format == "xml_math"   # math-verify on the span
 
 
+def test_the_gemma_ablation_grades_as_it_trains():
+    """Paper 000's other study (Fig. 3) evaluates GSM8K only, by the reward's rule; its format's span reaches GPQA
+    from the format alone (SPANS), so a GPQA entry added to it would read the letter in <answer> too."""
+    cells = study_cells(load_study(ROOT / "experiments" / "kl_free_gemma_ablation.yaml"))
+    assert {(c.config.reward.answer_format, cell_grading(c.config, "gsm8k").answer_format) for c in cells} \
+        == {("xml_answer", "xml_answer")}
+    data = cells[0].config.model_dump()
+    data["eval"]["benchmarks"] = {"gsm8k": {}, "gpqa": {}}
+    assert cell_grading(CellConfig.model_validate(data), "gpqa").answer_format == "xml_answer"
+
+
 def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
     bench = get_benchmark("gpqa")
     (p,) = bench.load(rows=[bench.example])
