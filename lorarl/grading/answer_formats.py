@@ -22,7 +22,8 @@
   (the recipe then compares the whole stripped text, which only a bare gold number equals: kept).
 * ``xml_math``: the same ``<answer>`` text graded by math-verify instead of exact text (``14/3``,
   ``\\dfrac{14}{3}`` and ``$\\frac{14}{3}$`` all equal ``\\frac{14}{3}``): the span is graded as one boxed
-  answer (a ``\\boxed{}`` inside it as written). No ``<answer>`` tag gives no answer.
+  answer (a ``\\boxed{}`` inside it as written; a final full stop and whole-span math delimiters dropped, words
+  around ``$...$`` math leave its last math part: :func:`span_as_boxed`). No ``<answer>`` tag gives no answer.
 * ``hendrycks_boxed``: Evalchemy's AIME/AMC/MATH500 grader (paper 004's evaluation): the last ``\\boxed{}``
   (hendrycks-MATH's ``last_boxed_only_string``), compared with ``is_equiv``, a string normalisation
   without symbolic comparison (:mod:`lorarl.grading.hendrycks_math`).
@@ -45,7 +46,7 @@ from lorarl.grading.hendrycks_math import hendrycks_boxed
 
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer",
-           "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed"]
+           "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed", "bare_span"]
 
 ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "xml_math", "hendrycks_boxed")  # boxed = math-verify (lorarl.grading.verify)
 MATH_VERIFIED = ("boxed", "xml_math")  # formats math-verify compares (reward.grading / eval grading settings apply)
@@ -126,15 +127,40 @@ SPANS: dict[str, Callable[[str], str | None]] = {  # formats whose answer is a d
 }
 
 
+_INLINE_MATH = re.compile(r"\$([^$]+)\$")
+_MATH_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))  # whole-span math mode, outermost first
+
+
+def bare_span(span: str) -> str:
+    """A span's answer without the sentence around it: a final full stop (``10.``: an answer ending a sentence;
+    no MATH-500 gold ends in one) and math delimiters around the whole span (``$...$``, ``\\[...\\]``,
+    ``\\(...\\)``, ``$$...$$``) dropped, repeatedly (``$\\frac{14}{3}$.``)."""
+    text = span.strip()
+    while True:
+        before = text
+        text = text.removesuffix(".").strip() if not text.endswith("..") else text
+        for left, right in _MATH_DELIMITERS:
+            inner = text[len(left):-len(right)]
+            if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right) \
+                    and left not in inner:  # one math part, not ``$x$ and $y$``
+                text = inner.strip()
+                break
+        if text == before:
+            return text
+
+
 def span_as_boxed(answer_format: str, completion: str) -> str | None:
     """The answer span of a completion as math-verify's boxed input: a ``\\boxed{}`` inside it as written, else
-    the span (``$`` delimiters dropped, as a plain gold) in one box; None without a span."""
+    the span's bare answer (:func:`bare_span`: a final full stop and whole-span math delimiters dropped, as a plain
+    gold) in one box, or its last ``$...$`` part when words surround the math; None without a span."""
     span = SPANS[answer_format](completion or "")
     if span is None:
         return None
     if "\\boxed" in span or "\\fbox" in span:
         return span
-    return "\\boxed{" + span.strip().strip("$").strip() + "}"
+    text = bare_span(span)
+    inline = _INLINE_MATH.findall(text)  # words around math (``The answer is $\\frac{14}{3}$``): its last math part
+    return "\\boxed{" + (inline[-1].strip() if inline else text) + "}"
 
 
 TEXT_RULES: dict[str, Callable[[str, str], tuple[bool, str | None]]] = {

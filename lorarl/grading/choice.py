@@ -2,7 +2,7 @@
 
 Under an answer format with a span (:data:`lorarl.grading.answer_formats.SPANS`: the GSM8K GRPO recipe's
 ``<answer>...</answer>``, paper 000) the letter is read inside the span first: a lone letter (``D``, ``(D)``,
-``D) electron``), a boxed one or "the answer is D" there; a span without a letter (or no span) leaves the
+``D) electron``, ``**D**``, ``[D]``, ``Option D``), a boxed one or "the answer is D" there; a span without a letter (or no span) leaves the
 whole completion to the boxed / "answer is X" rules."""
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ def _letter_of(s: str, letters: str) -> str | None:
     return None
 
 
+_SPAN_WRAP = re.compile(r"^(?i:(?:the\s+)?(?:answer|option|choice)\s*(?:is\s*)?:?\s*)?[*_\[]*\s*(.*?)\s*[*_\]]*\.?$", re.DOTALL)
+
+
+def _span_letter(span: str, letters: str) -> str | None:
+    """The letter an answer span holds on its own: a short answer (:func:`_letter_of`), also in markdown bold,
+    in square brackets or after "Option" / "Choice" / "Answer:" (``**D**``, ``[D]``, ``Option D``)."""
+    text = span.strip()
+    m = _SPAN_WRAP.match(text)
+    return _letter_of(text, letters) or (_letter_of(m.group(1), letters) if m else None)
+
+
 def _letter_in(text: str, letters: str) -> str | None:
     """The letter of the last ``\\boxed{...}`` when there is one, else of the last "answer is X" phrase."""
     boxed = extract_boxed(text)
@@ -55,7 +66,7 @@ def score_choice(gold_letter: str, completion: str, letters: str = "ABCD", answe
     gold = gold_letter.strip().strip("()").upper()
     span_of = SPANS.get(answer_format)
     span = span_of(completion or "") if span_of is not None else None
-    letter = (_letter_of(span, letters) or _letter_in(span, letters)) if span else None
+    letter = (_span_letter(span, letters) or _letter_in(span, letters)) if span else None
     if letter is None:
         letter = _letter_in(completion or "", letters)
     return Score(letter is not None and letter == gold, letter, False)

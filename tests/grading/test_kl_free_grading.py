@@ -36,6 +36,17 @@ def test_the_study_grades_each_benchmark_in_the_trained_format(cfg):
     assert cell_grading(cfg, "math500").answer_format == "xml_math"   # math-verify on the span
 
 
+def test_the_gemma_ablation_grades_as_it_trains():
+    """Paper 000's other study (Fig. 3) evaluates GSM8K only, by the reward's rule; its format's span reaches GPQA
+    from the format alone (SPANS), so a GPQA entry added to it would read the letter in <answer> too."""
+    cells = study_cells(load_study(ROOT / "experiments" / "kl_free_gemma_ablation.yaml"))
+    assert {(c.config.reward.answer_format, cell_grading(c.config, "gsm8k").answer_format) for c in cells} \
+        == {("xml_answer", "xml_answer")}
+    data = cells[0].config.model_dump()
+    data["eval"]["benchmarks"] = {"gsm8k": {}, "gpqa": {}}
+    assert cell_grading(CellConfig.model_validate(data), "gpqa").answer_format == "xml_answer"
+
+
 def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
     bench = get_benchmark("gpqa")
     (p,) = bench.load(rows=[bench.example])
@@ -45,6 +56,8 @@ def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
         (recipe("(D) electron"), True, "D"),
         (recipe("\\boxed{D}"), True, "D"),
         (recipe("The answer is D."), True, "D"),
+        (recipe("**D**"), True, "D"), (recipe("[D]"), True, "D"), (recipe("Option D"), True, "D"),   # chat models' ways
+        (recipe("D."), True, "D"), (recipe("An electron"), False, None), (recipe("Option E"), False, None),
         (recipe("C"), False, "C"),
         (recipe("B") + "\nThe answer is D", False, "B"),         # the tag is the answer, not later prose
         (recipe("electron") + " so the answer is D", True, "D"),  # no letter in the tag: the whole text's rules
@@ -57,22 +70,78 @@ def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
     assert (before.correct, before.extracted) == (False, None)
 
 
-def test_math500_is_math_verify_on_the_answer_tag(cfg):
-    golds_answers = [  # equivalent answers as a policy writes them in the tag
-        ("\\frac{14}{3}", "14/3"), ("\\frac{14}{3}", "\\dfrac{14}{3}"), ("\\frac{14}{3}", "$\\frac{14}{3}$"),
-        ("\\frac{14}{3}", "\\frac{14}{3}"), ("\\frac{14}{3}", "\\boxed{\\frac{14}{3}}"), ("10", "10"),
-        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"), ("2\\sqrt{5}", "2 \\sqrt{5}"), ("5", "x = 5"),
-    ]
+# MATH-500 answers equal to their gold as a policy writes them in the tag: the issue's forms (a final full stop, a
+# dfrac, $...$, a point without \\left/\\right) and the other ways a sentence or math mode wraps one
+EQUIVALENT = [("\\frac{14}{3}", "14/3"), ("\\frac{14}{3}", "\\dfrac{14}{3}"), ("\\frac{14}{3}", "$\\frac{14}{3}$"),
+              ("\\frac{14}{3}", "\\frac{14}{3}"), ("\\frac{14}{3}", "\\boxed{\\frac{14}{3}}"), ("10", "10."), ("10", "10"),
+              ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"), ("2\\sqrt{5}", "2 \\sqrt{5}"), ("5", "x = 5"),
+              ("\\frac{14}{3}", "\\frac{14}{3}."), ("\\frac{14}{3}", "$\\frac{14}{3}$."), ("\\frac{14}{3}", "\\[\\frac{14}{3}\\]"),
+              ("\\frac{14}{3}", "The answer is $\\frac{14}{3}$.")]
+
+
+def math500_rows(golds):
     bench = get_benchmark("math500")
-    rows = [{**bench.example, "answer": g, "unique_id": f"test/{i}.json"} for i, (g, _) in enumerate(golds_answers)]
-    probs = bench.load(rows=rows)
-    graded = bench.grade(probs, [recipe(a) for _, a in golds_answers], settings=cell_grading(cfg, "math500"))
-    assert all(s.correct for s in graded), [(a, s) for (_, a), s in zip(golds_answers, graded)]
-    exact = bench.grade(probs, [recipe(a) for _, a in golds_answers], settings=cell_grading(cfg, "gsm8k"))
+    return [{**bench.example, "answer": g, "unique_id": f"test/{i}.json"} for i, g in enumerate(golds)]
+
+
+def test_math500_is_math_verify_on_the_answer_tag(cfg):
+    bench = get_benchmark("math500")
+    probs = bench.load(rows=math500_rows([g for g, _ in EQUIVALENT]))
+    graded = bench.grade(probs, [recipe(a) for _, a in EQUIVALENT], settings=cell_grading(cfg, "math500"))
+    assert all(s.correct for s in graded), [(a, s) for (_, a), s in zip(EQUIVALENT, graded) if not s.correct]
+    exact = bench.grade(probs, [recipe(a) for _, a in EQUIVALENT], settings=cell_grading(cfg, "gsm8k"))
     assert sum(s.correct for s in exact) == 2   # the recipe's exact text accepts only the gold as written
-    wrong = bench.grade(probs[:2], [recipe("\\frac{13}{3}"), "no tag, \\boxed{\\frac{14}{3}}"],
-                        settings=cell_grading(cfg, "math500"))
-    assert [(s.correct, s.extracted) for s in wrong] == [(False, "\\frac{13}{3}"), (False, None)]
+    wrong = bench.grade(probs[:4], [recipe("\\frac{13}{3}"), "no tag, \\boxed{\\frac{14}{3}}", recipe("$x$ and $y$"),
+                                    recipe("14/3 or 13/3")], settings=cell_grading(cfg, "math500"))
+    assert [(s.correct, s.extracted) for s in wrong] == [(False, "\\frac{13}{3}"), (False, None), (False, "y"),
+                                                          (False, "14/3 or 13/3")]
+
+
+def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypatch):
+    """The kl_free study's own cell through lorarl.evaluate (problems, prompts, protocol, grading, records): a
+    scripted policy answering in the recipe's format, GPQA and MATH-500 rows in their hub schema."""
+    import json
+
+    import yaml
+
+    import lorarl.evaluate.main as ev
+    from lorarl.evaluate.backends import Completion
+
+    gpqa = get_benchmark("gpqa").example
+    (tmp_path / "gpqa.jsonl").write_text("".join(json.dumps({**gpqa, "Record ID": f"rec{i}"}) + "\n" for i in range(4)))
+    (tmp_path / "math500.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math500_rows([g for g, _ in EQUIVALENT])))
+    raw = yaml.safe_load((ROOT / "experiments" / "kl_free.yaml").read_text())
+    raw.pop("axes"), raw.pop("baseline")
+    raw["defaults"]["eval"]["benchmarks"] = {
+        "gpqa": {"path": str(tmp_path / "gpqa.jsonl")},
+        "math500": {**raw["defaults"]["eval"]["benchmarks"]["math500"], "path": str(tmp_path / "math500.jsonl")}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    (cell,) = study_cells(load_study(tmp_path / "s.yaml"))
+    math_answers = {p: recipe(a) for p, (_, a) in zip(range(len(EQUIVALENT)), EQUIVALENT)}
+
+    class Policy:  # GPQA: the letter of "electron" in the tag, "(X) electron", a wrong letter, no tag but "answer is X"
+        def generate(self, prompts, protocol, seed=0):
+            assert protocol.n == 1 and protocol.temperature == 0
+            if "multiple choice" not in prompts[0]:
+                assert all("\\boxed" not in p for p in prompts)   # the cell's template: one answer instruction
+                return [[Completion(math_answers[i], 9, False)] for i in range(len(prompts))]
+            out = []
+            for i, p in enumerate(prompts):
+                letter = next(line[0] for line in p.splitlines() if line.endswith(") electron"))
+                other = "A" if letter != "A" else "B"
+                text = [recipe(letter), recipe(f"({letter}) electron"), recipe(other),
+                        f"<reasoning>\nso the answer is {letter}\n</reasoning>"][i]
+                out.append([Completion(text, 9, False)])
+            return out
+
+    monkeypatch.setattr(ev, "make_backend", lambda *a, **k: Policy())
+    monkeypatch.setattr(ev, "weights_for", lambda *a, **k: ("unused", None))
+    monkeypatch.setattr(ev, "log_to_mlflow", lambda *a, **k: None)
+    got = ev.evaluate_cell("kl_free", cell, tmp_path / "res", is_base=True)
+    assert got == {"gpqa": {"pass@1": 0.75}, "math500": {"pass@1": 1.0}}
+    out = tmp_path / "res" / "kl_free" / cell.id / "eval"
+    assert json.loads((out / "gpqa.json").read_text())["grading"]["answer_format"] == "xml_answer"
+    assert json.loads((out / "math500.json").read_text())["grading"]["answer_format"] == "xml_math"
 
 
 def test_the_config_names_every_registered_format():

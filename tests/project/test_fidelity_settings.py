@@ -35,6 +35,9 @@ ROWS = [
     ("kl_free", None, "adapter.alpha", 64, "000 silent: the script's lora_alpha, held over the rank axis"),
     ("kl_free", None, "adapter.dropout", 0.05, "000 silent: the script's lora_dropout"),
     ("kl_free_gemma_ablation", {"method": ["lora16"]}, "adapter.alpha", 64, "the script's LoraConfig (r 16)"),
+    ("kl_free_gemma_ablation", {"method": ["lora16"]}, "adapter.dropout", 0.05, "the script's lora_dropout"),
+    ("kl_free", None, "adapter.target_modules", "all-linear", "000 silent: the script's seven projections"),
+    ("kl_free_gemma_ablation", {"method": ["lora16"]}, "adapter.target_modules", "all-linear", "as kl_free"),
     # issue 37: 002's AdaLoRA as its authors' code ran it; 002's rank rows at the text's alpha; 004's verl defaults;
     # 001's log-prob temperature
     ("peft_zoo", {"method": ["adalora"]}, "adapter.budget", "fixed",
