@@ -210,6 +210,8 @@ def _stopped(study: Any, results_dir: Path) -> dict[str, int]:
 def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int]) -> StageStatus:
     """A cell of an adaptive study not trained to its end: `stopped` at the rung the search stopped it at
     (censored, not failed), or `at rung` while its rung waits for a decision (no job running)."""
+    if cell.id not in stopped and not (cdir / "rungs").is_dir():
+        return train  # no search stopped it (and a toy cell, which has no train steps, never has rungs)
     steps = cell.config.train.steps
     if cell.id in stopped:
         r = stopped[cell.id]
