@@ -336,6 +336,11 @@ def test_a_hub_that_accepts_and_never_answers_is_told_by_the_listing_probe(hf, t
         start = time.monotonic()
         assert cli.main(["cells", "experiments/peft_zoo.yaml"]) == 0
         took = time.monotonic() - start
+        study = load_study("experiments/peft_zoo.yaml")
+        cells = [*cell_table(study).cells, *cell_table(study).bases]
+        start = time.monotonic()  # the offline answer itself, the study loaded: the probe's 0.5 s and the cache
+        assert len(hubcheck.listing(study, cells, "experiments/peft_zoo.yaml")) >= 5
+        assert time.monotonic() - start < 1.0
     cannot = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cannot run here: ")]
     assert len(cannot) >= 5 and all(f"no answer in {hubcheck.PROBE_S:g} s)" in line for line in cannot), cannot
     assert asked == [] and order == ["probe", "load"]
