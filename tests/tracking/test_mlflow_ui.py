@@ -108,7 +108,7 @@ def test_the_report_and_status_links_open_the_runs_table_whatever_the_stored_cho
         status_link = re.search(r"^MLflow: (\S+)$", capsys.readouterr().out, re.M).group(1)
         monkeypatch.setenv(tracking.TRACKING_ENV, base)
         target = ui_target(results, "uistudy")
-        report_study, _, report_cell = [unescape(h) for h in re.findall(
+        report_study, report_cell = [unescape(h) for h in re.findall(
             r'href="([^"]+)"', html.mlflow_line(target, "uistudy") + html.run_link(target, run_id))]
         assert status_link == report_study == experiment_url(target) and target["experiment_id"] == t.experiment_id
         assert report_cell == run_url(target, run_id)
