@@ -75,11 +75,12 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _head(url: str, deadline_s: float) -> str | None:
     """None when something answers `HEAD url` in HTTP (any status), through the proxy the hub client would take,
     else why not. The certificate is not checked: the probe reads nothing, and the questions after it use the hub
-    client's TLS settings. Through a proxy urllib cannot speak (socks): a TCP connection to the proxy only."""
+    client's TLS settings. Through a proxy urllib cannot speak (socks, or TLS to the proxy itself): a TCP
+    connection to the proxy only."""
     import ssl
 
     proxy = _proxy(url)
-    if proxy and not proxy.startswith(("http://", "https://")):
+    if proxy and not proxy.startswith("http://"):
         p = urllib.parse.urlsplit(proxy)
         try:
             socket.create_connection((p.hostname or "", p.port or 1080), timeout=deadline_s).close()

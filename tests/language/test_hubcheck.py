@@ -312,6 +312,8 @@ def test_the_probe_goes_where_the_hub_client_connects(monkeypatch):
         monkeypatch.delenv("NO_PROXY")
         monkeypatch.setenv("HTTPS_PROXY", url)  # a proxy that accepts and never answers: the same
         assert hubreach.reach("https://huggingface.co", 0.3) == "no answer in 0.3 s"
+        monkeypatch.setenv("HTTPS_PROXY", url.replace("http:", "https:"))  # TLS to the proxy (urllib cannot): its
+        assert hubreach.reach("https://huggingface.co", 0.3) is None  # connection only, as the probe once was
 
 
 def test_a_hub_that_accepts_and_never_answers_is_told_by_the_listing_probe(hf, tmp_path, capsys, monkeypatch):
