@@ -95,7 +95,6 @@ def use_tracking(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run one cell directly (no Snakemake, no submitit): train then evaluate; for debugging."""
     from lorarl.pipeline.jobs.launch import run_stage
-    from lorarl.pipeline.jobs.stages import launchable
 
     allowed = launchable()  # the registry's: never the doctor's (`lorarl doctor` runs its own jobs), imported or not
     if bad := [s for s in args.stages.split(",") if s not in allowed]:  # before anything runs or is written
@@ -221,6 +220,7 @@ def cmd_sync_mlflow(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Each cell: done / running (job, step x/N) / queued / failed (state + reason) / not started."""
+    from lorarl.language.hubcheck import early_probe
     from lorarl.status import as_json, format_table, status_notes, study_status
 
     if args.watch:
@@ -228,6 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         load_study(args.study)  # a bad study: exit 2 before the first redraw
         return watch(args.study, args.results, args.interval, args.max_updates)
+    probe = None if args.json else early_probe()  # asks the hub while the study loads (its notes)
     rows = study_status(args.study, args.results)
     if args.json:
         print(json.dumps(as_json(rows), indent=2))
@@ -240,7 +241,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # the study's MLflow link, what its jobs cost so far and projected (lorarl.report.cost), then the notes
     from lorarl.report.cost import status_line
 
-    print(format_table(rows, [link, status_line(study, args.results), *status_notes(study, rows, args.results)]))
+    print(format_table(rows, [link, status_line(study, args.results), *status_notes(study, rows, args.results, probe)]))
     return 0
 
 
@@ -268,9 +269,11 @@ def _tracking_args(p: argparse.ArgumentParser, links: bool = False) -> None:
 
 
 def _price_arg(p: argparse.ArgumentParser) -> None:
-    from lorarl.report.cost import parse_price
+    def gpu_hour_price(text: str) -> float | None:  # lorarl.report.cost (pandas) imported only when it is given
+        from lorarl.report.cost import parse_price
+        return parse_price(text)
 
-    p.add_argument("--gpu-hour-price", type=parse_price, default=None, help="price per GPU-hour for the cost "
+    p.add_argument("--gpu-hour-price", type=gpu_hour_price, default=None, help="price per GPU-hour for the cost "
                    "section and tables/cost.csv's cost column (the profile's gpu_hour_price; default none: hours only)")
 
 
@@ -384,13 +387,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
-    except TrackingError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except TrackingUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except (StudyError, jobparams.JobParamError) as err:  # a pack job without the plan's --pack-id, ...: nothing written
+    except (TrackingError, StudyError, jobparams.JobParamError) as err:  # a pack job without --pack-id: nothing written
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -75,6 +75,8 @@ def cell_models(cfg: Any) -> list[str]:
     regime that resolve `local:<recipe>` (a distillation teacher; lorarl.rewards.ExtraModel.local_recipe)."""
     from lorarl.rewards.registry import extra_models
 
+    if not hasattr(cfg, "model"):
+        return []  # another study kind's cell (the toy KL-bound study): no model at all
     return [cfg.model] + [x.model for x in extra_models(cfg.reward) if x.local_recipe and x.model]
 
 

@@ -210,6 +210,8 @@ def _stopped(study: Any, results_dir: Path) -> dict[str, int]:
 def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int]) -> StageStatus:
     """A cell of an adaptive study not trained to its end: `stopped` at the rung the search stopped it at
     (censored, not failed), or `at rung` while its rung waits for a decision (no job running)."""
+    if cell.id not in stopped and not (cdir / "rungs").is_dir():
+        return train  # no search stopped it (and a toy cell, which has no train steps, never has rungs)
     steps = cell.config.train.steps
     if cell.id in stopped:
         r = stopped[cell.id]
@@ -221,10 +223,12 @@ def _at_rung(train: StageStatus, cell: Any, cdir: Path, stopped: dict[str, int])
     return train
 
 
-def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) -> list[str]:
+def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path, probe: Any = None) -> list[str]:
     """The lines under the table: each local base model still building (lorarl.build_progress), and, while no cell
-    has started, each hub model or dataset this machine cannot get (every job would refuse it: lorarl.language.hubcheck)."""
+    has started, each hub model or dataset this machine cannot get (every job would refuse it: lorarl.language.hubcheck;
+    `probe`: the hub's, started before the study loaded, else one of `PROBE_S` now)."""
     from lorarl.language import hubcheck
+    from lorarl.language.hubreach import Probe
     from lorarl.build_progress import base_lines
     from lorarl.models import study_recipes
     from lorarl.language.study import cell_table, study_cells
@@ -233,7 +237,8 @@ def status_notes(study: Any, rows: list[CellStatus], results_dir: str | Path) ->
     if hubcheck.enabled() and all(r.train.state == "not started" for r in rows if r.kind == "cell"):
         table = cell_table(study)
         notes += [f"cannot run here: {line}"  # one short probe of the hub: an offline machine answers at once
-                  for line in hubcheck.missing(study, [*table.cells, *table.bases], probe_s=hubcheck.PROBE_S)]
+                  for line in hubcheck.missing(study, [*table.cells, *table.bases],
+                                               probe=probe or Probe(hubcheck.PROBE_S))]
     return notes
 
 

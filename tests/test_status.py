@@ -158,3 +158,14 @@ def test_slurm_profile_resolves_from_the_repo_root(profile: str, tmp_path: Path)
     want = yaml.safe_load((REPO / "profiles" / "slurm" / "cluster.yaml").read_text())["slurm"]["train"]
     assert slurm == want and slurm["partition"] == "gpu" and slurm["gpus_per_node"] == 1
     assert "aggregate" in out and "lorarl aggregate" in out  # still a local rule
+
+
+def test_status_lists_a_toy_study_that_never_started(tmp_path: Path, capsys):
+    """`lorarl status` of the published toy study (its cells have no train steps: no rung to look for) lists every
+    cell as not started, exit 0."""
+    from lorarl import cli
+
+    study = load_study(REPO / "experiments" / "kl_bound_toy.yaml")
+    assert cli.main(["status", str(REPO / "experiments" / "kl_bound_toy.yaml"), "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n{c.id} " in out for c in study_cells(study)) and "not started" in out

@@ -16,13 +16,15 @@ What is checked, per distinct reference of the study's cells (`references`):
 
 A reference not in the cache is asked of the hub (`model_info` / `dataset_info` at its revision, `$HF_ENDPOINT`)
 with a deadline of `TIMEOUT_S` seconds in all (a daemon thread: a resolver that never answers cannot hold the
-command). Before the first question one probe (`reach`: a TCP connection to the endpoint, or to the proxy that
-reaches it) tells an offline machine at once: it fails, and no reference is asked; after one connection failure
-the others are not asked either. What runs or plans jobs (`lorarl run`, `lorarl doctor`, Snakemake) gives the
-probe the whole deadline; what only lists a study (`lorarl cells`, `lorarl status`) gives it `PROBE_S`, so a
-machine without network gets its answer in well under a second. With `HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE` or
-`HF_DATASETS_OFFLINE` set the hub is never asked. Every reference that is neither cached nor found is named, with
-the field that sets it; what runs a study refuses it (exit 2), what lists one prints those lines (`listing`).
+command). Before the first question one probe (lorarl.language.hubreach.Probe: one HTTP request to the endpoint,
+through the proxy the hub client takes; a TCP connection a middlebox accepts and never answers is no answer) tells
+an offline machine at once: it fails, and no reference is asked; after one connection failure the others are not
+asked either. What runs or plans jobs (`lorarl run`, `lorarl doctor`, Snakemake) gives the probe the whole
+deadline; what only lists a study (`lorarl cells`, `lorarl status`) starts it before loading the study and gives
+it `PROBE_S` (`early_probe`), so a machine without network gets its answer in well under a second. With
+`HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE` or `HF_DATASETS_OFFLINE` set the hub is never asked. Every reference
+that is neither cached nor found is named, with the field that sets it; what runs a study refuses it (exit 2),
+what lists one prints those lines (`listing`).
 
 Runtime switch, not science (never a study field): a cluster whose compute nodes reach the hub while the submit
 host does not sets `hub_check: false` in its profile's config (profiles/slurm/cluster.yaml, or `--config
@@ -34,20 +36,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import threading
-import urllib.parse
-import urllib.request
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from lorarl.language.hubreach import Probe, ask, endpoint
 from lorarl.language.matrix import StudyError
 
 ENV = "LORARL_HUB_CHECK"  # 0 / false / off: skip the check (compute nodes reach the hub, this host does not)
 OFFLINE_ENVS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 TIMEOUT_S = 5.0  # the whole hub probe of one study, at most
-PROBE_S = 0.5  # listing a study: the one connection that tells an offline machine (a working one opens it in ms)
+PROBE_S = 0.5  # listing a study: the one request that tells an offline machine (a working one answers in ms)
 ABSENT = "the hub has no such repository or revision"  # the hub answered: the study names what does not exist
 _FALSE = {"0", "false", "off", "no"}
 _SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -222,91 +222,29 @@ def cached(ref: Ref) -> bool:
 
 # ---- the hub -------------------------------------------------------------------------------------------------------
 
-def _ask(ref: Ref, timeout_s: float) -> str:
-    """'found', 'missing' (the hub answered: no such repo or revision) or 'unreachable: <why>'."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
-    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
-    info = api.model_info if ref.kind == "model" else api.dataset_info
-    try:
-        info(ref.repo, revision=ref.revision, timeout=timeout_s)
-    except GatedRepoError:
-        return "found"  # it exists; the job needs a token with access (HF_TOKEN)
-    except (RepositoryNotFoundError, RevisionNotFoundError):
-        return "missing"
-    except HfHubHTTPError as err:
-        status = getattr(getattr(err, "response", None), "status_code", None)
-        return "missing" if status in (401, 404) else f"unreachable: HTTP {status}"
-    except Exception as err:  # noqa: BLE001 - connection refused, DNS, TLS, timeout: all mean "not reachable"
-        return "unreachable: no answer" if "Timeout" in type(err).__name__ else f"unreachable: {type(err).__name__}"
-    return "found"
-
-
-def ask(ref: Ref, timeout_s: float) -> str:
-    """`_ask` within `timeout_s` of wall time, whatever the network does (a daemon thread: never waited past it)."""
-    box: list[str] = []
-    t = threading.Thread(target=lambda: box.append(_ask(ref, timeout_s)), daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return box[0] if box else "unreachable: no answer"
-
-
-def endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def _via(url: str) -> tuple[str, int]:
-    """(host, port) a connection to `url` opens: its proxy's when the environment names one for it (as httpx,
-    huggingface_hub's client, reads HTTP(S)_PROXY / ALL_PROXY / NO_PROXY), else its own."""
-    u = urllib.parse.urlsplit(url)
-    proxies = urllib.request.getproxies_environment()
-    proxy = proxies.get(u.scheme) or proxies.get("all")
-    if proxy and not urllib.request.proxy_bypass_environment(u.netloc, proxies):
-        p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        return p.hostname or "", p.port or (443 if p.scheme == "https" else 80)
-    return u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
-
-
-def reach(url: str, deadline_s: float) -> str | None:
-    """None when one TCP connection to `url` (or its proxy) opens within `deadline_s`, else why not. The name
-    lookup is inside the deadline too (a daemon thread: a resolver that never answers cannot hold the command)."""
-    host, port = _via(url)
-    box: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=deadline_s).close()
-            box.append(None)
-        except OSError as err:  # refused, no route, no such name, timed out: all mean "not reachable"
-            box.append(str(getattr(err, "strerror", None) or type(err).__name__))
-
-    t = threading.Thread(target=connect, daemon=True)
-    t.start()
-    t.join(deadline_s)
-    return box[0] if box else f"no answer in {deadline_s:g} s"
+def early_probe() -> Probe | None:
+    """What only lists a study (`lorarl cells`, `lorarl status`) starts its probe (`PROBE_S`) before loading the
+    study; None when the check is off or Hugging Face is offline (nothing to ask)."""
+    return Probe(PROBE_S) if enabled() and not offline() else None
 
 
 def problems(refs: Iterable[Ref], timeout_s: float | None = None,
-             probe_s: float | None = None) -> list[tuple[Ref, str]]:
-    """(reference, why) for each reference neither cached nor found on the hub: one probe of the hub (`reach`,
-    `probe_s` at most, default the whole `timeout_s`), then, if it answered, each uncached reference asked."""
-    import time
-
+             probe: Probe | None = None) -> list[tuple[Ref, str]]:
+    """(reference, why) for each reference neither cached nor found on the hub: one probe of the hub (`probe`, one
+    started already, else one given the whole `timeout_s`), then, if it answered, each uncached reference asked."""
     budget = TIMEOUT_S if timeout_s is None else timeout_s
     end = time.monotonic() + budget
     todo = [ref for ref in refs if not cached(ref)]
     why_off = offline()
     down: str | None = f"the hub is not asked ({why_off} is set)" if why_off else None
     if todo and down is None:
-        why = reach(endpoint(), budget if probe_s is None else min(probe_s, budget))
+        why = (probe or Probe(budget)).result()
         down = f"the hub is unreachable ({endpoint()}: {why})" if why else None
     out = []
     for ref in todo:
         if down is None:
             left = end - time.monotonic()
-            answer = ask(ref, left) if left > 0 else "unreachable: no answer"
+            answer = ask(ref.kind, ref.repo, ref.revision, left) if left > 0 else "unreachable: no answer"
             answer = f"unreachable: no answer in {budget:g} s" if answer.startswith("unreachable: no answer") else answer
             if answer == "found":
                 continue
@@ -333,10 +271,9 @@ def _lines(study: Any, bad: list[tuple[Ref, str]]) -> list[str]:
             f"({datasets_cache() if r.kind == 'dataset' else hub_cache()}); {why}" for r, why in bad]
 
 
-def missing(study: Any, cells: Iterable[Any], timeout_s: float | None = None,
-            probe_s: float | None = None) -> list[str]:
+def missing(study: Any, cells: Iterable[Any], timeout_s: float | None = None, probe: Probe | None = None) -> list[str]:
     """One line per hub reference of the cells that is neither cached nor reachable (its study field first)."""
-    return _lines(study, problems(_refs(cells), timeout_s, probe_s))
+    return _lines(study, problems(_refs(cells), timeout_s, probe))
 
 
 def _refusal(source: str, bad: list[str], what: str) -> StudyError:
@@ -356,11 +293,12 @@ def check_study(study: Any, cells: Iterable[Any], source: str, timeout_s: float 
         raise _refusal(source, bad, "neither cached here nor reachable")
 
 
-def listing(study: Any, cells: Iterable[Any], source: str) -> list[str]:
+def listing(study: Any, cells: Iterable[Any], source: str, probe: Probe | None = None) -> list[str]:
     """What only lists a study (`lorarl cells`): a line per hub reference this machine cannot get now (not cached,
-    and the hub offline or unreachable: one probe of `PROBE_S`), the study listed all the same; a reference the hub
-    answers does not exist is the study's error, refused (StudyError) as running it would be."""
-    bad = problems(_refs(cells), probe_s=PROBE_S)
+    and the hub offline or unreachable: one probe of `PROBE_S`, `probe` when `early_probe` started it), the study
+    listed all the same; a reference the hub answers does not exist is the study's error, refused (StudyError) as
+    running it would be."""
+    bad = problems(_refs(cells), probe=probe or Probe(PROBE_S))
     absent = [(r, why) for r, why in bad if why == ABSENT]
     if absent:
         raise _refusal(source, _lines(study, absent), "that the hub says do not exist")

@@ -205,13 +205,14 @@ def load_study_to_list(path: str | Path) -> tuple[Study, list[str]]:
     `$LORARL_HUB_CHECK=0` skips the check."""
     from lorarl.language import hubcheck
 
+    probe = hubcheck.early_probe()  # asks the hub while the study loads
     study = load_study(path)
     if not hubcheck.enabled():
         return study, []
     table = cell_table(study)
     text = Path(path).read_text()
     try:
-        lines = hubcheck.listing(study, [*table.cells, *table.bases], str(path))
+        lines = hubcheck.listing(study, [*table.cells, *table.bases], str(path), probe)
     except StudyError as err:
         raise StudyError(yamlpos.annotate(str(err), text)) from None
     return study, yamlpos.annotate("\n".join(lines), text).splitlines()  # + (line N): the YAML read once

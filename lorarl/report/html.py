@@ -36,8 +36,9 @@ def run_link(target: dict, run_id: str | None) -> str:
 def mlflow_line(target: dict, study: str) -> str:
     """Where the runs are browsable: the store's UI (lorarl.report.mlflow_links), and how it was found."""
     exp = experiment_url(target)
-    where = (f'<a href="{_e(exp)}">experiment {_e(study)}</a>' if exp else f"experiment {_e(study)}") + \
-        f' at <a href="{_e(target["base"])}">{_e(target["base"])}</a>'
+    base = _e(target["base"])  # a link only while there is no experiment: the UI's home opens it on GenAI (#24498)
+    where = (f'<a href="{_e(exp)}">experiment {_e(study)}</a> at {base}' if exp
+             else f'experiment {_e(study)} at <a href="{base}">{base}</a>')
     hint = f"; {_e(target['hint'])}" if target.get("hint") else ""
     return f"<p>MLflow: {where} (from {_e(target['source'])}){hint}</p>"
 

@@ -5,6 +5,7 @@ and answers for the regime's facts (:class:`lorarl.rewards.RegimeSpec`: its sect
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from pathlib import Path
@@ -18,10 +19,17 @@ from lorarl.rewards.section import RewardSection, SharedBlock
 
 def load_all() -> dict[str, RegimeSpec]:
     """Import every module of lorarl/rewards/ (registration happens at import); name -> spec."""
+    _import_all()
+    return REGIMES
+
+
+@functools.cache
+def _import_all() -> None:
+    """The package's modules imported once per process (a cell's validation asks the registry thousands of
+    times: scanning the folder each time was most of `lorarl cells` of a 54-cell study)."""
     for mod in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
         if mod.name != "registry":
             importlib.import_module(f"lorarl.rewards.{mod.name}")
-    return REGIMES
 
 
 def regime_names() -> tuple[str, ...]:

@@ -15,12 +15,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from lorarl.language import hubcheck
+from lorarl.language import hubcheck, hubreach
 from lorarl.pipeline.drills import recovery
 from lorarl.language.study import StudyError, cell_table, load_study, load_study_to_run
 
@@ -280,20 +281,69 @@ def test_without_network_cells_and_status_list_a_published_study_after_one_short
 
 
 def test_the_probe_goes_where_the_hub_client_connects(monkeypatch):
-    """The one probe opens a connection to the endpoint, or to the proxy the environment names for it (as httpx,
-    the hub's client, reads HTTPS_PROXY / NO_PROXY); a refused one says so."""
+    """The one probe is an HTTP request to the endpoint, or through the proxy the environment names for it (as
+    httpx, the hub's client, reads HTTPS_PROXY / ALL_PROXY / NO_PROXY): any HTTP status is an answer; a refused
+    connection says so, and a socket that accepts the connection and never answers is no answer."""
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
                 "no_proxy"):
         monkeypatch.delenv(var, raising=False)
-    assert hubcheck._via("https://huggingface.co") == ("huggingface.co", 443)
-    assert hubcheck._via("http://127.0.0.1:8080") == ("127.0.0.1", 8080)
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.site:3128")
-    assert hubcheck._via("https://huggingface.co") == ("proxy.site", 3128)
-    monkeypatch.setenv("NO_PROXY", "huggingface.co")
-    assert hubcheck._via("https://huggingface.co") == ("huggingface.co", 443)
+    assert hubreach._proxy("https://huggingface.co") is None
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.site:3128")
+    assert hubreach._proxy("https://huggingface.co") == "http://proxy.site:3128"
+    assert hubreach._proxy("http://127.0.0.1:8080") is None
+    monkeypatch.setenv("ALL_PROXY", "socks5://proxy.site:1080")
+    assert hubreach._proxy("http://127.0.0.1:8080") == "socks5://proxy.site:1080"
+    monkeypatch.setenv("NO_PROXY", "huggingface.co,127.0.0.1")
+    assert hubreach._proxy("https://huggingface.co") is None and hubreach._proxy("http://127.0.0.1:8080") is None
+    monkeypatch.delenv("ALL_PROXY")
     port = closed_port()
-    assert hubcheck.reach(f"http://127.0.0.1:{port}", 5.0) == "Connection refused"
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        listening.listen(1)
-        assert hubcheck.reach(f"http://127.0.0.1:{listening.getsockname()[1]}", 5.0) is None
+    assert hubreach.reach(f"http://127.0.0.1:{port}", 5.0) == "Connection refused"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)  # answers HEAD with 501: an answer all the same
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert hubreach.reach(f"http://127.0.0.1:{server.server_address[1]}", 5.0) is None
+    finally:
+        server.shutdown()
+    with socket.socket() as silent:  # accepts every connection (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        assert hubreach.reach(url, 0.3) == "no answer in 0.3 s"
+        monkeypatch.delenv("NO_PROXY")
+        monkeypatch.setenv("HTTPS_PROXY", url)  # a proxy that accepts and never answers: the same
+        assert hubreach.reach("https://huggingface.co", 0.3) == "no answer in 0.3 s"
+        monkeypatch.setenv("HTTPS_PROXY", url.replace("http:", "https:"))  # TLS to the proxy (urllib cannot): its
+        assert hubreach.reach("https://huggingface.co", 0.3) is None  # connection only, as the probe once was
+
+
+def test_a_hub_that_accepts_and_never_answers_is_told_by_the_listing_probe(hf, tmp_path, capsys, monkeypatch):
+    """Issue 45 item 7: a firewall, sandbox or proxy that accepts every connection and never answers (a TCP probe
+    would take it for the hub) costs listing a published study its `PROBE_S`, not a question per reference (5 s):
+    no reference is asked, and the probe runs while the study loads."""
+    from lorarl import cli
+    from lorarl.language import study as study_mod
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    asked, order = [], []
+    monkeypatch.setattr(hubreach, "_ask", lambda *a: asked.append(a) or "unreachable: no answer")
+    early, load = hubcheck.early_probe, study_mod.load_study
+    monkeypatch.setattr(hubcheck, "early_probe", lambda: order.append("probe") or early())
+    monkeypatch.setattr(study_mod, "load_study", lambda path: order.append("load") or load(path))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        start = time.monotonic()
+        assert cli.main(["cells", "experiments/peft_zoo.yaml"]) == 0
+        took = time.monotonic() - start
+        study = load_study("experiments/peft_zoo.yaml")
+        cells = [*cell_table(study).cells, *cell_table(study).bases]
+        start = time.monotonic()  # the offline answer itself, the study loaded: the probe's 0.5 s and the cache
+        assert len(hubcheck.listing(study, cells, "experiments/peft_zoo.yaml")) >= 5
+        assert time.monotonic() - start < 1.0
+    cannot = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cannot run here: ")]
+    assert len(cannot) >= 5 and all(f"no answer in {hubcheck.PROBE_S:g} s)" in line for line in cannot), cannot
+    assert asked == [] and order == ["probe", "load"]
+    assert took < hubcheck.TIMEOUT_S - 1, took  # (a question per reference waited out the run's 5 s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,8 +72,11 @@ def test_sqlite_links_point_to_mlflow_ui_with_the_experiment(tmp_path: Path, stu
             in target["hint"])
     # every link carries the model-training view: MLflow 3.17 opens the runs, not the GenAI overview (test_mlflow_ui.py)
     assert run_url(target, run) == f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs/{run}{VIEW}"
-    line = html.mlflow_line(target, "lk")
-    assert f'href="http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs{VIEW}"' in line and "mlflow ui" in line
+    line = html.mlflow_line(target, "lk")  # its one link: the runs table (the UI's home would open on GenAI)
+    assert re.findall(r'href="([^"]+)"', line) == [f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs{VIEW}"]
+    assert "mlflow ui" in line and " at http://127.0.0.1:5000 " in line
+    no_exp = html.mlflow_line(ui_target(res, "other"), "other")  # no experiment yet: the UI itself
+    assert re.findall(r'href="([^"]+)"', no_exp) == ["http://127.0.0.1:5000"]
 
 
 def test_server_setting_links_to_the_server_with_its_experiment_id(tmp_path: Path, stub, monkeypatch):

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from html import unescape
 from pathlib import Path
 
 import mlflow
@@ -23,6 +24,7 @@ import pytest
 
 from tests.support.cdp import Pipe, chromium
 from lorarl import cli
+from lorarl.report import html
 from lorarl.report.mlflow_links import experiment_url, run_url, ui_target
 from lorarl.tracking import client as tracking
 from lorarl.tracking.client import KIND, KIND_TAG, Tracker
@@ -46,8 +48,8 @@ def runs_table(text: str) -> bool:
 
 def visit(url: str, settled, stored: str | None = None, timeout_s: float = 60) -> dict:
     """Open `url` in a fresh browser profile (its local storage empty, or the UI's switch set to `stored` before the
-    page's scripts run); poll until `settled(text)` holds (or the time is up), then once more a second later: the
-    final address (its #fragment), the text and the stored switch after the visit."""
+    page's scripts run); poll until `settled(text)` holds (or the time is up), then once more: the final address
+    (its #fragment), the text and the stored switch after the visit."""
     with tempfile.TemporaryDirectory() as profile:
         pipe = Pipe(chromium(), profile)
         try:
@@ -61,7 +63,7 @@ def visit(url: str, settled, stored: str | None = None, timeout_s: float = 60) -
             pipe.wait_event("Page.loadEventFired")
             end, done = time.time() + timeout_s, 0
             while time.time() < end and done < 2:
-                time.sleep(0.5)
+                time.sleep(0.25)
                 expression = ("JSON.stringify({hash: location.hash, text: document.body.innerText, "
                               f"stored: localStorage.getItem({STORED!r})}})")
                 got = pipe.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=sid)
@@ -100,21 +102,26 @@ def test_the_report_and_status_links_open_the_runs_table_whatever_the_stored_cho
             except OSError:
                 assert server.poll() is None and time.time() < end, "mlflow server did not start"
                 time.sleep(0.5)
-        # the links as lorarl writes them for a store served at `base` (the tracking setting: the server's UI)
+        # the links as lorarl writes them for a store served at `base` (the tracking setting: the server's UI):
+        # `lorarl status`'s line, and report.html's study link and cell link (lorarl.report.html writes them)
         assert cli.main(["status", str(study), "--results", str(results), "--tracking", base]) == 0
         status_link = re.search(r"^MLflow: (\S+)$", capsys.readouterr().out, re.M).group(1)
         monkeypatch.setenv(tracking.TRACKING_ENV, base)
         target = ui_target(results, "uistudy")
-        assert status_link == experiment_url(target) and target["experiment_id"] == t.experiment_id
+        report_study, report_cell = [unescape(h) for h in re.findall(
+            r'href="([^"]+)"', html.mlflow_line(target, "uistudy") + html.run_link(target, run_id))]
+        assert status_link == report_study == experiment_url(target) and target["experiment_id"] == t.experiment_id
+        assert report_cell == run_url(target, run_id)
         for stored in (None, GENAI):  # a fresh browser; one whose sidebar switch was left on GenAI
             page = visit(status_link, runs_table, stored)
             assert page["hash"].startswith(f"#/experiments/{t.experiment_id}/runs"), page["hash"]
             # the runs table's own counter (its grid's header may still be drawing when the page is read)
             assert "uistudy" in page["text"] and "2 matching runs" in page["text"], page["text"][:2000]
             assert "Overview" not in page["text"] and page["stored"] == stored  # the link left the choice alone
-        cell = visit(run_url(target, run_id), lambda text: "r8-s0" in text and "Parameters" in text, GENAI)
-        assert cell["hash"].startswith(f"#/experiments/{t.experiment_id}/runs/{run_id}"), cell["hash"]
-        assert "r8-s0" in cell["text"] and "Parameters" in cell["text"], cell["text"][:2000]
+            cell = visit(report_cell, lambda text: "r8-s0" in text and "Parameters" in text, stored)
+            assert cell["hash"].startswith(f"#/experiments/{t.experiment_id}/runs/{run_id}"), cell["hash"]
+            assert "r8-s0" in cell["text"] and "Parameters" in cell["text"], cell["text"][:2000]
+            assert cell["stored"] == stored
         bare = visit(f"{base}/#/experiments/{t.experiment_id}", runs_table)  # the tagged experiment, no view named
         assert "Overview" in bare["text"] and "matching run" not in bare["text"], bare["text"][:2000]
     finally:
