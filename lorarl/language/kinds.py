@@ -52,6 +52,14 @@ def _grpo_base(cls: type[BaseModel], defaults: dict, axis_paths: set[str]) -> di
     return {**cfg.model_dump(mode="json"), "reward": flat_block(cfg.reward)}
 
 
+def _grpo_updates(cfg: BaseModel) -> tuple[int, int]:
+    return cfg.train.updates_per_step, cfg.train.optimizer_updates
+
+
+def _one_unit(cfg: BaseModel) -> tuple[int, int]:
+    return 1, 1
+
+
 def _nothing_inapplicable(raw: dict, set_by: dict[str, str]) -> tuple[str, list[str]]:
     return "", []
 
@@ -109,6 +117,7 @@ class Kind:
     batch_stage: str | None = None  # else: the one `lorarl launch` stage that runs every cell of the study
     aggregate: str = ""  # "module:function(study, results_dir)" that `lorarl aggregate` runs
     report: bool = False  # whether `lorarl report` (the papers' figures and tables) applies
+    updates: Callable[[BaseModel], tuple[int, int]] = _one_unit  # a cell's (updates per step, updates in all): the progress unit of status/watch/ETA
 
 
 KINDS: dict[str, Kind] = {}  # name -> Kind, in registration order
@@ -137,6 +146,6 @@ def entry(path: str) -> Callable[..., Any]:
 
 register_kind(Kind("grpo", _grpo_config, _grpo_resolve, _grpo_inapplicable, _grpo_base, has_base=True,
                    cell_stages=("train", "evaluate", "diagnose"), aggregate="lorarl.report.aggregate:aggregate",
-                   report=True))
+                   report=True, updates=_grpo_updates))
 register_kind(Kind("kl_bound_toy", _toy_config, batch_stage="toy",  # the toy has no language model to anchor
                    aggregate="lorarl.toy.cells:aggregate_toy"))

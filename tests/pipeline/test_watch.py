@@ -149,3 +149,27 @@ def test_progress_counts_the_seeds_a_hypothesis_added(tmp_path):
     assert s["n"] == len(table.cells) + len(extra)
     steps = sum(c.config.train.optimizer_updates for c in [*table.cells, *extra])
     assert s["steps_total"] == steps
+
+
+def test_watch_of_the_toy_study_counts_cells_and_leaves_its_one_job_untimed(tmp_path):
+    """The published toy study (kind kl_bound_toy: one batch job runs every cell, no optimiser steps): each cell is
+    one unit of progress (lorarl.language.kinds.Kind.updates), the ETA is unknown while the batch job is to run (not
+    0 s), and the watch ends once every cell has its summary."""
+    sp = Path(__file__).resolve().parents[2] / "experiments" / "kl_bound_toy.yaml"
+    study = load_study(sp)
+    cells = study_cells(study)
+    s = snapshot(str(sp), tmp_path)
+    assert (s["n"], s["steps_total"], s["progress"], s["ended"]) == (len(cells), len(cells), 0.0, False)
+    assert s["eta_s"] is None and s["jobs_left"] == {"toy": 1}, s
+    assert "ETA ? (1 jobs: 1 toy" in render(s)
+    for c in cells[:-1]:
+        d = tmp_path / study.name / c.id
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"config_hash": c.hash, "state": "done"}))
+    assert snapshot(str(sp), tmp_path)["progress"] == pytest.approx(1 - 1 / len(cells))
+    d = tmp_path / study.name / cells[-1].id
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"config_hash": cells[-1].hash, "state": "done"}))
+    out = io.StringIO()
+    assert watch(str(sp), tmp_path, interval=0, out=out) == 0
+    assert "ended" in out.getvalue() and "100%" in out.getvalue()

@@ -25,6 +25,8 @@ from lorarl.pipeline.doctor.jobs import PlannedJob, from_rows, machine_rate, mak
 from lorarl.pipeline.jobs.jobparams import JobParams
 from lorarl.pipeline.jobs.stages import STAGES, log_key, stage_of_record
 
+TERMINAL = {"done", "diverged", "failed", "stale", "incomplete", "stopped"}  # stopped: censored at a rung
+
 
 def _epoch(stamp: str | None) -> float | None:
     try:
@@ -84,9 +86,16 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
     """{eta_s, jobs_left (per kind), lower_bound, not_measured, sources, slots, running_jobs} for the jobs still to
     run. ``rows``: the cells' status (lorarl.status); ``step_s``: the measured seconds per optimiser
     update (None: not yet)."""
+    from lorarl.language.kinds import get_kind
     from lorarl.status import status_cells
 
     results, now = Path(results), time.time() if now is None else now
+    batch = get_kind(study.kind).batch_stage
+    if batch:  # one job runs every cell (the toy study): the doctor plans no per-cell job to time
+        unfinished = any(r.kind == "cell" and r.train.state not in TERMINAL for r in rows)
+        return {"eta_s": None if unfinished else 0.0, "jobs_left": {batch: 1} if unfinished else {},
+                "lower_bound": unfinished, "not_measured": [batch] if unfinished else [], "sources": [],
+                "slots": 1, "running_jobs": 0}
     doc = _doctor(results, study.name)
     jobs = planned_jobs(study, results, doc.get("pack_max_cells", 1), doc.get("pack_places", 0))  # the doctor's plan
     failed = {j.key for j in jobs if j.timing.of_cell and any(
@@ -98,7 +107,8 @@ def study_eta(study: Any, results: str | Path, rows: list, step_s: float | None,
     keep = {j.key for j in jobs}
     jobs = [PlannedJob(j.kind, j.cell, j.target, tuple(a for a in j.after if a in keep), j.base, j.holds)
             if j.timing.keeps_going else j for j in jobs]
-    updates = {c.id: c.config.train.optimizer_updates for c in status_cells(study, results)}
+    units = get_kind(study.kind).updates
+    updates = {c.id: units(c.config)[1] for c in status_cells(study, results)}
     done_steps = {r.cell: int(r.train.step.split("/")[0]) for r in rows
                   if r.kind == "cell" and r.train.step.split("/")[0].isdigit()}
     seen = finished_durations(study, results)

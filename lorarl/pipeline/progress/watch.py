@@ -24,7 +24,6 @@ from typing import TextIO
 
 from lorarl import paths
 
-TERMINAL = {"done", "diverged", "failed", "stale", "incomplete", "stopped"}  # stopped: censored at a rung
 SHOW = 8  # names listed per line before "+N more"
 SHORT = {"evaluate": "eval", "diagnose": "diag", "aggregate": "agg", "train start-up": "train start"}  # ETA line
 
@@ -64,14 +63,16 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
     from lorarl.build_progress import base_lines
     from lorarl.models import study_recipes
     from lorarl.status import status_cells, study_status
+    from lorarl.language.kinds import get_kind
     from lorarl.language.study import load_study
 
     study = load_study(study_path)
     results = Path(results)
     cells = status_cells(study, results)  # the seeds a hypothesis added included, as in `lorarl status`
     # progress counts optimiser updates (TRL's global step); step times are per training step
-    per = {c.id: c.config.train.updates_per_step for c in cells}
-    steps = {c.id: c.config.train.optimizer_updates for c in cells}
+    units = get_kind(study.kind).updates  # a toy cell is one unit: it has no optimiser steps
+    per = {c.id: units(c.config)[0] for c in cells}
+    steps = {c.id: units(c.config)[1] for c in cells}
     rows = [r for r in study_status(study_path, results) if r.kind == "cell"]
     counts: dict[str, int] = {}
     for r in rows:
@@ -100,7 +101,7 @@ def snapshot(study_path: str, results: str | Path = "results") -> dict:
             left += steps[r.cell]
     step_s = sum(times) / len(times) if times else None
     total = sum(steps.values())
-    from lorarl.pipeline.progress.eta import study_eta
+    from lorarl.pipeline.progress.eta import TERMINAL, study_eta
 
     e = study_eta(study, results, rows, step_s)
     jobs = ", ".join(f"{n} {SHORT.get(k, k)}" for k, n in e["jobs_left"].items()) or "none"
