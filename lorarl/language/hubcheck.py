@@ -141,6 +141,7 @@ def references(cfg: Any) -> list[Ref]:
 
 def _benchmark_refs(cfg: Any) -> list[Ref]:
     from lorarl.grading.benchmarks import BENCHMARKS
+    from lorarl.language.evalplan.plan import data_revision
 
     out = []
     for name, spec in (cfg.eval.benchmarks or {}).items():
@@ -148,8 +149,7 @@ def _benchmark_refs(cfg: Any) -> list[Ref]:
         repo = spec.hub_id or (bench.hub_id if bench else None)
         if spec.path or not repo:
             continue  # a local file (lorarl.language.preflight checks it exists) or the synthetic split
-        other = bench is None or spec.hub_id not in (None, bench.hub_id)  # a mirror: the registry's pin is not its
-        rev = spec.revision or (None if other else bench.revision)
+        rev = data_revision(name, spec) if bench else spec.revision  # the commit the evaluation reads (a mirror: its own)
         config = spec.subset or getattr(bench, "config", None)
         out.append(Ref(f"eval.benchmarks.{name}", name, "dataset", repo, rev, config))
     return out
