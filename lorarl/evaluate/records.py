@@ -3,7 +3,9 @@
 For a benchmark (and optionally a checkpoint step) an evaluation writes, atomically:
 
 * ``<dir>/<benchmark>[@<step>].jsonl``: one line per sample with problem id, sample index,
-  prompt, gold, completion, extracted answer, correct, timed_out, truncated and token count;
+  prompt, gold, completion, extracted answer, correct, timed_out, truncated and token count (and, for a
+  multiple-choice problem, its choices in the order the prompt showed them: the letter grader reads an
+  answer span's option text against them, so a re-score needs them);
 * ``<dir>/<benchmark>[@<step>].json``: the summary: protocol, grader, metrics (value and 95%
   interval over problems), number of problems/samples, truncation and token statistics, the
   math-verify version and grading settings, and the caller's ``meta`` (cell, model, seed, ...).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from lorarl.evaluate.backends import Completion
+from lorarl.grading.answer_formats import SPANS
 from lorarl.grading.benchmarks import Benchmark, Problem, grade
 from lorarl.grading.protocols import Protocol, summarize
 from lorarl.grading.verify import GradingSettings
@@ -48,6 +52,20 @@ class Sample:
     timed_out: bool
     truncated: bool
     n_tokens: int
+    choices: tuple[str, ...] | None = None  # a multiple-choice problem's options as the prompt listed them (rescore)
+
+    def record(self) -> dict[str, Any]:
+        """The jsonl row: every field, ``choices`` only where the problem has them (math records as before)."""
+        row = asdict(self)
+        if self.choices is None:
+            del row["choices"]
+        return row
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, Any]) -> "Sample":
+        """A stored row (one written before choices were kept has none: letters only, see :func:`rescore_samples`)."""
+        choices = row.get("choices")
+        return cls(**{**row, "choices": tuple(choices) if choices is not None else None})
 
 
 def _stem(benchmark: str, step: int | None) -> str:
@@ -78,7 +96,7 @@ def grade_samples(benchmark: Benchmark, problems: Sequence[Problem],
     scores = benchmark.grade([p for p, _, _ in flat], [c.text for _, _, c in flat], timeout_s,
                              grading)
     return [Sample(p.id, j, p.prompt, p.gold, c.text, s.extracted, s.correct, s.timed_out,
-                   c.truncated, c.n_tokens) for (p, j, c), s in zip(flat, scores)]
+                   c.truncated, c.n_tokens, p.choices) for (p, j, c), s in zip(flat, scores)]
 
 
 def _matrix(samples: Iterable[Sample]) -> list[list[bool]]:
@@ -128,7 +146,7 @@ def summarize_samples(samples: Sequence[Sample], protocol: Protocol, *, benchmar
 
 
 def _jsonl(samples: Iterable[Sample]) -> str:
-    return jsonl_text(asdict(s) for s in samples)
+    return jsonl_text(s.record() for s in samples)
 
 
 def jsonl_text(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -152,7 +170,7 @@ def write_records(out_dir: str | Path, benchmark: str, samples: Sequence[Sample]
 def read_samples(jsonl_path: str | Path) -> list[Sample]:
     """The samples stored in a jsonl file."""
     with open(jsonl_path, encoding="utf-8") as f:
-        return [Sample(**json.loads(line)) for line in f if line.strip()]
+        return [Sample.from_record(json.loads(line)) for line in f if line.strip()]
 
 
 def rescore_samples(jsonl_path: str | Path, *, timeout_s: float | None = None,
@@ -161,7 +179,9 @@ def rescore_samples(jsonl_path: str | Path, *, timeout_s: float | None = None,
     """Grade the stored completions again: ``(stored samples, re-graded samples, new summary)``.
 
     Protocol, grader and meta come from the summary json next to the jsonl; the grading settings
-    too unless ``grading`` is given (summaries without them were graded under the defaults).
+    too unless ``grading`` is given (summaries without them were graded under the defaults).  Multiple-choice
+    samples stored without their choices (records older than the option-text rule) are graded on letters
+    only, as they were, and a line on stderr says so.
     """
     jsonl_path = Path(jsonl_path)
     old = json.loads(_summary_of(jsonl_path).read_text(encoding="utf-8"))
@@ -169,8 +189,13 @@ def rescore_samples(jsonl_path: str | Path, *, timeout_s: float | None = None,
     timeout = old.get("timeout_s", 5.0) if timeout_s is None else timeout_s
     letters = old.get("letters", "ABCD")
     settings = grading or GradingSettings.from_dict(old.get("grading"))
+    bare = sum(s.choices is None for s in samples)
+    if old["grader"] == "choice" and settings.answer_format in SPANS and bare:
+        print(f"[lorarl] rescore {jsonl_path}: {bare} sample(s) stored without their problem's choices (records "
+              f"older than the option-text rule): the {settings.answer_format} span is read for letters only",
+              file=sys.stderr, flush=True)
     scores = grade(old["grader"], [s.gold for s in samples], [s.completion for s in samples],
-                   timeout, letters, settings)
+                   timeout, letters, settings, [s.choices for s in samples])
     new = [Sample(**{**asdict(s), "extracted": sc.extracted, "correct": sc.correct,
                      "timed_out": sc.timed_out}) for s, sc in zip(samples, scores)]
     summary = summarize_samples(new, Protocol.model_validate(old["protocol"]),

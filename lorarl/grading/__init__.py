@@ -6,6 +6,7 @@
   answer spans (the recipe's ``<answer>``) that math-verify and the letter grader read;
 * :mod:`.hendrycks_math`: Evalchemy's grader (hendrycks-MATH's last box and ``is_equiv``; format ``hendrycks_boxed``);
 * :mod:`.choice`: multiple-choice letters (inside a format's answer span first);
+* :mod:`.option_text`: an answer span holding an option's text matched to the problem's choices;
 * :mod:`.protocols`: greedy pass@1, avg@k, unbiased pass@k, Wilson intervals, ``Protocol``;
 * :mod:`.benchmarks`: the benchmark registry (hub or local loaders, templates, graders);
 * :mod:`.overrides`: the answer formats and math-verify settings a study may write (``GradingOverride``);

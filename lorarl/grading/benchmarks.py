@@ -136,17 +136,21 @@ class Benchmark:
         """Grade ``completions[i]`` against ``problems[i]`` (``settings``: default the registry's)."""
         letters = LETTERS[: max((len(p.choices or ()) for p in problems), default=4)]
         return grade(self.grader, [p.gold for p in problems], completions, timeout_s, letters,
-                     settings or self.grading)
+                     settings or self.grading, [p.choices for p in problems])
 
 
 def grade(grader: Grader, golds: Sequence[str], completions: Sequence[str], timeout_s: float = 5.0,
-          letters: str = "ABCD", settings: GradingSettings | None = None) -> list[Score]:
-    """Grade completions against golds with the named grader (used again by ``rescore``)."""
+          letters: str = "ABCD", settings: GradingSettings | None = None,
+          choices: Sequence[Sequence[str] | None] | None = None) -> list[Score]:
+    """Grade completions against golds with the named grader (used again by ``rescore``); ``choices[i]``: the
+    options of completion i's problem as its prompt showed them (the letter grader matches an answer span's
+    option text to them; None: letters only)."""
     if grader == "math":
         return score_math_batch(list(golds), list(completions), timeout_s, settings)
     if grader == "choice":
         fmt = settings.answer_format if settings is not None else "boxed"  # a span format: the letter inside it
-        return [score_choice(g, c, letters, fmt) for g, c in zip(golds, completions, strict=True)]
+        opts = list(choices) if choices is not None else [None] * len(golds)
+        return [score_choice(g, c, letters, fmt, o) for g, c, o in zip(golds, completions, opts, strict=True)]
     raise ValueError(f"unknown grader {grader!r}")
 
 

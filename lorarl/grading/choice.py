@@ -2,15 +2,19 @@
 
 Under an answer format with a span (:data:`lorarl.grading.answer_formats.SPANS`: the GSM8K GRPO recipe's
 ``<answer>...</answer>``, paper 000) the letter is read inside the span first: a lone letter (``D``, ``(D)``,
-``D) electron``, ``**D**``, ``[D]``, ``Option D``), a boxed one or "the answer is D" there; a span without a letter (or no span) leaves the
+``D) electron``, ``**D**``, ``[D]``, ``Option D``), a boxed one or "the answer is D" there; a span without a letter
+is then matched to the problem's choices (the option's text, ``<answer>electron</answer>``, ``2.5`` for ``2.50 eV``:
+:mod:`lorarl.grading.option_text`; exactly one choice or no answer); a span read neither way (or no span) leaves the
 whole completion to the boxed / "answer is X" rules."""
 
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from lorarl.grading.answer_formats import SPANS
 from lorarl.grading.answers import extract_boxed
+from lorarl.grading.option_text import option_letter
 from lorarl.grading.verify import Score
 
 
@@ -56,17 +60,20 @@ def _letter_in(text: str, letters: str) -> str | None:
     return letter
 
 
-def score_choice(gold_letter: str, completion: str, letters: str = "ABCD", answer_format: str = "boxed") -> Score:
+def score_choice(gold_letter: str, completion: str, letters: str = "ABCD", answer_format: str = "boxed",
+                 choices: Sequence[str] | None = None) -> Score:
     """Grade a multiple-choice completion by letter.
 
-    The letter comes from the answer span of ``answer_format`` when it has one (see the module doc), else from
-    the last ``\\boxed{...}`` when there is one, otherwise from the last phrase like "the answer is (C)" /
-    "Answer: C".  Nothing else in the text is used.
+    The letter comes from the answer span of ``answer_format`` when it has one (see the module doc; ``choices``,
+    the options in the order the prompt showed them, let the span's option text count), else from the last
+    ``\\boxed{...}`` when there is one, otherwise from the last phrase like "the answer is (C)" / "Answer: C".
+    Nothing else in the text is used.
     """
     gold = gold_letter.strip().strip("()").upper()
     span_of = SPANS.get(answer_format)
     span = span_of(completion or "") if span_of is not None else None
-    letter = (_span_letter(span, letters) or _letter_in(span, letters)) if span else None
+    letter = (_span_letter(span, letters) or _letter_in(span, letters)
+              or (option_letter(span, choices, letters) if choices else None)) if span else None
     if letter is None:
         letter = _letter_in(completion or "", letters)
     return Score(letter is not None and letter == gold, letter, False)

@@ -60,9 +60,10 @@ def test_gpqa_reads_the_letter_inside_the_answer_tag(cfg):
         (recipe("D."), True, "D"), (recipe("An electron"), False, None), (recipe("Option E"), False, None),
         (recipe("C"), False, "C"),
         (recipe("B") + "\nThe answer is D", False, "B"),         # the tag is the answer, not later prose
-        (recipe("electron") + " so the answer is D", True, "D"),  # no letter in the tag: the whole text's rules
+        (recipe("electrons") + " so the answer is D", True, "D"),  # neither letter nor option in the tag: the whole text
         ("<reasoning>\nthe answer is (D)\n</reasoning>", True, "D"),  # no tag: boxed / "answer is X" as before
-        (recipe("electron"), False, None),
+        (recipe("electron"), True, "D"), (recipe("Photon."), False, "B"),  # the option's text (tests/grading/test_option_text.py)
+        (recipe("positron"), False, None),
     ]
     scores = bench.grade([p] * len(cases), [c for c, _, _ in cases], settings=cell_grading(cfg, "gpqa"))
     assert [(s.correct, s.extracted) for s in scores] == [(ok, letter) for _, ok, letter in cases]
@@ -97,9 +98,11 @@ def test_math500_is_math_verify_on_the_answer_tag(cfg):
                                                           (False, "14/3 or 13/3")]
 
 
-def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypatch):
+def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypatch, capsys):
     """The kl_free study's own cell through lorarl.evaluate (problems, prompts, protocol, grading, records): a
-    scripted policy answering in the recipe's format, GPQA and MATH-500 rows in their hub schema."""
+    scripted policy answering in the recipe's format, GPQA and MATH-500 rows in their hub schema; then
+    `lorarl rescore` of the records: the same verdicts, and records written before the choices were kept
+    (none stored) graded on letters only, as they were, with a line saying so."""
     import json
 
     import yaml
@@ -108,7 +111,9 @@ def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypat
     from lorarl.evaluate.backends import Completion
 
     gpqa = get_benchmark("gpqa").example
-    (tmp_path / "gpqa.jsonl").write_text("".join(json.dumps({**gpqa, "Record ID": f"rec{i}"}) + "\n" for i in range(4)))
+    volts = {"Correct Answer": "2.50 eV", **{f"Incorrect Answer {k}": v for k, v in zip((1, 2, 3), ("1.2 eV", "3.1 eV", "0.4 eV"))}}
+    rows = [{**gpqa, "Record ID": f"rec{i}", **(volts if i == 6 else {})} for i in range(8)]
+    (tmp_path / "gpqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "math500.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math500_rows([g for g, _ in EQUIVALENT])))
     raw = yaml.safe_load((ROOT / "experiments" / "kl_free.yaml").read_text())
     raw.pop("axes"), raw.pop("baseline")
@@ -119,7 +124,8 @@ def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypat
     (cell,) = study_cells(load_study(tmp_path / "s.yaml"))
     math_answers = {p: recipe(a) for p, (_, a) in zip(range(len(EQUIVALENT)), EQUIVALENT)}
 
-    class Policy:  # GPQA: the letter of "electron" in the tag, "(X) electron", a wrong letter, no tag but "answer is X"
+    class Policy:  # GPQA: the letter of "electron" in the tag, "(X) electron", a wrong letter, no tag but "answer is X",
+        # then option text: "electron", a wrong option's, "2.5" for 2.50 eV, no option's
         def generate(self, prompts, protocol, seed=0):
             assert protocol.n == 1 and protocol.temperature == 0
             if "multiple choice" not in prompts[0]:
@@ -127,10 +133,11 @@ def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypat
                 return [[Completion(math_answers[i], 9, False)] for i in range(len(prompts))]
             out = []
             for i, p in enumerate(prompts):
-                letter = next(line[0] for line in p.splitlines() if line.endswith(") electron"))
+                letter = next((line[0] for line in p.splitlines() if line.endswith(") electron")), None)
                 other = "A" if letter != "A" else "B"
                 text = [recipe(letter), recipe(f"({letter}) electron"), recipe(other),
-                        f"<reasoning>\nso the answer is {letter}\n</reasoning>"][i]
+                        f"<reasoning>\nso the answer is {letter}\n</reasoning>", recipe("electron"), recipe("photon"),
+                        recipe("2.5"), recipe("positron")][i]
                 out.append([Completion(text, 9, False)])
             return out
 
@@ -138,10 +145,25 @@ def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypat
     monkeypatch.setattr(ev, "weights_for", lambda *a, **k: ("unused", None))
     monkeypatch.setattr(ev, "log_to_mlflow", lambda *a, **k: None)
     got = ev.evaluate_cell("kl_free", cell, tmp_path / "res", is_base=True)
-    assert got == {"gpqa": {"pass@1": 0.75}, "math500": {"pass@1": 1.0}}
+    assert got == {"gpqa": {"pass@1": 5 / 8}, "math500": {"pass@1": 1.0}}
     out = tmp_path / "res" / "kl_free" / cell.id / "eval"
     assert json.loads((out / "gpqa.json").read_text())["grading"]["answer_format"] == "xml_answer"
     assert json.loads((out / "math500.json").read_text())["grading"]["answer_format"] == "xml_math"
+    stored = [json.loads(line) for line in (out / "gpqa.jsonl").read_text().splitlines()]
+    letter = [("ABCD"[s["choices"].index(t)] if t else None) for s, t in zip(stored[4:], ("electron", "photon", "2.50 eV", None))]
+    assert [s["extracted"] for s in stored[4:]] == letter and letter[2] == stored[6]["gold"]   # choices as the prompt listed them
+    assert all("choices" not in json.loads(line) for line in (out / "math500.jsonl").read_text().splitlines())
+
+    from lorarl.evaluate.main import rescore_file
+
+    again = rescore_file(out / "gpqa.jsonl", write=False)
+    assert again["identical"] and not again["verdicts_changed"] and "choices" not in capsys.readouterr().err
+    (out / "gpqa.jsonl").write_text("".join(json.dumps({k: v for k, v in s.items() if k != "choices"}) + "\n"
+                                            for s in stored))   # records from before the choices were kept
+    old = rescore_file(out / "gpqa.jsonl", write=False)
+    assert "8 sample(s) stored without their problem's choices" in capsys.readouterr().err
+    assert [(f["problem_id"], f["extracted_after"]) for f in old["verdicts_changed"]] == [("rec4", None), ("rec6", None)]
+    assert old["new"]["metrics"]["pass@1"]["value"] == 3 / 8       # letters only: the verdicts before this rule
 
 
 def test_the_config_names_every_registered_format():
