@@ -151,6 +151,19 @@ def cpu_kv_cache_default(llm_args: dict[str, Any]) -> None:
           file=sys.stderr)
 
 
+def check_lengths(inputs: Sequence[dict[str, Any]], max_tokens: int, llm: Any) -> None:
+    """Refuse prompts whose ``max_tokens`` would not fit the engine's ``max_model_len``: vLLM refuses a longer prompt
+    and stops a request at max_model_len tokens as if its budget were spent (finish_reason ``length``), which would
+    read as a truncated completion of fewer tokens than the protocol's."""
+    limit = llm.llm_engine.model_config.max_model_len
+    longest = max((len(i["prompt_token_ids"]) for i in inputs), default=0)
+    if longest + max_tokens > limit:
+        raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {max_tokens} exceeds the vLLM engine's "
+                         f"max_model_len {limit} (train.max_prompt_length, else the plan's assumed prompt, + the "
+                         f"longest max_new_tokens: lorarl.language.evalplan.lengths.sequence_tokens); raise "
+                         f"train.max_prompt_length to at least {longest}")
+
+
 class VLLMBackend:
     """vLLM ``LLM.generate`` over one engine per evaluation job, with an optional adapter.
 
@@ -252,6 +265,7 @@ class VLLMBackend:
         tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
         inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
                   for p in prompts]
+        check_lengths(inputs, kwargs["max_tokens"], self.llm)
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         result = []
         for req in outputs:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.support import fake_vllm
 from lorarl.language.config import CellConfig
+from lorarl.language.evalplan.lengths import sequence_tokens
 from lorarl.evaluate.backends import HFBackend
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
@@ -183,6 +184,8 @@ def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, mon
     assert len(fake_vllm.LLM.instances) == 1
     llm = fake_vllm.LLM.instances[0]
     assert llm.adapter_loads == 2 and list(llm.adapters) == [2] and llm.kwargs["max_lora_rank"] == 16  # max_loras 1: LRU
+    # max_model_len: the evaluation's longest sequence (the memory plan's length), not the model's whole context
+    assert llm.kwargs["max_model_len"] == sequence_tokens(cfg) == 32 + 6
     out = tmp_path / "res" / "s" / "c" / "eval"
     texts = {f.name: [json.loads(line)["completion"] for line in f.read_text().splitlines()]
              for f in out.glob("*.jsonl")}
@@ -220,3 +223,14 @@ def test_an_evaluation_engine_on_vllms_cpu_build_gets_a_kv_cache_it_can_have_and
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     build(cpu=True)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_a_prompt_whose_budget_passes_max_model_len_is_refused(tiny):
+    """vLLM refuses a prompt longer than max_model_len and stops a request at max_model_len as if its budget were
+    spent: the backend refuses a prompt + max_new_tokens over the engine's length before generating, naming the fix."""
+    backend = VLLMBackend(tiny["base"], None, api=fake_vllm.api(), max_model_len=20)
+    assert backend.llm.kwargs["max_model_len"] == 20
+    with pytest.raises(ValueError, match=r"a prompt of \d+ tokens \+ max_new_tokens 24 exceeds the vLLM "
+                                         r"engine's max_model_len 20 .*raise train.max_prompt_length"):
+        backend.generate(PROMPTS[:1], Protocol.greedy(max_new_tokens=24))
+    assert backend.llm.generate_calls == 0  # refused before vLLM saw it
