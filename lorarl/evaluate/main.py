@@ -247,6 +247,10 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             else:
                 backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps],
                                        backend=engine)
+                if hasattr(backend, "check_budget"):  # vLLM: every target's prompts fit max_model_len, before any is run
+                    for name in dict.fromkeys(n for n, _ in wanted):
+                        problems[name] = load_problems(name, cfg)
+                        backend.check_budget([p.prompt for p in problems[name]], protocol_for(name, specs[name], cfg.eval))
         for name, s in wanted:
             if s != step:
                 continue

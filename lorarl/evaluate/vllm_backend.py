@@ -252,6 +252,18 @@ class VLLMBackend:
             self.loaded = self._dirs[key]
             self.pushes += 1
 
+    def _inputs(self, prompts: Sequence[str]) -> list[dict[str, Any]]:
+        """vLLM's inputs of the prompts: the cell's prompt, tokenised exactly as in training."""
+        from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+        tokenizer = self.llm.get_tokenizer()
+        return [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
+                for p in prompts]
+
+    def check_budget(self, prompts: Sequence[str], protocol: Protocol) -> None:
+        """Refuse, before anything is generated, prompts whose ``max_new_tokens`` would not fit ``max_model_len``."""
+        check_lengths(self._inputs(prompts), protocol.max_new_tokens, self.llm)
+
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:
         """``protocol.n`` completions for each prompt, in prompt order."""
@@ -260,11 +272,7 @@ class VLLMBackend:
         # an n > 1 request: seed + j), so one seed for every problem would give every problem the same noise
         params = [self.api.SamplingParams(**{**kwargs, "seed": request_seed(seed, k, kwargs["n"])})
                   for k in range(len(prompts))]
-        from lorarl.tasks.prompt import build_prompt, prompt_ids
-
-        tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
-        inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
-                  for p in prompts]
+        inputs = self._inputs(prompts)
         check_lengths(inputs, kwargs["max_tokens"], self.llm)
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         result = []

@@ -160,26 +160,44 @@ def _second_lora(tiny, tmp_path):
     return tmp_path / "snap"
 
 
-def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
-    """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
-    vLLM's memory check, as the fake does), each target generated from its own adapter."""
+def _vllm_job(tiny, tmp_path, monkeypatch, **train):
+    """evaluate_cell's vLLM job on the fake engine: the final adapter (tiny's lora) and the snapshot of step 5."""
     from lorarl.evaluate import engines
     from lorarl.evaluate import main as ev
     from lorarl.evaluate import vllm_backend
     from lorarl.grading.benchmarks import Problem
-    from lorarl.language.matrix import Cell
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
     monkeypatch.setattr(vllm_backend, "_vllm_api", fake_vllm.api)
     monkeypatch.setattr(engines, "probe_vllm", lambda *probe: (True, True, False))  # the fake engine runs "here"
     second = _second_lora(tiny, tmp_path)
-    cfg = CellConfig.model_validate({"eval": {"backend": "vllm", "benchmarks": {"synthetic": {
+    cfg = CellConfig.model_validate({"train": train, "eval": {"backend": "vllm", "benchmarks": {"synthetic": {
         "protocol": {"kind": "greedy", "temperature": 0, "n": 1, "ks": [1], "max_new_tokens": 6}}}}})
     monkeypatch.setattr(ev, "requested_targets", lambda cfg, is_base, targets=None: [("synthetic", None), ("synthetic", 5)])
     monkeypatch.setattr(ev, "weights_for", lambda cfg, res, study, cell, is_base, step:
                         (tiny["base"], tiny["lora"] if step is None else second))
     monkeypatch.setattr(ev, "load_problems", lambda name, cfg: [Problem(str(k), p, "1") for k, p in enumerate(PROMPTS)])
     monkeypatch.setattr(ev, "log_to_mlflow", lambda *a, **k: None)
+    return ev, cfg
+
+
+def test_an_evaluation_job_refuses_prompts_past_max_model_len_before_it_writes(tiny, tmp_path, monkeypatch):
+    """train.max_prompt_length 2: the engine's max_model_len is 2 + 6 tokens, shorter than the prompts' budget: the
+    job stops after building its engine, before any target is generated or written."""
+    from lorarl.language.matrix import Cell
+
+    ev, cfg = _vllm_job(tiny, tmp_path, monkeypatch, max_prompt_length=2)
+    with pytest.raises(ValueError, match="max_new_tokens 6 exceeds the vLLM engine's max_model_len 8 "):
+        ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
+    assert fake_vllm.LLM.instances[0].generate_calls == 0 and not (tmp_path / "res" / "s" / "c" / "eval").exists()
+
+
+def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
+    """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
+    vLLM's memory check, as the fake does), each target generated from its own adapter."""
+    from lorarl.language.matrix import Cell
+
+    ev, cfg = _vllm_job(tiny, tmp_path, monkeypatch)
     ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
     assert len(fake_vllm.LLM.instances) == 1
     llm = fake_vllm.LLM.instances[0]
