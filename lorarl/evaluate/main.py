@@ -108,9 +108,13 @@ def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_d
     ev = cfg.eval
     if backend == "vllm":
         from lorarl.evaluate.vllm_backend import VLLMBackend
+        from lorarl.language.evalplan.lengths import sequence_tokens
 
+        # max_model_len: the evaluation's longest sequence, the memory plan's (lorarl.memory.evaluation); without it
+        # vLLM takes the model's whole context (131,072 tokens for Qwen2.5) and refuses to start where its KV pool
+        # cannot hold one such sequence, on a GPU that holds what the evaluation needs
         return VLLMBackend(model_path, adapter, plan=plan, merge_dir=merge_dir, seed=cfg.seed,
-                           prompt_config=cfg.prompt)
+                           prompt_config=cfg.prompt, max_model_len=sequence_tokens(cfg))
     from lorarl.evaluate.backends import HFBackend
 
     return HFBackend(model_path, adapter, merge=True, batch_size=ev.batch_size,
@@ -243,6 +247,10 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             else:
                 backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps],
                                        backend=engine)
+                if hasattr(backend, "check_budget"):  # vLLM: every target's prompts fit max_model_len, before any is run
+                    for name in dict.fromkeys(n for n, _ in wanted):
+                        problems[name] = load_problems(name, cfg)
+                        backend.check_budget([p.prompt for p in problems[name]], protocol_for(name, specs[name], cfg.eval))
         for name, s in wanted:
             if s != step:
                 continue

@@ -151,6 +151,19 @@ def cpu_kv_cache_default(llm_args: dict[str, Any]) -> None:
           file=sys.stderr)
 
 
+def check_lengths(inputs: Sequence[dict[str, Any]], max_tokens: int, llm: Any) -> None:
+    """Refuse prompts whose ``max_tokens`` would not fit the engine's ``max_model_len``: vLLM refuses a longer prompt
+    and stops a request at max_model_len tokens as if its budget were spent (finish_reason ``length``), which would
+    read as a truncated completion of fewer tokens than the protocol's."""
+    limit = llm.llm_engine.model_config.max_model_len
+    longest = max((len(i["prompt_token_ids"]) for i in inputs), default=0)
+    if longest + max_tokens > limit:
+        raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {max_tokens} exceeds the vLLM engine's "
+                         f"max_model_len {limit} (train.max_prompt_length, else the plan's assumed prompt, + the "
+                         f"longest max_new_tokens: lorarl.language.evalplan.lengths.sequence_tokens); raise "
+                         f"train.max_prompt_length to at least {longest}")
+
+
 class VLLMBackend:
     """vLLM ``LLM.generate`` over one engine per evaluation job, with an optional adapter.
 
@@ -239,6 +252,18 @@ class VLLMBackend:
             self.loaded = self._dirs[key]
             self.pushes += 1
 
+    def _inputs(self, prompts: Sequence[str]) -> list[dict[str, Any]]:
+        """vLLM's inputs of the prompts: the cell's prompt, tokenised exactly as in training."""
+        from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+        tokenizer = self.llm.get_tokenizer()
+        return [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
+                for p in prompts]
+
+    def check_budget(self, prompts: Sequence[str], protocol: Protocol) -> None:
+        """Refuse, before anything is generated, prompts whose ``max_new_tokens`` would not fit ``max_model_len``."""
+        check_lengths(self._inputs(prompts), protocol.max_new_tokens, self.llm)
+
     def generate(self, prompts: Sequence[str], protocol: Protocol, seed: int = 0
                  ) -> list[list[Completion]]:
         """``protocol.n`` completions for each prompt, in prompt order."""
@@ -247,11 +272,8 @@ class VLLMBackend:
         # an n > 1 request: seed + j), so one seed for every problem would give every problem the same noise
         params = [self.api.SamplingParams(**{**kwargs, "seed": request_seed(seed, k, kwargs["n"])})
                   for k in range(len(prompts))]
-        from lorarl.tasks.prompt import build_prompt, prompt_ids
-
-        tokenizer = self.llm.get_tokenizer()  # the cell's prompt, tokenised exactly as in training
-        inputs = [{"prompt_token_ids": prompt_ids(tokenizer, build_prompt(self.prompt_config, p, tokenizer), self.prompt_config)}
-                  for p in prompts]
+        inputs = self._inputs(prompts)
+        check_lengths(inputs, kwargs["max_tokens"], self.llm)
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         result = []
         for req in outputs:

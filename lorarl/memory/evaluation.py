@@ -9,10 +9,13 @@ inference dtype (bf16 on a GPU) and generates; its peak is the generation of its
   ``batch x tokens x layers x 2 x kv_heads x head_dim`` in the compute dtype, one layer's prefill
   activations and the sampling logits (fp32 values and probabilities of the last position);
 * ``eval.backend: vllm``: the engine takes ``gpu_memory_utilization`` (vLLM's default 0.9) of the GPU and pages
-  the KV cache; the job fits when the pool left after the weights holds one whole sequence, and runs that many
-  sequences at once (the plan's ``concurrent``).
+  the KV cache; it starts with ``max_model_len``
+  :func:`lorarl.language.evalplan.lengths.sequence_tokens` (lorarl.evaluate.main.make_backend; without
+  it vLLM takes the model's whole context, 131,072 tokens for the Qwen2.5 / R1-distill models) and refuses to start
+  unless the pool left after the weights holds one whole sequence of that length (vLLM's start-up check); the plan
+  fits likewise, and runs as many whole sequences at once as the pool holds.
 
-Prompts are charged ``train.max_prompt_length`` tokens (else lorarl.memory.plan's assumption): a benchmark's
+Prompts are charged ``train.max_prompt_length`` tokens (else lorarl.language.evalplan.lengths' assumption): a benchmark's
 prompts are not read here. The budget is :data:`lorarl.memory.plan.HEADROOM` of the GPU, as for training.
 """
 
@@ -23,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lorarl.memory.arch import arch_for
-from lorarl.memory.plan import GIB, HEADROOM, act_per_token_layer, largest, prompt_tokens
+from lorarl.language.evalplan.lengths import longest_budget, prompt_tokens, sequence_tokens
+from lorarl.memory.plan import GIB, HEADROOM, act_per_token_layer, largest
 
 VLLM_UTILIZATION = 0.9  # vllm.LLM's default gpu_memory_utilization (the evaluate stage passes none)
 MAX_BATCH = 1024  # the largest eval.batch_size the plan tries (a "max batch" beyond the configured one is room to spare)
@@ -49,15 +53,6 @@ class EvalPlan:
         return self.__dict__.copy()
 
 
-def longest_budget(cfg: Any) -> tuple[str, int]:
-    """(benchmark, max_new_tokens) of the cell's longest evaluation protocol."""
-    from lorarl.language.evalplan.plan import benchmark_specs, protocol_for
-
-    budgets = {name: protocol_for(name, spec, cfg.eval).max_new_tokens for name, spec in benchmark_specs(cfg).items()}
-    name = max(budgets, key=lambda n: budgets[n])
-    return name, budgets[name]
-
-
 def kv_bytes_per_token(arch: Any, cb: int = 2) -> int:
     """Keys and values of one token over every layer."""
     return arch.layers * 2 * arch.kv_heads * arch.hd * cb
@@ -76,21 +71,23 @@ def plan_eval(cfg: Any, gpu_memory_gb: float = 80.0, results_dir: str = "results
               cells: int = 1, device: str = "cuda") -> EvalPlan:
     """The evaluation plan of one cell config on one GPU of ``gpu_memory_gb`` GiB."""
     arch = arch_for(cfg.model, results_dir)
-    bench, new = longest_budget(cfg)
+    bench = longest_budget(cfg)[0]
     prompt, note = prompt_tokens(cfg)
-    tokens = prompt + new
+    tokens = sequence_tokens(cfg)
     budget = HEADROOM * gpu_memory_gb * GIB
     notes = [note] if note else []
     per_seq = tokens * kv_bytes_per_token(arch, 2 if device == "cuda" else 4)
     if cfg.eval.backend == "vllm":
         pool = VLLM_UTILIZATION * gpu_memory_gb * GIB - eval_peak(arch, tokens, prompt, 1, device)["weights"]
         held = max(int(pool // per_seq), 0)
-        fits = held >= 1
-        knobs = [] if fits else [f"a GPU with more memory: one {tokens:,}-token sequence needs {per_seq / GIB:.1f} GiB "
-                                 f"of KV cache beside {arch.params() * 2 / GIB:.1f} GiB of weights"]
+        fits = held >= 1  # vLLM's start-up check: one sequence of max_model_len in the pool
+        knobs = [] if fits else [f"a GPU with more memory: vLLM starts only when its pool holds one sequence of "
+                                 f"max_model_len {tokens:,} tokens, {per_seq / GIB:.1f} GiB of KV cache beside "
+                                 f"{arch.params() * 2 / GIB:.1f} GiB of weights"]
         return EvalPlan(cell, cells, cfg.model, "vllm", bench, tokens, held, held, held * per_seq / GIB,
                         VLLM_UTILIZATION * gpu_memory_gb, fits, knobs,
-                        notes + [f"vLLM pages the KV cache: {held} sequence(s) of {tokens:,} tokens at once"])
+                        notes + [f"vLLM pages the KV cache: {held} sequence(s) of {tokens:,} tokens at once "
+                                 f"(max_model_len {tokens:,})"])
     best = largest(lambda b: eval_peak(arch, tokens, prompt, b, device)["peak"] <= budget, max(cfg.eval.batch_size, MAX_BATCH))
     got = eval_peak(arch, tokens, prompt, cfg.eval.batch_size, device)
     fits = got["peak"] <= budget

@@ -33,12 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lorarl.language.evalplan.lengths import prompt_tokens
 from lorarl.memory.arch import Arch, PlanError, arch_for
 
 GIB = 2**30
 HEADROOM = 0.90  # the share of the device the plan may fill
-PROMPT_SYNTHETIC = 32  # tokens of a synthetic-task prompt (a few operands; no max_prompt_length needed)
-PROMPT_ASSUMED = 512  # a dataset task without train.max_prompt_length: prompts assumed this long (noted)
 LM_TILE_TOKENS = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 LM_TILE_VOCAB = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE: the tile's width whatever the vocabulary
 LORA_FAMILY = ("lora", "rslora", "lora_plus", "dora", "adalora")
@@ -90,16 +89,6 @@ def _adapter_counts(arch: Arch, adapter: Any) -> tuple[int, int]:
         return L * 2 * arch.hidden + arch.hidden, 0
     raise PlanError(f"adapter.method {method!r}: the memory plan has no formula; allowed: full, lora_fa, vera, "
                     f"miss, ia3, ln_tuning, {', '.join(LORA_FAMILY)}")
-
-
-def prompt_tokens(cfg: Any) -> tuple[int, str | None]:
-    """Prompt tokens the plan charges, and a note when it is an assumption."""
-    t = cfg.train
-    if t.max_prompt_length:
-        return t.max_prompt_length, None
-    if cfg.task.name == "synthetic":
-        return PROMPT_SYNTHETIC, None
-    return PROMPT_ASSUMED, f"no train.max_prompt_length: prompts charged {PROMPT_ASSUMED} tokens"
 
 
 def _dtype_bytes(name: str, device: str) -> int:

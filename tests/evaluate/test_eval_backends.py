@@ -152,6 +152,8 @@ def _fake_api():
     class FakeLLM:
         def __init__(self, **kw):
             rec.calls.append(("LLM", kw))
+            # vLLM's context: max_model_len, else the model's (the tiny model's max_position_embeddings 128)
+            self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=kw.get("max_model_len") or 128))
 
         def get_tokenizer(self):
             return _tokenizer()

@@ -9,6 +9,7 @@ import pytest
 
 from tests.support import fake_vllm
 from lorarl.language.config import CellConfig
+from lorarl.language.evalplan.lengths import sequence_tokens
 from lorarl.evaluate.backends import HFBackend
 from lorarl.grading.protocols import Protocol
 from lorarl.evaluate.vllm_backend import VLLMBackend, lora_servable, sampled_on_hf, sampling_kwargs, warn_sampled_on_hf
@@ -159,30 +160,50 @@ def _second_lora(tiny, tmp_path):
     return tmp_path / "snap"
 
 
-def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
-    """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
-    vLLM's memory check, as the fake does), each target generated from its own adapter."""
+def _vllm_job(tiny, tmp_path, monkeypatch, **train):
+    """evaluate_cell's vLLM job on the fake engine: the final adapter (tiny's lora) and the snapshot of step 5."""
     from lorarl.evaluate import engines
     from lorarl.evaluate import main as ev
     from lorarl.evaluate import vllm_backend
     from lorarl.grading.benchmarks import Problem
-    from lorarl.language.matrix import Cell
 
     monkeypatch.setattr(fake_vllm.LLM, "apply_adapters", True)
     monkeypatch.setattr(vllm_backend, "_vllm_api", fake_vllm.api)
     monkeypatch.setattr(engines, "probe_vllm", lambda *probe: (True, True, False))  # the fake engine runs "here"
     second = _second_lora(tiny, tmp_path)
-    cfg = CellConfig.model_validate({"eval": {"backend": "vllm", "benchmarks": {"synthetic": {
+    cfg = CellConfig.model_validate({"train": train, "eval": {"backend": "vllm", "benchmarks": {"synthetic": {
         "protocol": {"kind": "greedy", "temperature": 0, "n": 1, "ks": [1], "max_new_tokens": 6}}}}})
     monkeypatch.setattr(ev, "requested_targets", lambda cfg, is_base, targets=None: [("synthetic", None), ("synthetic", 5)])
     monkeypatch.setattr(ev, "weights_for", lambda cfg, res, study, cell, is_base, step:
                         (tiny["base"], tiny["lora"] if step is None else second))
     monkeypatch.setattr(ev, "load_problems", lambda name, cfg: [Problem(str(k), p, "1") for k, p in enumerate(PROMPTS)])
     monkeypatch.setattr(ev, "log_to_mlflow", lambda *a, **k: None)
+    return ev, cfg
+
+
+def test_an_evaluation_job_refuses_prompts_past_max_model_len_before_it_writes(tiny, tmp_path, monkeypatch):
+    """train.max_prompt_length 2: the engine's max_model_len is 2 + 6 tokens, shorter than the prompts' budget: the
+    job stops after building its engine, before any target is generated or written."""
+    from lorarl.language.matrix import Cell
+
+    ev, cfg = _vllm_job(tiny, tmp_path, monkeypatch, max_prompt_length=2)
+    with pytest.raises(ValueError, match="max_new_tokens 6 exceeds the vLLM engine's max_model_len 8 "):
+        ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
+    assert fake_vllm.LLM.instances[0].generate_calls == 0 and not (tmp_path / "res" / "s" / "c" / "eval").exists()
+
+
+def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
+    """evaluate_cell with eval.backend vllm over the final adapter and a snapshot: one engine (a second would fail
+    vLLM's memory check, as the fake does), each target generated from its own adapter."""
+    from lorarl.language.matrix import Cell
+
+    ev, cfg = _vllm_job(tiny, tmp_path, monkeypatch)
     ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
     assert len(fake_vllm.LLM.instances) == 1
     llm = fake_vllm.LLM.instances[0]
     assert llm.adapter_loads == 2 and list(llm.adapters) == [2] and llm.kwargs["max_lora_rank"] == 16  # max_loras 1: LRU
+    # max_model_len: the evaluation's longest sequence (the memory plan's length), not the model's whole context
+    assert llm.kwargs["max_model_len"] == sequence_tokens(cfg) == 32 + 6
     out = tmp_path / "res" / "s" / "c" / "eval"
     texts = {f.name: [json.loads(line)["completion"] for line in f.read_text().splitlines()]
              for f in out.glob("*.jsonl")}
@@ -220,3 +241,14 @@ def test_an_evaluation_engine_on_vllms_cpu_build_gets_a_kv_cache_it_can_have_and
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     build(cpu=True)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_a_prompt_whose_budget_passes_max_model_len_is_refused(tiny):
+    """vLLM refuses a prompt longer than max_model_len and stops a request at max_model_len as if its budget were
+    spent: the backend refuses a prompt + max_new_tokens over the engine's length before generating, naming the fix."""
+    backend = VLLMBackend(tiny["base"], None, api=fake_vllm.api(), max_model_len=20)
+    assert backend.llm.kwargs["max_model_len"] == 20
+    with pytest.raises(ValueError, match=r"a prompt of \d+ tokens \+ max_new_tokens 24 exceeds the vLLM "
+                                         r"engine's max_model_len 20 .*raise train.max_prompt_length"):
+        backend.generate(PROMPTS[:1], Protocol.greedy(max_new_tokens=24))
+    assert backend.llm.generate_calls == 0  # refused before vLLM saw it

@@ -11,7 +11,8 @@ import pytest
 
 from lorarl.cli import main
 from lorarl.memory.arch import arch_for
-from lorarl.memory.evaluation import device_eval_check, eval_peak, kv_bytes_per_token, longest_budget, plan_eval
+from lorarl.language.evalplan.lengths import longest_budget, sequence_tokens
+from lorarl.memory.evaluation import device_eval_check, eval_peak, kv_bytes_per_token, plan_eval
 from lorarl.memory.plan import GIB
 from lorarl.language.study import load_study, study_cells
 
@@ -73,6 +74,20 @@ def test_vllm_backend_is_planned_as_its_paged_pool():
     assert p.fits and p.batch == int((0.9 * 80 * GIB - weights) // (33_792 * 28_672))
     tiny = plan_eval(v, 4)                                              # 3.3 GiB of weights leave no 0.9 GiB sequence
     assert not tiny.fits and tiny.batch == 0 and "a GPU with more memory" in tiny.knobs[0]
+
+
+def test_vllm_plan_is_the_engines_start_up_check_at_the_evaluations_max_model_len():
+    """The evaluation's engine starts with max_model_len = the plan's sequence (lorarl.evaluate.main.make_backend), and
+    vLLM starts only when its pool holds one such sequence: on 20 GiB a Llama-3.2-3B pool (12 GiB) holds three of
+    the 004 study's 33,792 tokens, where one sequence of the model's whole context (131,072 tokens, 14 GiB) would not."""
+    llama = _cells(PISSA)["llama"]
+    p = plan_eval(llama, 20)
+    pool = 0.9 * 20 * GIB - arch_for(llama.model).params() * 2
+    per_token = kv_bytes_per_token(arch_for(llama.model))
+    assert p.tokens == sequence_tokens(llama) == 1024 + 32_768 and pool < 131_072 * per_token
+    assert p.fits and p.batch == int(pool // (33_792 * per_token)) == 3 and "(max_model_len 33,792)" in p.notes[-1]
+    p = plan_eval(llama, 10)                                            # a 3.0 GiB pool: not one 3.6 GiB sequence
+    assert not p.fits and p.batch == 0 and "one sequence of max_model_len 33,792 tokens" in p.knobs[0]
 
 
 def _memory(*argv: str) -> tuple[int, str]:

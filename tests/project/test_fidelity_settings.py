@@ -56,6 +56,15 @@ ROWS = [
     ("off_principal_lora_pissa_cpu", None, "train.dual_clip", 10.0, "as the study"),
     ("off_principal_lora_pissa_cpu", None, "train.weight_decay", 0.01, "as the study"),
     ("reward_density", None, "train.temperature", 0.7, "001 Table 1: log-probs at the sampling temperature (TRL's)"),
+    # the evaluation engine: the GPU studies sample on vLLM as their papers did (or, silent, as they generate
+    # elsewhere); the CPU twins on HF generate (the default)
+    ("peft_zoo", None, "eval.backend", "vllm", "002 §2.5 silent: §2.4's rollouts are vLLM's; 32 x 32,768 tokens"),
+    ("peft_zoo_7b", None, "eval.backend", "vllm", "as peft_zoo"),
+    ("peft_zoo_ablations", None, "eval.backend", "vllm", "as peft_zoo"),
+    ("init_geometry", None, "eval.backend", "vllm", "003 App. C.1: verl on vLLM 0.11.0; verl validates on its rollout"),
+    ("init_geometry_7b", None, "eval.backend", "vllm", "as init_geometry"),
+    *[(f"{study}_cpu", None, "eval.backend", "hf", "a CPU twin evaluates with HF generate")
+      for study in ("peft_zoo", "peft_zoo_7b", "peft_zoo_ablations", "init_geometry", "init_geometry_7b")],
 ]
 
 

@@ -76,3 +76,15 @@ def test_sampled_pass_at_k_replays_and_draws_independent_noise_per_problem():
     assert _answers(backend, protocol, seed=6, problems=same) != first
     mixed = _answers(backend, protocol, seed=5, problems=[PROBLEMS[1], PROBLEMS[0]])
     assert mixed[1] == first[1]  # a problem's samples depend on its position and the seed, not on its neighbours
+
+
+def test_the_engines_max_model_len_bounds_each_prompts_budget():
+    """The backend reads the real engine's context (llm_engine.model_config.max_model_len: 256 here) and refuses a
+    prompt whose max_new_tokens would run past it, before vLLM generates (which would stop it short as if spent)."""
+    s = shared()
+    backend = VLLMBackend(s.paths["base"], None, api=s.api, llm=s.llm)
+    assert s.llm.llm_engine.model_config.max_model_len == 256
+    longest = max(len(i["prompt_token_ids"]) for i in backend._inputs(PROBLEMS))
+    backend.check_budget(PROBLEMS, Protocol.greedy(max_new_tokens=256 - longest))
+    with pytest.raises(ValueError, match=f"a prompt of {longest} tokens \\+ max_new_tokens {257 - longest} exceeds"):
+        backend.check_budget(PROBLEMS, Protocol.greedy(max_new_tokens=257 - longest))
