@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -99,22 +100,31 @@ def weights_for(cfg: Any, results_dir: str | Path, study: str, cell_id: str, is_
 
 
 def make_backend(cfg: Any, model_path: str | Path, adapter: Path | None, merge_dir: Path,
-                 plan: list | None = None, backend: str = "hf") -> Any:
+                 plan: list | None = None, backend: str = "hf", targets: list | None = None) -> Any:
     """The generation backend ``backend`` (``eval.backend`` resolved: lorarl.evaluate.engines; ``vllm``: a GPU, or
     vLLM's CPU build; tests/vllm_real).
 
     ``plan``: every (model path, adapter) the job evaluates; the vLLM backend builds ONE engine for all of them
-    (:meth:`lorarl.evaluate.vllm_backend.VLLMBackend.select` moves it on), HF one model per weight set."""
+    (:meth:`lorarl.evaluate.vllm_backend.VLLMBackend.select` moves it on), HF one model per weight set.
+    ``targets``: (prompts, protocol) of everything the job generates: vLLM's ``max_model_len`` holds the longest."""
     ev = cfg.eval
     if backend == "vllm":
-        from lorarl.evaluate.vllm_backend import VLLMBackend
+        from lorarl.evaluate.vllm_backend import VLLMBackend, longest_sequence
         from lorarl.language.evalplan.lengths import sequence_tokens
 
         # max_model_len: the evaluation's longest sequence, the memory plan's (lorarl.memory.evaluation); without it
         # vLLM takes the model's whole context (131,072 tokens for Qwen2.5) and refuses to start where its KV pool
-        # cannot hold one such sequence, on a GPU that holds what the evaluation needs
+        # cannot hold one such sequence, on a GPU that holds what the evaluation needs. The plan charges a prompt
+        # train.max_prompt_length long (else an assumed 512): a longer real prompt lengthens it, said once
+        length = planned = sequence_tokens(cfg)
+        need = longest_sequence(model_path, cfg.prompt, targets) if targets else 0
+        if need > planned:
+            length = need
+            print(f"[lorarl] evaluate: the longest prompt + max_new_tokens is {need} tokens, more than the memory "
+                  f"plan's {planned} (lorarl.language.evalplan.lengths.sequence_tokens): vLLM's max_model_len {need}",
+                  file=sys.stderr)
         return VLLMBackend(model_path, adapter, plan=plan, merge_dir=merge_dir, seed=cfg.seed,
-                           prompt_config=cfg.prompt, max_model_len=sequence_tokens(cfg))
+                           prompt_config=cfg.prompt, max_model_len=length)
     from lorarl.evaluate.backends import HFBackend
 
     return HFBackend(model_path, adapter, merge=True, batch_size=ev.batch_size,
@@ -245,12 +255,15 @@ def evaluate_cell(study: str, cell: Cell, results_dir: str | Path = "results", i
             if hasattr(backend, "select"):  # vLLM: one engine per job (a second engine fails vLLM's memory check)
                 backend.select(model_path, adapter, merge_dir)
             else:
-                backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps],
-                                       backend=engine)
-                if hasattr(backend, "check_budget"):  # vLLM: every target's prompts fit max_model_len, before any is run
+                targets = None
+                if engine == "vllm":  # every target's prompts, measured before the engine fixes its max_model_len
                     for name in dict.fromkeys(n for n, _ in wanted):
                         problems[name] = load_problems(name, cfg)
-                        backend.check_budget([p.prompt for p in problems[name]], protocol_for(name, specs[name], cfg.eval))
+                    targets = [([p.prompt for p in problems[n]], protocol_for(n, specs[n], cfg.eval)) for n in problems]
+                backend = make_backend(cfg, model_path, adapter, merge_dir, plan=[weights[s] for s in steps],
+                                       backend=engine, targets=targets)
+                for prompts, protocol in targets or ():  # vLLM: every target fits max_model_len, before any is run
+                    backend.check_budget(prompts, protocol)
         for name, s in wanted:
             if s != step:
                 continue

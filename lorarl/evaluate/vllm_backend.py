@@ -151,6 +151,19 @@ def cpu_kv_cache_default(llm_args: dict[str, Any]) -> None:
           file=sys.stderr)
 
 
+def longest_sequence(model_path: str | Path, prompt_config: Any, targets: Iterable[tuple[Sequence[str], Protocol]]
+                     ) -> int:
+    """Tokens of the longest sequence the job asks for: each target's longest prompt (the cell's prompt, tokenised as
+    the engine will: the model's tokenizer) plus its ``max_new_tokens``; read before the engine starts."""
+    from transformers import AutoTokenizer
+
+    from lorarl.tasks.prompt import build_prompt, prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    return max((max((len(prompt_ids(tokenizer, build_prompt(prompt_config, p, tokenizer), prompt_config))
+                     for p in prompts), default=0) + protocol.max_new_tokens for prompts, protocol in targets), default=0)
+
+
 def check_lengths(inputs: Sequence[dict[str, Any]], max_tokens: int, llm: Any) -> None:
     """Refuse prompts whose ``max_tokens`` would not fit the engine's ``max_model_len``: vLLM refuses a longer prompt
     and stops a request at max_model_len tokens as if its budget were spent (finish_reason ``length``), which would

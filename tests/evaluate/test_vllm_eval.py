@@ -181,15 +181,25 @@ def _vllm_job(tiny, tmp_path, monkeypatch, **train):
     return ev, cfg
 
 
-def test_an_evaluation_job_refuses_prompts_past_max_model_len_before_it_writes(tiny, tmp_path, monkeypatch):
-    """train.max_prompt_length 2: the engine's max_model_len is 2 + 6 tokens, shorter than the prompts' budget: the
-    job stops after building its engine, before any target is generated or written."""
+def test_an_evaluation_job_lengthens_max_model_len_to_its_longest_prompt(tiny, tmp_path, monkeypatch, capsys):
+    """train.max_prompt_length 2: the plan's max_model_len (2 + 6 tokens) is shorter than the real prompts' budget:
+    the job measures its prompts before the engine starts, gives vLLM the longest prompt + max_new_tokens, says so,
+    and every target runs to its full budget (vLLM would otherwise refuse or cut them)."""
+    from transformers import AutoTokenizer
+
     from lorarl.language.matrix import Cell
+    from lorarl.tasks.prompt import build_prompt, prompt_ids
 
     ev, cfg = _vllm_job(tiny, tmp_path, monkeypatch, max_prompt_length=2)
-    with pytest.raises(ValueError, match="max_new_tokens 6 exceeds the vLLM engine's max_model_len 8 "):
-        ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
-    assert fake_vllm.LLM.instances[0].generate_calls == 0 and not (tmp_path / "res" / "s" / "c" / "eval").exists()
+    tok = AutoTokenizer.from_pretrained(tiny["base"])
+    longest = max(len(prompt_ids(tok, build_prompt(cfg.prompt, p, tok), cfg.prompt)) for p in PROMPTS)
+    assert longest + 6 > 8
+    ev.evaluate_cell("s", Cell("c", {}, cfg, "h"), tmp_path / "res")
+    assert fake_vllm.LLM.instances[0].kwargs["max_model_len"] == longest + 6
+    assert f"more than the memory plan's 8 (lorarl.language.evalplan.lengths.sequence_tokens): vLLM's max_model_len " \
+           f"{longest + 6}" in capsys.readouterr().err
+    assert sorted(f.name for f in (tmp_path / "res" / "s" / "c" / "eval").glob("*.jsonl")) == \
+        ["synthetic.jsonl", "synthetic@5.jsonl"]
 
 
 def test_evaluation_job_builds_one_engine_for_every_snapshot(tiny, tmp_path, monkeypatch):
