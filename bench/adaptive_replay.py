@@ -27,10 +27,12 @@ started, stray temporary files left by killed writes, and the decision differenc
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,6 +220,8 @@ def main() -> None:
     from lorarl.adaptive.ledger import render
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="lorarl-replay-"))
+    if not args.workdir:  # a temporary folder goes when the bench ends
+        atexit.register(shutil.rmtree, root, True)
     rng = random.Random(args.seed)
     print("| rule | run | SIGKILLs: controller (in its decision loop) / jobs | controller restarts | jobs started "
           "| stray temp files | decisions | differences from the uninterrupted run | same ledger bytes |")

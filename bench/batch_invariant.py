@@ -15,6 +15,8 @@ modes (on a CPU whose kernels do not depend on the batch's shape: 0). One torch 
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tempfile
 import time
@@ -80,6 +82,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU, 1 thread"
     root = Path(tempfile.mkdtemp(prefix="batch-invariant-"))
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model = rb.save_tiny(root / "tiny", args.hidden, args.layers)
     total = {m: {p: 0.0 for p in (*PHASES, "step")} for m in ("off", "on")}
     gap = 0.0

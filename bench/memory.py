@@ -16,6 +16,8 @@ grows with the batch; the step time grows with the tokens (about linearly).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 
 import torch
@@ -62,6 +64,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     root = tempfile.mkdtemp(prefix="lorarl-bench-memory-")
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model_dir = build(a.recipe, root)
     rows = [(n, m, one(model_dir, root, a.recipe, n, m, a.completion)) for n in a.batches for m in (a.micro, None)]
     print(f"{a.recipe} (LoRA r8, fp32, CPU, {a.threads} thread(s)); completion budget {a.completion}; one update")

@@ -13,9 +13,11 @@ including callees.
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import io
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -51,6 +53,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rb.patch("lengths", args.steps)
     root = Path(tempfile.mkdtemp(prefix="pack-profile-"))
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model = rb.save_tiny(root / "tiny", args.hidden, args.layers)
     study = rb.write_study(root, model, "lengths", args.steps, args.steps, max(args.places, 1))
     cells = [c for c in rb.study_cells(study) if c.config.train.steps == args.steps][: args.places]

@@ -15,8 +15,10 @@ both packs then take one step and must produce the same rows. One torch thread; 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,6 +48,7 @@ def main() -> None:
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     root = Path(tempfile.mkdtemp(prefix="pack-reform-"))
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model = rb.save_tiny(root / "tiny", args.hidden, args.layers)
     study = rb.write_study(root, model, "lengths", 4, 4, args.places)
     doc = yaml.safe_load(study.read_text())

@@ -28,8 +28,10 @@ memory is each process's max RSS. Ratios are taken within one run, so machine lo
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -191,6 +193,7 @@ def run_full(ks: list[int], steps: int, model: str | None, update_cells: int = 0
     import tempfile
 
     wd = Path(tempfile.mkdtemp(prefix="packed-bench-"))
+    atexit.register(shutil.rmtree, wd, True)  # the temporary folder goes when the bench ends
     model = str(Path(model).resolve()) if model else _demo_model(wd)
     print(f"packed cells bench, FULL jobs: {steps} GRPO steps per cell (rollouts, scoring, KL, update, outputs), "
           f"demo shape (P={P} G={G}, {COMPLETION} completion tokens, LoRA r={RANK}, beta 0.05); model {model}; "

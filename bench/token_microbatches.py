@@ -18,6 +18,8 @@ them (the forwards of the rows mode spend most of their positions on padding).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import tempfile
 
@@ -96,6 +98,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     root = tempfile.mkdtemp(prefix="lorarl-bench-tokens-")
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model_dir = build(a.recipe, root)
     from lorarl.models import load_model_and_tokenizer
 

@@ -30,9 +30,11 @@ different loads of a shared machine); on a GPU it would be ``ratio`` (wall).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +78,7 @@ def worker(a: argparse.Namespace) -> dict:
 
     torch.set_num_threads(a.threads)
     root = tempfile.mkdtemp(prefix="bench_breakeven_")
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     from bench.vllm_rollouts import build_model
 
     model_dir = build_model(root, a.hidden, a.layers)

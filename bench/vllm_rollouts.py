@@ -29,8 +29,10 @@ Median and range (min-max) of every figure; ratios within this one run. No thres
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -124,6 +126,7 @@ def run(a: argparse.Namespace) -> dict:
     from lorarl.train.rollout import effective_named_params
 
     root = tempfile.mkdtemp(prefix="bench_vllm_rollouts_")
+    atexit.register(shutil.rmtree, root, True)  # the temporary folder goes when the bench ends
     model_dir = build_model(root, a.hidden, a.layers)
     trainer = hf_trainer(model_dir, root, a.prompts, a.tokens, a.rank)
     tok = trainer.processing_class
