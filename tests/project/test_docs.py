@@ -188,3 +188,22 @@ def test_the_field_tables_list_each_fields_allowed_values():
     wrong = [(name, lit) for name, cell in rows for lit in re.findall(r"Literal\[([^\]]*)\]", cell)
              if tuple(re.findall(r'"([^"]*)"', lit)) not in typed.get(name, set())]
     assert not wrong, f"docs/studies.md rows whose Literal is not the config's: {wrong}"
+
+
+def test_the_graders_table_has_a_row_per_answer_format():
+    """docs/evaluation.md's graders per format: one row per answer format the config accepts, and the multiple-choice
+    column reads an answer span exactly for the span formats (lorarl.grading.answer_formats.SPANS)."""
+    from lorarl.grading.answer_formats import ANSWER_FORMATS, SPANS
+
+    lines = (REPO / "docs" / "evaluation.md").read_text().splitlines()
+    start = lines.index("### Graders per format")
+    rows = {}
+    for line in lines[start:]:
+        m = re.match(r"^\| `(\w+)` \| (.*) \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = m.group(3)
+        elif rows and not line.startswith("|"):
+            break
+    assert tuple(rows) == ANSWER_FORMATS
+    reads_span = {f for f, mc in rows.items() if "inside `<answer>`" in mc or mc == "as `xml_answer`"}
+    assert reads_span == set(SPANS)
