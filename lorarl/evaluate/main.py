@@ -51,8 +51,10 @@ def load_problems(name: str, cfg: Any) -> list:
     train stage uses): math benchmarks put their question into ``prompt.template``; multiple-choice
     benchmarks keep their registry template (it lays out the choices), and so does a harness's entry
     (``Benchmark.harness``: Evalchemy's user message; the cell's system prompt and chat template apply); with ``prompt.think`` the
-    registry's think variant, whose one instruction asks for <think> then the letter in \\boxed{}."""
-    from lorarl.grading.benchmarks import CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
+    registry's think variant, whose one instruction asks for <think> then the letter in \\boxed{}; under an answer-span
+    format (``xml_answer``, paper 000) its span variant, the letter alone: the system prompt says where it goes."""
+    from lorarl.grading.answer_formats import SPANS
+    from lorarl.grading.benchmarks import CHOICE_SPAN_TEMPLATE, CHOICE_TEMPLATE, CHOICE_THINK_TEMPLATE, get_benchmark
     from lorarl.tasks.prompt import user_message
 
     spec = benchmark_specs(cfg)[name]
@@ -67,6 +69,8 @@ def load_problems(name: str, cfg: Any) -> list:
     think_tpl = own and cfg.prompt.think and bench.template == CHOICE_TEMPLATE
     if think_tpl:  # one answer instruction: <think>, then the letter in \boxed{} (not the letter AND a think/boxed one)
         tpl = CHOICE_THINK_TEMPLATE
+    elif own and bench.template == CHOICE_TEMPLATE and cell_grading(cfg, name).answer_format in SPANS:
+        tpl = CHOICE_SPAN_TEMPLATE  # the letter without a \boxed{} request: the system prompt's format says where
     if name == SYNTHETIC and spec.path is None:
         from lorarl.tasks import task_records
 

@@ -31,7 +31,8 @@ from lorarl.grading.choice import score_choice
 from lorarl.grading.verify import GradingSettings, Score, extract_boxed, score_math_batch
 
 __all__ = ["Problem", "Benchmark", "BENCHMARKS", "register", "get_benchmark", "load_rows",
-           "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE", "CHOICE_THINK_TEMPLATE"]
+           "grade", "gsm8k_gold", "MATH_TEMPLATE", "CHOICE_TEMPLATE", "CHOICE_THINK_TEMPLATE",
+           "CHOICE_SPAN_TEMPLATE"]
 
 MATH_TEMPLATE = ("{question}\n\nPlease reason step by step, and put your final answer within "
                  "\\boxed{{}}.")
@@ -41,6 +42,8 @@ CHOICE_TEMPLATE = ("Answer the following multiple choice question.\n\n{question}
 CHOICE_THINK_TEMPLATE = ("Answer the following multiple choice question.\n\n{question}\n\n{choices}\n\n"
                          "First think through the problem inside <think> </think> tags, then put the letter of "
                          "your final answer ({letters}) within \\boxed{{}}.")  # prompt.think: one instruction, the letter's
+CHOICE_SPAN_TEMPLATE = ("Answer the following multiple choice question.\n\n{question}\n\n{choices}\n\n"
+                        "Please reason step by step, and give the letter of your final answer ({letters}).")  # a span format's (xml_answer): where the answer goes is the system prompt's one instruction
 LETTERS = "ABCDEFGHIJ"
 
 Grader = Literal["math", "choice"]

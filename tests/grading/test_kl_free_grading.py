@@ -131,6 +131,9 @@ def test_the_evaluation_stage_grades_recipe_completions(cfg, tmp_path, monkeypat
             if "multiple choice" not in prompts[0]:
                 assert all("\\boxed" not in p for p in prompts)   # the cell's template: one answer instruction
                 return [[Completion(math_answers[i], 9, False)] for i in range(len(prompts))]
+            # GPQA's one answer instruction: the letter, where the system prompt says (no \boxed{} request beside it)
+            assert all("\\boxed" not in p and p.endswith("give the letter of your final answer (A, B, C, D).")
+                       for p in prompts), prompts[0]
             out = []
             for i, p in enumerate(prompts):
                 letter = next((line[0] for line in p.splitlines() if line.endswith(") electron")), None)

@@ -1,9 +1,11 @@
 """The evaluation jobs' memory plan (lorarl.memory.evaluation): the KV cache of the longest budget, the knob that
-fixes it, `lorarl memory`'s evaluation table and `lorarl doctor`'s check."""
+fixes it, `lorarl memory`'s evaluation table, `lorarl doctor`'s check and the
+vLLM studies' `GPU memory` fidelity rows."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import io
 from pathlib import Path
 
@@ -114,3 +116,25 @@ def test_doctor_check_fails_on_a_gpu_and_reports_on_a_cpu(tmp_path):
         device_eval_check(str(wide), "cuda", 80.0)
     plans, line = device_eval_check(str(wide), "cpu", 80.0)
     assert line.startswith("CPU (host memory, not checked)") and not all(p["fits"] for p in plans)
+
+
+VLLM_STUDIES = ["peft_zoo", "peft_zoo_7b", "peft_zoo_ablations", "init_geometry", "init_geometry_7b",
+                "off_principal_masks", "off_principal_lora_pissa"]
+
+
+@pytest.mark.parametrize("stem", VLLM_STUDIES)
+def test_the_gpu_memory_row_quotes_the_vllm_evaluation_plan(stem):
+    """Each GPU study evaluated on vLLM quotes its evaluation plan in its fidelity table's `GPU memory` row: the
+    engine's sequence length, the whole sequences its pool holds on 80 GiB, their KV cache and the H200's count, as
+    `lorarl memory` prints them (a study moved to vLLM, or a plan changed, without its row fails here)."""
+    from tests.support.published import fidelity_table
+
+    path = EXPERIMENTS / f"{stem}.yaml"
+    row = " ".join(fidelity_table(path)["gpu memory"])
+    shapes = {(p.tokens, p.batch, round(p.kv_gb, 1), q.batch)
+              for cfg in {c.config.model: c.config for c in study_cells(load_study(path))}.values()
+              for p, q in [(plan_eval(cfg, 80), plan_eval(cfg, 141))]}
+    assert {p.backend for c in study_cells(load_study(path)) for p in [plan_eval(c.config, 80)]} == {"vllm"}
+    for tokens, batch, kv, h200 in shapes:
+        assert f"{tokens:,}" in row and re.search(rf"\b{batch} (whole|\()", row), (stem, tokens, batch)
+        assert f"{kv:.1f} GiB" in row and f"H200: {h200})" in row, (stem, kv, h200)

@@ -1,7 +1,8 @@
 """The documentation stays whole: every relative link in README.md, docs/*.md and the measurement logs
 bench/results/*.md resolves (the file, and the #anchor to a heading of it, GitHub's slugs), every `lorarl`
 subcommand (read from the CLI parser's help) and every config section (the top-level fields of the study and
-cell config models) is documented on some page (README.md or docs/)."""
+cell config models) is documented on some page (README.md or docs/), and docs/studies.md's field tables list the
+values each `Literal` field accepts."""
 
 from __future__ import annotations
 
@@ -139,3 +140,70 @@ def test_the_pages_show_the_recovery_commands_the_fault_driver_runs():
         for command in (recovery.shown(c) for pair in recovery.COMMANDS.values() for c in pair):
             shown = f"`{command}`" in text or re.search(rf"^{re.escape(command)}(\s|$)", text, re.M)
             assert shown, f"{page} does not show `{command}` (lorarl.pipeline.drills.recovery.COMMANDS)"
+
+
+def _config_literals() -> dict[str, set[tuple]]:
+    """Every ``Literal[...]`` a config field of that name is typed with: the study, the cell config (every nested
+    section) and every reward regime's section."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from lorarl.language.config import CellConfig
+    from lorarl.language.study import Study
+    from lorarl.language.toy import ToyCellConfig
+    from lorarl.rewards.registry import sections
+
+    def literals(tp: object) -> list[tuple]:
+        if typing.get_origin(tp) is typing.Literal:
+            return [typing.get_args(tp)]
+        return [lit for arg in typing.get_args(tp) for lit in literals(arg)]
+
+    def walk(tp: object, seen: set) -> None:
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and tp not in seen:
+            seen.add(tp)
+            for field in tp.model_fields.values():
+                walk(field.annotation, seen)
+        for arg in typing.get_args(tp):
+            walk(arg, seen)
+
+    seen: set = set()
+    for model in (Study, CellConfig, ToyCellConfig, *sections()):
+        walk(model, seen)
+    out: dict[str, set[tuple]] = {}
+    for model in seen:
+        for name, field in model.model_fields.items():
+            out.setdefault(name, set()).update(literals(field.annotation))
+    return out
+
+
+def test_the_field_tables_list_each_fields_allowed_values():
+    """A field table row of docs/studies.md typed ``Literal[...]`` lists the values the config accepts (an answer
+    format added to the config and not to the table, hendrycks_boxed, was missing from both answer_format rows)."""
+    typed = _config_literals()
+    row = re.compile(r"^\| `(\w+)` \| `(.*?)` \|")
+    rows = [(m.group(1), m.group(2)) for line in (REPO / "docs" / "studies.md").read_text().splitlines()
+            if (m := row.match(line)) and "Literal[" in m.group(2)]
+    assert len(rows) >= 20 and ("backend", 'Literal["auto", "hf", "vllm"]') in rows
+    wrong = [(name, lit) for name, cell in rows for lit in re.findall(r"Literal\[([^\]]*)\]", cell)
+             if tuple(re.findall(r'"([^"]*)"', lit)) not in typed.get(name, set())]
+    assert not wrong, f"docs/studies.md rows whose Literal is not the config's: {wrong}"
+
+
+def test_the_graders_table_has_a_row_per_answer_format():
+    """docs/evaluation.md's graders per format: one row per answer format the config accepts, and the multiple-choice
+    column reads an answer span exactly for the span formats (lorarl.grading.answer_formats.SPANS)."""
+    from lorarl.grading.answer_formats import ANSWER_FORMATS, SPANS
+
+    lines = (REPO / "docs" / "evaluation.md").read_text().splitlines()
+    start = lines.index("### Graders per format")
+    rows = {}
+    for line in lines[start:]:
+        m = re.match(r"^\| `(\w+)` \| (.*) \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = m.group(3)
+        elif rows and not line.startswith("|"):
+            break
+    assert tuple(rows) == ANSWER_FORMATS
+    reads_span = {f for f, mc in rows.items() if "inside `<answer>`" in mc or mc == "as `xml_answer`"}
+    assert reads_span == set(SPANS)

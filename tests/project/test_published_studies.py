@@ -165,3 +165,36 @@ def test_the_engine_is_in_the_cells_signature():
     cfg = cells[0].config
     hf = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
     assert train_signature(cfg) != train_signature(hf)
+
+
+def _engine_table(marker: str) -> list[tuple[list[str], str]]:
+    """docs/gpus.md's table after ``marker``: each row's study-file patterns and its engine."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "gpus.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    rows = []
+    for line in lines[start + 1:]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) == 4 and cells[2].startswith("`"):
+            rows.append((re.findall(r"`([^`]+\.yaml)`", cells[0]), cells[2].strip("`")))
+    return rows
+
+
+@pytest.mark.parametrize("marker, engine_of", [
+    ("### The sampler per study", lambda cfg: cfg.rollout.engine),
+    ("**The evaluation engine per study.**", lambda cfg: cfg.eval.backend)], ids=["sampler", "evaluation"])
+def test_the_engine_tables_of_docs_gpus_say_what_each_study_runs(marker, engine_of):
+    """Each study file (twins and demos too) is named by a row of the table, and every row naming it gives the engine
+    its cells run with: a study moved to another engine without its docs row fails here."""
+    from fnmatch import fnmatch
+
+    rows = _engine_table(marker)
+    assert len(rows) >= 5 and any(engine == "vllm" for _, engine in rows)
+    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        cells = study_cells(load_study(path))
+        if path.stem == "kl_bound_toy":  # trains no model: no engine
+            continue
+        said = {engine for patterns, engine in rows if any(fnmatch(path.name, p) for p in patterns)}
+        assert said, f"{path.name}: no row of docs/gpus.md's table ({marker}) names it"
+        assert said == {engine_of(c.config) for c in cells}, f"{path.name}: docs say {said}"

@@ -87,3 +87,20 @@ def test_multiple_choice_with_think_asks_once_for_the_letter(tmp_path):
     assert "Which particle has spin 1/2?" in on and "D) " in on  # the question and its choices are kept
     assert off.count("\\boxed{}") == 1 and "<think>" not in off
     assert off.endswith(CHOICE_TEMPLATE.split("{choices}")[1].format(letters="A, B, C, D"))
+
+
+def test_multiple_choice_under_an_answer_span_asks_for_the_letter_alone(tmp_path):
+    """GPQA in a study trained on ``<answer>`` (paper 000's xml_answer, and xml_math): its registry instruction (the
+    letter in \\boxed{}) becomes the span variant, the letter without a \\boxed{} request; a boxed study keeps it."""
+    from lorarl.grading.benchmarks import CHOICE_SPAN_TEMPLATE, get_benchmark
+    from lorarl.evaluate.main import load_problems
+
+    path = tmp_path / "gpqa.jsonl"
+    path.write_text(json.dumps(dict(get_benchmark("gpqa").example)) + "\n")
+    for fmt, boxed in (("xml_answer", False), ("xml_math", False), ("boxed", True), ("answer_line", True)):
+        cfg = CellConfig.model_validate({"reward": {"answer_format": fmt},
+                                         "eval": {"benchmarks": {"gpqa": {"path": str(path)}}}})
+        text = load_problems("gpqa", cfg)[0].prompt
+        assert ("\\boxed{}" in text) == boxed, fmt
+        assert text.endswith(CHOICE_SPAN_TEMPLATE.split("{choices}")[1].format(letters="A, B, C, D")) != boxed, fmt
+        assert "Which particle has spin 1/2?" in text and "D) " in text
