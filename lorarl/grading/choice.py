@@ -3,7 +3,8 @@
 Under an answer format with a span (:data:`lorarl.grading.answer_formats.SPANS`: the GSM8K GRPO recipe's
 ``<answer>...</answer>``, paper 000) the letter is read inside the span first: a lone letter (``D``, ``(D)``,
 ``D) electron``, ``**D**``, ``[D]``, ``Option D``), a boxed one or "the answer is D" there; a span without a letter
-is then matched to the problem's choices (the option's text, ``<answer>electron</answer>``, ``2.5`` for ``2.50 eV``:
+is then matched to the problem's choices (the option's text, ``<answer>electron</answer>``, ``The answer is
+electron.``, ``2.5`` for ``2.50 eV``:
 :mod:`lorarl.grading.option_text`; exactly one choice or no answer); a span read neither way (or no span) leaves the
 whole completion to the boxed / "answer is X" rules."""
 
@@ -46,6 +47,13 @@ def _span_letter(span: str, letters: str) -> str | None:
     return _letter_of(text, letters) or (_letter_of(m.group(1), letters) if m else None)
 
 
+def _span_option(span: str, choices: Sequence[str], letters: str) -> str | None:
+    """The one choice the span's text is (:func:`lorarl.grading.option_text.option_letter`), also after "The answer
+    is" / "Answer:" (``The answer is electron.``)."""
+    m = _SPAN_WRAP.match(span.strip())
+    return option_letter(span, choices, letters) or (option_letter(m.group(1), choices, letters) if m else None)
+
+
 def _letter_in(text: str, letters: str) -> str | None:
     """The letter of the last ``\\boxed{...}`` when there is one, else of the last "answer is X" phrase."""
     boxed = extract_boxed(text)
@@ -73,7 +81,7 @@ def score_choice(gold_letter: str, completion: str, letters: str = "ABCD", answe
     span_of = SPANS.get(answer_format)
     span = span_of(completion or "") if span_of is not None else None
     letter = (_span_letter(span, letters) or _letter_in(span, letters)
-              or (option_letter(span, choices, letters) if choices else None)) if span else None
+              or (_span_option(span, choices, letters) if choices else None)) if span else None
     if letter is None:
         letter = _letter_in(completion or "", letters)
     return Score(letter is not None and letter == gold, letter, False)

@@ -29,6 +29,9 @@ CASES = [  # (completion, choices, answer format, letter read)
     (tag("D) electron"), PARTICLES, "xml_answer", "D"),               # the option text with its letter
     (tag("(D) electron"), PARTICLES, "xml_math", "D"),
     (tag("B) electron"), PARTICLES, "xml_answer", "B"),               # a letter is read first, as before
+    (tag("The answer is electron."), PARTICLES, "xml_answer", "D"),   # after "The answer is" / "Answer:"
+    (tag("Answer: 2.5 eV"), ENERGIES, "xml_answer", "B"),
+    (tag("The answer is positron."), PARTICLES, "xml_answer", None),
     (tag("positron"), PARTICLES, "xml_answer", None),                 # matches no choice
     (tag("an electron"), PARTICLES, "xml_answer", None),
     (tag("electron"), TWINS, "xml_answer", None),                      # matches two choices: no answer
