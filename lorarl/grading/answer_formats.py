@@ -46,7 +46,7 @@ from lorarl.grading.hendrycks_math import hendrycks_boxed
 
 __all__ = ["ANSWER_FORMATS", "TEXT_RULES", "normalize_final_answer", "answer_line", "last_number",
            "verdict", "has_answer", "INVALID", "xml_answer", "extract_xml_answer", "extracted_answer",
-           "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed", "bare_span"]
+           "MATH_VERIFIED", "SPANS", "xml_span", "span_as_boxed", "bare_span", "RECIPE_READS", "term_answer"]
 
 ANSWER_FORMATS = ("boxed", "answer_line", "last_number", "xml_answer", "xml_math", "hendrycks_boxed")  # boxed = math-verify (lorarl.grading.verify)
 MATH_VERIFIED = ("boxed", "xml_math")  # formats math-verify compares (reward.grading / eval grading settings apply)
@@ -186,6 +186,18 @@ def has_answer(answer_format: str, completion: str) -> bool:
     ``frac_answered``: a boxed answer (boxed), an ``Answer:`` line in the last 300 characters
     (answer_line), a number (last_number), an ``<answer>`` tag (xml_answer, xml_math), a box (hendrycks_boxed)."""
     return extracted_answer(answer_format, completion) is not None
+
+
+RECIPE_READS: dict[str, Callable[[str], str]] = {  # formats whose reward terms read their recipe's own extraction
+    "xml_answer": extract_xml_answer,  # the GSM8K GRPO recipe's: the whole text when there is no <answer> tag
+}
+
+
+def term_answer(answer_format: str, completion: str) -> str | None:
+    """The answer a reward term reads: the recipe's own extraction where the format has one (:data:`RECIPE_READS`),
+    else :func:`extracted_answer`."""
+    read = RECIPE_READS.get(answer_format)
+    return read(completion) if read is not None else extracted_answer(answer_format, completion)
 
 
 def extracted_answer(answer_format: str, completion: str) -> str | None:

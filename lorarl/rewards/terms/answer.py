@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lorarl.grading.answer_formats import extract_xml_answer, extracted_answer
+from lorarl.grading.answer_formats import term_answer
 from lorarl.rewards.terms import TermContext, register_term
 
 
@@ -18,9 +18,7 @@ def correct(completions: Sequence[str], golds: Sequence[str], ctx: TermContext) 
 @register_term("integer_answer", summary="1 if the answer the format reads is digits only (str.isdigit), else 0")
 def integer_answer(completions: Sequence[str], golds: Sequence[str], ctx: TermContext) -> list[float]:
     """1 if the answer the format reads is digits only (the recipe's ``str.isdigit``), else 0. Under
-    ``xml_answer`` the recipe's own extraction, which reads the whole text when there is no ``<answer>`` tag."""
-    out = []
-    for c in completions:
-        got = extract_xml_answer(c) if ctx.answer_format == "xml_answer" else extracted_answer(ctx.answer_format, c)
-        out.append(1.0 if got is not None and got.isdigit() else 0.0)
-    return out
+    ``xml_answer`` the recipe's own extraction, which reads the whole text when there is no ``<answer>`` tag
+    (lorarl.grading.answer_formats.term_answer)."""
+    return [1.0 if (got := term_answer(ctx.answer_format, c)) is not None and got.isdigit() else 0.0
+            for c in completions]
