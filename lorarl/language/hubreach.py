@@ -10,8 +10,10 @@ revision, within a deadline too.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -77,8 +79,6 @@ def _head(url: str, deadline_s: float) -> str | None:
     else why not. The certificate is not checked: the probe reads nothing, and the questions after it use the hub
     client's TLS settings. Through a proxy urllib cannot speak (socks, or TLS to the proxy itself): a TCP
     connection to the proxy only."""
-    import ssl
-
     proxy = _proxy(url)
     if proxy and not proxy.startswith("http://"):
         p = urllib.parse.urlsplit(proxy)
@@ -115,6 +115,14 @@ class Probe:
         self._box: list[str | None] = []
         self._thread = threading.Thread(target=lambda: self._box.append(_head(self.url, deadline_s)), daemon=True)
         self._thread.start()
+        # a command that ends before asking (a bad study: exit 2) waits out the probe, at most its deadline: a daemon
+        # thread still in the network or ssl code while the interpreter finalises can crash the exit (SIGSEGV seen)
+        atexit.register(self.settle)
+
+    def settle(self) -> None:
+        """At exit: wait for the probe's thread to end, at most a second deadline past its own (its socket's
+        timeouts are the deadline per step: a connection, then the answer)."""
+        self._thread.join(max(0.0, self._end + self.deadline_s - time.monotonic()))
 
     def result(self) -> str | None:
         """None when the hub answered one HTTP request (a TCP connection alone is not enough: a firewall, sandbox

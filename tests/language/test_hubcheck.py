@@ -347,3 +347,26 @@ def test_a_hub_that_accepts_and_never_answers_is_told_by_the_listing_probe(hf, t
     assert len(cannot) >= 5 and all(f"no answer in {hubcheck.PROBE_S:g} s)" in line for line in cannot), cannot
     assert asked == [] and order == ["probe", "load"]
     assert took < hubcheck.TIMEOUT_S - 1, took  # (a question per reference waited out the run's 5 s)
+
+
+def test_a_command_ending_before_it_asks_waits_out_the_probe(hf, tmp_path, monkeypatch):
+    """A bad study ends `lorarl cells` (exit 2) while the early probe is still in the network code: the exit waits
+    for the probe, at most its deadline (`Probe.settle` at exit), so no daemon thread is inside ssl/socket code while
+    the interpreter finalises (a SIGSEGV, exit -11, was seen there under load)."""
+    registered = []
+    monkeypatch.setattr(hubreach.atexit, "register", registered.append)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        probe = hubreach.Probe(0.3, url)
+        assert registered == [probe.settle]
+        start = time.monotonic()
+        probe.settle()
+        assert not probe._thread.is_alive() and time.monotonic() - start < 0.7
+        bad = study_file(tmp_path, adapter={"method": "lorax"})
+        env = {**os.environ, "HF_ENDPOINT": url}
+        env.pop("HF_HUB_OFFLINE", None)
+        proc = subprocess.run([sys.executable, "-m", "lorarl.cli", "cells", str(bad)], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert proc.returncode == 2 and "method 'lorax'" in proc.stderr, (proc.returncode, proc.stderr[-500:])
