@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import Any, Callable
 
 
 def _ask(kind: str, repo: str, revision: str | None, timeout_s: float) -> str:
@@ -46,12 +46,8 @@ def _ask(kind: str, repo: str, revision: str | None, timeout_s: float) -> str:
 
 def ask(kind: str, repo: str, revision: str | None, timeout_s: float) -> str:
     """`_ask` of a model (`kind` model) or dataset repository within `timeout_s` of wall time, whatever the network
-    does (a daemon thread: never waited past it)."""
-    box: list[str] = []
-    t = threading.Thread(target=lambda: box.append(_ask(kind, repo, revision, timeout_s)), daemon=True)
-    t.start()
-    t.join(timeout_s)
-    return box[0] if box else "unreachable: no answer"
+    does (:class:`Bounded`: never waited past it)."""
+    return Bounded(lambda: _ask(kind, repo, revision, timeout_s), timeout_s, "unreachable: no answer").result()
 
 
 def endpoint() -> str:
@@ -104,31 +100,38 @@ def _head(url: str, deadline_s: float) -> str | None:
     return None
 
 
-class Probe:
-    """The one probe of the hub (`_head` of the endpoint), started at once in a daemon thread, so that what lists a
-    study probes while the study loads; `result()` waits for it until `deadline_s` after its start, never longer
-    (the name lookup is inside the deadline too: a resolver that never answers cannot hold the command)."""
+class Bounded:
+    """`fn()` started at once in a daemon thread; `result()` waits for it until `deadline_s` after its start, never
+    longer (else `default`). At exit the thread is waited out, at most a second deadline past its own (the socket
+    timeouts inside are the deadline per step): a daemon thread still in the network or ssl code while the
+    interpreter finalises can crash the exit (a SIGSEGV was seen when a bad study ended `lorarl cells` early)."""
 
-    def __init__(self, deadline_s: float, url: str | None = None) -> None:
-        self.url, self.deadline_s = url or endpoint(), deadline_s
+    def __init__(self, fn: Callable[[], Any], deadline_s: float, default: Any) -> None:
+        self.deadline_s, self.default = deadline_s, default
         self._end = time.monotonic() + deadline_s
-        self._box: list[str | None] = []
-        self._thread = threading.Thread(target=lambda: self._box.append(_head(self.url, deadline_s)), daemon=True)
+        self._box: list[Any] = []
+        self._thread = threading.Thread(target=lambda: self._box.append(fn()), daemon=True)
         self._thread.start()
-        # a command that ends before asking (a bad study: exit 2) waits out the probe, at most its deadline: a daemon
-        # thread still in the network or ssl code while the interpreter finalises can crash the exit (SIGSEGV seen)
         atexit.register(self.settle)
 
     def settle(self) -> None:
-        """At exit: wait for the probe's thread to end, at most a second deadline past its own (its socket's
-        timeouts are the deadline per step: a connection, then the answer)."""
+        """At exit: wait for the thread to end, at most a deadline past its own."""
         self._thread.join(max(0.0, self._end + self.deadline_s - time.monotonic()))
 
-    def result(self) -> str | None:
-        """None when the hub answered one HTTP request (a TCP connection alone is not enough: a firewall, sandbox
-        or proxy that accepts connections and never answers is no hub), else why not."""
+    def result(self) -> Any:
         self._thread.join(max(0.0, self._end - time.monotonic()))
-        return self._box[0] if self._box else f"no answer in {self.deadline_s:g} s"
+        return self._box[0] if self._box else self.default
+
+
+class Probe(Bounded):
+    """The one probe of the hub (`_head` of the endpoint), started at once, so that what lists a study probes while
+    the study loads (the name lookup is inside the deadline too: a resolver that never answers cannot hold the
+    command). `result()`: None when the hub answered one HTTP request (a TCP connection alone is not enough: a
+    firewall, sandbox or proxy that accepts connections and never answers is no hub), else why not."""
+
+    def __init__(self, deadline_s: float, url: str | None = None) -> None:
+        self.url = url or endpoint()
+        super().__init__(lambda: _head(self.url, deadline_s), deadline_s, f"no answer in {deadline_s:g} s")
 
 
 def reach(url: str, deadline_s: float) -> str | None:
